@@ -1,0 +1,231 @@
+//! A small HTTP client for a hotsplit service.
+//!
+//! It publishes and invalidates, reads through the client's affine copy, and remembers the
+//! highest version it has seen per key, sending it as the `min_version` floor on the next read.
+//! Together that gives monotonic reads and read-your-writes through any hotsplit instance.
+//!
+//! ```no_run
+//! # async fn demo() -> hotsplit::Result<()> {
+//! let client = hotsplit::client::Client::new("http://127.0.0.1:7070", "session-42")?;
+//! client.publish("post:9", Some(3), b"hello".to_vec()).await?;
+//! let read = client.read("post:9").await?;
+//! assert!(read.is_some());
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::Version;
+
+/// A value read through hotsplit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    /// The value bytes.
+    pub value: Bytes,
+    /// Its version.
+    pub version: Version,
+    /// The copy that served it.
+    pub copy: u32,
+}
+
+/// The parts of a publish answer the client reports.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Published {
+    /// The version written.
+    pub version: u64,
+    /// Copies that now hold it.
+    pub applied: u32,
+    /// Copies that already held it.
+    pub current: u32,
+    /// Copies that hold a newer version.
+    pub stale: u32,
+    /// Copies whose write failed.
+    pub failed: u32,
+}
+
+/// A problem answer's stable code and detail.
+#[derive(Debug, Deserialize)]
+struct Problem {
+    code: String,
+    detail: String,
+}
+
+/// A client bound to one service and one client id.
+pub struct Client {
+    /// `http://host:port`, without a trailing slash.
+    base: String,
+    /// This client's id; decides its affine copy.
+    client_id: String,
+    /// The HTTP connection pool.
+    http: reqwest::Client,
+    /// The highest version seen per key: the floor sent with every read.
+    floors: Mutex<HashMap<String, Version>>,
+}
+
+impl Client {
+    /// A client for the service at `base_url` reading as `client_id`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidParameter`] for an empty client id or a URL that is not `http://`.
+    pub fn new(base_url: &str, client_id: &str) -> Result<Client> {
+        if client_id.is_empty() {
+            return Err(Error::new(ErrorKind::MissingClient, "client id is empty"));
+        }
+        if !base_url.starts_with("http://") && !base_url.starts_with("https://") {
+            return Err(Error::new(
+                ErrorKind::InvalidParameter,
+                format!("base url {base_url:?} must start with http:// or https://"),
+            ));
+        }
+        Ok(Client {
+            base: base_url.trim_end_matches('/').to_owned(),
+            client_id: client_id.to_owned(),
+            http: reqwest::Client::new(),
+            floors: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The floor this client holds for `key`, if it has seen a version.
+    pub fn floor(&self, key: &str) -> Option<Version> {
+        self.floors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .copied()
+    }
+
+    fn raise_floor(&self, key: &str, version: Version) {
+        let mut floors = self.floors.lock().unwrap_or_else(PoisonError::into_inner);
+        let floor = floors.entry(key.to_owned()).or_insert(version);
+        *floor = (*floor).max(version);
+    }
+
+    /// Publishes `value` at `version` (`None` for `allocated` families) and raises this
+    /// client's floor to the version written, so its next read sees its own write.
+    ///
+    /// # Errors
+    /// The service's problem, mapped to an [`ErrorKind`] by its code; [`ErrorKind::Unavailable`]
+    /// when the service cannot be reached.
+    pub async fn publish(
+        &self,
+        key: &str,
+        version: Option<u64>,
+        value: impl Into<Bytes>,
+    ) -> Result<Published> {
+        let mut request = self.http.put(self.key_url(key)).body(value.into());
+        if let Some(version) = version {
+            request = request.query(&[("version", version.to_string())]);
+        }
+        self.write(key, request).await
+    }
+
+    /// Invalidates `key` at `version` (`None` for `allocated` families).
+    ///
+    /// # Errors
+    /// As [`Client::publish`].
+    pub async fn invalidate(&self, key: &str, version: Option<u64>) -> Result<Published> {
+        let mut request = self.http.delete(self.key_url(key));
+        if let Some(version) = version {
+            request = request.query(&[("version", version.to_string())]);
+        }
+        self.write(key, request).await
+    }
+
+    async fn write(&self, key: &str, request: reqwest::RequestBuilder) -> Result<Published> {
+        let response = request.send().await.map_err(unreachable)?;
+        if !response.status().is_success() {
+            return Err(problem(response).await);
+        }
+        let published: Published = response.json().await.map_err(unreachable)?;
+        if let Ok(version) = Version::new(published.version) {
+            self.raise_floor(key, version);
+        }
+        Ok(published)
+    }
+
+    /// Reads `key` through this client's affine copy, never older than the floor it holds.
+    /// `Ok(None)` when the key is missing or invalidated.
+    ///
+    /// # Errors
+    /// [`ErrorKind::BelowVersionFloor`] when no copy has caught up with this client's floor yet
+    /// (retry later); other problems mapped by their code.
+    pub async fn read(&self, key: &str) -> Result<Option<Read>> {
+        let mut request = self
+            .http
+            .get(self.key_url(key))
+            .header("hotsplit-client", &self.client_id);
+        if let Some(floor) = self.floor(key) {
+            request = request.header("hotsplit-min-version", floor.to_string());
+        }
+        let response = request.send().await.map_err(unreachable)?;
+        match response.status() {
+            reqwest::StatusCode::OK => {}
+            reqwest::StatusCode::NOT_FOUND => return Ok(None),
+            _ => return Err(problem(response).await),
+        }
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        };
+        let version: Version = header("hotsplit-version")
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    "the answer has no hotsplit-version header",
+                )
+            })?
+            .parse()?;
+        let copy = header("hotsplit-copy")
+            .and_then(|copy| copy.parse().ok())
+            .unwrap_or(0);
+        let value = response.bytes().await.map_err(unreachable)?;
+        self.raise_floor(key, version);
+        Ok(Some(Read {
+            value,
+            version,
+            copy,
+        }))
+    }
+
+    fn key_url(&self, key: &str) -> String {
+        format!("{}/v1/keys/{key}", self.base)
+    }
+}
+
+fn unreachable(err: reqwest::Error) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!("hotsplit service unreachable: {err}"),
+    )
+}
+
+/// Maps a problem answer back to an [`Error`] by its stable code.
+async fn problem(response: reqwest::Response) -> Error {
+    let status = response.status();
+    let Ok(problem) = response.json::<Problem>().await else {
+        return Error::new(
+            ErrorKind::Unavailable,
+            format!("hotsplit answered {status}"),
+        );
+    };
+    let kind = match problem.code.as_str() {
+        "invalid_key" => ErrorKind::InvalidKey,
+        "invalid_version" | "stale_version" => ErrorKind::InvalidVersion,
+        "missing_client" => ErrorKind::MissingClient,
+        "invalid_copy" => ErrorKind::InvalidCopy,
+        "invalid_parameter" => ErrorKind::InvalidParameter,
+        "value_too_large" => ErrorKind::ValueTooLarge,
+        "not_found" => ErrorKind::NotFound,
+        "below_version_floor" => ErrorKind::BelowVersionFloor,
+        _ => ErrorKind::Unavailable,
+    };
+    Error::new(kind, format!("{}: {}", problem.code, problem.detail))
+}

@@ -1,0 +1,452 @@
+//! Configuration: one [`Config`] made of per-subsystem sub-configs.
+//!
+//! It is read from a TOML file, then overridden by command-line flags and `HOTSPLIT_*`
+//! environment variables (the binary does that), and validated by [`Config::validate`] before
+//! anything binds. A field that is wrong stops startup with a message naming it. Durations are
+//! written the humantime way: `"250ms"`, `"2s"`, `"10m"`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::Key;
+
+/// The largest number of copies a family may have.
+pub const MAX_COPIES: u32 = 1024;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The HTTP server.
+    pub server: ServerConfig,
+    /// The store: embedded, or Redis.
+    pub store: StoreConfig,
+    /// The read path.
+    pub read: ReadConfig,
+    /// The family every key not matched by a prefix belongs to.
+    pub default_family: DefaultFamilyConfig,
+    /// Key families by prefix; the longest matching prefix wins.
+    #[serde(rename = "family")]
+    pub families: Vec<FamilyConfig>,
+}
+
+/// The HTTP server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// The address to listen on. Default: `127.0.0.1:7070`.
+    pub listen: SocketAddr,
+    /// The largest accepted value (request body), in bytes. Default: 1048576 (1 MiB).
+    pub max_value_bytes: usize,
+    /// How long shutdown waits for in-flight requests and background tasks. Default: `10s`.
+    #[serde(with = "duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            max_value_bytes: 1024 * 1024,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `redis://host:port` (standalone) or `redis-cluster://host:port[,host:port]` (Cluster).
+    /// Default: none, which runs the embedded in-memory store.
+    pub redis: Option<String>,
+    /// How long one Redis command may take before it fails; no request hangs on a paused node.
+    /// Default: `500ms`.
+    #[serde(with = "duration")]
+    pub command_timeout: Duration,
+    /// How long connecting to Redis at startup may take. Default: `5s`.
+    #[serde(with = "duration")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            redis: None,
+            command_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The read path.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReadConfig {
+    /// How many sibling copies a read consults when its affine copy is below the floor, missing
+    /// or unreachable. Default: 2.
+    pub fallback_copies: u32,
+    /// The `Retry-After` sent with 503 answers. Default: `1s`.
+    #[serde(with = "duration")]
+    pub retry_after: Duration,
+}
+
+impl Default for ReadConfig {
+    fn default() -> Self {
+        ReadConfig {
+            fallback_copies: 2,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Who chooses a family's versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Versioning {
+    /// The caller sends `?version=V`, an edit counter from its source of truth.
+    #[default]
+    Caller,
+    /// hotsplit allocates versions from a per-key counter on the primary.
+    Allocated,
+}
+
+impl Versioning {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Versioning::Caller => "caller",
+            Versioning::Allocated => "allocated",
+        }
+    }
+}
+
+/// The built-in family that covers every key no prefix matches.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DefaultFamilyConfig {
+    /// Copies per key. Default: 1 (unsplit).
+    pub copies: u32,
+    /// How long a value lives after it is published. Default: `1h`.
+    #[serde(with = "duration")]
+    pub ttl: Duration,
+    /// Who chooses versions. Default: `caller`.
+    pub versioning: Versioning,
+}
+
+impl Default for DefaultFamilyConfig {
+    fn default() -> Self {
+        DefaultFamilyConfig {
+            copies: 1,
+            ttl: Duration::from_secs(3600),
+            versioning: Versioning::Caller,
+        }
+    }
+}
+
+/// A key family: keys that start with `prefix`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FamilyConfig {
+    /// The key prefix; the longest matching prefix wins. Required, non-empty.
+    pub prefix: String,
+    /// Copies per key, 1..=1024. Required.
+    pub copies: u32,
+    /// How long a value lives after it is published; must be positive. Default: `1h`.
+    #[serde(with = "duration", default = "default_ttl")]
+    pub ttl: Duration,
+    /// Who chooses versions. Default: `caller`.
+    #[serde(default)]
+    pub versioning: Versioning,
+}
+
+fn default_ttl() -> Duration {
+    Duration::from_secs(3600)
+}
+
+impl Config {
+    /// Reads a TOML file.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when the file cannot be read or does not parse; the message names
+    /// the file and, for a bad field, the field.
+    pub fn from_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|err| {
+            Error::new(
+                ErrorKind::Config,
+                format!("cannot read config file {}: {err}", path.display()),
+            )
+        })?;
+        Config::from_toml(&text).map_err(|err| {
+            Error::new(
+                ErrorKind::Config,
+                format!("config file {}: {}", path.display(), err.message()),
+            )
+        })
+    }
+
+    /// Parses TOML text.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] naming the field that does not parse.
+    pub fn from_toml(text: &str) -> Result<Config> {
+        toml::from_str(text)
+            .map_err(|err| Error::new(ErrorKind::Config, err.to_string().trim_end().to_owned()))
+    }
+
+    /// Checks every field; the first problem found is returned, naming the field.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] with a message such as `family[1].copies: must be in 1..=1024, got 0`.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field: String, why: String| {
+            Err(Error::new(ErrorKind::Config, format!("{field}: {why}")))
+        };
+        if self.server.max_value_bytes == 0 {
+            return invalid("server.max_value_bytes".into(), "must be positive".into());
+        }
+        if self.store.command_timeout.is_zero() {
+            return invalid("store.command_timeout".into(), "must be positive".into());
+        }
+        if self.store.connect_timeout.is_zero() {
+            return invalid("store.connect_timeout".into(), "must be positive".into());
+        }
+        if let Some(url) = &self.store.redis {
+            if let Err(err) = crate::store::redis::RedisTarget::parse(url) {
+                return invalid("store.redis".into(), err.message().to_owned());
+            }
+        }
+        if self.read.fallback_copies > MAX_COPIES {
+            return invalid(
+                "read.fallback_copies".into(),
+                format!(
+                    "must be at most {MAX_COPIES}, got {}",
+                    self.read.fallback_copies
+                ),
+            );
+        }
+        check_family(
+            "default_family",
+            self.default_family.copies,
+            self.default_family.ttl,
+        )?;
+        let mut seen = std::collections::HashSet::new();
+        for (at, family) in self.families.iter().enumerate() {
+            let field = format!("family[{at}]");
+            check_family(&field, family.copies, family.ttl)?;
+            if family.prefix.is_empty() {
+                return invalid(format!("{field}.prefix"), "must not be empty".into());
+            }
+            if let Err(err) = Key::parse(&family.prefix) {
+                return invalid(
+                    format!("{field}.prefix"),
+                    format!("is not a valid key prefix: {err}"),
+                );
+            }
+            if !seen.insert(family.prefix.as_str()) {
+                return invalid(
+                    format!("{field}.prefix"),
+                    format!("{:?} is configured twice", family.prefix),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_family(field: &str, copies: u32, ttl: Duration) -> Result<()> {
+    if !(1..=MAX_COPIES).contains(&copies) {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("{field}.copies: must be in 1..={MAX_COPIES}, got {copies}"),
+        ));
+    }
+    if ttl < Duration::from_millis(1) {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("{field}.ttl: must be at least 1ms"),
+        ));
+    }
+    Ok(())
+}
+
+/// A resolved family, as the publish and read paths use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Family {
+    /// The prefix, or empty for the default family.
+    pub prefix: String,
+    /// Copies per key.
+    pub copies: u32,
+    /// How long a value lives after it is published.
+    pub ttl: Duration,
+    /// Who chooses versions.
+    pub versioning: Versioning,
+}
+
+impl Family {
+    /// The family's display name: its prefix, or `default`.
+    pub fn name(&self) -> &str {
+        if self.prefix.is_empty() {
+            "default"
+        } else {
+            &self.prefix
+        }
+    }
+}
+
+/// The family table: longest prefix wins, the default family covers the rest.
+#[derive(Debug, Clone)]
+pub struct Families {
+    /// Prefixed families, longest prefix first.
+    by_prefix: Vec<Family>,
+    /// The family of every other key.
+    default: Family,
+}
+
+impl Families {
+    /// Builds the table from a validated config.
+    pub fn from_config(config: &Config) -> Families {
+        let mut by_prefix: Vec<Family> = config
+            .families
+            .iter()
+            .map(|family| Family {
+                prefix: family.prefix.clone(),
+                copies: family.copies,
+                ttl: family.ttl,
+                versioning: family.versioning,
+            })
+            .collect();
+        by_prefix.sort_by(|a, b| {
+            b.prefix
+                .len()
+                .cmp(&a.prefix.len())
+                .then(a.prefix.cmp(&b.prefix))
+        });
+        Families {
+            by_prefix,
+            default: Family {
+                prefix: String::new(),
+                copies: config.default_family.copies,
+                ttl: config.default_family.ttl,
+                versioning: config.default_family.versioning,
+            },
+        }
+    }
+
+    /// The family of `key`: the longest matching prefix, or the default family.
+    pub fn resolve(&self, key: &Key) -> &Family {
+        self.by_prefix
+            .iter()
+            .find(|family| key.as_str().starts_with(&family.prefix))
+            .unwrap_or(&self.default)
+    }
+
+    /// Every family, the default one last.
+    pub fn iter(&self) -> impl Iterator<Item = &Family> {
+        self.by_prefix.iter().chain(std::iter::once(&self.default))
+    }
+}
+
+/// Serde support for humantime durations (`"250ms"`, `"10m"`).
+pub(crate) mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Duration, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        humantime::parse_duration(&text).map_err(|err| {
+            serde::de::Error::custom(format!(
+                "{text:?} is not a duration ({err}); write it like \"250ms\", \"2s\" or \"10m\""
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(raw: &str) -> Key {
+        Key::parse(raw).unwrap()
+    }
+
+    #[test]
+    fn longest_prefix_wins_and_default_covers_the_rest() {
+        let config = Config::from_toml(
+            r#"
+            [[family]]
+            prefix = "post:"
+            copies = 8
+            [[family]]
+            prefix = "post:hot:"
+            copies = 32
+            ttl = "30s"
+            versioning = "allocated"
+            "#,
+        )
+        .unwrap();
+        config.validate().unwrap();
+        let families = Families::from_config(&config);
+        assert_eq!(families.resolve(&key("post:9")).copies, 8);
+        let hot = families.resolve(&key("post:hot:1"));
+        assert_eq!(
+            (hot.copies, hot.ttl, hot.versioning),
+            (32, Duration::from_secs(30), Versioning::Allocated)
+        );
+        assert_eq!(families.resolve(&key("user:1")).copies, 1);
+        assert_eq!(families.resolve(&key("user:1")).name(), "default");
+    }
+
+    #[test]
+    fn invalid_fields_are_named() {
+        let cases = [
+            ("[[family]]\nprefix = \"a\"\ncopies = 0", "family[0].copies"),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 1025",
+                "family[0].copies",
+            ),
+            (
+                "[[family]]\nprefix = \"a{\"\ncopies = 2",
+                "family[0].prefix",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 2\n[[family]]\nprefix = \"a\"\ncopies = 3",
+                "family[1].prefix",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 2\nttl = \"0s\"",
+                "family[0].ttl",
+            ),
+            ("[store]\nredis = \"http://x\"", "store.redis"),
+            ("[default_family]\ncopies = 0", "default_family.copies"),
+        ];
+        for (text, field) in cases {
+            let err = Config::from_toml(text)
+                .and_then(|config| config.validate())
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config);
+            assert!(err.message().contains(field), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn parse_errors_name_the_field() {
+        let err = Config::from_toml("[store]\ncommand_timeout = \"soon\"").unwrap_err();
+        assert!(err.message().contains("command_timeout"), "{err}");
+        let err = Config::from_toml("[server]\nlisten_on = \"x\"").unwrap_err();
+        assert!(err.message().contains("listen_on"), "{err}");
+    }
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../hotsplit.example.toml");
+        Config::from_toml(text).unwrap().validate().unwrap();
+    }
+}

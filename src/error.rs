@@ -1,0 +1,102 @@
+//! The library's one error type.
+//!
+//! Every fallible public function returns [`Error`]. Callers branch on [`Error::kind`], never on
+//! the message text; the HTTP edge maps each [`ErrorKind`] to a status and a stable problem `code`.
+
+use std::fmt;
+
+/// What went wrong, in terms a caller can act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A key failed validation (length, printable bytes, `{`, `}` or `#`).
+    InvalidKey,
+    /// A version was missing where required, present where forbidden, or not canonical decimal.
+    InvalidVersion,
+    /// An affine read arrived without a client id.
+    MissingClient,
+    /// A named copy index is outside `0..copies`.
+    InvalidCopy,
+    /// Some other request parameter did not parse or is out of range.
+    InvalidParameter,
+    /// A value is larger than the configured limit.
+    ValueTooLarge,
+    /// The key has no live value (missing, expired, or a tombstone).
+    NotFound,
+    /// No consulted copy reached the reader's version floor.
+    BelowVersionFloor,
+    /// The store could not be reached or answered with an error.
+    Unavailable,
+    /// A store command did not answer within the configured timeout.
+    Timeout,
+    /// The configuration is invalid; the message names the field.
+    Config,
+    /// An I/O error outside the store (binding a socket, reading a file).
+    Io,
+}
+
+impl ErrorKind {
+    /// A short lowercase name, used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidKey => "invalid_key",
+            ErrorKind::InvalidVersion => "invalid_version",
+            ErrorKind::MissingClient => "missing_client",
+            ErrorKind::InvalidCopy => "invalid_copy",
+            ErrorKind::InvalidParameter => "invalid_parameter",
+            ErrorKind::ValueTooLarge => "value_too_large",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::BelowVersionFloor => "below_version_floor",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Config => "config",
+            ErrorKind::Io => "io",
+        }
+    }
+}
+
+/// The error returned by every fallible function in this crate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    /// What kind of failure this is; callers branch on it.
+    kind: ErrorKind,
+    /// A lowercase sentence fragment that says what failed, safe to log.
+    message: String,
+}
+
+impl Error {
+    /// Creates an error of `kind` with a lowercase message.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The message, without the kind.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(err: std::io::Error) -> Self {
+        Error::new(ErrorKind::Io, format!("io error: {err}"))
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,504 @@
+//! Request handlers: parse, call the library, render. Each is documented for the OpenAPI spec.
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::problem::{ApiError, Code};
+use super::AppState;
+use crate::error::Error;
+use crate::key::{Key, Version};
+use crate::publish::{PublishReport, PublishStatus};
+use crate::read::{CopyChoice, ReadAnswer, ReadRequest};
+
+/// Header carrying the client id, an alternative to `?client=`.
+pub const CLIENT_HEADER: &str = "hotsplit-client";
+/// Header carrying the reader's version floor, an alternative to `?min_version=`.
+pub const MIN_VERSION_HEADER: &str = "hotsplit-min-version";
+/// Response header: the version served.
+pub const VERSION_HEADER: &str = "hotsplit-version";
+/// Response header: the copy that served.
+pub const COPY_HEADER: &str = "hotsplit-copy";
+/// Response header: `host:port;role=primary|replica`, or `embedded`.
+pub const SERVED_BY_HEADER: &str = "hotsplit-served-by";
+
+/// Query parameters of `PUT` and `DELETE /v1/keys/{key}`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WriteParams {
+    /// The edit's version: canonical decimal, 1..=18446744073709551615. Required for `caller`
+    /// families, refused for `allocated` ones.
+    version: Option<String>,
+}
+
+/// Query parameters of `GET /v1/keys/{key}`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReadParams {
+    /// The client id whose affine copy to read (or the `Hotsplit-Client` header).
+    client: Option<String>,
+    /// A version floor: a copy below it is never served (or `Hotsplit-Min-Version`).
+    min_version: Option<String>,
+    /// Read one named copy instead of the affine one, for operators and tests.
+    copy: Option<String>,
+}
+
+/// Query parameters of `GET /v1/affinity`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AffinityParams {
+    /// The key.
+    key: Option<String>,
+    /// The client id.
+    client: Option<String>,
+}
+
+/// Which copy a client reads.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AffinityBody {
+    /// The key.
+    key: String,
+    /// The copy index the client reads.
+    copy: u32,
+    /// The copy's stored key, `K#i`.
+    copy_key: String,
+    /// How many copies the key's family has.
+    copies: u32,
+    /// The node that owns the copy.
+    node: String,
+}
+
+/// The answer of `/healthz` and `/readyz`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StatusBody {
+    /// `ok` or `ready`.
+    status: &'static str,
+    /// The store kind: `embedded`, `redis` or `redis-cluster`.
+    store: &'static str,
+}
+
+fn parse_key(raw: &str) -> Result<Key, ApiError> {
+    Key::parse(raw).map_err(|err| ApiError::new(Code::InvalidKey, err.message()))
+}
+
+fn parse_version(raw: &str, name: &str) -> Result<Version, ApiError> {
+    raw.parse::<Version>()
+        .map_err(|err| ApiError::new(Code::InvalidVersion, format!("{name}: {}", err.message())))
+}
+
+fn query_error(rejection: &QueryRejection) -> ApiError {
+    ApiError::new(
+        Code::InvalidParameter,
+        format!("query string does not parse: {}", rejection.body_text()),
+    )
+}
+
+fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(value) => value.to_str().map(Some).map_err(|_| {
+            ApiError::new(
+                Code::InvalidParameter,
+                format!("header {name} is not visible ascii"),
+            )
+        }),
+    }
+}
+
+/// Parses `If-None-Match` into the highest version among its entity tags.
+///
+/// Weak tags (`W/"5"`) and lists (`"5", "7"`) are accepted; tags that are not versions (another
+/// server's ETags, `*`) are ignored, which only means the full body is sent.
+pub fn parse_if_none_match(value: &str) -> Option<Version> {
+    value
+        .split(',')
+        .filter_map(|tag| {
+            let tag = tag.trim();
+            let tag = tag.strip_prefix("W/").unwrap_or(tag);
+            tag.strip_prefix('"')?
+                .strip_suffix('"')?
+                .parse::<Version>()
+                .ok()
+        })
+        .max()
+}
+
+fn publish_response(report: PublishReport, state: &AppState) -> Response {
+    let version = report.version;
+    match report.status() {
+        PublishStatus::Done => {
+            let mut response = (StatusCode::OK, Json(&report)).into_response();
+            if let Ok(value) = HeaderValue::from_str(&version.to_string()) {
+                response
+                    .headers_mut()
+                    .insert(HeaderName::from_static(VERSION_HEADER), value);
+            }
+            response
+        }
+        PublishStatus::Stale => ApiError::new(
+            Code::StaleVersion,
+            format!(
+                "no copy applied version {version}: every copy that answered holds a newer version"
+            ),
+        )
+        .with_extension(serde_json::to_value(&report).unwrap_or_default())
+        .into_response(),
+        PublishStatus::Incomplete => ApiError::new(
+            Code::PublishIncomplete,
+            format!(
+                "{} of {} copy writes failed; retrying version {version} is safe",
+                report.failed, report.copies
+            ),
+        )
+        .retry_after(state.inner().retry_after_secs)
+        .with_extension(serde_json::to_value(&report).unwrap_or_default())
+        .into_response(),
+    }
+}
+
+fn error_response(err: &Error, state: &AppState) -> Response {
+    ApiError::from_error(err, state.inner().retry_after_secs).into_response()
+}
+
+/// Publishes a value to every copy of a key.
+#[utoipa::path(
+    put,
+    path = "/v1/keys/{key}",
+    tag = "keys",
+    params(("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#'"), WriteParams),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw value"),
+    responses(
+        (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),
+        (status = 400, description = "invalid_key, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "stale_version: nothing applied, a copy holds a newer version (body also carries the report)", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "value_too_large", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "publish_incomplete: some copy failed, retry the same version (body also carries the report); or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn publish_key(
+    State(state): State<AppState>,
+    Path(raw_key): Path<String>,
+    params: Result<Query<WriteParams>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let key = parse_key(&raw_key)?;
+        let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
+        let version = params
+            .version
+            .as_deref()
+            .map(|raw| parse_version(raw, "version"))
+            .transpose()?;
+        let body = body.map_err(|rejection| body_error(&rejection, &state))?;
+        state
+            .inner()
+            .publisher
+            .publish(&key, version.into(), body)
+            .await
+            .map_err(|err| ApiError::from_error(&err, state.inner().retry_after_secs))
+    }
+    .await;
+    match result {
+        Ok(report) => publish_response(report, &state),
+        Err(err) => err.into_response(),
+    }
+}
+
+fn body_error(rejection: &BytesRejection, state: &AppState) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            Code::ValueTooLarge,
+            format!(
+                "the value is larger than {} bytes",
+                state.inner().max_value_bytes
+            ),
+        )
+    } else {
+        ApiError::new(
+            Code::InvalidParameter,
+            format!("the body could not be read: {}", rejection.body_text()),
+        )
+    }
+}
+
+/// Invalidates a key: writes a versioned tombstone to every copy.
+#[utoipa::path(
+    delete,
+    path = "/v1/keys/{key}",
+    tag = "keys",
+    params(("key" = String, Path, description = "The key"), WriteParams),
+    responses(
+        (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),
+        (status = 400, description = "invalid_key, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "stale_version", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "publish_incomplete or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn invalidate_key(
+    State(state): State<AppState>,
+    Path(raw_key): Path<String>,
+    params: Result<Query<WriteParams>, QueryRejection>,
+) -> Response {
+    let result = async {
+        let key = parse_key(&raw_key)?;
+        let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
+        let version = params
+            .version
+            .as_deref()
+            .map(|raw| parse_version(raw, "version"))
+            .transpose()?;
+        state
+            .inner()
+            .publisher
+            .invalidate(&key, version.into())
+            .await
+            .map_err(|err| ApiError::from_error(&err, state.inner().retry_after_secs))
+    }
+    .await;
+    match result {
+        Ok(report) => publish_response(report, &state),
+        Err(err) => err.into_response(),
+    }
+}
+
+/// Reads a key through the client's affine copy.
+#[utoipa::path(
+    get,
+    path = "/v1/keys/{key}",
+    tag = "keys",
+    params(
+        ("key" = String, Path, description = "The key"),
+        ReadParams,
+        ("Hotsplit-Client" = Option<String>, Header, description = "The client id, instead of ?client="),
+        ("Hotsplit-Min-Version" = Option<String>, Header, description = "A version floor, instead of ?min_version="),
+        ("If-None-Match" = Option<String>, Header, description = "Entity tags (\"V\", W/\"V\", lists); a floor too: 304 when no consulted copy is newer"),
+    ),
+    responses(
+        (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By, Vary", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 304, description = "Not modified: no consulted copy is newer than the If-None-Match version"),
+        (status = 400, description = "invalid_key, missing_client, invalid_copy, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "not_found: missing, expired or invalidated", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "below_version_floor or unavailable, with Retry-After", body = super::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn read_key(
+    State(state): State<AppState>,
+    Path(raw_key): Path<String>,
+    params: Result<Query<ReadParams>, QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        let key = parse_key(&raw_key)?;
+        let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
+        let client = params.client.as_deref().or(header_text(&headers, CLIENT_HEADER)?);
+        let copy = match (&params.copy, client) {
+            (Some(raw), _) => CopyChoice::Named(raw.parse::<u32>().map_err(|_| {
+                ApiError::new(Code::InvalidCopy, format!("copy {raw:?} is not a copy index"))
+            })?),
+            (None, Some(client)) if !client.is_empty() => CopyChoice::Client(client.to_owned()),
+            _ => {
+                return Err(ApiError::new(
+                    Code::MissingClient,
+                    "send ?client=ID or the Hotsplit-Client header: reads without a client id would flip between copies",
+                ))
+            }
+        };
+        let min_version = match (&params.min_version, header_text(&headers, MIN_VERSION_HEADER)?) {
+            (Some(raw), _) => Some(parse_version(raw, "min_version")?),
+            (None, Some(raw)) => Some(parse_version(raw, "Hotsplit-Min-Version")?),
+            (None, None) => None,
+        };
+        let if_none_match = header_text(&headers, header::IF_NONE_MATCH.as_str())?.and_then(parse_if_none_match);
+        let request = ReadRequest {
+            key,
+            copy,
+            min_version,
+            if_none_match,
+        };
+        state
+            .inner()
+            .reader
+            .read(&request)
+            .await
+            .map_err(|err| ApiError::from_error(&err, state.inner().retry_after_secs))
+    }
+    .await;
+    match result {
+        Ok(answer) => read_response(answer),
+        Err(err) => err.into_response(),
+    }
+}
+
+fn read_response(answer: ReadAnswer) -> Response {
+    let (status, body, version, copy, served_by) = match answer {
+        ReadAnswer::Value {
+            value,
+            version,
+            copy,
+            served_by,
+        } => (StatusCode::OK, Body::from(value), version, copy, served_by),
+        ReadAnswer::NotModified {
+            version,
+            copy,
+            served_by,
+        } => (
+            StatusCode::NOT_MODIFIED,
+            Body::empty(),
+            version,
+            copy,
+            served_by,
+        ),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    let version_text = version.to_string();
+    if status == StatusCode::OK {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+    }
+    if let Ok(value) = HeaderValue::from_str(&format!("\"{version_text}\"")) {
+        headers.insert(header::ETAG, value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&version_text) {
+        headers.insert(HeaderName::from_static(VERSION_HEADER), value);
+    }
+    headers.insert(
+        HeaderName::from_static(COPY_HEADER),
+        HeaderValue::from(copy),
+    );
+    if let Ok(value) = HeaderValue::from_str(&served_by.to_string()) {
+        headers.insert(HeaderName::from_static(SERVED_BY_HEADER), value);
+    }
+    headers.insert(header::VARY, HeaderValue::from_static("Hotsplit-Client"));
+    response
+}
+
+/// Which copy a client reads for a key, and where it lives.
+#[utoipa::path(
+    get,
+    path = "/v1/affinity",
+    tag = "keys",
+    params(AffinityParams),
+    responses(
+        (status = 200, description = "The affine copy", body = AffinityBody),
+        (status = 400, description = "invalid_key or missing_client", body = super::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn affinity(
+    State(state): State<AppState>,
+    params: Result<Query<AffinityParams>, QueryRejection>,
+) -> Response {
+    let result = (|| {
+        let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
+        let key = parse_key(params.key.as_deref().unwrap_or_default())?;
+        let client = params
+            .client
+            .filter(|client| !client.is_empty())
+            .ok_or_else(|| ApiError::new(Code::MissingClient, "send ?client=ID"))?;
+        let affinity = state.inner().reader.affinity(&key, &client);
+        Ok::<_, ApiError>(AffinityBody {
+            key: key.to_string(),
+            copy: affinity.copy,
+            copy_key: affinity.copy_key.to_string(),
+            copies: affinity.copies,
+            node: affinity.node,
+        })
+    })();
+    match result {
+        Ok(body) => Json(body).into_response(),
+        Err(err) => err.into_response(),
+    }
+}
+
+/// The process is alive.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "Alive", body = StatusBody)))]
+pub async fn healthz(State(state): State<AppState>) -> Response {
+    Json(StatusBody {
+        status: "ok",
+        store: state.inner().store.kind(),
+    })
+    .into_response()
+}
+
+/// The store answers.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = StatusBody),
+        (status = 503, description = "unavailable: the store does not answer", body = super::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    match state.inner().store.ping().await {
+        Ok(()) => Json(StatusBody {
+            status: "ready",
+            store: state.inner().store.kind(),
+        })
+        .into_response(),
+        Err(err) => error_response(&err, &state),
+    }
+}
+
+/// Prometheus metrics in the text exposition format.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text", body = String, content_type = "text/plain")))]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.inner().metrics.render(),
+    )
+        .into_response()
+}
+
+/// This API's OpenAPI document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3.1 document", content_type = "application/json")))]
+pub async fn openapi_json() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        super::openapi::openapi_json(),
+    )
+        .into_response()
+}
+
+/// Unknown routes.
+pub async fn no_route() -> Response {
+    ApiError::new(Code::NotFound, "no such route").into_response()
+}
+
+/// Known routes with an unsupported method.
+pub async fn wrong_method() -> Response {
+    ApiError::new(
+        Code::MethodNotAllowed,
+        "this route does not support that method",
+    )
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn if_none_match_takes_the_highest_version_tag() {
+        assert_eq!(parse_if_none_match("\"5\"").map(Version::get), Some(5));
+        assert_eq!(parse_if_none_match("W/\"5\"").map(Version::get), Some(5));
+        assert_eq!(
+            parse_if_none_match("\"5\", W/\"9\" , \"7\"").map(Version::get),
+            Some(9)
+        );
+        assert_eq!(parse_if_none_match("*"), None);
+        assert_eq!(parse_if_none_match("\"abc\""), None);
+        assert_eq!(parse_if_none_match("\"05\""), None);
+    }
+}

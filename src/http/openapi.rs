@@ -1,0 +1,44 @@
+//! The OpenAPI document, generated from the handlers' annotations.
+//!
+//! `docs/openapi.json` is a checked-in copy; a test fails when the two drift. Regenerate it with
+//! `cargo run -- openapi > docs/openapi.json`.
+
+use utoipa::OpenApi;
+
+use super::handlers;
+use super::problem::{Code, Problem};
+use crate::publish::{CopyOutcome, CopyReport, PublishReport};
+
+/// The API description.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "hotsplit",
+        description = "Split copies of hot Redis values with versioned publish and client-affine, monotonic reads."
+    ),
+    paths(
+        handlers::publish_key,
+        handlers::invalidate_key,
+        handlers::read_key,
+        handlers::affinity,
+        handlers::healthz,
+        handlers::readyz,
+        handlers::metrics,
+        handlers::openapi_json,
+    ),
+    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody)),
+    tags(
+        (name = "keys", description = "Publish, invalidate and read split keys"),
+        (name = "operations", description = "Health, readiness, metrics and this document")
+    )
+)]
+pub struct ApiDoc;
+
+/// The OpenAPI document as pretty JSON, with a trailing newline.
+pub fn openapi_json() -> String {
+    let mut text = ApiDoc::openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|err| format!("{{\"error\": \"{err}\"}}"));
+    text.push('\n');
+    text
+}

@@ -1,0 +1,275 @@
+//! Keys, copy keys and versions: the crate's own vocabulary for what is stored.
+//!
+//! A [`Key`] is a validated user key. Copy `i` of key `K` is stored at the [`CopyKey`] `K#i`;
+//! because a valid key never contains `#`, `{` or `}`, copy keys never collide with user keys and
+//! never carry a hash tag that would pin every copy to one cluster slot. A [`Version`] is an
+//! unsigned 64-bit edit counter, at least 1, written in canonical decimal.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 512;
+
+/// The character that separates a key from its copy index.
+pub const COPY_SEPARATOR: char = '#';
+
+/// A validated user key: 1..=512 printable ASCII bytes without `{`, `}` or `#`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(String);
+
+impl Key {
+    /// Validates `raw` as a key.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidKey`] when the key is empty, longer than 512 bytes, contains a byte
+    /// outside printable ASCII (`0x21..=0x7e`), or contains `{`, `}` or `#`.
+    pub fn parse(raw: &str) -> Result<Key> {
+        if raw.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidKey, "key is empty"));
+        }
+        if raw.len() > MAX_KEY_LEN {
+            return Err(Error::new(
+                ErrorKind::InvalidKey,
+                format!("key is {} bytes, longer than {MAX_KEY_LEN}", raw.len()),
+            ));
+        }
+        for (at, byte) in raw.bytes().enumerate() {
+            match byte {
+                b'{' | b'}' => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidKey,
+                        format!("key contains '{}' at byte {at}: hash tags would pin every copy to one slot", byte as char),
+                    ))
+                }
+                b'#' => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidKey,
+                        format!("key contains '#' at byte {at}: '#' separates a key from its copy index"),
+                    ))
+                }
+                0x21..=0x7e => {}
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidKey,
+                        format!("key contains a non-printable or non-ascii byte 0x{byte:02x} at byte {at}"),
+                    ))
+                }
+            }
+        }
+        Ok(Key(raw.to_owned()))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The key of copy `index`.
+    pub fn copy_key(&self, index: u32) -> CopyKey {
+        CopyKey::new(self, index)
+    }
+
+    /// The key of the per-key version counter used by `versioning = "allocated"` families.
+    ///
+    /// It ends in `#v`, which no copy key (`#` followed by digits) and no user key can equal.
+    pub fn counter_key(&self) -> String {
+        format!("{}{COPY_SEPARATOR}v", self.0)
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The Redis key of one copy: `K#i`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CopyKey {
+    /// The full stored key, `K#i`.
+    full: String,
+    /// The copy index `i`, kept so callers need not parse it back.
+    index: u32,
+}
+
+impl CopyKey {
+    /// The copy key of copy `index` of `key`.
+    pub fn new(key: &Key, index: u32) -> CopyKey {
+        CopyKey {
+            full: format!("{}{COPY_SEPARATOR}{index}", key.0),
+            index,
+        }
+    }
+
+    /// The stored key, `K#i`.
+    pub fn as_str(&self) -> &str {
+        &self.full
+    }
+
+    /// The copy index `i`.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The user key `K` this copy belongs to.
+    pub fn base(&self) -> &str {
+        match self.full.rfind(COPY_SEPARATOR) {
+            Some(at) => &self.full[..at],
+            None => &self.full,
+        }
+    }
+}
+
+impl fmt::Display for CopyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.full)
+    }
+}
+
+/// An edit counter from the source of truth: an unsigned 64-bit integer, at least 1.
+///
+/// Its text form is canonical decimal (no sign, no leading zeros), which is what the store
+/// compares: length first, then bytes, so the comparison is exact over the whole `u64` range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Version(u64);
+
+impl Version {
+    /// The smallest valid version.
+    pub const MIN: Version = Version(1);
+
+    /// Wraps `value`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidVersion`] when `value` is 0.
+    pub fn new(value: u64) -> Result<Version> {
+        if value == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidVersion,
+                "version must be at least 1",
+            ));
+        }
+        Ok(Version(value))
+    }
+
+    /// The version as an integer.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl FromStr for Version {
+    type Err = Error;
+
+    /// Parses canonical decimal: `1..=18446744073709551615`, digits only, no leading zero.
+    fn from_str(raw: &str) -> Result<Version> {
+        let invalid = |why: &str| {
+            Error::new(
+                ErrorKind::InvalidVersion,
+                format!("version {raw:?} is not canonical decimal: {why}"),
+            )
+        };
+        if raw.is_empty() {
+            return Err(invalid("it is empty"));
+        }
+        if !raw.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(invalid("only the digits 0-9 are allowed"));
+        }
+        if raw.len() > 1 && raw.starts_with('0') {
+            return Err(invalid("leading zeros are not allowed"));
+        }
+        let value: u64 = raw
+            .parse()
+            .map_err(|_| invalid("it is larger than 18446744073709551615"))?;
+        Version::new(value)
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl serde::Serialize for Version {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(Key::parse("post:9").is_ok());
+        assert!(Key::parse(&"k".repeat(512)).is_ok());
+        for bad in ["", "a{b", "a}b", "a#b", "a b", "é", "a\nb", "a\u{7f}"] {
+            let err = Key::parse(bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidKey, "{bad:?}");
+        }
+        assert_eq!(
+            Key::parse(&"k".repeat(513)).unwrap_err().kind(),
+            ErrorKind::InvalidKey
+        );
+    }
+
+    #[test]
+    fn copy_keys_use_the_separator() {
+        let key = Key::parse("post:9").unwrap();
+        let copy = key.copy_key(7);
+        assert_eq!(copy.as_str(), "post:9#7");
+        assert_eq!(copy.index(), 7);
+        assert_eq!(copy.base(), "post:9");
+        assert_eq!(key.counter_key(), "post:9#v");
+    }
+
+    #[test]
+    fn versions_are_canonical_decimal() {
+        assert_eq!("1".parse::<Version>().unwrap().get(), 1);
+        assert_eq!(
+            "18446744073709551615".parse::<Version>().unwrap().get(),
+            u64::MAX
+        );
+        for bad in [
+            "",
+            "0",
+            "01",
+            "+1",
+            "-1",
+            "1.0",
+            " 1",
+            "18446744073709551616",
+            "1e3",
+        ] {
+            let err = bad.parse::<Version>().unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidVersion, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn version_text_orders_like_the_integer() {
+        // The store compares canonical text by length, then bytes; that must agree with u64 order.
+        let samples = [
+            1u64,
+            9,
+            10,
+            99,
+            100,
+            1 << 53,
+            (1 << 53) + 1,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        for a in samples {
+            for b in samples {
+                let (ta, tb) = (a.to_string(), b.to_string());
+                let text_order = ta.len().cmp(&tb.len()).then(ta.cmp(&tb));
+                assert_eq!(text_order, a.cmp(&b), "{a} vs {b}");
+            }
+        }
+    }
+}

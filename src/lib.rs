@@ -1,0 +1,29 @@
+//! hotsplit keeps hot values in Redis readable at scale without readers seeing time go backwards.
+//!
+//! # Layout
+//! - [`key`] and [`affinity`]: the vocabulary (keys, copy keys, versions) and which copy a client
+//!   reads.
+//! - [`config`]: one `Config` of per-subsystem sub-configs, validated before anything binds.
+//! - [`store`]: the compare-and-set store: embedded ([`store::memory`]) or Redis
+//!   ([`store::redis`], the only module that talks to Redis).
+//! - [`publish`]: fan-out of one edit to every copy, with per-copy outcomes.
+//! - [`read`]: the affine read path: copy choice, version floor, sibling fallback.
+//! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
+//! - [`server`]: `run(listener, config, shutdown)` wires everything together.
+//! - [`client`]: a small HTTP client that reads through the affine copy and remembers floors.
+//! - [`devcluster`]: throwaway `redis-server` processes for tests, benchmarks and experiments.
+
+pub mod affinity;
+pub mod client;
+pub mod config;
+pub mod devcluster;
+pub mod error;
+pub mod http;
+pub mod key;
+pub mod metrics;
+pub mod publish;
+pub mod read;
+pub mod server;
+pub mod store;
+
+pub use error::{Error, ErrorKind, Result};

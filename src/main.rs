@@ -1,0 +1,132 @@
+//! The `hotsplit` binary: parse config, set up tracing, bind, call [`hotsplit::server::run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use hotsplit::config::Config;
+
+/// Split copies of hot Redis values with versioned publish and client-affine, monotonic reads.
+#[derive(Debug, Parser)]
+#[command(name = "hotsplit", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the HTTP service (on the embedded store unless a Redis URL is given).
+    Serve(ServeArgs),
+    /// Print the OpenAPI document.
+    Openapi,
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// A TOML config file (see hotsplit.example.toml).
+    #[arg(long, env = "HOTSPLIT_CONFIG")]
+    config: Option<PathBuf>,
+    /// The address to listen on. Default: 127.0.0.1:7070.
+    #[arg(long, env = "HOTSPLIT_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// redis://host:port or redis-cluster://host:port[,host:port]. Default: the embedded store.
+    #[arg(long, env = "HOTSPLIT_REDIS")]
+    redis: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Openapi => {
+            print!("{}", hotsplit::http::openapi::openapi_json());
+            ExitCode::SUCCESS
+        }
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HOTSPLIT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let config = match load_config(&args) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("hotsplit: invalid configuration: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("hotsplit: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(config.server.listen)
+            .await
+            .map_err(|err| {
+                hotsplit::Error::new(
+                    hotsplit::ErrorKind::Io,
+                    format!("cannot listen on {}: {err}", config.server.listen),
+                )
+            })?;
+        hotsplit::server::run(listener, config, shutdown_signal()).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("hotsplit: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(args: &ServeArgs) -> hotsplit::Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.server.listen = listen;
+    }
+    if let Some(redis) = &args.redis {
+        config.store.redis = Some(redis.clone());
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %err, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => tracing::info!("ctrl-c received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
+}

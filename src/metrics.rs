@@ -1,0 +1,284 @@
+//! Prometheus metrics: what operators watch.
+//!
+//! One [`Metrics`] value is created at startup and shared. Counters on the hot read path are
+//! resolved once, at construction, so a read only bumps an atomic.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::store::CasOutcome;
+
+/// Labels of copy-write outcome counters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CopyOutcomeLabels {
+    /// `publish` or `invalidate`.
+    op: &'static str,
+    /// `applied`, `current`, `stale` or `failed`.
+    outcome: &'static str,
+}
+
+/// Labels of read counters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReadLabels {
+    /// See [`ReadOutcome`].
+    outcome: &'static str,
+}
+
+/// Labels of store error counters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StoreErrorLabels {
+    /// A stable error class, for example `timeout`, `io`, `cluster`, `function_missing`.
+    kind: &'static str,
+}
+
+/// Labels of the request latency histogram.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct RequestLabels {
+    /// The HTTP method.
+    pub(crate) method: String,
+    /// The matched route template, for example `/v1/keys/{key}`.
+    pub(crate) route: String,
+    /// The status class: `2xx`, `3xx`, `4xx` or `5xx`.
+    pub(crate) status: &'static str,
+}
+
+/// How an affine read ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// The affine copy served the value.
+    Affine,
+    /// A sibling copy served because the affine copy was missing, stale or unreachable.
+    Fallback,
+    /// The answer was 304 Not Modified.
+    NotModified,
+    /// The key is missing or a tombstone.
+    NotFound,
+    /// No consulted copy reached the version floor.
+    BelowFloor,
+    /// No copy could be read.
+    Unavailable,
+}
+
+impl ReadOutcome {
+    const ALL: [ReadOutcome; 6] = [
+        ReadOutcome::Affine,
+        ReadOutcome::Fallback,
+        ReadOutcome::NotModified,
+        ReadOutcome::NotFound,
+        ReadOutcome::BelowFloor,
+        ReadOutcome::Unavailable,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            ReadOutcome::Affine => "affine",
+            ReadOutcome::Fallback => "fallback",
+            ReadOutcome::NotModified => "not_modified",
+            ReadOutcome::NotFound => "not_found",
+            ReadOutcome::BelowFloor => "below_floor",
+            ReadOutcome::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Whether a copy write belonged to a publish or an invalidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOp {
+    /// `PUT /v1/keys/{key}`.
+    Publish,
+    /// `DELETE /v1/keys/{key}`.
+    Invalidate,
+}
+
+/// Counter handles for one [`WriteOp`], one per copy outcome.
+#[derive(Debug, Clone, Default)]
+struct OutcomeCounters {
+    applied: Counter,
+    current: Counter,
+    stale: Counter,
+    failed: Counter,
+}
+
+/// Every metric hotsplit exports.
+#[derive(Debug)]
+pub struct Metrics {
+    /// The registry that renders the text exposition.
+    registry: Registry,
+    /// Copy outcomes of publishes.
+    publish_outcomes: OutcomeCounters,
+    /// Copy outcomes of invalidations.
+    invalidate_outcomes: OutcomeCounters,
+    /// Reads, indexed like [`ReadOutcome::ALL`].
+    reads: Vec<Counter>,
+    /// Store errors by kind.
+    store_errors: Family<StoreErrorLabels, Counter>,
+    /// Request latency by route.
+    request_duration: Family<RequestLabels, Histogram>,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::with_prefix("hotsplit");
+        let copy_outcomes = Family::<CopyOutcomeLabels, Counter>::default();
+        registry.register(
+            "publish_copy_outcomes",
+            "Copy writes by operation (publish, invalidate) and outcome (applied, current, stale, failed)",
+            copy_outcomes.clone(),
+        );
+        // Each handle is cloned in its own statement: `get_or_create` returns a read guard, and a
+        // second call while one is alive (as in one struct expression) would deadlock.
+        let resolve = |op: &'static str, outcome: &'static str| -> Counter {
+            let counter = copy_outcomes
+                .get_or_create(&CopyOutcomeLabels { op, outcome })
+                .clone();
+            counter
+        };
+        let counters = |op: &'static str| {
+            let applied = resolve(op, "applied");
+            let current = resolve(op, "current");
+            let stale = resolve(op, "stale");
+            let failed = resolve(op, "failed");
+            OutcomeCounters {
+                applied,
+                current,
+                stale,
+                failed,
+            }
+        };
+        let publish_outcomes = counters("publish");
+        let invalidate_outcomes = counters("invalidate");
+
+        let read_family = Family::<ReadLabels, Counter>::default();
+        registry.register(
+            "reads",
+            "Affine reads by outcome (affine, fallback, not_modified, not_found, below_floor, unavailable)",
+            read_family.clone(),
+        );
+        let reads = ReadOutcome::ALL
+            .iter()
+            .map(|outcome| {
+                let counter = read_family
+                    .get_or_create(&ReadLabels {
+                        outcome: outcome.as_str(),
+                    })
+                    .clone();
+                counter
+            })
+            .collect();
+
+        let store_errors = Family::<StoreErrorLabels, Counter>::default();
+        registry.register(
+            "store_errors",
+            "Errors returned by the store, by kind",
+            store_errors.clone(),
+        );
+
+        let request_duration = Family::<RequestLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+        });
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request latency by method, route and status class",
+            request_duration.clone(),
+        );
+
+        Arc::new(Metrics {
+            registry,
+            publish_outcomes,
+            invalidate_outcomes,
+            reads,
+            store_errors,
+            request_duration,
+        })
+    }
+
+    /// Counts one copy write outcome; `None` means the write failed.
+    pub fn copy_outcome(&self, op: WriteOp, outcome: Option<CasOutcome>) {
+        let counters = match op {
+            WriteOp::Publish => &self.publish_outcomes,
+            WriteOp::Invalidate => &self.invalidate_outcomes,
+        };
+        let counter = match outcome {
+            Some(CasOutcome::Applied) => &counters.applied,
+            Some(CasOutcome::Current) => &counters.current,
+            Some(CasOutcome::Stale { .. }) => &counters.stale,
+            None => &counters.failed,
+        };
+        counter.inc();
+    }
+
+    /// Counts one read.
+    pub fn read(&self, outcome: ReadOutcome) {
+        let at = ReadOutcome::ALL
+            .iter()
+            .position(|candidate| *candidate == outcome)
+            .unwrap_or(0);
+        if let Some(counter) = self.reads.get(at) {
+            counter.inc();
+        }
+    }
+
+    /// Counts one store error of `kind` (a stable lowercase class name).
+    pub fn store_error(&self, kind: &'static str) {
+        self.store_errors
+            .get_or_create(&StoreErrorLabels { kind })
+            .inc();
+    }
+
+    /// Records the latency of one HTTP request.
+    pub(crate) fn request(&self, labels: &RequestLabels, seconds: f64) {
+        self.request_duration.get_or_create(labels).observe(seconds);
+    }
+
+    /// Renders the Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail; an error here would be a bug in the encoder.
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counted_outcomes() {
+        let metrics = Metrics::new();
+        metrics.copy_outcome(WriteOp::Publish, Some(CasOutcome::Applied));
+        metrics.copy_outcome(WriteOp::Publish, None);
+        metrics.read(ReadOutcome::Fallback);
+        metrics.store_error("timeout");
+        let text = metrics.render();
+        assert!(
+            text.contains(
+                r#"hotsplit_publish_copy_outcomes_total{op="publish",outcome="applied"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"hotsplit_publish_copy_outcomes_total{op="publish",outcome="failed"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"hotsplit_reads_total{outcome="fallback"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"hotsplit_store_errors_total{kind="timeout"} 1"#),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,467 @@
+//! The affine read path: copy choice → version floor → sibling fallback.
+//!
+//! A client reads the copy chosen by [`affinity::copy_index`] of its id, so it sees each copy's
+//! versions in order. A reader may carry a floor (the highest version it has seen, from
+//! `min_version` or `If-None-Match`); a copy below the floor is never served. When the affine
+//! copy is below the floor, missing or unreachable, the affine copy's answer and up to
+//! `fallback_copies` siblings (read in parallel) are compared and the highest version wins.
+//! Without a floor that fallback is best effort: a sibling may be newer than the affine copy,
+//! so a client that does not carry its floor may later see the affine copy's older version.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+
+use crate::affinity;
+use crate::config::{Families, ReadConfig};
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::{CopyKey, Key, Version};
+use crate::metrics::{Metrics, ReadOutcome};
+use crate::store::{CopyRead, CopyRecord, Payload, ServedBy, Store};
+
+/// Which copy a read targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyChoice {
+    /// The copy chosen by the client id's hash.
+    Client(String),
+    /// One named copy, for operators and tests; no fallback.
+    Named(u32),
+}
+
+/// One read request.
+#[derive(Debug, Clone)]
+pub struct ReadRequest {
+    /// The key to read.
+    pub key: Key,
+    /// Which copy.
+    pub copy: CopyChoice,
+    /// `min_version`: a copy below it is never served.
+    pub min_version: Option<Version>,
+    /// The version in `If-None-Match`: a floor too, and the answer is "not modified" when no
+    /// consulted copy is newer.
+    pub if_none_match: Option<Version>,
+}
+
+/// A successful read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadAnswer {
+    /// The value of the copy that served.
+    Value {
+        /// The value bytes.
+        value: Bytes,
+        /// Its version.
+        version: Version,
+        /// The copy that served it.
+        copy: u32,
+        /// The node that served it.
+        served_by: ServedBy,
+    },
+    /// No consulted copy is newer than the `If-None-Match` version.
+    NotModified {
+        /// The newest version consulted (at most the `If-None-Match` version).
+        version: Version,
+        /// The copy that answered.
+        copy: u32,
+        /// The node that answered.
+        served_by: ServedBy,
+    },
+}
+
+/// Where an affinity lookup lands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Affinity {
+    /// The copy index.
+    pub copy: u32,
+    /// The copy's stored key.
+    pub copy_key: CopyKey,
+    /// How many copies the key's family has.
+    pub copies: u32,
+    /// The node that owns the copy.
+    pub node: String,
+}
+
+/// Serves affine reads.
+pub struct Reader {
+    /// Where copies live.
+    store: Arc<dyn Store>,
+    /// Copies per key family.
+    families: Arc<Families>,
+    /// Fallback width.
+    config: ReadConfig,
+    /// Read outcome counters.
+    metrics: Arc<Metrics>,
+}
+
+/// Whether the affine copy or a sibling answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    Affine,
+    Sibling,
+}
+
+/// One consulted copy and what it held.
+struct Consulted {
+    copy: u32,
+    read: CopyRead,
+}
+
+impl Reader {
+    /// A reader over `store`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        families: Arc<Families>,
+        config: ReadConfig,
+        metrics: Arc<Metrics>,
+    ) -> Reader {
+        Reader {
+            store,
+            families,
+            config,
+            metrics,
+        }
+    }
+
+    /// Which copy `client_id` reads for `key`, and where it lives.
+    pub fn affinity(&self, key: &Key, client_id: &str) -> Affinity {
+        let copies = self.families.resolve(key).copies;
+        let copy = affinity::copy_index(client_id, copies);
+        let copy_key = key.copy_key(copy);
+        let node = self.store.node_of(&copy_key).to_string();
+        Affinity {
+            copy,
+            copy_key,
+            copies,
+            node,
+        }
+    }
+
+    /// Reads `request.key` for one client.
+    ///
+    /// # Errors
+    /// - [`ErrorKind::MissingClient`] when the client id is empty;
+    /// - [`ErrorKind::InvalidCopy`] when a named copy is out of range;
+    /// - [`ErrorKind::NotFound`] for a missing key or a tombstone;
+    /// - [`ErrorKind::BelowVersionFloor`] when no consulted copy reaches the floor;
+    /// - [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when no copy could be read.
+    pub async fn read(&self, request: &ReadRequest) -> Result<ReadAnswer> {
+        let result = self.read_inner(request).await;
+        let outcome = match &result {
+            Ok((ReadAnswer::NotModified { .. }, _)) => ReadOutcome::NotModified,
+            Ok((ReadAnswer::Value { .. }, Served::Affine)) => ReadOutcome::Affine,
+            Ok((ReadAnswer::Value { .. }, Served::Sibling)) => ReadOutcome::Fallback,
+            Err(err) => match err.kind() {
+                ErrorKind::NotFound => ReadOutcome::NotFound,
+                ErrorKind::BelowVersionFloor => ReadOutcome::BelowFloor,
+                ErrorKind::Unavailable | ErrorKind::Timeout => ReadOutcome::Unavailable,
+                _ => return result.map(|(answer, _)| answer),
+            },
+        };
+        self.metrics.read(outcome);
+        result.map(|(answer, _)| answer)
+    }
+
+    async fn read_inner(&self, request: &ReadRequest) -> Result<(ReadAnswer, Served)> {
+        let copies = self.families.resolve(&request.key).copies;
+        let floor = request.min_version.max(request.if_none_match);
+        let affine = match &request.copy {
+            CopyChoice::Named(copy) if *copy >= copies => {
+                return Err(Error::new(
+                    ErrorKind::InvalidCopy,
+                    format!(
+                        "copy {copy} is out of range: {} has {copies} copies (0..{copies})",
+                        request.key
+                    ),
+                ))
+            }
+            CopyChoice::Named(copy) => *copy,
+            CopyChoice::Client(client) if client.is_empty() => {
+                return Err(Error::new(ErrorKind::MissingClient, "client id is empty"))
+            }
+            CopyChoice::Client(client) => affinity::copy_index(client, copies),
+        };
+
+        let first = self.consult(&request.key, affine).await;
+        let satisfied = matches!(&first.read.record, Ok(Some(record)) if floor.is_none_or(|floor| record.version >= floor));
+        let named = matches!(request.copy, CopyChoice::Named(_));
+        let consulted = if satisfied || named || copies == 1 {
+            vec![first]
+        } else {
+            let siblings = (1..=self.config.fallback_copies.min(copies - 1))
+                .map(|step| self.consult(&request.key, (affine + step) % copies));
+            let mut all = vec![first];
+            all.extend(join_all(siblings).await);
+            all
+        };
+        let answer = decide(consulted, request.min_version, request.if_none_match)?;
+        let served = match &answer {
+            ReadAnswer::Value { copy, .. } | ReadAnswer::NotModified { copy, .. }
+                if *copy != affine =>
+            {
+                Served::Sibling
+            }
+            _ => Served::Affine,
+        };
+        Ok((answer, served))
+    }
+
+    async fn consult(&self, key: &Key, copy: u32) -> Consulted {
+        let copy_key = key.copy_key(copy);
+        let read = self.store.read_copy(&copy_key).await;
+        if let Err(err) = &read.record {
+            tracing::debug!(copy_key = %copy_key, served_by = %read.served_by, error = %err, "copy read failed");
+        }
+        Consulted { copy, read }
+    }
+}
+
+/// Chooses the answer from the consulted copies (the affine copy first).
+fn decide(
+    consulted: Vec<Consulted>,
+    min_version: Option<Version>,
+    if_none_match: Option<Version>,
+) -> Result<ReadAnswer> {
+    let mut best: Option<(u32, ServedBy, CopyRecord)> = None;
+    let mut last_error: Option<Error> = None;
+    for Consulted { copy, read } in consulted {
+        match read.record {
+            Ok(Some(record)) => {
+                let newer = best
+                    .as_ref()
+                    .is_none_or(|(_, _, held)| record.version > held.version);
+                if newer {
+                    best = Some((copy, read.served_by, record));
+                }
+            }
+            Ok(None) => {}
+            Err(err) => last_error = Some(err),
+        }
+    }
+    let Some((copy, served_by, record)) = best else {
+        return Err(match last_error {
+            Some(err) => err,
+            None => Error::new(ErrorKind::NotFound, "key not found"),
+        });
+    };
+    if let Some(floor) = min_version {
+        if record.version < floor {
+            return Err(Error::new(
+                ErrorKind::BelowVersionFloor,
+                format!(
+                    "no consulted copy reached version {floor}; the newest holds {}",
+                    record.version
+                ),
+            ));
+        }
+    }
+    match record.payload {
+        Payload::Tombstone => Err(Error::new(ErrorKind::NotFound, "key was invalidated")),
+        Payload::Value(_) if if_none_match.is_some_and(|tag| record.version <= tag) => {
+            Ok(ReadAnswer::NotModified {
+                version: record.version,
+                copy,
+                served_by,
+            })
+        }
+        Payload::Value(value) => Ok(ReadAnswer::Value {
+            value,
+            version: record.version,
+            copy,
+            served_by,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::publish::{Publisher, VersionChoice};
+    use crate::store::memory::MemoryStore;
+
+    struct Fixture {
+        store: Arc<MemoryStore>,
+        publisher: Publisher,
+        reader: Reader,
+    }
+
+    fn fixture() -> Fixture {
+        let config = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 8").unwrap();
+        let families = Arc::new(Families::from_config(&config));
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        Fixture {
+            publisher: Publisher::new(store.clone(), families.clone(), metrics.clone()),
+            reader: Reader::new(store.clone(), families, config.read.clone(), metrics),
+            store,
+        }
+    }
+
+    fn version(n: u64) -> Version {
+        Version::new(n).unwrap()
+    }
+
+    fn request(client: &str, min_version: Option<u64>, if_none_match: Option<u64>) -> ReadRequest {
+        ReadRequest {
+            key: Key::parse("p:1").unwrap(),
+            copy: CopyChoice::Client(client.into()),
+            min_version: min_version.map(version),
+            if_none_match: if_none_match.map(version),
+        }
+    }
+
+    async fn publish(fixture: &Fixture, n: u64, value: &'static str) {
+        let key = Key::parse("p:1").unwrap();
+        fixture
+            .publisher
+            .publish(
+                &key,
+                VersionChoice::Given(version(n)),
+                Bytes::from_static(value.as_bytes()),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Makes the copy `client` reads hold `n` with `value`, bypassing the compare-and-set.
+    fn regress_affine_copy(fixture: &Fixture, client: &str, n: u64, value: &'static str) -> u32 {
+        let affinity = fixture.reader.affinity(&Key::parse("p:1").unwrap(), client);
+        fixture.store.overwrite_for_test(
+            &affinity.copy_key,
+            Some(CopyRecord {
+                version: version(n),
+                payload: Payload::Value(Bytes::from_static(value.as_bytes())),
+                expire_at_ms: crate::store::now_unix_ms() + 60_000,
+            }),
+        );
+        affinity.copy
+    }
+
+    #[tokio::test]
+    async fn reads_the_affine_copy() {
+        let fixture = fixture();
+        publish(&fixture, 5, "five").await;
+        let answer = fixture
+            .reader
+            .read(&request("alice", None, None))
+            .await
+            .unwrap();
+        let expected_copy = affinity::copy_index("alice", 8);
+        assert!(
+            matches!(answer, ReadAnswer::Value { ref value, copy, .. } if value == "five" && copy == expected_copy)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_floor_skips_a_stale_affine_copy() {
+        let fixture = fixture();
+        publish(&fixture, 5, "five").await;
+        let affine = regress_affine_copy(&fixture, "alice", 4, "four");
+        // Without a floor the stale affine copy serves (best effort).
+        let answer = fixture
+            .reader
+            .read(&request("alice", None, None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 4 && copy == affine)
+        );
+        // With a floor it is never served.
+        let answer = fixture
+            .reader
+            .read(&request("alice", Some(5), None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, ReadAnswer::Value { ref value, copy, .. } if value == "five" && copy != affine)
+        );
+        // If-None-Match 5 is a floor too: not modified, never the older body.
+        let answer = fixture
+            .reader
+            .read(&request("alice", None, Some(5)))
+            .await
+            .unwrap();
+        assert!(matches!(answer, ReadAnswer::NotModified { version: v, .. } if v.get() == 5));
+        // A floor nobody reached.
+        let err = fixture
+            .reader
+            .read(&request("alice", Some(6), None))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::BelowVersionFloor);
+        // If-None-Match above every copy: not modified rather than an older body.
+        let answer = fixture
+            .reader
+            .read(&request("alice", None, Some(9)))
+            .await
+            .unwrap();
+        assert!(matches!(answer, ReadAnswer::NotModified { .. }));
+    }
+
+    #[tokio::test]
+    async fn a_missing_affine_copy_falls_back_to_a_sibling() {
+        let fixture = fixture();
+        publish(&fixture, 5, "five").await;
+        let affinity = fixture
+            .reader
+            .affinity(&Key::parse("p:1").unwrap(), "alice");
+        fixture.store.overwrite_for_test(&affinity.copy_key, None);
+        let answer = fixture
+            .reader
+            .read(&request("alice", None, None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 5 && copy != affinity.copy)
+        );
+    }
+
+    #[tokio::test]
+    async fn tombstones_and_missing_keys_are_not_found() {
+        let fixture = fixture();
+        let err = fixture
+            .reader
+            .read(&request("alice", None, None))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound);
+        publish(&fixture, 5, "five").await;
+        let key = Key::parse("p:1").unwrap();
+        fixture
+            .publisher
+            .invalidate(&key, VersionChoice::Given(version(6)))
+            .await
+            .unwrap();
+        for inm in [None, Some(5), Some(6), Some(7)] {
+            let err = fixture
+                .reader
+                .read(&request("alice", None, inm))
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::NotFound, "if-none-match {inm:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn named_copies_are_checked() {
+        let fixture = fixture();
+        publish(&fixture, 5, "five").await;
+        let mut named = request("x", None, None);
+        named.copy = CopyChoice::Named(7);
+        assert!(matches!(
+            fixture.reader.read(&named).await.unwrap(),
+            ReadAnswer::Value { copy: 7, .. }
+        ));
+        named.copy = CopyChoice::Named(8);
+        assert_eq!(
+            fixture.reader.read(&named).await.unwrap_err().kind(),
+            ErrorKind::InvalidCopy
+        );
+        let err = fixture
+            .reader
+            .read(&request("", None, None))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingClient);
+    }
+}

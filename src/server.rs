@@ -1,0 +1,166 @@
+//! The service: wires config, store, library and HTTP together, and owns every background task.
+//!
+//! [`run`] takes a bound listener and a shutdown future, so tests bind `127.0.0.1:0`. Shutdown is
+//! decide (the future resolves) → tell (a [`CancellationToken`] reaches every task and the HTTP
+//! server stops accepting) → wait (in-flight requests and tracked tasks drain within
+//! `server.shutdown_grace`, or a warning names what was cut off).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, Families};
+use crate::error::{Error, ErrorKind, Result};
+use crate::http::{router, AppState};
+use crate::metrics::Metrics;
+use crate::publish::Publisher;
+use crate::read::Reader;
+use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use crate::store::Store;
+
+/// Connects the store the config names: Redis when `store.redis` is set, else the embedded one.
+///
+/// # Errors
+/// [`ErrorKind::Config`] for a bad URL; [`ErrorKind::Unavailable`] when Redis does not answer
+/// within `store.connect_timeout`.
+pub async fn connect_store(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<dyn Store>> {
+    match &config.store.redis {
+        None => Ok(Arc::new(MemoryStore::new())),
+        Some(url) => {
+            let mut options = RedisOptions::new(RedisTarget::parse(url)?);
+            options.command_timeout = config.store.command_timeout;
+            options.connect_timeout = config.store.connect_timeout;
+            Ok(Arc::new(RedisStore::connect(options, metrics).await?))
+        }
+    }
+}
+
+/// Builds the HTTP state from a validated config and a connected store.
+pub fn app_state(config: &Config, store: Arc<dyn Store>, metrics: Arc<Metrics>) -> AppState {
+    let families = Arc::new(Families::from_config(config));
+    let publisher = Publisher::new(store.clone(), families.clone(), metrics.clone());
+    let reader = Reader::new(
+        store.clone(),
+        families,
+        config.read.clone(),
+        metrics.clone(),
+    );
+    AppState::new(
+        publisher,
+        reader,
+        store,
+        metrics,
+        config.server.max_value_bytes,
+        config.read.retry_after,
+    )
+}
+
+/// Runs the service on `listener` until `shutdown` resolves.
+///
+/// # Errors
+/// [`ErrorKind::Config`] when the config is invalid (checked before anything else);
+/// store connection errors; [`ErrorKind::Io`] when serving fails.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    config.validate()?;
+    let metrics = Metrics::new();
+    let tracker = TaskTracker::new();
+    let cancel = CancellationToken::new();
+
+    let store: Arc<dyn Store> = match &config.store.redis {
+        None => {
+            let memory = Arc::new(MemoryStore::new());
+            tracing::warn!("running on the embedded in-memory store: values live in this process only; set store.redis (or --redis) to use Redis");
+            tracker.spawn(
+                Purger {
+                    store: memory.clone(),
+                    interval: Duration::from_secs(1),
+                }
+                .run(cancel.clone()),
+            );
+            memory
+        }
+        Some(url) => {
+            let store = connect_store(&config, metrics.clone()).await?;
+            tracing::info!(url = %url, kind = store.kind(), "connected to redis");
+            store
+        }
+    };
+
+    let app = router(app_state(&config, store, metrics));
+    let local = listener.local_addr()?;
+    tracing::info!(listen = %local, "hotsplit is serving");
+
+    let http_cancel = cancel.clone();
+    let decide = cancel.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        decide.cancel();
+    });
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { http_cancel.cancelled().await });
+    let grace = config.server.shutdown_grace;
+    let serving = tokio::spawn(async move { server.await });
+
+    cancel.cancelled().await;
+    tracing::info!(grace = ?grace, "shutting down: draining requests and background tasks");
+    tracker.close();
+    let drained = tokio::time::timeout(grace, async {
+        let served = serving.await;
+        tracker.wait().await;
+        served
+    })
+    .await;
+    match drained {
+        Ok(Ok(Ok(()))) => {
+            tracing::info!("shutdown complete");
+            Ok(())
+        }
+        Ok(Ok(Err(err))) => Err(Error::new(
+            ErrorKind::Io,
+            format!("http server failed: {err}"),
+        )),
+        Ok(Err(join)) => Err(Error::new(
+            ErrorKind::Io,
+            format!("http server task failed: {join}"),
+        )),
+        Err(_) => {
+            tracing::warn!(grace = ?grace, tasks = tracker.len(), "shutdown grace period ended with work still running");
+            Ok(())
+        }
+    }
+}
+
+/// Drops expired copies from the embedded store periodically.
+struct Purger {
+    /// The store to purge.
+    store: Arc<MemoryStore>,
+    /// How often to purge.
+    interval: Duration,
+}
+
+impl Purger {
+    async fn run(self, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(self.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {
+                    let removed = self.store.purge_expired();
+                    if removed > 0 {
+                        tracing::debug!(removed, "purged expired copies");
+                    }
+                }
+            }
+        }
+    }
+}

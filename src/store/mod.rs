@@ -1,0 +1,205 @@
+//! Storage of copies: the one place that holds values.
+//!
+//! [`Store`] is the small trait the rest of the crate speaks to. It has two implementations:
+//! [`memory::MemoryStore`], the embedded default for trying hotsplit and for unit tests, and
+//! [`redis::RedisStore`], the only module in the crate that talks to Redis (through fred). Both
+//! apply the same versioned compare-and-set, so a copy only ever moves forward:
+//!
+//! - a write whose version is greater than the stored one is `applied`;
+//! - a write whose version equals the stored one is `current` (retries are idempotent), except
+//!   that a tombstone replaces a value of its own version and a value never replaces a tombstone
+//!   of its own version (it is `stale`), so both arrival orders end as the tombstone;
+//! - a write whose version is smaller is `stale` and changes nothing;
+//! - the expiry is absolute, fixed at publish time, so a retry never extends a value's life.
+
+pub mod memory;
+pub mod redis;
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+
+use crate::error::Result;
+use crate::key::{CopyKey, Key, Version};
+
+/// What one copy write carries: a value, or a tombstone that blocks older writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// The value bytes.
+    Value(Bytes),
+    /// A deletion marker; readers get "not found", older writes are refused.
+    Tombstone,
+}
+
+/// One compare-and-set to apply to one copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyWrite {
+    /// The copy to write.
+    pub copy_key: CopyKey,
+    /// The version of the edit; the write applies only if it is newer than the stored one.
+    pub version: Version,
+    /// The value or tombstone.
+    pub payload: Payload,
+    /// Absolute expiry, Unix milliseconds, fixed when the edit was published.
+    pub expire_at_ms: u64,
+}
+
+/// The result of a compare-and-set that reached the copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CasOutcome {
+    /// The write was newer and is now stored.
+    Applied,
+    /// The copy already held exactly this version.
+    Current,
+    /// The copy holds a newer version, which is kept.
+    Stale {
+        /// The version the copy holds.
+        stored: Version,
+    },
+}
+
+/// The outcome of one [`CopyWrite`], in the order the writes were given.
+#[derive(Debug, Clone)]
+pub struct WriteResult {
+    /// The node that owns the copy (`host:port`, or `embedded`).
+    pub node: NodeLabel,
+    /// The compare-and-set outcome, or why the write did not complete.
+    pub outcome: Result<CasOutcome>,
+}
+
+/// What a copy holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyRecord {
+    /// The version stored in the copy.
+    pub version: Version,
+    /// The value, or [`Payload::Tombstone`].
+    pub payload: Payload,
+    /// Absolute expiry, Unix milliseconds.
+    pub expire_at_ms: u64,
+}
+
+/// The result of reading one copy.
+#[derive(Debug, Clone)]
+pub struct CopyRead {
+    /// Which node answered (or was asked, when the read failed).
+    pub served_by: ServedBy,
+    /// The record, `None` when the copy does not exist, or why the read failed.
+    pub record: Result<Option<CopyRecord>>,
+}
+
+/// A node's address as `host:port`, or `embedded` for the in-memory store. Cheap to clone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeLabel(Arc<str>);
+
+impl NodeLabel {
+    /// The label of the embedded store.
+    pub fn embedded() -> NodeLabel {
+        NodeLabel(Arc::from("embedded"))
+    }
+
+    /// A label from text, usually `host:port`.
+    pub fn new(label: impl AsRef<str>) -> NodeLabel {
+        NodeLabel(Arc::from(label.as_ref()))
+    }
+
+    /// The label as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The role of the node that served a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// A primary (master) node.
+    Primary,
+    /// A replica node.
+    Replica,
+    /// The embedded in-memory store.
+    Embedded,
+}
+
+/// Which node served a read, rendered in the `Hotsplit-Served-By` header.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServedBy {
+    /// The node's label.
+    pub node: NodeLabel,
+    /// The node's role.
+    pub role: Role,
+}
+
+impl ServedBy {
+    /// The embedded store.
+    pub fn embedded() -> ServedBy {
+        ServedBy {
+            node: NodeLabel::embedded(),
+            role: Role::Embedded,
+        }
+    }
+
+    /// A primary node.
+    pub fn primary(node: NodeLabel) -> ServedBy {
+        ServedBy {
+            node,
+            role: Role::Primary,
+        }
+    }
+}
+
+impl fmt::Display for ServedBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.role {
+            Role::Embedded => f.write_str("embedded"),
+            Role::Primary => write!(f, "{};role=primary", self.node),
+            Role::Replica => write!(f, "{};role=replica", self.node),
+        }
+    }
+}
+
+/// The storage interface every part of hotsplit uses.
+///
+/// Methods return boxed futures so the service can hold an `Arc<dyn Store>` and pick the store
+/// at startup.
+pub trait Store: Send + Sync + 'static {
+    /// A short description for logs and `/readyz`: `embedded`, `redis` or `redis-cluster`.
+    fn kind(&self) -> &'static str;
+
+    /// The node that owns `copy_key` as far as this instance knows.
+    fn node_of(&self, copy_key: &CopyKey) -> NodeLabel;
+
+    /// Applies each write with the versioned compare-and-set, concurrently, and returns one
+    /// result per write in the same order. A failure of one write never fails the others.
+    fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>>;
+
+    /// Reads one copy from the node that owns it.
+    fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead>;
+
+    /// Allocates the next version of `key` from its per-key counter, which lives at least
+    /// `ttl_ms` after this call.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails.
+    fn allocate_version<'a>(&'a self, key: &'a Key, ttl_ms: u64) -> BoxFuture<'a, Result<Version>>;
+
+    /// Checks that the store answers.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when it does not.
+    fn ping(&self) -> BoxFuture<'_, Result<()>>;
+}
+
+/// The current wall-clock time in Unix milliseconds.
+pub fn now_unix_ms() -> u64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX)
+}

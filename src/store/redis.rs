@@ -1,0 +1,1205 @@
+//! The Redis store: the only module in the crate that talks to Redis (through fred).
+//!
+//! A [`RedisStore`] connects to one server (`redis://host:port`) or to a Redis Cluster
+//! (`redis-cluster://host:port[,host:port...]`, seed nodes), and keeps every copy `K#i` as a
+//! hash with the fields `ver`, `val`, `tomb` and `exp`.
+//!
+//! # How it talks to Redis
+//! - **Writes** go through the Redis Functions library in `hotsplit.lua` (`FCALL hotsplit_cas`),
+//!   loaded with `FUNCTION LOAD REPLACE` on every primary at connect time. Functions replicate
+//!   and survive failovers, unlike `SCRIPT LOAD`. A node that lost its functions (a restart
+//!   without persistence) answers `ERR Function not found`: the store reloads the library on every
+//!   primary and retries those writes once.
+//! - **Fan-out**: [`Store::write_copies`] groups the writes by owning node (fred's cached slot
+//!   map) and sends each group as one fred pipeline, all nodes at once: one round trip, not N.
+//!   fred routes each pipelined command by its own key and gives one timeout to the whole
+//!   pipeline, so one pipeline per node means a paused node fails only the copies it owns, each
+//!   within the command timeout.
+//! - **Reads** are one `HMGET key ver val tomb exp` on the primary that owns the key; no script.
+//! - **Version counters** use `FCALL hotsplit_alloc` (INCR + PEXPIRE, atomic), not MULTI/EXEC:
+//!   fred 10 runs a transaction inside its router task after draining every connection, so one
+//!   slow node would stall every command of the client.
+//!
+//! # Invariants
+//! - Every command has a timeout (fred has none by default): no caller hangs on a paused node.
+//! - fred errors are classified in one place (`Failure::of`), counted with
+//!   [`Metrics::store_error`], and mapped to [`ErrorKind::Timeout`] or
+//!   [`ErrorKind::Unavailable`].
+//! - Versions cross into Lua as canonical decimal strings and are never converted to numbers.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fred::clients::Client;
+use fred::error::{Error as FredError, ErrorKind as FredErrorKind};
+use fred::interfaces::{
+    ClientLike, ClusterInterface, FredResult, FunctionInterface, HashesInterface,
+};
+use fred::types::cluster::ClusterRouting;
+use fred::types::config::{
+    ClusterDiscoveryPolicy, Config, ReconnectError, ReconnectPolicy, Server, ServerConfig,
+};
+use fred::types::{Builder, ConnectHandle, Value};
+use futures_util::future::{join_all, BoxFuture};
+
+use super::{
+    CasOutcome, CopyRead, CopyRecord, CopyWrite, NodeLabel, Payload, ServedBy, Store, WriteResult,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::{CopyKey, Key, Version};
+use crate::metrics::Metrics;
+
+/// The Redis Functions library (`#!lua name=hotsplit`), loaded on every primary.
+const LIBRARY: &str = include_str!("hotsplit.lua");
+
+/// The library's compare-and-set function.
+const CAS_FUNCTION: &str = "hotsplit_cas";
+
+/// The library's version-counter function.
+const ALLOC_FUNCTION: &str = "hotsplit_alloc";
+
+/// The hash fields of a copy, in the order `read_copy` asks for them.
+const COPY_FIELDS: [&str; 4] = ["ver", "val", "tomb", "exp"];
+
+/// The port used when a URL names none.
+const DEFAULT_PORT: u16 = 6379;
+
+/// The largest millisecond value (expiry or time to live) the library accepts: 18 digits, so
+/// `PEXPIREAT`/`PEXPIRE` can never overflow after the hash was written. Larger values are clamped
+/// to it (it is about 31 million years).
+const MAX_MILLIS: u64 = 999_999_999_999_999_999;
+
+/// How long [`RedisStore::connect`] waits for a half-open client to quit after the connect
+/// timeout fired.
+const QUIT_AFTER_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Where Redis is: one server, or the seed nodes of a Redis Cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One server, as `host:port`.
+    Standalone(String),
+    /// Seed nodes of a Redis Cluster, each `host:port`; the other nodes are discovered.
+    Cluster(Vec<String>),
+}
+
+impl RedisTarget {
+    /// Parses `redis://host[:port]` (one server) or `redis-cluster://host[:port][,host[:port]...]`
+    /// (cluster seed nodes). The port defaults to 6379. IPv6 hosts go in brackets (`[::1]:6379`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when the scheme is neither `redis://` nor `redis-cluster://`, when the
+    /// URL carries credentials, a path, a database or a query, when `redis://` names more than one
+    /// server, or when a host or port is empty or malformed. The message names what is wrong.
+    pub fn parse(url: &str) -> Result<RedisTarget> {
+        let invalid = |why: String| Error::new(ErrorKind::Config, why);
+        let url = url.trim();
+        if url.is_empty() {
+            return Err(invalid("redis url is empty".to_owned()));
+        }
+        let (cluster, rest) = if let Some(rest) = url.strip_prefix("redis://") {
+            (false, rest)
+        } else if let Some(rest) = url.strip_prefix("redis-cluster://") {
+            (true, rest)
+        } else if url.starts_with("rediss://") {
+            return Err(invalid(format!(
+                "redis url {url:?} uses tls (rediss://), which is not supported"
+            )));
+        } else {
+            return Err(invalid(format!(
+                "redis url {url:?} must start with redis:// (one server) or redis-cluster:// (cluster seed nodes)"
+            )));
+        };
+        // Checked before anything that echoes the URL, so a password never reaches a log.
+        if rest.contains('@') {
+            return Err(invalid(
+                "credentials (user:password@) in the redis url are not supported".to_owned(),
+            ));
+        }
+        let (authority, trailing) = match rest.find(['/', '?', '#']) {
+            Some(at) => rest.split_at(at),
+            None => (rest, ""),
+        };
+        if !trailing.is_empty() && trailing != "/" {
+            return Err(invalid(format!(
+                "redis url {url:?} has {trailing:?} after host:port; paths, databases and queries are not supported"
+            )));
+        }
+        let addresses = authority
+            .split(',')
+            .map(|address| {
+                parse_address(address)
+                    .map(|(host, port)| format_address(&host, port))
+                    .map_err(|why| invalid(format!("redis url {url:?}: {why}")))
+            })
+            .collect::<Result<Vec<String>>>()?;
+        if cluster {
+            return Ok(RedisTarget::Cluster(addresses));
+        }
+        match <[String; 1]>::try_from(addresses) {
+            Ok([address]) => Ok(RedisTarget::Standalone(address)),
+            Err(addresses) => Err(invalid(format!(
+                "redis url {url:?} names {} servers; redis:// takes one host:port, use redis-cluster:// for cluster seed nodes",
+                addresses.len()
+            ))),
+        }
+    }
+
+    /// `redis` or `redis-cluster`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RedisTarget::Standalone(_) => "redis",
+            RedisTarget::Cluster(_) => "redis-cluster",
+        }
+    }
+}
+
+impl fmt::Display for RedisTarget {
+    /// The target as a URL, `redis://host:port` or `redis-cluster://host:port,...`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisTarget::Standalone(address) => write!(f, "redis://{address}"),
+            RedisTarget::Cluster(addresses) => write!(f, "redis-cluster://{}", addresses.join(",")),
+        }
+    }
+}
+
+/// Splits `host[:port]` or `[ipv6][:port]` into a host (without brackets) and a port.
+fn parse_address(address: &str) -> std::result::Result<(String, u16), String> {
+    if address.is_empty() {
+        return Err("a host:port is empty".to_owned());
+    }
+    let (host, port) = if let Some(bracketed) = address.strip_prefix('[') {
+        let Some((host, after)) = bracketed.split_once(']') else {
+            return Err(format!("{address:?} opens '[' without a closing ']'"));
+        };
+        if host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        {
+            return Err(format!(
+                "{address:?} does not hold an ipv6 address in brackets"
+            ));
+        }
+        match after {
+            "" => (host, None),
+            _ => match after.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None => {
+                    return Err(format!(
+                        "{address:?} has {after:?} after ']'; expected ':port'"
+                    ))
+                }
+            },
+        }
+    } else {
+        let (host, port) = match address.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (address, None),
+        };
+        if host.is_empty() {
+            return Err(format!("the host is empty in {address:?}"));
+        }
+        if let Some(bad) = host
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+        {
+            return Err(format!(
+                "host {host:?} contains {bad:?}; hosts are names or ipv4 addresses (ipv6 goes in brackets)"
+            ));
+        }
+        (host, port)
+    };
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(text) => match text.parse::<u16>() {
+            Ok(port) if port > 0 && text.bytes().all(|b| b.is_ascii_digit()) => port,
+            _ => {
+                return Err(format!(
+                    "port {text:?} in {address:?} is not a number in 1..=65535"
+                ))
+            }
+        },
+    };
+    Ok((host.to_owned(), port))
+}
+
+/// Renders a host and port as `host:port`, bracketing IPv6 hosts.
+fn format_address(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// How to reach Redis and how long to wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// The server or cluster to connect to. Default: none, it is required.
+    pub target: RedisTarget,
+    /// How long one command may take before it fails with [`ErrorKind::Timeout`]; it bounds
+    /// every call on a slow or paused node. Default: 500 ms.
+    pub command_timeout: Duration,
+    /// How long connecting (TCP, cluster discovery) may take at startup. Default: 2 s.
+    pub connect_timeout: Duration,
+}
+
+impl RedisOptions {
+    /// The default [`RedisOptions::command_timeout`].
+    pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+
+    /// The default [`RedisOptions::connect_timeout`].
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+    /// Options for `target` with every other field at its default.
+    pub fn new(target: RedisTarget) -> RedisOptions {
+        RedisOptions {
+            target,
+            command_timeout: Self::DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+}
+
+/// A stable class of store failure: the `kind` label of `hotsplit_store_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// The command did not answer within the command timeout.
+    Timeout,
+    /// The connection failed.
+    Io,
+    /// A cluster error (MOVED/ASK beyond the redirection limit, CLUSTERDOWN) or no route.
+    Cluster,
+    /// `ERR Function not found`: the node lost the library.
+    FunctionMissing,
+    /// `READONLY`: the write reached a replica.
+    ReadOnly,
+    /// `NOSCRIPT`: a script cache miss.
+    NoScript,
+    /// The client is closing, or the command was dropped.
+    Canceled,
+    /// fred's command queue is full.
+    Backpressure,
+    /// Anything else, including replies the store cannot parse.
+    Other,
+}
+
+impl Failure {
+    /// Classifies a fred error. This is the one place that looks at error kinds and details:
+    /// NOSCRIPT, READONLY and `ERR Function not found` all arrive as [`FredErrorKind::Unknown`].
+    fn of(err: &FredError) -> Failure {
+        match err.kind() {
+            FredErrorKind::Timeout => Failure::Timeout,
+            FredErrorKind::IO => Failure::Io,
+            FredErrorKind::Cluster | FredErrorKind::Routing => Failure::Cluster,
+            FredErrorKind::Canceled => Failure::Canceled,
+            FredErrorKind::Backpressure => Failure::Backpressure,
+            FredErrorKind::Unknown => {
+                let details = err.details();
+                if details.starts_with("ERR Function not found") {
+                    Failure::FunctionMissing
+                } else if details.starts_with("READONLY") {
+                    Failure::ReadOnly
+                } else if details.starts_with("NOSCRIPT") {
+                    Failure::NoScript
+                } else {
+                    Failure::Other
+                }
+            }
+            _ => Failure::Other,
+        }
+    }
+
+    /// The metric label.
+    fn as_str(self) -> &'static str {
+        match self {
+            Failure::Timeout => "timeout",
+            Failure::Io => "io",
+            Failure::Cluster => "cluster",
+            Failure::FunctionMissing => "function_missing",
+            Failure::ReadOnly => "readonly",
+            Failure::NoScript => "noscript",
+            Failure::Canceled => "canceled",
+            Failure::Backpressure => "backpressure",
+            Failure::Other => "other",
+        }
+    }
+}
+
+/// Where keys live, captured once per operation.
+enum Placement {
+    /// Every key lives on the one server.
+    Standalone(NodeLabel),
+    /// Keys live where fred's cached slot map says; `None` before the first discovery.
+    Cluster(Option<ClusterRouting>),
+}
+
+impl Placement {
+    /// The primary that owns `key`, or `unknown` when the slot map does not say.
+    fn node_of(&self, key: &str) -> NodeLabel {
+        match self {
+            Placement::Standalone(node) => node.clone(),
+            Placement::Cluster(routing) => routing
+                .as_ref()
+                .and_then(|routing| routing.get_server(fred::util::redis_keyslot(key.as_bytes())))
+                .map(server_label)
+                .unwrap_or_else(|| NodeLabel::new("unknown")),
+        }
+    }
+}
+
+/// A fred server as a node label, `host:port`.
+fn server_label(server: &Server) -> NodeLabel {
+    NodeLabel::new(format_address(&server.host, server.port))
+}
+
+/// The Redis-backed [`Store`]. Create it with [`RedisStore::connect`]; share it as
+/// `Arc<dyn Store>`.
+pub struct RedisStore {
+    /// The fred client; it multiplexes every command over one connection per node.
+    client: Client,
+    /// The task that drives fred's connections; aborted when the store is dropped.
+    connection_task: ConnectHandle,
+    /// What was configured, for messages and [`Store::kind`].
+    target: RedisTarget,
+    /// The configured server's label in standalone mode; `None` for a cluster.
+    standalone_node: Option<NodeLabel>,
+    /// The command timeout, for messages.
+    command_timeout: Duration,
+    /// Where store errors are counted.
+    metrics: Arc<Metrics>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.target)
+            .field("command_timeout", &self.command_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        // Nothing else holds the client, so stopping its connection task closes its sockets.
+        self.connection_task.abort();
+    }
+}
+
+impl RedisStore {
+    /// Connects to `options.target`, waits for the connection (at most `connect_timeout`) and
+    /// loads the `hotsplit` function library with `FUNCTION LOAD REPLACE` on every primary.
+    ///
+    /// Every command the store sends afterwards is bounded by `command_timeout`. A node that
+    /// drops its connection is reconnected with exponential backoff (100 ms to 2 s, forever);
+    /// `CLUSTERDOWN` and `LOADING` replies also trigger a reconnect, `READONLY` does not, so a write
+    /// that reaches a demoted primary fails at once.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when a target address is malformed; [`ErrorKind::Unavailable`] when
+    /// Redis cannot be reached within `connect_timeout` (the message names the URL) or the
+    /// library cannot be loaded; [`ErrorKind::Timeout`] when loading the library timed out.
+    pub async fn connect(options: RedisOptions, metrics: Arc<Metrics>) -> Result<RedisStore> {
+        let url = options.target.to_string();
+        let config_error =
+            |why: String| Error::new(ErrorKind::Config, format!("redis target {url:?}: {why}"));
+        let (server, standalone_node) = match &options.target {
+            RedisTarget::Standalone(address) => {
+                let (host, port) = parse_address(address).map_err(config_error)?;
+                let label = NodeLabel::new(format_address(&host, port));
+                (ServerConfig::new_centralized(host, port), Some(label))
+            }
+            RedisTarget::Cluster(addresses) => {
+                if addresses.is_empty() {
+                    return Err(config_error(
+                        "a cluster needs at least one seed node".to_owned(),
+                    ));
+                }
+                let hosts = addresses
+                    .iter()
+                    .map(|address| {
+                        parse_address(address).map(|(host, port)| Server::new(host, port))
+                    })
+                    .collect::<std::result::Result<Vec<Server>, String>>()
+                    .map_err(config_error)?;
+                let server = ServerConfig::Clustered {
+                    hosts,
+                    // Also try nodes from the last slot map when the seeds are gone.
+                    policy: ClusterDiscoveryPolicy::UseCache,
+                };
+                (server, None)
+            }
+        };
+
+        let mut builder = Builder::from_config(Config {
+            server,
+            ..Config::default()
+        });
+        builder
+            .with_performance_config(|perf| {
+                perf.default_command_timeout = options.command_timeout;
+            })
+            .with_connection_config(|conn| {
+                conn.connection_timeout = options.connect_timeout;
+                conn.internal_command_timeout = options.connect_timeout;
+                // READONLY is left out: a write that reaches a replica should fail now, not
+                // after a reconnect loop.
+                conn.reconnect_errors = vec![ReconnectError::ClusterDown, ReconnectError::Loading];
+            })
+            .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
+        let client = builder.build().map_err(|err| {
+            Error::new(
+                ErrorKind::Config,
+                format!(
+                    "invalid redis client configuration for {url}: {}",
+                    err.details()
+                ),
+            )
+        })?;
+
+        let connection_task =
+            match tokio::time::timeout(options.connect_timeout, client.init()).await {
+                Ok(Ok(task)) => task,
+                Ok(Err(err)) => {
+                    metrics.store_error(Failure::of(&err).as_str());
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!("could not connect to redis at {url}: {}", err.details()),
+                    ));
+                }
+                Err(_) => {
+                    metrics.store_error(Failure::Timeout.as_str());
+                    // The connection task outlives the dropped `init` future; ask it to stop.
+                    let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "could not connect to redis at {url} within {} ms",
+                            options.connect_timeout.as_millis()
+                        ),
+                    ));
+                }
+            };
+
+        let store = RedisStore {
+            client,
+            connection_task,
+            target: options.target,
+            standalone_node,
+            command_timeout: options.command_timeout,
+            metrics,
+        };
+        store.load_library().await.map_err(|err| {
+            Error::new(
+                err.kind(),
+                format!(
+                    "connected to redis at {url} but could not load the function library: {err}"
+                ),
+            )
+        })?;
+        Ok(store)
+    }
+
+    /// The primaries as far as this instance knows: every master of the cluster, or the one
+    /// server.
+    pub fn primaries(&self) -> Vec<NodeLabel> {
+        match &self.standalone_node {
+            Some(node) => vec![node.clone()],
+            None => self.primary_servers().iter().map(server_label).collect(),
+        }
+    }
+
+    /// (Re)loads the function library with `FUNCTION LOAD REPLACE` on every primary, one
+    /// command per primary, concurrently.
+    ///
+    /// Each primary is addressed directly rather than through fred's `function_load_cluster`:
+    /// fred sends such all-node commands only after draining every connection, which would wait
+    /// on a paused node without a bound.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Timeout`] or [`ErrorKind::Unavailable`] for the first primary that failed;
+    /// [`ErrorKind::Unavailable`] when no primary is known.
+    pub async fn load_library(&self) -> Result<()> {
+        if let Some(node) = &self.standalone_node {
+            return self
+                .client
+                .function_load::<Value, _>(true, LIBRARY)
+                .await
+                .map(drop)
+                .map_err(|err| {
+                    self.fail(format_args!("loading the function library on {node}"), &err)
+                });
+        }
+        let primaries = self.primary_servers();
+        if primaries.is_empty() {
+            self.metrics.store_error(Failure::Cluster.as_str());
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("no primary of {} is known", self.target),
+            ));
+        }
+        let loads = primaries.iter().map(|server| async move {
+            self.client
+                .with_cluster_node(server.clone())
+                .function_load::<Value, _>(true, LIBRARY)
+                .await
+                .map(drop)
+                .map_err(|err| {
+                    self.fail(
+                        format_args!("loading the function library on {}", server_label(server)),
+                        &err,
+                    )
+                })
+        });
+        join_all(loads).await.into_iter().collect()
+    }
+
+    /// The primaries of the cluster from fred's cached slot map (empty in standalone mode).
+    fn primary_servers(&self) -> Vec<Server> {
+        self.client
+            .cached_cluster_state()
+            .map(|routing| routing.unique_primary_nodes())
+            .unwrap_or_default()
+    }
+
+    /// A snapshot of where keys live.
+    fn placement(&self) -> Placement {
+        match &self.standalone_node {
+            Some(node) => Placement::Standalone(node.clone()),
+            None => Placement::Cluster(self.client.cached_cluster_state()),
+        }
+    }
+
+    /// Maps a fred error to the crate's error and counts it. This is the one place where store
+    /// errors are classified; `what` names the operation, the copy and the node.
+    fn fail(&self, what: fmt::Arguments<'_>, err: &FredError) -> Error {
+        let failure = Failure::of(err);
+        self.metrics.store_error(failure.as_str());
+        match failure {
+            Failure::Timeout => Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "{what} timed out after {} ms",
+                    self.command_timeout.as_millis()
+                ),
+            ),
+            _ => Error::new(
+                ErrorKind::Unavailable,
+                format!("{what} failed ({}): {}", failure.as_str(), err.details()),
+            ),
+        }
+    }
+
+    /// An answer from Redis the store cannot interpret; counted as `other`.
+    fn corrupt(&self, message: String) -> Error {
+        self.metrics.store_error(Failure::Other.as_str());
+        Error::new(ErrorKind::Unavailable, message)
+    }
+
+    /// Sends `FCALL hotsplit_cas` for the writes at `indexes`: one pipeline per owning node
+    /// (from `nodes`, aligned with `writes`), every node at once. Returns one reply per index, in
+    /// the order of `indexes`.
+    async fn cas_per_node(
+        &self,
+        writes: &[CopyWrite],
+        nodes: &[NodeLabel],
+        indexes: &[usize],
+    ) -> Vec<FredResult<Value>> {
+        // Positions into `indexes`, grouped by node.
+        let mut groups: BTreeMap<&NodeLabel, Vec<usize>> = BTreeMap::new();
+        for (position, &at) in indexes.iter().enumerate() {
+            groups.entry(&nodes[at]).or_default().push(position);
+        }
+        let sent = join_all(groups.into_values().map(|positions| async move {
+            let batch: Vec<&CopyWrite> = positions
+                .iter()
+                .map(|&position| &writes[indexes[position]])
+                .collect();
+            let replies = self.cas_pipeline(&batch).await;
+            (positions, replies)
+        }))
+        .await;
+
+        let mut replies: Vec<Option<FredResult<Value>>> = indexes.iter().map(|_| None).collect();
+        for (positions, group_replies) in sent {
+            for (position, reply) in positions.into_iter().zip(group_replies) {
+                replies[position] = Some(reply);
+            }
+        }
+        replies
+            .into_iter()
+            .map(|reply| {
+                reply.unwrap_or_else(|| {
+                    Err(FredError::new(
+                        FredErrorKind::Protocol,
+                        "no reply was matched to this write",
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Sends the writes as one fred pipeline and returns one reply per write, in order.
+    ///
+    /// fred routes every command of a pipeline by its own key, waits for all replies with one
+    /// timeout (the command timeout) and, through `try_all`, returns each command's reply; when
+    /// the pipeline as a whole fails (a timeout), it returns a single error, which then stands
+    /// for every write of the batch. Callers keep one batch to one node, so a paused node times
+    /// out only its own writes.
+    async fn cas_pipeline(&self, batch: &[&CopyWrite]) -> Vec<FredResult<Value>> {
+        let pipeline = self.client.pipeline();
+        let mut queue_errors: Vec<Option<FredError>> = Vec::with_capacity(batch.len());
+        for write in batch {
+            // Queueing only buffers the command in memory; it answers at once.
+            let queued = pipeline
+                .fcall::<(), _, _, _>(CAS_FUNCTION, write.copy_key.as_str(), cas_args(write))
+                .await;
+            queue_errors.push(queued.err());
+        }
+        let queued = queue_errors.iter().filter(|error| error.is_none()).count();
+        let replies = pipeline.try_all::<Value>().await;
+        let whole_failure = (replies.len() != queued).then(|| {
+            replies
+                .iter()
+                .find_map(|reply| reply.as_ref().err().cloned())
+                .unwrap_or_else(|| {
+                    FredError::new(
+                        FredErrorKind::Protocol,
+                        format!("{} replies to {queued} pipelined commands", replies.len()),
+                    )
+                })
+        });
+        let mut replies = replies.into_iter();
+        queue_errors
+            .into_iter()
+            .map(|queue_error| match (queue_error, &whole_failure) {
+                (Some(error), _) => Err(error),
+                (None, Some(error)) => Err(error.clone()),
+                (None, None) => replies.next().unwrap_or_else(|| {
+                    Err(FredError::new(
+                        FredErrorKind::Protocol,
+                        "a pipelined reply is missing",
+                    ))
+                }),
+            })
+            .collect()
+    }
+
+    /// Sends one `FCALL`; on `ERR Function not found` reloads the library and retries once.
+    async fn fcall_reloading(
+        &self,
+        function: &str,
+        key: &str,
+        args: Vec<Value>,
+    ) -> FredResult<Value> {
+        let first = self.client.fcall(function, key, args.clone()).await;
+        match first {
+            Err(err) if Failure::of(&err) == Failure::FunctionMissing => {
+                self.reload_after_missing_function(1).await;
+                self.client.fcall(function, key, args).await
+            }
+            other => other,
+        }
+    }
+
+    /// Counts `failed` commands answered with `ERR Function not found` and reloads the library.
+    /// A failure to reload is only logged: the retried commands report it.
+    async fn reload_after_missing_function(&self, failed: usize) {
+        for _ in 0..failed {
+            self.metrics.store_error(Failure::FunctionMissing.as_str());
+        }
+        match self.load_library().await {
+            Ok(()) => {
+                tracing::info!(target = %self.target, "reloaded the hotsplit function library")
+            }
+            Err(err) => {
+                tracing::warn!(target = %self.target, error = %err, "could not reload the hotsplit function library")
+            }
+        }
+    }
+
+    /// Turns one `hotsplit_cas` reply into an outcome.
+    fn cas_outcome(
+        &self,
+        write: &CopyWrite,
+        node: &NodeLabel,
+        reply: FredResult<Value>,
+    ) -> Result<CasOutcome> {
+        let copy = &write.copy_key;
+        let reply =
+            reply.map_err(|err| self.fail(format_args!("write of copy {copy} on {node}"), &err))?;
+        parse_cas_reply(reply).map_err(|why| {
+            self.corrupt(format!(
+                "unexpected reply to {CAS_FUNCTION} for copy {copy} on {node}: {why}"
+            ))
+        })
+    }
+}
+
+/// The `FCALL hotsplit_cas` arguments of a write: version, payload, tomb, expire_at_ms.
+fn cas_args(write: &CopyWrite) -> Vec<Value> {
+    let (payload, tomb) = match &write.payload {
+        Payload::Value(bytes) => (bytes.clone(), "0"),
+        Payload::Tombstone => (Bytes::new(), "1"),
+    };
+    vec![
+        write.version.to_string().into(),
+        payload.into(),
+        tomb.into(),
+        write.expire_at_ms.min(MAX_MILLIS).to_string().into(),
+    ]
+}
+
+/// Parses `{"applied"|"current"|"stale", version}`.
+fn parse_cas_reply(reply: Value) -> std::result::Result<CasOutcome, String> {
+    let fields = reply.into_array();
+    let [status, version] = <[Value; 2]>::try_from(fields)
+        .map_err(|fields| format!("expected 2 fields, got {}", fields.len()))?;
+    let version = version
+        .as_str()
+        .ok_or_else(|| format!("the version is not text: {version:?}"))?
+        .parse::<Version>()
+        .map_err(|err| err.message().to_owned())?;
+    match status.as_str().as_deref() {
+        Some("applied") => Ok(CasOutcome::Applied),
+        Some("current") => Ok(CasOutcome::Current),
+        Some("stale") => Ok(CasOutcome::Stale { stored: version }),
+        _ => Err(format!("unknown status {status:?}")),
+    }
+}
+
+/// Parses the `HMGET ver val tomb exp` reply of a copy: `None` when the copy does not exist.
+fn parse_copy(reply: Value) -> std::result::Result<Option<CopyRecord>, String> {
+    let fields = reply.into_array();
+    let [ver, val, tomb, exp] = <[Value; 4]>::try_from(fields)
+        .map_err(|fields| format!("expected 4 fields, got {}", fields.len()))?;
+    if ver.is_null() && val.is_null() && tomb.is_null() && exp.is_null() {
+        return Ok(None);
+    }
+    let text = |name: &str, value: &Value| -> std::result::Result<String, String> {
+        match value.as_str() {
+            Some(text) => Ok(text.into_owned()),
+            None if value.is_null() => Err(format!("field {name} is missing")),
+            None => Err(format!("field {name} is not text")),
+        }
+    };
+    let version = Version::from_str(&text("ver", &ver)?)
+        .map_err(|err| format!("field ver: {}", err.message()))?;
+    let expire_at_ms = {
+        let exp = text("exp", &exp)?;
+        exp.parse::<u64>()
+            .map_err(|_| format!("field exp {exp:?} is not a millisecond timestamp"))?
+    };
+    let payload = match text("tomb", &tomb)?.as_str() {
+        "1" => Payload::Tombstone,
+        "0" => Payload::Value(val.into_bytes().ok_or("field val is missing")?),
+        other => return Err(format!("field tomb {other:?} is neither \"0\" nor \"1\"")),
+    };
+    Ok(Some(CopyRecord {
+        version,
+        payload,
+        expire_at_ms,
+    }))
+}
+
+impl Store for RedisStore {
+    fn kind(&self) -> &'static str {
+        self.target.kind()
+    }
+
+    fn node_of(&self, copy_key: &CopyKey) -> NodeLabel {
+        self.placement().node_of(copy_key.as_str())
+    }
+
+    fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>> {
+        Box::pin(async move {
+            let placement = self.placement();
+            let nodes: Vec<NodeLabel> = writes
+                .iter()
+                .map(|write| placement.node_of(write.copy_key.as_str()))
+                .collect();
+            let everything: Vec<usize> = (0..writes.len()).collect();
+            let mut replies = self.cas_per_node(writes, &nodes, &everything).await;
+
+            let missing: Vec<usize> = replies
+                .iter()
+                .enumerate()
+                .filter(|(_, reply)| {
+                    matches!(reply, Err(err) if Failure::of(err) == Failure::FunctionMissing)
+                })
+                .map(|(at, _)| at)
+                .collect();
+            if !missing.is_empty() {
+                // One reload for the whole batch, then each of those writes is retried once.
+                self.reload_after_missing_function(missing.len()).await;
+                let retried = self.cas_per_node(writes, &nodes, &missing).await;
+                for (at, reply) in missing.into_iter().zip(retried) {
+                    replies[at] = reply;
+                }
+            }
+
+            writes
+                .iter()
+                .zip(nodes)
+                .zip(replies)
+                .map(|((write, node), reply)| {
+                    let outcome = self.cas_outcome(write, &node, reply);
+                    WriteResult { node, outcome }
+                })
+                .collect()
+        })
+    }
+
+    fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead> {
+        Box::pin(async move {
+            let node = self.placement().node_of(copy_key.as_str());
+            let record = match self
+                .client
+                .hmget::<Value, _, _>(copy_key.as_str(), COPY_FIELDS.to_vec())
+                .await
+            {
+                Ok(reply) => parse_copy(reply).map_err(|why| {
+                    self.corrupt(format!("copy {copy_key} on {node} is corrupt: {why}"))
+                }),
+                Err(err) => Err(self.fail(format_args!("read of copy {copy_key} on {node}"), &err)),
+            };
+            CopyRead {
+                served_by: ServedBy::primary(node),
+                record,
+            }
+        })
+    }
+
+    fn allocate_version<'a>(&'a self, key: &'a Key, ttl_ms: u64) -> BoxFuture<'a, Result<Version>> {
+        Box::pin(async move {
+            let counter = key.counter_key();
+            let node = self.placement().node_of(&counter);
+            let args = vec![Value::from(ttl_ms.min(MAX_MILLIS).to_string())];
+            let reply = self
+                .fcall_reloading(ALLOC_FUNCTION, &counter, args)
+                .await
+                .map_err(|err| {
+                    self.fail(format_args!("version allocation for {key} on {node}"), &err)
+                })?;
+            let text = reply
+                .as_str()
+                .map(|text| text.into_owned())
+                .unwrap_or_default();
+            text.parse::<Version>().map_err(|err| {
+                self.corrupt(format!(
+                    "version counter {counter} on {node} holds an invalid version: {}",
+                    err.message()
+                ))
+            })
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if let Some(node) = &self.standalone_node {
+                return self
+                    .client
+                    .ping::<Value>(None)
+                    .await
+                    .map(drop)
+                    .map_err(|err| self.fail(format_args!("ping of {node}"), &err));
+            }
+            let primaries = self.primary_servers();
+            if primaries.is_empty() {
+                self.metrics.store_error(Failure::Cluster.as_str());
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("no primary of {} is known", self.target),
+                ));
+            }
+            let pings = primaries.iter().map(|server| async move {
+                self.client
+                    .with_cluster_node(server.clone())
+                    .ping::<Value>(None)
+                    .await
+                    .map(drop)
+                    .map_err(|err| {
+                        self.fail(format_args!("ping of {}", server_label(server)), &err)
+                    })
+            });
+            join_all(pings).await.into_iter().collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn standalone(address: &str) -> RedisTarget {
+        RedisTarget::Standalone(address.to_owned())
+    }
+
+    #[test]
+    fn parses_standalone_urls() {
+        assert_eq!(
+            RedisTarget::parse("redis://127.0.0.1:7000").unwrap(),
+            standalone("127.0.0.1:7000")
+        );
+        assert_eq!(
+            RedisTarget::parse("redis://cache.internal").unwrap(),
+            standalone("cache.internal:6379")
+        );
+        assert_eq!(
+            RedisTarget::parse("redis://localhost:6380/").unwrap(),
+            standalone("localhost:6380")
+        );
+        assert_eq!(
+            RedisTarget::parse(" redis://h:1 ").unwrap(),
+            standalone("h:1")
+        );
+        assert_eq!(
+            RedisTarget::parse("redis://[::1]").unwrap(),
+            standalone("[::1]:6379")
+        );
+        assert_eq!(
+            RedisTarget::parse("redis://[::1]:7001").unwrap(),
+            standalone("[::1]:7001")
+        );
+    }
+
+    #[test]
+    fn parses_cluster_urls() {
+        assert_eq!(
+            RedisTarget::parse("redis-cluster://10.0.0.1:7000,10.0.0.2,node-3:7002").unwrap(),
+            RedisTarget::Cluster(vec![
+                "10.0.0.1:7000".to_owned(),
+                "10.0.0.2:6379".to_owned(),
+                "node-3:7002".to_owned(),
+            ])
+        );
+        assert_eq!(
+            RedisTarget::parse("redis-cluster://seed").unwrap(),
+            RedisTarget::Cluster(vec!["seed:6379".to_owned()])
+        );
+    }
+
+    #[test]
+    fn rejects_bad_urls_with_a_message_naming_the_problem() {
+        let cases = [
+            ("", "empty"),
+            ("http://x:1", "must start with redis://"),
+            ("127.0.0.1:6379", "must start with redis://"),
+            ("rediss://x:1", "tls"),
+            ("redis://user:secret@x:1", "credentials"),
+            ("redis://x:1/0", "databases"),
+            ("redis://x:1?timeout=1", "queries"),
+            ("redis://", "empty"),
+            ("redis://:6379", "host is empty"),
+            ("redis://x:", "port \"\""),
+            ("redis://x:0", "1..=65535"),
+            ("redis://x:65536", "1..=65535"),
+            ("redis://x:+1", "1..=65535"),
+            ("redis://x:1:2", "1..=65535"),
+            ("redis://a b:1", "contains ' '"),
+            ("redis://::1", "host is empty"),
+            ("redis://[::1", "closing ']'"),
+            ("redis://[::1]x", "expected ':port'"),
+            ("redis://[zz]:1", "ipv6"),
+            ("redis://a:1,b:2", "use redis-cluster://"),
+            ("redis-cluster://a:1,", "empty"),
+            ("redis-cluster://a:1,b:x", "port \"x\""),
+        ];
+        for (url, expected) in cases {
+            let err = RedisTarget::parse(url).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{url:?}");
+            assert!(
+                err.message().contains(expected),
+                "{url:?}: {}",
+                err.message()
+            );
+            let first = err.message().chars().next().unwrap();
+            assert!(!first.is_uppercase(), "{url:?}: {}", err.message());
+        }
+        // The password never shows up in the message.
+        let err = RedisTarget::parse("redis://user:hunter2@x:1").unwrap_err();
+        assert!(!err.message().contains("hunter2"), "{}", err.message());
+    }
+
+    #[test]
+    fn targets_render_as_urls() {
+        let urls = ["redis://127.0.0.1:7000", "redis-cluster://a:1,b:2"];
+        for url in urls {
+            assert_eq!(RedisTarget::parse(url).unwrap().to_string(), url);
+        }
+        assert_eq!(standalone("x:1").kind(), "redis");
+        assert_eq!(RedisTarget::Cluster(vec![]).kind(), "redis-cluster");
+    }
+
+    #[test]
+    fn options_have_documented_defaults() {
+        let options = RedisOptions::new(standalone("x:1"));
+        assert_eq!(options.command_timeout, Duration::from_millis(500));
+        assert_eq!(options.connect_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn classifies_fred_errors() {
+        let cases = [
+            (
+                FredErrorKind::Timeout,
+                "Request timed out.",
+                Failure::Timeout,
+            ),
+            (FredErrorKind::IO, "Connection reset", Failure::Io),
+            (
+                FredErrorKind::Cluster,
+                "CLUSTERDOWN The cluster is down",
+                Failure::Cluster,
+            ),
+            (
+                FredErrorKind::Routing,
+                "Failed to route command.",
+                Failure::Cluster,
+            ),
+            (
+                FredErrorKind::Unknown,
+                "ERR Function not found",
+                Failure::FunctionMissing,
+            ),
+            (
+                FredErrorKind::Unknown,
+                "READONLY You can't write against a read only replica.",
+                Failure::ReadOnly,
+            ),
+            (
+                FredErrorKind::Unknown,
+                "NOSCRIPT No matching script.",
+                Failure::NoScript,
+            ),
+            (FredErrorKind::Canceled, "Canceled.", Failure::Canceled),
+            (
+                FredErrorKind::Backpressure,
+                "Max in-flight commands reached.",
+                Failure::Backpressure,
+            ),
+            (
+                FredErrorKind::Unknown,
+                "ERR hotsplit_cas: version is not canonical",
+                Failure::Other,
+            ),
+            (
+                FredErrorKind::InvalidArgument,
+                "WRONGTYPE Operation against a key",
+                Failure::Other,
+            ),
+        ];
+        for (kind, details, expected) in cases {
+            assert_eq!(
+                Failure::of(&FredError::new(kind, details)),
+                expected,
+                "{details}"
+            );
+        }
+    }
+
+    fn text(value: &str) -> Value {
+        Value::String(value.into())
+    }
+
+    #[test]
+    fn parses_cas_replies() {
+        let reply = |status: &str, version: &str| Value::Array(vec![text(status), text(version)]);
+        assert_eq!(
+            parse_cas_reply(reply("applied", "7")),
+            Ok(CasOutcome::Applied)
+        );
+        assert_eq!(
+            parse_cas_reply(reply("current", "7")),
+            Ok(CasOutcome::Current)
+        );
+        assert_eq!(
+            parse_cas_reply(reply("stale", "18446744073709551615")),
+            Ok(CasOutcome::Stale {
+                stored: Version::new(u64::MAX).unwrap()
+            })
+        );
+        assert!(parse_cas_reply(reply("maybe", "7")).is_err());
+        assert!(parse_cas_reply(reply("stale", "07")).is_err());
+        assert!(parse_cas_reply(Value::Array(vec![text("applied")])).is_err());
+        assert!(parse_cas_reply(Value::Null).is_err());
+    }
+
+    #[test]
+    fn parses_copies() {
+        let reply = |fields: [Option<&str>; 4]| {
+            Value::Array(
+                fields
+                    .iter()
+                    .map(|field| field.map(text).unwrap_or(Value::Null))
+                    .collect(),
+            )
+        };
+        assert_eq!(parse_copy(reply([None, None, None, None])), Ok(None));
+        assert_eq!(
+            parse_copy(reply([
+                Some("9007199254740993"),
+                Some("hello"),
+                Some("0"),
+                Some("1700000000000")
+            ])),
+            Ok(Some(CopyRecord {
+                version: Version::new(9_007_199_254_740_993).unwrap(),
+                payload: Payload::Value(Bytes::from_static(b"hello")),
+                expire_at_ms: 1_700_000_000_000,
+            }))
+        );
+        let binary = Value::Array(vec![
+            text("3"),
+            Value::Bytes(Bytes::from_static(&[0xff, 0x00])),
+            text("0"),
+            text("5"),
+        ]);
+        assert_eq!(
+            parse_copy(binary).unwrap().unwrap().payload,
+            Payload::Value(Bytes::from_static(&[0xff, 0x00]))
+        );
+        assert_eq!(
+            parse_copy(reply([Some("3"), Some(""), Some("1"), Some("5")]))
+                .unwrap()
+                .unwrap()
+                .payload,
+            Payload::Tombstone
+        );
+        for corrupt in [
+            [Some("x"), Some("v"), Some("0"), Some("5")],
+            [None, Some("v"), Some("0"), Some("5")],
+            [Some("3"), None, Some("0"), Some("5")],
+            [Some("3"), Some("v"), Some("2"), Some("5")],
+            [Some("3"), Some("v"), Some("0"), Some("-5")],
+            [Some("3"), Some("v"), Some("0"), None],
+        ] {
+            assert!(parse_copy(reply(corrupt)).is_err(), "{corrupt:?}");
+        }
+        assert!(parse_copy(Value::Array(vec![text("1")])).is_err());
+    }
+
+    #[test]
+    fn cluster_placement_without_a_slot_map_is_unknown() {
+        assert_eq!(Placement::Cluster(None).node_of("k#0").as_str(), "unknown");
+        let node = NodeLabel::new("h:1");
+        assert_eq!(Placement::Standalone(node.clone()).node_of("k#0"), node);
+    }
+
+    #[test]
+    fn the_library_is_named_and_prefixed() {
+        assert!(LIBRARY.starts_with("#!lua name=hotsplit\n"));
+        for name in [CAS_FUNCTION, ALLOC_FUNCTION] {
+            assert!(name.starts_with("hotsplit_"));
+            assert!(
+                LIBRARY.contains(&format!("redis.register_function('{name}'")),
+                "{name}"
+            );
+        }
+    }
+}

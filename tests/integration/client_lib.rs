@@ -1,0 +1,82 @@
+//! The Rust client (`hotsplit::client`) against a service on real Redis.
+
+use hotsplit::client::Client;
+use hotsplit::devcluster;
+use hotsplit::ErrorKind;
+
+use crate::harness::{self, config_with_family, Service};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_carries_its_floor_and_reads_its_own_writes() {
+    let server = harness::shared_standalone();
+    let service = Service::start(config_with_family(Some(&server.url()), "cl:", 8)).await;
+    let client = Client::new(&service.base, "carol").unwrap();
+    assert!(client.read("cl:1").await.unwrap().is_none());
+
+    let published = client
+        .publish("cl:1", Some(10), b"ten".to_vec())
+        .await
+        .unwrap();
+    assert_eq!((published.version, published.applied), (10, 8));
+    assert_eq!(client.floor("cl:1").map(|floor| floor.get()), Some(10));
+    let read = client.read("cl:1").await.unwrap().expect("value");
+    assert_eq!(
+        (read.value.as_ref(), read.version.get()),
+        (b"ten".as_slice(), 10)
+    );
+    assert_eq!(read.copy, hotsplit::affinity::copy_index("carol", 8));
+
+    // Roll carol's copy back directly in Redis: the floor keeps her from seeing the older value.
+    let copy_key = format!("cl:1#{}", read.copy);
+    devcluster::cli(
+        server.node.port(),
+        &["HSET", &copy_key, "ver", "9", "val", "nine"],
+    )
+    .unwrap();
+    for _ in 0..10 {
+        let read = client.read("cl:1").await.unwrap().expect("value");
+        assert_eq!(read.version.get(), 10, "the floor was not honoured");
+        assert_eq!(read.value.as_ref(), b"ten");
+    }
+    // A fresh client without a floor sees what the affine copy holds (best effort).
+    let fresh = Client::new(&service.base, "carol").unwrap();
+    assert_eq!(
+        fresh
+            .read("cl:1")
+            .await
+            .unwrap()
+            .expect("value")
+            .version
+            .get(),
+        9
+    );
+
+    // Errors map back to kinds; invalidation reads as None.
+    let err = client
+        .publish("cl:1", Some(5), b"old".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidVersion, "{err}");
+    client.invalidate("cl:1", Some(11)).await.unwrap();
+    assert!(client.read("cl:1").await.unwrap().is_none());
+    let err = client
+        .publish("bad{key", Some(1), b"x".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidKey);
+    service.stop().await;
+}
+
+#[test]
+fn bad_client_settings_are_refused() {
+    assert_eq!(
+        Client::new("http://127.0.0.1:1", "")
+            .err()
+            .map(|err| err.kind()),
+        Some(ErrorKind::MissingClient)
+    );
+    assert_eq!(
+        Client::new("127.0.0.1:1", "x").err().map(|err| err.kind()),
+        Some(ErrorKind::InvalidParameter)
+    );
+}

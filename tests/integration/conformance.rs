@@ -1,0 +1,264 @@
+//! One conformance suite for every store: the embedded one and Redis (standalone and Cluster).
+//!
+//! The same compare-and-set, expiry and tombstone rules must hold whichever store runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hotsplit::key::{Key, Version};
+use hotsplit::store::memory::MemoryStore;
+use hotsplit::store::{now_unix_ms, CasOutcome, CopyWrite, Payload, Store};
+
+use crate::harness;
+
+fn version(n: u64) -> Version {
+    Version::new(n).unwrap()
+}
+
+fn write(key: &Key, copy: u32, n: u64, payload: Payload, expire_at_ms: u64) -> CopyWrite {
+    CopyWrite {
+        copy_key: key.copy_key(copy),
+        version: version(n),
+        payload,
+        expire_at_ms,
+    }
+}
+
+fn value(text: &str) -> Payload {
+    Payload::Value(Bytes::copy_from_slice(text.as_bytes()))
+}
+
+async fn write_one(store: &dyn Store, write: CopyWrite) -> CasOutcome {
+    let results = store.write_copies(std::slice::from_ref(&write)).await;
+    assert_eq!(results.len(), 1);
+    results
+        .into_iter()
+        .next()
+        .unwrap()
+        .outcome
+        .expect("write succeeds")
+}
+
+async fn read_one(store: &dyn Store, key: &Key, copy: u32) -> Option<hotsplit::store::CopyRecord> {
+    store
+        .read_copy(&key.copy_key(copy))
+        .await
+        .record
+        .expect("read succeeds")
+}
+
+/// Runs every conformance check against `store`, with keys under `prefix`.
+async fn suite(store: Arc<dyn Store>, prefix: &str) {
+    let later = now_unix_ms() + 600_000;
+    let key = Key::parse(&format!("{prefix}:basic")).unwrap();
+
+    // A write applies; the copy holds value, version and the absolute expiry.
+    assert_eq!(
+        write_one(&*store, write(&key, 0, 5, value("five"), later)).await,
+        CasOutcome::Applied
+    );
+    let record = read_one(&*store, &key, 0).await.expect("copy exists");
+    assert_eq!(
+        (record.version, record.payload.clone(), record.expire_at_ms),
+        (version(5), value("five"), later)
+    );
+
+    // The same version again is current and does not move the expiry.
+    assert_eq!(
+        write_one(&*store, write(&key, 0, 5, value("five"), later + 60_000)).await,
+        CasOutcome::Current
+    );
+    assert_eq!(
+        read_one(&*store, &key, 0).await.unwrap().expire_at_ms,
+        later
+    );
+
+    // An older version is stale and changes nothing.
+    assert_eq!(
+        write_one(&*store, write(&key, 0, 4, value("four"), later)).await,
+        CasOutcome::Stale { stored: version(5) }
+    );
+    assert_eq!(
+        read_one(&*store, &key, 0).await.unwrap().payload,
+        value("five")
+    );
+
+    // A tombstone applies and blocks every older or equal write.
+    assert_eq!(
+        write_one(&*store, write(&key, 0, 7, Payload::Tombstone, later)).await,
+        CasOutcome::Applied
+    );
+    assert_eq!(
+        read_one(&*store, &key, 0).await.unwrap().payload,
+        Payload::Tombstone
+    );
+    assert_eq!(
+        write_one(&*store, write(&key, 0, 6, value("six"), later)).await,
+        CasOutcome::Stale { stored: version(7) }
+    );
+    // Equal versions: a value never replaces its own version's tombstone, a tombstone replaces
+    // its own version's value, so either arrival order ends as the tombstone.
+    assert_eq!(
+        write_one(&*store, write(&key, 0, 7, value("seven"), later)).await,
+        CasOutcome::Stale { stored: version(7) }
+    );
+    assert_eq!(
+        write_one(&*store, write(&key, 0, 7, Payload::Tombstone, later)).await,
+        CasOutcome::Current
+    );
+    assert_eq!(
+        write_one(&*store, write(&key, 0, 8, value("eight"), later)).await,
+        CasOutcome::Applied
+    );
+    assert_eq!(
+        write_one(&*store, write(&key, 0, 8, Payload::Tombstone, later)).await,
+        CasOutcome::Applied
+    );
+    assert_eq!(
+        read_one(&*store, &key, 0).await.unwrap().payload,
+        Payload::Tombstone
+    );
+    assert_eq!(
+        write_one(&*store, write(&key, 0, 9, value("nine"), later)).await,
+        CasOutcome::Applied
+    );
+
+    // Versions above 2^53 compare exactly.
+    let big = Key::parse(&format!("{prefix}:big")).unwrap();
+    let two53 = 1u64 << 53;
+    assert_eq!(
+        write_one(&*store, write(&big, 0, two53 + 1, value("a"), later)).await,
+        CasOutcome::Applied
+    );
+    assert_eq!(
+        write_one(&*store, write(&big, 0, two53, value("b"), later)).await,
+        CasOutcome::Stale {
+            stored: version(two53 + 1)
+        }
+    );
+    assert_eq!(
+        write_one(&*store, write(&big, 0, u64::MAX - 1, value("c"), later)).await,
+        CasOutcome::Applied
+    );
+    assert_eq!(
+        write_one(&*store, write(&big, 0, u64::MAX, value("d"), later)).await,
+        CasOutcome::Applied
+    );
+    assert_eq!(
+        read_one(&*store, &big, 0).await.unwrap().version,
+        version(u64::MAX)
+    );
+    // 10 has more digits than 9: length decides before bytes.
+    let digits = Key::parse(&format!("{prefix}:digits")).unwrap();
+    assert_eq!(
+        write_one(&*store, write(&digits, 0, 10, value("ten"), later)).await,
+        CasOutcome::Applied
+    );
+    assert_eq!(
+        write_one(&*store, write(&digits, 0, 9, value("nine"), later)).await,
+        CasOutcome::Stale {
+            stored: version(10)
+        }
+    );
+
+    // A write whose expiry has passed leaves nothing behind.
+    let gone = Key::parse(&format!("{prefix}:expired")).unwrap();
+    write_one(
+        &*store,
+        write(&gone, 0, 1, value("x"), now_unix_ms() - 1_000),
+    )
+    .await;
+    assert!(read_one(&*store, &gone, 0).await.is_none());
+
+    // A short expiry really expires.
+    let short = Key::parse(&format!("{prefix}:short")).unwrap();
+    write_one(
+        &*store,
+        write(&short, 0, 1, value("x"), now_unix_ms() + 150),
+    )
+    .await;
+    harness::poll(
+        "a copy with a 150 ms expiry to disappear",
+        Duration::from_secs(5),
+        || {
+            let store = store.clone();
+            let short = short.clone();
+            async move { read_one(&*store, &short, 0).await.is_none() }
+        },
+    )
+    .await;
+
+    // Several copies in one call, each with its own outcome, in order.
+    let multi = Key::parse(&format!("{prefix}:multi")).unwrap();
+    write_one(&*store, write(&multi, 2, 9, value("nine"), later)).await;
+    let writes: Vec<CopyWrite> = (0..8)
+        .map(|copy| write(&multi, copy, 5, value("five"), later))
+        .collect();
+    let results = store.write_copies(&writes).await;
+    for (copy, result) in results.iter().enumerate() {
+        let expected = if copy == 2 {
+            CasOutcome::Stale { stored: version(9) }
+        } else {
+            CasOutcome::Applied
+        };
+        assert_eq!(result.outcome.clone().unwrap(), expected, "copy {copy}");
+    }
+
+    // 50 concurrent writers racing random versions: every copy ends at the maximum.
+    let race = Key::parse(&format!("{prefix}:race")).unwrap();
+    let mut tasks = Vec::new();
+    let mut max = 0;
+    for writer in 0..50u64 {
+        let n = 1 + (writer * 7919 + 13) % 1000;
+        max = max.max(n);
+        let store = store.clone();
+        let race = race.clone();
+        tasks.push(tokio::spawn(async move {
+            let writes: Vec<CopyWrite> = (0..8)
+                .map(|copy| write(&race, copy, n, value(&n.to_string()), later))
+                .collect();
+            for result in store.write_copies(&writes).await {
+                result.outcome.expect("racing write succeeds");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for copy in 0..8 {
+        let record = read_one(&*store, &race, copy).await.unwrap();
+        assert_eq!(record.version, version(max), "copy {copy}");
+        assert_eq!(record.payload, value(&max.to_string()), "copy {copy}");
+    }
+
+    // Allocated versions count up from 1.
+    let counted = Key::parse(&format!("{prefix}:counted")).unwrap();
+    for expected in 1..=3 {
+        assert_eq!(
+            store.allocate_version(&counted, 60_000).await.unwrap(),
+            version(expected)
+        );
+    }
+
+    store.ping().await.expect("ping");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_embedded() {
+    suite(Arc::new(MemoryStore::new()), "conf-embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_redis_standalone() {
+    let store =
+        harness::redis_store(&harness::shared_standalone().url(), Duration::from_secs(2)).await;
+    suite(store, "conf-standalone").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_redis_cluster() {
+    let store =
+        harness::redis_store(&harness::shared_cluster().url(), Duration::from_secs(2)).await;
+    suite(store, "conf-cluster").await;
+}

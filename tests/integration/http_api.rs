@@ -1,0 +1,529 @@
+//! HTTP handlers through `Router::oneshot` on the embedded store: statuses, headers, and every
+//! error code that does not need a failing Redis (those are in `http_e2e`).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use axum::Router;
+use hotsplit::config::Config;
+use hotsplit::metrics::Metrics;
+use hotsplit::store::memory::MemoryStore;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tower::ServiceExt;
+
+fn app() -> Router {
+    let config = Config::from_toml(
+        "[server]\nmax_value_bytes = 64\n[[family]]\nprefix = \"p:\"\ncopies = 8\n[[family]]\nprefix = \"a:\"\ncopies = 2\nversioning = \"allocated\"",
+    )
+    .unwrap();
+    config.validate().unwrap();
+    let metrics = Metrics::new();
+    let state = hotsplit::server::app_state(&config, Arc::new(MemoryStore::new()), metrics);
+    hotsplit::http::router(state)
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    /// Asserts a problem+json answer with `status` and `code`.
+    fn assert_problem(&self, status: StatusCode, code: &str) {
+        assert_eq!(
+            self.status,
+            status,
+            "{}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
+        let body = self.json();
+        assert_eq!(body["code"], code, "{body}");
+        assert_eq!(body["status"], status.as_u16());
+        assert!(body["detail"]
+            .as_str()
+            .is_some_and(|detail| !detail.is_empty()));
+    }
+}
+
+async fn call(
+    app: &Router,
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Answer {
+    let mut request = Request::builder().method(method).uri(uri);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = app
+        .clone()
+        .oneshot(request.body(Body::from(body.to_vec())).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+#[tokio::test]
+async fn publish_then_read_through_the_affine_copy() {
+    let app = app();
+    let put = call(&app, Method::PUT, "/v1/keys/p:1?version=3", &[], b"hello").await;
+    assert_eq!(put.status, StatusCode::OK);
+    assert_eq!(put.header("hotsplit-version"), Some("3"));
+    let report = put.json();
+    assert_eq!(
+        (
+            report["key"].as_str(),
+            report["version"].as_u64(),
+            report["copies"].as_u64()
+        ),
+        (Some("p:1"), Some(3), Some(8))
+    );
+    assert_eq!(
+        (report["applied"].as_u64(), report["failed"].as_u64()),
+        (Some(8), Some(0))
+    );
+    let outcomes = report["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 8);
+    for (index, line) in outcomes.iter().enumerate() {
+        assert_eq!(line["copy"].as_u64(), Some(index as u64));
+        assert_eq!(line["copy_key"], format!("p:1#{index}"));
+        assert_eq!(line["outcome"], "applied");
+        assert_eq!(line["node"], "embedded");
+    }
+
+    let expected_copy = hotsplit::affinity::copy_index("alice", 8).to_string();
+    for (uri, headers) in [
+        ("/v1/keys/p:1?client=alice", vec![]),
+        ("/v1/keys/p:1", vec![("hotsplit-client", "alice")]),
+    ] {
+        let get = call(&app, Method::GET, uri, &headers, b"").await;
+        assert_eq!(get.status, StatusCode::OK);
+        assert_eq!(get.body, b"hello");
+        assert_eq!(get.header("etag"), Some("\"3\""));
+        assert_eq!(get.header("hotsplit-version"), Some("3"));
+        assert_eq!(get.header("hotsplit-copy"), Some(expected_copy.as_str()));
+        assert_eq!(get.header("hotsplit-served-by"), Some("embedded"));
+        assert_eq!(get.header("vary"), Some("Hotsplit-Client"));
+    }
+
+    // If-None-Match with the current version: 304, no body; with an older one: the body.
+    let not_modified = call(
+        &app,
+        Method::GET,
+        "/v1/keys/p:1?client=alice",
+        &[("if-none-match", "W/\"3\"")],
+        b"",
+    )
+    .await;
+    assert_eq!(not_modified.status, StatusCode::NOT_MODIFIED);
+    assert!(not_modified.body.is_empty());
+    let newer = call(
+        &app,
+        Method::GET,
+        "/v1/keys/p:1?client=alice",
+        &[("if-none-match", "\"1\", \"2\"")],
+        b"",
+    )
+    .await;
+    assert_eq!(newer.status, StatusCode::OK);
+
+    // The affinity helper agrees with the read.
+    let affinity = call(
+        &app,
+        Method::GET,
+        "/v1/affinity?key=p:1&client=alice",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(affinity.status, StatusCode::OK);
+    let body = affinity.json();
+    assert_eq!(
+        body["copy"].as_u64().map(|copy| copy.to_string()),
+        Some(expected_copy.clone())
+    );
+    assert_eq!(body["copy_key"], format!("p:1#{expected_copy}"));
+    assert_eq!(
+        (body["copies"].as_u64(), body["node"].as_str()),
+        (Some(8), Some("embedded"))
+    );
+
+    // A named copy.
+    let named = call(&app, Method::GET, "/v1/keys/p:1?copy=7", &[], b"").await;
+    assert_eq!(
+        (named.status, named.header("hotsplit-copy")),
+        (StatusCode::OK, Some("7"))
+    );
+}
+
+#[tokio::test]
+async fn invalidate_answers_not_found_and_blocks_older_publishes() {
+    let app = app();
+    assert_eq!(
+        call(&app, Method::PUT, "/v1/keys/p:2?version=5", &[], b"v5")
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let delete = call(&app, Method::DELETE, "/v1/keys/p:2?version=6", &[], b"").await;
+    assert_eq!(delete.status, StatusCode::OK);
+    assert_eq!(delete.json()["applied"].as_u64(), Some(8));
+    call(
+        &app,
+        Method::GET,
+        "/v1/keys/p:2?client=c",
+        &[("if-none-match", "\"6\"")],
+        b"",
+    )
+    .await
+    .assert_problem(StatusCode::NOT_FOUND, "not_found");
+    let late = call(&app, Method::PUT, "/v1/keys/p:2?version=6", &[], b"late").await;
+    late.assert_problem(StatusCode::CONFLICT, "stale_version");
+    assert_eq!(
+        late.json()["stale"].as_u64(),
+        Some(8),
+        "the 409 body carries the report"
+    );
+    assert_eq!(
+        call(&app, Method::PUT, "/v1/keys/p:2?version=7", &[], b"v7")
+            .await
+            .status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn repeated_publish_is_current() {
+    let app = app();
+    call(&app, Method::PUT, "/v1/keys/p:3?version=5", &[], b"x").await;
+    let again = call(&app, Method::PUT, "/v1/keys/p:3?version=5", &[], b"x").await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(
+        (
+            again.json()["current"].as_u64(),
+            again.json()["applied"].as_u64()
+        ),
+        (Some(8), Some(0))
+    );
+}
+
+#[tokio::test]
+async fn allocated_families_return_the_version() {
+    let app = app();
+    let first = call(&app, Method::PUT, "/v1/keys/a:1", &[], b"x").await;
+    let second = call(&app, Method::PUT, "/v1/keys/a:1", &[], b"y").await;
+    assert_eq!(
+        (first.status, second.status),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    assert_eq!(
+        (
+            first.json()["version"].as_u64(),
+            second.json()["version"].as_u64()
+        ),
+        (Some(1), Some(2))
+    );
+    assert_eq!(second.header("hotsplit-version"), Some("2"));
+}
+
+/// One bad request: method, URI, headers, body, expected status and code.
+type Case = (
+    Method,
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    Vec<u8>,
+    StatusCode,
+    &'static str,
+);
+
+#[tokio::test]
+async fn every_client_error_code_is_produced() {
+    let app = app();
+    call(&app, Method::PUT, "/v1/keys/p:4?version=2", &[], b"x").await;
+    let cases: Vec<Case> = vec![
+        (
+            Method::PUT,
+            "/v1/keys/bad%7Bkey?version=1",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_key",
+        ),
+        (
+            Method::PUT,
+            "/v1/keys/bad%23key?version=1",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_key",
+        ),
+        (
+            Method::GET,
+            "/v1/keys/bad%20key?client=c",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_key",
+        ),
+        (
+            Method::PUT,
+            "/v1/keys/p:4?version=01",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_version",
+        ),
+        (
+            Method::PUT,
+            "/v1/keys/p:4?version=0",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_version",
+        ),
+        (
+            Method::PUT,
+            "/v1/keys/p:4?version=18446744073709551616",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_version",
+        ),
+        (
+            Method::PUT,
+            "/v1/keys/p:4",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_version",
+        ),
+        (
+            Method::PUT,
+            "/v1/keys/a:4?version=3",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_version",
+        ),
+        (
+            Method::DELETE,
+            "/v1/keys/p:4?version=-1",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_version",
+        ),
+        (
+            Method::GET,
+            "/v1/keys/p:4?client=c&min_version=x",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_version",
+        ),
+        (
+            Method::GET,
+            "/v1/keys/p:4",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "missing_client",
+        ),
+        (
+            Method::GET,
+            "/v1/keys/p:4?client=",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "missing_client",
+        ),
+        (
+            Method::GET,
+            "/v1/affinity?key=p:4",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "missing_client",
+        ),
+        (
+            Method::GET,
+            "/v1/keys/p:4?copy=8",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_copy",
+        ),
+        (
+            Method::GET,
+            "/v1/keys/p:4?copy=one",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_copy",
+        ),
+        (
+            Method::GET,
+            "/v1/keys/p:4?client=c",
+            vec![("hotsplit-min-version", "abc")],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_version",
+        ),
+        (
+            Method::GET,
+            "/v1/keys/p:4?client=a&client=b",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_parameter",
+        ),
+        (
+            Method::PUT,
+            "/v1/keys/p:4?version=3&version=4",
+            vec![],
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "invalid_parameter",
+        ),
+        (
+            Method::PUT,
+            "/v1/keys/p:4?version=3",
+            vec![],
+            vec![b'x'; 65],
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "value_too_large",
+        ),
+        (
+            Method::PUT,
+            "/v1/keys/p:4?version=1",
+            vec![],
+            vec![],
+            StatusCode::CONFLICT,
+            "stale_version",
+        ),
+        (
+            Method::GET,
+            "/v1/keys/p:5?client=c",
+            vec![],
+            vec![],
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            Method::GET,
+            "/no/such/route",
+            vec![],
+            vec![],
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            Method::POST,
+            "/v1/keys/p:4",
+            vec![],
+            vec![],
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            Method::GET,
+            "/v1/keys/p:4?client=c&min_version=3",
+            vec![],
+            vec![],
+            StatusCode::SERVICE_UNAVAILABLE,
+            "below_version_floor",
+        ),
+    ];
+    for (method, uri, headers, body, status, code) in cases {
+        let answer = call(&app, method.clone(), uri, &headers, &body).await;
+        println!(
+            "{method} {uri} -> {} {}",
+            answer.status,
+            String::from_utf8_lossy(&answer.body)
+        );
+        answer.assert_problem(status, code);
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(answer.header("retry-after"), Some("1"), "{uri}");
+        }
+    }
+    // The value that was refused as too large did not change the stored one.
+    let get = call(&app, Method::GET, "/v1/keys/p:4?client=c", &[], b"").await;
+    assert_eq!(
+        (get.status, get.body.as_slice()),
+        (StatusCode::OK, b"x".as_slice())
+    );
+}
+
+#[tokio::test]
+async fn operations_endpoints_answer() {
+    let app = app();
+    let health = call(&app, Method::GET, "/healthz", &[], b"").await;
+    assert_eq!(
+        (health.status, health.json()["store"].as_str()),
+        (StatusCode::OK, Some("embedded"))
+    );
+    let ready = call(&app, Method::GET, "/readyz", &[], b"").await;
+    assert_eq!(ready.status, StatusCode::OK);
+
+    call(&app, Method::PUT, "/v1/keys/p:6?version=1", &[], b"x").await;
+    call(&app, Method::GET, "/v1/keys/p:6?client=c", &[], b"").await;
+    let metrics = call(&app, Method::GET, "/metrics", &[], b"").await;
+    let text = String::from_utf8(metrics.body).unwrap();
+    assert!(
+        text.contains(r#"hotsplit_publish_copy_outcomes_total{op="publish",outcome="applied"} 8"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"hotsplit_reads_total{outcome="affine"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"hotsplit_http_request_duration_seconds_count{method="GET",route="/v1/keys/{key}",status="2xx"} 1"#), "{text}");
+
+    let openapi = call(&app, Method::GET, "/openapi.json", &[], b"").await;
+    assert_eq!(
+        openapi.header(header::CONTENT_TYPE.as_str()),
+        Some("application/json")
+    );
+    assert!(openapi.json()["paths"]["/v1/keys/{key}"]["put"].is_object());
+}
+
+#[test]
+fn the_checked_in_openapi_document_matches_the_code() {
+    let generated = hotsplit::http::openapi::openapi_json();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json");
+    let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        generated == checked_in,
+        "docs/openapi.json is out of date: regenerate it with `cargo run -- openapi > docs/openapi.json`"
+    );
+}

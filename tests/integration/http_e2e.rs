@@ -1,0 +1,303 @@
+//! End-to-end: the service on a real socket over real Redis, including injected faults.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use hotsplit::devcluster::{self, key_slot, Cluster, Standalone};
+use hotsplit::store::now_unix_ms;
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::harness::{self, config_with_family, Service};
+
+/// The `HGETALL` of `key` on `port`, as a field → value map.
+fn hgetall(port: u16, key: &str) -> BTreeMap<String, String> {
+    let text = devcluster::cli(port, &["HGETALL", key]).expect("HGETALL");
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .chunks(2)
+        .filter(|pair| pair.len() == 2)
+        .map(|pair| (pair[0].to_owned(), pair[1].to_owned()))
+        .collect()
+}
+
+/// The port of the master that owns `key` in `cluster`.
+fn owner_port(cluster: &Cluster, key: &str) -> u16 {
+    cluster
+        .master_for_slot(key_slot(key.as_bytes()))
+        .expect("topology")
+        .expect("slot owner")
+        .port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_on_a_cluster_writes_every_copy_with_an_absolute_expiry() {
+    let cluster = harness::shared_cluster();
+    let service = Service::start(config_with_family(Some(&cluster.url()), "e2e:", 16)).await;
+    let http = reqwest::Client::new();
+    let before = now_unix_ms();
+    let answer = http
+        .put(format!("{}/v1/keys/e2e:spread?version=42", service.base))
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let report: Value = answer.json().await.unwrap();
+    assert_eq!(report["applied"].as_u64(), Some(16));
+
+    let mut masters = BTreeSet::new();
+    for line in report["outcomes"].as_array().unwrap() {
+        let copy_key = line["copy_key"].as_str().unwrap();
+        let port = owner_port(cluster, copy_key);
+        assert_eq!(
+            line["node"],
+            format!("127.0.0.1:{port}"),
+            "{copy_key} is reported on its owner"
+        );
+        masters.insert(port);
+        // Read directly from Redis on the owning master.
+        let fields = hgetall(port, copy_key);
+        assert_eq!(
+            fields.get("ver").map(String::as_str),
+            Some("42"),
+            "{copy_key}: {fields:?}"
+        );
+        assert_eq!(fields.get("val").map(String::as_str), Some("hello"));
+        assert_eq!(fields.get("tomb").map(String::as_str), Some("0"));
+        let expire_at: u64 = fields["exp"].parse().unwrap();
+        assert!(
+            expire_at >= before + 600_000 && expire_at <= now_unix_ms() + 600_000,
+            "{expire_at}"
+        );
+        let pexpiretime: u64 = devcluster::cli(port, &["PEXPIRETIME", copy_key])
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            pexpiretime, expire_at,
+            "{copy_key}: Redis expiry is the absolute publish-time expiry"
+        );
+    }
+    assert_eq!(masters.len(), 3, "16 copies spread over all three masters");
+
+    // Re-publishing the same version is current everywhere and does not extend the expiry.
+    let first_expiry = hgetall(owner_port(cluster, "e2e:spread#0"), "e2e:spread#0")["exp"].clone();
+    let again: Value = http
+        .put(format!("{}/v1/keys/e2e:spread?version=42", service.base))
+        .body("hello")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again["current"].as_u64(), Some(16));
+    assert_eq!(
+        hgetall(owner_port(cluster, "e2e:spread#0"), "e2e:spread#0")["exp"],
+        first_expiry
+    );
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floors_skip_a_copy_made_stale_directly_in_redis() {
+    let server = harness::shared_standalone();
+    let port = server.node.port();
+    let service = Service::start(config_with_family(Some(&server.url()), "floor:", 8)).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    assert!(http
+        .put(format!("{base}/v1/keys/floor:1?version=5"))
+        .body("new")
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+
+    // Roll alice's affine copy back to version 4 behind hotsplit's back.
+    let affinity: Value = http
+        .get(format!("{base}/v1/affinity?key=floor:1&client=alice"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let copy_key = affinity["copy_key"].as_str().unwrap().to_owned();
+    devcluster::cli(port, &["HSET", &copy_key, "ver", "4", "val", "old"]).unwrap();
+
+    // Without a floor the affine copy serves what it has (best effort, documented).
+    let plain = http
+        .get(format!("{base}/v1/keys/floor:1?client=alice"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.headers()["hotsplit-version"], "4");
+
+    // min_version never returns the older body; the sibling's newer version serves.
+    for _ in 0..20 {
+        let floored = http
+            .get(format!("{base}/v1/keys/floor:1?client=alice&min_version=5"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(floored.status(), StatusCode::OK);
+        assert_eq!(floored.headers()["hotsplit-version"], "5");
+        assert_ne!(
+            floored.headers()["hotsplit-copy"].to_str().unwrap(),
+            affinity["copy"].to_string()
+        );
+        assert_eq!(floored.text().await.unwrap(), "new");
+
+        let cached = http
+            .get(format!("{base}/v1/keys/floor:1?client=alice"))
+            .header("if-none-match", "\"5\"")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(cached.status(), StatusCode::NOT_MODIFIED);
+        assert!(cached.bytes().await.unwrap().is_empty());
+    }
+
+    // A floor no copy reached: 503 with Retry-After, never an older body.
+    let ahead = http
+        .get(format!("{base}/v1/keys/floor:1?client=alice"))
+        .header("hotsplit-min-version", "6")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ahead.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(ahead.headers().contains_key("retry-after"));
+    let problem: Value = ahead.json().await.unwrap();
+    assert_eq!(problem["code"], "below_version_floor");
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_master_fails_exactly_its_copies_instead_of_hanging() {
+    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
+        .await
+        .unwrap();
+    let service = Service::start(config_with_family(Some(&cluster.url()), "pause:", 16)).await;
+    let http = reqwest::Client::new();
+    let warm = http
+        .put(format!("{}/v1/keys/pause:1?version=1", service.base))
+        .body("one")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(warm.status(), StatusCode::OK);
+
+    let victim = cluster.masters().unwrap()[0].port();
+    cluster.node(victim).unwrap().pause().unwrap();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        http.put(format!("{}/v1/keys/pause:1?version=2", service.base))
+            .body("two")
+            .send(),
+    )
+    .await
+    .expect("the publish answers instead of hanging")
+    .unwrap();
+    cluster.node(victim).unwrap().resume().unwrap();
+
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(answer.headers().contains_key("retry-after"));
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["code"], "publish_incomplete");
+    let mut failed = 0;
+    for line in body["outcomes"].as_array().unwrap() {
+        let copy_key = line["copy_key"].as_str().unwrap();
+        let on_victim = owner_port(&cluster, copy_key) == victim;
+        let expected = if on_victim { "failed" } else { "applied" };
+        assert_eq!(line["outcome"], expected, "{copy_key}: {line}");
+        if on_victim {
+            failed += 1;
+            assert_eq!(line["error"], "timeout");
+        }
+    }
+    assert!(failed > 0, "the paused master owned none of the 16 copies");
+    assert_eq!(body["failed"].as_u64(), Some(failed));
+
+    // After resuming, retrying the same version completes. A timed-out write may still have
+    // landed (it sat in the paused server's socket buffer), so a failed copy may now be
+    // `applied` or `current`; either way nothing fails and every copy holds version 2.
+    let retry: Value = http
+        .put(format!("{}/v1/keys/pause:1?version=2", service.base))
+        .body("two")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(retry["failed"].as_u64(), Some(0), "{retry}");
+    assert_eq!(
+        retry["applied"].as_u64().unwrap() + retry["current"].as_u64().unwrap(),
+        16,
+        "{retry}"
+    );
+    assert!(
+        retry["applied"].as_u64().unwrap() <= failed,
+        "only copies that failed can still apply: {retry}"
+    );
+    for copy in 0..16 {
+        let copy_key = format!("pause:1#{copy}");
+        let fields = hgetall(owner_port(&cluster, &copy_key), &copy_key);
+        assert_eq!(
+            fields.get("ver").map(String::as_str),
+            Some("2"),
+            "{copy_key}: {fields:?}"
+        );
+    }
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_store_answers_unavailable() {
+    let server = tokio::task::spawn_blocking(|| Standalone::start().unwrap())
+        .await
+        .unwrap();
+    let service = Service::start(config_with_family(Some(&server.url()), "dead:", 4)).await;
+    let http = reqwest::Client::new();
+    assert!(http
+        .put(format!("{}/v1/keys/dead:1?version=1", service.base))
+        .body("x")
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+    server.node.kill().unwrap();
+
+    let read = http
+        .get(format!("{}/v1/keys/dead:1?client=c", service.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(read.headers().contains_key("retry-after"));
+    let problem: Value = read.json().await.unwrap();
+    assert_eq!(problem["code"], "unavailable");
+    assert!(
+        !problem["detail"].as_str().unwrap().contains("127.0.0.1"),
+        "no internals in the answer: {problem}"
+    );
+
+    let ready = http
+        .get(format!("{}/readyz", service.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let write = http
+        .put(format!("{}/v1/keys/dead:1?version=2", service.base))
+        .body("y")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(write.status(), StatusCode::SERVICE_UNAVAILABLE);
+    service.stop().await;
+}

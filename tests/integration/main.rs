@@ -1,0 +1,12 @@
+//! Integration tests: one binary, a module per feature, real `redis-server` processes.
+//!
+//! `harness` starts a shared standalone server and a shared 3-master/3-replica cluster once per
+//! test binary (killed by PID when the binary exits); a test that pauses or kills a node starts a
+//! server or cluster of its own.
+
+mod client_lib;
+mod conformance;
+mod harness;
+mod http_api;
+mod http_e2e;
+mod redis_store;
