@@ -6,6 +6,7 @@
 
 mod client_lib;
 mod conformance;
+mod devcluster;
 mod harness;
 mod http_api;
 mod http_e2e;

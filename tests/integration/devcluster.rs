@@ -1,4 +1,4 @@
-//! Smoke tests for `hotsplit::devcluster`: real throwaway `redis-server` processes on loopback.
+//! The test harness itself (`hotsplit::devcluster`): real throwaway `redis-server` processes on loopback.
 
 use std::thread;
 use std::time::{Duration, Instant};
