@@ -1,0 +1,98 @@
+//! The `hotsplit` binary itself: startup on the embedded store, config errors, SIGTERM.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::harness;
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_on_the_embedded_store_and_stops_on_sigterm() {
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env("HOTSPLIT_LOG", "info")
+        .env_remove("HOTSPLIT_REDIS")
+        .env_remove("HOTSPLIT_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start hotsplit");
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    harness::poll(
+        "the binary answers /readyz",
+        Duration::from_secs(20),
+        || {
+            let http = http.clone();
+            let url = format!("{base}/readyz");
+            async move {
+                http.get(url)
+                    .send()
+                    .await
+                    .is_ok_and(|answer| answer.status().is_success())
+            }
+        },
+    )
+    .await;
+    let put = http
+        .put(format!("{base}/v1/keys/k1?version=1"))
+        .body("v")
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success());
+    let get = http
+        .get(format!("{base}/v1/keys/k1?client=c"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.headers()["hotsplit-served-by"], "embedded");
+
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let status = tokio::task::spawn_blocking(move || {
+        let status = child.wait().expect("wait");
+        let mut log = String::new();
+        if let Some(mut out) = child.stdout.take() {
+            let _ = out.read_to_string(&mut log);
+        }
+        (status, log)
+    })
+    .await
+    .unwrap();
+    assert!(status.0.success(), "exit status {:?}", status.0);
+    assert!(
+        status.1.contains("embedded in-memory store"),
+        "startup says it is embedded: {}",
+        status.1
+    );
+    assert!(status.1.contains("SIGTERM received"), "{}", status.1);
+}
+
+#[test]
+fn an_invalid_config_stops_startup_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[[family]]\nprefix = \"post:\"\ncopies = 0\n").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run hotsplit");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("family[0].copies"), "{stderr}");
+
+    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .args(["serve", "--redis", "http://nope"])
+        .output()
+        .expect("run hotsplit");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("store.redis"));
+}
