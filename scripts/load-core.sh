@@ -165,6 +165,7 @@ start_redis() {
         PIDS+=("$pid")
         if wait_for 10 redis_ping "$port"; then
             STARTED_PORT=$port
+            STARTED_PID=$pid
             return 0
         fi
         if kill -0 "$pid" 2>/dev/null || ! grep -q 'Address already in use' "$dir/redis.log"; then
@@ -174,11 +175,20 @@ start_redis() {
     done
     die "could not start redis-server ($name) after 5 attempts"
 }
+# --- cpu accounting -----------------------------------------------------------------------------
+# CPU time in clock ticks: of a running process (utime + stime), and of this shell's reaped
+# children (cutime + cstime), which is how a foreground wrk or redis-benchmark is counted.
+CLK_TCK=$(getconf CLK_TCK)
+pid_ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+child_ticks() { sed 's/^.*) //' "/proc/$$/stat" | awk '{print $14 + $15}'; }
+seconds() { awk -v t="$1" -v hz="$CLK_TCK" 'BEGIN {printf "%.1f", t / hz}'; }
+
 CORES=$(nproc)
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
 start_redis standalone
 STANDALONE_PORT=$STARTED_PORT
+STANDALONE_PID=$STARTED_PID
 log "started a standalone redis-server on 127.0.0.1:$STANDALONE_PORT"
 
 CLUSTER_PORTS=()
@@ -235,8 +245,10 @@ CHECK=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code} %{size_download}' "$
 redis-cli -h 127.0.0.1 -p "$STANDALONE_PORT" -x set key:__rand_int__ <"$WORK/value.bin" >/dev/null
 hits_before=$(redis-cli -h 127.0.0.1 -p "$STANDALONE_PORT" info stats | awk -F: '/^keyspace_hits:/ {print $2+0}')
 log "redis-benchmark -c $CONNECTIONS -n $REQUESTS -t get (value $VALUE_BYTES bytes)"
+rb_redis0=$(pid_ticks "$STANDALONE_PID") rb_client0=$(child_ticks) rb_t0=$EPOCHREALTIME
 timeout 300 redis-benchmark -h 127.0.0.1 -p "$STANDALONE_PORT" -c "$CONNECTIONS" -n "$REQUESTS" -t get --csv \
     >"$WORK/redis-benchmark.csv" 2>"$WORK/redis-benchmark.err" || die "redis-benchmark failed; see $WORK"
+rb_redis1=$(pid_ticks "$STANDALONE_PID") rb_client1=$(child_ticks) rb_t1=$EPOCHREALTIME
 hits_after=$(redis-cli -h 127.0.0.1 -p "$STANDALONE_PORT" info stats | awk -F: '/^keyspace_hits:/ {print $2+0}')
 [ $((hits_after - hits_before)) -ge "$REQUESTS" ] || die "redis-benchmark GETs missed the key"
 # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
@@ -269,9 +281,14 @@ function request()
 end
 EOF
 log "wrk -t$THREADS -c$CONNECTIONS -d$DURATION against /v1/keys/hot:1?client=..."
+wrk_hs0=$(pid_ticks "$HOTSPLIT_PID") wrk_redis0=$(pid_ticks "$STANDALONE_PID") wrk_client0=$(child_ticks)
+wrk_t0=$EPOCHREALTIME
 timeout 120 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "$WORK/affine.lua" "$BASE" \
     -- "/v1/keys/hot:1?client=" "$CLIENT_IDS" >"$WORK/wrk.txt" 2>&1 || die "wrk failed: $(cat "$WORK/wrk.txt")"
+wrk_t1=$EPOCHREALTIME
+wrk_hs1=$(pid_ticks "$HOTSPLIT_PID") wrk_redis1=$(pid_ticks "$STANDALONE_PID") wrk_client1=$(child_ticks)
 HTTP_RPS=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/wrk.txt")
+HTTP_REQUESTS=$(awk '/ requests in / {print $1}' "$WORK/wrk.txt")
 HTTP_P50=$(awk '$1 == "50%" {print $2}' "$WORK/wrk.txt")
 HTTP_P99=$(awk '$1 == "99%" {print $2}' "$WORK/wrk.txt")
 HTTP_BAD=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$WORK/wrk.txt")
@@ -280,6 +297,14 @@ HTTP_ERRORS=$(awk '/Socket errors:/ {sub(/^ *Socket errors: */, ""); print}' "$W
 RSS_KB=$(awk '/^VmRSS:/ {print $2}' "/proc/$HOTSPLIT_PID/status")
 HWM_KB=$(awk '/^VmHWM:/ {print $2}' "/proc/$HOTSPLIT_PID/status")
 READS=$(curl -fsS --max-time 5 "$BASE/metrics" | awk '/^hotsplit_reads_total\{/ && $2 > 0 {printf "%s%s=%s", sep, $1, $2; sep=", "}')
+WRK_WALL=$(awk -v a="$wrk_t0" -v b="$wrk_t1" 'BEGIN {printf "%.1f", b - a}')
+WRK_CPU_HS=$(seconds $((wrk_hs1 - wrk_hs0)))
+WRK_CPU_REDIS=$(seconds $((wrk_redis1 - wrk_redis0)))
+WRK_CPU_CLIENT=$(seconds $((wrk_client1 - wrk_client0)))
+HS_US_PER_REQ=$(awk -v t=$((wrk_hs1 - wrk_hs0)) -v hz="$CLK_TCK" -v n="$HTTP_REQUESTS" 'BEGIN {printf "%.1f", t / hz / n * 1e6}')
+RB_WALL=$(awk -v a="$rb_t0" -v b="$rb_t1" 'BEGIN {printf "%.1f", b - a}')
+RB_CPU_REDIS=$(seconds $((rb_redis1 - rb_redis0)))
+RB_CPU_CLIENT=$(seconds $((rb_client1 - rb_client0)))
 READ_RATIO=$(awk -v a="$HTTP_RPS" -v b="$REDIS_RPS" 'BEGIN {printf "%.2f", a / b}')
 
 # --- copy placement on the cluster ------------------------------------------------------------
@@ -330,6 +355,9 @@ cat <<EOF
 ## hotsplit load-core — $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n)
 
 Cores: $CORES, shared by everything (wrk, hotsplit, redis-server, redis-benchmark; no pinning).
+CPU seconds used (of wall × $CORES cores available):
+- during wrk (${WRK_WALL} s wall): hotsplit ${WRK_CPU_HS}, redis-server ${WRK_CPU_REDIS}, wrk ${WRK_CPU_CLIENT} — hotsplit ${HS_US_PER_REQ} µs of CPU per request;
+- during redis-benchmark (${RB_WALL} s wall): redis-server ${RB_CPU_REDIS}, redis-benchmark ${RB_CPU_CLIENT}.
 Load average before the run: $LOAD_BEFORE. Value: $VALUE_BYTES bytes; hotsplit family \`hot:\`, $COPIES copies.
 
 | Measure | hotsplit | baseline | ratio | target |

@@ -71,15 +71,16 @@ impl Client {
     /// A client for the service at `base_url` reading as `client_id`.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidParameter`] for an empty client id or a URL that is not `http://`.
+    /// [`ErrorKind::MissingClient`] for an empty client id; [`ErrorKind::InvalidParameter`] for a
+    /// URL that is not `http://` (the client is built without TLS).
     pub fn new(base_url: &str, client_id: &str) -> Result<Client> {
         if client_id.is_empty() {
             return Err(Error::new(ErrorKind::MissingClient, "client id is empty"));
         }
-        if !base_url.starts_with("http://") && !base_url.starts_with("https://") {
+        if !base_url.starts_with("http://") {
             return Err(Error::new(
                 ErrorKind::InvalidParameter,
-                format!("base url {base_url:?} must start with http:// or https://"),
+                format!("base url {base_url:?} must start with http:// (this client has no TLS)"),
             ));
         }
         Ok(Client {

@@ -68,7 +68,7 @@ pub struct StoreConfig {
     /// Default: `500ms`.
     #[serde(with = "duration")]
     pub command_timeout: Duration,
-    /// How long connecting to Redis at startup may take. Default: `5s`.
+    /// How long connecting to Redis at startup may take. Default: `2s`.
     #[serde(with = "duration")]
     pub connect_timeout: Duration,
 }
@@ -77,8 +77,8 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             redis: None,
-            command_timeout: Duration::from_millis(500),
-            connect_timeout: Duration::from_secs(5),
+            command_timeout: crate::store::redis::RedisOptions::DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: crate::store::redis::RedisOptions::DEFAULT_CONNECT_TIMEOUT,
         }
     }
 }

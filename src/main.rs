@@ -53,6 +53,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("HOTSPLIT_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let config = match load_config(&args) {
         Ok(config) => config,

@@ -40,10 +40,10 @@ struct StoreErrorLabels {
 /// Labels of the request latency histogram.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
-    /// The HTTP method.
-    pub(crate) method: String,
-    /// The matched route template, for example `/v1/keys/{key}`.
-    pub(crate) route: String,
+    /// The HTTP method (`GET`, `PUT`, `DELETE`, or `OTHER`).
+    pub(crate) method: &'static str,
+    /// The matched route template, for example `/v1/keys/{key}`, or `unmatched`.
+    pub(crate) route: &'static str,
     /// The status class: `2xx`, `3xx`, `4xx` or `5xx`.
     pub(crate) status: &'static str,
 }

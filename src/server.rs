@@ -99,16 +99,25 @@ pub async fn run(
     let local = listener.local_addr()?;
     tracing::info!(listen = %local, "hotsplit is serving");
 
-    let http_cancel = cancel.clone();
+    // Decide: the caller's shutdown future (signals, or a test's channel) cancels the token; so
+    // does the HTTP server stopping on its own (an accept loop error).
     let decide = cancel.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        decide.cancel();
+    tracker.spawn(async move {
+        tokio::select! {
+            () = shutdown => decide.cancel(),
+            () = decide.cancelled() => {}
+        }
     });
+    let http_cancel = cancel.clone();
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(async move { http_cancel.cancelled().await });
     let grace = config.server.shutdown_grace;
-    let serving = tokio::spawn(async move { server.await });
+    let server_done = cancel.clone();
+    let serving = tracker.spawn(async move {
+        let served = server.await;
+        server_done.cancel();
+        served
+    });
 
     cancel.cancelled().await;
     tracing::info!(grace = ?grace, "shutting down: draining requests and background tasks");

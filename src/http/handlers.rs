@@ -376,7 +376,11 @@ fn read_response(answer: ReadAnswer) -> Response {
     if let Ok(value) = HeaderValue::from_str(&served_by.to_string()) {
         headers.insert(HeaderName::from_static(SERVED_BY_HEADER), value);
     }
-    headers.insert(header::VARY, HeaderValue::from_static("Hotsplit-Client"));
+    // The answer depends on the client id and on the floor, so a shared cache must key on both.
+    headers.insert(
+        header::VARY,
+        HeaderValue::from_static("Hotsplit-Client, Hotsplit-Min-Version"),
+    );
     response
 }
 

@@ -133,7 +133,10 @@ async fn publish_then_read_through_the_affine_copy() {
         assert_eq!(get.header("hotsplit-version"), Some("3"));
         assert_eq!(get.header("hotsplit-copy"), Some(expected_copy.as_str()));
         assert_eq!(get.header("hotsplit-served-by"), Some("embedded"));
-        assert_eq!(get.header("vary"), Some("Hotsplit-Client"));
+        assert_eq!(
+            get.header("vary"),
+            Some("Hotsplit-Client, Hotsplit-Min-Version")
+        );
     }
 
     // If-None-Match with the current version: 304, no body; with an older one: the body.
