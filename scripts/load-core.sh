@@ -321,6 +321,30 @@ RB_CPU_IDLE=$(seconds $((rb_idle1 - rb_idle0)))
 RB_CPU_OTHER=$(other_seconds $((rb_busy1 - rb_busy0)) $(((rb_redis1 - rb_redis0) + (rb_client1 - rb_client0))))
 READ_RATIO=$(awk -v a="$HTTP_RPS" -v b="$REDIS_RPS" 'BEGIN {printf "%.2f", a / b}')
 
+# --- the ceiling: a minimal axum -> fred GET proxy under the same wrk load ----------------------
+# benches/proxy_baseline.rs does one GET per request and nothing else; what hotsplit costs beyond
+# it is hotsplit's own overhead (parsing, affinity, the HMGET of a hash, headers, metrics).
+PROXY_BIN=$(cd "$ROOT" && cargo bench --no-run --bench proxy_baseline --message-format=json 2>/dev/null |
+    jq -r 'select(.executable != null and .target.name == "proxy_baseline") | .executable' | tail -n 1)
+[ -x "$PROXY_BIN" ] || die "could not build benches/proxy_baseline.rs"
+free_port
+PROXY_PORT=$FREE_PORT
+"$PROXY_BIN" --listen "127.0.0.1:$PROXY_PORT" --redis "redis://127.0.0.1:$STANDALONE_PORT" >"$WORK/proxy.log" 2>&1 &
+PROXY_PID=$!
+PIDS+=("$PROXY_PID")
+wait_for 20 curl -fsS --max-time 2 -o /dev/null "http://127.0.0.1:$PROXY_PORT/v1/keys/key:__rand_int__" ||
+    die "the proxy baseline did not answer; see $WORK/proxy.log"
+log "wrk -t$THREADS -c$CONNECTIONS -d$DURATION against the minimal proxy"
+timeout 120 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "$WORK/affine.lua" "http://127.0.0.1:$PROXY_PORT" \
+    -- "/v1/keys/key:__rand_int__?client=" "$CLIENT_IDS" >"$WORK/wrk-proxy.txt" 2>&1 || die "wrk failed: $(cat "$WORK/wrk-proxy.txt")"
+kill "$PROXY_PID" 2>/dev/null || true
+PROXY_RPS=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/wrk-proxy.txt")
+PROXY_P50=$(awk '$1 == "50%" {print $2}' "$WORK/wrk-proxy.txt")
+PROXY_P99=$(awk '$1 == "99%" {print $2}' "$WORK/wrk-proxy.txt")
+[ -n "$PROXY_RPS" ] || die "no Requests/sec in wrk output: $(cat "$WORK/wrk-proxy.txt")"
+PROXY_RATIO=$(awk -v a="$PROXY_RPS" -v b="$REDIS_RPS" 'BEGIN {printf "%.2f", a / b}')
+HS_VS_PROXY=$(awk -v a="$HTTP_RPS" -v b="$PROXY_RPS" 'BEGIN {printf "%.2f", a / b}')
+
 # --- copy placement on the cluster ------------------------------------------------------------
 # master address -> its slot ranges, from CLUSTER NODES.
 redis-cli -h 127.0.0.1 -p "${CLUSTER_PORTS[0]}" cluster nodes >"$WORK/cluster-nodes.txt"
@@ -378,6 +402,7 @@ Load average before the run: $LOAD_BEFORE. Value: $VALUE_BYTES bytes; hotsplit f
 |---|---|---|---|---|
 | Read throughput, $CONNECTIONS connections | ${HTTP_RPS} req/s (wrk -t$THREADS, HTTP affine read) | ${REDIS_RPS} ops/s (redis-benchmark GET) | ${READ_RATIO}× | ≥ 0.5× — $(verdict "$READ_RATIO" 0.5 ">=") |
 | Read latency p50 / p99 | ${HTTP_P50} / ${HTTP_P99} | ${REDIS_P50} ms / ${REDIS_P99} ms | | |
+| Minimal axum→fred GET proxy, same wrk load | ${PROXY_RPS} req/s (p50 ${PROXY_P50}, p99 ${PROXY_P99}) | ${REDIS_RPS} ops/s (redis-benchmark GET) | ${PROXY_RATIO}× (hotsplit / proxy: ${HS_VS_PROXY}×) | the ceiling for any HTTP read path here |
 | Publish N=16, cluster, p50 | ${PUB_HS:-–} µs | ${PUB_SET:-–} µs (16 concurrent SETs) | ${PUB_RATIO:-–}× | ≤ 1.5× — ${PUB_RATIO:+$(verdict "$PUB_RATIO" 1.5 "<=")} |
 | hotsplit RSS after the read load | ${RSS_MIB} MiB (peak ${HWM_MIB} MiB, ${IDLE_MIB} MiB idle) | | | < 64 MiB — $(verdict "$RSS_MIB" 64 "<=") |
 

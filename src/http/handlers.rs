@@ -127,6 +127,34 @@ pub fn parse_if_none_match(value: &str) -> Option<Version> {
         .max()
 }
 
+/// The request headers a read uses, taken by reference (axum's `HeaderMap` extractor would
+/// clone every header of every read).
+pub struct ReadHeaders {
+    /// `Hotsplit-Client`.
+    client: Option<String>,
+    /// `Hotsplit-Min-Version`, unparsed.
+    min_version: Option<String>,
+    /// The highest version among the `If-None-Match` tags.
+    if_none_match: Option<Version>,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, ApiError> {
+        let headers = &parts.headers;
+        Ok(ReadHeaders {
+            client: header_text(headers, CLIENT_HEADER)?.map(str::to_owned),
+            min_version: header_text(headers, MIN_VERSION_HEADER)?.map(str::to_owned),
+            if_none_match: header_text(headers, header::IF_NONE_MATCH.as_str())?
+                .and_then(parse_if_none_match),
+        })
+    }
+}
+
 fn publish_response(report: PublishReport, state: &AppState) -> Response {
     let version = report.version;
     match report.status() {
@@ -289,12 +317,12 @@ pub async fn read_key(
     State(state): State<AppState>,
     Path(raw_key): Path<String>,
     params: Result<Query<ReadParams>, QueryRejection>,
-    headers: HeaderMap,
+    headers: ReadHeaders,
 ) -> Response {
     let result = async {
         let key = parse_key(&raw_key)?;
         let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
-        let client = params.client.as_deref().or(header_text(&headers, CLIENT_HEADER)?);
+        let client = params.client.as_deref().or(headers.client.as_deref());
         let copy = match (&params.copy, client) {
             (Some(raw), _) => CopyChoice::Named(raw.parse::<u32>().map_err(|_| {
                 ApiError::new(Code::InvalidCopy, format!("copy {raw:?} is not a copy index"))
@@ -307,12 +335,12 @@ pub async fn read_key(
                 ))
             }
         };
-        let min_version = match (&params.min_version, header_text(&headers, MIN_VERSION_HEADER)?) {
+        let min_version = match (&params.min_version, headers.min_version.as_deref()) {
             (Some(raw), _) => Some(parse_version(raw, "min_version")?),
             (None, Some(raw)) => Some(parse_version(raw, "Hotsplit-Min-Version")?),
             (None, None) => None,
         };
-        let if_none_match = header_text(&headers, header::IF_NONE_MATCH.as_str())?.and_then(parse_if_none_match);
+        let if_none_match = headers.if_none_match;
         let request = ReadRequest {
             key,
             copy,
