@@ -24,7 +24,7 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
 };
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, KeysInterface};
+use fred::interfaces::{ClientLike, FunctionInterface, KeysInterface};
 use fred::types::config::Config as FredConfig;
 use fred::types::Builder;
 use futures_util::future::join_all;
@@ -139,7 +139,7 @@ impl Target {
     }
 }
 
-/// Adds `hotsplit/N` and `set_join_all/N` to `group` for each N.
+/// Adds `hotsplit/N`, `fcall_join_all/N` and `set_join_all/N` to `group` for each N.
 fn bench_fan_out(group: &mut BenchmarkGroup<'_, WallTime>, target: &Target, copy_counts: &[u32]) {
     let value = Bytes::from(vec![b'v'; VALUE_BYTES]);
     for &copies in copy_counts {
@@ -170,6 +170,35 @@ fn bench_fan_out(group: &mut BenchmarkGroup<'_, WallTime>, target: &Target, copy
                         "publish of {key} v{} did not apply to every copy: {report:?}",
                         version.get()
                     );
+                });
+            },
+        );
+
+        // The same compare-and-set, called directly through the plain client: what the script
+        // costs by itself, without hotsplit's planning and reporting around it.
+        let fcall_version = AtomicU64::new(1 << 40);
+        let expire_at = (hotsplit::store::now_unix_ms() + 3_600_000).to_string();
+        group.bench_with_input(
+            BenchmarkId::new("fcall_join_all", copies),
+            &copies,
+            |b, _| {
+                b.to_async(&target.runtime).iter(|| async {
+                    let version = fcall_version.fetch_add(1, Ordering::Relaxed).to_string();
+                    let calls = copy_keys.iter().map(|copy_key| {
+                        target.client.fcall::<fred::types::Value, _, _, _>(
+                            "hotsplit_cas",
+                            vec![copy_key.as_str()],
+                            vec![
+                                version.as_str().into(),
+                                fred::types::Value::Bytes(value.clone()),
+                                "0".into(),
+                                expire_at.as_str().into(),
+                            ],
+                        )
+                    });
+                    for result in join_all(calls).await {
+                        result.expect("FCALL hotsplit_cas");
+                    }
                 });
             },
         );
