@@ -11,9 +11,11 @@
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
 //! - [`client`]: a small HTTP client that reads through the affine copy and remembers floors.
+//! - [`check`]: histories of consistency experiments and the checkers that judge them.
 //! - [`devcluster`]: throwaway `redis-server` processes for tests, benchmarks and experiments.
 
 pub mod affinity;
+pub mod check;
 pub mod client;
 pub mod config;
 pub mod devcluster;
