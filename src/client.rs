@@ -46,6 +46,10 @@ pub struct Published {
     pub stale: u32,
     /// Copies whose write failed.
     pub failed: u32,
+    /// Failed copies durably queued for retry (the answer was 202). Default: 0 from older
+    /// servers.
+    #[serde(default)]
+    pub queued: u32,
 }
 
 /// A problem answer's stable code and detail.

@@ -8,6 +8,7 @@
 //!   ([`store::redis`], the only module that talks to Redis).
 //! - [`publish`]: fan-out of one edit to every copy, with per-copy outcomes.
 //! - [`read`]: the affine read path: copy choice, version floor, sibling fallback.
+//! - [`heal`]: the durable retry queue of failed copy writes, read repair and expiry jitter.
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
 //! - [`client`]: a small HTTP client that reads through the affine copy and remembers floors.
@@ -20,6 +21,7 @@ pub mod client;
 pub mod config;
 pub mod devcluster;
 pub mod error;
+pub mod heal;
 pub mod http;
 pub mod key;
 pub mod metrics;

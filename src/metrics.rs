@@ -9,8 +9,10 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 use crate::store::CasOutcome;
 
@@ -35,6 +37,57 @@ struct ReadLabels {
 struct StoreErrorLabels {
     /// A stable error class, for example `timeout`, `io`, `cluster`, `function_missing`.
     kind: &'static str,
+}
+
+/// Labels of the healing counters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabels {
+    /// The result.
+    result: &'static str,
+}
+
+/// Labels of the retry drop counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    /// `overflow`, `expired` or `spool`.
+    reason: &'static str,
+}
+
+/// Why a failed copy write left (or never entered) the retry queue unhealed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryDrop {
+    /// The queue was full.
+    Overflow,
+    /// The entry's expiry passed.
+    Expired,
+    /// The spool could not record it.
+    Spool,
+}
+
+/// The result of one retried copy write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryResult {
+    /// The copy now holds the entry's version.
+    Applied,
+    /// The copy already held it.
+    Current,
+    /// The copy holds a newer version (kept).
+    Stale,
+    /// The write failed again.
+    Failed,
+}
+
+/// The result of one read repair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepairResult {
+    /// The stale copy was brought forward.
+    Applied,
+    /// The copy had caught up already (current or newer).
+    Unneeded,
+    /// The repair write failed.
+    Failed,
+    /// Too many repairs were running; this one was not attempted.
+    Skipped,
 }
 
 /// Labels of the request latency histogram.
@@ -120,6 +173,22 @@ pub struct Metrics {
     store_errors: Family<StoreErrorLabels, Counter>,
     /// Request latency by route.
     request_duration: Family<RequestLabels, Histogram>,
+    /// Retry queue entries.
+    retry_queue_depth: Gauge,
+    /// Retry queue bytes.
+    retry_queue_bytes: Gauge,
+    /// Age of the oldest retry queue entry, seconds.
+    retry_queue_oldest_age: Gauge<f64, AtomicU64>,
+    /// Retried copy writes by result.
+    retry_attempts: Family<ResultLabels, Counter>,
+    /// Failed copy writes dropped unhealed, by reason.
+    retry_drops: Family<ReasonLabels, Counter>,
+    /// Pending entries replaced by a newer version of the same copy.
+    retry_superseded: Counter,
+    /// Read repairs by result.
+    read_repairs: Family<ResultLabels, Counter>,
+    /// The spool file's size.
+    spool_bytes: Gauge,
 }
 
 impl Metrics {
@@ -189,7 +258,64 @@ impl Metrics {
             request_duration.clone(),
         );
 
+        let retry_queue_depth = Gauge::default();
+        registry.register(
+            "retry_queue_depth",
+            "Failed copy writes waiting in the retry queue",
+            retry_queue_depth.clone(),
+        );
+        let retry_queue_bytes = Gauge::default();
+        registry.register(
+            "retry_queue_bytes",
+            "Bytes held by the retry queue (values once per key and version, plus entry overhead)",
+            retry_queue_bytes.clone(),
+        );
+        let retry_queue_oldest_age = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "retry_queue_oldest_age_seconds",
+            "Age of the oldest retry queue entry",
+            retry_queue_oldest_age.clone(),
+        );
+        let retry_attempts = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "retry_attempts",
+            "Retried copy writes by result (applied, current, stale, failed)",
+            retry_attempts.clone(),
+        );
+        let retry_drops = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "retry_drops",
+            "Failed copy writes dropped unhealed, by reason (overflow, expired, spool)",
+            retry_drops.clone(),
+        );
+        let retry_superseded = Counter::default();
+        registry.register(
+            "retry_superseded",
+            "Pending retry entries replaced by a newer version of the same copy",
+            retry_superseded.clone(),
+        );
+        let read_repairs = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "read_repairs",
+            "Read repairs by result (applied, unneeded, failed, skipped)",
+            read_repairs.clone(),
+        );
+        let spool_bytes = Gauge::default();
+        registry.register(
+            "spool_bytes",
+            "Size of the retry spool file",
+            spool_bytes.clone(),
+        );
+
         Arc::new(Metrics {
+            retry_queue_depth,
+            retry_queue_bytes,
+            retry_queue_oldest_age,
+            retry_attempts,
+            retry_drops,
+            retry_superseded,
+            read_repairs,
+            spool_bytes,
             registry,
             publish_outcomes,
             invalidate_outcomes,
@@ -229,6 +355,64 @@ impl Metrics {
     pub fn store_error(&self, kind: &'static str) {
         self.store_errors
             .get_or_create(&StoreErrorLabels { kind })
+            .inc();
+    }
+
+    /// Sets the retry queue's depth, bytes and spool size gauges.
+    pub fn retry_queue(&self, depth: usize, bytes: usize, spool_bytes: u64) {
+        self.retry_queue_depth
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+        self.retry_queue_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.spool_bytes
+            .set(i64::try_from(spool_bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the age of the oldest retry queue entry.
+    pub fn retry_oldest_age(&self, seconds: f64) {
+        self.retry_queue_oldest_age.set(seconds);
+    }
+
+    /// Counts one retried copy write.
+    pub fn retry_attempt(&self, result: RetryResult) {
+        let result = match result {
+            RetryResult::Applied => "applied",
+            RetryResult::Current => "current",
+            RetryResult::Stale => "stale",
+            RetryResult::Failed => "failed",
+        };
+        self.retry_attempts
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Counts one failed copy write dropped unhealed.
+    pub fn retry_drop(&self, reason: RetryDrop) {
+        let reason = match reason {
+            RetryDrop::Overflow => "overflow",
+            RetryDrop::Expired => "expired",
+            RetryDrop::Spool => "spool",
+        };
+        self.retry_drops
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts one pending entry replaced by a newer version.
+    pub fn retry_superseded(&self) {
+        self.retry_superseded.inc();
+    }
+
+    /// Counts one read repair.
+    pub fn read_repair(&self, result: RepairResult) {
+        let result = match result {
+            RepairResult::Applied => "applied",
+            RepairResult::Unneeded => "unneeded",
+            RepairResult::Failed => "failed",
+            RepairResult::Skipped => "skipped",
+        };
+        self.read_repairs
+            .get_or_create(&ResultLabels { result })
             .inc();
     }
 

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::config::{Families, Family, Versioning};
 use crate::error::{Error, ErrorKind, Result};
+use crate::heal::{jitter, Admission, FailedCopy, RetryQueue};
 use crate::key::{Key, Version};
 use crate::metrics::{Metrics, WriteOp};
 use crate::store::{now_unix_ms, CasOutcome, CopyWrite, Payload, Store};
@@ -27,8 +28,14 @@ pub enum CopyOutcome {
     Current,
     /// The copy holds a newer version, which was kept.
     Stale,
-    /// The write failed (an error or a timeout); retrying the same version is safe.
+    /// The write failed (an error or a timeout) and no retry queue took it; retrying the same
+    /// version is safe.
     Failed,
+    /// The write failed and was durably queued: hotsplit retries it until it lands or expires.
+    Queued,
+    /// The write failed and could not be queued (the queue was full, the entry had expired, or
+    /// the spool failed); retrying the same version is safe.
+    Dropped,
 }
 
 /// One copy's line in a [`PublishReport`].
@@ -42,7 +49,7 @@ pub struct CopyReport {
     pub node: String,
     /// What happened.
     pub outcome: CopyOutcome,
-    /// For a failed write, the error class (`timeout` or `unavailable`).
+    /// For a failed (queued or dropped) write, the error class (`timeout` or `unavailable`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -63,8 +70,12 @@ pub struct PublishReport {
     pub current: u32,
     /// Copies that hold a newer version.
     pub stale: u32,
-    /// Copies whose write failed.
+    /// Copies whose write failed (including those queued or dropped).
     pub failed: u32,
+    /// Failed copies durably queued for retry.
+    pub queued: u32,
+    /// Failed copies that could not be queued.
+    pub dropped: u32,
     /// One line per copy, in copy order.
     pub outcomes: Vec<CopyReport>,
 }
@@ -76,14 +87,18 @@ pub enum PublishStatus {
     Done,
     /// Nothing applied, some copy holds a newer version, none failed.
     Stale,
-    /// Some copy failed; retrying the same version is safe.
+    /// Some copy failed and every failed copy was durably queued for retry.
+    Queued,
+    /// Some copy failed and was not queued; retrying the same version is safe.
     Incomplete,
 }
 
 impl PublishReport {
     /// The overall result.
     pub fn status(&self) -> PublishStatus {
-        if self.failed > 0 {
+        if self.failed > 0 && self.queued == self.failed {
+            PublishStatus::Queued
+        } else if self.failed > 0 {
             PublishStatus::Incomplete
         } else if self.applied == 0 && self.stale > 0 {
             PublishStatus::Stale
@@ -119,6 +134,10 @@ pub struct Publisher {
     families: Arc<Families>,
     /// Outcome counters.
     metrics: Arc<Metrics>,
+    /// Where failed copy writes are queued for retry; `None` reports them `failed`.
+    retry_queue: Option<Arc<RetryQueue>>,
+    /// The expiry jitter range of value copies, fractions of the TTL in `-0.5..=0`.
+    expiry_jitter: (f64, f64),
 }
 
 impl Publisher {
@@ -128,7 +147,23 @@ impl Publisher {
             store,
             families,
             metrics,
+            retry_queue: None,
+            expiry_jitter: (0.0, 0.0),
         }
+    }
+
+    /// Queues failed copy writes in `retry_queue` (reported `queued` or `dropped`).
+    pub fn with_retry_queue(mut self, retry_queue: Arc<RetryQueue>) -> Publisher {
+        self.retry_queue = Some(retry_queue);
+        self
+    }
+
+    /// Shortens each value copy's lifetime by a random fraction of the TTL in `min..=max`
+    /// (validated as `-0.5 <= min <= max <= 0`). Tombstones get the full TTL, so a tombstone
+    /// outlives every pending retry of an older value. Default: no jitter.
+    pub fn with_expiry_jitter(mut self, min: f64, max: f64) -> Publisher {
+        self.expiry_jitter = (min, max);
+        self
     }
 
     /// Writes `value` at `version` to every copy of `key`.
@@ -165,13 +200,20 @@ impl Publisher {
     ) -> Result<PublishReport> {
         let family = self.families.resolve(key);
         let version = self.choose_version(key, family, version).await?;
-        let expire_at_ms = now_unix_ms().saturating_add(duration_ms(family.ttl));
+        let now_ms = now_unix_ms();
+        let ttl_ms = duration_ms(family.ttl);
+        let (jitter_min, jitter_max) = self.expiry_jitter;
+        let tombstone = matches!(payload, Payload::Tombstone);
         let writes: Vec<CopyWrite> = (0..family.copies)
             .map(|index| CopyWrite {
                 copy_key: key.copy_key(index),
                 version,
                 payload: payload.clone(),
-                expire_at_ms,
+                expire_at_ms: if tombstone {
+                    now_ms.saturating_add(ttl_ms)
+                } else {
+                    jitter::expire_at_ms(now_ms, ttl_ms, jitter_min, jitter_max)
+                },
             })
             .collect();
         let results = self.store.write_copies(&writes).await;
@@ -184,9 +226,31 @@ impl Publisher {
             current: 0,
             stale: 0,
             failed: 0,
+            queued: 0,
+            dropped: 0,
             outcomes: Vec::with_capacity(writes.len()),
         };
+        let mut failed_copies: Vec<(usize, FailedCopy)> = Vec::new();
         for (write, result) in writes.iter().zip(results) {
+            if let Some(queue) = &self.retry_queue {
+                match &result.outcome {
+                    Ok(CasOutcome::Applied | CasOutcome::Current) => {
+                        queue.clear_covered(&write.copy_key, version, tombstone)
+                    }
+                    Ok(CasOutcome::Stale { stored }) => {
+                        queue.clear_covered(&write.copy_key, *stored, false)
+                    }
+                    Err(err) => failed_copies.push((
+                        report.outcomes.len(),
+                        FailedCopy {
+                            copy_key: write.copy_key.clone(),
+                            node: result.node.clone(),
+                            expire_at_ms: write.expire_at_ms,
+                            error: err.to_string(),
+                        },
+                    )),
+                }
+            }
             self.metrics
                 .copy_outcome(op, result.outcome.as_ref().ok().copied());
             let (outcome, error) = match result.outcome {
@@ -207,7 +271,9 @@ impl Publisher {
                 CopyOutcome::Applied => report.applied += 1,
                 CopyOutcome::Current => report.current += 1,
                 CopyOutcome::Stale => report.stale += 1,
-                CopyOutcome::Failed => report.failed += 1,
+                CopyOutcome::Failed | CopyOutcome::Queued | CopyOutcome::Dropped => {
+                    report.failed += 1
+                }
             }
             report.outcomes.push(CopyReport {
                 copy: write.copy_key.index(),
@@ -216,6 +282,25 @@ impl Publisher {
                 outcome,
                 error,
             });
+        }
+        if let (Some(queue), false) = (&self.retry_queue, failed_copies.is_empty()) {
+            let (positions, failed): (Vec<usize>, Vec<FailedCopy>) =
+                failed_copies.into_iter().unzip();
+            let admissions = queue
+                .enqueue(key, version, &payload, failed)
+                .wait_durable(&self.metrics)
+                .await;
+            for (position, admission) in positions.into_iter().zip(admissions) {
+                if let Some(line) = report.outcomes.get_mut(position) {
+                    if admission == Admission::Queued {
+                        line.outcome = CopyOutcome::Queued;
+                        report.queued += 1;
+                    } else {
+                        line.outcome = CopyOutcome::Dropped;
+                        report.dropped += 1;
+                    }
+                }
+            }
         }
         Ok(report)
     }

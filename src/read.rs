@@ -16,9 +16,10 @@ use futures_util::future::join_all;
 use crate::affinity;
 use crate::config::{Families, ReadConfig};
 use crate::error::{Error, ErrorKind, Result};
+use crate::heal::Repairer;
 use crate::key::{CopyKey, Key, Version};
 use crate::metrics::{Metrics, ReadOutcome};
-use crate::store::{CopyRead, CopyRecord, Payload, ServedBy, Store};
+use crate::store::{CopyRead, CopyRecord, CopyWrite, Payload, ServedBy, Store};
 
 /// Which copy a read targets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +92,9 @@ pub struct Reader {
     config: ReadConfig,
     /// Read outcome counters.
     metrics: Arc<Metrics>,
+    /// Writes a sibling's newer record back to a stale or missing affine copy; `None` disables
+    /// read repair.
+    repairer: Option<Repairer>,
 }
 
 /// Whether the affine copy or a sibling answered.
@@ -119,7 +123,14 @@ impl Reader {
             families,
             config,
             metrics,
+            repairer: None,
         }
+    }
+
+    /// Repairs stale or missing affine copies found by a fallback read. Default: no repair.
+    pub fn with_repairer(mut self, repairer: Repairer) -> Reader {
+        self.repairer = Some(repairer);
+        self
     }
 
     /// Which copy `client_id` reads for `key`, and where it lives.
@@ -193,7 +204,14 @@ impl Reader {
             all.extend(join_all(siblings).await);
             all
         };
+        let repair = self
+            .repairer
+            .as_ref()
+            .and_then(|_| repair_of(&request.key, affine, &consulted));
         let answer = decide(consulted, request.min_version, request.if_none_match)?;
+        if let (Some(repairer), Some(write)) = (&self.repairer, repair) {
+            repairer.repair(write);
+        }
         let served = match &answer {
             ReadAnswer::Value { copy, .. } | ReadAnswer::NotModified { copy, .. }
                 if *copy != affine =>
@@ -213,6 +231,29 @@ impl Reader {
         }
         Consulted { copy, read }
     }
+}
+
+/// The write that brings the affine copy up to the newest consulted sibling, when the affine copy
+/// answered and is missing or older (a failed read is not repaired: its node is unreachable).
+fn repair_of(key: &Key, affine: u32, consulted: &[Consulted]) -> Option<CopyWrite> {
+    let first = consulted.first()?;
+    let held = match &first.read.record {
+        Ok(record) => record.as_ref().map(|record| record.version),
+        Err(_) => return None,
+    };
+    let newest = consulted[1..]
+        .iter()
+        .filter_map(|sibling| sibling.read.record.as_ref().ok()?.as_ref())
+        .max_by_key(|record| record.version)?;
+    if held.is_some_and(|held| held >= newest.version) {
+        return None;
+    }
+    Some(CopyWrite {
+        copy_key: key.copy_key(affine),
+        version: newest.version,
+        payload: newest.payload.clone(),
+        expire_at_ms: newest.expire_at_ms,
+    })
 }
 
 /// Chooses the answer from the consulted copies (the affine copy first).

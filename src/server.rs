@@ -3,7 +3,8 @@
 //! [`run`] takes a bound listener and a shutdown future, so tests bind `127.0.0.1:0`. Shutdown is
 //! decide (the future resolves) → tell (a [`CancellationToken`] reaches every task and the HTTP
 //! server stops accepting) → wait (in-flight requests and tracked tasks drain within
-//! `server.shutdown_grace`, or a warning names what was cut off).
+//! `server.shutdown_grace`, or a warning names what was cut off). The retry worker keeps
+//! draining the retry queue for most of the grace period and logs what it leaves in the spool.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Families};
 use crate::error::{Error, ErrorKind, Result};
+use crate::heal::{Repairer, RetryQueue, RetryWorker};
 use crate::http::{router, AppState};
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
@@ -40,16 +42,38 @@ pub async fn connect_store(config: &Config, metrics: Arc<Metrics>) -> Result<Arc
     }
 }
 
-/// Builds the HTTP state from a validated config and a connected store.
+/// Builds the HTTP state from a validated config and a connected store, with an in-memory
+/// retry queue and read repair on a task tracker of its own (for tests and embedding).
 pub fn app_state(config: &Config, store: Arc<dyn Store>, metrics: Arc<Metrics>) -> AppState {
+    let retry_queue = Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone()));
+    app_state_with(config, store, metrics, retry_queue, TaskTracker::new())
+}
+
+/// Builds the HTTP state around `retry_queue`; read repairs run on `tracker`.
+pub fn app_state_with(
+    config: &Config,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    retry_queue: Arc<RetryQueue>,
+    tracker: TaskTracker,
+) -> AppState {
     let families = Arc::new(Families::from_config(config));
-    let publisher = Publisher::new(store.clone(), families.clone(), metrics.clone());
+    let publisher = Publisher::new(store.clone(), families.clone(), metrics.clone())
+        .with_retry_queue(retry_queue.clone())
+        .with_expiry_jitter(config.heal.expiry_jitter_min, config.heal.expiry_jitter_max);
+    let repairer = Repairer::new(
+        store.clone(),
+        config.heal.repair_concurrency,
+        tracker,
+        metrics.clone(),
+    );
     let reader = Reader::new(
         store.clone(),
         families,
         config.read.clone(),
         metrics.clone(),
-    );
+    )
+    .with_repairer(repairer);
     AppState::new(
         publisher,
         reader,
@@ -57,6 +81,7 @@ pub fn app_state(config: &Config, store: Arc<dyn Store>, metrics: Arc<Metrics>) 
         metrics,
         config.server.max_value_bytes,
         config.read.retry_after,
+        retry_queue,
     )
 }
 
@@ -95,7 +120,40 @@ pub async fn run(
         }
     };
 
-    let app = router(app_state(&config, store, metrics));
+    let retry_queue = match &config.store.redis {
+        // The embedded store never fails a copy write: nothing to spool.
+        None => Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
+        Some(_) => {
+            let placement = store.clone();
+            let queue = RetryQueue::open(
+                config.heal.clone(),
+                config.server.max_value_bytes,
+                metrics.clone(),
+                move |copy_key| placement.node_of(copy_key),
+            )?;
+            tracing::info!(spool = %config.heal.spool_dir.display(), entries = queue.depth(), "retry spool opened");
+            Arc::new(queue)
+        }
+    };
+    // The worker's final drain ends before the grace period does, so its leftovers are logged.
+    let drain_for = config.server.shutdown_grace.mul_f64(0.8);
+    tracker.spawn(
+        RetryWorker::new(
+            retry_queue.clone(),
+            store.clone(),
+            metrics.clone(),
+            config.heal.flush_batch,
+            drain_for,
+        )
+        .run(cancel.clone()),
+    );
+    let app = router(app_state_with(
+        &config,
+        store,
+        metrics,
+        retry_queue,
+        tracker.clone(),
+    ));
     let local = listener.local_addr()?;
     tracing::info!(listen = %local, "hotsplit is serving");
 

@@ -158,8 +158,13 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
 fn publish_response(report: PublishReport, state: &AppState) -> Response {
     let version = report.version;
     match report.status() {
-        PublishStatus::Done => {
-            let mut response = (StatusCode::OK, Json(&report)).into_response();
+        status @ (PublishStatus::Done | PublishStatus::Queued) => {
+            let code = if status == PublishStatus::Done {
+                StatusCode::OK
+            } else {
+                StatusCode::ACCEPTED
+            };
+            let mut response = (code, Json(&report)).into_response();
             if let Ok(value) = HeaderValue::from_str(&version.to_string()) {
                 response
                     .headers_mut()
@@ -178,8 +183,8 @@ fn publish_response(report: PublishReport, state: &AppState) -> Response {
         PublishStatus::Incomplete => ApiError::new(
             Code::PublishIncomplete,
             format!(
-                "{} of {} copy writes failed; retrying version {version} is safe",
-                report.failed, report.copies
+                "{} of {} copy writes failed and {} could not be queued; retrying version {version} is safe",
+                report.failed, report.copies, report.failed - report.queued
             ),
         )
         .retry_after(state.inner().retry_after_secs)
@@ -201,10 +206,11 @@ fn error_response(err: &Error, state: &AppState) -> Response {
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw value"),
     responses(
         (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),
+        (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", body = PublishReport),
         (status = 400, description = "invalid_key, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "stale_version: nothing applied, a copy holds a newer version (body also carries the report)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 413, description = "value_too_large", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "publish_incomplete: some copy failed, retry the same version (body also carries the report); or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "publish_incomplete: some copy failed and was not queued (outcome `dropped`), retry the same version (body also carries the report); or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn publish_key(
@@ -488,9 +494,49 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.inner().metrics.render(),
+        {
+            state.inner().retry_queue.refresh_gauges();
+            state.inner().metrics.render()
+        },
     )
         .into_response()
+}
+
+/// Query parameters of `GET /v1/retry-queue`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RetryQueueParams {
+    /// How many entries to list, oldest first, 0..=10000. Default: 100.
+    limit: Option<usize>,
+}
+
+/// The retry queue: depth, bytes, per-node backoff state and the oldest entries.
+#[utoipa::path(
+    get,
+    path = "/v1/retry-queue",
+    tag = "operations",
+    params(RetryQueueParams),
+    responses(
+        (status = 200, description = "The retry queue", body = crate::heal::RetryQueueView),
+        (status = 400, description = "invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn retry_queue(
+    State(state): State<AppState>,
+    params: Result<Query<RetryQueueParams>, QueryRejection>,
+) -> Response {
+    let limit = match params {
+        Ok(Query(params)) => params.limit.unwrap_or(100),
+        Err(rejection) => return query_error(&rejection).into_response(),
+    };
+    if limit > 10_000 {
+        return ApiError::new(
+            Code::InvalidParameter,
+            format!("limit must be at most 10000, got {limit}"),
+        )
+        .into_response();
+    }
+    Json(state.inner().retry_queue.view(limit)).into_response()
 }
 
 /// This API's OpenAPI document.

@@ -18,6 +18,7 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 
+use crate::heal::RetryQueue;
 use crate::metrics::{Metrics, RequestLabels};
 use crate::publish::Publisher;
 use crate::read::Reader;
@@ -44,6 +45,8 @@ pub(crate) struct Inner {
     pub(crate) max_value_bytes: usize,
     /// `Retry-After` seconds for 503 answers.
     pub(crate) retry_after_secs: u64,
+    /// The retry queue, for `GET /v1/retry-queue` and its gauges.
+    pub(crate) retry_queue: Arc<RetryQueue>,
 }
 
 impl AppState {
@@ -55,6 +58,7 @@ impl AppState {
         metrics: Arc<Metrics>,
         max_value_bytes: usize,
         retry_after: std::time::Duration,
+        retry_queue: Arc<RetryQueue>,
     ) -> AppState {
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         AppState {
@@ -65,6 +69,7 @@ impl AppState {
                 metrics,
                 max_value_bytes,
                 retry_after_secs,
+                retry_queue,
             }),
         }
     }
@@ -75,13 +80,14 @@ impl AppState {
 }
 
 /// Every route template, used as the `route` label of the latency histogram.
-const ROUTES: [&str; 6] = [
+const ROUTES: [&str; 7] = [
     "/v1/keys/{key}",
     "/v1/affinity",
     "/healthz",
     "/readyz",
     "/metrics",
     "/openapi.json",
+    "/v1/retry-queue",
 ];
 
 /// The full API router.
@@ -100,6 +106,7 @@ pub fn router(state: AppState) -> Router {
         .route(ROUTES[3], get(handlers::readyz))
         .route(ROUTES[4], get(handlers::metrics))
         .route(ROUTES[5], get(handlers::openapi_json))
+        .route(ROUTES[6], get(handlers::retry_queue))
         .route_layer(middleware::from_fn_with_state(metrics, record_latency))
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)

@@ -7,6 +7,7 @@ use utoipa::OpenApi;
 
 use super::handlers;
 use super::problem::{Code, Problem};
+use crate::heal::queue::{EntryView, NodeState, NodeView, RetryQueueView};
 use crate::publish::{CopyOutcome, CopyReport, PublishReport};
 
 /// The API description.
@@ -21,15 +22,16 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         handlers::invalidate_key,
         handlers::read_key,
         handlers::affinity,
+        handlers::retry_queue,
         handlers::healthz,
         handlers::readyz,
         handlers::metrics,
         handlers::openapi_json,
     ),
-    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody)),
+    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, RetryQueueView, NodeView, EntryView, NodeState)),
     tags(
         (name = "keys", description = "Publish, invalidate and read split keys"),
-        (name = "operations", description = "Health, readiness, metrics and this document")
+        (name = "operations", description = "Health, readiness, metrics, the retry queue and this document")
     )
 )]
 pub struct ApiDoc;

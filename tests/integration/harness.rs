@@ -132,6 +132,17 @@ pub fn config_with_family(redis_url: Option<&str>, prefix: &str, copies: u32) ->
     text.push_str("[store]\ncommand_timeout = \"300ms\"\n");
     let mut config = Config::from_toml(&text).expect("test config parses");
     config.store.redis = redis_url.map(str::to_owned);
+    config.heal.spool_dir = spool_dir();
     config.validate().expect("test config is valid");
     config
+}
+
+/// A fresh spool directory under the system temp dir, kept after the test (a service may still
+/// be flushing it when the test ends; the OS temp cleaner removes it).
+pub fn spool_dir() -> std::path::PathBuf {
+    tempfile::Builder::new()
+        .prefix("hotsplit-spool-")
+        .tempdir()
+        .expect("create a spool dir")
+        .keep()
 }

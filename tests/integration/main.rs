@@ -9,6 +9,7 @@ mod client_lib;
 mod conformance;
 mod devcluster;
 mod harness;
+mod heal;
 mod http_api;
 mod http_e2e;
 mod redis_store;

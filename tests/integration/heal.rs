@@ -1,0 +1,648 @@
+//! Healing against real faults: a paused master (SIGSTOP and `CLIENT PAUSE WRITE`), coalescing
+//! under 1,000 edits, ordering of a late retry, read repair, and the spool's durability across a
+//! SIGKILL of the real binary.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hotsplit::config::HealConfig;
+use hotsplit::devcluster::{self, key_slot, Cluster};
+use hotsplit::heal::{FailedCopy, RetryQueue, RetryWorker};
+use hotsplit::key::{Key, Version};
+use hotsplit::metrics::Metrics;
+use hotsplit::store::{now_unix_ms, CasOutcome, CopyWrite, Payload, Store};
+use reqwest::StatusCode;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{self, config_with_family, poll, Service};
+
+/// The `HGETALL` of `key` on `port`, as a field → value map.
+fn hgetall(port: u16, key: &str) -> BTreeMap<String, String> {
+    let text = devcluster::cli(port, &["HGETALL", key]).expect("HGETALL");
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .chunks(2)
+        .filter(|pair| pair.len() == 2)
+        .map(|pair| (pair[0].to_owned(), pair[1].to_owned()))
+        .collect()
+}
+
+/// The stored version of `key` on `port`, 0 when missing.
+fn stored_version(port: u16, key: &str) -> u64 {
+    hgetall(port, key)
+        .get("ver")
+        .and_then(|ver| ver.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The port of the master that owns `key` in `cluster`.
+fn owner_port(cluster: &Cluster, key: &str) -> u16 {
+    cluster
+        .master_for_slot(key_slot(key.as_bytes()))
+        .expect("topology")
+        .expect("slot owner")
+        .port
+}
+
+async fn retry_queue(http: &reqwest::Client, base: &str) -> Value {
+    http.get(format!("{base}/v1/retry-queue?limit=10000"))
+        .send()
+        .await
+        .expect("GET /v1/retry-queue")
+        .json()
+        .await
+        .expect("retry queue json")
+}
+
+async fn wait_drained(http: &reqwest::Client, base: &str) {
+    poll(
+        "the retry queue drains",
+        Duration::from_secs(20),
+        || async { retry_queue(http, base).await["depth"].as_u64() == Some(0) },
+    )
+    .await;
+}
+
+/// How a test stalls one master's writes.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// SIGSTOP / SIGCONT.
+    Stop,
+    /// `CLIENT PAUSE <ms> WRITE` / `CLIENT UNPAUSE`.
+    ClientPause,
+}
+
+impl Fault {
+    fn inject(self, cluster: &Cluster, port: u16) {
+        match self {
+            Fault::Stop => cluster.node(port).expect("node").pause().expect("SIGSTOP"),
+            Fault::ClientPause => {
+                devcluster::cli(port, &["CLIENT", "PAUSE", "30000", "WRITE"]).expect("pause");
+            }
+        }
+    }
+
+    fn heal(self, cluster: &Cluster, port: u16) {
+        match self {
+            Fault::Stop => cluster.node(port).expect("node").resume().expect("SIGCONT"),
+            Fault::ClientPause => {
+                devcluster::cli(port, &["CLIENT", "UNPAUSE"]).expect("unpause");
+            }
+        }
+    }
+}
+
+/// Publishes during a fault on one master: exactly that master's copies are `queued` (202);
+/// after the fault ends the queue drains and every copy holds the new version in Redis.
+async fn queued_then_drained(fault: Fault) {
+    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
+        .await
+        .unwrap();
+    let service = Service::start(config_with_family(Some(&cluster.url()), "pause:", 16)).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    let warm = http
+        .put(format!("{base}/v1/keys/pause:1?version=1"))
+        .body("one")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(warm.status(), StatusCode::OK);
+
+    let victim = owner_port(&cluster, "pause:1#0");
+    fault.inject(&cluster, victim);
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        http.put(format!("{base}/v1/keys/pause:1?version=2"))
+            .body("two")
+            .send(),
+    )
+    .await
+    .expect("the publish answers instead of hanging")
+    .unwrap();
+    assert_eq!(answer.status(), StatusCode::ACCEPTED, "{fault:?}");
+    let body: Value = answer.json().await.unwrap();
+    let mut queued = 0;
+    for line in body["outcomes"].as_array().unwrap() {
+        let copy_key = line["copy_key"].as_str().unwrap();
+        let on_victim = owner_port(&cluster, copy_key) == victim;
+        let expected = if on_victim { "queued" } else { "applied" };
+        assert_eq!(line["outcome"], expected, "{fault:?} {copy_key}: {line}");
+        queued += u64::from(on_victim);
+    }
+    assert!(queued > 0);
+    assert_eq!(body["queued"].as_u64(), Some(queued), "{body}");
+    assert_eq!(body["dropped"].as_u64(), Some(0), "{body}");
+
+    // The queue shows exactly those entries, on the victim.
+    let view = retry_queue(&http, base).await;
+    assert_eq!(view["depth"].as_u64(), Some(queued), "{view}");
+    let nodes = view["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 1, "{view}");
+    assert_eq!(nodes[0]["node"], format!("127.0.0.1:{victim}"));
+    assert_eq!(nodes[0]["entries"].as_u64(), Some(queued));
+    assert!(view["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|entry| entry["version"] == 2));
+
+    fault.heal(&cluster, victim);
+    wait_drained(&http, base).await;
+    for copy in 0..16 {
+        let copy_key = format!("pause:1#{copy}");
+        let fields = hgetall(owner_port(&cluster, &copy_key), &copy_key);
+        assert_eq!(
+            fields.get("ver").map(String::as_str),
+            Some("2"),
+            "{fault:?} {copy_key}: {fields:?}"
+        );
+        assert_eq!(fields.get("val").map(String::as_str), Some("two"));
+    }
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("hotsplit_retry_queue_depth 0"),
+        "{metrics}"
+    );
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_a_stopped_master_queues_its_copies_and_drains_after_sigcont() {
+    queued_then_drained(Fault::Stop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_a_client_paused_master_queues_its_copies_and_drains_after_unpause() {
+    queued_then_drained(Fault::ClientPause).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_a_thousand_edits_while_paused_leave_one_entry_per_copy() {
+    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
+        .await
+        .unwrap();
+    let service = Service::start(config_with_family(Some(&cluster.url()), "hot:", 8)).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    let victim = owner_port(&cluster, "hot:1#0");
+    let on_victim: Vec<String> = (0..8)
+        .map(|copy| format!("hot:1#{copy}"))
+        .filter(|copy_key| owner_port(&cluster, copy_key) == victim)
+        .collect();
+
+    // CLIENT PAUSE WRITE stalls the master's writes without a failover, however long it lasts.
+    Fault::ClientPause.inject(&cluster, victim);
+    let tasks: Vec<_> = (0..100u64)
+        .map(|task| {
+            let http = http.clone();
+            let base = base.clone();
+            tokio::spawn(async move {
+                for step in 1..=10u64 {
+                    let version = task * 10 + step;
+                    let answer = http
+                        .put(format!("{base}/v1/keys/hot:1?version={version}"))
+                        .body(format!("v{version}"))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(answer.status(), StatusCode::ACCEPTED);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let view = retry_queue(&http, &base).await;
+    assert_eq!(
+        view["depth"].as_u64(),
+        Some(on_victim.len() as u64),
+        "exactly one entry per copy on the paused master: {view}"
+    );
+    let mut listed: Vec<String> = view["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            assert_eq!(entry["version"], 1000, "{entry}");
+            entry["copy_key"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    listed.sort();
+    assert_eq!(listed, on_victim);
+
+    Fault::ClientPause.heal(&cluster, victim);
+    wait_drained(&http, &base).await;
+    for copy in 0..8 {
+        let copy_key = format!("hot:1#{copy}");
+        assert_eq!(
+            stored_version(owner_port(&cluster, &copy_key), &copy_key),
+            1000,
+            "{copy_key}"
+        );
+    }
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_a_late_retry_of_an_older_version_never_overwrites_a_newer_one() {
+    let cluster = harness::shared_cluster();
+    let store = harness::redis_store(&cluster.url(), Duration::from_millis(300)).await;
+    let metrics = Metrics::new();
+    let queue = Arc::new(RetryQueue::in_memory(
+        HealConfig::default(),
+        metrics.clone(),
+    ));
+    let key = Key::parse("order:late").unwrap();
+    let copy_key = key.copy_key(0);
+    let expire_at_ms = now_unix_ms() + 60_000;
+
+    // Version 1's write to copy 0 failed and was queued...
+    let enqueued = queue.enqueue(
+        &key,
+        Version::new(1).unwrap(),
+        &Payload::Value(Bytes::from_static(b"old")),
+        vec![FailedCopy {
+            copy_key: copy_key.clone(),
+            node: store.node_of(&copy_key),
+            expire_at_ms,
+            error: "timeout".into(),
+        }],
+    );
+    assert_eq!(
+        enqueued.wait_durable(&metrics).await,
+        vec![hotsplit::heal::Admission::Queued]
+    );
+    // ...then version 2 lands first (written by another instance, so this queue is not told).
+    let newer = CopyWrite {
+        copy_key: copy_key.clone(),
+        version: Version::new(2).unwrap(),
+        payload: Payload::Value(Bytes::from_static(b"new")),
+        expire_at_ms,
+    };
+    let landed = store.write_copies(std::slice::from_ref(&newer)).await;
+    assert!(matches!(landed[0].outcome, Ok(CasOutcome::Applied)));
+
+    // Now the late retry of version 1 runs: it is `stale`, completes, and changes nothing.
+    let cancel = CancellationToken::new();
+    let worker = tokio::spawn(
+        RetryWorker::new(
+            queue.clone(),
+            store.clone(),
+            metrics.clone(),
+            256,
+            Duration::from_secs(1),
+        )
+        .run(cancel.clone()),
+    );
+    poll("the late retry completes", Duration::from_secs(10), || {
+        let queue = queue.clone();
+        async move { queue.depth() == 0 }
+    })
+    .await;
+    cancel.cancel();
+    worker.await.unwrap();
+    let record = store.read_copy(&copy_key).await.record.unwrap().unwrap();
+    assert_eq!(record.version.get(), 2);
+    assert_eq!(record.payload, Payload::Value(Bytes::from_static(b"new")));
+    let text = metrics.render();
+    assert!(
+        text.contains(r#"hotsplit_retry_attempts_total{result="stale"} 1"#),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_read_repair_fixes_a_stale_or_missing_affine_copy() {
+    let server = harness::shared_standalone();
+    let port = server.node.port();
+    let service = Service::start(config_with_family(Some(&server.url()), "rr:", 8)).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    assert!(http
+        .put(format!("{base}/v1/keys/rr:1?version=5"))
+        .body("five")
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+    let affinity: Value = http
+        .get(format!("{base}/v1/affinity?key=rr:1&client=alice"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let copy_key = affinity["copy_key"].as_str().unwrap().to_owned();
+
+    // Stale: roll the copy back behind hotsplit's back; one floored read falls back and repairs.
+    devcluster::cli(port, &["HSET", &copy_key, "ver", "4", "val", "four"]).unwrap();
+    let read = http
+        .get(format!("{base}/v1/keys/rr:1?client=alice&min_version=5"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.headers()["hotsplit-version"], "5");
+    poll(
+        "the stale copy is repaired",
+        Duration::from_secs(5),
+        || async { stored_version(port, &copy_key) == 5 },
+    )
+    .await;
+    let fields = hgetall(port, &copy_key);
+    assert_eq!(fields["val"], "five");
+    let pexpiretime: u64 = devcluster::cli(port, &["PEXPIRETIME", &copy_key])
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        pexpiretime.to_string(),
+        fields["exp"],
+        "a repair applies the sibling's absolute expiry"
+    );
+
+    // Missing: delete the copy; a read without a floor falls back and repairs it.
+    devcluster::cli(port, &["DEL", &copy_key]).unwrap();
+    let read = http
+        .get(format!("{base}/v1/keys/rr:1?client=alice"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+    poll(
+        "the missing copy is repaired",
+        Duration::from_secs(5),
+        || async { stored_version(port, &copy_key) == 5 },
+    )
+    .await;
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"hotsplit_read_repairs_total{result="applied"} 2"#),
+        "{metrics}"
+    );
+    service.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real binary
+// ---------------------------------------------------------------------------------------------
+
+/// A `hotsplit serve` child process, SIGKILLed when dropped.
+struct Binary {
+    child: Child,
+    base: String,
+    log: PathBuf,
+}
+
+impl Binary {
+    /// Starts `hotsplit serve --config <dir>/<name>.toml` with `config` (its `listen` is
+    /// filled in); stdout and stderr go to `<dir>/<name>.log`.
+    fn spawn(dir: &Path, name: &str, config: &str) -> Binary {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!("[server]\nlisten = \"127.0.0.1:{port}\"\nshutdown_grace = \"2s\"\n{config}"),
+        )
+        .unwrap();
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("HOTSPLIT_LOG", "info")
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .expect("spawn hotsplit");
+        Binary {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    async fn wait_ready(&mut self) {
+        let http = reqwest::Client::new();
+        let url = format!("{}/readyz", self.base);
+        let log = self.log.clone();
+        poll("hotsplit serves /readyz", Duration::from_secs(15), || {
+            let http = http.clone();
+            let url = url.clone();
+            let exited = self.child.try_wait().ok().flatten();
+            let log = log.clone();
+            async move {
+                assert!(
+                    exited.is_none(),
+                    "hotsplit exited ({exited:?}): {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+                http.get(url)
+                    .send()
+                    .await
+                    .map(|r| r.status().is_success())
+                    .unwrap_or(false)
+            }
+        })
+        .await;
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn sigkill(&mut self) {
+        self.child.kill().expect("SIGKILL hotsplit");
+        self.child.wait().expect("reap hotsplit");
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_sigkill_mid_publish_loses_no_queued_entry() {
+    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"300ms\"\n[heal]\nspool_dir = \"{}\"\n\
+         [[family]]\nprefix = \"kill:\"\ncopies = 8\nttl = \"10m\"\n",
+        cluster.url(),
+        dir.path().join("spool").display()
+    );
+    let mut first = Binary::spawn(dir.path(), "first", &config);
+    first.wait_ready().await;
+
+    // The fault: the victim master refuses FCALL (an ACL), so its copy writes fail fast and
+    // deterministically, while startup (FUNCTION LOAD, PING) still works.
+    let victim = owner_port(&cluster, "kill:0#0");
+    devcluster::cli(victim, &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
+
+    // Eight writers publish increasing versions until hotsplit dies under them.
+    let queued: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let answers = Arc::new(AtomicUsize::new(0));
+    let writers: Vec<_> = (0..8)
+        .map(|writer| {
+            let http = reqwest::Client::new();
+            let base = first.base.clone();
+            let queued = queued.clone();
+            let answers = answers.clone();
+            tokio::spawn(async move {
+                for version in 1u64.. {
+                    let Ok(answer) = http
+                        .put(format!("{base}/v1/keys/kill:{writer}?version={version}"))
+                        .body(format!("v{version}"))
+                        .send()
+                        .await
+                    else {
+                        return;
+                    };
+                    let Ok(body) = answer.json::<Value>().await else {
+                        return;
+                    };
+                    let mut queued = queued.lock().unwrap();
+                    for line in body["outcomes"].as_array().into_iter().flatten() {
+                        if line["outcome"] == "queued" {
+                            let copy_key = line["copy_key"].as_str().unwrap().to_owned();
+                            queued.insert(copy_key, version);
+                        }
+                    }
+                    answers.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    poll(
+        "publishes are being queued",
+        Duration::from_secs(10),
+        || {
+            let queued = queued.clone();
+            async move { queued.lock().unwrap().len() >= 8 }
+        },
+    )
+    .await;
+    // Let the writers run on for a while, then kill hotsplit under them.
+    let seen = answers.load(Ordering::Relaxed);
+    poll("more publishes answer", Duration::from_secs(10), || {
+        let answers = answers.clone();
+        async move { answers.load(Ordering::Relaxed) >= seen + 200 }
+    })
+    .await;
+    first.sigkill();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let queued = queued.lock().unwrap().clone();
+    assert!(!queued.is_empty());
+
+    // Restart: the spool replays. The fault is still on, so nothing can have drained yet.
+    let mut second = Binary::spawn(dir.path(), "second", &config);
+    second.wait_ready().await;
+    let http = reqwest::Client::new();
+    let view = retry_queue(&http, &second.base).await;
+    let pending: HashMap<String, u64> = view["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            (
+                entry["copy_key"].as_str().unwrap().to_owned(),
+                entry["version"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    for (copy_key, version) in &queued {
+        let held = pending.get(copy_key).copied().unwrap_or(0);
+        assert!(
+            held >= *version,
+            "{copy_key} was reported queued at version {version}; after the restart the queue holds {held}"
+        );
+    }
+    assert!(second.log_text().contains("replayed the retry spool"));
+
+    // The fault ends: every copy heals to at least the version reported queued.
+    devcluster::cli(victim, &["ACL", "SETUSER", "default", "+fcall"]).unwrap();
+    wait_drained(&http, &second.base).await;
+    for (copy_key, version) in &queued {
+        let stored = stored_version(victim, copy_key);
+        assert!(stored >= *version, "{copy_key}: {stored} < {version}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_the_binary_truncates_a_torn_spool_and_refuses_a_shared_one() {
+    let server = harness::shared_standalone();
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    std::fs::create_dir_all(&spool).unwrap();
+    std::fs::write(
+        spool.join("spool.log"),
+        [0u8, 0, 0, 50, 1, 2, 3, 0xde, 0xad],
+    )
+    .unwrap();
+    let config = format!(
+        "[store]\nredis = \"{}\"\n[heal]\nspool_dir = \"{}\"\n",
+        server.url(),
+        spool.display()
+    );
+    let mut owner = Binary::spawn(dir.path(), "owner", &config);
+    owner.wait_ready().await;
+    assert!(
+        owner.log_text().contains("torn or corrupt tail"),
+        "{}",
+        owner.log_text()
+    );
+    assert_eq!(std::fs::metadata(spool.join("spool.log")).unwrap().len(), 0);
+
+    let mut intruder = Binary::spawn(dir.path(), "intruder", &config);
+    let mut status = None;
+    poll(
+        "a second process on the spool exits",
+        Duration::from_secs(15),
+        || {
+            status = intruder.child.try_wait().unwrap();
+            std::future::ready(status.is_some())
+        },
+    )
+    .await;
+    assert!(!status.unwrap().success());
+    assert!(
+        intruder.log_text().contains("locked by another process"),
+        "{}",
+        intruder.log_text()
+    );
+    // The owner is unaffected.
+    owner.wait_ready().await;
+}
