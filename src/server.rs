@@ -147,6 +147,7 @@ pub async fn run(
         )
         .run(cancel.clone()),
     );
+    let spool_owner = retry_queue.clone();
     let app = router(app_state_with(
         &config,
         store,
@@ -186,6 +187,8 @@ pub async fn run(
         served
     })
     .await;
+    // Whatever was not drained is in the spool; sync it and release the directory.
+    spool_owner.close().await;
     match drained {
         Ok(Ok(Ok(()))) => {
             tracing::info!("shutdown complete");

@@ -834,6 +834,14 @@ impl RetryQueue {
         spool.compact(bodies);
     }
 
+    /// Closes the spool (everything recorded so far is synced) and releases its lock, so
+    /// another process may take the directory. Later enqueues are reported `dropped`.
+    pub async fn close(&self) {
+        if let Some(spool) = &self.spool {
+            spool.close().await;
+        }
+    }
+
     /// Logs what is left, for shutdown.
     pub(crate) fn log_leftovers(&self) {
         let state = self.state();

@@ -151,6 +151,8 @@ enum Command {
     },
     /// Replace the file with exactly these frame bodies (the live entries).
     Compact { bodies: Vec<Bytes> },
+    /// Sync, release the lock and stop; acknowledged once the lock is released.
+    Close { ack: oneshot::Sender<()> },
 }
 
 /// A handle to the spool's writer thread. Dropping every handle lets the thread finish its
@@ -170,6 +172,7 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Append { body, .. } => write!(f, "Append({} bytes)", body.len()),
             Command::Compact { bodies } => write!(f, "Compact({} records)", bodies.len()),
+            Command::Close { .. } => f.write_str("Close"),
         }
     }
 }
@@ -316,6 +319,15 @@ impl Spool {
         let _ = self.commands.send(Command::Compact { bodies });
     }
 
+    /// Writes everything sent before, syncs, releases the directory's lock and stops the
+    /// writer; later appends fail. Resolves once the lock is released.
+    pub(crate) async fn close(&self) {
+        let (ack, done) = oneshot::channel();
+        if self.commands.send(Command::Close { ack }).is_ok() {
+            let _ = done.await;
+        }
+    }
+
     /// The spool file's size in bytes.
     pub fn size_bytes(&self) -> u64 {
         self.size.load(Ordering::Relaxed)
@@ -357,7 +369,12 @@ impl Writer {
             let mut acks = Vec::new();
             let mut buffer = BytesMut::new();
             let mut failure: Option<String> = None;
+            let mut close: Option<oneshot::Sender<()>> = None;
             for command in batch.drain(..) {
+                if close.is_some() {
+                    // Commands after a close are refused: their acks are dropped unanswered.
+                    continue;
+                }
                 match command {
                     Command::Append { body, ack } => {
                         if let Err(err) = self.codec.encode(body, &mut buffer) {
@@ -368,6 +385,7 @@ impl Writer {
                         }
                         acks.extend(ack);
                     }
+                    Command::Close { ack } => close = Some(ack),
                     Command::Compact { bodies } => {
                         if let Err(err) = self.write_all(&buffer) {
                             failure = Some(err.to_string());
@@ -392,6 +410,13 @@ impl Writer {
                     None => Ok(()),
                     Some(err) => Err(format!("spool write failed: {err}")),
                 });
+            }
+            if let Some(ack) = close {
+                receiver.close();
+                // Dropping the writer closes the file and releases the lock before the ack.
+                drop(self);
+                let _ = ack.send(());
+                return;
             }
         }
         if let Err(err) = self.file.sync_data() {

@@ -5,13 +5,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use hotsplit::client::Client;
 use hotsplit::config::HealConfig;
-use hotsplit::devcluster::{self, key_slot, Cluster};
+use hotsplit::devcluster::{self, key_slot, Cluster, Standalone};
 use hotsplit::heal::{FailedCopy, RetryQueue, RetryWorker};
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
@@ -645,4 +646,153 @@ async fn heal_the_binary_truncates_a_torn_spool_and_refuses_a_shared_one() {
     );
     // The owner is unaffected.
     owner.wait_ready().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_shutdown_drains_what_it_can_and_spools_the_rest() {
+    let server = tokio::task::spawn_blocking(|| Standalone::start().unwrap())
+        .await
+        .unwrap();
+    let port = server.node.port();
+    let mut config = config_with_family(Some(&server.url()), "sd:", 4);
+    // A long backoff: only the shutdown drain (which ignores it) retries within this test.
+    config.heal.backoff_initial = Duration::from_secs(30);
+    config.heal.backoff_cap = Duration::from_secs(30);
+    config.server.shutdown_grace = Duration::from_secs(3);
+    let http = reqwest::Client::new();
+
+    // The store refuses FCALL: the publish is queued, and shutdown cannot drain it.
+    devcluster::cli(port, &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
+    let service = Service::start(config.clone()).await;
+    let answer = http
+        .put(format!("{}/v1/keys/sd:1?version=1", service.base))
+        .body("one")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::ACCEPTED);
+    service.stop().await;
+
+    // A new process on the same spool finds the entries; this time shutdown drains them.
+    let service = Service::start(config).await;
+    assert_eq!(
+        retry_queue(&http, &service.base).await["depth"].as_u64(),
+        Some(4)
+    );
+    devcluster::cli(port, &["ACL", "SETUSER", "default", "+fcall"]).unwrap();
+    service.stop().await;
+    for copy in 0..4 {
+        assert_eq!(
+            stored_version(port, &format!("sd:1#{copy}")),
+            1,
+            "copy {copy}"
+        );
+    }
+}
+
+/// `SHUTDOWN NOSAVE` of a master during a publish, then a restart from its `nodes.conf`: back
+/// within the node timeout (it returns empty) or after its replica was promoted. Either way the
+/// queued copies heal, and no reader (each carrying its floor) is served an older version than
+/// one it already read.
+async fn restart_cycle(wait_for_failover: bool) {
+    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
+        .await
+        .unwrap();
+    let service = Service::start(config_with_family(Some(&cluster.url()), "ns:", 16)).await;
+    let base = service.base.clone();
+    let http = reqwest::Client::new();
+    assert_eq!(
+        http.put(format!("{base}/v1/keys/ns:1?version=1"))
+            .body("one")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..20)
+        .map(|reader| {
+            let stop = stop.clone();
+            let base = base.clone();
+            tokio::spawn(async move {
+                let client = Client::new(&base, &format!("reader-{reader}")).unwrap();
+                let mut last = 0;
+                let mut reads = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(Some(read)) = client.read("ns:1").await {
+                        let version = read.version.get();
+                        assert!(
+                            version >= last,
+                            "reader-{reader} went back from {last} to {version}"
+                        );
+                        last = version;
+                        reads += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await; // Pacing, not a wait.
+                }
+                reads
+            })
+        })
+        .collect();
+
+    let victim = owner_port(&cluster, "ns:1#0");
+    let slot = key_slot(b"ns:1#0");
+    let node = cluster.node(victim).unwrap();
+    tokio::task::block_in_place(|| node.shutdown_nosave()).unwrap();
+    let answer = http
+        .put(format!("{base}/v1/keys/ns:1?version=2"))
+        .body("two")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::ACCEPTED);
+    let report: Value = answer.json().await.unwrap();
+    assert!(report["queued"].as_u64().unwrap() > 0, "{report}");
+
+    if wait_for_failover {
+        poll("the replica is promoted", Duration::from_secs(20), || {
+            let promoted = cluster
+                .master_for_slot(slot)
+                .ok()
+                .flatten()
+                .is_some_and(|owner| owner.port != victim && !owner.is_failed());
+            std::future::ready(promoted)
+        })
+        .await;
+    }
+    tokio::task::block_in_place(|| node.restart()).unwrap();
+    wait_drained(&http, &base).await;
+    for copy in 0..16 {
+        let copy_key = format!("ns:1#{copy}");
+        let mut owner = 0;
+        poll("the copy's owner is known", Duration::from_secs(10), || {
+            owner = cluster
+                .master_for_slot(key_slot(copy_key.as_bytes()))
+                .ok()
+                .flatten()
+                .map_or(0, |info| info.port);
+            std::future::ready(owner != 0)
+        })
+        .await;
+        assert_eq!(stored_version(owner, &copy_key), 2, "{copy_key}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut reads = 0;
+    for reader in readers {
+        reads += reader.await.unwrap();
+    }
+    assert!(reads > 0);
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_a_master_restarted_empty_within_the_node_timeout_heals() {
+    restart_cycle(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_a_master_replaced_by_its_replica_heals() {
+    restart_cycle(true).await;
 }
