@@ -21,9 +21,15 @@ use crate::key::{CopyKey, Key, Version};
 use crate::metrics::{Metrics, RetryDrop};
 use crate::store::{now_unix_ms, CopyWrite, NodeLabel, Payload};
 
-/// What one queued entry costs beyond its value, counted against `heal.max_bytes`: the entry,
-/// its copy key, its place in the copy and node maps. Measured by `cargo bench --bench heal`.
+/// What one queued entry costs beyond its value and its key text, counted against
+/// `heal.max_bytes`: the entry and its slots in the copy, node and value maps. Measured by
+/// `cargo bench --bench heal` (192 bytes of fixed overhead plus the copy key held four times).
 pub const ENTRY_OVERHEAD_BYTES: usize = 192;
+
+/// The bytes counted for one entry of `copy_key`, beyond its (shared) value.
+fn entry_cost(copy_key: &CopyKey) -> usize {
+    ENTRY_OVERHEAD_BYTES + 4 * copy_key.as_str().len()
+}
 
 /// One pending copy write.
 #[derive(Debug, Clone)]
@@ -413,9 +419,7 @@ impl RetryQueue {
                 let shares_value = state
                     .values
                     .contains_key(&(copy.copy_key.base().to_owned(), version.get()));
-                let adds = ENTRY_OVERHEAD_BYTES
-                    + copy.copy_key.as_str().len()
-                    + if shares_value { 0 } else { value_len };
+                let adds = entry_cost(&copy.copy_key) + if shares_value { 0 } else { value_len };
                 if state.entries.len() >= self.config.max_entries
                     || state.bytes + adds > self.config.max_bytes
                 {
@@ -500,7 +504,7 @@ impl RetryQueue {
             state.bytes += shared.0;
         }
         shared.1 += 1;
-        state.bytes += ENTRY_OVERHEAD_BYTES + entry.copy_key.as_str().len();
+        state.bytes += entry_cost(&entry.copy_key);
         let now = Instant::now();
         let initial = self.config.backoff_initial;
         let node = state.nodes.entry(entry.node.clone()).or_insert_with(|| {
@@ -548,9 +552,7 @@ impl RetryQueue {
     /// Takes the entry of `copy_key` out of the entry map and the byte count (not its node).
     fn detach(state: &mut State, copy_key: &str) -> Option<Entry> {
         let entry = state.entries.remove(copy_key)?;
-        state.bytes = state
-            .bytes
-            .saturating_sub(ENTRY_OVERHEAD_BYTES + entry.copy_key.as_str().len());
+        state.bytes = state.bytes.saturating_sub(entry_cost(&entry.copy_key));
         let value_key = (entry.copy_key.base().to_owned(), entry.version.get());
         if let Some(shared) = state.values.get_mut(&value_key) {
             shared.1 = shared.1.saturating_sub(1);
@@ -913,7 +915,7 @@ mod tests {
         assert!(view.entries.iter().all(|entry| entry.version.get() == 1000));
         assert_eq!(
             view.bytes,
-            1000 + 3 * (ENTRY_OVERHEAD_BYTES + "hot#0".len())
+            1000 + 3 * (ENTRY_OVERHEAD_BYTES + 4 * "hot#0".len())
         );
         // An older edit arriving late is superseded by the pending newer one.
         queue.enqueue(
