@@ -46,6 +46,13 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// Labels of the layout mismatch gauge.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FamilyLabels {
+    /// The family's prefix, or `default`.
+    family: String,
+}
+
 /// Labels of the retry drop counter.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ReasonLabels {
@@ -189,6 +196,8 @@ pub struct Metrics {
     read_repairs: Family<ResultLabels, Counter>,
     /// The spool file's size.
     spool_bytes: Gauge,
+    /// 1 when a family's recorded layout differs from this instance's config.
+    layout_mismatch: Family<FamilyLabels, Gauge>,
 }
 
 impl Metrics {
@@ -307,7 +316,15 @@ impl Metrics {
             spool_bytes.clone(),
         );
 
+        let layout_mismatch = Family::<FamilyLabels, Gauge>::default();
+        registry.register(
+            "layout_mismatch",
+            "1 when the family's layout recorded in Redis differs from this instance's config",
+            layout_mismatch.clone(),
+        );
+
         Arc::new(Metrics {
+            layout_mismatch,
             retry_queue_depth,
             retry_queue_bytes,
             retry_queue_oldest_age,
@@ -401,6 +418,15 @@ impl Metrics {
     /// Counts one pending entry replaced by a newer version.
     pub fn retry_superseded(&self) {
         self.retry_superseded.inc();
+    }
+
+    /// Sets whether `family`'s recorded layout differs from this instance's config.
+    pub fn layout_mismatch(&self, family: &str, mismatch: bool) {
+        self.layout_mismatch
+            .get_or_create(&FamilyLabels {
+                family: family.to_owned(),
+            })
+            .set(i64::from(mismatch));
     }
 
     /// Counts one read repair.

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::config::{Families, Family, Versioning};
 use crate::error::{Error, ErrorKind, Result};
-use crate::heal::{jitter, Admission, FailedCopy, RetryQueue};
+use crate::heal::{jitter, Admission, FailedCopy, Layouts, RetryQueue};
 use crate::key::{Key, Version};
 use crate::metrics::{Metrics, WriteOp};
 use crate::store::{now_unix_ms, CasOutcome, CopyWrite, Payload, Store};
@@ -138,6 +138,8 @@ pub struct Publisher {
     retry_queue: Option<Arc<RetryQueue>>,
     /// The expiry jitter range of value copies, fractions of the TTL in `-0.5..=0`.
     expiry_jitter: (f64, f64),
+    /// Recorded layouts: copies removed by a shrink are deleted when their key is published.
+    layouts: Option<Arc<Layouts>>,
 }
 
 impl Publisher {
@@ -149,7 +151,15 @@ impl Publisher {
             metrics,
             retry_queue: None,
             expiry_jitter: (0.0, 0.0),
+            layouts: None,
         }
+    }
+
+    /// Deletes copies `copies..max_copies` of each published key when `layouts` records a
+    /// larger layout than the family's (a shrink). Default: no deletion.
+    pub fn with_layouts(mut self, layouts: Arc<Layouts>) -> Publisher {
+        self.layouts = Some(layouts);
+        self
     }
 
     /// Queues failed copy writes in `retry_queue` (reported `queued` or `dropped`).
@@ -217,6 +227,17 @@ impl Publisher {
             })
             .collect();
         let results = self.store.write_copies(&writes).await;
+        if let Some(layouts) = &self.layouts {
+            let max_copies = layouts.max_copies(family.name(), family.copies);
+            if max_copies > family.copies {
+                let removed: Vec<_> = (family.copies..max_copies)
+                    .map(|index| key.copy_key(index))
+                    .collect();
+                if let Err(err) = self.store.delete_copies(&removed).await {
+                    tracing::debug!(key = %key, error = %err, "could not delete copies removed by a shrink");
+                }
+            }
+        }
 
         let mut report = PublishReport {
             key: key.to_string(),

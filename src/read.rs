@@ -202,6 +202,12 @@ impl Reader {
                 .map(|step| self.consult(&request.key, (affine + step) % copies));
             let mut all = vec![first];
             all.extend(join_all(siblings).await);
+            // Every consulted copy is missing: after a family grew, new copies are empty until
+            // repaired, so ask copy 0, which exists in every layout, before answering 404.
+            let all_missing = all.iter().all(|c| matches!(c.read.record, Ok(None)));
+            if all_missing && all.iter().all(|c| c.copy != 0) {
+                all.push(self.consult(&request.key, 0).await);
+            }
             all
         };
         let repair = self
@@ -455,6 +461,27 @@ mod tests {
         assert!(
             matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 5 && copy != affinity.copy)
         );
+    }
+
+    #[tokio::test]
+    async fn copy_zero_answers_when_every_consulted_copy_is_missing() {
+        let fixture = fixture();
+        publish(&fixture, 5, "five").await;
+        let key = Key::parse("p:1").unwrap();
+        // As after a growth: only copy 0 holds the key.
+        for copy in 1..8 {
+            fixture.store.overwrite_for_test(&key.copy_key(copy), None);
+        }
+        let client = (0..100)
+            .map(|n| format!("client-{n}"))
+            .find(|client| (2..=5).contains(&affinity::copy_index(client, 8)))
+            .unwrap();
+        let answer = fixture
+            .reader
+            .read(&request(&client, None, None))
+            .await
+            .unwrap();
+        assert!(matches!(answer, ReadAnswer::Value { copy: 0, version: v, .. } if v.get() == 5));
     }
 
     #[tokio::test]

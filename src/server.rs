@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Families};
 use crate::error::{Error, ErrorKind, Result};
-use crate::heal::{Repairer, RetryQueue, RetryWorker};
+use crate::heal::{HealHandles, LayoutWatcher, Layouts, Repairer, RetryQueue, RetryWorker};
 use crate::http::{router, AppState};
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
@@ -46,7 +46,14 @@ pub async fn connect_store(config: &Config, metrics: Arc<Metrics>) -> Result<Arc
 /// retry queue and read repair on a task tracker of its own (for tests and embedding).
 pub fn app_state(config: &Config, store: Arc<dyn Store>, metrics: Arc<Metrics>) -> AppState {
     let retry_queue = Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone()));
-    app_state_with(config, store, metrics, retry_queue, TaskTracker::new())
+    app_state_with(
+        config,
+        store,
+        metrics,
+        retry_queue,
+        Layouts::unrecorded(),
+        TaskTracker::new(),
+    )
 }
 
 /// Builds the HTTP state around `retry_queue`; read repairs run on `tracker`.
@@ -55,11 +62,13 @@ pub fn app_state_with(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     retry_queue: Arc<RetryQueue>,
+    layouts: Arc<Layouts>,
     tracker: TaskTracker,
 ) -> AppState {
     let families = Arc::new(Families::from_config(config));
     let publisher = Publisher::new(store.clone(), families.clone(), metrics.clone())
         .with_retry_queue(retry_queue.clone())
+        .with_layouts(layouts.clone())
         .with_expiry_jitter(config.heal.expiry_jitter_min, config.heal.expiry_jitter_max);
     let repairer = Repairer::new(
         store.clone(),
@@ -81,7 +90,10 @@ pub fn app_state_with(
         metrics,
         config.server.max_value_bytes,
         config.read.retry_after,
-        retry_queue,
+        HealHandles {
+            retry_queue,
+            layouts,
+        },
     )
 }
 
@@ -120,6 +132,9 @@ pub async fn run(
         }
     };
 
+    // Record each family's layout before anything else can fail or start.
+    let families = Arc::new(Families::from_config(&config));
+    let layouts = Layouts::reconcile(&*store, &families, &metrics).await?;
     let retry_queue = match &config.store.redis {
         // The embedded store never fails a copy write: nothing to spool.
         None => Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
@@ -147,12 +162,23 @@ pub async fn run(
         )
         .run(cancel.clone()),
     );
+    tracker.spawn(
+        LayoutWatcher {
+            store: store.clone(),
+            layouts: layouts.clone(),
+            families,
+            metrics: metrics.clone(),
+            interval: Duration::from_secs(5),
+        }
+        .run(cancel.clone()),
+    );
     let spool_owner = retry_queue.clone();
     let app = router(app_state_with(
         &config,
         store,
         metrics,
         retry_queue,
+        layouts,
         tracker.clone(),
     ));
     let local = listener.local_addr()?;

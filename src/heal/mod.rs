@@ -8,16 +8,29 @@
 //! - [`worker`]: the background task that probes failing nodes with backoff and flushes their
 //!   entries through the same compare-and-set as a publish.
 //! - [`repair`]: read repair of a stale or missing affine copy, off the request path.
+//! - [`layout`]: each family's copy layout recorded in the store, mismatch detection, and the
+//!   deletion of copies removed by a shrink.
 //! - [`jitter`]: per-copy expiry jitter, so the copies of a hot key do not expire together.
 
+pub mod layout;
 pub mod queue;
 pub mod repair;
 pub mod spool;
 pub mod worker;
 
+pub use layout::{LayoutWatcher, Layouts};
 pub use queue::{Admission, DropReason, FailedCopy, RetryQueue, RetryQueueView};
 pub use repair::Repairer;
 pub use worker::RetryWorker;
+
+/// The healing state the HTTP layer shows: the retry queue and the recorded layouts.
+#[derive(Debug, Clone)]
+pub struct HealHandles {
+    /// The retry queue, for `GET /v1/retry-queue` and its gauges.
+    pub retry_queue: std::sync::Arc<RetryQueue>,
+    /// Recorded family layouts, for the mismatches `/readyz` lists.
+    pub layouts: std::sync::Arc<Layouts>,
+}
 
 /// Per-copy expiry jitter.
 pub mod jitter {

@@ -79,6 +79,10 @@ pub struct StatusBody {
     status: &'static str,
     /// The store kind: `embedded`, `redis` or `redis-cluster`.
     store: &'static str,
+    /// `/readyz` only: families whose layout recorded in Redis differs from this instance's
+    /// config (another instance runs another copy count). Absent when there is none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    layout_mismatches: Vec<String>,
 }
 
 fn parse_key(raw: &str) -> Result<Key, ApiError> {
@@ -461,6 +465,7 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
     Json(StatusBody {
         status: "ok",
         store: state.inner().store.kind(),
+        layout_mismatches: Vec::new(),
     })
     .into_response()
 }
@@ -480,6 +485,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         Ok(()) => Json(StatusBody {
             status: "ready",
             store: state.inner().store.kind(),
+            layout_mismatches: state.inner().heal.layouts.mismatches(),
         })
         .into_response(),
         Err(err) => error_response(&err, &state),
@@ -495,7 +501,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         {
-            state.inner().retry_queue.refresh_gauges();
+            state.inner().heal.retry_queue.refresh_gauges();
             state.inner().metrics.render()
         },
     )
@@ -536,7 +542,7 @@ pub async fn retry_queue(
         )
         .into_response();
     }
-    Json(state.inner().retry_queue.view(limit)).into_response()
+    Json(state.inner().heal.retry_queue.view(limit)).into_response()
 }
 
 /// This API's OpenAPI document.

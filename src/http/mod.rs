@@ -18,7 +18,7 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 
-use crate::heal::RetryQueue;
+use crate::heal::HealHandles;
 use crate::metrics::{Metrics, RequestLabels};
 use crate::publish::Publisher;
 use crate::read::Reader;
@@ -45,8 +45,8 @@ pub(crate) struct Inner {
     pub(crate) max_value_bytes: usize,
     /// `Retry-After` seconds for 503 answers.
     pub(crate) retry_after_secs: u64,
-    /// The retry queue, for `GET /v1/retry-queue` and its gauges.
-    pub(crate) retry_queue: Arc<RetryQueue>,
+    /// The retry queue and recorded layouts, for `/v1/retry-queue`, `/metrics` and `/readyz`.
+    pub(crate) heal: HealHandles,
 }
 
 impl AppState {
@@ -58,7 +58,7 @@ impl AppState {
         metrics: Arc<Metrics>,
         max_value_bytes: usize,
         retry_after: std::time::Duration,
-        retry_queue: Arc<RetryQueue>,
+        heal: HealHandles,
     ) -> AppState {
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         AppState {
@@ -69,7 +69,7 @@ impl AppState {
                 metrics,
                 max_value_bytes,
                 retry_after_secs,
-                retry_queue,
+                heal,
             }),
         }
     }

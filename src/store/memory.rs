@@ -11,8 +11,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use futures_util::future::BoxFuture;
 
 use super::{
-    now_unix_ms, CasOutcome, CopyRead, CopyRecord, CopyWrite, NodeLabel, Payload, ServedBy, Store,
-    WriteResult,
+    now_unix_ms, CasOutcome, CopyRead, CopyRecord, CopyWrite, Layout, NodeLabel, Payload, ServedBy,
+    Store, WriteResult,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -33,6 +33,8 @@ struct State {
     copies: HashMap<String, CopyRecord>,
     /// Counter key → counter.
     counters: HashMap<String, Counter>,
+    /// Family name → recorded layout.
+    layouts: HashMap<String, Layout>,
 }
 
 /// The embedded store. Cheap operations under one mutex; no await while it is held.
@@ -199,6 +201,25 @@ impl Store for MemoryStore {
             )),
         };
         Box::pin(std::future::ready(result))
+    }
+
+    fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
+        let layout = self.state().layouts.get(family).copied();
+        Box::pin(std::future::ready(Ok(layout)))
+    }
+
+    fn write_layout<'a>(&'a self, family: &'a str, layout: Layout) -> BoxFuture<'a, Result<()>> {
+        self.state().layouts.insert(family.to_owned(), layout);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
+        let mut state = self.state();
+        let removed = copy_keys
+            .iter()
+            .filter(|copy_key| state.copies.remove(copy_key.as_str()).is_some())
+            .count();
+        Box::pin(std::future::ready(Ok(removed as u64)))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<()>> {

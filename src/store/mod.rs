@@ -189,11 +189,62 @@ pub trait Store: Send + Sync + 'static {
     /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails.
     fn allocate_version<'a>(&'a self, key: &'a Key, ttl_ms: u64) -> BoxFuture<'a, Result<Version>>;
 
+    /// Reads the layout recorded for the family named `family` (its prefix, or `default`).
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails.
+    fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>>;
+
+    /// Records `layout` for the family named `family`.
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`].
+    fn write_layout<'a>(&'a self, family: &'a str, layout: Layout) -> BoxFuture<'a, Result<()>>;
+
+    /// Deletes copies (removed by shrinking a family), each on its own node, concurrently.
+    /// Returns how many existed.
+    ///
+    /// # Errors
+    /// The first failure; the other deletes still run.
+    fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>>;
+
     /// Checks that the store answers.
     ///
     /// # Errors
     /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when it does not.
     fn ping(&self) -> BoxFuture<'_, Result<()>>;
+}
+
+/// A family's copy layout as recorded in the store, shared by every instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// The copy count the last instance to start with this family configured.
+    pub copies: u32,
+    /// The largest copy count ever recorded: copies `copies..max_copies` may still exist from
+    /// before a shrink, and are deleted when their key is next published.
+    pub max_copies: u32,
+}
+
+impl Layout {
+    /// The stored text, `copies:max_copies`.
+    pub fn encode(self) -> String {
+        format!("{}:{}", self.copies, self.max_copies)
+    }
+
+    /// Parses the stored text; `None` when it is not `copies:max_copies`.
+    pub fn decode(text: &str) -> Option<Layout> {
+        let (copies, max_copies) = text.split_once(':')?;
+        Some(Layout {
+            copies: copies.parse().ok()?,
+            max_copies: max_copies.parse().ok()?,
+        })
+    }
+}
+
+/// The store key of a family's layout record. It starts with `#`, so it is no user key, copy key
+/// or counter key (those start with a non-empty user key).
+pub fn layout_key(family: &str) -> String {
+    format!("#hotsplit#layout#{family}")
 }
 
 /// The current wall-clock time in Unix milliseconds.

@@ -37,7 +37,7 @@ use bytes::Bytes;
 use fred::clients::Client;
 use fred::error::{Error as FredError, ErrorKind as FredErrorKind};
 use fred::interfaces::{
-    ClientLike, ClusterInterface, FredResult, FunctionInterface, HashesInterface,
+    ClientLike, ClusterInterface, FredResult, FunctionInterface, HashesInterface, KeysInterface,
 };
 use fred::types::cluster::ClusterRouting;
 use fred::types::config::{
@@ -47,7 +47,8 @@ use fred::types::{Builder, ConnectHandle, Value};
 use futures_util::future::{join_all, BoxFuture};
 
 use super::{
-    CasOutcome, CopyRead, CopyRecord, CopyWrite, NodeLabel, Payload, ServedBy, Store, WriteResult,
+    layout_key, CasOutcome, CopyRead, CopyRecord, CopyWrite, Layout, NodeLabel, Payload, ServedBy,
+    Store, WriteResult,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -896,6 +897,59 @@ impl Store for RedisStore {
                     err.message()
                 ))
             })
+        })
+    }
+
+    fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
+        Box::pin(async move {
+            let key = layout_key(family);
+            let text: Option<String> = self
+                .client
+                .get(key.as_str())
+                .await
+                .map_err(|err| self.fail(format_args!("read of layout record {key}"), &err))?;
+            match text {
+                None => Ok(None),
+                Some(text) => Layout::decode(&text).map(Some).ok_or_else(|| {
+                    self.corrupt(format!("layout record {key} is corrupt: {text:?}"))
+                }),
+            }
+        })
+    }
+
+    fn write_layout<'a>(&'a self, family: &'a str, layout: Layout) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let key = layout_key(family);
+            self.client
+                .set::<(), _, _>(key.as_str(), layout.encode(), None, None, false)
+                .await
+                .map_err(|err| self.fail(format_args!("write of layout record {key}"), &err))
+        })
+    }
+
+    fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            // One DEL per key: in a cluster the copies live in different slots.
+            let deletes = copy_keys.iter().map(|copy_key| async move {
+                self.client
+                    .del::<u64, _>(copy_key.as_str())
+                    .await
+                    .map_err(|err| self.fail(format_args!("delete of copy {copy_key}"), &err))
+            });
+            let mut removed = 0;
+            let mut first_error = None;
+            for result in join_all(deletes).await {
+                match result {
+                    Ok(count) => removed += count,
+                    Err(err) => {
+                        first_error.get_or_insert(err);
+                    }
+                }
+            }
+            match first_error {
+                Some(err) => Err(err),
+                None => Ok(removed),
+            }
         })
     }
 

@@ -796,3 +796,138 @@ async fn heal_a_master_restarted_empty_within_the_node_timeout_heals() {
 async fn heal_a_master_replaced_by_its_replica_heals() {
     restart_cycle(true).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
+    let cluster = harness::shared_cluster();
+    let url = cluster.url();
+    let mut service = Service::start(config_with_family(Some(&url), "rs:", 8)).await;
+    let http = reqwest::Client::new();
+    assert_eq!(
+        http.put(format!("{}/v1/keys/rs:1?version=1", service.base))
+            .body("v1")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    let base = Arc::new(std::sync::RwLock::new(service.base.clone()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let published = Arc::new(AtomicUsize::new(1));
+
+    // 100 readers carrying floors: never a lower version, never a 404.
+    let readers: Vec<_> = (0..100)
+        .map(|reader| {
+            let (base, stop, reads) = (base.clone(), stop.clone(), reads.clone());
+            tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                let mut floor = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let base = base.read().unwrap().clone();
+                    let mut request =
+                        http.get(format!("{base}/v1/keys/rs:1?client=reader-{reader}"));
+                    if floor > 0 {
+                        request = request.header("hotsplit-min-version", floor.to_string());
+                    }
+                    if let Ok(answer) = request.send().await {
+                        assert_ne!(
+                            answer.status(),
+                            StatusCode::NOT_FOUND,
+                            "reader-{reader}: 404 for a key that exists"
+                        );
+                        if answer.status() == StatusCode::OK {
+                            let version: u64 = answer.headers()["hotsplit-version"]
+                                .to_str()
+                                .unwrap()
+                                .parse()
+                                .unwrap();
+                            assert!(
+                                version >= floor,
+                                "reader-{reader} went back from {floor} to {version}"
+                            );
+                            floor = version;
+                            reads.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await; // Pacing, not a wait.
+                }
+            })
+        })
+        .collect();
+    // One writer keeps publishing newer versions through the current instance.
+    let writer = {
+        let (base, stop, published) = (base.clone(), stop.clone(), published.clone());
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut version = 1;
+            while !stop.load(Ordering::Relaxed) {
+                version += 1;
+                let base = base.read().unwrap().clone();
+                let sent = http
+                    .put(format!("{base}/v1/keys/rs:1?version={version}"))
+                    .body(format!("v{version}"))
+                    .send()
+                    .await;
+                if sent.is_ok_and(|answer| answer.status().is_success()) {
+                    published.store(version, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await; // Pacing, not a wait.
+            }
+        })
+    };
+
+    for copies in [12, 4, 8] {
+        // A rolling resize: the new instance starts (recording its layout), takes the
+        // traffic, and the old one stops.
+        let next = Service::start(config_with_family(Some(&url), "rs:", copies)).await;
+        *base.write().unwrap() = next.base.clone();
+        std::mem::replace(&mut service, next).stop().await;
+        let (seen_reads, seen_published) = (
+            reads.load(Ordering::Relaxed),
+            published.load(Ordering::Relaxed),
+        );
+        poll(
+            "reads and publishes go on after the resize",
+            Duration::from_secs(20),
+            || {
+                let ok = reads.load(Ordering::Relaxed) >= seen_reads + 1000
+                    && published.load(Ordering::Relaxed) >= seen_published + 5;
+                std::future::ready(ok)
+            },
+        )
+        .await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    for reader in readers {
+        reader.await.unwrap();
+    }
+
+    // The layout is recorded, nothing mismatches, and the copies removed by the shrink (and not
+    // grown back) were deleted by the publishes.
+    let ready: Value = http
+        .get(format!("{}/readyz", service.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(ready.get("layout_mismatches").is_none(), "{ready}");
+    let record_port = owner_port(cluster, "#hotsplit#layout#rs:");
+    assert_eq!(
+        devcluster::cli(record_port, &["GET", "#hotsplit#layout#rs:"]).unwrap(),
+        "8:12"
+    );
+    for copy in 8..12 {
+        let copy_key = format!("rs:1#{copy}");
+        assert_eq!(
+            devcluster::cli(owner_port(cluster, &copy_key), &["EXISTS", &copy_key]).unwrap(),
+            "0",
+            "{copy_key} was removed by the shrink and must be gone"
+        );
+    }
+    service.stop().await;
+}
