@@ -138,6 +138,13 @@ pub struct HealConfig {
     /// How many read repairs may run at once; a repair beyond it is skipped (and counted).
     /// Default: 16.
     pub repair_concurrency: usize,
+    /// How often each family's layout record is re-read to detect a mismatch. Default: `5s`.
+    #[serde(with = "duration")]
+    pub layout_interval: Duration,
+    /// How often, after a family shrank, its keys are scanned and copies beyond its copy count
+    /// deleted. Default: `1m`.
+    #[serde(with = "duration")]
+    pub sweep_interval: Duration,
 }
 
 impl Default for HealConfig {
@@ -152,6 +159,8 @@ impl Default for HealConfig {
             expiry_jitter_min: -0.1,
             expiry_jitter_max: 0.0,
             repair_concurrency: 16,
+            layout_interval: Duration::from_secs(5),
+            sweep_interval: Duration::from_secs(60),
         }
     }
 }
@@ -361,6 +370,12 @@ impl HealConfig {
         }
         if self.repair_concurrency == 0 {
             return invalid("repair_concurrency", "must be positive".into());
+        }
+        if self.layout_interval.is_zero() {
+            return invalid("layout_interval", "must be positive".into());
+        }
+        if self.sweep_interval.is_zero() {
+            return invalid("sweep_interval", "must be positive".into());
         }
         Ok(())
     }

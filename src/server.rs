@@ -168,7 +168,8 @@ pub async fn run(
             layouts: layouts.clone(),
             families,
             metrics: metrics.clone(),
-            interval: Duration::from_secs(5),
+            interval: config.heal.layout_interval,
+            sweep_interval: config.heal.sweep_interval,
         }
         .run(cancel.clone()),
     );

@@ -8,11 +8,12 @@
 //! differs from this instance's config is a *mismatch* (another instance runs another layout),
 //! shown in `/readyz` and as `hotsplit_layout_mismatch{family}`.
 //!
-//! The sweep of removed copies is done per key, on publish: when `max_copies` exceeds the
-//! configured count, a publish also deletes copies `copies..max_copies` of its key, so a later
-//! growth cannot serve a copy that missed the edits made while the family was smaller. Keys
-//! not published since the shrink keep their removed copies at their last version (no older
-//! than the live copies), until they expire.
+//! Copies removed by a shrink are deleted twice over, so a later growth cannot serve a copy that
+//! missed the edits made while the family was smaller: a publish deletes copies
+//! `copies..max_copies` of its key at once, and the watcher's sweep (every
+//! `heal.sweep_interval`, while no mismatch is seen) scans the family's keys and deletes every
+//! copy at or beyond `copies`. A sweep that finds nothing left to delete lowers the record's
+//! `max_copies` to `copies`, which ends both.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -20,8 +21,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Families;
+use crate::config::{Families, Family};
 use crate::error::Result;
+use crate::key::{CopyKey, Key, COPY_SEPARATOR};
 use crate::metrics::Metrics;
 use crate::store::{Layout, Store};
 
@@ -149,27 +151,113 @@ pub struct LayoutWatcher {
     pub metrics: Arc<Metrics>,
     /// How often to read. Default: 5 s.
     pub interval: Duration,
+    /// How often to sweep a shrunk family. Default: 1 min.
+    pub sweep_interval: Duration,
+}
+
+/// The most keys one sweep of a family looks at.
+const SWEEP_SCAN_LIMIT: usize = 100_000;
+
+/// Escapes Redis glob metacharacters.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 impl LayoutWatcher {
     /// Runs until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(self.interval);
+        let mut ticker = tokio::time::interval(self.interval.min(self.sweep_interval));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
+        let mut last_read = tokio::time::Instant::now();
+        let mut last_sweep = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = ticker.tick() => {
-                    for family in self.families.iter() {
-                        match self.store.read_layout(family.name()).await {
-                            Ok(recorded) => self.layouts.observe(family.name(), recorded, &self.metrics),
-                            Err(err) => tracing::debug!(family = family.name(), error = %err, "cannot read the layout record"),
+                    if last_read.elapsed() >= self.interval {
+                        last_read = tokio::time::Instant::now();
+                        for family in self.families.iter() {
+                            match self.store.read_layout(family.name()).await {
+                                Ok(recorded) => self.layouts.observe(family.name(), recorded, &self.metrics),
+                                Err(err) => tracing::debug!(family = family.name(), error = %err, "cannot read the layout record"),
+                            }
+                        }
+                    }
+                    if last_sweep.elapsed() >= self.sweep_interval {
+                        last_sweep = tokio::time::Instant::now();
+                        for family in self.families.iter() {
+                            let sweep = tokio::select! {
+                                () = shutdown.cancelled() => return,
+                                sweep = self.sweep(family) => sweep,
+                            };
+                            if let Err(err) = sweep {
+                                tracing::warn!(family = family.name(), error = %err, "sweep of removed copies failed");
+                            }
                         }
                     }
                 }
             }
         }
+    }
+
+    /// Deletes the copies a shrink removed from `family`'s keys; lowers the record once none
+    /// is left.
+    async fn sweep(&self, family: &Family) -> Result<()> {
+        let name = family.name();
+        let (max_copies, mismatch) = {
+            let known = self.layouts.lock();
+            match known.get(name) {
+                Some(known) => (known.max_copies, known.mismatch),
+                None => return Ok(()),
+            }
+        };
+        if max_copies <= family.copies || mismatch {
+            return Ok(());
+        }
+        let pattern = format!("{}*#*", glob_escape(&family.prefix));
+        let keys = self.store.scan_keys(&pattern, SWEEP_SCAN_LIMIT).await?;
+        let complete = keys.len() < SWEEP_SCAN_LIMIT;
+        let removed: Vec<CopyKey> = keys
+            .iter()
+            .filter_map(|stored| {
+                let (base, index) = stored.rsplit_once(COPY_SEPARATOR)?;
+                let index: u32 = index.parse().ok()?;
+                let key = Key::parse(base).ok()?;
+                let ours = self.families.resolve(&key).name() == name;
+                (ours && index >= family.copies && key.copy_key(index).as_str() == stored)
+                    .then(|| key.copy_key(index))
+            })
+            .collect();
+        let mut deleted = 0;
+        for batch in removed.chunks(256) {
+            deleted += self.store.delete_copies(batch).await?;
+        }
+        if deleted > 0 {
+            tracing::info!(family = name, deleted, "swept copies removed by a shrink");
+        } else if complete {
+            let layout = Layout {
+                copies: family.copies,
+                max_copies: family.copies,
+            };
+            self.store.write_layout(name, layout).await?;
+            if let Some(known) = self.layouts.lock().get_mut(name) {
+                known.max_copies = family.copies;
+            }
+            tracing::info!(
+                family = name,
+                copies = family.copies,
+                "no removed copies left: the shrink is complete"
+            );
+        }
+        Ok(())
     }
 }
 
@@ -178,6 +266,52 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::store::memory::MemoryStore;
+
+    #[tokio::test]
+    async fn the_sweep_deletes_removed_copies_of_its_family_only() {
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        let text = |copies| {
+            format!("[[family]]\nprefix = \"p*\"\ncopies = {copies}\n[[family]]\nprefix = \"p*x\"\ncopies = 8")
+        };
+        let twelve = Families::from_config(&Config::from_toml(&text(12)).unwrap());
+        let four = Arc::new(Families::from_config(&Config::from_toml(&text(4)).unwrap()));
+        let publisher = crate::publish::Publisher::new(
+            store.clone(),
+            Arc::new(twelve.clone()),
+            metrics.clone(),
+        );
+        Layouts::reconcile(&*store, &twelve, &metrics)
+            .await
+            .unwrap();
+        for key in ["p*1", "p*x1"] {
+            publisher
+                .publish(
+                    &Key::parse(key).unwrap(),
+                    crate::publish::VersionChoice::Given(crate::key::Version::new(1).unwrap()),
+                    bytes::Bytes::new(),
+                )
+                .await
+                .unwrap();
+        }
+        let layouts = Layouts::reconcile(&*store, &four, &metrics).await.unwrap();
+        let watcher = LayoutWatcher {
+            store: store.clone(),
+            layouts: layouts.clone(),
+            families: four.clone(),
+            metrics,
+            interval: Duration::from_secs(1),
+            sweep_interval: Duration::from_secs(1),
+        };
+        let family = four.resolve(&Key::parse("p*1").unwrap()).clone();
+        watcher.sweep(&family).await.unwrap();
+        // p*1 keeps copies 0..4; p*x1 (another family, 8 copies) keeps all of its copies.
+        assert_eq!(store.len(), 4 + 8);
+        assert_eq!(layouts.max_copies("p*", 4), 12);
+        watcher.sweep(&family).await.unwrap();
+        assert_eq!(layouts.max_copies("p*", 4), 4);
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
 
     #[tokio::test]
     async fn a_resize_is_recorded_and_a_mismatch_seen() {

@@ -150,6 +150,19 @@ impl MemoryStore {
     }
 }
 
+/// Redis-style glob matching of `*`, `?` and backslash escapes (no `[...]` classes).
+fn glob_matches(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) => (0..=text.len()).any(|at| glob_matches(rest, &text[at..])),
+        Some((b'?', rest)) => !text.is_empty() && glob_matches(rest, &text[1..]),
+        Some((b'\\', rest)) if !rest.is_empty() => {
+            text.first() == rest.first() && glob_matches(&rest[1..], &text[1..])
+        }
+        Some((byte, rest)) => text.first() == Some(byte) && glob_matches(rest, &text[1..]),
+    }
+}
+
 impl Store for MemoryStore {
     fn kind(&self) -> &'static str {
         "embedded"
@@ -220,6 +233,22 @@ impl Store for MemoryStore {
             .filter(|copy_key| state.copies.remove(copy_key.as_str()).is_some())
             .count();
         Box::pin(std::future::ready(Ok(removed as u64)))
+    }
+
+    fn scan_keys<'a>(
+        &'a self,
+        pattern: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>>> {
+        let keys = self
+            .state()
+            .copies
+            .keys()
+            .filter(|key| glob_matches(pattern.as_bytes(), key.as_bytes()))
+            .take(limit)
+            .cloned()
+            .collect();
+        Box::pin(std::future::ready(Ok(keys)))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<()>> {

@@ -208,6 +208,17 @@ pub trait Store: Send + Sync + 'static {
     /// The first failure; the other deletes still run.
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>>;
 
+    /// Lists up to `limit` stored keys matching the glob `pattern` on every primary (SCAN),
+    /// for the sweep of copies removed by a shrink.
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`].
+    fn scan_keys<'a>(
+        &'a self,
+        pattern: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>>>;
+
     /// Checks that the store answers.
     ///
     /// # Errors

@@ -953,6 +953,58 @@ impl Store for RedisStore {
         })
     }
 
+    fn scan_keys<'a>(
+        &'a self,
+        pattern: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>>> {
+        Box::pin(async move {
+            let nodes: Vec<Option<Server>> = match &self.standalone_node {
+                Some(_) => vec![None],
+                None => self.primary_servers().into_iter().map(Some).collect(),
+            };
+            let mut keys = Vec::new();
+            for server in nodes {
+                let mut cursor = "0".to_owned();
+                loop {
+                    let page = match &server {
+                        None => {
+                            self.client
+                                .scan_page::<Value, _, _>(cursor.clone(), pattern, Some(1000), None)
+                                .await
+                        }
+                        Some(server) => {
+                            self.client
+                                .with_cluster_node(server.clone())
+                                .scan_page::<Value, _, _>(cursor.clone(), pattern, Some(1000), None)
+                                .await
+                        }
+                    }
+                    .map_err(|err| self.fail(format_args!("scan for {pattern}"), &err))?;
+                    let [next, found] =
+                        <[Value; 2]>::try_from(page.into_array()).map_err(|_| {
+                            self.corrupt(format!("unexpected SCAN reply for {pattern}"))
+                        })?;
+                    keys.extend(
+                        found
+                            .into_array()
+                            .into_iter()
+                            .filter_map(|key| key.as_string()),
+                    );
+                    cursor = next.as_string().unwrap_or_else(|| "0".to_owned());
+                    if cursor == "0" || keys.len() >= limit {
+                        break;
+                    }
+                }
+                if keys.len() >= limit {
+                    break;
+                }
+            }
+            keys.truncate(limit);
+            Ok(keys)
+        })
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
             if let Some(node) = &self.standalone_node {
