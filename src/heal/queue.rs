@@ -261,7 +261,9 @@ pub struct RetryQueue {
 }
 
 impl RetryQueue {
-    /// A queue that lives in memory only.
+    /// A queue that lives in memory only: its entries survive no restart, yet a publisher
+    /// still reports them `queued`. The service uses it with the embedded store only, which
+    /// never fails a copy write.
     pub fn in_memory(config: HealConfig, metrics: Arc<Metrics>) -> RetryQueue {
         RetryQueue {
             state: Mutex::new(State::default()),
