@@ -34,6 +34,79 @@ pub struct Config {
     /// Key families by prefix; the longest matching prefix wins.
     #[serde(rename = "family")]
     pub families: Vec<FamilyConfig>,
+    /// Read classes by name (`[classes.<name>]`), over the built-in ones (`advisory`,
+    /// `re-derivable`, `decides-on-presence`, `primary`); a table with a built-in's name replaces
+    /// it. Default: the built-ins only.
+    pub classes: std::collections::BTreeMap<String, ClassConfig>,
+    /// Routing: lag monitor, pins.
+    pub route: RouteConfig,
+}
+
+/// Where a read class sends reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteTarget {
+    /// A replica of the node that owns the copy, within the class's staleness budget.
+    Replica,
+    /// The primary that owns the copy.
+    Primary,
+}
+
+/// What a replica-routed read does when the replica is over the class's budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBreach {
+    /// The primary serves (reason `lag-breach`).
+    Primary,
+    /// The read fails with 503 `staleness_budget_exceeded`.
+    Fail,
+}
+
+/// One read class (`[classes.<name>]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    /// `replica` or `primary`. Required.
+    pub route: RouteTarget,
+    /// One line: why reads of this class may, or may not, be stale. Required, non-empty.
+    pub reason: String,
+    /// For `replica` routes: the largest replica lag a read accepts. Required for `replica`
+    /// routes, refused for `primary` ones.
+    #[serde(default, with = "opt_duration")]
+    pub staleness_budget: Option<Duration>,
+    /// For `replica` routes: what happens over budget. Default: `primary`.
+    #[serde(default)]
+    pub on_breach: Option<OnBreach>,
+}
+
+/// Routing: the lag monitor and read-your-writes pins.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouteConfig {
+    /// How often each instance writes its heartbeat on every primary and reads it back on every
+    /// replica. Default: `100ms`.
+    #[serde(with = "duration")]
+    pub heartbeat_interval: Duration,
+    /// The sliding window of lag samples reported per replica. Default: `60s`.
+    #[serde(with = "duration")]
+    pub lag_window: Duration,
+    /// How long a request id that wrote pins later reads carrying it to primaries. Default: `5s`.
+    #[serde(with = "duration")]
+    pub request_pin_window: Duration,
+    /// The most (client, key) write floors and request pins held in memory; the least recently
+    /// used go first. Default: 100000.
+    pub max_pins: usize,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        RouteConfig {
+            heartbeat_interval: Duration::from_millis(100),
+            lag_window: Duration::from_secs(60),
+            request_pin_window: Duration::from_secs(5),
+            max_pins: 100_000,
+        }
+    }
 }
 
 /// The HTTP server.
@@ -73,11 +146,18 @@ pub struct StoreConfig {
     /// How long connecting to Redis at startup may take. Default: `2s`.
     #[serde(with = "duration")]
     pub connect_timeout: Duration,
+    /// Replicas of a standalone primary, each `redis://host:port`, read by replica-routed
+    /// classes. In Cluster mode replicas are discovered and this must be empty. A replica that
+    /// is down at startup does not stop it: it is connected later and counts as over every
+    /// budget until its heartbeat is seen.
+    /// Default: none (the primary serves, reason `no-replica`).
+    pub replicas: Vec<String>,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
+            replicas: Vec::new(),
             redis: None,
             command_timeout: crate::store::redis::RedisOptions::DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: crate::store::redis::RedisOptions::DEFAULT_CONNECT_TIMEOUT,
@@ -197,6 +277,11 @@ pub struct DefaultFamilyConfig {
     pub ttl: Duration,
     /// Who chooses versions. Default: `caller`.
     pub versioning: Versioning,
+    /// The read class of reads that name none. Default: `primary`.
+    pub default_class: String,
+    /// How long a client's write floor holds its reads of that key. Default: `2s`.
+    #[serde(with = "duration")]
+    pub pin_window: Duration,
 }
 
 impl Default for DefaultFamilyConfig {
@@ -205,8 +290,24 @@ impl Default for DefaultFamilyConfig {
             copies: 1,
             ttl: Duration::from_secs(3600),
             versioning: Versioning::Caller,
+            default_class: DEFAULT_CLASS.to_owned(),
+            pin_window: DEFAULT_PIN_WINDOW,
         }
     }
+}
+
+/// The default `default_class` of a family: reads go to the primary, as in the Core.
+pub const DEFAULT_CLASS: &str = "primary";
+
+/// The default `pin_window` of a family.
+pub const DEFAULT_PIN_WINDOW: Duration = Duration::from_secs(2);
+
+fn default_class() -> String {
+    DEFAULT_CLASS.to_owned()
+}
+
+fn default_pin_window() -> Duration {
+    DEFAULT_PIN_WINDOW
 }
 
 /// A key family: keys that start with `prefix`.
@@ -223,6 +324,12 @@ pub struct FamilyConfig {
     /// Who chooses versions. Default: `caller`.
     #[serde(default)]
     pub versioning: Versioning,
+    /// The read class of reads that name none. Default: `primary`.
+    #[serde(default = "default_class")]
+    pub default_class: String,
+    /// How long a client's write floor holds its reads of that key. Default: `2s`.
+    #[serde(with = "duration", default = "default_pin_window")]
+    pub pin_window: Duration,
 }
 
 fn default_ttl() -> Duration {
@@ -290,16 +397,82 @@ impl Config {
                 ),
             );
         }
+        if !self.store.replicas.is_empty() {
+            match &self.store.redis {
+                Some(url) if url.trim_start().starts_with("redis-cluster://") => {
+                    return invalid(
+                        "store.replicas".into(),
+                        "must be empty in cluster mode: replicas are discovered from the cluster"
+                            .into(),
+                    )
+                }
+                None => {
+                    return invalid(
+                        "store.replicas".into(),
+                        "needs store.redis: the embedded store has no replicas".into(),
+                    )
+                }
+                Some(_) => {}
+            }
+            for (at, url) in self.store.replicas.iter().enumerate() {
+                match crate::store::redis::RedisTarget::parse(url) {
+                    Ok(crate::store::redis::RedisTarget::Standalone(_)) => {}
+                    Ok(_) => {
+                        return invalid(
+                            format!("store.replicas[{at}]"),
+                            "must be a redis://host:port url".into(),
+                        )
+                    }
+                    Err(err) => {
+                        return invalid(format!("store.replicas[{at}]"), err.message().to_owned())
+                    }
+                }
+            }
+        }
+        let route = &self.route;
+        if route.heartbeat_interval < Duration::from_millis(1) {
+            return invalid(
+                "route.heartbeat_interval".into(),
+                "must be at least 1ms".into(),
+            );
+        }
+        if route.lag_window < route.heartbeat_interval {
+            return invalid(
+                "route.lag_window".into(),
+                "must be at least route.heartbeat_interval".into(),
+            );
+        }
+        if route.request_pin_window.is_zero() {
+            return invalid("route.request_pin_window".into(), "must be positive".into());
+        }
+        if route.max_pins == 0 {
+            return invalid("route.max_pins".into(), "must be positive".into());
+        }
+        let classes = crate::route::Classes::from_config(self)?;
         self.heal.validate()?;
         check_family(
             "default_family",
             self.default_family.copies,
             self.default_family.ttl,
         )?;
+        check_family_route(
+            &classes,
+            "default_family",
+            self.default_family.copies,
+            &self.default_family.default_class,
+            self.default_family.pin_window,
+        )?;
         let mut seen = std::collections::HashSet::new();
         for (at, family) in self.families.iter().enumerate() {
             let field = format!("family[{at}]");
             check_family(&field, family.copies, family.ttl)?;
+            check_family_route(
+                &classes,
+                &field,
+                family.copies,
+                &family.default_class,
+                family.pin_window,
+            )?;
             if family.prefix.is_empty() {
                 return invalid(format!("{field}.prefix"), "must not be empty".into());
             }
@@ -397,6 +570,39 @@ fn check_family(field: &str, copies: u32, ttl: Duration) -> Result<()> {
     Ok(())
 }
 
+fn check_family_route(
+    classes: &crate::route::Classes,
+    field: &str,
+    copies: u32,
+    default_class: &str,
+    pin_window: Duration,
+) -> Result<()> {
+    let Some(class) = classes.by_name(default_class) else {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "{field}.default_class: unknown class {default_class:?}; known: {}",
+                classes.names().join(", ")
+            ),
+        ));
+    };
+    if copies > 1 && classes.get(class).requires_single_copy() {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "{field}.default_class: class {default_class:?} decides on presence and needs copies = 1, but the family has {copies} copies, which can disagree on presence"
+            ),
+        ));
+    }
+    if pin_window.is_zero() {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("{field}.pin_window: must be positive"),
+        ));
+    }
+    Ok(())
+}
+
 /// A resolved family, as the publish and read paths use it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Family {
@@ -408,6 +614,10 @@ pub struct Family {
     pub ttl: Duration,
     /// Who chooses versions.
     pub versioning: Versioning,
+    /// The read class of reads that name none.
+    pub default_class: String,
+    /// How long a client's write floor holds its reads of a key.
+    pub pin_window: Duration,
 }
 
 impl Family {
@@ -441,6 +651,8 @@ impl Families {
                 copies: family.copies,
                 ttl: family.ttl,
                 versioning: family.versioning,
+                default_class: family.default_class.clone(),
+                pin_window: family.pin_window,
             })
             .collect();
         by_prefix.sort_by(|a, b| {
@@ -456,6 +668,8 @@ impl Families {
                 copies: config.default_family.copies,
                 ttl: config.default_family.ttl,
                 versioning: config.default_family.versioning,
+                default_class: config.default_family.default_class.clone(),
+                pin_window: config.default_family.pin_window,
             },
         }
     }
@@ -471,6 +685,19 @@ impl Families {
     /// Every family, the default one last.
     pub fn iter(&self) -> impl Iterator<Item = &Family> {
         self.by_prefix.iter().chain(std::iter::once(&self.default))
+    }
+}
+
+/// Serde support for optional humantime durations.
+pub(crate) mod opt_duration {
+    use std::time::Duration;
+
+    use serde::Deserializer;
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        super::duration::deserialize(deserializer).map(Some)
     }
 }
 
@@ -549,6 +776,44 @@ mod tests {
             ),
             ("[store]\nredis = \"http://x\"", "store.redis"),
             ("[default_family]\ncopies = 0", "default_family.copies"),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 2\ndefault_class = \"decides-on-presence\"",
+                "family[0].default_class",
+            ),
+            (
+                "[default_family]\ncopies = 2\ndefault_class = \"decides-on-presence\"",
+                "default_family.default_class",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 1\ndefault_class = \"nope\"",
+                "family[0].default_class",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 1\npin_window = \"0s\"",
+                "family[0].pin_window",
+            ),
+            (
+                "[classes.x]\nroute = \"replica\"\nreason = \"r\"",
+                "classes.x.staleness_budget",
+            ),
+            (
+                "[route]\nheartbeat_interval = \"0s\"",
+                "route.heartbeat_interval",
+            ),
+            ("[route]\nlag_window = \"1ms\"", "route.lag_window"),
+            (
+                "[route]\nrequest_pin_window = \"0s\"",
+                "route.request_pin_window",
+            ),
+            ("[store]\nreplicas = [\"redis://r:1\"]", "store.replicas"),
+            (
+                "[store]\nredis = \"redis-cluster://a:1\"\nreplicas = [\"redis://r:1\"]",
+                "store.replicas",
+            ),
+            (
+                "[store]\nredis = \"redis://a:1\"\nreplicas = [\"http://r:1\"]",
+                "store.replicas[0]",
+            ),
             ("[heal]\nmax_entries = 0", "heal.max_entries"),
             ("[heal]\nexpiry_jitter_max = 0.1", "heal.expiry_jitter_max"),
             ("[heal]\nbackoff_cap = \"1ms\"", "heal.backoff_cap"),
@@ -568,6 +833,22 @@ mod tests {
         assert!(err.message().contains("command_timeout"), "{err}");
         let err = Config::from_toml("[server]\nlisten_on = \"x\"").unwrap_err();
         assert!(err.message().contains("listen_on"), "{err}");
+        // Budgets and windows that do not parse stop startup naming the field.
+        for (text, field) in [
+            (
+                "[classes.advisory]\nroute = \"replica\"\nreason = \"r\"\nstaleness_budget = \"quick\"",
+                "staleness_budget",
+            ),
+            ("[[family]]\nprefix = \"a\"\ncopies = 1\npin_window = \"2 parsecs\"", "pin_window"),
+            ("[route]\nlag_window = \"a minute\"", "lag_window"),
+            ("[route]\nrequest_pin_window = \"x\"", "request_pin_window"),
+            ("[route]\nheartbeat_interval = \"often\"", "heartbeat_interval"),
+            ("[classes.advisory]\nroute = \"sideways\"\nreason = \"r\"", "route"),
+            ("[classes.advisory]\nroute = \"replica\"\nreason = \"r\"\nstaleness_budget = \"1s\"\non_breach = \"panic\"", "on_breach"),
+        ] {
+            let err = Config::from_toml(text).unwrap_err();
+            assert!(err.message().contains(field), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -31,6 +31,13 @@ pub enum ErrorKind {
     Timeout,
     /// The configuration is invalid; the message names the field.
     Config,
+    /// A read named a class that does not exist.
+    UnknownClass,
+    /// A read named a class its key's family cannot serve (a presence decision on split copies).
+    ClassNotAllowed,
+    /// Every replica was over the class's staleness budget and the class fails rather than
+    /// read the primary.
+    StalenessBudgetExceeded,
     /// An I/O error outside the store (binding a socket, reading a file).
     Io,
 }
@@ -50,6 +57,9 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Config => "config",
+            ErrorKind::UnknownClass => "unknown_class",
+            ErrorKind::ClassNotAllowed => "class_not_allowed",
+            ErrorKind::StalenessBudgetExceeded => "staleness_budget_exceeded",
             ErrorKind::Io => "io",
         }
     }

@@ -7,7 +7,10 @@
 //! - [`store`]: the compare-and-set store: embedded ([`store::memory`]) or Redis
 //!   ([`store::redis`], the only module that talks to Redis).
 //! - [`publish`]: fan-out of one edit to every copy, with per-copy outcomes.
-//! - [`read`]: the affine read path: copy choice, version floor, sibling fallback.
+//! - [`read`]: the affine read path: class → route → copy choice, version floor, sibling
+//!   fallback.
+//! - [`route`]: read classes, replica choice under a measured staleness budget (the lag
+//!   monitor), read-your-writes pins, routing counters.
 //! - [`heal`]: the durable retry queue of failed copy writes, read repair and expiry jitter.
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
@@ -27,6 +30,7 @@ pub mod key;
 pub mod metrics;
 pub mod publish;
 pub mod read;
+pub mod route;
 pub mod server;
 pub mod store;
 

@@ -168,8 +168,9 @@ struct OutcomeCounters {
 /// Every metric hotsplit exports.
 #[derive(Debug)]
 pub struct Metrics {
-    /// The registry that renders the text exposition.
-    registry: Registry,
+    /// The registry that renders the text exposition; locked only to register late metrics
+    /// (routing, at startup) and to render.
+    registry: std::sync::Mutex<Registry>,
     /// Copy outcomes of publishes.
     publish_outcomes: OutcomeCounters,
     /// Copy outcomes of invalidations.
@@ -333,7 +334,7 @@ impl Metrics {
             retry_superseded,
             read_repairs,
             spool_bytes,
-            registry,
+            registry: std::sync::Mutex::new(registry),
             publish_outcomes,
             invalidate_outcomes,
             reads,
@@ -447,11 +448,25 @@ impl Metrics {
         self.request_duration.get_or_create(labels).observe(seconds);
     }
 
+    /// Registers metrics created after startup (the routing counters, which need the class
+    /// table) in the same registry, so `/metrics` renders them too.
+    pub fn register_with<T>(&self, register: impl FnOnce(&mut Registry) -> T) -> T {
+        let mut registry = self
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        register(&mut registry)
+    }
+
     /// Renders the Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail; an error here would be a bug in the encoder.
-        if encode(&mut out, &self.registry).is_err() {
+        let registry = self
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if encode(&mut out, &registry).is_err() {
             out.clear();
         }
         out

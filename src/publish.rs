@@ -52,6 +52,10 @@ pub struct CopyReport {
     /// For a failed (queued or dropped) write, the error class (`timeout` or `unavailable`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// With `sync_replicas`: how many replicas of the copy's node acknowledged the write
+    /// within `sync_timeout_ms` (the reply of `WAIT`); absent when the wait failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas_acked: Option<u32>,
 }
 
 /// What a publish or invalidate did to every copy.
@@ -126,6 +130,20 @@ impl From<Option<Version>> for VersionChoice {
     }
 }
 
+/// Wait for replication after a write: `WAIT replicas timeout_ms` on each written copy's node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncReplicas {
+    /// How many replicas must acknowledge; at most the replicas known for each copy's node.
+    pub replicas: u32,
+    /// How long to wait, 1..=5000 ms.
+    pub timeout_ms: u64,
+}
+
+impl SyncReplicas {
+    /// The largest accepted `timeout_ms`.
+    pub const MAX_TIMEOUT_MS: u64 = 5_000;
+}
+
 /// Publishes and invalidates keys.
 pub struct Publisher {
     /// Where copies live.
@@ -188,8 +206,31 @@ impl Publisher {
         version: VersionChoice,
         value: Bytes,
     ) -> Result<PublishReport> {
-        self.write(key, version, Payload::Value(value), WriteOp::Publish)
+        self.write(key, version, Payload::Value(value), WriteOp::Publish, None)
             .await
+    }
+
+    /// Like [`Publisher::publish`], then waits for `sync.replicas` replicas of each written
+    /// copy's node to acknowledge, and reports the count per copy.
+    ///
+    /// # Errors
+    /// As [`Publisher::publish`]; [`ErrorKind::InvalidParameter`] when `sync.timeout_ms` is
+    /// outside 1..=5000 or `sync.replicas` exceeds the replicas known for some copy's node.
+    pub async fn publish_synced(
+        &self,
+        key: &Key,
+        version: VersionChoice,
+        value: Bytes,
+        sync: SyncReplicas,
+    ) -> Result<PublishReport> {
+        self.write(
+            key,
+            version,
+            Payload::Value(value),
+            WriteOp::Publish,
+            Some(sync),
+        )
+        .await
     }
 
     /// Writes a tombstone at `version` to every copy of `key`.
@@ -197,8 +238,40 @@ impl Publisher {
     /// # Errors
     /// As [`Publisher::publish`].
     pub async fn invalidate(&self, key: &Key, version: VersionChoice) -> Result<PublishReport> {
-        self.write(key, version, Payload::Tombstone, WriteOp::Invalidate)
+        self.write(key, version, Payload::Tombstone, WriteOp::Invalidate, None)
             .await
+    }
+
+    /// Checks `sync` against the replicas known for every copy's node.
+    fn check_sync(&self, key: &Key, copies: u32, sync: SyncReplicas) -> Result<()> {
+        if !(1..=SyncReplicas::MAX_TIMEOUT_MS).contains(&sync.timeout_ms) {
+            return Err(Error::new(
+                ErrorKind::InvalidParameter,
+                format!(
+                    "sync_timeout_ms must be in 1..={}, got {}",
+                    SyncReplicas::MAX_TIMEOUT_MS,
+                    sync.timeout_ms
+                ),
+            ));
+        }
+        let topology = self.store.topology();
+        for index in 0..copies {
+            let node = self.store.node_of(&key.copy_key(index));
+            let known = topology
+                .iter()
+                .find(|set| set.primary == node)
+                .map_or(0, |set| set.replicas.len());
+            if sync.replicas == 0 || sync.replicas as usize > known {
+                return Err(Error::new(
+                    ErrorKind::InvalidParameter,
+                    format!(
+                        "sync_replicas must be in 1..={known}: the node of copy {index} has {known} replicas known, got {}",
+                        sync.replicas
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     async fn write(
@@ -207,8 +280,12 @@ impl Publisher {
         version: VersionChoice,
         payload: Payload,
         op: WriteOp,
+        sync: Option<SyncReplicas>,
     ) -> Result<PublishReport> {
         let family = self.families.resolve(key);
+        if let Some(sync) = sync {
+            self.check_sync(key, family.copies, sync)?;
+        }
         let version = self.choose_version(key, family, version).await?;
         let now_ms = now_unix_ms();
         let ttl_ms = duration_ms(family.ttl);
@@ -226,7 +303,17 @@ impl Publisher {
                 },
             })
             .collect();
-        let results = self.store.write_copies(&writes).await;
+        let (results, acks) = match sync {
+            None => (self.store.write_copies(&writes).await, Vec::new()),
+            Some(sync) => {
+                let synced = self
+                    .store
+                    .write_copies_synced(&writes, sync.replicas, sync.timeout_ms)
+                    .await;
+                synced.into_iter().unzip()
+            }
+        };
+        let mut acks = acks.into_iter();
         if let Some(layouts) = &self.layouts {
             let max_copies = layouts.max_copies(family.name(), family.copies);
             if max_copies > family.copies {
@@ -253,6 +340,7 @@ impl Publisher {
         };
         let mut failed_copies: Vec<(usize, FailedCopy)> = Vec::new();
         for (write, result) in writes.iter().zip(results) {
+            let replicas_acked = acks.next().flatten();
             if let Some(queue) = &self.retry_queue {
                 match &result.outcome {
                     Ok(CasOutcome::Applied | CasOutcome::Current) => {
@@ -302,6 +390,7 @@ impl Publisher {
                 node: result.node.to_string(),
                 outcome,
                 error,
+                replicas_acked,
             });
         }
         if let (Some(queue), false) = (&self.retry_queue, failed_copies.is_empty()) {

@@ -19,7 +19,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::heal::Repairer;
 use crate::key::{CopyKey, Key, Version};
 use crate::metrics::{Metrics, ReadOutcome};
-use crate::store::{CopyRead, CopyRecord, CopyWrite, Payload, ServedBy, Store};
+use crate::route::{Plan, ReadClass, RouteReason, Router, ServedRole, Target};
+use crate::store::{CopyRead, CopyRecord, CopyWrite, Payload, Role, ServedBy, Store};
 
 /// Which copy a read targets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +43,20 @@ pub struct ReadRequest {
     /// The version in `If-None-Match`: a floor too, and the answer is "not modified" when no
     /// consulted copy is newer.
     pub if_none_match: Option<Version>,
+    /// The read class named by the request (`?class=`, `Hotsplit-Read-Class`); `None` uses the
+    /// family's default class.
+    pub class: Option<String>,
+    /// The request id (`Hotsplit-Request`): pinned to primaries after that request wrote.
+    pub request_id: Option<String>,
+}
+
+/// Where and why a read was served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteNote {
+    /// The read's class.
+    pub class: ReadClass,
+    /// Why the serving node was chosen.
+    pub reason: RouteReason,
 }
 
 /// A successful read.
@@ -57,6 +72,8 @@ pub enum ReadAnswer {
         copy: u32,
         /// The node that served it.
         served_by: ServedBy,
+        /// The class and the routing reason.
+        route: RouteNote,
     },
     /// No consulted copy is newer than the `If-None-Match` version.
     NotModified {
@@ -66,6 +83,8 @@ pub enum ReadAnswer {
         copy: u32,
         /// The node that answered.
         served_by: ServedBy,
+        /// The class and the routing reason.
+        route: RouteNote,
     },
 }
 
@@ -92,6 +111,8 @@ pub struct Reader {
     config: ReadConfig,
     /// Read outcome counters.
     metrics: Arc<Metrics>,
+    /// Classes, lag gate, pins.
+    router: Arc<Router>,
     /// Writes a sibling's newer record back to a stale or missing affine copy; `None` disables
     /// read repair.
     repairer: Option<Repairer>,
@@ -108,6 +129,7 @@ enum Served {
 struct Consulted {
     copy: u32,
     read: CopyRead,
+    reason: RouteReason,
 }
 
 impl Reader {
@@ -117,12 +139,14 @@ impl Reader {
         families: Arc<Families>,
         config: ReadConfig,
         metrics: Arc<Metrics>,
+        router: Arc<Router>,
     ) -> Reader {
         Reader {
             store,
             families,
             config,
             metrics,
+            router,
             repairer: None,
         }
     }
@@ -131,6 +155,11 @@ impl Reader {
     pub fn with_repairer(mut self, repairer: Repairer) -> Reader {
         self.repairer = Some(repairer);
         self
+    }
+
+    /// The router reads go through.
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
     }
 
     /// Which copy `client_id` reads for `key`, and where it lives.
@@ -154,9 +183,23 @@ impl Reader {
     /// - [`ErrorKind::InvalidCopy`] when a named copy is out of range;
     /// - [`ErrorKind::NotFound`] for a missing key or a tombstone;
     /// - [`ErrorKind::BelowVersionFloor`] when no consulted copy reaches the floor;
+    /// - [`ErrorKind::UnknownClass`] / [`ErrorKind::ClassNotAllowed`] for a bad class;
+    /// - [`ErrorKind::StalenessBudgetExceeded`] when the class fails over budget;
     /// - [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when no copy could be read.
     pub async fn read(&self, request: &ReadRequest) -> Result<ReadAnswer> {
         let result = self.read_inner(request).await;
+        if let Ok((
+            ReadAnswer::Value {
+                route, served_by, ..
+            }
+            | ReadAnswer::NotModified {
+                route, served_by, ..
+            },
+            _,
+        )) = &result
+        {
+            self.count(&request.key, served_by, *route);
+        }
         let outcome = match &result {
             Ok((ReadAnswer::NotModified { .. }, _)) => ReadOutcome::NotModified,
             Ok((ReadAnswer::Value { .. }, Served::Affine)) => ReadOutcome::Affine,
@@ -192,21 +235,47 @@ impl Reader {
             CopyChoice::Client(client) => affinity::copy_index(client, copies),
         };
 
-        let first = self.consult(&request.key, affine).await;
+        let client = match &request.copy {
+            CopyChoice::Client(client) => Some(client.as_str()),
+            CopyChoice::Named(_) => None,
+        };
+        let plan = self.router.plan(
+            &request.key,
+            request.class.as_deref(),
+            client,
+            request.request_id.as_deref(),
+        )?;
+        let client_floor = floor;
+        let floor = floor.max(plan.own_floor);
+        let first = self
+            .consult(&request.key, affine, &plan, client_floor, floor)
+            .await?;
         let satisfied = matches!(&first.read.record, Ok(Some(record)) if floor.is_none_or(|floor| record.version >= floor));
         let named = matches!(request.copy, CopyChoice::Named(_));
         let consulted = if satisfied || named || copies == 1 {
             vec![first]
         } else {
-            let siblings = (1..=self.config.fallback_copies.min(copies - 1))
-                .map(|step| self.consult(&request.key, (affine + step) % copies));
+            let siblings = (1..=self.config.fallback_copies.min(copies - 1)).map(|step| {
+                self.consult(
+                    &request.key,
+                    (affine + step) % copies,
+                    &plan,
+                    client_floor,
+                    floor,
+                )
+            });
             let mut all = vec![first];
-            all.extend(join_all(siblings).await);
+            for sibling in join_all(siblings).await {
+                all.push(sibling?);
+            }
             // Every consulted copy is missing: after a family grew, new copies are empty until
             // repaired, so ask copy 0, which exists in every layout, before answering 404.
             let all_missing = all.iter().all(|c| matches!(c.read.record, Ok(None)));
             if all_missing && all.iter().all(|c| c.copy != 0) {
-                all.push(self.consult(&request.key, 0).await);
+                all.push(
+                    self.consult(&request.key, 0, &plan, client_floor, floor)
+                        .await?,
+                );
             }
             all
         };
@@ -214,7 +283,32 @@ impl Reader {
             .repairer
             .as_ref()
             .and_then(|_| repair_of(&request.key, affine, &consulted));
-        let answer = decide(consulted, request.min_version, request.if_none_match)?;
+        let min_version = request.min_version.max(plan.own_floor);
+        // A read that ends without a value (not found, below the floor) was still served by
+        // someone: the affine copy's node and reason are what the bill counts for it.
+        let first = consulted
+            .first()
+            .map(|first| (first.read.served_by.clone(), first.reason));
+        let answer = match decide(consulted, min_version, request.if_none_match, plan.class) {
+            Ok(answer) => answer,
+            Err(err) => {
+                if let (
+                    ErrorKind::NotFound | ErrorKind::BelowVersionFloor,
+                    Some((served_by, reason)),
+                ) = (err.kind(), first)
+                {
+                    self.count(
+                        &request.key,
+                        &served_by,
+                        RouteNote {
+                            class: plan.class,
+                            reason,
+                        },
+                    );
+                }
+                return Err(err);
+            }
+        };
         if let (Some(repairer), Some(write)) = (&self.repairer, repair) {
             repairer.repair(write);
         }
@@ -229,13 +323,79 @@ impl Reader {
         Ok((answer, served))
     }
 
-    async fn consult(&self, key: &Key, copy: u32) -> Consulted {
+    /// Counts a served read in the routing bill and logs where it was served.
+    fn count(&self, key: &Key, served_by: &ServedBy, route: RouteNote) {
+        let role = if served_by.role == Role::Replica {
+            ServedRole::Replica
+        } else {
+            ServedRole::Primary
+        };
+        self.router.count(route.class, role, route.reason);
+        tracing::debug!(key = %key, node = %served_by, class = %self.router.classes().get(route.class).name, reason = route.reason.as_str(), "read served");
+    }
+
+    /// Reads one copy where the plan sends it. A replica copy below the floor is re-read from
+    /// the primary (reason `own-write` when the reader's own write floor is what it missed,
+    /// `version-floor` otherwise); a replica that cannot be read hands over to the primary
+    /// (reason `no-replica`).
+    async fn consult(
+        &self,
+        key: &Key,
+        copy: u32,
+        plan: &Plan,
+        client_floor: Option<Version>,
+        floor: Option<Version>,
+    ) -> Result<Consulted> {
         let copy_key = key.copy_key(copy);
+        let primary = self.store.node_of(&copy_key);
+        let reason = match self.router.target(plan, &primary) {
+            Target::Replica(replica) => {
+                let read = self.store.read_replica_copy(&copy_key, &replica).await;
+                let reason = match &read.record {
+                    Ok(Some(record)) if floor.is_some_and(|floor| record.version < floor) => {
+                        if client_floor.is_some_and(|floor| record.version < floor) {
+                            RouteReason::VersionFloor
+                        } else {
+                            RouteReason::OwnWrite
+                        }
+                    }
+                    Ok(_) => {
+                        return Ok(Consulted {
+                            copy,
+                            read,
+                            reason: RouteReason::Class,
+                        })
+                    }
+                    Err(err) => {
+                        tracing::debug!(copy_key = %copy_key, replica = %replica, error = %err, "replica read failed; reading the primary");
+                        RouteReason::NoReplica
+                    }
+                };
+                reason
+            }
+            Target::Primary(reason) => reason,
+            Target::Breach { lag, budget } => {
+                return Err(Error::new(
+                    ErrorKind::StalenessBudgetExceeded,
+                    match lag {
+                        Some(lag) => format!(
+                            "every replica of the copy's owner is {} ms behind, over the class's {} ms budget",
+                            lag.as_millis(),
+                            budget.as_millis()
+                        ),
+                        None => format!(
+                            "no replica of the copy's owner has shown a heartbeat; the class's budget is {} ms",
+                            budget.as_millis()
+                        ),
+                    },
+                ))
+            }
+        };
         let read = self.store.read_copy(&copy_key).await;
         if let Err(err) = &read.record {
             tracing::debug!(copy_key = %copy_key, served_by = %read.served_by, error = %err, "copy read failed");
         }
-        Consulted { copy, read }
+        Ok(Consulted { copy, read, reason })
     }
 }
 
@@ -243,6 +403,11 @@ impl Reader {
 /// answered and is missing or older (a failed read is not repaired: its node is unreachable).
 fn repair_of(key: &Key, affine: u32, consulted: &[Consulted]) -> Option<CopyWrite> {
     let first = consulted.first()?;
+    // A replica's copy may only be behind by replication lag: the primary's copy is not known
+    // to be stale, so nothing is repaired.
+    if first.read.served_by.role == Role::Replica {
+        return None;
+    }
     let held = match &first.read.record {
         Ok(record) => record.as_ref().map(|record| record.version),
         Err(_) => return None,
@@ -267,24 +432,25 @@ fn decide(
     consulted: Vec<Consulted>,
     min_version: Option<Version>,
     if_none_match: Option<Version>,
+    class: ReadClass,
 ) -> Result<ReadAnswer> {
-    let mut best: Option<(u32, ServedBy, CopyRecord)> = None;
+    let mut best: Option<(u32, ServedBy, CopyRecord, RouteReason)> = None;
     let mut last_error: Option<Error> = None;
-    for Consulted { copy, read } in consulted {
+    for Consulted { copy, read, reason } in consulted {
         match read.record {
             Ok(Some(record)) => {
                 let newer = best
                     .as_ref()
-                    .is_none_or(|(_, _, held)| record.version > held.version);
+                    .is_none_or(|(_, _, held, _)| record.version > held.version);
                 if newer {
-                    best = Some((copy, read.served_by, record));
+                    best = Some((copy, read.served_by, record, reason));
                 }
             }
             Ok(None) => {}
             Err(err) => last_error = Some(err),
         }
     }
-    let Some((copy, served_by, record)) = best else {
+    let Some((copy, served_by, record, reason)) = best else {
         return Err(match last_error {
             Some(err) => err,
             None => Error::new(ErrorKind::NotFound, "key not found"),
@@ -301,6 +467,7 @@ fn decide(
             ));
         }
     }
+    let route = RouteNote { class, reason };
     match record.payload {
         Payload::Tombstone => Err(Error::new(ErrorKind::NotFound, "key was invalidated")),
         Payload::Value(_) if if_none_match.is_some_and(|tag| record.version <= tag) => {
@@ -308,6 +475,7 @@ fn decide(
                 version: record.version,
                 copy,
                 served_by,
+                route,
             })
         }
         Payload::Value(value) => Ok(ReadAnswer::Value {
@@ -315,6 +483,7 @@ fn decide(
             version: record.version,
             copy,
             served_by,
+            route,
         }),
     }
 }
@@ -339,7 +508,13 @@ mod tests {
         let metrics = Metrics::new();
         Fixture {
             publisher: Publisher::new(store.clone(), families.clone(), metrics.clone()),
-            reader: Reader::new(store.clone(), families, config.read.clone(), metrics),
+            reader: Reader::new(
+                store.clone(),
+                families.clone(),
+                config.read.clone(),
+                metrics,
+                Arc::new(Router::for_tests(&config, families)),
+            ),
             store,
         }
     }
@@ -354,6 +529,8 @@ mod tests {
             copy: CopyChoice::Client(client.into()),
             min_version: min_version.map(version),
             if_none_match: if_none_match.map(version),
+            class: None,
+            request_id: None,
         }
     }
 
@@ -443,6 +620,38 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(answer, ReadAnswer::NotModified { .. }));
+    }
+
+    #[tokio::test]
+    async fn an_own_write_floor_holds_even_when_the_writers_copy_missed_the_write() {
+        let fixture = fixture();
+        publish(&fixture, 5, "five").await;
+        // The write reached every copy but alice's (as if hers were queued for retry).
+        let affine = regress_affine_copy(&fixture, "alice", 4, "four");
+        let key = Key::parse("p:1").unwrap();
+        fixture
+            .reader
+            .router()
+            .record_write(&key, version(5), Some("alice"), None);
+        let answer = fixture
+            .reader
+            .read(&request("alice", None, None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, ReadAnswer::Value { ref value, copy, .. } if value == "five" && copy != affine),
+            "{answer:?}"
+        );
+        // Another client reading the same copy has no floor: best effort, the old value.
+        let bob_copy = fixture.reader.affinity(&key, "bob").copy;
+        if bob_copy == affine {
+            let answer = fixture
+                .reader
+                .read(&request("bob", None, None))
+                .await
+                .unwrap();
+            assert!(matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 4));
+        }
     }
 
     #[tokio::test]

@@ -21,6 +21,7 @@ use crate::http::{router, AppState};
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
 use crate::read::Reader;
+use crate::route::{Classes, LagMonitor, LagTable, RouteMetrics, Router};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use crate::store::Store;
@@ -37,15 +38,39 @@ pub async fn connect_store(config: &Config, metrics: Arc<Metrics>) -> Result<Arc
             let mut options = RedisOptions::new(RedisTarget::parse(url)?);
             options.command_timeout = config.store.command_timeout;
             options.connect_timeout = config.store.connect_timeout;
+            options.replicas = config
+                .store
+                .replicas
+                .iter()
+                .map(|url| match RedisTarget::parse(url)? {
+                    RedisTarget::Standalone(address) => Ok(address),
+                    RedisTarget::Cluster(_) => Err(Error::new(
+                        ErrorKind::Config,
+                        format!("store.replicas: {url:?} is not a redis://host:port url"),
+                    )),
+                })
+                .collect::<Result<Vec<String>>>()?;
             Ok(Arc::new(RedisStore::connect(options, metrics).await?))
         }
     }
 }
 
 /// Builds the HTTP state from a validated config and a connected store, with an in-memory
-/// retry queue and read repair on a task tracker of its own (for tests and embedding).
-pub fn app_state(config: &Config, store: Arc<dyn Store>, metrics: Arc<Metrics>) -> AppState {
+/// retry queue and read repair on a task tracker of its own, and a lag table no monitor feeds
+/// (replica-routed reads go to the primary, reason `no-replica`): for tests and embedding.
+///
+/// # Errors
+/// [`ErrorKind::Config`] when a read class or a family's default class is invalid.
+pub fn app_state(
+    config: &Config,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+) -> Result<AppState> {
     let retry_queue = Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone()));
+    let lag = Arc::new(LagTable::new(
+        config.route.heartbeat_interval,
+        config.route.lag_window,
+    ));
     app_state_with(
         config,
         store,
@@ -53,10 +78,16 @@ pub fn app_state(config: &Config, store: Arc<dyn Store>, metrics: Arc<Metrics>) 
         retry_queue,
         Layouts::unrecorded(),
         TaskTracker::new(),
+        lag,
     )
+    .map(|(state, _)| state)
 }
 
-/// Builds the HTTP state around `retry_queue`; read repairs run on `tracker`.
+/// Builds the HTTP state around `retry_queue` and `lag`; read repairs run on `tracker`. Also
+/// returns the routing metrics the lag monitor updates.
+///
+/// # Errors
+/// As [`app_state`].
 pub fn app_state_with(
     config: &Config,
     store: Arc<dyn Store>,
@@ -64,8 +95,18 @@ pub fn app_state_with(
     retry_queue: Arc<RetryQueue>,
     layouts: Arc<Layouts>,
     tracker: TaskTracker,
-) -> AppState {
+    lag: Arc<LagTable>,
+) -> Result<(AppState, Arc<RouteMetrics>)> {
     let families = Arc::new(Families::from_config(config));
+    let classes = Classes::from_config(config)?;
+    let route_metrics =
+        Arc::new(metrics.register_with(|registry| RouteMetrics::register(registry, &classes)));
+    let router = Arc::new(Router::new(
+        config,
+        families.clone(),
+        lag,
+        route_metrics.clone(),
+    )?);
     let publisher = Publisher::new(store.clone(), families.clone(), metrics.clone())
         .with_retry_queue(retry_queue.clone())
         .with_layouts(layouts.clone())
@@ -81,9 +122,10 @@ pub fn app_state_with(
         families,
         config.read.clone(),
         metrics.clone(),
+        router,
     )
     .with_repairer(repairer);
-    AppState::new(
+    let state = AppState::new(
         publisher,
         reader,
         store,
@@ -94,7 +136,8 @@ pub fn app_state_with(
             retry_queue,
             layouts,
         },
-    )
+    );
+    Ok((state, route_metrics))
 }
 
 /// Runs the service on `listener` until `shutdown` resolves.
@@ -174,14 +217,30 @@ pub async fn run(
         .run(cancel.clone()),
     );
     let spool_owner = retry_queue.clone();
-    let app = router(app_state_with(
+    let lag = Arc::new(LagTable::new(
+        config.route.heartbeat_interval,
+        config.route.lag_window,
+    ));
+    let (state, route_metrics) = app_state_with(
         &config,
-        store,
+        store.clone(),
         metrics,
         retry_queue,
         layouts,
         tracker.clone(),
-    ));
+        lag.clone(),
+    )?;
+    tracker.spawn(
+        LagMonitor {
+            store,
+            table: lag,
+            instance: instance_name(),
+            offset_every: 10,
+            metrics: route_metrics,
+        }
+        .run(cancel.clone()),
+    );
+    let app = router(state);
     let local = listener.local_addr()?;
     tracing::info!(listen = %local, "hotsplit is serving");
 
@@ -234,6 +293,11 @@ pub async fn run(
             Ok(())
         }
     }
+}
+
+/// A name unique to this process, for its heartbeat keys: pid and a random suffix.
+fn instance_name() -> String {
+    format!("{}-{:08x}", std::process::id(), rand::random::<u32>())
 }
 
 /// Drops expired copies from the embedded store periodically.

@@ -12,7 +12,7 @@ use super::problem::{ApiError, Code};
 use super::AppState;
 use crate::error::Error;
 use crate::key::{Key, Version};
-use crate::publish::{PublishReport, PublishStatus};
+use crate::publish::{PublishReport, PublishStatus, SyncReplicas};
 use crate::read::{CopyChoice, ReadAnswer, ReadRequest};
 
 /// Header carrying the client id, an alternative to `?client=`.
@@ -25,6 +25,12 @@ pub const VERSION_HEADER: &str = "hotsplit-version";
 pub const COPY_HEADER: &str = "hotsplit-copy";
 /// Response header: `host:port;role=primary|replica`, or `embedded`.
 pub const SERVED_BY_HEADER: &str = "hotsplit-served-by";
+/// Request header naming the read class, an alternative to `?class=`.
+pub const READ_CLASS_HEADER: &str = "hotsplit-read-class";
+/// Request header carrying a request id: after a write with it, reads with it go to primaries.
+pub const REQUEST_HEADER: &str = "hotsplit-request";
+/// Response header: `class=NAME;reason=REASON`.
+pub const ROUTE_HEADER: &str = "hotsplit-route";
 
 /// Query parameters of `PUT` and `DELETE /v1/keys/{key}`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -33,6 +39,38 @@ pub struct WriteParams {
     /// The edit's version: canonical decimal, 1..=18446744073709551615. Required for `caller`
     /// families, refused for `allocated` ones.
     version: Option<String>,
+    /// The writer's client id (or `Hotsplit-Client`): its reads of this key then see at least
+    /// this version for the family's `pin_window`.
+    client: Option<String>,
+    /// `PUT` only: wait until this many replicas of each written copy's node acknowledge
+    /// (`WAIT`), at most the replicas known for that node. Requires `sync_timeout_ms`.
+    sync_replicas: Option<String>,
+    /// `PUT` only: how long to wait for `sync_replicas`, 1..=5000 ms.
+    sync_timeout_ms: Option<String>,
+}
+
+fn parse_sync(params: &WriteParams) -> Result<Option<SyncReplicas>, ApiError> {
+    let invalid = |why: String| ApiError::new(Code::InvalidParameter, why);
+    match (&params.sync_replicas, &params.sync_timeout_ms) {
+        (None, None) => Ok(None),
+        (Some(replicas), Some(timeout)) => {
+            let replicas = replicas.parse::<u32>().map_err(|_| {
+                invalid(format!("sync_replicas {replicas:?} is not a replica count"))
+            })?;
+            let timeout_ms = timeout.parse::<u64>().map_err(|_| {
+                invalid(format!(
+                    "sync_timeout_ms {timeout:?} is not a number of milliseconds"
+                ))
+            })?;
+            Ok(Some(SyncReplicas {
+                replicas,
+                timeout_ms,
+            }))
+        }
+        _ => Err(invalid(
+            "send sync_replicas and sync_timeout_ms together".to_owned(),
+        )),
+    }
 }
 
 /// Query parameters of `GET /v1/keys/{key}`.
@@ -45,6 +83,8 @@ pub struct ReadParams {
     min_version: Option<String>,
     /// Read one named copy instead of the affine one, for operators and tests.
     copy: Option<String>,
+    /// The read class (or `Hotsplit-Read-Class`); default: the family's `default_class`.
+    class: Option<String>,
 }
 
 /// Query parameters of `GET /v1/affinity`.
@@ -140,6 +180,10 @@ pub struct ReadHeaders {
     min_version: Option<String>,
     /// The highest version among the `If-None-Match` tags.
     if_none_match: Option<Version>,
+    /// `Hotsplit-Read-Class`.
+    read_class: Option<String>,
+    /// `Hotsplit-Request`.
+    request_id: Option<String>,
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
@@ -155,27 +199,67 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
             min_version: header_text(headers, MIN_VERSION_HEADER)?.map(str::to_owned),
             if_none_match: header_text(headers, header::IF_NONE_MATCH.as_str())?
                 .and_then(parse_if_none_match),
+            read_class: header_text(headers, READ_CLASS_HEADER)?.map(str::to_owned),
+            request_id: header_text(headers, REQUEST_HEADER)?.map(str::to_owned),
         })
     }
 }
 
-fn publish_response(report: PublishReport, state: &AppState) -> Response {
+/// Who wrote: the client id and request id a write carried.
+struct Writer {
+    /// `?client=` or `Hotsplit-Client`.
+    client: Option<String>,
+    /// `Hotsplit-Request`.
+    request_id: Option<String>,
+}
+
+fn writer(params_client: Option<String>, headers: &HeaderMap) -> Result<Writer, ApiError> {
+    let client = match params_client {
+        Some(client) => Some(client),
+        None => header_text(headers, CLIENT_HEADER)?.map(str::to_owned),
+    };
+    let request_id = header_text(headers, REQUEST_HEADER)?.map(str::to_owned);
+    Ok(Writer { client, request_id })
+}
+
+fn publish_response(
+    report: PublishReport,
+    state: &AppState,
+    key: &Key,
+    writer: &Writer,
+) -> Response {
     let version = report.version;
-    match report.status() {
-        status @ (PublishStatus::Done | PublishStatus::Queued) => {
-            let code = if status == PublishStatus::Done {
-                StatusCode::OK
-            } else {
-                StatusCode::ACCEPTED
-            };
-            let mut response = (code, Json(&report)).into_response();
-            if let Ok(value) = HeaderValue::from_str(&version.to_string()) {
-                response
-                    .headers_mut()
-                    .insert(HeaderName::from_static(VERSION_HEADER), value);
-            }
+    let status = report.status();
+    if status != PublishStatus::Stale {
+        // The write reached at least one copy, or is queued for retry: the writer's reads of
+        // this key hold this floor, and its request's reads go to primaries.
+        state.inner().reader.router().record_write(
+            key,
+            version,
+            writer.client.as_deref(),
+            writer.request_id.as_deref(),
+        );
+    }
+    let mut response = publish_status_response(report, state, status);
+    if status != PublishStatus::Stale {
+        if let Ok(value) = HeaderValue::from_str(&version.to_string()) {
             response
+                .headers_mut()
+                .insert(HeaderName::from_static(VERSION_HEADER), value);
         }
+    }
+    response
+}
+
+fn publish_status_response(
+    report: PublishReport,
+    state: &AppState,
+    status: PublishStatus,
+) -> Response {
+    let version = report.version;
+    match status {
+        PublishStatus::Done => (StatusCode::OK, Json(&report)).into_response(),
+        PublishStatus::Queued => (StatusCode::ACCEPTED, Json(&report)).into_response(),
         PublishStatus::Stale => ApiError::new(
             Code::StaleVersion,
             format!(
@@ -206,10 +290,15 @@ fn error_response(err: &Error, state: &AppState) -> Response {
     put,
     path = "/v1/keys/{key}",
     tag = "keys",
-    params(("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#'"), WriteParams),
+    params(
+        ("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#'"),
+        WriteParams,
+        ("Hotsplit-Client" = Option<String>, Header, description = "The writer's client id, instead of ?client=: its reads of this key see at least this version for pin_window"),
+        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: later reads carrying it go to primaries for route.request_pin_window"),
+    ),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw value"),
     responses(
-        (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),
+        (status = 200, description = "No copy failed; at least one applied or all are current; Hotsplit-Version carries the version written (send it back as min_version for read-your-writes through any instance)", body = PublishReport),
         (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", body = PublishReport),
         (status = 400, description = "invalid_key, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "stale_version: nothing applied, a copy holds a newer version (body also carries the report)", body = super::problem::Problem, content_type = "application/problem+json"),
@@ -221,27 +310,35 @@ pub async fn publish_key(
     State(state): State<AppState>,
     Path(raw_key): Path<String>,
     params: Result<Query<WriteParams>, QueryRejection>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
         let key = parse_key(&raw_key)?;
         let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
+        let writer = writer(params.client.clone(), &headers)?;
         let version = params
             .version
             .as_deref()
             .map(|raw| parse_version(raw, "version"))
             .transpose()?;
+        let sync = parse_sync(&params)?;
         let body = body.map_err(|rejection| body_error(&rejection, &state))?;
-        state
-            .inner()
-            .publisher
-            .publish(&key, version.into(), body)
-            .await
-            .map_err(|err| ApiError::from_error(&err, state.inner().retry_after_secs))
+        let publisher = &state.inner().publisher;
+        let report = match sync {
+            None => publisher.publish(&key, version.into(), body).await,
+            Some(sync) => {
+                publisher
+                    .publish_synced(&key, version.into(), body, sync)
+                    .await
+            }
+        }
+        .map_err(|err| ApiError::from_error(&err, state.inner().retry_after_secs))?;
+        Ok::<_, ApiError>((report, key, writer))
     }
     .await;
     match result {
-        Ok(report) => publish_response(report, &state),
+        Ok((report, key, writer)) => publish_response(report, &state, &key, &writer),
         Err(err) => err.into_response(),
     }
 }
@@ -268,7 +365,12 @@ fn body_error(rejection: &BytesRejection, state: &AppState) -> ApiError {
     delete,
     path = "/v1/keys/{key}",
     tag = "keys",
-    params(("key" = String, Path, description = "The key"), WriteParams),
+    params(
+        ("key" = String, Path, description = "The key"),
+        WriteParams,
+        ("Hotsplit-Client" = Option<String>, Header, description = "The writer's client id, instead of ?client="),
+        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: later reads carrying it go to primaries"),
+    ),
     responses(
         (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),
         (status = 400, description = "invalid_key, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
@@ -280,25 +382,34 @@ pub async fn invalidate_key(
     State(state): State<AppState>,
     Path(raw_key): Path<String>,
     params: Result<Query<WriteParams>, QueryRejection>,
+    headers: HeaderMap,
 ) -> Response {
     let result = async {
         let key = parse_key(&raw_key)?;
         let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
+        if params.sync_replicas.is_some() || params.sync_timeout_ms.is_some() {
+            return Err(ApiError::new(
+                Code::InvalidParameter,
+                "sync_replicas is supported on PUT only",
+            ));
+        }
+        let writer = writer(params.client, &headers)?;
         let version = params
             .version
             .as_deref()
             .map(|raw| parse_version(raw, "version"))
             .transpose()?;
-        state
+        let report = state
             .inner()
             .publisher
             .invalidate(&key, version.into())
             .await
-            .map_err(|err| ApiError::from_error(&err, state.inner().retry_after_secs))
+            .map_err(|err| ApiError::from_error(&err, state.inner().retry_after_secs))?;
+        Ok::<_, ApiError>((report, key, writer))
     }
     .await;
     match result {
-        Ok(report) => publish_response(report, &state),
+        Ok((report, key, writer)) => publish_response(report, &state, &key, &writer),
         Err(err) => err.into_response(),
     }
 }
@@ -314,13 +425,15 @@ pub async fn invalidate_key(
         ("Hotsplit-Client" = Option<String>, Header, description = "The client id, instead of ?client="),
         ("Hotsplit-Min-Version" = Option<String>, Header, description = "A version floor, instead of ?min_version="),
         ("If-None-Match" = Option<String>, Header, description = "Entity tags (\"V\", W/\"V\", lists); a floor too: 304 when no consulted copy is newer"),
+        ("Hotsplit-Read-Class" = Option<String>, Header, description = "The read class, instead of ?class="),
+        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: after a write carrying it, reads carrying it go to primaries for route.request_pin_window"),
     ),
     responses(
-        (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By, Vary", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By (host:port;role=primary|replica), Hotsplit-Route (class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor), Vary", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 304, description = "Not modified: no consulted copy is newer than the If-None-Match version"),
-        (status = 400, description = "invalid_key, missing_client, invalid_copy, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "invalid_key, missing_client, invalid_copy, invalid_version, invalid_parameter, unknown_class, or class_not_allowed (decides-on-presence on a split family)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "not_found: missing, expired or invalidated", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "below_version_floor or unavailable, with Retry-After", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "below_version_floor, staleness_budget_exceeded (every replica over the class's budget, on_breach = fail) or unavailable, with Retry-After", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn read_key(
@@ -351,11 +464,15 @@ pub async fn read_key(
             (None, None) => None,
         };
         let if_none_match = headers.if_none_match;
+        let class = params.class.or(headers.read_class);
+        let request_id = headers.request_id;
         let request = ReadRequest {
             key,
             copy,
             min_version,
             if_none_match,
+            class,
+            request_id,
         };
         state
             .inner()
@@ -366,29 +483,39 @@ pub async fn read_key(
     }
     .await;
     match result {
-        Ok(answer) => read_response(answer),
+        Ok(answer) => read_response(answer, &state),
         Err(err) => err.into_response(),
     }
 }
 
-fn read_response(answer: ReadAnswer) -> Response {
-    let (status, body, version, copy, served_by) = match answer {
+fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
+    let (status, body, version, copy, served_by, route) = match answer {
         ReadAnswer::Value {
             value,
             version,
             copy,
             served_by,
-        } => (StatusCode::OK, Body::from(value), version, copy, served_by),
+            route,
+        } => (
+            StatusCode::OK,
+            Body::from(value),
+            version,
+            copy,
+            served_by,
+            route,
+        ),
         ReadAnswer::NotModified {
             version,
             copy,
             served_by,
+            route,
         } => (
             StatusCode::NOT_MODIFIED,
             Body::empty(),
             version,
             copy,
             served_by,
+            route,
         ),
     };
     let mut response = Response::new(body);
@@ -414,12 +541,59 @@ fn read_response(answer: ReadAnswer) -> Response {
     if let Ok(value) = HeaderValue::from_str(&served_by.to_string()) {
         headers.insert(HeaderName::from_static(SERVED_BY_HEADER), value);
     }
-    // The answer depends on the client id and on the floor, so a shared cache must key on both.
+    let class = &state
+        .inner()
+        .reader
+        .router()
+        .classes()
+        .get(route.class)
+        .name;
+    if let Ok(value) =
+        HeaderValue::from_str(&format!("class={class};reason={}", route.reason.as_str()))
+    {
+        headers.insert(HeaderName::from_static(ROUTE_HEADER), value);
+    }
+    // The answer depends on the client id, the floor and the read class, so a shared cache
+    // must key on all three.
     headers.insert(
         header::VARY,
-        HeaderValue::from_static("Hotsplit-Client, Hotsplit-Min-Version"),
+        HeaderValue::from_static("Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class"),
     );
     response
+}
+
+/// The read classes, their reasons, and the families that use each by default.
+#[utoipa::path(
+    get,
+    path = "/v1/classes",
+    tag = "routing",
+    responses((status = 200, description = "Every read class", body = Vec<crate::route::ClassView>))
+)]
+pub async fn classes(State(state): State<AppState>) -> Response {
+    Json(state.inner().reader.router().classes_view()).into_response()
+}
+
+/// Replica lag per replica: now, p50, p99, p999, max over the window, offset gap, and whether
+/// each replica class accepts it now.
+#[utoipa::path(
+    get,
+    path = "/v1/lag",
+    tag = "routing",
+    responses((status = 200, description = "One line per replica", body = Vec<crate::route::ReplicaLagView>))
+)]
+pub async fn lag(State(state): State<AppState>) -> Response {
+    Json(state.inner().reader.router().lag_view()).into_response()
+}
+
+/// Per class: how many reads the primary served, and why.
+#[utoipa::path(
+    get,
+    path = "/v1/routing",
+    tag = "routing",
+    responses((status = 200, description = "One line per class", body = Vec<crate::route::ClassRouting>))
+)]
+pub async fn routing(State(state): State<AppState>) -> Response {
+    Json(state.inner().reader.router().metrics().summary()).into_response()
 }
 
 /// Which copy a client reads for a key, and where it lives.

@@ -80,13 +80,16 @@ impl AppState {
 }
 
 /// Every route template, used as the `route` label of the latency histogram.
-const ROUTES: [&str; 7] = [
+const ROUTES: [&str; 10] = [
     "/v1/keys/{key}",
     "/v1/affinity",
     "/healthz",
     "/readyz",
     "/metrics",
     "/openapi.json",
+    "/v1/classes",
+    "/v1/lag",
+    "/v1/routing",
     "/v1/retry-queue",
 ];
 
@@ -106,7 +109,10 @@ pub fn router(state: AppState) -> Router {
         .route(ROUTES[3], get(handlers::readyz))
         .route(ROUTES[4], get(handlers::metrics))
         .route(ROUTES[5], get(handlers::openapi_json))
-        .route(ROUTES[6], get(handlers::retry_queue))
+        .route(ROUTES[6], get(handlers::classes))
+        .route(ROUTES[7], get(handlers::lag))
+        .route(ROUTES[8], get(handlers::routing))
+        .route(ROUTES[9], get(handlers::retry_queue))
         .route_layer(middleware::from_fn_with_state(metrics, record_latency))
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)

@@ -22,15 +22,19 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         handlers::invalidate_key,
         handlers::read_key,
         handlers::affinity,
+        handlers::classes,
+        handlers::lag,
+        handlers::routing,
         handlers::retry_queue,
         handlers::healthz,
         handlers::readyz,
         handlers::metrics,
         handlers::openapi_json,
     ),
-    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, RetryQueueView, NodeView, EntryView, NodeState)),
+    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState)),
     tags(
         (name = "keys", description = "Publish, invalidate and read split keys"),
+        (name = "routing", description = "Read classes, replica lag and where reads were served"),
         (name = "operations", description = "Health, readiness, metrics, the retry queue and this document")
     )
 )]

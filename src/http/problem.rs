@@ -26,6 +26,12 @@ pub enum Code {
     InvalidCopy,
     /// 400: another parameter or header does not parse.
     InvalidParameter,
+    /// 400: the read names a class that does not exist.
+    UnknownClass,
+    /// 400: the read names `decides-on-presence` on a split family.
+    ClassNotAllowed,
+    /// 503: every replica is over the class's staleness budget and its policy is `fail`.
+    StalenessBudgetExceeded,
     /// 413: the value is larger than `server.max_value_bytes`.
     ValueTooLarge,
     /// 409: nothing applied; some copy holds a newer version.
@@ -53,6 +59,9 @@ impl Code {
             Code::MissingClient => "missing_client",
             Code::InvalidCopy => "invalid_copy",
             Code::InvalidParameter => "invalid_parameter",
+            Code::UnknownClass => "unknown_class",
+            Code::ClassNotAllowed => "class_not_allowed",
+            Code::StalenessBudgetExceeded => "staleness_budget_exceeded",
             Code::ValueTooLarge => "value_too_large",
             Code::StaleVersion => "stale_version",
             Code::PublishIncomplete => "publish_incomplete",
@@ -71,14 +80,17 @@ impl Code {
             | Code::InvalidVersion
             | Code::MissingClient
             | Code::InvalidCopy
-            | Code::InvalidParameter => StatusCode::BAD_REQUEST,
+            | Code::InvalidParameter
+            | Code::UnknownClass
+            | Code::ClassNotAllowed => StatusCode::BAD_REQUEST,
             Code::ValueTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::StaleVersion => StatusCode::CONFLICT,
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Code::PublishIncomplete | Code::BelowVersionFloor | Code::Unavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Code::PublishIncomplete
+            | Code::BelowVersionFloor
+            | Code::Unavailable
+            | Code::StalenessBudgetExceeded => StatusCode::SERVICE_UNAVAILABLE,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -90,6 +102,9 @@ impl Code {
             Code::MissingClient => "missing client id",
             Code::InvalidCopy => "invalid copy",
             Code::InvalidParameter => "invalid parameter",
+            Code::UnknownClass => "unknown read class",
+            Code::ClassNotAllowed => "read class not allowed",
+            Code::StalenessBudgetExceeded => "staleness budget exceeded",
             Code::ValueTooLarge => "value too large",
             Code::StaleVersion => "stale version",
             Code::PublishIncomplete => "publish incomplete",
@@ -169,6 +184,12 @@ impl ApiError {
             ErrorKind::InvalidParameter => Code::InvalidParameter,
             ErrorKind::ValueTooLarge => Code::ValueTooLarge,
             ErrorKind::NotFound => Code::NotFound,
+            ErrorKind::UnknownClass => Code::UnknownClass,
+            ErrorKind::ClassNotAllowed => Code::ClassNotAllowed,
+            ErrorKind::StalenessBudgetExceeded => {
+                return ApiError::new(Code::StalenessBudgetExceeded, err.message())
+                    .retry_after(retry_after_secs)
+            }
             ErrorKind::BelowVersionFloor => {
                 return ApiError::new(Code::BelowVersionFloor, err.message())
                     .retry_after(retry_after_secs)

@@ -152,6 +152,23 @@ impl ServedBy {
             role: Role::Primary,
         }
     }
+
+    /// A replica node.
+    pub fn replica(node: NodeLabel) -> ServedBy {
+        ServedBy {
+            node,
+            role: Role::Replica,
+        }
+    }
+}
+
+/// A primary and the replicas this instance knows for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaSet {
+    /// The primary, `host:port`.
+    pub primary: NodeLabel,
+    /// Its replicas, `host:port`, in a stable order.
+    pub replicas: Vec<NodeLabel>,
 }
 
 impl fmt::Display for ServedBy {
@@ -189,6 +206,95 @@ pub trait Store: Send + Sync + 'static {
     /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails.
     fn allocate_version<'a>(&'a self, key: &'a Key, ttl_ms: u64) -> BoxFuture<'a, Result<Version>>;
 
+    /// Every primary with the replicas known for it: discovered in Cluster mode, configured
+    /// for a standalone primary. Default: none (the embedded store has no replicas).
+    fn topology(&self) -> Vec<ReplicaSet> {
+        Vec::new()
+    }
+
+    /// Applies each write like [`Store::write_copies`], on a connection dedicated to synced
+    /// writes, then issues `WAIT replicas timeout_ms` on each written node through that same
+    /// connection (WAIT counts only that connection's writes and blocks it). Returns, per write,
+    /// its result and the acknowledged replica count (`None` when the write or the wait
+    /// failed). The default writes and reports no acknowledgement.
+    fn write_copies_synced<'a>(
+        &'a self,
+        writes: &'a [CopyWrite],
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> BoxFuture<'a, Vec<(WriteResult, Option<u32>)>> {
+        let _ = (replicas, timeout_ms);
+        Box::pin(async move {
+            self.write_copies(writes)
+                .await
+                .into_iter()
+                .map(|result| (result, None))
+                .collect()
+        })
+    }
+
+    /// Refreshes the topology from the servers (Cluster mode: `CLUSTER SLOTS` and fred's
+    /// replica routing), for a cluster whose replicas joined after this instance connected.
+    /// The default does nothing.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] when the refresh fails.
+    fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Reads one copy from `replica`, a replica of the copy's owner. The default reads the
+    /// primary (for stores without replicas).
+    fn read_replica_copy<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+        replica: &'a NodeLabel,
+    ) -> BoxFuture<'a, CopyRead> {
+        let _ = replica;
+        self.read_copy(copy_key)
+    }
+
+    /// Writes this instance's heartbeat `stamp_us` on `primary`, under a key whose slot that
+    /// primary owns. The default does nothing.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the write fails.
+    fn write_heartbeat<'a>(
+        &'a self,
+        primary: &'a NodeLabel,
+        instance: &'a str,
+        stamp_us: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        let _ = (primary, instance, stamp_us);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Reads this instance's heartbeat on `replica`: `None` when it holds none yet.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the read fails.
+    fn read_heartbeat<'a>(
+        &'a self,
+        replica: &'a NodeLabel,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u64>>> {
+        let _ = (replica, instance);
+        Box::pin(async { Ok(None) })
+    }
+
+    /// The replication offset of `node`: `master_repl_offset` on a primary, `slave_repl_offset`
+    /// read on a replica itself.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] when the node is unknown or does not answer.
+    fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            Err(crate::Error::new(
+                crate::ErrorKind::Unavailable,
+                format!("{node} has no replication offset"),
+            ))
+        })
+    }
     /// Reads the layout recorded for the family named `family` (its prefix, or `default`).
     ///
     /// # Errors

@@ -16,6 +16,14 @@
 //!   pipeline, so one pipeline per node means a paused node fails only the copies it owns, each
 //!   within the command timeout.
 //! - **Reads** are one `HMGET key ver val tomb exp` on the primary that owns the key; no script.
+//!   Replica reads send the same `HMGET` through a client of the named replica's own (one per
+//!   replica, configured for a standalone primary, discovered in Cluster mode), so a replica
+//!   read can fail but never turns into a primary read.
+//! - **Heartbeats** are `SET hotsplit:hb:{tag}:<instance> <µs> PX 60000` on each primary (the
+//!   tag is one whose slot that primary owns) and `GET` of that key on each replica, so
+//!   `INFO commandstats` tells heartbeat reads (`GET`) from data reads (`HMGET`).
+//! - **Synced writes** (`sync_replicas`) go through a second client, write then `WAIT` on each
+//!   node: `WAIT` counts only its own connection's writes, and blocks that connection.
 //! - **Version counters** use `FCALL hotsplit_alloc` (INCR + PEXPIRE, atomic), not MULTI/EXEC:
 //!   fred 10 runs a transaction inside its router task after draining every connection, so one
 //!   slow node would stall every command of the client.
@@ -38,17 +46,19 @@ use fred::clients::Client;
 use fred::error::{Error as FredError, ErrorKind as FredErrorKind};
 use fred::interfaces::{
     ClientLike, ClusterInterface, FredResult, FunctionInterface, HashesInterface, KeysInterface,
+    ServerInterface,
 };
 use fred::types::cluster::ClusterRouting;
 use fred::types::config::{
-    ClusterDiscoveryPolicy, Config, ReconnectError, ReconnectPolicy, Server, ServerConfig,
+    ClusterDiscoveryPolicy, Config, ReconnectError, ReconnectPolicy, ReplicaConfig, Server,
+    ServerConfig,
 };
-use fred::types::{Builder, ConnectHandle, Value};
+use fred::types::{Builder, ClusterHash, ConnectHandle, CustomCommand, Value};
 use futures_util::future::{join_all, BoxFuture};
 
 use super::{
-    layout_key, CasOutcome, CopyRead, CopyRecord, CopyWrite, Layout, NodeLabel, Payload, ServedBy,
-    Store, WriteResult,
+    layout_key, CasOutcome, CopyRead, CopyRecord, CopyWrite, Layout, NodeLabel, Payload,
+    ReplicaSet, ServedBy, Store, WriteResult,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -248,6 +258,10 @@ pub struct RedisOptions {
     pub command_timeout: Duration,
     /// How long connecting (TCP, cluster discovery) may take at startup. Default: 2 s.
     pub connect_timeout: Duration,
+    /// Replicas of a standalone primary, each `host:port`, read through a client of their
+    /// own (fred's centralized `replicas()` reads the primary). Must be empty for a cluster,
+    /// whose replicas are discovered. Default: none.
+    pub replicas: Vec<String>,
 }
 
 impl RedisOptions {
@@ -263,6 +277,7 @@ impl RedisOptions {
             target,
             command_timeout: Self::DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            replicas: Vec::new(),
         }
     }
 }
@@ -374,6 +389,45 @@ pub struct RedisStore {
     command_timeout: Duration,
     /// Where store errors are counted.
     metrics: Arc<Metrics>,
+    /// One client per replica: the configured ones of a standalone primary, or, in Cluster
+    /// mode, every replica in the slot map (kept in step by [`Store::refresh_topology`]).
+    /// Never locked across an await.
+    replica_clients: std::sync::RwLock<Vec<Arc<ReplicaClient>>>,
+    /// The configured replicas of a standalone primary (empty in Cluster mode).
+    standalone_replicas: Vec<NodeLabel>,
+    /// The options replica clients are connected with.
+    replica_options: RedisOptions,
+    /// The client of synced writes (`sync_replicas`), connected on first use: `WAIT` blocks
+    /// its connection and counts only that connection's writes, so it is kept apart from the
+    /// shared one.
+    sync_client: tokio::sync::OnceCell<(Client, ConnectHandle)>,
+    /// Cluster mode: the heartbeat hash tag found for each primary (a tag whose slot it owns).
+    heartbeat_tags: std::sync::Mutex<std::collections::HashMap<NodeLabel, String>>,
+}
+
+/// A client of one replica.
+///
+/// Each replica has a client of its own, in Cluster mode too: fred's centralized `replicas()`
+/// reads the primary, and in Cluster mode fred's replica routing either falls back to the
+/// primary silently (`ignore_reconnection_errors`) or, when a replica cannot be connected,
+/// ends the client's router task and disconnects every node. A client per replica confines a
+/// dead replica to that replica, and lets the router name the exact replica that serves.
+struct ReplicaClient {
+    /// The replica, `host:port`.
+    label: NodeLabel,
+    /// Its own client: reads sent here are served by that replica, never the primary.
+    client: Client,
+    /// Drives the client's connection; aborted on drop.
+    connection_task: ConnectHandle,
+    /// A Cluster replica: it answers reads of its primary's slots only after `READONLY`, which
+    /// a reconnect forgets, so `READONLY` is sent again with every heartbeat read.
+    cluster: bool,
+}
+
+impl Drop for ReplicaClient {
+    fn drop(&mut self) {
+        self.connection_task.abort();
+    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -389,6 +443,9 @@ impl Drop for RedisStore {
     fn drop(&mut self) {
         // Nothing else holds the client, so stopping its connection task closes its sockets.
         self.connection_task.abort();
+        if let Some((_, task)) = self.sync_client.get() {
+            task.abort();
+        }
     }
 }
 
@@ -451,6 +508,14 @@ impl RedisStore {
                 // READONLY is left out: a write that reaches a replica should fail now, not
                 // after a reconnect loop.
                 conn.reconnect_errors = vec![ReconnectError::ClusterDown, ReconnectError::Loading];
+                // A replica read must never turn into a primary read behind our back: every
+                // fallback is the router's explicit, counted decision.
+                conn.replica = ReplicaConfig {
+                    lazy_connections: true,
+                    filter: None,
+                    ignore_reconnection_errors: false,
+                    primary_fallback: false,
+                };
             })
             .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
         let client = builder.build().map_err(|err| {
@@ -487,13 +552,38 @@ impl RedisStore {
                 }
             };
 
+        let mut replica_clients = Vec::with_capacity(options.replicas.len());
+        if !options.replicas.is_empty() && standalone_node.is_none() {
+            return Err(config_error(
+                "replicas are discovered in cluster mode; configure none".to_owned(),
+            ));
+        }
+        let mut standalone_replicas = Vec::with_capacity(options.replicas.len());
+        for address in &options.replicas {
+            let (host, port) = parse_address(address).map_err(config_error)?;
+            standalone_replicas.push(NodeLabel::new(format_address(&host, port)));
+            // A configured replica that is down does not stop startup: its lag stays unknown
+            // (over every budget) and the topology refresh connects it later.
+            match connect_replica(address, &options, &metrics, false).await {
+                Ok(replica) => replica_clients.push(Arc::new(replica)),
+                Err(err) => {
+                    tracing::warn!(replica = %address, error = %err, "replica not connected yet; reads go to the primary until it is")
+                }
+            }
+        }
+
         let store = RedisStore {
             client,
             connection_task,
-            target: options.target,
+            target: options.target.clone(),
             standalone_node,
             command_timeout: options.command_timeout,
             metrics,
+            replica_clients: std::sync::RwLock::new(replica_clients),
+            standalone_replicas,
+            replica_options: options.clone(),
+            sync_client: tokio::sync::OnceCell::new(),
+            heartbeat_tags: std::sync::Mutex::new(std::collections::HashMap::new()),
         };
         store.load_library().await.map_err(|err| {
             Error::new(
@@ -558,6 +648,175 @@ impl RedisStore {
                 })
         });
         join_all(loads).await.into_iter().collect()
+    }
+
+    /// The dedicated client of synced writes, connected on first use.
+    async fn sync_client(&self) -> Result<&Client> {
+        let (client, _) = self
+            .sync_client
+            .get_or_try_init(|| async {
+                let client = self.client.clone_new();
+                match tokio::time::timeout(
+                    self.command_timeout.max(Duration::from_secs(1)),
+                    client.init(),
+                )
+                .await
+                {
+                    Ok(Ok(task)) => Ok((client, task)),
+                    Ok(Err(err)) => {
+                        Err(self.fail(format_args!("connecting the synced-write client"), &err))
+                    }
+                    Err(_) => {
+                        let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
+                        Err(Error::new(
+                            ErrorKind::Timeout,
+                            "connecting the synced-write client timed out",
+                        ))
+                    }
+                }
+            })
+            .await?;
+        Ok(client)
+    }
+
+    /// Writes `batch` (all owned by `node`) through `client`, then `WAIT`s on that node.
+    async fn cas_then_wait(
+        &self,
+        client: &Client,
+        node: &NodeLabel,
+        batch: &[&CopyWrite],
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> (Vec<FredResult<Value>>, Option<u32>) {
+        let replies = self.cas_pipeline_on(client, batch).await;
+        if replies.iter().all(Result::is_err) {
+            return (replies, None);
+        }
+        let cluster_node = if self.standalone_node.is_some() {
+            None
+        } else {
+            match self.primary_server(node) {
+                Some(server) => Some(server),
+                None => return (replies, None),
+            }
+        };
+        let options = fred::types::config::Options {
+            timeout: Some(Duration::from_millis(timeout_ms) + self.command_timeout),
+            cluster_node,
+            ..Default::default()
+        };
+        let acked = client
+            .with_options(&options)
+            .wait::<i64>(
+                i64::from(replicas),
+                i64::try_from(timeout_ms).unwrap_or(i64::MAX),
+            )
+            .await;
+        match acked {
+            Ok(count) => (replies, u32::try_from(count).ok()),
+            Err(err) => {
+                let err = self.fail(format_args!("WAIT on {node}"), &err);
+                tracing::warn!(error = %err, "waiting for replicas failed");
+                (replies, None)
+            }
+        }
+    }
+
+    /// The configured standalone replica called `label`.
+    fn replica_client(&self, label: &NodeLabel) -> Option<Arc<ReplicaClient>> {
+        self.replica_clients
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|replica| replica.label == *label)
+            .cloned()
+    }
+
+    /// Connects clients for replicas that joined the cluster and drops those of replicas that
+    /// left. A replica that cannot be connected now is tried again at the next refresh.
+    async fn sync_replica_clients(&self) {
+        let wanted: Vec<NodeLabel> = self
+            .topology()
+            .into_iter()
+            .flat_map(|set| set.replicas)
+            .collect();
+        let known: Vec<NodeLabel> = self
+            .replica_clients
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|replica| replica.label.clone())
+            .collect();
+        let mut added = Vec::new();
+        let cluster = self.standalone_node.is_none();
+        for label in wanted.iter().filter(|label| !known.contains(label)) {
+            match connect_replica(
+                label.as_str(),
+                &self.replica_options,
+                &self.metrics,
+                cluster,
+            )
+            .await
+            {
+                Ok(replica) => added.push(Arc::new(replica)),
+                Err(err) => {
+                    tracing::warn!(replica = %label, error = %err, "could not connect to a cluster replica")
+                }
+            }
+        }
+        let mut clients = self
+            .replica_clients
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        clients.retain(|replica| wanted.contains(&replica.label));
+        for replica in added {
+            if !clients.iter().any(|known| known.label == replica.label) {
+                clients.push(replica);
+            }
+        }
+    }
+
+    /// The cluster primary called `label`, as a fred server.
+    fn primary_server(&self, label: &NodeLabel) -> Option<Server> {
+        self.primary_servers()
+            .into_iter()
+            .find(|server| server_label(server) == *label)
+    }
+
+    /// The cluster primary a replica called `label` replicates.
+    fn primary_of_replica(&self, label: &NodeLabel) -> Option<Server> {
+        let routing = self.client.cached_cluster_state()?;
+        routing.unique_primary_nodes().into_iter().find(|primary| {
+            routing
+                .replicas(primary)
+                .iter()
+                .any(|replica| server_label(replica) == *label)
+        })
+    }
+
+    /// A hash tag whose slot `primary` owns, cached per primary and checked on every use.
+    fn heartbeat_tag(&self, primary: &Server) -> Option<String> {
+        let routing = self.client.cached_cluster_state()?;
+        let label = server_label(primary);
+        let owns = |tag: &str| {
+            routing
+                .get_server(fred::util::redis_keyslot(tag.as_bytes()))
+                .is_some_and(|owner| owner == primary)
+        };
+        let mut tags = self
+            .heartbeat_tags
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tag) = tags.get(&label) {
+            if owns(tag) {
+                return Some(tag.clone());
+            }
+        }
+        let tag = (0..100_000u32)
+            .map(|n| format!("hb{n}"))
+            .find(|tag| owns(tag))?;
+        tags.insert(label, tag.clone());
+        Some(tag)
     }
 
     /// The primaries of the cluster from fred's cached slot map (empty in standalone mode).
@@ -653,7 +912,16 @@ impl RedisStore {
     /// for every write of the batch. Callers keep one batch to one node, so a paused node times
     /// out only its own writes.
     async fn cas_pipeline(&self, batch: &[&CopyWrite]) -> Vec<FredResult<Value>> {
-        let pipeline = self.client.pipeline();
+        self.cas_pipeline_on(&self.client, batch).await
+    }
+
+    /// [`RedisStore::cas_pipeline`] through `client`.
+    async fn cas_pipeline_on(
+        &self,
+        client: &Client,
+        batch: &[&CopyWrite],
+    ) -> Vec<FredResult<Value>> {
+        let pipeline = client.pipeline();
         let mut queue_errors: Vec<Option<FredError>> = Vec::with_capacity(batch.len());
         for write in batch {
             // Queueing only buffers the command in memory; it answers at once.
@@ -741,6 +1009,90 @@ impl RedisStore {
         })
     }
 }
+
+/// Connects a client of one standalone replica at `address`.
+async fn connect_replica(
+    address: &str,
+    options: &RedisOptions,
+    metrics: &Arc<Metrics>,
+    cluster: bool,
+) -> Result<ReplicaClient> {
+    let (host, port) = parse_address(address)
+        .map_err(|why| Error::new(ErrorKind::Config, format!("replica {address:?}: {why}")))?;
+    let label = NodeLabel::new(format_address(&host, port));
+    let mut builder = Builder::from_config(Config {
+        server: ServerConfig::new_centralized(host, port),
+        ..Config::default()
+    });
+    builder
+        .with_performance_config(|perf| {
+            perf.default_command_timeout = options.command_timeout;
+        })
+        .with_connection_config(|conn| {
+            conn.connection_timeout = options.connect_timeout;
+            conn.internal_command_timeout = options.connect_timeout;
+            conn.reconnect_errors = vec![ReconnectError::Loading];
+        })
+        .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
+    let client = builder.build().map_err(|err| {
+        Error::new(
+            ErrorKind::Config,
+            format!(
+                "invalid replica client configuration for {label}: {}",
+                err.details()
+            ),
+        )
+    })?;
+    match tokio::time::timeout(options.connect_timeout, client.init()).await {
+        Ok(Ok(connection_task)) => Ok(ReplicaClient {
+            label,
+            client,
+            connection_task,
+            cluster,
+        }),
+        Ok(Err(err)) => {
+            metrics.store_error(Failure::of(&err).as_str());
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("could not connect to replica {label}: {}", err.details()),
+            ))
+        }
+        Err(_) => {
+            metrics.store_error(Failure::Timeout.as_str());
+            let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "could not connect to replica {label} within {} ms",
+                    options.connect_timeout.as_millis()
+                ),
+            ))
+        }
+    }
+}
+
+/// The heartbeat key of `instance` under hash tag `tag` (empty in standalone mode).
+fn heartbeat_key(tag: &str, instance: &str) -> String {
+    if tag.is_empty() {
+        format!("hotsplit:hb:{instance}")
+    } else {
+        format!("hotsplit:hb:{{{tag}}}:{instance}")
+    }
+}
+
+/// Reads `field:<number>` out of an INFO reply.
+fn info_number(info: &str, field: &str) -> Option<u64> {
+    info.lines().find_map(|line| {
+        line.trim_end()
+            .strip_prefix(field)?
+            .strip_prefix(':')?
+            .parse::<u64>()
+            .ok()
+    })
+}
+
+/// How long heartbeat keys live after their last write.
+const HEARTBEAT_TTL_MS: i64 = 60_000;
 
 /// The `FCALL hotsplit_cas` arguments of a write: version, payload, tomb, expire_at_ms.
 fn cas_args(write: &CopyWrite) -> Vec<Value> {
@@ -900,6 +1252,162 @@ impl Store for RedisStore {
         })
     }
 
+    fn topology(&self) -> Vec<ReplicaSet> {
+        if let Some(node) = &self.standalone_node {
+            if self.standalone_replicas.is_empty() {
+                return Vec::new();
+            }
+            return vec![ReplicaSet {
+                primary: node.clone(),
+                replicas: self.standalone_replicas.clone(),
+            }];
+        }
+        let Some(routing) = self.client.cached_cluster_state() else {
+            return Vec::new();
+        };
+        routing
+            .unique_primary_nodes()
+            .into_iter()
+            .map(|primary| {
+                let mut replicas: Vec<NodeLabel> = routing
+                    .replicas(&primary)
+                    .iter()
+                    .map(server_label)
+                    .collect();
+                replicas.sort();
+                ReplicaSet {
+                    primary: server_label(&primary),
+                    replicas,
+                }
+            })
+            .collect()
+    }
+
+    fn write_copies_synced<'a>(
+        &'a self,
+        writes: &'a [CopyWrite],
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> BoxFuture<'a, Vec<(WriteResult, Option<u32>)>> {
+        Box::pin(async move {
+            let placement = self.placement();
+            let nodes: Vec<NodeLabel> = writes
+                .iter()
+                .map(|write| placement.node_of(write.copy_key.as_str()))
+                .collect();
+            let client = match self.sync_client().await {
+                Ok(client) => client,
+                Err(err) => {
+                    return nodes
+                        .into_iter()
+                        .map(|node| {
+                            (
+                                WriteResult {
+                                    node,
+                                    outcome: Err(err.clone()),
+                                },
+                                None,
+                            )
+                        })
+                        .collect()
+                }
+            };
+            let mut groups: BTreeMap<&NodeLabel, Vec<usize>> = BTreeMap::new();
+            for (at, node) in nodes.iter().enumerate() {
+                groups.entry(node).or_default().push(at);
+            }
+            let sent = join_all(groups.into_iter().map(|(node, positions)| async move {
+                let batch: Vec<&CopyWrite> = positions.iter().map(|&at| &writes[at]).collect();
+                let (replies, acked) = self
+                    .cas_then_wait(client, node, &batch, replicas, timeout_ms)
+                    .await;
+                (positions, replies, acked)
+            }))
+            .await;
+            let mut results: Vec<Option<(WriteResult, Option<u32>)>> =
+                writes.iter().map(|_| None).collect();
+            for (positions, replies, acked) in sent {
+                for (at, reply) in positions.into_iter().zip(replies) {
+                    let node = nodes[at].clone();
+                    let outcome = self.cas_outcome(&writes[at], &node, reply);
+                    let acked = if outcome.is_ok() { acked } else { None };
+                    results[at] = Some((WriteResult { node, outcome }, acked));
+                }
+            }
+            results
+                .into_iter()
+                .zip(nodes)
+                .map(|(result, node)| {
+                    result.unwrap_or_else(|| {
+                        (
+                            WriteResult {
+                                node,
+                                outcome: Err(Error::new(
+                                    ErrorKind::Unavailable,
+                                    "no reply was matched to this write",
+                                )),
+                            },
+                            None,
+                        )
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if self.standalone_node.is_some() {
+                self.sync_replica_clients().await;
+                return Ok(());
+            }
+            self.client
+                .sync_cluster()
+                .await
+                .map_err(|err| self.fail(format_args!("cluster topology refresh"), &err))?;
+            self.sync_replica_clients().await;
+            Ok(())
+        })
+    }
+
+    fn read_replica_copy<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+        replica: &'a NodeLabel,
+    ) -> BoxFuture<'a, CopyRead> {
+        Box::pin(async move {
+            let fields = COPY_FIELDS.to_vec();
+            // The replica's own client: a failure is an error here, never a primary read.
+            let reply = match self.replica_client(replica) {
+                Some(replica) => {
+                    replica
+                        .client
+                        .hmget::<Value, _, _>(copy_key.as_str(), fields)
+                        .await
+                }
+                None => Err(FredError::new(
+                    FredErrorKind::Routing,
+                    format!("{replica} has no client"),
+                )),
+            };
+            let record = match reply {
+                Ok(reply) => parse_copy(reply).map_err(|why| {
+                    self.corrupt(format!(
+                        "copy {copy_key} on replica {replica} is corrupt: {why}"
+                    ))
+                }),
+                Err(err) => Err(self.fail(
+                    format_args!("read of copy {copy_key} on replica {replica}"),
+                    &err,
+                )),
+            };
+            CopyRead {
+                served_by: ServedBy::replica(replica.clone()),
+                record,
+            }
+        })
+    }
+
     fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
         Box::pin(async move {
             let key = layout_key(family);
@@ -914,6 +1422,129 @@ impl Store for RedisStore {
                     self.corrupt(format!("layout record {key} is corrupt: {text:?}"))
                 }),
             }
+        })
+    }
+
+    fn write_heartbeat<'a>(
+        &'a self,
+        primary: &'a NodeLabel,
+        instance: &'a str,
+        stamp_us: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let key = if self.standalone_node.is_some() {
+                heartbeat_key("", instance)
+            } else {
+                let server = self.primary_server(primary).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        format!("primary {primary} is not known"),
+                    )
+                })?;
+                let tag = self.heartbeat_tag(&server).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        format!("no slot of {primary} is known"),
+                    )
+                })?;
+                heartbeat_key(&tag, instance)
+            };
+            self.client
+                .set::<Value, _, _>(
+                    key,
+                    stamp_us.to_string(),
+                    Some(fred::types::Expiration::PX(HEARTBEAT_TTL_MS)),
+                    None,
+                    false,
+                )
+                .await
+                .map(drop)
+                .map_err(|err| self.fail(format_args!("heartbeat write on {primary}"), &err))
+        })
+    }
+
+    fn read_heartbeat<'a>(
+        &'a self,
+        replica: &'a NodeLabel,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u64>>> {
+        Box::pin(async move {
+            let client = self.replica_client(replica).ok_or_else(|| {
+                Error::new(ErrorKind::Unavailable, format!("{replica} has no client"))
+            })?;
+            let reply = if self.standalone_node.is_some() {
+                client
+                    .client
+                    .get::<Option<String>, _>(heartbeat_key("", instance))
+                    .await
+            } else {
+                let primary = self.primary_of_replica(replica).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        format!("replica {replica} is not known"),
+                    )
+                })?;
+                let tag = self.heartbeat_tag(&primary).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        format!("no slot of {replica}'s primary is known"),
+                    )
+                })?;
+                if client.cluster {
+                    // Pipelined ahead of the GET on the same connection: one round trip.
+                    let readonly = client.client.custom::<Value, Value>(
+                        CustomCommand::new_static("READONLY", ClusterHash::Random, false),
+                        Vec::new(),
+                    );
+                    let get = client
+                        .client
+                        .get::<Option<String>, _>(heartbeat_key(&tag, instance));
+                    let (readonly, get) = futures_util::future::join(readonly, get).await;
+                    if let Err(err) = readonly {
+                        tracing::debug!(replica = %replica, error = %err, "READONLY failed");
+                    }
+                    get
+                } else {
+                    client
+                        .client
+                        .get::<Option<String>, _>(heartbeat_key(&tag, instance))
+                        .await
+                }
+            };
+            let text = reply
+                .map_err(|err| self.fail(format_args!("heartbeat read on {replica}"), &err))?;
+            Ok(text.and_then(|text| text.parse::<u64>().ok()))
+        })
+    }
+
+    fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let kind = Some(fred::types::InfoKind::Replication);
+            let (info, field) = if self.standalone_node.as_ref() == Some(node) {
+                (self.client.info::<String>(kind).await, "master_repl_offset")
+            } else if let Some(replica) = self.replica_client(node) {
+                (
+                    replica.client.info::<String>(kind).await,
+                    "slave_repl_offset",
+                )
+            } else if let Some(server) = self.primary_server(node) {
+                (
+                    self.client
+                        .with_cluster_node(server)
+                        .info::<String>(kind)
+                        .await,
+                    "master_repl_offset",
+                )
+            } else {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("{node} is not known"),
+                ));
+            };
+            let info =
+                info.map_err(|err| self.fail(format_args!("INFO replication on {node}"), &err))?;
+            info_number(&info, field)
+                .ok_or_else(|| self.corrupt(format!("INFO replication on {node} has no {field}")))
         })
     }
 

@@ -95,4 +95,27 @@ fn an_invalid_config_stops_startup_naming_the_field() {
         .expect("run hotsplit");
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("store.redis"));
+
+    // Read classes: a budget that does not parse, and a presence decision on a split family.
+    for (text, field) in [
+        (
+            "[classes.advisory]\nroute = \"replica\"\nreason = \"r\"\nstaleness_budget = \"soonish\"\n",
+            "staleness_budget",
+        ),
+        (
+            "[[family]]\nprefix = \"post:\"\ncopies = 8\ndefault_class = \"decides-on-presence\"\n",
+            "family[0].default_class",
+        ),
+        ("[route]\nlag_window = \"a while\"\n", "lag_window"),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run hotsplit");
+        assert_eq!(output.status.code(), Some(2), "{text}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(field), "{text}: {stderr}");
+    }
 }

@@ -20,7 +20,8 @@ fn app() -> Router {
     .unwrap();
     config.validate().unwrap();
     let metrics = Metrics::new();
-    let state = hotsplit::server::app_state(&config, Arc::new(MemoryStore::new()), metrics);
+    let state = hotsplit::server::app_state(&config, Arc::new(MemoryStore::new()), metrics)
+        .expect("app state");
     hotsplit::http::router(state)
 }
 
@@ -135,7 +136,11 @@ async fn publish_then_read_through_the_affine_copy() {
         assert_eq!(get.header("hotsplit-served-by"), Some("embedded"));
         assert_eq!(
             get.header("vary"),
-            Some("Hotsplit-Client, Hotsplit-Min-Version")
+            Some("Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class")
+        );
+        assert_eq!(
+            get.header("hotsplit-route"),
+            Some("class=primary;reason=class")
         );
     }
 

@@ -13,3 +13,4 @@ mod heal;
 mod http_api;
 mod http_e2e;
 mod redis_store;
+mod route;

@@ -1,0 +1,447 @@
+//! Replica lag, measured continuously by heartbeats.
+//!
+//! Every `route.heartbeat_interval` the [`LagMonitor`] writes this instance's heartbeat key on
+//! every primary (a key whose slot that primary owns) carrying this instance's monotonic clock
+//! in microseconds, then reads it back on every replica. A replica's lag is the time since the
+//! newest heartbeat it has shown was written. Only this instance's own clock is compared with
+//! itself, so clock skew between hosts drops out.
+//!
+//! # Current value versus percentiles
+//! The routing gate uses the replica's *current* lag: a read is about to be served now, and
+//! what matters is whether this replica, now, is within the class's budget. A replica that just
+//! stalled has a fine p99 and a current lag that is already rising; a replica that recovered a
+//! second ago has a bad p999 and is fine now. The window percentiles (p50, p99, p999, max over
+//! `route.lag_window`) are what operators report and tune budgets with: a budget below the
+//! healthy p99 sends a steady share of reads to the primary.
+//!
+//! A heartbeat that cannot be read is not a sample of zero: the lag keeps rising from the last
+//! heartbeat seen, so an unreachable or stopped replica goes over every budget.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{NodeLabel, ReplicaSet, Store};
+
+/// Lag not known (no heartbeat seen yet).
+const UNKNOWN: u64 = u64::MAX;
+
+/// The largest number of samples a window keeps, whatever the interval.
+const MAX_SAMPLES: usize = 100_000;
+
+/// One replica's lag state. The gate reads two atomics; the window is for reports.
+#[derive(Debug)]
+pub struct ReplicaLag {
+    /// The replica.
+    pub replica: NodeLabel,
+    /// The primary it replicates.
+    pub primary: NodeLabel,
+    /// Lag at the last successful heartbeat read, µs; [`UNKNOWN`] before the first.
+    lag_at_sample_us: AtomicU64,
+    /// When that read happened, µs on the table's clock.
+    sampled_at_us: AtomicU64,
+    /// The newest heartbeat stamp the replica has shown, µs; [`UNKNOWN`] before the first.
+    newest_stamp_us: AtomicU64,
+    /// `master_repl_offset` on the primary minus `slave_repl_offset` on the replica, bytes;
+    /// [`UNKNOWN`] when not read.
+    offset_gap: AtomicU64,
+    /// Samples `(taken at µs, lag µs)` over the window.
+    window: Mutex<VecDeque<(u64, u64)>>,
+}
+
+/// A replica's figures, as `GET /v1/lag` reports them.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct LagFigures {
+    /// The current lag.
+    pub now: Option<f64>,
+    /// Window percentiles and maximum.
+    pub p50: Option<f64>,
+    /// 99th percentile.
+    pub p99: Option<f64>,
+    /// 99.9th percentile.
+    pub p999: Option<f64>,
+    /// Maximum.
+    pub max: Option<f64>,
+}
+
+/// Every replica's lag, shared by the monitor (writer) and the read path (reader).
+#[derive(Debug)]
+pub struct LagTable {
+    /// The clock heartbeats carry.
+    epoch: Instant,
+    /// How often heartbeats are written and read.
+    interval: Duration,
+    /// How long samples are kept.
+    window: Duration,
+    /// Primary → its replicas' state, replaced when the topology changes.
+    by_primary: RwLock<Arc<HashMap<NodeLabel, Vec<Arc<ReplicaLag>>>>>,
+}
+
+impl LagTable {
+    /// An empty table.
+    pub fn new(interval: Duration, window: Duration) -> LagTable {
+        LagTable {
+            epoch: Instant::now(),
+            interval,
+            window,
+            by_primary: RwLock::new(Arc::new(HashMap::new())),
+        }
+    }
+
+    /// Microseconds on this table's monotonic clock.
+    pub fn now_us(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// The replicas of `primary` and their state.
+    pub fn replicas_of(&self, primary: &NodeLabel) -> Option<Vec<Arc<ReplicaLag>>> {
+        let map = self.snapshot();
+        map.get(primary).filter(|set| !set.is_empty()).cloned()
+    }
+
+    /// The replicas of `primary`, calling `each` on them without cloning the list.
+    pub fn with_replicas<T>(
+        &self,
+        primary: &NodeLabel,
+        each: impl FnOnce(&[Arc<ReplicaLag>]) -> T,
+    ) -> T {
+        let guard = self
+            .by_primary
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        each(guard.get(primary).map(Vec::as_slice).unwrap_or(&[]))
+    }
+
+    /// Every replica's state.
+    pub fn snapshot(&self) -> Arc<HashMap<NodeLabel, Vec<Arc<ReplicaLag>>>> {
+        self.by_primary
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the topology, keeping the state of replicas that stay.
+    pub fn set_topology(&self, sets: &[ReplicaSet]) {
+        let current = self.snapshot();
+        let same = sets.len() == current.len()
+            && sets.iter().all(|set| {
+                current.get(&set.primary).is_some_and(|known| {
+                    known.len() == set.replicas.len()
+                        && known
+                            .iter()
+                            .zip(&set.replicas)
+                            .all(|(a, b)| a.replica == *b)
+                })
+            });
+        if same {
+            return;
+        }
+        let mut by_primary = HashMap::new();
+        for set in sets {
+            let replicas = set
+                .replicas
+                .iter()
+                .map(|replica| {
+                    current
+                        .get(&set.primary)
+                        .and_then(|known| known.iter().find(|lag| lag.replica == *replica))
+                        .cloned()
+                        .unwrap_or_else(|| {
+                            Arc::new(ReplicaLag {
+                                replica: replica.clone(),
+                                primary: set.primary.clone(),
+                                lag_at_sample_us: AtomicU64::new(UNKNOWN),
+                                sampled_at_us: AtomicU64::new(0),
+                                newest_stamp_us: AtomicU64::new(UNKNOWN),
+                                offset_gap: AtomicU64::new(UNKNOWN),
+                                window: Mutex::new(VecDeque::new()),
+                            })
+                        })
+                })
+                .collect();
+            by_primary.insert(set.primary.clone(), replicas);
+        }
+        *self
+            .by_primary
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(by_primary);
+    }
+
+    /// The replica's current lag: the lag at the last heartbeat read, plus however long the
+    /// next read is overdue. `None` when no heartbeat was ever seen (over every budget).
+    pub fn current(&self, lag: &ReplicaLag) -> Option<Duration> {
+        self.current_at(lag, self.now_us())
+    }
+
+    fn current_at(&self, lag: &ReplicaLag, now_us: u64) -> Option<Duration> {
+        let at_sample = lag.lag_at_sample_us.load(Ordering::Acquire);
+        if at_sample == UNKNOWN {
+            return None;
+        }
+        let sampled_at = lag.sampled_at_us.load(Ordering::Acquire);
+        let interval_us = u64::try_from(self.interval.as_micros()).unwrap_or(u64::MAX);
+        let overdue = now_us
+            .saturating_sub(sampled_at)
+            .saturating_sub(interval_us);
+        Some(Duration::from_micros(at_sample.saturating_add(overdue)))
+    }
+
+    /// Records a heartbeat read on `lag`'s replica: `stamp_us` is the newest heartbeat it
+    /// showed, `None` when the read failed or found none.
+    pub fn record(&self, lag: &ReplicaLag, stamp_us: Option<u64>) {
+        let now = self.now_us();
+        if let Some(stamp) = stamp_us {
+            // Lag counts from the newest heartbeat seen; a stamp from the future reads as zero.
+            let newest = match lag.newest_stamp_us.load(Ordering::Acquire) {
+                UNKNOWN => stamp,
+                seen => seen.max(stamp),
+            };
+            lag.newest_stamp_us.store(newest, Ordering::Release);
+            lag.lag_at_sample_us
+                .store(now.saturating_sub(newest), Ordering::Release);
+            lag.sampled_at_us.store(now, Ordering::Release);
+        }
+        if let Some(current) = self.current_at(lag, now) {
+            let micros = u64::try_from(current.as_micros()).unwrap_or(u64::MAX);
+            let mut window = lag.window.lock().unwrap_or_else(PoisonError::into_inner);
+            window.push_back((now, micros));
+            let window_us = u64::try_from(self.window.as_micros()).unwrap_or(u64::MAX);
+            while window
+                .front()
+                .is_some_and(|(at, _)| now.saturating_sub(*at) > window_us)
+                || window.len() > MAX_SAMPLES
+            {
+                window.pop_front();
+            }
+        }
+    }
+
+    /// Records the replication offset gap of `lag`'s replica, in bytes.
+    pub fn record_offset_gap(&self, lag: &ReplicaLag, gap: Option<u64>) {
+        lag.offset_gap
+            .store(gap.unwrap_or(UNKNOWN), Ordering::Release);
+    }
+
+    /// The offset gap, if known.
+    pub fn offset_gap(&self, lag: &ReplicaLag) -> Option<u64> {
+        match lag.offset_gap.load(Ordering::Acquire) {
+            UNKNOWN => None,
+            gap => Some(gap),
+        }
+    }
+
+    /// Current value, p50, p99, p999 and max over the window, in milliseconds.
+    pub fn figures(&self, lag: &ReplicaLag) -> LagFigures {
+        let now = self.current(lag).map(|d| d.as_secs_f64() * 1000.0);
+        let mut samples: Vec<u64> = {
+            let window = lag.window.lock().unwrap_or_else(PoisonError::into_inner);
+            window.iter().map(|(_, micros)| *micros).collect()
+        };
+        samples.sort_unstable();
+        let pick = |quantile: f64| -> Option<f64> {
+            if samples.is_empty() {
+                return None;
+            }
+            let rank = ((quantile * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+            Some(samples[rank - 1] as f64 / 1000.0)
+        };
+        LagFigures {
+            now,
+            p50: pick(0.50),
+            p99: pick(0.99),
+            p999: pick(0.999),
+            max: samples.last().map(|max| *max as f64 / 1000.0),
+        }
+    }
+
+    /// The window length.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+}
+
+/// Writes heartbeats on every primary and reads them on every replica, forever.
+pub struct LagMonitor {
+    /// Where heartbeats go.
+    pub store: Arc<dyn Store>,
+    /// Where lag is recorded.
+    pub table: Arc<LagTable>,
+    /// This instance's heartbeat name (unique per process).
+    pub instance: String,
+    /// Offsets are read every this many ticks (INFO is heavier than GET).
+    pub offset_every: u32,
+    /// Lag gauges to update.
+    pub metrics: Arc<super::bill::RouteMetrics>,
+}
+
+impl LagMonitor {
+    /// Runs until `shutdown` is cancelled.
+    pub async fn run(self, shutdown: CancellationToken) {
+        // Two loops in one task: a topology refresh (which may connect new replicas, bounded
+        // by the connect timeout) never delays a heartbeat.
+        tokio::join!(self.refresh_loop(&shutdown), self.beat_loop(&shutdown));
+    }
+
+    /// Refreshes the topology at once, then every second while some primary has no replica
+    /// known (Redis leaves a replica out of `CLUSTER SLOTS` until it has replicated some
+    /// data), every 10 s otherwise.
+    async fn refresh_loop(&self, shutdown: &CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                refreshed = self.store.refresh_topology() => {
+                    if let Err(err) = refreshed {
+                        tracing::debug!(error = %err, "topology refresh failed");
+                    }
+                }
+            }
+            let sets = self.store.topology();
+            // Also look again soon while some replica has shown no heartbeat: it may have no
+            // client yet (it was down when this instance started).
+            let unseen = self
+                .table
+                .snapshot()
+                .values()
+                .flatten()
+                .any(|lag| self.table.current(lag).is_none());
+            let missing =
+                unseen || sets.is_empty() || sets.iter().any(|set| set.replicas.is_empty());
+            let every = if missing {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_secs(10)
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
+    /// Every interval: heartbeats on every primary, read back on every replica.
+    async fn beat_loop(&self, shutdown: &CancellationToken) {
+        let mut ticker = tokio::time::interval(self.table.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick: u32 = 0;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            let sets = self.store.topology();
+            self.table.set_topology(&sets);
+            // Heartbeats go to every primary even before replicas are known: Redis leaves a
+            // replica out of CLUSTER SLOTS until it has replicated some data.
+            if sets.is_empty() {
+                continue;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.beat(&sets, tick % self.offset_every.max(1) == 0) => {}
+            }
+            tick = tick.wrapping_add(1);
+        }
+    }
+
+    /// One round: write every primary's heartbeat, then read every replica's.
+    async fn beat(&self, sets: &[ReplicaSet], offsets: bool) {
+        let bound = self.table.interval.max(Duration::from_millis(5));
+        let stamp = self.table.now_us();
+        let writes = sets.iter().map(|set| async move {
+            let written = tokio::time::timeout(
+                bound,
+                self.store
+                    .write_heartbeat(&set.primary, &self.instance, stamp),
+            )
+            .await;
+            if let Ok(Err(err)) = written {
+                tracing::debug!(primary = %set.primary, error = %err, "heartbeat write failed");
+            }
+        });
+        join_all(writes).await;
+        let table = self.table.snapshot();
+        let reads = table.values().flatten().map(|lag| async move {
+            let read = tokio::time::timeout(
+                bound,
+                self.store.read_heartbeat(&lag.replica, &self.instance),
+            )
+            .await;
+            let stamp = match read {
+                Ok(Ok(stamp)) => stamp,
+                Ok(Err(err)) => {
+                    tracing::debug!(replica = %lag.replica, error = %err, "heartbeat read failed");
+                    None
+                }
+                Err(_) => None,
+            };
+            self.table.record(lag, stamp);
+            if offsets {
+                let gap = tokio::time::timeout(bound, async {
+                    let primary = self.store.replication_offset(&lag.primary).await.ok()?;
+                    let replica = self.store.replication_offset(&lag.replica).await.ok()?;
+                    Some(primary.saturating_sub(replica))
+                })
+                .await
+                .ok()
+                .flatten();
+                self.table.record_offset_gap(lag, gap);
+            }
+            self.metrics.record_lag(&self.table, lag);
+        });
+        join_all(reads).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> (LagTable, Arc<ReplicaLag>) {
+        let table = LagTable::new(Duration::from_millis(100), Duration::from_secs(60));
+        table.set_topology(&[ReplicaSet {
+            primary: NodeLabel::new("p:1"),
+            replicas: vec![NodeLabel::new("r:1")],
+        }]);
+        let lag = table.replicas_of(&NodeLabel::new("p:1")).unwrap()[0].clone();
+        (table, lag)
+    }
+
+    #[test]
+    fn lag_is_unknown_until_a_heartbeat_is_seen_and_rises_without_new_ones() {
+        let (table, lag) = table();
+        assert_eq!(table.current(&lag), None);
+        table.record(&lag, None);
+        assert_eq!(table.current(&lag), None);
+        // The table's clock starts at zero; let it pass the stamp used below.
+        std::thread::sleep(Duration::from_millis(5));
+        let now = table.now_us();
+        table.record(&lag, Some(now.saturating_sub(3_000)));
+        let current = table.current(&lag).unwrap();
+        assert!(current >= Duration::from_millis(3), "{current:?}");
+        assert!(current < Duration::from_millis(100), "{current:?}");
+        // No newer heartbeat: once a read is overdue, the lag rises with the clock.
+        let at = table.now_us() + 500_000;
+        let later = table.current_at(&lag, at).unwrap();
+        assert!(later >= Duration::from_millis(400), "{later:?}");
+        let figures = table.figures(&lag);
+        assert!(figures.max.unwrap() >= 3.0);
+    }
+
+    #[test]
+    fn percentiles_cover_the_window() {
+        let (table, lag) = table();
+        for micros in 1..=1000u64 {
+            lag.window.lock().unwrap().push_back((0, micros * 1000));
+        }
+        let figures = table.figures(&lag);
+        assert_eq!(figures.p50, Some(500.0));
+        assert_eq!(figures.p99, Some(990.0));
+        assert_eq!(figures.p999, Some(999.0));
+        assert_eq!(figures.max, Some(1000.0));
+    }
+}
