@@ -401,6 +401,13 @@ pub struct RedisStore {
     /// its connection and counts only that connection's writes, so it is kept apart from the
     /// shared one.
     sync_client: tokio::sync::OnceCell<(Client, ConnectHandle)>,
+    /// The client of the lag monitor (heartbeat writes, `INFO` on primaries, `CLUSTER SLOTS`),
+    /// connected on first use: a command that names a node that is down makes fred schedule a
+    /// reconnection of the whole client, which must never stall the data client.
+    monitor_client: tokio::sync::OnceCell<(Client, ConnectHandle)>,
+    /// Cluster mode: the slot map last read with `CLUSTER SLOTS` by the topology refresh, for
+    /// the replicas (fred's cached map leaves out replicas that joined after it was read).
+    replica_map: std::sync::RwLock<Option<ClusterRouting>>,
     /// Cluster mode: the heartbeat hash tag found for each primary (a tag whose slot it owns).
     heartbeat_tags: std::sync::Mutex<std::collections::HashMap<NodeLabel, String>>,
 }
@@ -444,6 +451,9 @@ impl Drop for RedisStore {
         // Nothing else holds the client, so stopping its connection task closes its sockets.
         self.connection_task.abort();
         if let Some((_, task)) = self.sync_client.get() {
+            task.abort();
+        }
+        if let Some((_, task)) = self.monitor_client.get() {
             task.abort();
         }
     }
@@ -583,6 +593,8 @@ impl RedisStore {
             standalone_replicas,
             replica_options: options.clone(),
             sync_client: tokio::sync::OnceCell::new(),
+            monitor_client: tokio::sync::OnceCell::new(),
+            replica_map: std::sync::RwLock::new(None),
             heartbeat_tags: std::sync::Mutex::new(std::collections::HashMap::new()),
         };
         store.load_library().await.map_err(|err| {
@@ -671,6 +683,35 @@ impl RedisStore {
                         Err(Error::new(
                             ErrorKind::Timeout,
                             "connecting the synced-write client timed out",
+                        ))
+                    }
+                }
+            })
+            .await?;
+        Ok(client)
+    }
+
+    /// The lag monitor's own client, connected on first use.
+    async fn monitor_client(&self) -> Result<&Client> {
+        let (client, _) = self
+            .monitor_client
+            .get_or_try_init(|| async {
+                let client = self.client.clone_new();
+                match tokio::time::timeout(
+                    self.command_timeout.max(Duration::from_secs(1)),
+                    client.init(),
+                )
+                .await
+                {
+                    Ok(Ok(task)) => Ok((client, task)),
+                    Ok(Err(err)) => {
+                        Err(self.fail(format_args!("connecting the lag monitor's client"), &err))
+                    }
+                    Err(_) => {
+                        let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
+                        Err(Error::new(
+                            ErrorKind::Timeout,
+                            "connecting the lag monitor's client timed out",
                         ))
                     }
                 }
@@ -785,13 +826,49 @@ impl RedisStore {
 
     /// The cluster primary a replica called `label` replicates.
     fn primary_of_replica(&self, label: &NodeLabel) -> Option<Server> {
-        let routing = self.client.cached_cluster_state()?;
-        routing.unique_primary_nodes().into_iter().find(|primary| {
-            routing
-                .replicas(primary)
-                .iter()
-                .any(|replica| server_label(replica) == *label)
-        })
+        let primary = self
+            .topology()
+            .into_iter()
+            .find(|set| set.replicas.contains(label))?
+            .primary;
+        self.primary_server(&primary)
+    }
+
+    /// The replicas of `primary` in the slot map this store read itself (`CLUSTER SLOTS`, see
+    /// [`Store::refresh_topology`]), falling back to fred's.
+    fn cluster_replicas(&self, routing: &ClusterRouting, primary: &Server) -> Vec<NodeLabel> {
+        let own = self
+            .replica_map
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let servers = match own.as_ref() {
+            Some(map) => map.replicas(primary),
+            None => routing.replicas(primary),
+        };
+        let mut replicas: Vec<NodeLabel> = servers.iter().map(server_label).collect();
+        replicas.sort();
+        replicas
+    }
+
+    /// Reads `CLUSTER SLOTS` from the first primary that answers, for its replicas. This is a
+    /// plain command with the command timeout: fred's own `sync_cluster` would hold its router
+    /// task (every command of the client) while it reconnects to a node that is down.
+    async fn read_replica_map(&self) -> Result<()> {
+        // No node is named: fred sends a keyless command over a connection it has, so a node
+        // that is down is never addressed (naming one makes fred schedule a reconnection).
+        let reply = self
+            .monitor_client()
+            .await?
+            .cluster_slots::<Value>()
+            .await
+            .map_err(|err| self.fail(format_args!("CLUSTER SLOTS"), &err))?;
+        let map = ClusterRouting::from_cluster_slots(reply, "127.0.0.1")
+            .map_err(|err| self.fail(format_args!("parsing CLUSTER SLOTS"), &err))?;
+        *self
+            .replica_map
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(map);
+        Ok(())
     }
 
     /// A hash tag whose slot `primary` owns, cached per primary and checked on every use.
@@ -1269,12 +1346,7 @@ impl Store for RedisStore {
             .unique_primary_nodes()
             .into_iter()
             .map(|primary| {
-                let mut replicas: Vec<NodeLabel> = routing
-                    .replicas(&primary)
-                    .iter()
-                    .map(server_label)
-                    .collect();
-                replicas.sort();
+                let replicas = self.cluster_replicas(&routing, &primary);
                 ReplicaSet {
                     primary: server_label(&primary),
                     replicas,
@@ -1361,12 +1433,9 @@ impl Store for RedisStore {
                 self.sync_replica_clients().await;
                 return Ok(());
             }
-            self.client
-                .sync_cluster()
-                .await
-                .map_err(|err| self.fail(format_args!("cluster topology refresh"), &err))?;
+            let read = self.read_replica_map().await;
             self.sync_replica_clients().await;
-            Ok(())
+            read
         })
     }
 
@@ -1449,7 +1518,8 @@ impl Store for RedisStore {
                 })?;
                 heartbeat_key(&tag, instance)
             };
-            self.client
+            self.monitor_client()
+                .await?
                 .set::<Value, _, _>(
                     key,
                     stamp_us.to_string(),
@@ -1520,8 +1590,9 @@ impl Store for RedisStore {
     fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
             let kind = Some(fred::types::InfoKind::Replication);
+            let monitor = self.monitor_client().await?;
             let (info, field) = if self.standalone_node.as_ref() == Some(node) {
-                (self.client.info::<String>(kind).await, "master_repl_offset")
+                (monitor.info::<String>(kind).await, "master_repl_offset")
             } else if let Some(replica) = self.replica_client(node) {
                 (
                     replica.client.info::<String>(kind).await,
@@ -1529,10 +1600,7 @@ impl Store for RedisStore {
                 )
             } else if let Some(server) = self.primary_server(node) {
                 (
-                    self.client
-                        .with_cluster_node(server)
-                        .info::<String>(kind)
-                        .await,
+                    monitor.with_cluster_node(server).info::<String>(kind).await,
                     "master_repl_offset",
                 )
             } else {
