@@ -392,18 +392,16 @@ async fn heal_read_repair_fixes_a_stale_or_missing_affine_copy() {
         || async { stored_version(port, &copy_key) == 5 },
     )
     .await;
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains(r#"hotsplit_read_repairs_total{result="applied"} 2"#),
-        "{metrics}"
-    );
+    // The repair task counts after its write returns: poll, the stored version can come first.
+    poll("both repairs are counted", Duration::from_secs(5), || {
+        let http = http.clone();
+        let url = format!("{base}/metrics");
+        async move {
+            let metrics = http.get(url).send().await.unwrap().text().await.unwrap();
+            metrics.contains(r#"hotsplit_read_repairs_total{result="applied"} 2"#)
+        }
+    })
+    .await;
     service.stop().await;
 }
 
