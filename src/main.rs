@@ -26,6 +26,30 @@ enum Command {
     Serve(ServeArgs),
     /// Print the OpenAPI document.
     Openapi,
+    /// Run a seeded consistency experiment on a throwaway Redis cluster and report what it finds.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CheckArgs {
+    /// Total duration of the workload phases (modes and presence), e.g. 60s.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    duration: std::time::Duration,
+    /// Seed of the fault schedule and the readers' choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Hot keys per mode.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    keys: u32,
+    /// Reader sessions per mode.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    readers: u32,
+    /// Copies per hot key.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    copies: u32,
+    /// Write report.md, summary.json and the histories (JSON lines) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -49,6 +73,65 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Serve(args) => serve(args),
+        Command::Check(args) => check(args),
+    }
+}
+
+fn check(args: CheckArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("hotsplit: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let options = hotsplit::check::run::CheckOptions {
+        duration: args.duration,
+        seed: args.seed,
+        keys: args.keys,
+        readers: args.readers,
+        copies: args.copies,
+        out: args.out,
+    };
+    let result = runtime.block_on(async move {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let on_signal = cancel.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            eprintln!("hotsplit check: interrupted; stopping and killing the servers it started");
+            on_signal.cancel();
+        });
+        hotsplit::check::run::run(options, cancel, |progress| {
+            eprintln!(
+                "[{:>6.1}s] {:<60} {} operations",
+                progress.elapsed.as_secs_f64(),
+                progress.phase,
+                progress.operations
+            );
+        })
+        .await
+    });
+    match result {
+        Ok(report) => {
+            println!("{}", report.markdown());
+            let failures = report.failures();
+            if failures.is_empty() {
+                println!("PASS: no floor violation, no affine violation outside loss windows, no wrong decides-on-presence decision.");
+                ExitCode::SUCCESS
+            } else {
+                for failure in failures {
+                    println!("FAIL: {failure}");
+                }
+                ExitCode::FAILURE
+            }
+        }
+        Err(err) => {
+            eprintln!("hotsplit check: {err}");
+            ExitCode::from(2)
+        }
     }
 }
 

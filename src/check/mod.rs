@@ -9,3 +9,4 @@
 
 pub mod checkers;
 pub mod history;
+pub mod run;
