@@ -738,14 +738,16 @@ async fn run_mode(
                 let index = rng.random_range(0..keys.len());
                 let key = &keys[index];
                 let copy = rng.random_range(0..copies);
+                // Reads are `advisory`: replicas may serve them within the staleness budget,
+                // which is where lagging copies become visible.
                 let url = match mode {
-                    Mode::RandomSuffix => format!("{base}/v1/keys/{key}?copy={copy}"),
-                    Mode::Affine | Mode::Delete => format!("{base}/v1/keys/{key}?client={session}"),
+                    Mode::RandomSuffix => format!("{base}/v1/keys/{key}?copy={copy}&class=advisory"),
+                    Mode::Affine | Mode::Delete => format!("{base}/v1/keys/{key}?client={session}&class=advisory"),
                     Mode::Floor => match floors.get(&index) {
                         Some(floor) => {
-                            format!("{base}/v1/keys/{key}?copy={copy}&min_version={floor}")
+                            format!("{base}/v1/keys/{key}?copy={copy}&min_version={floor}&class=advisory")
                         }
-                        None => format!("{base}/v1/keys/{key}?copy={copy}"),
+                        None => format!("{base}/v1/keys/{key}?copy={copy}&class=advisory"),
                     },
                 };
                 let start = recorder.now_us();
@@ -806,6 +808,44 @@ async fn run_mode(
             while !stop.is_cancelled() {
                 sample_copies(&cluster, &keys, copies, &recorder).await;
                 tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
+
+    // Replication lag throughout the phase: a seeded replica at a time has its replication
+    // paused for 200 ms (within the 250 ms advisory budget), so its copies stay readable and old.
+    {
+        let (cluster, stop, recorder) = (cluster.clone(), stop.clone(), recorder.clone());
+        let mut rng = StdRng::seed_from_u64(rng.random());
+        tasks.spawn(async move {
+            while !stop.is_cancelled() {
+                let pick: usize = rng.random();
+                let cluster = cluster.clone();
+                let recorder = recorder.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    let replicas = cluster.replicas().ok()?;
+                    let port = replicas.get(pick % replicas.len().max(1))?.port();
+                    let start = recorder.now_us();
+                    devcluster::cli_with_timeout(
+                        port,
+                        &["CLIENT", "PAUSE", "200", "WRITE"],
+                        Duration::from_millis(200),
+                    )
+                    .ok()?;
+                    let mut record = event(
+                        "faults",
+                        Op::Fault,
+                        "",
+                        start,
+                        start + 200_000,
+                        Outcome::Error("replica-replication-pause".into()),
+                    );
+                    record.served_by = Some(format!("127.0.0.1:{port}"));
+                    recorder.push(record);
+                    Some(())
+                })
+                .await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
             }
         });
     }
