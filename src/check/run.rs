@@ -819,7 +819,7 @@ async fn run_mode(
         let mut rng = StdRng::seed_from_u64(rng.random());
         tasks.spawn(async move {
             while !stop.is_cancelled() {
-                let pick: usize = rng.random();
+                let pick = rng.random_range(0..1024usize);
                 let cluster = cluster.clone();
                 let recorder = recorder.clone();
                 let _ = tokio::task::spawn_blocking(move || {
