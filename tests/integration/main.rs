@@ -5,6 +5,7 @@
 //! server or cluster of its own.
 
 mod binary;
+mod check;
 mod client_lib;
 mod conformance;
 mod devcluster;

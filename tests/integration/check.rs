@@ -1,0 +1,87 @@
+//! `hotsplit check` end to end: a short seeded run on its own throwaway cluster.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn a_short_check_passes_and_its_checkers_fire_where_they_should() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .args(["check", "--duration", "10s", "--seed", "7", "--out"])
+        .arg(out.path())
+        .output()
+        .expect("run hotsplit check");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("| random-suffix |"), "{stdout}");
+    assert!(stderr.contains("operations"), "progress is shown: {stderr}");
+
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
+    let mode = |name: &str| {
+        summary["modes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|mode| mode["mode"] == name)
+            .unwrap()
+            .clone()
+    };
+    let random = mode("random-suffix");
+    let random_violations = random["monotonic_violations"].as_u64().unwrap()
+        + random["monotonic_violations_in_loss_windows"]
+            .as_u64()
+            .unwrap();
+    assert!(
+        random_violations > 0,
+        "random suffixes under lagging replicas must break monotonic reads: {random}"
+    );
+    let floor = mode("floor");
+    assert_eq!(
+        floor["monotonic_violations"].as_u64().unwrap()
+            + floor["monotonic_violations_in_loss_windows"]
+                .as_u64()
+                .unwrap(),
+        0,
+        "{floor}"
+    );
+    assert!(
+        mode("delete")["source_loads"].as_u64().unwrap() > 0,
+        "invalidation costs source loads"
+    );
+
+    let presence = |class: &str| {
+        summary["presence"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|entry| entry["class"] == class)
+            .unwrap()
+            .clone()
+    };
+    let advisory = presence("advisory");
+    let primary = presence("decides-on-presence");
+    assert!(
+        advisory["wrong"].as_u64().unwrap() > 0,
+        "a staleness budget cannot save a presence decision: {advisory}"
+    );
+    assert!(primary["decisions"].as_u64().unwrap() > 0, "{primary}");
+    assert_eq!(primary["wrong"].as_u64(), Some(0), "{primary}");
+
+    for name in [
+        "report.md",
+        "history-random-suffix.jsonl",
+        "history-affine.jsonl",
+        "history-floor.jsonl",
+        "history-delete.jsonl",
+        "history-presence.jsonl",
+    ] {
+        assert!(out.path().join(name).is_file(), "{name} is written");
+    }
+}
