@@ -99,6 +99,10 @@ pub struct ModeResult {
     pub monotonic_violations_in_loss_windows: usize,
     /// Reads older than the newest version acknowledged before they started.
     pub stale_reads: usize,
+    /// How long the version a stale read returned had already been superseded.
+    pub stale_behind: Percentiles,
+    /// Writers' reads of their own key that returned an older version than they had written.
+    pub read_your_writes_violations: usize,
     /// Loads from the source of truth caused by misses.
     pub source_loads: usize,
     /// Time for every copy to reach an acknowledged version.
@@ -165,17 +169,19 @@ impl CheckReport {
     pub fn markdown(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "## Modes (seed {})\n", self.seed);
-        let _ = writeln!(out, "| mode | reads | monotonic-read violations | in loss windows | stale reads | extra source loads | convergence p99 (ms) | copy rollbacks |");
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "| mode | reads | monotonic-read violations | in loss windows | read-your-writes violations | stale reads | stale by, p99 (ms) | extra source loads | convergence p99 (ms) | copy rollbacks |");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
         for mode in &self.modes {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {:.1} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {} |",
                 mode.mode.as_str(),
                 mode.reads,
                 mode.monotonic_violations,
                 mode.monotonic_violations_in_loss_windows,
+                mode.read_your_writes_violations,
                 mode.stale_reads,
+                mode.stale_behind.p99_ms,
                 mode.source_loads,
                 mode.convergence.p99_ms,
                 mode.copy_rollbacks
@@ -506,6 +512,8 @@ fn judge(mode: Mode, events: &[Event], loss_windows: &[(u64, u64)]) -> ModeResul
         monotonic_violations: outside.len(),
         monotonic_violations_in_loss_windows: inside.len(),
         stale_reads: staleness.stale,
+        stale_behind: staleness.behind,
+        read_your_writes_violations: checkers::read_your_writes(events).len(),
         source_loads: events
             .iter()
             .filter(|event| event.op == Op::SourceLoad)
@@ -699,8 +707,10 @@ async fn run_mode(
                 } else {
                     let version = source[index].fetch_add(1, Ordering::SeqCst) + 1;
                     let answer = send(
-                        http.put(format!("{base}/v1/keys/{key}?version={version}"))
-                            .body(format!("v{version}")),
+                        http.put(format!(
+                            "{base}/v1/keys/{key}?version={version}&client={session}"
+                        ))
+                        .body(format!("v{version}")),
                     )
                     .await;
                     (Op::Write, version, answer)
@@ -715,6 +725,28 @@ async fn run_mode(
                 );
                 record.version = Some(version);
                 recorder.push(record);
+                if mode != Mode::Delete {
+                    // The writer reads its own key back, as `advisory`: its own-write floor
+                    // must keep it from reading an older version from a lagging replica.
+                    let start = recorder.now_us();
+                    let answer = send(http.get(format!(
+                        "{base}/v1/keys/{key}?client={session}&class=advisory"
+                    )))
+                    .await;
+                    let mut read = event(
+                        &session,
+                        Op::Read,
+                        &key,
+                        start,
+                        recorder.now_us(),
+                        outcome_of(&answer),
+                    );
+                    read.version = answer.version;
+                    read.copy = answer.copy;
+                    read.served_by = answer.served_by;
+                    read.route = answer.route;
+                    recorder.push(read);
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         });
