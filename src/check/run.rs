@@ -403,11 +403,18 @@ pub async fn run(
 
     say("setup: starting hotsplit on the cluster");
     let config = Config::from_toml(&format!(
-        "[store]\ncommand_timeout = \"300ms\"\n[[family]]\nprefix = \"check:\"\ncopies = {}\nttl = \"10m\"\n[[family]]\nprefix = \"claim:\"\ncopies = 1\nttl = \"10m\"\n",
+        "[store]\ncommand_timeout = \"300ms\"\n[[family]]\nprefix = \"check:\"\ncopies = {}\nttl = \"10m\"\ndefault_class = \"advisory\"\n[[family]]\nprefix = \"claim:\"\ncopies = 1\nttl = \"10m\"\ndefault_class = \"advisory\"\n",
         options.copies
     ))?;
     let mut config = config;
     config.store.redis = Some(cluster.url());
+    // The run's own spool, removed with the run: never a spool another process owns.
+    let spool = std::env::temp_dir().join(format!(
+        "hotsplit-check-{}-{}",
+        std::process::id(),
+        options.seed
+    ));
+    config.heal.spool_dir = spool.clone();
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let service_stop = CancellationToken::new();
@@ -420,6 +427,8 @@ pub async fn run(
         .build()
         .map_err(|err| Error::new(ErrorKind::Io, format!("http client: {err}")))?;
     wait_ready(&http, &base).await?;
+    say("setup: waiting until hotsplit measures the lag of all three replicas");
+    wait_replicas_measured(&http, &base).await?;
 
     let phases = Mode::ALL.len() as u32 + 1;
     let phase_length = (options.duration / phases).max(Duration::from_secs(2));
@@ -457,6 +466,7 @@ pub async fn run(
     service_stop.cancel();
     let _ = service.await;
     drop(cluster);
+    let _ = std::fs::remove_dir_all(&spool);
     let report = CheckReport {
         seed: options.seed,
         modes,
@@ -486,6 +496,33 @@ async fn wait_ready(http: &reqwest::Client, base: &str) -> Result<()> {
             ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `/v1/lag` lists three replicas with a measured lag within the advisory budget,
+/// so the first mode does not run while replicas are still being discovered.
+async fn wait_replicas_measured(http: &reqwest::Client, base: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(answer) = http.get(format!("{base}/v1/lag")).send().await {
+            if let Ok(serde_json::Value::Array(replicas)) = answer.json::<serde_json::Value>().await
+            {
+                let measured = replicas
+                    .iter()
+                    .filter(|replica| replica["within_budget"]["advisory"] == true)
+                    .count();
+                if measured >= 3 {
+                    return Ok(());
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "hotsplit did not measure the lag of three replicas within 30 s",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
