@@ -77,16 +77,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn check(args: CheckArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+/// The multi-threaded tokio runtime both subcommands run on.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
+        .map_err(|err| {
             eprintln!("hotsplit: cannot start the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+            ExitCode::FAILURE
+        })
+}
+
+fn check(args: CheckArgs) -> ExitCode {
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
     };
     let options = hotsplit::check::run::CheckOptions {
         duration: args.duration,
@@ -150,15 +155,9 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("hotsplit: cannot start the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(config.server.listen)

@@ -481,49 +481,59 @@ pub async fn run(
     Ok(report)
 }
 
-async fn wait_ready(http: &reqwest::Client, base: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(answer) = http.get(format!("{base}/readyz")).send().await {
-            if answer.status().is_success() {
-                return Ok(());
-            }
-        }
+/// Polls `ready` every 50 ms until it holds; after `limit`, an error saying `what` did not happen.
+async fn wait_for<F, Fut>(what: &str, limit: Duration, mut ready: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !ready().await {
         if Instant::now() > deadline {
             return Err(Error::new(
                 ErrorKind::Unavailable,
-                "hotsplit did not become ready on the cluster within 20 s",
+                format!("{what} within {} s", limit.as_secs()),
             ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    Ok(())
+}
+
+async fn wait_ready(http: &reqwest::Client, base: &str) -> Result<()> {
+    wait_for(
+        "hotsplit did not become ready on the cluster",
+        Duration::from_secs(20),
+        || async {
+            let answer = http.get(format!("{base}/readyz")).send().await;
+            answer.is_ok_and(|answer| answer.status().is_success())
+        },
+    )
+    .await
 }
 
 /// Waits until `/v1/lag` lists three replicas with a measured lag within the advisory budget,
 /// so the first mode does not run while replicas are still being discovered.
 async fn wait_replicas_measured(http: &reqwest::Client, base: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(answer) = http.get(format!("{base}/v1/lag")).send().await {
-            if let Ok(serde_json::Value::Array(replicas)) = answer.json::<serde_json::Value>().await
-            {
-                let measured = replicas
-                    .iter()
-                    .filter(|replica| replica["within_budget"]["advisory"] == true)
-                    .count();
-                if measured >= 3 {
-                    return Ok(());
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                "hotsplit did not measure the lag of three replicas within 30 s",
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(
+        "hotsplit did not measure the lag of three replicas",
+        Duration::from_secs(30),
+        || async {
+            let Ok(answer) = http.get(format!("{base}/v1/lag")).send().await else {
+                return false;
+            };
+            let Ok(serde_json::Value::Array(replicas)) = answer.json::<serde_json::Value>().await
+            else {
+                return false;
+            };
+            let measured = replicas
+                .iter()
+                .filter(|replica| replica["within_budget"]["advisory"] == true)
+                .count();
+            measured >= 3
+        },
+    )
+    .await
 }
 
 fn write_history(options: &CheckOptions, name: &str, events: &[Event]) -> Result<()> {

@@ -664,37 +664,24 @@ impl RedisStore {
 
     /// The dedicated client of synced writes, connected on first use.
     async fn sync_client(&self) -> Result<&Client> {
-        let (client, _) = self
-            .sync_client
-            .get_or_try_init(|| async {
-                let client = self.client.clone_new();
-                match tokio::time::timeout(
-                    self.command_timeout.max(Duration::from_secs(1)),
-                    client.init(),
-                )
-                .await
-                {
-                    Ok(Ok(task)) => Ok((client, task)),
-                    Ok(Err(err)) => {
-                        Err(self.fail(format_args!("connecting the synced-write client"), &err))
-                    }
-                    Err(_) => {
-                        let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
-                        Err(Error::new(
-                            ErrorKind::Timeout,
-                            "connecting the synced-write client timed out",
-                        ))
-                    }
-                }
-            })
-            .await?;
-        Ok(client)
+        self.dedicated_client(&self.sync_client, "the synced-write client")
+            .await
     }
 
     /// The lag monitor's own client, connected on first use.
     async fn monitor_client(&self) -> Result<&Client> {
-        let (client, _) = self
-            .monitor_client
+        self.dedicated_client(&self.monitor_client, "the lag monitor's client")
+            .await
+    }
+
+    /// A client of its own (its own connections, so its commands never queue behind the data
+    /// client's), connected once into `cell`, within the command timeout (at least 1 s).
+    async fn dedicated_client<'a>(
+        &self,
+        cell: &'a tokio::sync::OnceCell<(Client, ConnectHandle)>,
+        what: &str,
+    ) -> Result<&'a Client> {
+        let (client, _) = cell
             .get_or_try_init(|| async {
                 let client = self.client.clone_new();
                 match tokio::time::timeout(
@@ -704,14 +691,12 @@ impl RedisStore {
                 .await
                 {
                     Ok(Ok(task)) => Ok((client, task)),
-                    Ok(Err(err)) => {
-                        Err(self.fail(format_args!("connecting the lag monitor's client"), &err))
-                    }
+                    Ok(Err(err)) => Err(self.fail(format_args!("connecting {what}"), &err)),
                     Err(_) => {
                         let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
                         Err(Error::new(
                             ErrorKind::Timeout,
-                            "connecting the lag monitor's client timed out",
+                            format!("connecting {what} timed out"),
                         ))
                     }
                 }
