@@ -233,6 +233,23 @@ impl Recorder {
             .push(event);
     }
 
+    /// Records a read through hotsplit that started at `start_us` and just ended with `answer`.
+    fn push_read(&self, session: &str, key: &str, start_us: u64, answer: &Answer) {
+        let mut read = event(
+            session,
+            Op::Read,
+            key,
+            start_us,
+            self.now_us(),
+            outcome_of(answer),
+        );
+        read.version = answer.version;
+        read.copy = answer.copy;
+        read.served_by = answer.served_by.clone();
+        read.route = answer.route.clone();
+        self.push(read);
+    }
+
     fn take(&self) -> Vec<Event> {
         std::mem::take(&mut *self.events.lock().unwrap_or_else(PoisonError::into_inner))
     }
@@ -780,19 +797,7 @@ async fn run_mode(
                         "{base}/v1/keys/{key}?client={session}&class=advisory"
                     )))
                     .await;
-                    let mut read = event(
-                        &session,
-                        Op::Read,
-                        &key,
-                        start,
-                        recorder.now_us(),
-                        outcome_of(&answer),
-                    );
-                    read.version = answer.version;
-                    read.copy = answer.copy;
-                    read.served_by = answer.served_by;
-                    read.route = answer.route;
-                    recorder.push(read);
+                    recorder.push_read(&session, &key, start, &answer);
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -831,19 +836,7 @@ async fn run_mode(
                 };
                 let start = recorder.now_us();
                 let answer = send(http.get(url)).await;
-                let mut record = event(
-                    &session,
-                    Op::Read,
-                    key,
-                    start,
-                    recorder.now_us(),
-                    outcome_of(&answer),
-                );
-                record.version = answer.version;
-                record.copy = answer.copy;
-                record.served_by = answer.served_by.clone();
-                record.route = answer.route.clone();
-                recorder.push(record);
+                recorder.push_read(&session, key, start, &answer);
                 if let Some(version) = answer.version.filter(|_| answer.status == 200) {
                     let floor = floors.entry(index).or_insert(version);
                     *floor = (*floor).max(version);
@@ -1088,18 +1081,7 @@ async fn presence_experiment(
                 let answer =
                     send(http.get(format!("{base}/v1/keys/{key}?client=asker&class={class}")))
                         .await;
-                let mut record = event(
-                    class,
-                    Op::Read,
-                    key,
-                    start,
-                    recorder.now_us(),
-                    outcome_of(&answer),
-                );
-                record.version = answer.version;
-                record.served_by = answer.served_by;
-                record.route = answer.route;
-                recorder.push(record);
+                recorder.push_read(class, key, start, &answer);
                 tokio::time::sleep(Duration::from_millis(3)).await;
             }
         });
