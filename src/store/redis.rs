@@ -504,30 +504,23 @@ impl RedisStore {
             }
         };
 
-        let mut builder = Builder::from_config(Config {
+        // READONLY is left out of the reconnect errors: a write that reaches a replica should
+        // fail now, not after a reconnect loop.
+        let mut builder = client_builder(
             server,
-            ..Config::default()
+            &options,
+            vec![ReconnectError::ClusterDown, ReconnectError::Loading],
+        );
+        builder.with_connection_config(|conn| {
+            // A replica read must never turn into a primary read behind our back: every
+            // fallback is the router's explicit, counted decision.
+            conn.replica = ReplicaConfig {
+                lazy_connections: true,
+                filter: None,
+                ignore_reconnection_errors: false,
+                primary_fallback: false,
+            };
         });
-        builder
-            .with_performance_config(|perf| {
-                perf.default_command_timeout = options.command_timeout;
-            })
-            .with_connection_config(|conn| {
-                conn.connection_timeout = options.connect_timeout;
-                conn.internal_command_timeout = options.connect_timeout;
-                // READONLY is left out: a write that reaches a replica should fail now, not
-                // after a reconnect loop.
-                conn.reconnect_errors = vec![ReconnectError::ClusterDown, ReconnectError::Loading];
-                // A replica read must never turn into a primary read behind our back: every
-                // fallback is the router's explicit, counted decision.
-                conn.replica = ReplicaConfig {
-                    lazy_connections: true,
-                    filter: None,
-                    ignore_reconnection_errors: false,
-                    primary_fallback: false,
-                };
-            })
-            .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
         let client = builder.build().map_err(|err| {
             Error::new(
                 ErrorKind::Config,
@@ -1072,6 +1065,30 @@ impl RedisStore {
     }
 }
 
+/// A fred builder for `server` with the store's timeouts (every command has one), the given
+/// reconnect errors, and exponential reconnects from 100 ms to 2 s, forever.
+fn client_builder(
+    server: ServerConfig,
+    options: &RedisOptions,
+    reconnect_errors: Vec<ReconnectError>,
+) -> Builder {
+    let mut builder = Builder::from_config(Config {
+        server,
+        ..Config::default()
+    });
+    builder
+        .with_performance_config(|perf| {
+            perf.default_command_timeout = options.command_timeout;
+        })
+        .with_connection_config(|conn| {
+            conn.connection_timeout = options.connect_timeout;
+            conn.internal_command_timeout = options.connect_timeout;
+            conn.reconnect_errors = reconnect_errors;
+        })
+        .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
+    builder
+}
+
 /// Connects a client of one standalone replica at `address`.
 async fn connect_replica(
     address: &str,
@@ -1082,20 +1099,11 @@ async fn connect_replica(
     let (host, port) = parse_address(address)
         .map_err(|why| Error::new(ErrorKind::Config, format!("replica {address:?}: {why}")))?;
     let label = NodeLabel::new(format_address(&host, port));
-    let mut builder = Builder::from_config(Config {
-        server: ServerConfig::new_centralized(host, port),
-        ..Config::default()
-    });
-    builder
-        .with_performance_config(|perf| {
-            perf.default_command_timeout = options.command_timeout;
-        })
-        .with_connection_config(|conn| {
-            conn.connection_timeout = options.connect_timeout;
-            conn.internal_command_timeout = options.connect_timeout;
-            conn.reconnect_errors = vec![ReconnectError::Loading];
-        })
-        .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
+    let builder = client_builder(
+        ServerConfig::new_centralized(host, port),
+        options,
+        vec![ReconnectError::Loading],
+    );
     let client = builder.build().map_err(|err| {
         Error::new(
             ErrorKind::Config,
