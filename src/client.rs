@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -76,7 +77,8 @@ impl Client {
     ///
     /// # Errors
     /// [`ErrorKind::MissingClient`] for an empty client id; [`ErrorKind::InvalidParameter`] for a
-    /// URL that is not `http://` (the client is built without TLS).
+    /// URL that is not `http://` (the client is built without TLS); [`ErrorKind::Config`] if the
+    /// HTTP client cannot be built.
     pub fn new(base_url: &str, client_id: &str) -> Result<Client> {
         if client_id.is_empty() {
             return Err(Error::new(ErrorKind::MissingClient, "client id is empty"));
@@ -90,9 +92,19 @@ impl Client {
         Ok(Client {
             base: base_url.trim_end_matches('/').to_owned(),
             client_id: client_id.to_owned(),
-            http: reqwest::Client::new(),
+            http: http_client(DEFAULT_TIMEOUT)?,
             floors: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The same client with every request bounded by `timeout` (from sending to the last byte
+    /// of the answer) instead of the default 10 s.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] if the HTTP client cannot be built.
+    pub fn with_timeout(mut self, timeout: Duration) -> Result<Client> {
+        self.http = http_client(timeout)?;
+        Ok(self)
     }
 
     /// The floor this client holds for `key`, if it has seen a version.
@@ -205,7 +217,29 @@ impl Client {
     }
 }
 
+/// How long a request may take, unless [`Client::with_timeout`] says otherwise: a service that
+/// never answers must not hang its caller.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn http_client(timeout: Duration) -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .map_err(|err| {
+            Error::new(
+                ErrorKind::Config,
+                format!("building the HTTP client: {err}"),
+            )
+        })
+}
+
 fn unreachable(err: reqwest::Error) -> Error {
+    if err.is_timeout() {
+        return Error::new(
+            ErrorKind::Timeout,
+            format!("hotsplit service did not answer in time: {err}"),
+        );
+    }
     Error::new(
         ErrorKind::Unavailable,
         format!("hotsplit service unreachable: {err}"),

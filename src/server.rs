@@ -230,31 +230,19 @@ pub async fn run(
         tracker.clone(),
         lag.clone(),
     )?;
-    // The lag monitor runs when some family reads replicas by default. Otherwise a read that
-    // names a replica class finds no lag measured and is served by the primary (lag-breach).
-    // (Known issue: with the monitor running, healing's master-failover test does not finish;
-    // until that is understood the monitor is not started where nothing needs it.)
-    let classes = Classes::from_config(&config)?;
-    let reads_replicas = Families::from_config(&config).iter().any(|family| {
-        classes.by_name(&family.default_class).is_some_and(|class| {
-            matches!(
-                classes.get(class).route,
-                crate::route::Route::Replica { .. }
-            )
-        })
-    });
-    if reads_replicas {
-        tracker.spawn(
-            LagMonitor {
-                store,
-                table: lag,
-                instance: instance_name(),
-                offset_every: 10,
-                metrics: route_metrics,
-            }
-            .run(cancel.clone()),
-        );
-    }
+    // The lag monitor always runs: a read may name a replica class on any family, and the lag
+    // it finds must be measured, not missing. With no replicas (embedded store, a standalone
+    // Redis without configured replicas) it has nothing to do on each tick.
+    tracker.spawn(
+        LagMonitor {
+            store,
+            table: lag,
+            instance: instance_name(),
+            offset_every: 10,
+            metrics: route_metrics,
+        }
+        .run(cancel.clone()),
+    );
     let app = router(state);
     let local = listener.local_addr()?;
     tracing::info!(listen = %local, "hotsplit is serving");

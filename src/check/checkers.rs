@@ -23,6 +23,58 @@ pub struct MonotonicViolation {
     pub seen: u64,
     /// The older version it then read.
     pub then: u64,
+    /// Where the read that showed `seen` was served.
+    pub seen_via: Via,
+    /// Where the offending read was served.
+    pub then_via: Via,
+}
+
+/// Where a read was served: the copy and the role of the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Via {
+    /// The copy, when the history knows it.
+    pub copy: Option<u32>,
+    /// Whether a replica served it (`Hotsplit-Served-By: …;role=replica`).
+    pub replica: bool,
+}
+
+impl Via {
+    fn of(event: &Event) -> Via {
+        Via {
+            copy: event.copy,
+            replica: event
+                .served_by
+                .as_deref()
+                .is_some_and(|served_by| served_by.contains("role=replica")),
+        }
+    }
+}
+
+/// Why a monotonic-read violation falls outside the affine claim, which covers one copy read
+/// from one place: a copy only moves forward, so two reads of it cannot go back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The two reads were served by different copies (in affine mode, a fallback to a sibling
+    /// when the reader's copy could not be read).
+    AcrossCopies,
+    /// The same copy, once from a replica and once from its primary: the replica was behind by
+    /// up to its class's staleness budget.
+    AcrossRoles,
+    /// The same copy from the same role: a copy went back, which only lost writes explain.
+    SameCopy,
+}
+
+impl MonotonicViolation {
+    /// Which reads this violation compared; see [`Scope`].
+    pub fn scope(&self) -> Scope {
+        if self.seen_via.copy != self.then_via.copy {
+            Scope::AcrossCopies
+        } else if self.seen_via.replica != self.then_via.replica {
+            Scope::AcrossRoles
+        } else {
+            Scope::SameCopy
+        }
+    }
 }
 
 /// Monotonic reads per session and key: once a session has read version `v` of a key, no read
@@ -34,8 +86,8 @@ pub fn monotonic_reads(events: &[Event]) -> Vec<MonotonicViolation> {
         .filter(|event| event.read_version().is_some())
         .collect();
     reads.sort_by_key(|event| (event.start_us, event.end_us));
-    // (session, key) -> completed reads as (end, version), and the highest version among them.
-    let mut state: HashMap<(&str, &str), Vec<(u64, u64)>> = HashMap::new();
+    // (session, key) -> completed reads as (end, version, where served).
+    let mut state: HashMap<(&str, &str), Vec<(u64, u64, Via)>> = HashMap::new();
     let mut violations = Vec::new();
     for read in reads {
         let Some(version) = read.read_version() else {
@@ -46,10 +98,10 @@ pub fn monotonic_reads(events: &[Event]) -> Vec<MonotonicViolation> {
             .or_default();
         let seen = done
             .iter()
-            .filter(|(end, _)| *end <= read.start_us)
-            .map(|(_, version)| *version)
-            .max();
-        if let Some(seen) = seen {
+            .filter(|(end, _, _)| *end <= read.start_us)
+            .max_by_key(|(_, version, _)| *version)
+            .copied();
+        if let Some((_, seen, seen_via)) = seen {
             if version < seen {
                 violations.push(MonotonicViolation {
                     session: read.session.clone(),
@@ -57,21 +109,23 @@ pub fn monotonic_reads(events: &[Event]) -> Vec<MonotonicViolation> {
                     at_us: read.start_us,
                     seen,
                     then: version,
+                    seen_via,
+                    then_via: Via::of(read),
                 });
             }
         }
         // Keep only the running maximum among finished reads plus the ones still overlapping.
-        done.push((read.end_us, version));
+        done.push((read.end_us, version, Via::of(read)));
         if done.len() > 64 {
             let horizon = read.start_us;
             let best = done
                 .iter()
-                .filter(|(end, _)| *end <= horizon)
-                .map(|(_, v)| *v)
-                .max();
-            done.retain(|(end, _)| *end > horizon);
-            if let Some(best) = best {
-                done.push((horizon, best));
+                .filter(|(end, _, _)| *end <= horizon)
+                .max_by_key(|(_, version, _)| *version)
+                .copied();
+            done.retain(|(end, _, _)| *end > horizon);
+            if let Some((_, version, via)) = best {
+                done.push((horizon, version, via));
             }
         }
     }
@@ -478,6 +532,32 @@ mod tests {
         assert!(monotonic_reads(&overlapping).is_empty());
         // Another session's newer read does not bind this one.
         assert!(monotonic_reads(&[read("a", Some(3), 0), read("b", Some(2), 10)]).is_empty());
+    }
+
+    #[test]
+    fn violations_say_which_reads_they_compared() {
+        let served = |version, copy, role: &str, start_us| {
+            let mut read = read("a", Some(version), start_us);
+            read.copy = Some(copy);
+            read.served_by = Some(format!("127.0.0.1:7000;role={role}"));
+            read
+        };
+        let history = vec![
+            served(3, 1, "primary", 0),
+            served(2, 2, "primary", 10), // a sibling, older
+            served(4, 1, "primary", 20),
+            served(3, 1, "replica", 30), // the same copy's lagging replica
+            served(5, 1, "replica", 40),
+            served(4, 1, "replica", 50), // the same copy went back
+        ];
+        let scopes: Vec<Scope> = monotonic_reads(&history)
+            .iter()
+            .map(MonotonicViolation::scope)
+            .collect();
+        assert_eq!(
+            scopes,
+            vec![Scope::AcrossCopies, Scope::AcrossRoles, Scope::SameCopy]
+        );
     }
 
     #[test]

@@ -50,8 +50,7 @@ use fred::interfaces::{
 };
 use fred::types::cluster::ClusterRouting;
 use fred::types::config::{
-    ClusterDiscoveryPolicy, Config, ReconnectError, ReconnectPolicy, ReplicaConfig, Server,
-    ServerConfig,
+    ClusterDiscoveryPolicy, Config, ReconnectError, ReconnectPolicy, Server, ServerConfig,
 };
 use fred::types::{Builder, ClusterHash, ConnectHandle, CustomCommand, Value};
 use futures_util::future::{join_all, BoxFuture};
@@ -407,7 +406,7 @@ pub struct RedisStore {
     monitor_client: tokio::sync::OnceCell<(Client, ConnectHandle)>,
     /// Cluster mode: the slot map last read with `CLUSTER SLOTS` by the topology refresh, for
     /// the replicas (fred's cached map leaves out replicas that joined after it was read).
-    replica_map: std::sync::RwLock<Option<ClusterRouting>>,
+    replica_map: std::sync::RwLock<Option<ReplicaMap>>,
     /// Cluster mode: the heartbeat hash tag found for each primary (a tag whose slot it owns).
     heartbeat_tags: std::sync::Mutex<std::collections::HashMap<NodeLabel, String>>,
 }
@@ -506,21 +505,11 @@ impl RedisStore {
 
         // READONLY is left out of the reconnect errors: a write that reaches a replica should
         // fail now, not after a reconnect loop.
-        let mut builder = client_builder(
+        let builder = client_builder(
             server,
             &options,
             vec![ReconnectError::ClusterDown, ReconnectError::Loading],
         );
-        builder.with_connection_config(|conn| {
-            // A replica read must never turn into a primary read behind our back: every
-            // fallback is the router's explicit, counted decision.
-            conn.replica = ReplicaConfig {
-                lazy_connections: true,
-                filter: None,
-                ignore_reconnection_errors: false,
-                primary_fallback: false,
-            };
-        });
         let client = builder.build().map_err(|err| {
             Error::new(
                 ErrorKind::Config,
@@ -813,19 +802,14 @@ impl RedisStore {
     }
 
     /// The replicas of `primary` in the slot map this store read itself (`CLUSTER SLOTS`, see
-    /// [`Store::refresh_topology`]), falling back to fred's.
-    fn cluster_replicas(&self, routing: &ClusterRouting, primary: &Server) -> Vec<NodeLabel> {
-        let own = self
-            .replica_map
+    /// [`Store::refresh_topology`]); none before the first read.
+    fn cluster_replicas(&self, primary: &Server) -> Vec<NodeLabel> {
+        self.replica_map
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let servers = match own.as_ref() {
-            Some(map) => map.replicas(primary),
-            None => routing.replicas(primary),
-        };
-        let mut replicas: Vec<NodeLabel> = servers.iter().map(server_label).collect();
-        replicas.sort();
-        replicas
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .and_then(|map| map.get(&server_label(primary)).cloned())
+            .unwrap_or_default()
     }
 
     /// Reads `CLUSTER SLOTS` from the first primary that answers, for its replicas. This is a
@@ -840,8 +824,8 @@ impl RedisStore {
             .cluster_slots::<Value>()
             .await
             .map_err(|err| self.fail(format_args!("CLUSTER SLOTS"), &err))?;
-        let map = ClusterRouting::from_cluster_slots(reply, "127.0.0.1")
-            .map_err(|err| self.fail(format_args!("parsing CLUSTER SLOTS"), &err))?;
+        let map = replicas_from_cluster_slots(&reply)
+            .map_err(|why| self.corrupt(format!("CLUSTER SLOTS reply: {why}")))?;
         *self
             .replica_map
             .write()
@@ -1150,6 +1134,57 @@ fn heartbeat_key(tag: &str, instance: &str) -> String {
     }
 }
 
+/// Each cluster primary's replicas, `host:port` labels, sorted.
+type ReplicaMap = std::collections::HashMap<NodeLabel, Vec<NodeLabel>>;
+
+/// Each primary's replicas, read out of a `CLUSTER SLOTS` reply: an array of
+/// `[start, end, primary, replica…]` where every node is `[host, port, id, …]`.
+///
+/// This is parsed here rather than by fred: fred's replica support (its `replicas` feature)
+/// busy-loops its router task on a command whose node has no connection (fred 10.1,
+/// `create_replica_connection` re-queues such a command with its attempt restored, forever),
+/// which pinned a core and stopped runtime shutdown after a master failover.
+fn replicas_from_cluster_slots(reply: &Value) -> std::result::Result<ReplicaMap, String> {
+    fn node(value: &Value) -> std::result::Result<NodeLabel, String> {
+        let Value::Array(fields) = value else {
+            return Err(format!("a node is not an array: {value:?}"));
+        };
+        let host = fields
+            .first()
+            .and_then(Value::as_string)
+            .ok_or_else(|| format!("a node has no host: {value:?}"))?;
+        let port = fields
+            .get(1)
+            .and_then(Value::as_u64)
+            .and_then(|port| u16::try_from(port).ok())
+            .ok_or_else(|| format!("a node has no port: {value:?}"))?;
+        Ok(NodeLabel::new(format_address(&host, port)))
+    }
+    let Value::Array(ranges) = reply else {
+        return Err(format!("not an array: {reply:?}"));
+    };
+    let mut map = ReplicaMap::new();
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return Err(format!("a slot range is not an array: {range:?}"));
+        };
+        let primary = node(
+            parts
+                .get(2)
+                .ok_or_else(|| format!("a slot range has no primary: {range:?}"))?,
+        )?;
+        let replicas = map.entry(primary).or_default();
+        for replica in parts.iter().skip(3) {
+            let replica = node(replica)?;
+            if !replicas.contains(&replica) {
+                replicas.push(replica);
+            }
+        }
+        replicas.sort();
+    }
+    Ok(map)
+}
+
 /// Reads `field:<number>` out of an INFO reply.
 fn info_number(info: &str, field: &str) -> Option<u64> {
     info.lines().find_map(|line| {
@@ -1339,7 +1374,7 @@ impl Store for RedisStore {
             .unique_primary_nodes()
             .into_iter()
             .map(|primary| {
-                let replicas = self.cluster_replicas(&routing, &primary);
+                let replicas = self.cluster_replicas(&primary);
                 ReplicaSet {
                     primary: server_label(&primary),
                     replicas,
@@ -1736,6 +1771,55 @@ mod tests {
 
     fn standalone(address: &str) -> RedisTarget {
         RedisTarget::Standalone(address.to_owned())
+    }
+
+    fn node(host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::from(host),
+            Value::Integer(port),
+            Value::from("0123456789abcdef"),
+        ])
+    }
+
+    #[test]
+    fn reads_each_primarys_replicas_out_of_cluster_slots() {
+        let range = |start, end, nodes: Vec<Value>| {
+            let mut parts = vec![Value::Integer(start), Value::Integer(end)];
+            parts.extend(nodes);
+            Value::Array(parts)
+        };
+        let reply = Value::Array(vec![
+            range(
+                0,
+                5460,
+                vec![
+                    node("10.0.0.1", 7000),
+                    node("10.0.0.5", 7004),
+                    node("10.0.0.4", 7003),
+                ],
+            ),
+            // A primary with two ranges lists its replicas once.
+            range(
+                5461,
+                5470,
+                vec![node("10.0.0.1", 7000), node("10.0.0.4", 7003)],
+            ),
+            range(5471, 16383, vec![node("10.0.0.2", 7001)]),
+        ]);
+        let map = replicas_from_cluster_slots(&reply).unwrap();
+        assert_eq!(
+            map[&NodeLabel::new("10.0.0.1:7000")],
+            vec![
+                NodeLabel::new("10.0.0.4:7003"),
+                NodeLabel::new("10.0.0.5:7004")
+            ]
+        );
+        assert!(map[&NodeLabel::new("10.0.0.2:7001")].is_empty());
+        assert_eq!(map.len(), 2);
+
+        let bad = Value::Array(vec![range(0, 1, vec![Value::from("no-node")])]);
+        assert!(replicas_from_cluster_slots(&bad).is_err());
+        assert!(replicas_from_cluster_slots(&Value::Null).is_err());
     }
 
     #[test]

@@ -696,7 +696,11 @@ async fn restart_cycle(wait_for_failover: bool) {
     let cluster = tokio::task::spawn_blocking(harness::own_cluster)
         .await
         .unwrap();
-    let service = Service::start(config_with_family(Some(&cluster.url()), "ns:", 16)).await;
+    // Advisory reads: the lag monitor and the replica clients live through the failover too
+    // (fred's replica routing once spun its router task here; see store::redis).
+    let mut config = config_with_family(Some(&cluster.url()), "ns:", 16);
+    config.families[0].default_class = "advisory".into();
+    let service = Service::start(config).await;
     let base = service.base.clone();
     let http = reqwest::Client::new();
     assert_eq!(
@@ -800,7 +804,7 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
     let cluster = harness::shared_cluster();
     let url = cluster.url();
     let config = |copies| {
-        let mut config = config_with_family(Some(&url), "rs:", copies);
+        let mut config = config_with_family(Some(&url), "resize:", copies);
         config.heal.layout_interval = Duration::from_millis(100);
         config.heal.sweep_interval = Duration::from_millis(200);
         config
@@ -811,7 +815,7 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
     let mut service = Service::start(config(8)).await;
     let http = reqwest::Client::new();
     assert_eq!(
-        http.put(format!("{}/v1/keys/rs:1?version=1", service.base))
+        http.put(format!("{}/v1/keys/resize:1?version=1", service.base))
             .body("v1")
             .send()
             .await
@@ -834,7 +838,7 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
                 while !stop.load(Ordering::Relaxed) {
                     let base = base.read().unwrap().clone();
                     let mut request =
-                        http.get(format!("{base}/v1/keys/rs:1?client=reader-{reader}"));
+                        http.get(format!("{base}/v1/keys/resize:1?client=reader-{reader}"));
                     if floor > 0 {
                         request = request.header("hotsplit-min-version", floor.to_string());
                     }
@@ -873,7 +877,7 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
                 version += 1;
                 let base = base.read().unwrap().clone();
                 let sent = http
-                    .put(format!("{base}/v1/keys/rs:1?version={version}"))
+                    .put(format!("{base}/v1/keys/resize:1?version={version}"))
                     .body(format!("v{version}"))
                     .send()
                     .await;
@@ -894,7 +898,7 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
         match copies {
             // A key that is never published again after the shrink.
             12 => assert!(http
-                .put(format!("{}/v1/keys/rs:idle?version=1", service.base))
+                .put(format!("{}/v1/keys/resize:idle?version=1", service.base))
                 .body("idle")
                 .send()
                 .await
@@ -906,10 +910,14 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
                 poll(
                     "the sweep deletes removed copies",
                     Duration::from_secs(10),
-                    || std::future::ready((4..12).all(|copy| !exists(&format!("rs:idle#{copy}")))),
+                    || {
+                        std::future::ready(
+                            (4..12).all(|copy| !exists(&format!("resize:idle#{copy}"))),
+                        )
+                    },
                 )
                 .await;
-                assert!(exists("rs:idle#0"));
+                assert!(exists("resize:idle#0"));
             }
             _ => {}
         }
@@ -945,11 +953,11 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
         .await
         .unwrap();
     assert!(ready.get("layout_mismatches").is_none(), "{ready}");
-    let record_port = owner_port(cluster, "#hotsplit#layout#rs:");
-    let record = devcluster::cli(record_port, &["GET", "#hotsplit#layout#rs:"]).unwrap();
+    let record_port = owner_port(cluster, "#hotsplit#layout#resize:");
+    let record = devcluster::cli(record_port, &["GET", "#hotsplit#layout#resize:"]).unwrap();
     assert!(record.starts_with("8:"), "{record}");
     for copy in 8..12 {
-        for key in ["rs:1", "rs:idle"] {
+        for key in ["resize:1", "resize:idle"] {
             let copy_key = format!("{key}#{copy}");
             assert!(
                 !exists(&copy_key),
