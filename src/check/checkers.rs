@@ -87,7 +87,8 @@ pub fn monotonic_reads(events: &[Event]) -> Vec<MonotonicViolation> {
         .collect();
     reads.sort_by_key(|event| (event.start_us, event.end_us));
     // (session, key) -> completed reads as (end, version, where served).
-    let mut state: HashMap<(&str, &str), Vec<(u64, u64, Via)>> = HashMap::new();
+    type Done = Vec<(u64, u64, Via)>;
+    let mut state: HashMap<(&str, &str), Done> = HashMap::new();
     let mut violations = Vec::new();
     for read in reads {
         let Some(version) = read.read_version() else {
