@@ -80,6 +80,15 @@ pub struct CopyRecord {
     pub expire_at_ms: u64,
 }
 
+/// The version and kind of what a copy holds, without the value: what `hotsplit audit` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyStamp {
+    /// The version stored in the copy.
+    pub version: Version,
+    /// Whether the copy holds a tombstone rather than a value.
+    pub tombstone: bool,
+}
+
 /// The result of reading one copy.
 #[derive(Debug, Clone)]
 pub struct CopyRead {

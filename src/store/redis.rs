@@ -27,6 +27,10 @@
 //! - **Version counters** use `FCALL hotsplit_alloc` (INCR + PEXPIRE, atomic), not MULTI/EXEC:
 //!   fred 10 runs a transaction inside its router task after draining every connection, so one
 //!   slow node would stall every command of the client.
+//! - **Audits** (`hotsplit audit`) go through `ReadOnlyNodes`, apart from [`RedisStore`]: one
+//!   centralized client per node (discovered with `CLUSTER NODES` or `INFO replication`) that
+//!   sends only `SCAN … TYPE hash`, `HMGET key ver tomb` and `READONLY`, and never loads the
+//!   function library, so an audit cannot write.
 //!
 //! # Invariants
 //! - Every command has a timeout (fred has none by default): no caller hangs on a paused node.
@@ -35,7 +39,7 @@
 //!   [`ErrorKind::Unavailable`].
 //! - Versions cross into Lua as canonical decimal strings and are never converted to numbers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -56,7 +60,7 @@ use fred::types::{Builder, ClusterHash, ConnectHandle, CustomCommand, Value};
 use futures_util::future::{join_all, BoxFuture};
 
 use super::{
-    layout_key, CasOutcome, CopyRead, CopyRecord, CopyWrite, Layout, NodeLabel, Payload,
+    layout_key, CasOutcome, CopyRead, CopyRecord, CopyStamp, CopyWrite, Layout, NodeLabel, Payload,
     ReplicaSet, ServedBy, Store, WriteResult,
 };
 use crate::error::{Error, ErrorKind, Result};
@@ -1765,6 +1769,608 @@ impl Store for RedisStore {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Read-only access to every node, for `hotsplit audit`
+// ---------------------------------------------------------------------------------------------
+
+/// The fields `hotsplit audit` reads of a copy: the version and the tombstone flag, never the
+/// value, so an audit stays cheap.
+const STAMP_FIELDS: [&str; 2] = ["ver", "tomb"];
+
+/// A primary and its replicas, as [`ReadOnlyNodes`] discovered them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shard {
+    /// The primary, `host:port`.
+    pub(crate) primary: NodeLabel,
+    /// Its replicas, `host:port`, sorted.
+    pub(crate) replicas: Vec<NodeLabel>,
+    /// Cluster mode: the slot ranges it serves, inclusive; empty for a standalone primary.
+    slots: Vec<(u16, u16)>,
+}
+
+/// One page of a `SCAN` on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ScanPage {
+    /// The cursor of the next page; `None` when the scan of this node is complete.
+    pub(crate) next: Option<String>,
+    /// The keys of this page (a key may come back more than once in a scan).
+    pub(crate) keys: Vec<String>,
+}
+
+/// A fred client of one node, used only for reads.
+struct NodeClient {
+    /// A centralized client: every command it sends is served by this node.
+    client: Client,
+    /// Drives the connection; aborted on drop, which closes the socket without sending QUIT.
+    connection_task: ConnectHandle,
+    /// A Cluster replica: each read pipeline starts with `READONLY`, which the node needs to
+    /// serve reads of its primary's slots.
+    cluster_replica: bool,
+}
+
+impl Drop for NodeClient {
+    fn drop(&mut self) {
+        self.connection_task.abort();
+    }
+}
+
+/// Read-only connections to every node of a deployment: what `hotsplit audit` reads through.
+///
+/// It discovers the nodes with `INFO cluster`, then `CLUSTER NODES` (Cluster mode) or
+/// `INFO replication` (a standalone primary and its `slaveN` replicas), and opens one
+/// centralized fred client per node. Afterwards it sends only `SCAN ... TYPE hash`, `HMGET key ver
+/// tomb` and, on Cluster replicas, `READONLY`. fred's own connection handshake adds `PING`,
+/// `CLIENT ID`, `INFO server` and `ROLE`. Nothing it sends writes, and it never loads the function
+/// library (which [`RedisStore::connect`] does). Connections are closed by dropping their
+/// sockets, not with `QUIT`. There is no reconnection: a node that drops fails its own reads.
+pub(crate) struct ReadOnlyNodes {
+    /// Whether the deployment is a Redis Cluster.
+    cluster: bool,
+    /// Every primary with its replicas; one entry for a standalone primary.
+    shards: Vec<Shard>,
+    /// One client per connected node.
+    clients: HashMap<NodeLabel, NodeClient>,
+    /// Replicas that could not be connected, with why; their reads fail.
+    unreachable: Vec<(NodeLabel, Error)>,
+    /// The command timeout, for messages.
+    command_timeout: Duration,
+}
+
+impl fmt::Debug for ReadOnlyNodes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadOnlyNodes")
+            .field("cluster", &self.cluster)
+            .field("shards", &self.shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadOnlyNodes {
+    /// Discovers the nodes of `options.target` from the first seed that answers and connects a
+    /// client to each, every node at once, each within `options.connect_timeout`. Every
+    /// command is bounded by `options.command_timeout`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when an address is malformed or a `redis://` URL names a replica;
+    /// [`ErrorKind::Unavailable`] (or [`ErrorKind::Timeout`]) when no seed answers, discovery
+    /// fails, or a primary cannot be connected. A replica that cannot be connected is no error:
+    /// it is listed by [`ReadOnlyNodes::unreachable`].
+    pub(crate) async fn connect(options: &RedisOptions) -> Result<ReadOnlyNodes> {
+        let seeds: Vec<String> = match &options.target {
+            RedisTarget::Standalone(address) => vec![address.clone()],
+            RedisTarget::Cluster(addresses) => addresses.clone(),
+        };
+        let mut failures = Vec::new();
+        let mut seed = None;
+        for address in &seeds {
+            let label = NodeLabel::new(address);
+            match connect_node(&label, options, false).await {
+                Ok(client) => {
+                    seed = Some((label, client));
+                    break;
+                }
+                Err(err) => failures.push(err.message().to_owned()),
+            }
+        }
+        let Some((seed_label, seed)) = seed else {
+            let why = failures.join("; ");
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                match &options.target {
+                    RedisTarget::Standalone(_) => why,
+                    RedisTarget::Cluster(_) => {
+                        format!("no seed node of {} answers: {why}", options.target)
+                    }
+                },
+            ));
+        };
+        let timeout = options.command_timeout;
+        let cluster_info = seed
+            .client
+            .info::<String>(Some(fred::types::InfoKind::Cluster))
+            .await
+            .map_err(|err| {
+                read_only_error(format_args!("INFO cluster on {seed_label}"), &err, timeout)
+            })?;
+        let cluster = info_number(&cluster_info, "cluster_enabled") == Some(1);
+        let shards = if cluster {
+            let text = seed.client.cluster_nodes::<String>().await.map_err(|err| {
+                read_only_error(format_args!("CLUSTER NODES on {seed_label}"), &err, timeout)
+            })?;
+            parse_cluster_nodes(&text).map_err(|why| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    format!("CLUSTER NODES on {seed_label}: {why}"),
+                )
+            })?
+        } else {
+            let text = seed
+                .client
+                .info::<String>(Some(fred::types::InfoKind::Replication))
+                .await
+                .map_err(|err| {
+                    read_only_error(
+                        format_args!("INFO replication on {seed_label}"),
+                        &err,
+                        timeout,
+                    )
+                })?;
+            let replicas = parse_info_replicas(&text)
+                .map_err(|why| Error::new(ErrorKind::Config, format!("{seed_label}: {why}")))?;
+            vec![Shard {
+                primary: seed_label.clone(),
+                replicas,
+                slots: Vec::new(),
+            }]
+        };
+        drop(seed);
+        if shards.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("CLUSTER NODES on {seed_label} lists no primary serving slots"),
+            ));
+        }
+
+        let nodes: Vec<(NodeLabel, bool)> = shards
+            .iter()
+            .flat_map(|shard| {
+                std::iter::once((shard.primary.clone(), false))
+                    .chain(shard.replicas.iter().map(|replica| (replica.clone(), true)))
+            })
+            .collect();
+        let connected = join_all(nodes.iter().map(|(label, replica)| async move {
+            (
+                label.clone(),
+                *replica,
+                connect_node(label, options, cluster && *replica).await,
+            )
+        }))
+        .await;
+        let mut clients = HashMap::new();
+        let mut unreachable = Vec::new();
+        for (label, replica, result) in connected {
+            match result {
+                Ok(client) => {
+                    clients.insert(label, client);
+                }
+                Err(err) if replica => unreachable.push((label, err)),
+                Err(err) => {
+                    return Err(Error::new(
+                        err.kind(),
+                        format!("cannot connect to primary {label}: {}", err.message()),
+                    ))
+                }
+            }
+        }
+        Ok(ReadOnlyNodes {
+            cluster,
+            shards,
+            clients,
+            unreachable,
+            command_timeout: options.command_timeout,
+        })
+    }
+
+    /// Whether the deployment is a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// Every primary with its replicas.
+    pub(crate) fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    /// Replicas that could not be connected, with why.
+    pub(crate) fn unreachable(&self) -> &[(NodeLabel, Error)] {
+        &self.unreachable
+    }
+
+    /// The index in [`ReadOnlyNodes::shards`] of the shard that owns `key`: the one standalone
+    /// primary, or the primary serving the key's slot; `None` when no primary serves it.
+    pub(crate) fn shard_of(&self, key: &str) -> Option<usize> {
+        if !self.cluster {
+            return Some(0);
+        }
+        let slot = fred::util::redis_keyslot(key.as_bytes());
+        self.shards.iter().position(|shard| {
+            shard
+                .slots
+                .iter()
+                .any(|&(first, last)| first <= slot && slot <= last)
+        })
+    }
+
+    /// Sends one `SCAN cursor MATCH pattern COUNT count TYPE hash` to `node` (start with cursor
+    /// `"0"`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Timeout`] or [`ErrorKind::Unavailable`] when the node fails or is not
+    /// connected.
+    pub(crate) async fn scan_page(
+        &self,
+        node: &NodeLabel,
+        cursor: &str,
+        pattern: &str,
+        count: u32,
+    ) -> Result<ScanPage> {
+        let client = self.client(node)?;
+        let reply = client
+            .client
+            .scan_page::<Value, _, _>(
+                cursor.to_owned(),
+                pattern.to_owned(),
+                Some(count),
+                Some(fred::types::scan::ScanType::Hash),
+            )
+            .await
+            .map_err(|err| {
+                read_only_error(
+                    format_args!("SCAN {pattern} on {node}"),
+                    &err,
+                    self.command_timeout,
+                )
+            })?;
+        parse_scan_page(reply).map_err(|why| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("SCAN {pattern} on {node}: {why}"),
+            )
+        })
+    }
+
+    /// Reads the version and tombstone flag (`HMGET key ver tomb`) of each of `copies` on
+    /// `node`, as one pipeline (after `READONLY` on a Cluster replica). Returns one result per
+    /// copy, in order: `None` for a copy that does not exist.
+    pub(crate) async fn read_stamps(
+        &self,
+        node: &NodeLabel,
+        copies: &[CopyKey],
+    ) -> Vec<Result<Option<CopyStamp>>> {
+        let client = match self.client(node) {
+            Ok(client) => client,
+            Err(err) => return copies.iter().map(|_| Err(err.clone())).collect(),
+        };
+        let pipeline = client.client.pipeline();
+        let mut queued = 0usize;
+        let mut queue_error = None;
+        if client.cluster_replica {
+            match pipeline
+                .custom::<(), Value>(
+                    CustomCommand::new_static("READONLY", ClusterHash::Random, false),
+                    Vec::new(),
+                )
+                .await
+            {
+                Ok(()) => queued += 1,
+                Err(err) => queue_error = Some(err),
+            }
+        }
+        for copy in copies {
+            if queue_error.is_some() {
+                break;
+            }
+            match pipeline
+                .hmget::<(), _, _>(copy.as_str(), STAMP_FIELDS.to_vec())
+                .await
+            {
+                Ok(()) => queued += 1,
+                Err(err) => queue_error = Some(err),
+            }
+        }
+        let fail = |err: &FredError| {
+            read_only_error(
+                format_args!("read of {} copies on {node}", copies.len()),
+                err,
+                self.command_timeout,
+            )
+        };
+        if let Some(err) = queue_error {
+            let err = fail(&err);
+            return copies.iter().map(|_| Err(err.clone())).collect();
+        }
+        let replies = pipeline.try_all::<Value>().await;
+        if replies.len() != queued {
+            let err = replies
+                .iter()
+                .find_map(|reply| reply.as_ref().err())
+                .map(fail)
+                .unwrap_or_else(|| {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        format!("{} replies to {queued} commands on {node}", replies.len()),
+                    )
+                });
+            return copies.iter().map(|_| Err(err.clone())).collect();
+        }
+        let skip = usize::from(client.cluster_replica);
+        replies
+            .into_iter()
+            .skip(skip)
+            .zip(copies)
+            .map(|(reply, copy)| {
+                let reply = reply.map_err(|err| {
+                    read_only_error(
+                        format_args!("read of copy {copy} on {node}"),
+                        &err,
+                        self.command_timeout,
+                    )
+                })?;
+                parse_stamp(reply).map_err(|why| {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        format!("copy {copy} on {node} is corrupt: {why}"),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// The client of `node`.
+    fn client(&self, node: &NodeLabel) -> Result<&NodeClient> {
+        self.clients
+            .get(node)
+            .ok_or_else(|| Error::new(ErrorKind::Unavailable, format!("{node} is not connected")))
+    }
+}
+
+/// Connects a centralized, read-only client of the node `label` (`host:port`), within the
+/// connect timeout, with no reconnection.
+async fn connect_node(
+    label: &NodeLabel,
+    options: &RedisOptions,
+    cluster_replica: bool,
+) -> Result<NodeClient> {
+    let (host, port) = parse_address(label.as_str())
+        .map_err(|why| Error::new(ErrorKind::Config, format!("node {label:?}: {why}")))?;
+    let mut builder = Builder::from_config(Config {
+        server: ServerConfig::new_centralized(host, port),
+        ..Config::default()
+    });
+    builder
+        .with_performance_config(|perf| {
+            perf.default_command_timeout = options.command_timeout;
+        })
+        .with_connection_config(|conn| {
+            conn.connection_timeout = options.connect_timeout;
+            conn.internal_command_timeout = options.connect_timeout;
+            conn.reconnect_errors = Vec::new();
+        });
+    let client = builder.build().map_err(|err| {
+        Error::new(
+            ErrorKind::Config,
+            format!(
+                "invalid client configuration for {label}: {}",
+                err.details()
+            ),
+        )
+    })?;
+    match tokio::time::timeout(options.connect_timeout, client.init()).await {
+        Ok(Ok(connection_task)) => Ok(NodeClient {
+            client,
+            connection_task,
+            cluster_replica,
+        }),
+        Ok(Err(err)) => Err(Error::new(
+            ErrorKind::Unavailable,
+            format!("could not connect to {label}: {}", err.details()),
+        )),
+        Err(_) => {
+            let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "could not connect to {label} within {} ms",
+                    options.connect_timeout.as_millis()
+                ),
+            ))
+        }
+    }
+}
+
+/// Maps a fred error of a read-only client to the crate's error (nothing is counted: the audit
+/// has no service metrics).
+fn read_only_error(what: fmt::Arguments<'_>, err: &FredError, timeout: Duration) -> Error {
+    match Failure::of(err) {
+        Failure::Timeout => Error::new(
+            ErrorKind::Timeout,
+            format!("{what} timed out after {} ms", timeout.as_millis()),
+        ),
+        failure => Error::new(
+            ErrorKind::Unavailable,
+            format!("{what} failed ({}): {}", failure.as_str(), err.details()),
+        ),
+    }
+}
+
+/// Parses the text of `CLUSTER NODES` into shards: every master that is not flagged `fail`,
+/// `handshake` or `noaddr` and serves slots, with its replicas (same exclusions), sorted by
+/// first slot. Slots being imported or migrated (`[...]`) are left out.
+fn parse_cluster_nodes(text: &str) -> std::result::Result<Vec<Shard>, String> {
+    struct Line {
+        id: String,
+        label: NodeLabel,
+        master: bool,
+        replica_of: Option<String>,
+        slots: Vec<(u16, u16)>,
+    }
+    let mut lines = Vec::new();
+    for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 8 {
+            return Err(format!("a line has {} fields: {line:?}", fields.len()));
+        }
+        let flags: Vec<&str> = fields[2].split(',').collect();
+        if flags
+            .iter()
+            .any(|flag| matches!(*flag, "fail" | "handshake" | "noaddr"))
+        {
+            continue;
+        }
+        // ip:port@cport[,hostname]
+        let address = fields[1].split('@').next().unwrap_or_default();
+        let Some((host, port)) = address.rsplit_once(':') else {
+            return Err(format!("address {:?} has no port", fields[1]));
+        };
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("address {:?} has a bad port", fields[1]))?;
+        if host.is_empty() || port == 0 {
+            continue;
+        }
+        let mut slots = Vec::new();
+        for range in &fields[8..] {
+            if range.starts_with('[') {
+                continue;
+            }
+            let (first, last) = range.split_once('-').unwrap_or((range, range));
+            let parse = |slot: &str| {
+                slot.parse::<u16>()
+                    .map_err(|_| format!("slot range {range:?} does not parse"))
+            };
+            slots.push((parse(first)?, parse(last)?));
+        }
+        lines.push(Line {
+            id: fields[0].to_owned(),
+            label: NodeLabel::new(format_address(host.trim_matches(['[', ']']), port)),
+            master: flags.contains(&"master"),
+            replica_of: (flags.contains(&"slave") && fields[3] != "-")
+                .then(|| fields[3].to_owned()),
+            slots,
+        });
+    }
+    let mut shards: Vec<(String, Shard)> = lines
+        .iter()
+        .filter(|line| line.master && !line.slots.is_empty())
+        .map(|line| {
+            let mut slots = line.slots.clone();
+            slots.sort_unstable();
+            (
+                line.id.clone(),
+                Shard {
+                    primary: line.label.clone(),
+                    replicas: Vec::new(),
+                    slots,
+                },
+            )
+        })
+        .collect();
+    for line in &lines {
+        let Some(master) = &line.replica_of else {
+            continue;
+        };
+        if let Some((_, shard)) = shards.iter_mut().find(|(id, _)| id == master) {
+            shard.replicas.push(line.label.clone());
+        }
+    }
+    for (_, shard) in &mut shards {
+        shard.replicas.sort();
+    }
+    shards.sort_by_key(|(_, shard)| shard.slots.first().copied());
+    Ok(shards.into_iter().map(|(_, shard)| shard).collect())
+}
+
+/// Parses `INFO replication` of a standalone server: its replicas (`slaveN:ip=…,port=…`), or
+/// an error when the server is itself a replica.
+fn parse_info_replicas(text: &str) -> std::result::Result<Vec<NodeLabel>, String> {
+    let field = |name: &str| {
+        text.lines().find_map(|line| {
+            let (key, value) = line.trim_end().split_once(':')?;
+            (key == name).then_some(value)
+        })
+    };
+    if field("role") == Some("slave") {
+        let primary = match (field("master_host"), field("master_port")) {
+            (Some(host), Some(port)) => format!(" of {host}:{port}"),
+            _ => String::new(),
+        };
+        return Err(format!(
+            "it is a replica{primary}; point the audit at the primary, whose replicas it finds"
+        ));
+    }
+    let mut replicas = Vec::new();
+    for line in text.lines().map(str::trim_end) {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let is_slave_line = key
+            .strip_prefix("slave")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !is_slave_line {
+            continue;
+        }
+        let item = |name: &str| {
+            value.split(',').find_map(|pair| {
+                let (key, value) = pair.split_once('=')?;
+                (key == name).then_some(value)
+            })
+        };
+        let (Some(ip), Some(port)) = (item("ip"), item("port")) else {
+            return Err(format!("cannot read the replica in {line:?}"));
+        };
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("cannot read the replica port in {line:?}"))?;
+        replicas.push(NodeLabel::new(format_address(ip, port)));
+    }
+    replicas.sort();
+    Ok(replicas)
+}
+
+/// Parses a `SCAN` reply: `[cursor, [key, ...]]`.
+fn parse_scan_page(reply: Value) -> std::result::Result<ScanPage, String> {
+    let [cursor, keys] = <[Value; 2]>::try_from(reply.into_array())
+        .map_err(|fields| format!("expected 2 fields, got {}", fields.len()))?;
+    let cursor = cursor.as_string().ok_or("the cursor is not text")?;
+    let keys = keys
+        .into_array()
+        .into_iter()
+        .map(|key| key.as_string().ok_or("a key is not text"))
+        .collect::<std::result::Result<Vec<String>, _>>()?;
+    Ok(ScanPage {
+        next: (cursor != "0").then_some(cursor),
+        keys,
+    })
+}
+
+/// Parses the `HMGET ver tomb` reply of a copy: `None` when the copy does not exist.
+fn parse_stamp(reply: Value) -> std::result::Result<Option<CopyStamp>, String> {
+    let [ver, tomb] = <[Value; 2]>::try_from(reply.into_array())
+        .map_err(|fields| format!("expected 2 fields, got {}", fields.len()))?;
+    if ver.is_null() && tomb.is_null() {
+        return Ok(None);
+    }
+    let ver = ver.as_str().ok_or("field ver is missing or not text")?;
+    let version = Version::from_str(&ver).map_err(|err| format!("field ver: {}", err.message()))?;
+    let tombstone = match tomb.as_str().as_deref() {
+        Some("1") => true,
+        Some("0") => false,
+        Some(other) => return Err(format!("field tomb {other:?} is neither \"0\" nor \"1\"")),
+        None => return Err("field tomb is missing".to_owned()),
+    };
+    Ok(Some(CopyStamp { version, tombstone }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2071,6 +2677,109 @@ mod tests {
         assert_eq!(Placement::Cluster(None).node_of("k#0").as_str(), "unknown");
         let node = NodeLabel::new("h:1");
         assert_eq!(Placement::Standalone(node.clone()).node_of("k#0"), node);
+    }
+
+    #[test]
+    fn parses_cluster_nodes_into_shards() {
+        let text = "\
+07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004,host-4 slave e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 0 1426238317239 4 connected
+67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 127.0.0.1:30002@31002 master - 0 1426238316232 2 connected 5461-10922
+292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 127.0.0.1:30003@31003 master - 0 1426238318243 3 connected 10923-16383 [93->-67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1]
+6ec23923021cf3ffec47632106199cb7f496ce01 127.0.0.1:30005@31005 slave 67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 0 1426238316232 5 connected
+824fe116063bc5fcf9f4ffd895bc17aee7731ac3 127.0.0.1:30006@31006 slave,fail 292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 0 1426238317741 6 disconnected
+aaaafe116063bc5fcf9f4ffd895bc17aee7731ac3 :0@0 slave,noaddr 292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 0 0 6 disconnected
+bbbbfe116063bc5fcf9f4ffd895bc17aee7731ac3 127.0.0.1:30007@31007 master - 0 0 7 connected
+e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0 0 1 connected 0-5459 5460
+";
+        let shards = parse_cluster_nodes(text).unwrap();
+        let label = NodeLabel::new;
+        assert_eq!(
+            shards,
+            [
+                Shard {
+                    primary: label("127.0.0.1:30001"),
+                    replicas: vec![label("127.0.0.1:30004")],
+                    slots: vec![(0, 5459), (5460, 5460)],
+                },
+                Shard {
+                    primary: label("127.0.0.1:30002"),
+                    replicas: vec![label("127.0.0.1:30005")],
+                    slots: vec![(5461, 10922)],
+                },
+                Shard {
+                    // Its replica failed; the master without slots is left out.
+                    primary: label("127.0.0.1:30003"),
+                    replicas: vec![],
+                    slots: vec![(10923, 16383)],
+                },
+            ]
+        );
+        assert!(parse_cluster_nodes("id 127.0.0.1:1@2 master").is_err());
+        assert!(parse_cluster_nodes("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn finds_standalone_replicas_in_info_replication() {
+        let text = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\nslave0:ip=127.0.0.1,port=30002,state=online,offset=123,lag=0\r\nslave1:ip=10.0.0.5,port=6380,state=wait_bgsave,offset=0,lag=0\r\nmaster_failover_state:no-failover\r\nmaster_repl_offset:123\r\n";
+        assert_eq!(
+            parse_info_replicas(text).unwrap(),
+            [
+                NodeLabel::new("10.0.0.5:6380"),
+                NodeLabel::new("127.0.0.1:30002")
+            ]
+        );
+        assert!(parse_info_replicas("role:master\r\nconnected_slaves:0\r\n")
+            .unwrap()
+            .is_empty());
+        let err = parse_info_replicas("role:slave\r\nmaster_host:10.0.0.1\r\nmaster_port:7000\r\n")
+            .unwrap_err();
+        assert!(err.contains("replica of 10.0.0.1:7000"), "{err}");
+        assert!(parse_info_replicas("role:master\r\nslave0:ip=x,state=online\r\n").is_err());
+    }
+
+    #[test]
+    fn parses_scan_pages_and_stamps() {
+        let page = Value::Array(vec![
+            text("17"),
+            Value::Array(vec![text("a#1"), text("b#0")]),
+        ]);
+        assert_eq!(
+            parse_scan_page(page).unwrap(),
+            ScanPage {
+                next: Some("17".to_owned()),
+                keys: vec!["a#1".to_owned(), "b#0".to_owned()],
+            }
+        );
+        let last = Value::Array(vec![text("0"), Value::Array(vec![])]);
+        assert_eq!(parse_scan_page(last).unwrap().next, None);
+        assert!(parse_scan_page(Value::Null).is_err());
+
+        let stamp = |ver: Option<&str>, tomb: Option<&str>| {
+            parse_stamp(Value::Array(vec![
+                ver.map(text).unwrap_or(Value::Null),
+                tomb.map(text).unwrap_or(Value::Null),
+            ]))
+        };
+        assert_eq!(stamp(None, None), Ok(None));
+        assert_eq!(
+            stamp(Some("18446744073709551615"), Some("1")),
+            Ok(Some(CopyStamp {
+                version: Version::new(u64::MAX).unwrap(),
+                tombstone: true,
+            }))
+        );
+        assert_eq!(
+            stamp(Some("4"), Some("0")).unwrap().map(|s| s.tombstone),
+            Some(false)
+        );
+        for corrupt in [
+            (Some("04"), Some("0")),
+            (Some("4"), None),
+            (None, Some("0")),
+            (Some("4"), Some("2")),
+        ] {
+            assert!(stamp(corrupt.0, corrupt.1).is_err(), "{corrupt:?}");
+        }
     }
 
     #[test]
