@@ -1,4 +1,5 @@
-//! The `hotsplit` binary: parse config, set up tracing, bind, call [`hotsplit::server::run`].
+//! The `hotsplit` binary: parse config, set up tracing, bind, call [`hotsplit::server::run`]
+//! (`serve`), or run `check` or `audit`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +29,54 @@ enum Command {
     Openapi,
     /// Run a seeded consistency experiment on a throwaway Redis cluster and report what it finds.
     Check(CheckArgs),
+    /// Measure version skew between the copies of live keys, read-only (safe on production).
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct AuditArgs {
+    /// redis://host:port (a standalone primary; its replicas are found with INFO replication)
+    /// or redis-cluster://host:port[,host:port] (seed nodes). Default: store.redis of --config.
+    #[arg(long, env = "HOTSPLIT_REDIS")]
+    redis: Option<String>,
+    /// A hotsplit TOML config: copy counts come from its families (and --redis from store.redis).
+    #[arg(long, env = "HOTSPLIT_CONFIG", conflicts_with = "copies")]
+    config: Option<PathBuf>,
+    /// The copy count of every sampled key. Without it or --config, N is the highest copy index
+    /// seen + 1.
+    #[arg(long)]
+    copies: Option<u32>,
+    /// Audit only keys that start with this prefix (a family prefix, e.g. post:).
+    #[arg(long)]
+    prefix: Option<String>,
+    /// The most keys to sample.
+    #[arg(long, default_value_t = hotsplit::audit::DEFAULT_SAMPLE)]
+    sample: usize,
+    /// Copy reads per second, every node together.
+    #[arg(long, default_value_t = hotsplit::audit::DEFAULT_RATE)]
+    rate: u32,
+    /// The COUNT of each SCAN page.
+    #[arg(long, default_value_t = hotsplit::audit::DEFAULT_SCAN_COUNT)]
+    scan_count: u32,
+    /// How long one Redis command may take.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
+    /// How long connecting to one node may take.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    connect_timeout: std::time::Duration,
+    /// Print the report as JSON instead of markdown (one line per round with --watch).
+    #[arg(long)]
+    json: bool,
+    /// Exit with status 3 when a copy read on a primary is behind or disagrees (replica lag
+    /// alone does not count).
+    #[arg(long, conflicts_with = "watch")]
+    fail_on_behind: bool,
+    /// Repeat the audit every INTERVAL (e.g. 30s) and serve the figures at --metrics-addr.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    watch: Option<std::time::Duration>,
+    /// Where --watch serves Prometheus metrics (/metrics).
+    #[arg(long, default_value = "127.0.0.1:9464", requires = "watch")]
+    metrics_addr: SocketAddr,
 }
 
 #[derive(Debug, clap::Args)]
@@ -74,10 +123,11 @@ fn main() -> ExitCode {
         }
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
+        Command::Audit(args) => audit(args),
     }
 }
 
-/// The multi-threaded tokio runtime both subcommands run on.
+/// The multi-threaded tokio runtime the subcommands run on.
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -138,6 +188,203 @@ fn check(args: CheckArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Exit status of an audit that found a primary copy behind, with `--fail-on-behind`.
+const EXIT_BEHIND: u8 = 3;
+
+/// Exit status of an audit stopped by ctrl-c or SIGTERM before it finished (one-shot mode).
+const EXIT_INTERRUPTED: u8 = 130;
+
+fn audit(args: AuditArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HOTSPLIT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let options = match audit_options(&args) {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("hotsplit audit: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match args.watch {
+        Some(interval) => audit_watch(&runtime, &options, &args, interval),
+        None => audit_once(&runtime, &options, &args),
+    }
+}
+
+/// One audit round, printed to stdout; progress on stderr.
+fn audit_once(
+    runtime: &tokio::runtime::Runtime,
+    options: &hotsplit::audit::AuditOptions,
+    args: &AuditArgs,
+) -> ExitCode {
+    let mut progress = |progress: &hotsplit::audit::Progress| eprintln!("{progress}");
+    let result = runtime.block_on(async {
+        tokio::select! {
+            () = shutdown_signal() => None,
+            result = hotsplit::audit::audit(options, &mut progress) => Some(result),
+        }
+    });
+    match result {
+        None => {
+            eprintln!("hotsplit audit: interrupted");
+            ExitCode::from(EXIT_INTERRUPTED)
+        }
+        Some(Ok(report)) => {
+            if args.json {
+                println!("{}", report.json_pretty());
+            } else {
+                print!("{}", report.markdown());
+            }
+            if args.fail_on_behind && report.primaries_disagree() {
+                eprintln!(
+                    "hotsplit audit: {} copy reads on primaries disagree with their key's newest version",
+                    report.figures.primary.inconsistent_reads
+                );
+                return ExitCode::from(EXIT_BEHIND);
+            }
+            ExitCode::SUCCESS
+        }
+        Some(Err(err)) => {
+            eprintln!("hotsplit audit: {err}");
+            audit_exit_code(&err)
+        }
+    }
+}
+
+/// Audit rounds every `interval` until ctrl-c or SIGTERM, with metrics at `--metrics-addr`;
+/// each round's report goes to stdout, a summary line to stderr.
+fn audit_watch(
+    runtime: &tokio::runtime::Runtime,
+    options: &hotsplit::audit::AuditOptions,
+    args: &AuditArgs,
+    interval: std::time::Duration,
+) -> ExitCode {
+    let mut progress = |progress: &hotsplit::audit::Progress| eprintln!("{progress}");
+    let mut round = 0u64;
+    let on_round = |result: Result<&hotsplit::audit::report::Report, &hotsplit::Error>| {
+        round += 1;
+        match result {
+            Ok(report) => {
+                let figures = &report.figures;
+                eprintln!(
+                    "hotsplit audit: round {round}: {} keys, behind on primaries {} / replicas {}, max skew {} / {}, {:.1} s",
+                    figures.keys,
+                    figures.primary.copies_behind,
+                    figures.replica.copies_behind,
+                    figures.primary.skew.max,
+                    figures.replica.skew.max,
+                    report.elapsed_ms as f64 / 1000.0
+                );
+                if args.json {
+                    println!("{}", report.json_line());
+                } else {
+                    println!("{}", report.markdown());
+                }
+            }
+            Err(err) => eprintln!("hotsplit audit: round {round} failed: {err}"),
+        }
+    };
+    let result = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+            .await
+            .map_err(|err| {
+                hotsplit::Error::new(
+                    hotsplit::ErrorKind::Io,
+                    format!("cannot listen on {}: {err}", args.metrics_addr),
+                )
+            })?;
+        if let Ok(address) = listener.local_addr() {
+            eprintln!(
+                "hotsplit audit: metrics at http://{address}/metrics, a round every {}",
+                humantime::format_duration(interval)
+            );
+        }
+        hotsplit::audit::watch(
+            options,
+            interval,
+            listener,
+            shutdown_signal(),
+            on_round,
+            &mut progress,
+        )
+        .await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("hotsplit audit: {err}");
+            audit_exit_code(&err)
+        }
+    }
+}
+
+/// 2 for a usage or config error, 1 for anything else (Redis could not be reached or read).
+fn audit_exit_code(err: &hotsplit::Error) -> ExitCode {
+    match err.kind() {
+        hotsplit::ErrorKind::Config => ExitCode::from(2),
+        _ => ExitCode::FAILURE,
+    }
+}
+
+/// The audit's options from its flags and the optional config file, validated.
+fn audit_options(args: &AuditArgs) -> hotsplit::Result<hotsplit::audit::AuditOptions> {
+    use hotsplit::audit::{AuditOptions, CopyCount};
+    let config = match &args.config {
+        Some(path) => {
+            let config = Config::from_file(path)?;
+            config.validate()?;
+            Some(config)
+        }
+        None => None,
+    };
+    let url = args
+        .redis
+        .clone()
+        .or_else(|| {
+            config
+                .as_ref()
+                .and_then(|config| config.store.redis.clone())
+        })
+        .ok_or_else(|| {
+            hotsplit::Error::new(
+                hotsplit::ErrorKind::Config,
+                "--redis: required (or store.redis in --config)",
+            )
+        })?;
+    let target = hotsplit::store::redis::RedisTarget::parse(&url).map_err(|err| {
+        hotsplit::Error::new(hotsplit::ErrorKind::Config, format!("--redis: {err}"))
+    })?;
+    let mut options = AuditOptions::new(target);
+    options.copies = match (&config, args.copies) {
+        (Some(config), _) => CopyCount::Config(hotsplit::config::Families::from_config(config)),
+        (None, Some(copies)) => CopyCount::Fixed(copies),
+        (None, None) => CopyCount::Inferred,
+    };
+    options.prefix = args.prefix.clone();
+    options.sample = args.sample;
+    options.rate = args.rate;
+    options.scan_count = args.scan_count;
+    options.command_timeout = args.timeout;
+    options.connect_timeout = args.connect_timeout;
+    if args.watch.is_some_and(|interval| interval.is_zero()) {
+        return Err(hotsplit::Error::new(
+            hotsplit::ErrorKind::Config,
+            "--watch: the interval must be positive",
+        ));
+    }
+    options.validate()?;
+    Ok(options)
 }
 
 fn serve(args: ServeArgs) -> ExitCode {

@@ -1,0 +1,571 @@
+//! The audit's I/O: find copy keys with `SCAN`, choose the sample, read every copy everywhere.
+//!
+//! **Scan.** Every primary is scanned at once, one `SCAN … MATCH <pattern> COUNT <n> TYPE hash`
+//! page per primary per step, so the sample is spread over the primaries. The pattern is
+//! `*#*`, or `<prefix>*#*` with the prefix's glob characters escaped. A scanned key is a copy key
+//! when it is `K#i` with `K` a valid key and `i` a canonical decimal below 1024; anything else
+//! (version counters `K#v`, layout records, foreign keys) is skipped. Copy keys are grouped by
+//! `K`; the scan stops once the sample is full or every primary is done.
+//!
+//! **Copy count.** N comes from the config's families, from `--copies`, or is inferred as the
+//! highest index seen + 1. An inferred count needs every copy of the key, so then the scan goes
+//! on to the end once the sample is full, for the sampled keys only (give `--copies` or
+//! `--config` to stop a long scan at the sample size). Keys whose N is 1 are not split and are skipped; copies seen at or beyond N are counted as stray (left by
+//! a shrink, deleted by the service's sweep).
+//!
+//! **Read.** For each sampled key every copy `K#0..K#N-1` is read (`HMGET ver tomb`) on the
+//! primary that owns its slot and on each of that primary's replicas, all of the key's reads at
+//! once, so a copy's primary and replica reads are as close in time as the network allows. A
+//! pacer holds the copy reads to `--rate` per second; at most [`KEYS_IN_FLIGHT`] keys are read at
+//! a time.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use futures_util::stream::{self, StreamExt};
+
+use super::figures::{CopyObservation, CopyState, KeySample, ReadRole};
+use super::{AuditOptions, CopyCount, Phase, Progress};
+use crate::config::MAX_COPIES;
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::{CopyKey, Key, COPY_SEPARATOR};
+use crate::store::redis::ReadOnlyNodes;
+use crate::store::NodeLabel;
+
+/// How many keys are read at once (their reads are paced all the same).
+pub(crate) const KEYS_IN_FLIGHT: usize = 16;
+
+/// How often progress is reported at most.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// What the scan found.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Sampled {
+    /// The sampled keys with their copy count N (at least 2), in the order the scan found them.
+    pub(crate) keys: Vec<(Key, u32)>,
+    /// Keys returned by SCAN (copy keys or not, repeats included).
+    pub(crate) scanned: u64,
+    /// Whether every primary was scanned to the end (the sample holds every split key).
+    pub(crate) complete: bool,
+    /// Keys skipped because their copy count is 1.
+    pub(crate) unsplit_keys: u64,
+    /// Copies of sampled keys seen at an index at or beyond N.
+    pub(crate) stray_copies: u64,
+}
+
+/// Splits a stored key into its user key and copy index, when it is a copy key `K#i`.
+pub(crate) fn parse_copy_key(raw: &str) -> Option<(Key, u32)> {
+    let (base, index) = raw.rsplit_once(COPY_SEPARATOR)?;
+    if index.is_empty()
+        || !index.bytes().all(|b| b.is_ascii_digit())
+        || (index.len() > 1 && index.starts_with('0'))
+    {
+        return None;
+    }
+    let index: u32 = index.parse().ok().filter(|&index| index < MAX_COPIES)?;
+    let key = Key::parse(base).ok()?;
+    Some((key, index))
+}
+
+/// The SCAN pattern of copy keys, of every key or of keys starting with `prefix`.
+pub(crate) fn scan_pattern(prefix: Option<&str>) -> String {
+    let mut pattern = String::new();
+    for c in prefix.unwrap_or_default().chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push_str("*#*");
+    pattern
+}
+
+/// A key seen by the scan.
+#[derive(Debug)]
+struct Candidate {
+    /// The copy indexes seen, in scan order (repeats possible).
+    indexes: Vec<u32>,
+    /// Its copy count, when known from the config or the flag.
+    copies: Option<u32>,
+}
+
+/// Keys found so far, in the order they were first seen.
+#[derive(Debug, Default)]
+struct Candidates {
+    /// Keys in the order they were first seen (known unsplit keys left out).
+    order: Vec<Key>,
+    /// What was seen of each key.
+    by_key: HashMap<Key, Candidate>,
+    /// Keys skipped because their known copy count is 1.
+    unsplit: u64,
+    /// Once set, only keys already seen are updated: the scan goes on only to find more copy
+    /// indexes of them (inferred copy counts).
+    frozen: bool,
+}
+
+impl Candidates {
+    /// Records the copy `index` of `key`.
+    fn add(&mut self, key: Key, index: u32, copies: &CopyCount) {
+        if let Some(candidate) = self.by_key.get_mut(&key) {
+            candidate.indexes.push(index);
+            return;
+        }
+        if self.frozen {
+            return;
+        }
+        let known = match copies {
+            CopyCount::Config(families) => Some(families.resolve(&key).copies),
+            CopyCount::Fixed(copies) => Some(*copies),
+            CopyCount::Inferred => None,
+        };
+        if known == Some(1) {
+            self.unsplit += 1;
+            // Remember it (with no indexes) so it is counted once.
+            self.by_key.insert(
+                key,
+                Candidate {
+                    indexes: Vec::new(),
+                    copies: known,
+                },
+            );
+            return;
+        }
+        self.order.push(key.clone());
+        self.by_key.insert(
+            key,
+            Candidate {
+                indexes: vec![index],
+                copies: known,
+            },
+        );
+    }
+
+    /// The copy count of a candidate: known, or the highest index seen + 1.
+    fn copies(candidate: &Candidate) -> u32 {
+        candidate.copies.unwrap_or_else(|| {
+            candidate
+                .indexes
+                .iter()
+                .max()
+                .map_or(0, |&highest| highest + 1)
+        })
+    }
+
+    /// Keys not split: skipped at once (a known count of 1), or inferred to have one copy.
+    fn unsplit(&self) -> u64 {
+        let inferred_single = self
+            .order
+            .iter()
+            .filter_map(|key| self.by_key.get(key))
+            .filter(|candidate| Self::copies(candidate) <= 1)
+            .count();
+        self.unsplit + inferred_single as u64
+    }
+
+    /// The split keys found so far, in order.
+    fn split(&self) -> impl Iterator<Item = (&Key, &Candidate)> {
+        self.order.iter().filter_map(|key| {
+            let candidate = self.by_key.get(key)?;
+            (Self::copies(candidate) > 1).then_some((key, candidate))
+        })
+    }
+}
+
+/// Scans every primary for copy keys until `options.sample` split keys are found or every
+/// primary is done, reporting progress at most once a second.
+///
+/// # Errors
+/// The first SCAN that fails: without one primary's keys the sample would be biased.
+pub(crate) async fn sample_keys(
+    nodes: &ReadOnlyNodes,
+    options: &AuditOptions,
+    started: Instant,
+    progress: &mut impl FnMut(&Progress),
+) -> Result<Sampled> {
+    let pattern = scan_pattern(options.prefix.as_deref());
+    let primaries: Vec<NodeLabel> = nodes
+        .shards()
+        .iter()
+        .map(|shard| shard.primary.clone())
+        .collect();
+    let mut cursors: Vec<Option<String>> = primaries.iter().map(|_| Some("0".to_owned())).collect();
+    let mut candidates = Candidates::default();
+    let mut scanned = 0u64;
+    let mut last_progress = Instant::now();
+    loop {
+        let active: Vec<usize> = (0..primaries.len())
+            .filter(|&at| cursors[at].is_some())
+            .collect();
+        if active.is_empty() {
+            break;
+        }
+        if !candidates.frozen && candidates.split().count() >= options.sample {
+            match options.copies {
+                // An inferred count needs every copy the scan can find: scan on, for the
+                // sampled keys only.
+                CopyCount::Inferred => candidates.frozen = true,
+                _ => break,
+            }
+        }
+        let pages = join_all(active.iter().map(|&at| {
+            let cursor = cursors[at].clone().unwrap_or_default();
+            let node = &primaries[at];
+            let pattern = &pattern;
+            async move {
+                nodes
+                    .scan_page(node, &cursor, pattern, options.scan_count)
+                    .await
+            }
+        }))
+        .await;
+        for (&at, page) in active.iter().zip(pages) {
+            let page = page?;
+            cursors[at] = page.next;
+            for raw in page.keys {
+                scanned += 1;
+                if let Some((key, index)) = parse_copy_key(&raw) {
+                    candidates.add(key, index, &options.copies);
+                }
+            }
+        }
+        if last_progress.elapsed() >= PROGRESS_EVERY {
+            last_progress = Instant::now();
+            progress(&Progress {
+                phase: Phase::Scan,
+                elapsed: started.elapsed(),
+                scanned_keys: scanned,
+                sampled_keys: if candidates.frozen {
+                    options.sample
+                } else {
+                    candidates.split().count().min(options.sample)
+                },
+                read_keys: 0,
+                copy_reads: 0,
+            });
+        }
+    }
+    let complete = cursors.iter().all(Option::is_none);
+    let mut sampled = Sampled {
+        scanned,
+        complete,
+        unsplit_keys: candidates.unsplit(),
+        ..Sampled::default()
+    };
+    for (key, candidate) in candidates.split().take(options.sample) {
+        let copies = Candidates::copies(candidate);
+        let mut strays: Vec<u32> = candidate
+            .indexes
+            .iter()
+            .copied()
+            .filter(|&index| index >= copies)
+            .collect();
+        strays.sort_unstable();
+        strays.dedup();
+        sampled.stray_copies += strays.len() as u64;
+        sampled.keys.push((key.clone(), copies));
+    }
+    progress(&Progress {
+        phase: Phase::Scan,
+        elapsed: started.elapsed(),
+        scanned_keys: scanned,
+        sampled_keys: sampled.keys.len(),
+        read_keys: 0,
+        copy_reads: 0,
+    });
+    Ok(sampled)
+}
+
+/// Holds copy reads to a rate: each batch waits for its turn, then moves the next turn by the
+/// batch's share of a second.
+#[derive(Debug)]
+pub(crate) struct Pacer {
+    /// The time one copy read is worth.
+    per_read: Duration,
+    /// When the next batch may start.
+    next: tokio::time::Instant,
+}
+
+impl Pacer {
+    /// A pacer of `rate` reads per second (at least 1).
+    pub(crate) fn new(rate: u32) -> Pacer {
+        Pacer {
+            per_read: Duration::from_secs(1) / rate.max(1),
+            next: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Waits until a batch of `reads` may start.
+    pub(crate) async fn admit(&mut self, reads: u32) {
+        let start = self.schedule(tokio::time::Instant::now(), reads);
+        tokio::time::sleep_until(start).await;
+    }
+
+    /// When a batch of `reads` asked for at `now` may start; the next batch's turn moves by
+    /// this batch's share of a second.
+    fn schedule(&mut self, now: tokio::time::Instant, reads: u32) -> tokio::time::Instant {
+        let start = self.next.max(now);
+        self.next = start + self.per_read * reads;
+        start
+    }
+}
+
+/// Reads every copy of every key in `keys` on its primary and on the primary's replicas, paced
+/// at `options.rate` copy reads per second, reporting progress at most once a second.
+pub(crate) async fn read_keys(
+    nodes: &ReadOnlyNodes,
+    keys: &[(Key, u32)],
+    options: &AuditOptions,
+    started: Instant,
+    progress: &mut impl FnMut(&Progress),
+) -> Vec<KeySample> {
+    let pacer = tokio::sync::Mutex::new(Pacer::new(options.rate));
+    let mut reads = stream::iter(keys)
+        .map(|(key, copies)| read_key(nodes, key, *copies, &pacer))
+        .buffer_unordered(KEYS_IN_FLIGHT);
+    let mut samples = Vec::with_capacity(keys.len());
+    let mut copy_reads = 0u64;
+    let mut last_progress = Instant::now();
+    while let Some(sample) = reads.next().await {
+        copy_reads += sample.reads.len() as u64;
+        samples.push(sample);
+        if last_progress.elapsed() >= PROGRESS_EVERY {
+            last_progress = Instant::now();
+            progress(&Progress {
+                phase: Phase::Read,
+                elapsed: started.elapsed(),
+                scanned_keys: 0,
+                sampled_keys: keys.len(),
+                read_keys: samples.len(),
+                copy_reads,
+            });
+        }
+    }
+    progress(&Progress {
+        phase: Phase::Read,
+        elapsed: started.elapsed(),
+        scanned_keys: 0,
+        sampled_keys: keys.len(),
+        read_keys: samples.len(),
+        copy_reads,
+    });
+    // Keys finish out of order; report them in scan order.
+    let position: HashMap<&str, usize> = keys
+        .iter()
+        .enumerate()
+        .map(|(at, (key, _))| (key.as_str(), at))
+        .collect();
+    samples.sort_by_key(|sample| position.get(sample.key.as_str()).copied());
+    samples
+}
+
+/// Reads the `copies` copies of `key` on every node that holds them, all at once, after the
+/// pacer admits them.
+async fn read_key(
+    nodes: &ReadOnlyNodes,
+    key: &Key,
+    copies: u32,
+    pacer: &tokio::sync::Mutex<Pacer>,
+) -> KeySample {
+    let mut by_shard: HashMap<usize, Vec<CopyKey>> = HashMap::new();
+    let mut reads = Vec::new();
+    for index in 0..copies {
+        let copy = key.copy_key(index);
+        match nodes.shard_of(copy.as_str()) {
+            Some(shard) => by_shard.entry(shard).or_default().push(copy),
+            // No primary serves the slot (a cluster being resharded or down): a failed read.
+            None => reads.push(CopyObservation {
+                copy: index,
+                node: NodeLabel::new("unknown"),
+                role: ReadRole::Primary,
+                state: CopyState::Failed,
+            }),
+        }
+    }
+    let shards = nodes.shards();
+    let mut batches = Vec::new();
+    for (shard, copies) in &by_shard {
+        let shard = &shards[*shard];
+        batches.push((&shard.primary, ReadRole::Primary, copies));
+        for replica in &shard.replicas {
+            batches.push((replica, ReadRole::Replica, copies));
+        }
+    }
+    let count: usize = batches.iter().map(|(_, _, copies)| copies.len()).sum();
+    pacer
+        .lock()
+        .await
+        .admit(u32::try_from(count).unwrap_or(u32::MAX))
+        .await;
+    let answers = join_all(
+        batches
+            .iter()
+            .map(|(node, _, copies)| nodes.read_stamps(node, copies)),
+    )
+    .await;
+    for ((node, role, copies), answers) in batches.iter().zip(answers) {
+        for (copy, answer) in copies.iter().zip(answers) {
+            let state = match answer {
+                Ok(None) => CopyState::Missing,
+                Ok(Some(stamp)) => CopyState::Present(stamp),
+                Err(err) => {
+                    tracing::debug!(copy = %copy, node = %node, error = %err, "copy read failed");
+                    CopyState::Failed
+                }
+            };
+            reads.push(CopyObservation {
+                copy: copy.index(),
+                node: (*node).clone(),
+                role: *role,
+                state,
+            });
+        }
+    }
+    reads.sort_by(|a, b| (a.copy, a.role, &a.node).cmp(&(b.copy, b.role, &b.node)));
+    KeySample {
+        key: key.as_str().to_owned(),
+        copies,
+        reads,
+    }
+}
+
+/// Refuses a sample that read nothing because every primary failed: an error, not a report.
+///
+/// # Errors
+/// [`ErrorKind::Unavailable`] when keys were sampled but not one primary read answered.
+pub(crate) fn check_primaries_answered(samples: &[KeySample]) -> Result<()> {
+    let primary_reads = samples
+        .iter()
+        .flat_map(|sample| &sample.reads)
+        .filter(|read| read.role == ReadRole::Primary);
+    let (mut answered, mut failed) = (0u64, 0u64);
+    for read in primary_reads {
+        match read.state {
+            CopyState::Failed => failed += 1,
+            _ => answered += 1,
+        }
+    }
+    if answered == 0 && failed > 0 {
+        return Err(Error::new(
+            ErrorKind::Unavailable,
+            format!("all {failed} copy reads on primaries failed"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Families};
+
+    #[test]
+    fn copy_keys_are_recognised() {
+        let parsed = |raw: &str| parse_copy_key(raw).map(|(key, index)| (key.to_string(), index));
+        assert_eq!(parsed("post:9#7"), Some(("post:9".to_owned(), 7)));
+        assert_eq!(parsed("a#0"), Some(("a".to_owned(), 0)));
+        assert_eq!(parsed("a#1023"), Some(("a".to_owned(), 1023)));
+        for not_a_copy in [
+            "post:9#v",
+            "#hotsplit#layout#post:",
+            "a#",
+            "a#01",
+            "a#1024",
+            "a#-1",
+            "a{x}#1",
+            "#3",
+            "plain",
+            "hotsplit:hb:{hb1}:x",
+        ] {
+            assert_eq!(
+                parse_copy_key(not_a_copy).map(|(_, i)| i),
+                None,
+                "{not_a_copy}"
+            );
+        }
+    }
+
+    #[test]
+    fn patterns_escape_glob_characters() {
+        assert_eq!(scan_pattern(None), "*#*");
+        assert_eq!(scan_pattern(Some("post:")), "post:*#*");
+        assert_eq!(scan_pattern(Some("a*b?[c]\\")), "a\\*b\\?\\[c\\]\\\\*#*");
+    }
+
+    fn add_all(candidates: &mut Candidates, raw: &[&str], copies: &CopyCount) {
+        for raw in raw {
+            let (key, index) = parse_copy_key(raw).unwrap();
+            candidates.add(key, index, copies);
+        }
+    }
+
+    #[test]
+    fn copy_counts_are_inferred_from_the_highest_index() {
+        let mut candidates = Candidates::default();
+        add_all(
+            &mut candidates,
+            &["a#0", "b#0", "a#3", "c#1", "a#1", "b#0"],
+            &CopyCount::Inferred,
+        );
+        let split: Vec<(String, u32)> = candidates
+            .split()
+            .map(|(key, candidate)| (key.to_string(), Candidates::copies(candidate)))
+            .collect();
+        // b showed only copy 0: one copy, not split (yet).
+        assert_eq!(split, [("a".to_owned(), 4), ("c".to_owned(), 2)]);
+        assert_eq!(candidates.unsplit(), 1);
+    }
+
+    #[test]
+    fn a_frozen_sample_only_learns_more_copies_of_its_keys() {
+        let mut candidates = Candidates::default();
+        add_all(&mut candidates, &["a#0", "a#1"], &CopyCount::Inferred);
+        candidates.frozen = true;
+        add_all(
+            &mut candidates,
+            &["b#0", "b#5", "a#7"],
+            &CopyCount::Inferred,
+        );
+        let split: Vec<(String, u32)> = candidates
+            .split()
+            .map(|(key, candidate)| (key.to_string(), Candidates::copies(candidate)))
+            .collect();
+        assert_eq!(split, [("a".to_owned(), 8)]);
+    }
+
+    #[test]
+    fn copy_counts_come_from_the_config_families() {
+        let config = Config::from_toml(
+            "[[family]]\nprefix = \"post:\"\ncopies = 4\n[[family]]\nprefix = \"one:\"\ncopies = 1\n",
+        )
+        .unwrap();
+        let copies = CopyCount::Config(Families::from_config(&config));
+        let mut candidates = Candidates::default();
+        add_all(
+            &mut candidates,
+            &["post:1#0", "one:1#0", "user:1#0", "post:1#6", "one:1#0"],
+            &copies,
+        );
+        let split: Vec<(String, u32)> = candidates
+            .split()
+            .map(|(key, candidate)| (key.to_string(), Candidates::copies(candidate)))
+            .collect();
+        assert_eq!(split, [("post:1".to_owned(), 4)]);
+        // one:1 and user:1 (default family, 1 copy) are unsplit, each counted once.
+        assert_eq!(candidates.unsplit(), 2);
+    }
+
+    #[test]
+    fn the_pacer_holds_the_rate() {
+        let mut pacer = Pacer::new(100);
+        let t0 = pacer.next;
+        let ms = Duration::from_millis;
+        assert_eq!(pacer.schedule(t0, 10), t0, "the first batch starts at once");
+        assert_eq!(pacer.schedule(t0, 10), t0 + ms(100));
+        assert_eq!(pacer.schedule(t0 + ms(50), 50), t0 + ms(200));
+        assert_eq!(pacer.schedule(t0 + ms(10), 1), t0 + ms(700));
+        // After an idle spell the next batch starts at once; no burst is saved up.
+        assert_eq!(pacer.schedule(t0 + ms(5000), 1), t0 + ms(5000));
+        assert_eq!(pacer.schedule(t0 + ms(5000), 1), t0 + ms(5010));
+    }
+}
