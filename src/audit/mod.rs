@@ -11,7 +11,7 @@
 //! - [`figures`]: the definitions and their computation, pure functions over hand-made inputs.
 //! - `sample`: the I/O: SCAN every primary, choose the sample, read every copy everywhere at a
 //!   bounded rate.
-//! - [`report`]: the [`Report`](report::Report), as markdown tables or JSON.
+//! - [`report`]: the [`report::Report`], as markdown tables or JSON.
 //! - [`metrics`]: the Prometheus metrics of `--watch` and their `/metrics` router.
 //!
 //! # Safe to point at production
@@ -250,7 +250,7 @@ pub async fn audit(options: &AuditOptions, progress: &mut impl FnMut(&Progress))
 /// and the next one runs as planned.
 ///
 /// Shutdown: the signal interrupts a running round or the wait, the metrics server is told to
-/// stop, and it gets [`SHUTDOWN_GRACE`] to finish.
+/// stop, and it gets 5 s to finish.
 ///
 /// # Errors
 /// [`ErrorKind::Config`] for invalid options, before anything is served.
