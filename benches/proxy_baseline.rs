@@ -1,6 +1,6 @@
 //! The ceiling for an HTTP read path on this machine: a minimal axum → fred GET proxy.
 //!
-//! Not a criterion bench: `scripts/load-core.sh` starts it with
+//! Not a criterion bench: `scripts/bench-side-by-side.sh` starts it with
 //! `cargo bench --bench proxy_baseline -- --listen ADDR --redis redis://HOST:PORT` and drives it
 //! with the same `wrk` load as hotsplit, so the two are compared in one run. Each request does
 //! one `GET` through one shared fred client and nothing else. Run without `--listen` (as

@@ -6,13 +6,17 @@
 //! - `hotsplit/N`: one [`Publisher::publish`] of a 512-byte value to a key with N copies, each
 //!   iteration with the next version, so every copy write is an applied compare-and-set
 //!   (`FCALL hotsplit_cas`: a version check, `HSET` and `PEXPIREAT`);
+//! - `fcall_join_all/N`: the same N `FCALL hotsplit_cas` sent directly through the plain client,
+//!   awaited with `join_all`: what the compare-and-set costs without hotsplit around it;
 //! - `set_join_all/N`: N concurrent `SET`s of the same copy keys and value through one fred
 //!   client, awaited with `join_all`: the floor a fan-out of N writes cannot beat.
 //!
-//! The target is a publish p50 at N = 16 on the cluster of at most 1.5x the 16 concurrent `SET`s.
-//! Run with `cargo bench --bench publish`; `cargo bench --bench publish -- cluster` runs only the
-//! cluster group. Servers are killed by pid when a group ends (and by devcluster's `atexit`
-//! handler if the bench dies).
+//! N is 1, 8, 16 and 32 in both groups. The target is a publish p50 at N = 16 on the cluster of at
+//! most 1.5x the 16 concurrent `SET`s. Run with `cargo bench --bench publish`;
+//! `cargo bench --bench publish -- cluster` runs only the cluster group. The defaults (2 s
+//! warm-up, 5 s measurement, 50 samples) yield to criterion's `--warm-up-time`,
+//! `--measurement-time` and `--sample-size`. Servers are killed by pid when a group ends (and by
+//! devcluster's `atexit` handler if the bench dies).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -222,14 +226,6 @@ fn bench_fan_out(group: &mut BenchmarkGroup<'_, WallTime>, target: &Target, copy
     }
 }
 
-/// Applies the modest defaults that keep `cargo bench --bench publish` to a few minutes.
-fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
-    group
-        .sample_size(SAMPLE_SIZE)
-        .measurement_time(MEASUREMENT_TIME)
-        .warm_up_time(WARM_UP_TIME);
-}
-
 fn standalone(c: &mut Criterion) {
     let server = match Standalone::start() {
         Ok(server) => server,
@@ -238,10 +234,9 @@ fn standalone(c: &mut Criterion) {
             return;
         }
     };
-    let copy_counts = [1, 8, 32];
+    let copy_counts = [1, 8, 16, 32];
     let target = Target::connect(&server.url(), &server.url(), &copy_counts);
     let mut group = c.benchmark_group("publish_standalone");
-    configure(&mut group);
     bench_fan_out(&mut group, &target, &copy_counts);
     group.finish();
     target.close();
@@ -260,7 +255,6 @@ fn cluster(c: &mut Criterion) {
     let target = Target::connect(&cluster.url(), &cluster.fred_url(), &copy_counts);
     print_spread(&cluster, &target, 16);
     let mut group = c.benchmark_group("publish_cluster");
-    configure(&mut group);
     bench_fan_out(&mut group, &target, &copy_counts);
     group.finish();
     target.close();
@@ -298,5 +292,19 @@ fn print_spread(cluster: &Cluster, target: &Target, copies: u32) {
     );
 }
 
-criterion_group!(benches, standalone, cluster);
+/// The modest defaults that keep `cargo bench --bench publish` to a few minutes. They are set on
+/// the `Criterion` rather than on each group so that criterion's command line overrides them
+/// (`--warm-up-time`, `--measurement-time`, `--sample-size`: the load script's quick mode).
+fn defaults() -> Criterion {
+    Criterion::default()
+        .sample_size(SAMPLE_SIZE)
+        .measurement_time(MEASUREMENT_TIME)
+        .warm_up_time(WARM_UP_TIME)
+}
+
+criterion_group! {
+    name = benches;
+    config = defaults();
+    targets = standalone, cluster
+}
 criterion_main!(benches);

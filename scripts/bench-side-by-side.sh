@@ -1,0 +1,641 @@
+#!/usr/bin/env bash
+# The side-by-side benchmark: every hotsplit figure beside the cheapest thing it could be compared
+# with, taken in one run on the same cores, and printed as ratios in a final summary table:
+#   1. the library's affine read (Reader::read, benches/read.rs) against a raw fred GET of one key,
+#      both as CONNECTIONS concurrent tasks;
+#   2. the HTTP affine read (wrk, keep-alive) against redis-benchmark GET at the same concurrency,
+#      and against a minimal HTTP->Redis GET proxy (benches/proxy_baseline.rs) under the same wrk;
+#   3. each master's share of a hot key's reads on a 3x3 cluster, unsplit (1 copy) and with
+#      SHARE_COPIES copies, counted by Redis itself (INFO commandstats, cmdstat_hmget);
+#   4. publish to N = 1, 8, 16, 32 copies on a 3x3 cluster against N concurrent SETs and against
+#      the same N FCALLs sent directly (criterion, benches/publish.rs);
+# plus hotsplit's CPU per request and its memory. See docs/PERFORMANCE.md for what each row means.
+#
+# Usage: scripts/bench-side-by-side.sh [--quick] [--no-publish]
+#   --quick       everything briefly (about 2 minutes after a warm build) to check that the
+#                 script works; its figures are too short to quote. Same as QUICK=1.
+#   --no-publish  skip the criterion publish run (the longest part).
+#
+# Knobs (environment), full-run default [quick-run default]:
+#   CONNECTIONS=64       concurrency of wrk, redis-benchmark and the library read bench's tasks
+#   DURATION=10s [2s]    each wrk throughput run      THREADS=2   wrk threads
+#   REQUESTS=400000 [50000]  redis-benchmark GETs     VALUE_BYTES=512   the value's size
+#   COPIES=8             copies of hot:1 in the throughput runs (HTTP and library)
+#   CLIENT_IDS=32        distinct client ids per wrk thread in the throughput runs
+#   READ_DURATION=5s [1s], READ_WARM_UP=1s [300ms], READ_ROUNDS=3 [1]: the library read bench
+#   SHARE_COPIES=16      copies of the split key in the share run (beside 1 copy)
+#   SHARE_DURATION=5s [2s], SHARE_CLIENT_IDS=1024 [256]: wrk per key of the share run, ids per thread
+#   PUBLISH_ARGS=""      extra criterion arguments of the publish run
+#                        [--warm-up-time 0.5 --measurement-time 1 --sample-size 10 --nresamples 10000]
+#
+# Everything runs on 127.0.0.1, on ports picked free from 20000-50000 (never 6379). Every process
+# it starts is killed by pid on exit, however the script ends; every step is bounded in time.
+# Missing tools (redis-server, redis-tools, wrk, curl, jq, iproute2) are apt-get installed.
+# shellcheck disable=SC2153 # the knobs below are assigned by name (knob), not misspelt.
+set -euo pipefail
+
+QUICK=${QUICK:-0}
+RUN_PUBLISH=1
+for arg in "$@"; do
+    case "$arg" in
+        --quick) QUICK=1 ;;
+        --no-publish) RUN_PUBLISH=0 ;;
+        -h | --help)
+            sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            echo "bench-side-by-side: unknown argument $arg (try --help)" >&2
+            exit 2
+            ;;
+    esac
+done
+
+# knob NAME FULL QUICK: keeps NAME when the environment sets it, else the mode's default.
+knob() {
+    local value=$2
+    [ "$QUICK" != 1 ] || value=$3
+    printf -v "$1" '%s' "${!1:-$value}"
+}
+knob CONNECTIONS 64 64
+knob DURATION 10s 2s
+knob THREADS 2 2
+knob REQUESTS 400000 50000
+knob VALUE_BYTES 512 512
+knob COPIES 8 8
+knob CLIENT_IDS 32 32
+knob READ_DURATION 5s 1s
+knob READ_WARM_UP 1s 300ms
+knob READ_ROUNDS 3 1
+knob SHARE_COPIES 16 16
+knob SHARE_DURATION 5s 2s
+knob SHARE_CLIENT_IDS 1024 256
+knob PUBLISH_ARGS "" "--warm-up-time 0.5 --measurement-time 1 --sample-size 10 --nresamples 10000"
+# The copy counts benches/publish.rs measures on the cluster.
+PUBLISH_COPIES=(1 8 16 32)
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+STARTED_AT=$SECONDS
+
+log() { printf '[bench-side-by-side +%ss] %s\n' "$((SECONDS - STARTED_AT))" "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# --- tools ------------------------------------------------------------------------------------
+ensure_tools() {
+    local missing=() packages=()
+    command -v redis-server >/dev/null || packages+=(redis-server)
+    { command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null; } || packages+=(redis-tools)
+    command -v wrk >/dev/null || packages+=(wrk)
+    command -v curl >/dev/null || packages+=(curl)
+    command -v jq >/dev/null || packages+=(jq)
+    command -v ss >/dev/null || packages+=(iproute2)
+    [ ${#packages[@]} -eq 0 ] && return 0
+    log "installing missing tools: ${packages[*]}"
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${packages[@]}" >&2
+    for tool in redis-server redis-cli redis-benchmark wrk curl jq ss; do
+        command -v "$tool" >/dev/null || missing+=("$tool")
+    done
+    [ ${#missing[@]} -eq 0 ] || die "still missing after apt-get: ${missing[*]}"
+}
+ensure_tools
+
+# --- processes: everything started is tracked and killed by pid -------------------------------
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/hotsplit-bench.XXXXXX")
+PIDS=()
+KEEP_WORK=0
+
+# forget_pid PID: drops PID from the pids the cleanup kills (once it has been reaped, the pid may
+# be handed to someone else's process).
+forget_pid() {
+    local kept=() pid
+    for pid in "${PIDS[@]}"; do
+        [ "$pid" = "$1" ] || kept+=("$pid")
+    done
+    PIDS=("${kept[@]}")
+}
+
+# stop_pids PID...: SIGTERM, up to 3 s to exit, then SIGKILL; reaps and forgets each.
+stop_pids() {
+    local pid alive
+    for pid in "$@"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for _ in $(seq 30); do
+        alive=0
+        for pid in "$@"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
+        done
+        [ "$alive" -eq 0 ] && break
+        sleep 0.1
+    done
+    for pid in "$@"; do
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        forget_pid "$pid"
+    done
+}
+
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    [ ${#PIDS[@]} -eq 0 ] || stop_pids "${PIDS[@]}"
+    if [ "$status" -ne 0 ]; then
+        log "failed (exit $status); logs kept in $WORK"
+    elif [ "$KEEP_WORK" -eq 1 ]; then
+        log "logs kept in $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# bounded SECONDS COMMAND...: runs COMMAND under `timeout` as a tracked background job and waits
+# for it, so a signal to this script interrupts the wait and the cleanup kills it (timeout passes
+# the signal to COMMAND's whole process group: cargo and the bench it runs).
+bounded() {
+    local limit=$1 pid status=0
+    shift
+    timeout "$limit" "$@" &
+    pid=$!
+    PIDS+=("$pid")
+    wait "$pid" || status=$?
+    forget_pid "$pid"
+    return "$status"
+}
+
+# --- ports ------------------------------------------------------------------------------------
+TAKEN_PORTS=" "
+port_is_free() {
+    [[ "$TAKEN_PORTS" != *" $1 "* ]] && [ -z "$(ss -Htan "sport = :$1" 2>/dev/null)" ]
+}
+# Sets FREE_PORT to a port in 20000-50000 that no TCP socket uses (listening or connected) and
+# this script has not handed out; with "bus", port + 10000 too (the cluster bus). It sets a
+# variable rather than printing, so the record of handed-out ports survives (no subshell).
+free_port() {
+    local port _
+    for _ in $(seq 500); do
+        port=$((20000 + RANDOM % 30001))
+        if port_is_free "$port" && { [ "${1:-}" != bus ] || port_is_free $((port + 10000)); }; then
+            TAKEN_PORTS+="$port $((port + 10000)) "
+            FREE_PORT=$port
+            return 0
+        fi
+    done
+    die "no free port found in 20000-50000"
+}
+
+# Runs "$@" until it succeeds, every 0.1 s, for at most $1 seconds (first argument).
+wait_for() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        [ "$SECONDS" -lt "$deadline" ] || return 1
+        sleep 0.1
+    done
+}
+
+# --- small helpers ----------------------------------------------------------------------------
+# ratio A B: A / B with two decimals ("–" when either is missing or B is 0).
+ratio() {
+    awk -v a="${1:-}" -v b="${2:-}" 'BEGIN {
+        if (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) print "–"; else printf "%.2f", a / b }'
+}
+# percent PART WHOLE: PART as a percentage of WHOLE, one decimal.
+percent() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 == 0) print "–"; else printf "%.1f", 100 * a / b }'; }
+verdict() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { if (v == "–" || v == "") { print "–"; exit } ok = (op == ">=") ? v >= t : v <= t; print ok ? "ok" : "MISSED" }'; }
+cli() {
+    local port=$1
+    shift
+    redis-cli -h 127.0.0.1 -p "$port" "$@"
+}
+
+# --- redis ------------------------------------------------------------------------------------
+redis_ping() { [ "$(cli "$1" ping 2>/dev/null)" = PONG ]; }
+
+# start_redis NAME [bus] [extra args...]: starts a redis-server (in the foreground of a background
+# job) on a free port, and sets STARTED_PORT. A port can be taken between the check and the bind
+# (an outgoing connection picks it as its ephemeral port), so a bind failure retries another port.
+start_redis() {
+    local name=$1 need_bus=""
+    shift
+    if [ "${1:-}" = bus ]; then
+        need_bus=bus
+        shift
+    fi
+    local attempt port dir pid
+    for attempt in 1 2 3 4 5; do
+        free_port $need_bus
+        port=$FREE_PORT
+        dir="$WORK/$name-$port"
+        mkdir -p "$dir"
+        local cluster_args=()
+        [ -z "$need_bus" ] || cluster_args=(--cluster-enabled yes --cluster-config-file "$dir/nodes.conf")
+        redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+            --dir "$dir" --logfile "$dir/redis.log" "${cluster_args[@]}" "$@" &
+        pid=$!
+        PIDS+=("$pid")
+        if wait_for 10 redis_ping "$port"; then
+            STARTED_PORT=$port
+            STARTED_PID=$pid
+            return 0
+        fi
+        if ! grep -q "Address already in use" "$dir/redis.log" 2>/dev/null; then
+            die "redis-server on port $port did not answer PING; see $dir/redis.log"
+        fi
+        log "port $port was taken before redis-server bound it (attempt $attempt); trying another"
+    done
+    die "could not start redis-server ($name) after 5 attempts"
+}
+
+# --- hotsplit ---------------------------------------------------------------------------------
+# start_hotsplit NAME REDIS_URL FAMILY_TOML: starts the release build of hotsplit over REDIS_URL
+# with the given [[family]] tables on a free port, waits for /readyz, and sets STARTED_PORT and
+# STARTED_PID.
+start_hotsplit() {
+    local name=$1 redis_url=$2 families=$3 port
+    free_port
+    port=$FREE_PORT
+    printf '[server]\nlisten = "127.0.0.1:%s"\n\n%s\n' "$port" "$families" >"$WORK/$name.toml"
+    log "starting hotsplit ($name) on 127.0.0.1:$port over $redis_url"
+    "$ROOT/target/release/hotsplit" serve --redis "$redis_url" --listen "127.0.0.1:$port" \
+        --config "$WORK/$name.toml" >"$WORK/$name.log" 2>&1 &
+    STARTED_PID=$!
+    STARTED_PORT=$port
+    PIDS+=("$STARTED_PID")
+    wait_for 20 curl -fsS --max-time 2 "http://127.0.0.1:$port/readyz" ||
+        die "hotsplit ($name) did not become ready; see $WORK/$name.log"
+}
+
+family() { printf '[[family]]\nprefix = "%s"\ncopies = %s\n' "$1" "$2"; }
+
+# publish_value BASE KEY COPIES: publishes the value at version 1, checks that every copy applied
+# and that a read returns it.
+publish_value() {
+    local base=$1 key=$2 copies=$3 reply applied answer
+    reply=$(curl -fsS --max-time 10 -X PUT --data-binary "@$WORK/value.bin" "$base/v1/keys/$key?version=1") ||
+        die "publishing $key failed"
+    applied=$(jq -r .applied <<<"$reply")
+    [ "$applied" = "$copies" ] || die "publish of $key applied to $applied of $copies copies: $reply"
+    answer=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code} %{size_download}' "$base/v1/keys/$key?client=check")
+    [ "$answer" = "200 $VALUE_BYTES" ] || die "a read of $key answered \"$answer\", not \"200 $VALUE_BYTES\""
+}
+
+# --- wrk --------------------------------------------------------------------------------------
+# Each wrk thread cycles through a number of client ids (about 20 bytes each), one per request, so
+# the reads spread over every copy as many real clients would. wrk's request() hook cannot tell
+# connections apart, so ids rotate per request rather than being pinned to a connection; the work
+# per request (hash the id, pick the copy, one HMGET) is the same either way.
+cat >"$WORK/affine.lua" <<'EOF'
+local threads = 0
+function setup(thread)
+    thread:set("thread_id", threads)
+    threads = threads + 1
+end
+function init(args)
+    local path, count = args[1], tonumber(args[2])
+    requests = {}
+    for k = 1, count do
+        local client = string.format("client-%02d-%011d", thread_id, k)
+        requests[k] = wrk.format("GET", path .. client)
+    end
+    next_request = 0
+end
+function request()
+    next_request = next_request % #requests + 1
+    return requests[next_request]
+end
+EOF
+# run_wrk OUT BASE PATH IDS DURATION: wrk -tTHREADS -cCONNECTIONS on BASE, requests PATH<client id>.
+run_wrk() {
+    local out=$1 base=$2 path=$3 ids=$4 duration=$5
+    log "wrk -t$THREADS -c$CONNECTIONS -d$duration against $base$path..."
+    bounded 300 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$duration" --latency -s "$WORK/affine.lua" "$base" \
+        -- "$path" "$ids" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
+    grep -q '^Requests/sec:' "$out" || die "no Requests/sec in wrk output: $(cat "$out")"
+}
+# wrk_field OUT rps|requests|p50|p99|non2xx
+wrk_field() {
+    case "$2" in
+        rps) awk '/^Requests\/sec:/ {printf "%.0f\n", $2}' "$1" ;;
+        requests) awk '/ requests in / {print $1}' "$1" ;;
+        p50) awk '$1 == "50%" {print $2}' "$1" ;;
+        p99) awk '$1 == "99%" {print $2}' "$1" ;;
+        non2xx) awk '/Non-2xx or 3xx responses:/ {print $NF}' "$1" ;;
+    esac
+}
+
+# --- cpu accounting -----------------------------------------------------------------------------
+# CPU time in clock ticks: of a running process (utime + stime), and of this shell's reaped
+# children (cutime + cstime), which is how wrk or redis-benchmark is counted.
+CLK_TCK=$(getconf CLK_TCK)
+pid_ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+child_ticks() { sed 's/^.*) //' "/proc/$$/stat" | awk '{print $14 + $15}'; }
+# Busy and idle ticks of the whole machine, from the "cpu" line of /proc/stat. Busy includes
+# interrupts (irq, softirq), where loopback TCP is processed: depending on the kernel's accounting
+# that time is also charged to the process that was running, so only the total is comparable.
+machine_ticks() { awk '$1 == "cpu" {print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6}' /proc/stat; }
+seconds() { awk -v t="$1" -v hz="$CLK_TCK" 'BEGIN {printf "%.1f", t / hz}'; }
+# cpu_mark NAME SERVER_PID...: records the clock, the machine's ticks, this shell's children's
+# ticks and each server's ticks under NAME.
+cpu_mark() {
+    local name=$1 pid busy idle
+    shift
+    read -r busy idle < <(machine_ticks)
+    local marks=("$EPOCHREALTIME" "$(child_ticks)" "$busy" "$idle")
+    for pid in "$@"; do marks+=("$pid" "$(pid_ticks "$pid")"); done
+    printf '%s\n' "${marks[*]}" >"$WORK/cpu-$name"
+}
+# cpu_report NAME SERVER_LABEL... CLIENT_LABEL: sets CPU_REPORT to where the CPU went since
+# cpu_mark NAME (one label per server pid, in order, then one for this shell's children: the
+# load generator) and CPU_FIRST_TICKS to the first server's ticks.
+cpu_report() {
+    local name=$1 busy idle now children marks wall used i
+    shift
+    read -r busy idle < <(machine_ticks)
+    now=$EPOCHREALTIME
+    children=$(child_ticks)
+    read -ra marks <"$WORK/cpu-$name"
+    wall=$(awk -v a="${marks[0]}" -v b="$now" 'BEGIN {printf "%.1f", b - a}')
+    local ours=$((children - marks[1])) text=""
+    CPU_FIRST_TICKS=""
+    for ((i = 4; i < ${#marks[@]}; i += 2)); do
+        used=$(($(pid_ticks "${marks[i]}") - marks[i + 1]))
+        ours=$((ours + used))
+        text+="$1 $(seconds "$used"), "
+        CPU_FIRST_TICKS=${CPU_FIRST_TICKS:-$used}
+        shift
+    done
+    local other=$((busy - marks[2] - ours))
+    [ "$other" -ge 0 ] || other=0
+    CPU_REPORT="$wall s wall: $text$1 $(seconds $((children - marks[1]))), rest of the machine"
+    CPU_REPORT+=" $(seconds "$other"), idle $(seconds $((idle - marks[3])))"
+}
+
+CORES=$(nproc)
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+[ "$QUICK" != 1 ] || log "quick mode: every step is short; the figures only show that the script works"
+
+# --- build ------------------------------------------------------------------------------------
+log "building hotsplit and the benches (release)"
+cargo build --release --quiet --bin hotsplit || die "cargo build --release failed"
+PROXY_BIN=$(cargo bench --no-run --bench proxy_baseline --bench read --bench publish --message-format=json 2>"$WORK/build.log" |
+    jq -r 'select(.executable != null and .target.name == "proxy_baseline") | .executable' | tail -n 1) ||
+    die "cargo bench --no-run failed; see $WORK/build.log"
+[ -x "$PROXY_BIN" ] || die "could not build benches/proxy_baseline.rs; see $WORK/build.log"
+head -c "$VALUE_BYTES" /dev/zero | tr '\0' 'v' >"$WORK/value.bin"
+
+# --- 1. library read against raw fred GET -------------------------------------------------------
+log "library read bench: $CONNECTIONS tasks, $READ_ROUNDS round(s) of $READ_DURATION per side"
+bounded 900 cargo bench --quiet --bench read -- --duration "$READ_DURATION" --warm-up "$READ_WARM_UP" \
+    --rounds "$READ_ROUNDS" --concurrency "$CONNECTIONS" --copies "$COPIES" --value-bytes "$VALUE_BYTES" \
+    >"$WORK/read.txt" 2>"$WORK/read.err" || die "benches/read.rs failed: $(tail -n 5 "$WORK/read.err")"
+read_figure() { awk -v name="read/$1:" '$1 == name {print $2}' "$WORK/read.txt"; }
+LIB_GET=$(read_figure fred_get)
+LIB_HMGET=$(read_figure fred_hmget)
+LIB_HS=$(read_figure hotsplit)
+LIB_VS_GET=$(read_figure ratio/hotsplit_vs_fred_get)
+LIB_VS_HMGET=$(read_figure ratio/hotsplit_vs_fred_hmget)
+{ [ -n "$LIB_HS" ] && [ -n "$LIB_VS_GET" ]; } || die "unexpected output of benches/read.rs: $(cat "$WORK/read.txt")"
+
+# --- 2. HTTP affine read against redis-benchmark GET and a minimal proxy ----------------------
+start_redis standalone
+STANDALONE_PORT=$STARTED_PORT
+STANDALONE_PID=$STARTED_PID
+start_hotsplit hotsplit "redis://127.0.0.1:$STANDALONE_PORT" "$(family hot: "$COPIES")"
+HOTSPLIT_PID=$STARTED_PID
+BASE="http://127.0.0.1:$STARTED_PORT"
+RSS_IDLE_KB=$(awk '/^VmRSS:/ {print $2}' "/proc/$HOTSPLIT_PID/status")
+publish_value "$BASE" hot:1 "$COPIES"
+
+# Without -r, redis-benchmark's GET reads the literal key "key:__rand_int__": give it the value.
+cli "$STANDALONE_PORT" -x set key:__rand_int__ <"$WORK/value.bin" >/dev/null
+keyspace_hits() { cli "$STANDALONE_PORT" info stats | awk -F: '/^keyspace_hits:/ {print $2+0}'; }
+hits_before=$(keyspace_hits)
+log "redis-benchmark -c $CONNECTIONS -n $REQUESTS -t get (value $VALUE_BYTES bytes)"
+cpu_mark redis-benchmark "$STANDALONE_PID"
+bounded 300 redis-benchmark -h 127.0.0.1 -p "$STANDALONE_PORT" -c "$CONNECTIONS" -n "$REQUESTS" -t get --csv \
+    >"$WORK/redis-benchmark.csv" 2>"$WORK/redis-benchmark.err" || die "redis-benchmark failed; see $WORK"
+cpu_report redis-benchmark redis-server redis-benchmark
+CPU_RB=$CPU_REPORT
+[ $(($(keyspace_hits) - hits_before)) -ge "$REQUESTS" ] || die "redis-benchmark GETs missed the key"
+# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+read -r REDIS_RPS REDIS_P50 REDIS_P99 < <(awk -F'"' '$2 == "GET" {printf "%.0f %s %s\n", $4, $10, $14}' "$WORK/redis-benchmark.csv") || true
+[ -n "${REDIS_RPS:-}" ] || die "no GET line in redis-benchmark output: $(cat "$WORK/redis-benchmark.csv")"
+
+cpu_mark wrk "$HOTSPLIT_PID" "$STANDALONE_PID"
+run_wrk "$WORK/wrk.txt" "$BASE" "/v1/keys/hot:1?client=" "$CLIENT_IDS" "$DURATION"
+cpu_report wrk hotsplit redis-server wrk
+CPU_WRK=$CPU_REPORT
+HTTP_RPS=$(wrk_field "$WORK/wrk.txt" rps)
+HTTP_P50=$(wrk_field "$WORK/wrk.txt" p50)
+HTTP_P99=$(wrk_field "$WORK/wrk.txt" p99)
+HTTP_BAD=$(wrk_field "$WORK/wrk.txt" non2xx)
+HS_US_PER_REQ=$(awk -v t="$CPU_FIRST_TICKS" -v hz="$CLK_TCK" -v n="$(wrk_field "$WORK/wrk.txt" requests)" \
+    'BEGIN {printf "%.1f", t / hz / n * 1e6}')
+RSS_KB=$(awk '/^VmRSS:/ {print $2}' "/proc/$HOTSPLIT_PID/status")
+HWM_KB=$(awk '/^VmHWM:/ {print $2}' "/proc/$HOTSPLIT_PID/status")
+# read_outcomes BASE: hotsplit's non-zero read counters (every read should be "affine").
+read_outcomes() { curl -fsS --max-time 5 "$1/metrics" | awk '/^hotsplit_reads_total\{/ && $2 > 0 {printf "%s%s=%s", sep, $1, $2; sep=", "}'; }
+READS=$(read_outcomes "$BASE")
+stop_pids "$HOTSPLIT_PID"
+
+# benches/proxy_baseline.rs does one GET per request and nothing else; what hotsplit costs beyond
+# it is hotsplit's own overhead (parsing, affinity, the HMGET of a hash, headers, metrics).
+free_port
+PROXY_BASE="http://127.0.0.1:$FREE_PORT"
+"$PROXY_BIN" --listen "127.0.0.1:$FREE_PORT" --redis "redis://127.0.0.1:$STANDALONE_PORT" >"$WORK/proxy.log" 2>&1 &
+PROXY_PID=$!
+PIDS+=("$PROXY_PID")
+wait_for 20 curl -fsS --max-time 2 -o /dev/null "$PROXY_BASE/v1/keys/key:__rand_int__" ||
+    die "the proxy baseline did not answer; see $WORK/proxy.log"
+run_wrk "$WORK/wrk-proxy.txt" "$PROXY_BASE" "/v1/keys/key:__rand_int__?client=" "$CLIENT_IDS" "$DURATION"
+stop_pids "$PROXY_PID" "$STANDALONE_PID"
+PROXY_RPS=$(wrk_field "$WORK/wrk-proxy.txt" rps)
+PROXY_P50=$(wrk_field "$WORK/wrk-proxy.txt" p50)
+PROXY_P99=$(wrk_field "$WORK/wrk-proxy.txt" p99)
+
+# --- 3. each master's share of a hot key's reads on a 3x3 cluster -----------------------------
+CLUSTER_PORTS=()
+for _ in 1 2 3 4 5 6; do
+    start_redis cluster bus --cluster-node-timeout 2000 --repl-diskless-sync-delay 0
+    CLUSTER_PORTS+=("$STARTED_PORT")
+done
+log "started 6 cluster nodes on ports ${CLUSTER_PORTS[*]}; creating a 3x3 cluster"
+cluster_addrs=()
+for port in "${CLUSTER_PORTS[@]}"; do cluster_addrs+=("127.0.0.1:$port"); done
+bounded 60 redis-cli --cluster create "${cluster_addrs[@]}" --cluster-replicas 1 --cluster-yes \
+    >"$WORK/cluster-create.log" 2>&1 || die "redis-cli --cluster create failed; see $WORK/cluster-create.log"
+cluster_ok() {
+    local port
+    for port in "${CLUSTER_PORTS[@]}"; do
+        [[ "$(cli "$port" cluster info)" == *cluster_state:ok* ]] || return 1
+    done
+}
+wait_for 30 cluster_ok || die "the cluster did not reach cluster_state:ok within 30 s"
+# The masters as "port first-last" lines, in slot order (from CLUSTER NODES).
+cli "${CLUSTER_PORTS[0]}" cluster nodes >"$WORK/cluster-nodes.txt"
+awk '$3 ~ /master/ && NF >= 9 { split($2, a, "[:@]"); print a[2], $9 }' "$WORK/cluster-nodes.txt" |
+    sort -t' ' -k2 -n >"$WORK/masters.txt"
+MASTER_PORTS=()
+while read -r port _; do MASTER_PORTS+=("$port"); done <"$WORK/masters.txt"
+[ ${#MASTER_PORTS[@]} -eq 3 ] || die "expected 3 masters: $(cat "$WORK/cluster-nodes.txt")"
+
+seeds=$(printf '127.0.0.1:%s,' "${MASTER_PORTS[@]}")
+start_hotsplit hotsplit-cluster "redis-cluster://${seeds%,}" \
+    "$(family one: 1)
+$(family hot: "$SHARE_COPIES")"
+CLUSTER_HS_PID=$STARTED_PID
+CLUSTER_BASE="http://127.0.0.1:$STARTED_PORT"
+publish_value "$CLUSTER_BASE" one:1 1
+publish_value "$CLUSTER_BASE" hot:1 "$SHARE_COPIES"
+
+# master_of_slot SLOT: the port of the master that serves SLOT.
+master_of_slot() {
+    awk -v slot="$1" '$3 ~ /master/ {
+        for (f = 9; f <= NF; f++) {
+            n = split($f, r, "-"); lo = r[1]; hi = (n == 2) ? r[2] : r[1]
+            if ($f !~ /^\[/ && slot >= lo + 0 && slot <= hi + 0) { split($2, a, "[:@]"); print a[2] }
+        }
+    }' "$WORK/cluster-nodes.txt"
+}
+# measure_share NAME KEY COPIES: how many of the copies KEY#0..COPIES-1 each master holds, and
+# how many HMGETs it served while wrk read KEY through hotsplit with many client ids (its
+# INFO commandstats, reset before). Writes "port copies hmget_calls" lines to $WORK/share-NAME.
+measure_share() {
+    local name=$1 key=$2 copies=$3 i port slot
+    for ((i = 0; i < copies; i++)); do
+        slot=$(cli "${MASTER_PORTS[0]}" cluster keyslot "$key#$i")
+        master_of_slot "$slot"
+    done >"$WORK/placement-$name"
+    for port in "${MASTER_PORTS[@]}"; do cli "$port" config resetstat >/dev/null; done
+    run_wrk "$WORK/wrk-share-$name.txt" "$CLUSTER_BASE" "/v1/keys/$key?client=" "$SHARE_CLIENT_IDS" "$SHARE_DURATION"
+    for port in "${MASTER_PORTS[@]}"; do
+        printf '%s %s %s\n' "$port" "$(grep -cx "$port" "$WORK/placement-$name" || true)" \
+            "$(cli "$port" info commandstats | awk -F'[:=,]' '$1 == "cmdstat_hmget" {print $3 + 0}')"
+    done >"$WORK/share-$name"
+}
+# share_stats NAME: "hottest-share-% hmget-total http-requests" of a measure_share run.
+share_stats() {
+    awk -v requests="$(wrk_field "$WORK/wrk-share-$1.txt" requests)" \
+        '{ calls[NR] = $3 + 0; total += $3 } END { for (i in calls) if (calls[i] > max) max = calls[i]
+           printf "%.1f %d %d\n", total ? 100 * max / total : 0, total, requests }' "$WORK/share-$1"
+}
+measure_share unsplit one:1 1
+measure_share split hot:1 "$SHARE_COPIES"
+read -r SHARE1_MAX SHARE1_CALLS SHARE1_REQUESTS < <(share_stats unsplit)
+read -r SHARE16_MAX SHARE16_CALLS SHARE16_REQUESTS < <(share_stats split)
+SHARE_READS=$(read_outcomes "$CLUSTER_BASE")
+stop_pids "$CLUSTER_HS_PID"
+EVEN_SHARE=$(awk -v n=${#MASTER_PORTS[@]} 'BEGIN {printf "%.1f", 100 / n}')
+
+# --- 4. publish fan-out against N SETs and N direct FCALLs (criterion) ------------------------
+PUB_NOTE="skipped (--no-publish); run: cargo bench --bench publish -- publish_cluster"
+if [ "$RUN_PUBLISH" -eq 1 ]; then
+    read -ra publish_args <<<"$PUBLISH_ARGS"
+    log "cargo bench --bench publish -- publish_cluster/ ${publish_args[*]} (starts its own 3x3 cluster)"
+    touch "$WORK/publish.start"
+    if bounded 1800 cargo bench --quiet --bench publish -- 'publish_cluster/' "${publish_args[@]}" >"$WORK/publish.txt" 2>&1; then
+        PUB_NOTE="criterion medians, the bench's own 3x3 cluster${PUBLISH_ARGS:+ ($PUBLISH_ARGS)}"
+    else
+        PUB_NOTE="cargo bench failed; output kept in $WORK/publish.txt"
+        log "$PUB_NOTE"
+        KEEP_WORK=1
+    fi
+fi
+# median_us BENCH N: criterion's median of publish_cluster/BENCH/N in µs, if this run wrote it.
+median_us() {
+    local file="$TARGET_DIR/criterion/publish_cluster/$1/$2/new/estimates.json"
+    [ "$RUN_PUBLISH" -eq 1 ] && [ "$file" -nt "$WORK/publish.start" ] || return 0
+    jq -r '.median.point_estimate / 1000 | . * 10 | round / 10' "$file"
+}
+
+# --- report -----------------------------------------------------------------------------------
+mib() { awk -v k="$1" 'BEGIN {printf "%.1f", k / 1024}'; }
+RSS_MIB=$(mib "$RSS_KB")
+READ_RATIO=$(ratio "$HTTP_RPS" "$REDIS_RPS")
+PUBLISH_ROWS="" PUBLISH_SUMMARY=""
+for n in "${PUBLISH_COPIES[@]}"; do
+    hs=$(median_us hotsplit "$n") fcall=$(median_us fcall_join_all "$n") set=$(median_us set_join_all "$n")
+    PUBLISH_ROWS+="| $n | ${hs:-–} µs | ${set:-–} µs | $(ratio "$hs" "$set")× | ${fcall:-–} µs | $(ratio "$hs" "$fcall")× |
+"
+    target="–"
+    [ "$n" != 16 ] || target="≤ 1.5× — $(verdict "$(ratio "$hs" "$set")" 1.5 "<=")"
+    PUBLISH_SUMMARY+="| Publish, N = $n (cluster, p50), vs $n SET(s) sent at once | ${hs:-–} µs | ${set:-–} µs | $(ratio "$hs" "$set")× | $target |
+| Publish, N = $n, vs the same $n FCALL(s) sent at once | ${hs:-–} µs | ${fcall:-–} µs | $(ratio "$hs" "$fcall")× | what hotsplit adds |
+"
+done
+SHARE_ROWS=""
+while read -r port slots; do
+    read -r _ copies1 calls1 <<<"$(grep "^$port " "$WORK/share-unsplit")"
+    read -r _ copies16 calls16 <<<"$(grep "^$port " "$WORK/share-split")"
+    SHARE_ROWS+="| 127.0.0.1:$port (slots $slots) | $copies1 | $(percent "$calls1" "$SHARE1_CALLS") % | $copies16 | $(percent "$calls16" "$SHARE16_CALLS") % |
+"
+done <"$WORK/masters.txt"
+MODE="full run"
+[ "$QUICK" != 1 ] || MODE="QUICK run (figures too short to quote)"
+
+cat <<EOF
+
+## hotsplit side by side — $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $MODE
+
+Cores: $CORES, shared by everything (no pinning). Load average before the run: $LOAD_BEFORE.
+Value: $VALUE_BYTES bytes. Concurrency: $CONNECTIONS everywhere. Took $((SECONDS - STARTED_AT)) s.
+
+### 1. Library read ($CONNECTIONS tasks on one tokio runtime, $READ_ROUNDS interleaved round(s) of $READ_DURATION per side; benches/read.rs)
+
+| Side | reads/s |
+|---|---|
+| \`Reader::read\`, affine, key with $COPIES copies (hotsplit) | $LIB_HS |
+| raw fred \`GET\` of one key | $LIB_GET |
+| raw fred \`HMGET\` of one copy (the command hotsplit sends) | $LIB_HMGET |
+
+### 2. HTTP read ($CONNECTIONS connections; wrk -t$THREADS -d$DURATION, keep-alive)
+
+| Side | throughput | p50 / p99 |
+|---|---|---|
+| hotsplit affine read (\`hot:1\`, $COPIES copies, $((CLIENT_IDS * THREADS)) client ids) | $HTTP_RPS req/s | $HTTP_P50 / $HTTP_P99 |
+| minimal axum→fred GET proxy | $PROXY_RPS req/s | $PROXY_P50 / $PROXY_P99 |
+| redis-benchmark GET (-n $REQUESTS) | $REDIS_RPS ops/s | ${REDIS_P50} ms / ${REDIS_P99} ms |
+
+- CPU during wrk on hotsplit (CPU seconds of wall × $CORES): $CPU_WRK; hotsplit used $HS_US_PER_REQ µs of CPU per request.
+- CPU during redis-benchmark: $CPU_RB.
+- hotsplit RSS after the read load: $RSS_MIB MiB (peak $(mib "$HWM_KB"), idle $(mib "$RSS_IDLE_KB")).
+- hotsplit read outcomes: ${READS:-none}. Non-2xx answers: ${HTTP_BAD:-0}.
+
+### 3. Each master's share of a hot key's reads (3x3 cluster, INFO commandstats cmdstat_hmget)
+
+| Master | copies of \`one:1\` | its share of \`one:1\` reads | copies of \`hot:1\` | its share of \`hot:1\` reads |
+|---|---|---|---|---|
+${SHARE_ROWS}
+- \`one:1\` (1 copy): $SHARE1_CALLS HMGETs for $SHARE1_REQUESTS HTTP reads; \`hot:1\` ($SHARE_COPIES copies): $SHARE16_CALLS HMGETs for $SHARE16_REQUESTS HTTP reads (wrk -d$SHARE_DURATION, $((SHARE_CLIENT_IDS * THREADS)) client ids).
+- hotsplit read outcomes on the cluster: ${SHARE_READS:-none}.
+
+### 4. Publish fan-out on a 3x3 cluster — $PUB_NOTE
+
+| N | hotsplit publish | N concurrent SETs | ratio | N direct FCALL hotsplit_cas | ratio |
+|---|---|---|---|---|---|
+${PUBLISH_ROWS}
+### Summary: ratios taken in this one run
+
+| Comparison | hotsplit | baseline | ratio | target |
+|---|---|---|---|---|
+| Library affine read vs raw fred GET, $CONNECTIONS tasks | $LIB_HS reads/s | $LIB_GET reads/s | ${LIB_VS_GET}× | – |
+| Library affine read vs raw fred HMGET of one copy | $LIB_HS reads/s | $LIB_HMGET reads/s | ${LIB_VS_HMGET}× | what the library adds |
+| HTTP affine read vs redis-benchmark GET, $CONNECTIONS connections | $HTTP_RPS req/s | $REDIS_RPS ops/s | ${READ_RATIO}× | ≥ 0.5× — $(verdict "$READ_RATIO" 0.5 ">=") |
+| HTTP affine read vs minimal HTTP→Redis GET proxy | $HTTP_RPS req/s | $PROXY_RPS req/s | $(ratio "$HTTP_RPS" "$PROXY_RPS")× | – |
+| Minimal proxy vs redis-benchmark GET (the HTTP ceiling) | $PROXY_RPS req/s | $REDIS_RPS ops/s | $(ratio "$PROXY_RPS" "$REDIS_RPS")× | – |
+${PUBLISH_SUMMARY}| Hottest master's share of reads, 1 copy, vs an even share | $SHARE1_MAX % | $EVEN_SHARE % | $(ratio "$SHARE1_MAX" "$EVEN_SHARE")× | – |
+| Hottest master's share of reads, $SHARE_COPIES copies, vs an even share | $SHARE16_MAX % | $EVEN_SHARE % | $(ratio "$SHARE16_MAX" "$EVEN_SHARE")× | – |
+| hotsplit RSS after the read load | $RSS_MIB MiB | 64 MiB | $(ratio "$RSS_MIB" 64)× | < 1× — $(verdict "$RSS_MIB" 64 "<=") |
+EOF
