@@ -174,7 +174,7 @@ fn check(args: CheckArgs) -> ExitCode {
             println!("{}", report.markdown());
             let failures = report.failures();
             if failures.is_empty() {
-                println!("PASS: no floor violation, no affine violation outside loss windows, no wrong decides-on-presence decision.");
+                println!("PASS: no floor violation, no affine reader saw its copy go back outside loss windows, no wrong decides-on-presence decision.");
                 ExitCode::SUCCESS
             } else {
                 for failure in failures {

@@ -326,29 +326,25 @@ pub(crate) async fn read_keys(
     let mut samples = Vec::with_capacity(keys.len());
     let mut copy_reads = 0u64;
     let mut last_progress = Instant::now();
+    let report = |samples: &Vec<KeySample>, copy_reads, progress: &mut dyn FnMut(&Progress)| {
+        progress(&Progress {
+            phase: Phase::Read,
+            elapsed: started.elapsed(),
+            scanned_keys: 0,
+            sampled_keys: keys.len(),
+            read_keys: samples.len(),
+            copy_reads,
+        });
+    };
     while let Some(sample) = reads.next().await {
         copy_reads += sample.reads.len() as u64;
         samples.push(sample);
         if last_progress.elapsed() >= PROGRESS_EVERY {
             last_progress = Instant::now();
-            progress(&Progress {
-                phase: Phase::Read,
-                elapsed: started.elapsed(),
-                scanned_keys: 0,
-                sampled_keys: keys.len(),
-                read_keys: samples.len(),
-                copy_reads,
-            });
+            report(&samples, copy_reads, progress);
         }
     }
-    progress(&Progress {
-        phase: Phase::Read,
-        elapsed: started.elapsed(),
-        scanned_keys: 0,
-        sampled_keys: keys.len(),
-        read_keys: samples.len(),
-        copy_reads,
-    });
+    report(&samples, copy_reads, progress);
     // Keys finish out of order; report them in scan order.
     let position: HashMap<&str, usize> = keys
         .iter()
