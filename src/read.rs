@@ -246,7 +246,7 @@ impl Reader {
             request.request_id.as_deref(),
         )?;
         let client_floor = floor;
-        let floor = floor.max(plan.own_floor);
+        let floor = floor.max(plan.held_floor());
         let first = self
             .consult(&request.key, affine, &plan, client_floor, floor)
             .await?;
@@ -283,7 +283,7 @@ impl Reader {
             .repairer
             .as_ref()
             .and_then(|_| repair_of(&request.key, affine, &consulted));
-        let min_version = request.min_version.max(plan.own_floor);
+        let min_version = request.min_version.max(plan.held_floor());
         // A read that ends without a value (not found, below the floor) was still served by
         // someone: the affine copy's node and reason are what the bill counts for it.
         let first = consulted
@@ -320,7 +320,58 @@ impl Reader {
             }
             _ => Served::Affine,
         };
+        if let Some(client) = client {
+            self.remember_moved_read(request, client, &plan, &answer, served);
+        }
         Ok((answer, served))
+    }
+
+    /// A read that routing moved away from the reader's usual place (to the primary for a
+    /// replica class because of `lag-breach`, or `no-replica` when a known replica failed, or to a sibling because the
+    /// reader's own copy could not be read or was missing, with no floor involved) may have
+    /// returned a version its usual place does not hold yet. This instance remembers it as the
+    /// reader's floor for the family's `pin_window`, so the reader's next read, back on a
+    /// replica still behind or on its own copy that missed the write, does not go back. Moves a
+    /// floor caused (`own-write`, `version-floor`) or a request pin record nothing: those keep
+    /// their own bounded windows. Reads served where they usually are record nothing either:
+    /// the common path only looks the floor up.
+    fn remember_moved_read(
+        &self,
+        request: &ReadRequest,
+        client: &str,
+        plan: &Plan,
+        answer: &ReadAnswer,
+        served: Served,
+    ) {
+        let (ReadAnswer::Value {
+            version,
+            route,
+            served_by,
+            ..
+        }
+        | ReadAnswer::NotModified {
+            version,
+            route,
+            served_by,
+            ..
+        }) = answer;
+        let rerouted = match route.reason {
+            RouteReason::LagBreach => true,
+            // A replica that failed, not a primary with no replica at all (nothing to go back
+            // to: recording there would only cost every read a lock).
+            RouteReason::NoReplica => self
+                .router
+                .lag()
+                .with_replicas(&served_by.node, |replicas| !replicas.is_empty()),
+            _ => false,
+        };
+        let fell_back = served == Served::Sibling
+            && plan.held_floor().is_none()
+            && request.min_version.is_none()
+            && request.if_none_match.is_none();
+        if rerouted || fell_back {
+            self.router.record_seen(&request.key, *version, client);
+        }
     }
 
     /// Counts a served read in the routing bill and logs where it was served.
@@ -353,10 +404,11 @@ impl Reader {
                 let read = self.store.read_replica_copy(&copy_key, &replica).await;
                 let reason = match &read.record {
                     Ok(Some(record)) if floor.is_some_and(|floor| record.version < floor) => {
-                        if client_floor.is_some_and(|floor| record.version < floor) {
-                            RouteReason::VersionFloor
-                        } else {
+                        let below = |floor: Option<Version>| floor.is_some_and(|floor| record.version < floor);
+                        if below(plan.own_floor) && !below(client_floor) {
                             RouteReason::OwnWrite
+                        } else {
+                            RouteReason::VersionFloor
                         }
                     }
                     Ok(_) => {
@@ -573,6 +625,57 @@ mod tests {
         let expected_copy = affinity::copy_index("alice", 8);
         assert!(
             matches!(answer, ReadAnswer::Value { ref value, copy, .. } if value == "five" && copy == expected_copy)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reader_moved_to_a_sibling_does_not_go_back_when_its_copy_returns_older() {
+        let fixture = fixture();
+        publish(&fixture, 5, "five").await;
+        // Alice's copy is missing: a sibling serves 5, and this instance remembers it.
+        let affinity = fixture
+            .reader
+            .affinity(&Key::parse("p:1").unwrap(), "alice");
+        fixture.store.overwrite_for_test(&affinity.copy_key, None);
+        let answer = fixture
+            .reader
+            .read(&request("alice", None, None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 5 && copy != affinity.copy)
+        );
+        // Her copy comes back older (a late fill): she still gets 5, from a sibling.
+        regress_affine_copy(&fixture, "alice", 4, "four");
+        let answer = fixture
+            .reader
+            .read(&request("alice", None, None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 5 && copy != affinity.copy),
+            "alice went back to 4"
+        );
+        // Nothing was remembered for a reader whose reads stayed on her own copy.
+        let other = (0..64)
+            .map(|n| format!("reader-{n}"))
+            .find(|client| affinity::copy_index(client, 8) != affinity.copy)
+            .unwrap();
+        let answer = fixture
+            .reader
+            .read(&request(&other, None, None))
+            .await
+            .unwrap();
+        assert!(matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 5));
+        regress_affine_copy(&fixture, &other, 3, "three");
+        let answer = fixture
+            .reader
+            .read(&request(&other, None, None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 3),
+            "without a move and without a floor the affine copy serves as it is"
         );
     }
 

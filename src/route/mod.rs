@@ -30,7 +30,7 @@ use crate::store::NodeLabel;
 pub use bill::{ClassRouting, RouteMetrics, ServedRole};
 pub use classes::{ClassDef, ClassView, Classes, ReadClass, Route};
 pub use lag::{LagFigures, LagMonitor, LagTable};
-pub use pins::Pins;
+pub use pins::{Floors, Pins};
 
 /// Why a read was served where it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -93,6 +93,16 @@ pub struct Plan {
     pub route: PlanRoute,
     /// The reader's own write floor for this key, if its window is open.
     pub own_floor: Option<Version>,
+    /// The highest version a moved read (served by the primary for a replica class, or by a
+    /// sibling copy) returned to this reader for this key, if its window is open.
+    pub seen_floor: Option<Version>,
+}
+
+impl Plan {
+    /// The floor this instance holds for the reader: the higher of its write and seen floors.
+    pub fn held_floor(&self) -> Option<Version> {
+        self.own_floor.max(self.seen_floor)
+    }
 }
 
 /// The route part of a [`Plan`].
@@ -274,7 +284,7 @@ impl Router {
                 .find(|(prefix, _)| *prefix == family.prefix)
                 .map_or(ReadClass(0), |(_, class)| *class),
         };
-        let own_floor = client.and_then(|client| self.pins.floor(client, key));
+        let floors = client.map_or_else(Floors::default, |client| self.pins.floors(client, key));
         let route = match self.classes.get(class).route {
             Route::Primary => PlanRoute::Primary(RouteReason::Class),
             Route::Replica { .. } if request_id.is_some_and(|id| self.pins.request_pinned(id)) => {
@@ -285,7 +295,8 @@ impl Router {
         Ok(Plan {
             class,
             route,
-            own_floor,
+            own_floor: floors.written,
+            seen_floor: floors.seen,
         })
     }
 
@@ -339,6 +350,16 @@ impl Router {
         if let Some(id) = request_id.filter(|id| !id.is_empty()) {
             self.pins.record_request(id);
         }
+    }
+
+    /// Records that a read for `client` returned `version` of `key` from somewhere other than
+    /// its usual place, for the family's `pin_window`: its next reads do not go below it.
+    pub fn record_seen(&self, key: &Key, version: Version, client: &str) {
+        if client.is_empty() {
+            return;
+        }
+        let window = self.families.resolve(key).pin_window;
+        self.pins.record_seen(client, key, version, window);
     }
 
     /// The classes with the families that use each by default.

@@ -872,3 +872,123 @@ async fn a_configured_replica_that_is_down_does_not_stop_startup() {
     assert_eq!(lag[0]["within_budget"]["advisory"], false);
     service.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_moved_to_the_primary_by_a_lag_breach_does_not_go_back_on_the_replica() {
+    let group = PrimaryReplica::start(1).expect("primary and replica");
+    let replica = &group.replicas[0];
+    let replica_label = replica.addr();
+    let service = Service::start(standalone_config(&group, "")).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    // Two readers of the same copy: `a` will be moved to the primary, `b` never is.
+    let copy = hotsplit::affinity::copy_index("a", 4);
+    let b = (0..1000)
+        .map(|n| format!("b{n}"))
+        .find(|client| hotsplit::affinity::copy_index(client, 4) == copy)
+        .expect("a client of the same copy");
+    let copy_key = format!("adv:9#{copy}");
+    assert_eq!(
+        put(&http, format!("{base}/v1/keys/adv:9?version=1"), "one", &[])
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    poll("the replica serves 1", Duration::from_secs(10), || {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let (_, body, served_by, _) =
+                get(&http, format!("{base}/v1/keys/adv:9?client=a"), &[]).await;
+            body == "one" && served_by.ends_with("role=replica")
+        }
+    })
+    .await;
+
+    // Replication held back, version 2 written: the lag breach sends `a` to the primary.
+    devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"]).expect("CLIENT PAUSE");
+    assert_eq!(
+        put(&http, format!("{base}/v1/keys/adv:9?version=2"), "two", &[])
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    poll(
+        "the replica's lag passes 300 ms",
+        Duration::from_secs(10),
+        || {
+            let (http, base, replica_label) = (http.clone(), base.clone(), replica_label.clone());
+            async move {
+                lag_now(&http, &base, &replica_label)
+                    .await
+                    .is_some_and(|lag| lag > 300.0)
+            }
+        },
+    )
+    .await;
+    let (_, body, _, route) = get(&http, format!("{base}/v1/keys/adv:9?client=a"), &[]).await;
+    assert_eq!(
+        (body.as_str(), route.as_str()),
+        ("two", "class=advisory;reason=lag-breach")
+    );
+
+    // The replica resumes and catches up; then its copy is set back by hand: a replica behind
+    // while its measured lag is within the budget.
+    devcluster::cli(replica.port(), &["CLIENT", "UNPAUSE"]).expect("CLIENT UNPAUSE");
+    poll(
+        "the replica applies version 2",
+        Duration::from_secs(10),
+        || {
+            let held =
+                devcluster::cli(replica.port(), &["HGET", &copy_key, "ver"]).unwrap_or_default();
+            std::future::ready(held == "2")
+        },
+    )
+    .await;
+    devcluster::cli(
+        replica.port(),
+        &["CONFIG", "SET", "replica-read-only", "no"],
+    )
+    .unwrap();
+    devcluster::cli(
+        replica.port(),
+        &["HSET", &copy_key, "ver", "1", "val", "one"],
+    )
+    .unwrap();
+    poll(
+        "the replica is back within the budget",
+        Duration::from_secs(10),
+        || {
+            let (http, base, replica_label) = (http.clone(), base.clone(), replica_label.clone());
+            async move {
+                lag_now(&http, &base, &replica_label)
+                    .await
+                    .is_some_and(|lag| lag < 200.0)
+            }
+        },
+    )
+    .await;
+
+    // `b` never left the replica: it gets the old value there. `a` had been shown 2 by the
+    // primary, so this instance does not let it go back to 1.
+    let (_, body, served_by, route) =
+        get(&http, format!("{base}/v1/keys/adv:9?client={b}"), &[]).await;
+    assert_eq!(
+        (body.as_str(), served_by.as_str(), route.as_str()),
+        (
+            "one",
+            format!("{replica_label};role=replica").as_str(),
+            "class=advisory;reason=class"
+        )
+    );
+    let (_, body, served_by, route) =
+        get(&http, format!("{base}/v1/keys/adv:9?client=a"), &[]).await;
+    assert_eq!(
+        (body.as_str(), served_by.as_str(), route.as_str()),
+        (
+            "two",
+            format!("{};role=primary", group.primary.addr()).as_str(),
+            "class=advisory;reason=version-floor"
+        )
+    );
+    service.stop().await;
+}
