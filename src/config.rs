@@ -93,7 +93,7 @@ pub struct RouteConfig {
     /// How long a request id that wrote pins later reads carrying it to primaries. Default: `5s`.
     #[serde(with = "duration")]
     pub request_pin_window: Duration,
-    /// The most (client, key) write floors and request pins held in memory; the least recently
+    /// The most (client, key) floors (written and seen) and request pins held in memory; the least recently
     /// used go first. Default: 100000.
     pub max_pins: usize,
 }
@@ -279,7 +279,8 @@ pub struct DefaultFamilyConfig {
     pub versioning: Versioning,
     /// The read class of reads that name none. Default: `primary`.
     pub default_class: String,
-    /// How long a client's write floor holds its reads of that key. Default: `2s`.
+    /// How long a client's write floor, or the seen floor a moved read left it, holds its reads
+    /// of that key. Default: `2s`.
     #[serde(with = "duration")]
     pub pin_window: Duration,
 }
