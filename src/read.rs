@@ -629,57 +629,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_reader_moved_to_a_sibling_does_not_go_back_when_its_copy_returns_older() {
-        let fixture = fixture();
-        publish(&fixture, 5, "five").await;
-        // Alice's copy is missing: a sibling serves 5, and this instance remembers it.
-        let affinity = fixture
-            .reader
-            .affinity(&Key::parse("p:1").unwrap(), "alice");
-        fixture.store.overwrite_for_test(&affinity.copy_key, None);
-        let answer = fixture
-            .reader
-            .read(&request("alice", None, None))
-            .await
-            .unwrap();
-        assert!(
-            matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 5 && copy != affinity.copy)
-        );
-        // Her copy comes back older (a late fill): she still gets 5, from a sibling.
-        regress_affine_copy(&fixture, "alice", 4, "four");
-        let answer = fixture
-            .reader
-            .read(&request("alice", None, None))
-            .await
-            .unwrap();
-        assert!(
-            matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 5 && copy != affinity.copy),
-            "alice went back to 4"
-        );
-        // Nothing was remembered for a reader whose reads stayed on her own copy.
-        let other = (0..64)
-            .map(|n| format!("reader-{n}"))
-            .find(|client| affinity::copy_index(client, 8) != affinity.copy)
-            .unwrap();
-        let answer = fixture
-            .reader
-            .read(&request(&other, None, None))
-            .await
-            .unwrap();
-        assert!(matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 5));
-        regress_affine_copy(&fixture, &other, 3, "three");
-        let answer = fixture
-            .reader
-            .read(&request(&other, None, None))
-            .await
-            .unwrap();
-        assert!(
-            matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 3),
-            "without a move and without a floor the affine copy serves as it is"
-        );
-    }
-
-    #[tokio::test]
     async fn a_floor_skips_a_stale_affine_copy() {
         let fixture = fixture();
         publish(&fixture, 5, "five").await;
@@ -758,13 +707,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_missing_affine_copy_falls_back_to_a_sibling() {
+    async fn a_missing_affine_copy_falls_back_to_a_sibling_and_its_reader_does_not_go_back() {
         let fixture = fixture();
         publish(&fixture, 5, "five").await;
         let affinity = fixture
             .reader
             .affinity(&Key::parse("p:1").unwrap(), "alice");
         fixture.store.overwrite_for_test(&affinity.copy_key, None);
+        // A sibling serves 5, and this instance remembers it as alice's seen floor.
         let answer = fixture
             .reader
             .read(&request("alice", None, None))
@@ -772,6 +722,38 @@ mod tests {
             .unwrap();
         assert!(
             matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 5 && copy != affinity.copy)
+        );
+        // Her copy comes back older (a late fill): she still gets 5, from a sibling.
+        regress_affine_copy(&fixture, "alice", 4, "four");
+        let answer = fixture
+            .reader
+            .read(&request("alice", None, None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 5 && copy != affinity.copy),
+            "alice went back to 4"
+        );
+        // Nothing was remembered for a reader whose reads stayed on her own copy.
+        let other = (0..64)
+            .map(|n| format!("reader-{n}"))
+            .find(|client| affinity::copy_index(client, 8) != affinity.copy)
+            .unwrap();
+        let answer = fixture
+            .reader
+            .read(&request(&other, None, None))
+            .await
+            .unwrap();
+        assert!(matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 5));
+        regress_affine_copy(&fixture, &other, 3, "three");
+        let answer = fixture
+            .reader
+            .read(&request(&other, None, None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 3),
+            "without a move and without a floor the affine copy serves as it is"
         );
     }
 
