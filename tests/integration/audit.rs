@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hotsplit::devcluster::{self, Cluster};
+use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::harness;
@@ -54,17 +55,6 @@ fn node_stats(port: u16) -> NodeStats {
     }
 }
 
-/// The master and replica ports that hold `key`.
-fn owner_and_replica(cluster: &Cluster, key: &str) -> (u16, u16) {
-    let master = cluster
-        .master_for_slot(devcluster::key_slot(key.as_bytes()))
-        .expect("topology")
-        .expect("a master serves the slot");
-    let replicas = cluster.replicas_of(&master.id).expect("topology");
-    assert_eq!(replicas.len(), 1, "one replica per master");
-    (master.port, replicas[0].port)
-}
-
 /// An `INFO replication` number of the node on `port`.
 fn replication_offset(port: u16, field: &str) -> u64 {
     let info = devcluster::cli(port, &["INFO", "replication"]).expect("INFO replication");
@@ -110,13 +100,9 @@ async fn publish(url: &str, prefix: &str, copies: u32, keys: &[&str], version: u
         harness::Service::start(harness::config_with_family(Some(url), prefix, copies)).await;
     let http = reqwest::Client::new();
     for key in keys {
-        let answer = http
-            .put(format!("{}/v1/keys/{key}?version={version}", service.base))
-            .body(format!("value of {key}"))
-            .send()
-            .await
-            .expect("publish");
-        assert_eq!(answer.status(), 200, "publish {key}");
+        let value = format!("value of {key}");
+        harness::publish_expecting(&http, &service.base, key, version, &value, StatusCode::OK)
+            .await;
     }
     service.stop().await;
 }
@@ -172,7 +158,7 @@ async fn audit_reports_exactly_the_stale_copy_on_its_primary_and_replica_and_wri
 
     // One copy stale by hand, on its master: version 7 → 4.
     let stale = "aud:k2#1";
-    let (master, replica) = owner_and_replica(&cluster, stale);
+    let (master, replica) = harness::owner_and_replica(&cluster, stale);
     devcluster::cli(master, &["HSET", stale, "ver", "4"]).expect("HSET");
     wait_for_replicas(&cluster).await;
 
@@ -356,7 +342,7 @@ async fn audit_watch_exports_the_stale_copy_as_metrics_and_stops_on_sigterm() {
     let keys = ["audw:a", "audw:b"];
     publish(&url, "audw:", 3, &keys, 5).await;
     let stale = "audw:b#2";
-    let (master, _) = owner_and_replica(cluster, stale);
+    let (master, _) = harness::owner_and_replica(cluster, stale);
     devcluster::cli(master, &["HSET", stale, "ver", "2"]).expect("HSET");
 
     let watcher = start_watch(&["--redis", &url, "--prefix", "audw:", "--json"]);
@@ -428,11 +414,7 @@ async fn audit_watch_exports_the_stale_copy_as_metrics_and_stops_on_sigterm() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_exit_statuses_tell_usage_errors_from_connection_failures() {
-    let free_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let free_port = harness::free_port();
     let (status, _, stderr, took) = run_audit(vec![
         "--redis".into(),
         format!("redis://127.0.0.1:{free_port}"),

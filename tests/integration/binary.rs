@@ -6,14 +6,9 @@ use std::time::Duration;
 
 use crate::harness;
 
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_runs_on_the_embedded_store_and_stops_on_sigterm() {
-    let port = free_port();
+    let port = harness::free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .env("HOTSPLIT_LOG", "info")
@@ -40,18 +35,8 @@ async fn serve_runs_on_the_embedded_store_and_stops_on_sigterm() {
         },
     )
     .await;
-    let put = http
-        .put(format!("{base}/v1/keys/k1?version=1"))
-        .body("v")
-        .send()
-        .await
-        .unwrap();
-    assert!(put.status().is_success());
-    let get = http
-        .get(format!("{base}/v1/keys/k1?client=c"))
-        .send()
-        .await
-        .unwrap();
+    harness::publish_succeeds(&http, &base, "k1", 1, "v").await;
+    let get = harness::get(&http, &format!("{base}/v1/keys/k1?client=c"), &[]).await;
     assert_eq!(get.headers()["hotsplit-served-by"], "embedded");
 
     // SAFETY: sending SIGTERM to our own child process.

@@ -1,13 +1,16 @@
 //! Shared Redis servers and helpers for the integration tests.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hotsplit::config::Config;
-use hotsplit::devcluster::{Cluster, ClusterOptions, Standalone};
+use hotsplit::devcluster::{self, key_slot, Cluster, ClusterOptions, NodeInfo, Standalone};
 use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use reqwest::{Response, StatusCode};
+use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -137,6 +140,18 @@ pub fn config_with_family(redis_url: Option<&str>, prefix: &str, copies: u32) ->
     config
 }
 
+/// The config `text` with a spool directory of its own; asserts that it parses and is valid.
+pub fn config_from_toml(text: &str) -> Config {
+    let mut config =
+        Config::from_toml(text).unwrap_or_else(|err| panic!("test config parses: {err}\n{text}"));
+    // Every service gets a spool of its own: the retry spool is locked by one process.
+    config.heal.spool_dir = spool_dir();
+    config
+        .validate()
+        .unwrap_or_else(|err| panic!("test config is valid: {err}\n{text}"));
+    config
+}
+
 /// A fresh spool directory under the system temp dir, kept after the test (a service may still
 /// be flushing it when the test ends; the OS temp cleaner removes it).
 pub fn spool_dir() -> std::path::PathBuf {
@@ -145,4 +160,187 @@ pub fn spool_dir() -> std::path::PathBuf {
         .tempdir()
         .expect("create a spool dir")
         .keep()
+}
+
+/// A port on 127.0.0.1 that was free a moment ago (bound, then released); asserts nothing.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("bind a free port")
+        .port()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis, read directly (not through hotsplit)
+// ---------------------------------------------------------------------------------------------
+
+/// The master of `cluster` that serves `key`'s slot; panics naming the key if there is none.
+fn owner(cluster: &Cluster, key: &str) -> NodeInfo {
+    cluster
+        .master_for_slot(key_slot(key.as_bytes()))
+        .unwrap_or_else(|err| panic!("read the cluster topology for {key}: {err}"))
+        .unwrap_or_else(|| panic!("a master serves the slot of {key}"))
+}
+
+/// The port of the master that serves `key`'s slot; panics naming the key if none does.
+pub fn owner_port(cluster: &Cluster, key: &str) -> u16 {
+    owner(cluster, key).port
+}
+
+/// The ports of the master that serves `key`'s slot and of its replica; asserts it has exactly one.
+pub fn owner_and_replica(cluster: &Cluster, key: &str) -> (u16, u16) {
+    let master = owner(cluster, key);
+    let replicas = cluster
+        .replicas_of(&master.id)
+        .unwrap_or_else(|err| panic!("read the replicas of {key}'s master: {err}"));
+    assert_eq!(replicas.len(), 1, "one replica per master ({key})");
+    (master.port, replicas[0].port)
+}
+
+/// `HGETALL key` on `port` as a field → value map; panics naming the key and port if it fails.
+pub fn hgetall(port: u16, key: &str) -> BTreeMap<String, String> {
+    let text = devcluster::cli(port, &["HGETALL", key])
+        .unwrap_or_else(|err| panic!("HGETALL {key} on 127.0.0.1:{port}: {err}"));
+    let lines: Vec<&str> = text.split('\n').collect();
+    lines
+        .chunks(2)
+        .filter(|pair| pair.len() == 2)
+        .map(|pair| (pair[0].to_owned(), pair[1].to_owned()))
+        .collect()
+}
+
+/// The `HGETALL` of `copy_key` on the master of `cluster` that owns it (see [`hgetall`]).
+pub fn copy_on_owner(cluster: &Cluster, copy_key: &str) -> BTreeMap<String, String> {
+    hgetall(owner_port(cluster, copy_key), copy_key)
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP against a running service
+// ---------------------------------------------------------------------------------------------
+
+/// Sends a GET of `url` with `headers`; panics naming the URL if it cannot be sent, checks no more.
+pub async fn get(http: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> Response {
+    let mut request = http.get(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request
+        .send()
+        .await
+        .unwrap_or_else(|err| panic!("GET {url}: {err}"))
+}
+
+/// The body of a GET of `url` as JSON; panics naming the URL if it cannot be sent or is not JSON.
+pub async fn get_json(http: &reqwest::Client, url: &str) -> Value {
+    get(http, url, &[])
+        .await
+        .json()
+        .await
+        .unwrap_or_else(|err| panic!("GET {url}: the body is not JSON: {err}"))
+}
+
+/// The body of a GET of `url`; asserts a 200, naming the URL and showing the body otherwise.
+async fn ok_body(http: &reqwest::Client, url: &str) -> String {
+    let answer = get(http, url, &[]).await;
+    let status = answer.status();
+    let text = answer
+        .text()
+        .await
+        .unwrap_or_else(|err| panic!("GET {url}: read the body: {err}"));
+    assert_eq!(status, StatusCode::OK, "GET {url}: {text}");
+    text
+}
+
+/// The `/v1/affinity` answer for `key` and `client`; asserts a 200 with a JSON body.
+pub async fn affinity(http: &reqwest::Client, base: &str, key: &str, client: &str) -> Value {
+    let url = format!("{base}/v1/affinity?key={key}&client={client}");
+    let text = ok_body(http, &url).await;
+    serde_json::from_str(&text)
+        .unwrap_or_else(|err| panic!("GET {url}: the body is not JSON: {err}: {text}"))
+}
+
+/// The text of `/metrics` at `base`; asserts a 200.
+pub async fn metrics_text(http: &reqwest::Client, base: &str) -> String {
+    ok_body(http, &format!("{base}/metrics")).await
+}
+
+/// The problem+json body of `answer`; asserts its `status` and `code`, naming `what`.
+pub async fn problem(answer: Response, status: StatusCode, code: &str, what: &str) -> Value {
+    let answered = answer.status();
+    let text = answer
+        .text()
+        .await
+        .unwrap_or_else(|err| panic!("{what}: read the body: {err}"));
+    assert_eq!(answered, status, "{what}: {text}");
+    let body: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|err| panic!("{what}: the body is not JSON: {err}: {text}"));
+    assert_eq!(body["code"], code, "{what}: {body}");
+    body
+}
+
+/// Publishes `body` as `version` of `key` through `base`; asserts `accepts(status)`, naming the
+/// key, the version and the `wanted` status, and showing the answer's body otherwise.
+async fn publish_checked(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    version: u64,
+    body: &str,
+    accepts: impl Fn(StatusCode) -> bool,
+    wanted: &str,
+) -> Response {
+    let answer = http
+        .put(format!("{base}/v1/keys/{key}?version={version}"))
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap_or_else(|err| panic!("publish {key} version {version}: {err}"));
+    let status = answer.status();
+    if !accepts(status) {
+        let text = answer.text().await.unwrap_or_default();
+        panic!("publish {key} version {version}: expected {wanted}, got {status}: {text}");
+    }
+    answer
+}
+
+/// Publishes `body` as `version` of `key`; asserts the status is `expected`, naming both.
+pub async fn publish_expecting(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    version: u64,
+    body: &str,
+    expected: StatusCode,
+) -> Response {
+    let wanted = expected.to_string();
+    publish_checked(
+        http,
+        base,
+        key,
+        version,
+        body,
+        |status| status == expected,
+        &wanted,
+    )
+    .await
+}
+
+/// Publishes `body` as `version` of `key`; asserts a 2xx (applied or queued), naming both.
+pub async fn publish_succeeds(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    version: u64,
+    body: &str,
+) -> Response {
+    publish_checked(
+        http,
+        base,
+        key,
+        version,
+        body,
+        |status| status.is_success(),
+        "a 2xx",
+    )
+    .await
 }

@@ -2,7 +2,7 @@
 //! under 1,000 edits, ordering of a late retry, read repair, and the spool's durability across a
 //! SIGKILL of the real binary.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,18 +21,10 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{self, config_with_family, poll, Service};
-
-/// The `HGETALL` of `key` on `port`, as a field → value map.
-fn hgetall(port: u16, key: &str) -> BTreeMap<String, String> {
-    let text = devcluster::cli(port, &["HGETALL", key]).expect("HGETALL");
-    let lines: Vec<&str> = text.lines().collect();
-    lines
-        .chunks(2)
-        .filter(|pair| pair.len() == 2)
-        .map(|pair| (pair[0].to_owned(), pair[1].to_owned()))
-        .collect()
-}
+use crate::harness::{
+    self, affinity, config_with_family, copy_on_owner, get, get_json, hgetall, metrics_text,
+    owner_port, poll, publish_expecting, publish_succeeds, Service,
+};
 
 /// The stored version of `key` on `port`, 0 when missing.
 fn stored_version(port: u16, key: &str) -> u64 {
@@ -42,23 +34,9 @@ fn stored_version(port: u16, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The port of the master that owns `key` in `cluster`.
-fn owner_port(cluster: &Cluster, key: &str) -> u16 {
-    cluster
-        .master_for_slot(key_slot(key.as_bytes()))
-        .expect("topology")
-        .expect("slot owner")
-        .port
-}
-
+/// The `/v1/retry-queue` view of the service at `base`, with every entry.
 async fn retry_queue(http: &reqwest::Client, base: &str) -> Value {
-    http.get(format!("{base}/v1/retry-queue?limit=10000"))
-        .send()
-        .await
-        .expect("GET /v1/retry-queue")
-        .json()
-        .await
-        .expect("retry queue json")
+    get_json(http, &format!("{base}/v1/retry-queue?limit=10000")).await
 }
 
 async fn wait_drained(http: &reqwest::Client, base: &str) {
@@ -108,13 +86,7 @@ async fn queued_then_drained(fault: Fault) {
     let service = Service::start(config_with_family(Some(&cluster.url()), "pause:", 16)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    let warm = http
-        .put(format!("{base}/v1/keys/pause:1?version=1"))
-        .body("one")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(warm.status(), StatusCode::OK);
+    publish_expecting(&http, base, "pause:1", 1, "one", StatusCode::OK).await;
 
     let victim = owner_port(&cluster, "pause:1#0");
     fault.inject(&cluster, victim);
@@ -158,7 +130,7 @@ async fn queued_then_drained(fault: Fault) {
     wait_drained(&http, base).await;
     for copy in 0..16 {
         let copy_key = format!("pause:1#{copy}");
-        let fields = hgetall(owner_port(&cluster, &copy_key), &copy_key);
+        let fields = copy_on_owner(&cluster, &copy_key);
         assert_eq!(
             fields.get("ver").map(String::as_str),
             Some("2"),
@@ -166,14 +138,7 @@ async fn queued_then_drained(fault: Fault) {
         );
         assert_eq!(fields.get("val").map(String::as_str), Some("two"));
     }
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&http, base).await;
     assert!(
         metrics.contains("hotsplit_retry_queue_depth 0"),
         "{metrics}"
@@ -214,13 +179,15 @@ async fn heal_a_thousand_edits_while_paused_leave_one_entry_per_copy() {
             tokio::spawn(async move {
                 for step in 1..=10u64 {
                     let version = task * 10 + step;
-                    let answer = http
-                        .put(format!("{base}/v1/keys/hot:1?version={version}"))
-                        .body(format!("v{version}"))
-                        .send()
-                        .await
-                        .unwrap();
-                    assert_eq!(answer.status(), StatusCode::ACCEPTED);
+                    publish_expecting(
+                        &http,
+                        &base,
+                        "hot:1",
+                        version,
+                        &format!("v{version}"),
+                        StatusCode::ACCEPTED,
+                    )
+                    .await;
                 }
             })
         })
@@ -334,31 +301,18 @@ async fn heal_read_repair_fixes_a_stale_or_missing_affine_copy() {
     let service = Service::start(config_with_family(Some(&server.url()), "rr:", 8)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    assert!(http
-        .put(format!("{base}/v1/keys/rr:1?version=5"))
-        .body("five")
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .is_success());
-    let affinity: Value = http
-        .get(format!("{base}/v1/affinity?key=rr:1&client=alice"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    publish_succeeds(&http, base, "rr:1", 5, "five").await;
+    let affinity = affinity(&http, base, "rr:1", "alice").await;
     let copy_key = affinity["copy_key"].as_str().unwrap().to_owned();
 
     // Stale: roll the copy back behind hotsplit's back; one floored read falls back and repairs.
     devcluster::cli(port, &["HSET", &copy_key, "ver", "4", "val", "four"]).unwrap();
-    let read = http
-        .get(format!("{base}/v1/keys/rr:1?client=alice&min_version=5"))
-        .send()
-        .await
-        .unwrap();
+    let read = get(
+        &http,
+        &format!("{base}/v1/keys/rr:1?client=alice&min_version=5"),
+        &[],
+    )
+    .await;
     assert_eq!(read.headers()["hotsplit-version"], "5");
     poll(
         "the stale copy is repaired",
@@ -380,11 +334,7 @@ async fn heal_read_repair_fixes_a_stale_or_missing_affine_copy() {
 
     // Missing: delete the copy; a read without a floor falls back and repairs it.
     devcluster::cli(port, &["DEL", &copy_key]).unwrap();
-    let read = http
-        .get(format!("{base}/v1/keys/rr:1?client=alice"))
-        .send()
-        .await
-        .unwrap();
+    let read = get(&http, &format!("{base}/v1/keys/rr:1?client=alice"), &[]).await;
     assert_eq!(read.status(), StatusCode::OK);
     poll(
         "the missing copy is repaired",
@@ -393,14 +343,15 @@ async fn heal_read_repair_fixes_a_stale_or_missing_affine_copy() {
     )
     .await;
     // The repair task counts after its write returns: poll, the stored version can come first.
-    poll("both repairs are counted", Duration::from_secs(5), || {
-        let http = http.clone();
-        let url = format!("{base}/metrics");
-        async move {
-            let metrics = http.get(url).send().await.unwrap().text().await.unwrap();
-            metrics.contains(r#"hotsplit_read_repairs_total{result="applied"} 2"#)
-        }
-    })
+    poll(
+        "both repairs are counted",
+        Duration::from_secs(5),
+        || async {
+            metrics_text(&http, base)
+                .await
+                .contains(r#"hotsplit_read_repairs_total{result="applied"} 2"#)
+        },
+    )
     .await;
     service.stop().await;
 }
@@ -420,10 +371,7 @@ impl Binary {
     /// Starts `hotsplit serve --config <dir>/<name>.toml` with `config` (its `listen` is
     /// filled in); stdout and stderr go to `<dir>/<name>.log`.
     fn spawn(dir: &Path, name: &str, config: &str) -> Binary {
-        let port = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            listener.local_addr().unwrap().port()
-        };
+        let port = harness::free_port();
         let path = dir.join(format!("{name}.toml"));
         std::fs::write(
             &path,
@@ -662,13 +610,7 @@ async fn heal_shutdown_drains_what_it_can_and_spools_the_rest() {
     // The store refuses FCALL: the publish is queued, and shutdown cannot drain it.
     devcluster::cli(port, &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
     let service = Service::start(config.clone()).await;
-    let answer = http
-        .put(format!("{}/v1/keys/sd:1?version=1", service.base))
-        .body("one")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), StatusCode::ACCEPTED);
+    publish_expecting(&http, &service.base, "sd:1", 1, "one", StatusCode::ACCEPTED).await;
     service.stop().await;
 
     // A new process on the same spool finds the entries; this time shutdown drains them.
@@ -703,15 +645,7 @@ async fn restart_cycle(wait_for_failover: bool) {
     let service = Service::start(config).await;
     let base = service.base.clone();
     let http = reqwest::Client::new();
-    assert_eq!(
-        http.put(format!("{base}/v1/keys/ns:1?version=1"))
-            .body("one")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        StatusCode::OK
-    );
+    publish_expecting(&http, &base, "ns:1", 1, "one", StatusCode::OK).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..20)
@@ -743,13 +677,7 @@ async fn restart_cycle(wait_for_failover: bool) {
     let slot = key_slot(b"ns:1#0");
     let node = cluster.node(victim).unwrap();
     tokio::task::block_in_place(|| node.shutdown_nosave()).unwrap();
-    let answer = http
-        .put(format!("{base}/v1/keys/ns:1?version=2"))
-        .body("two")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), StatusCode::ACCEPTED);
+    let answer = publish_expecting(&http, &base, "ns:1", 2, "two", StatusCode::ACCEPTED).await;
     let report: Value = answer.json().await.unwrap();
     assert!(report["queued"].as_u64().unwrap() > 0, "{report}");
 
@@ -814,15 +742,7 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
     };
     let mut service = Service::start(config(8)).await;
     let http = reqwest::Client::new();
-    assert_eq!(
-        http.put(format!("{}/v1/keys/resize:1?version=1", service.base))
-            .body("v1")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        StatusCode::OK
-    );
+    publish_expecting(&http, &service.base, "resize:1", 1, "v1", StatusCode::OK).await;
     let base = Arc::new(std::sync::RwLock::new(service.base.clone()));
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicUsize::new(0));
@@ -897,14 +817,9 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
         std::mem::replace(&mut service, next).stop().await;
         match copies {
             // A key that is never published again after the shrink.
-            12 => assert!(http
-                .put(format!("{}/v1/keys/resize:idle?version=1", service.base))
-                .body("idle")
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .is_success()),
+            12 => {
+                publish_succeeds(&http, &service.base, "resize:idle", 1, "idle").await;
+            }
             // The sweep deletes its copies 4..11; nothing else would.
             4 => {
                 poll(
@@ -944,14 +859,7 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
 
     // The layout is recorded, nothing mismatches, and the copies removed by the shrink (and not
     // grown back) were deleted by the publishes.
-    let ready: Value = http
-        .get(format!("{}/readyz", service.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready = get_json(&http, &format!("{}/readyz", service.base)).await;
     assert!(ready.get("layout_mismatches").is_none(), "{ready}");
     let record_port = owner_port(cluster, "#hotsplit#layout#resize:");
     let record = devcluster::cli(record_port, &["GET", "#hotsplit#layout#resize:"]).unwrap();

@@ -1,33 +1,16 @@
 //! End-to-end: the service on a real socket over real Redis, including injected faults.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use hotsplit::devcluster::{self, key_slot, Cluster, Standalone};
+use hotsplit::devcluster::{self, Standalone};
 use hotsplit::store::now_unix_ms;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::harness::{self, config_with_family, Service};
-
-/// The `HGETALL` of `key` on `port`, as a field → value map.
-fn hgetall(port: u16, key: &str) -> BTreeMap<String, String> {
-    let text = devcluster::cli(port, &["HGETALL", key]).expect("HGETALL");
-    let lines: Vec<&str> = text.lines().collect();
-    lines
-        .chunks(2)
-        .filter(|pair| pair.len() == 2)
-        .map(|pair| (pair[0].to_owned(), pair[1].to_owned()))
-        .collect()
-}
-
-/// The port of the master that owns `key` in `cluster`.
-fn owner_port(cluster: &Cluster, key: &str) -> u16 {
-    cluster
-        .master_for_slot(key_slot(key.as_bytes()))
-        .expect("topology")
-        .expect("slot owner")
-        .port
-}
+use crate::harness::{
+    self, affinity, config_with_family, copy_on_owner, get, hgetall, owner_port, problem,
+    publish_expecting, publish_succeeds, Service,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_on_a_cluster_writes_every_copy_with_an_absolute_expiry() {
@@ -35,13 +18,15 @@ async fn publish_on_a_cluster_writes_every_copy_with_an_absolute_expiry() {
     let service = Service::start(config_with_family(Some(&cluster.url()), "e2e:", 16)).await;
     let http = reqwest::Client::new();
     let before = now_unix_ms();
-    let answer = http
-        .put(format!("{}/v1/keys/e2e:spread?version=42", service.base))
-        .body("hello")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), StatusCode::OK);
+    let answer = publish_expecting(
+        &http,
+        &service.base,
+        "e2e:spread",
+        42,
+        "hello",
+        StatusCode::OK,
+    )
+    .await;
     let report: Value = answer.json().await.unwrap();
     assert_eq!(report["applied"].as_u64(), Some(16));
 
@@ -82,21 +67,21 @@ async fn publish_on_a_cluster_writes_every_copy_with_an_absolute_expiry() {
     assert_eq!(masters.len(), 3, "16 copies spread over all three masters");
 
     // Re-publishing the same version is current everywhere and does not extend the expiry.
-    let first_expiry = hgetall(owner_port(cluster, "e2e:spread#0"), "e2e:spread#0")["exp"].clone();
-    let again: Value = http
-        .put(format!("{}/v1/keys/e2e:spread?version=42", service.base))
-        .body("hello")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let first_expiry = copy_on_owner(cluster, "e2e:spread#0")["exp"].clone();
+    let again: Value = publish_expecting(
+        &http,
+        &service.base,
+        "e2e:spread",
+        42,
+        "hello",
+        StatusCode::OK,
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
     assert_eq!(again["current"].as_u64(), Some(16));
-    assert_eq!(
-        hgetall(owner_port(cluster, "e2e:spread#0"), "e2e:spread#0")["exp"],
-        first_expiry
-    );
+    assert_eq!(copy_on_owner(cluster, "e2e:spread#0")["exp"], first_expiry);
     service.stop().await;
 }
 
@@ -107,43 +92,26 @@ async fn floors_skip_a_copy_made_stale_directly_in_redis() {
     let service = Service::start(config_with_family(Some(&server.url()), "floor:", 8)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    assert!(http
-        .put(format!("{base}/v1/keys/floor:1?version=5"))
-        .body("new")
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .is_success());
+    publish_succeeds(&http, base, "floor:1", 5, "new").await;
 
     // Roll alice's affine copy back to version 4 behind hotsplit's back.
-    let affinity: Value = http
-        .get(format!("{base}/v1/affinity?key=floor:1&client=alice"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let affinity = affinity(&http, base, "floor:1", "alice").await;
     let copy_key = affinity["copy_key"].as_str().unwrap().to_owned();
     devcluster::cli(port, &["HSET", &copy_key, "ver", "4", "val", "old"]).unwrap();
 
     // Without a floor the affine copy serves what it has (best effort, documented).
-    let plain = http
-        .get(format!("{base}/v1/keys/floor:1?client=alice"))
-        .send()
-        .await
-        .unwrap();
+    let plain = get(&http, &format!("{base}/v1/keys/floor:1?client=alice"), &[]).await;
     assert_eq!(plain.headers()["hotsplit-version"], "4");
 
     // min_version never returns the older body; the sibling's newer version serves (and read
     // repair then brings the affine copy forward, so later reads may be served by it).
     for round in 0..20 {
-        let floored = http
-            .get(format!("{base}/v1/keys/floor:1?client=alice&min_version=5"))
-            .send()
-            .await
-            .unwrap();
+        let floored = get(
+            &http,
+            &format!("{base}/v1/keys/floor:1?client=alice&min_version=5"),
+            &[],
+        )
+        .await;
         assert_eq!(floored.status(), StatusCode::OK);
         assert_eq!(floored.headers()["hotsplit-version"], "5");
         if round == 0 {
@@ -154,12 +122,12 @@ async fn floors_skip_a_copy_made_stale_directly_in_redis() {
         }
         assert_eq!(floored.text().await.unwrap(), "new");
 
-        let cached = http
-            .get(format!("{base}/v1/keys/floor:1?client=alice"))
-            .header("if-none-match", "\"5\"")
-            .send()
-            .await
-            .unwrap();
+        let cached = get(
+            &http,
+            &format!("{base}/v1/keys/floor:1?client=alice"),
+            &[("if-none-match", "\"5\"")],
+        )
+        .await;
         assert_eq!(cached.status(), StatusCode::NOT_MODIFIED);
         assert!(cached.bytes().await.unwrap().is_empty());
     }
@@ -167,16 +135,20 @@ async fn floors_skip_a_copy_made_stale_directly_in_redis() {
     // Roll the copy back again so the next check meets a stale affine copy.
     devcluster::cli(port, &["HSET", &copy_key, "ver", "4", "val", "old"]).unwrap();
     // A floor no copy reached: 503 with Retry-After, never an older body.
-    let ahead = http
-        .get(format!("{base}/v1/keys/floor:1?client=alice"))
-        .header("hotsplit-min-version", "6")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ahead.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let ahead = get(
+        &http,
+        &format!("{base}/v1/keys/floor:1?client=alice"),
+        &[("hotsplit-min-version", "6")],
+    )
+    .await;
     assert!(ahead.headers().contains_key("retry-after"));
-    let problem: Value = ahead.json().await.unwrap();
-    assert_eq!(problem["code"], "below_version_floor");
+    problem(
+        ahead,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "below_version_floor",
+        "a floor no copy reached",
+    )
+    .await;
     service.stop().await;
 }
 
@@ -187,44 +159,33 @@ async fn a_dead_store_answers_unavailable() {
         .unwrap();
     let service = Service::start(config_with_family(Some(&server.url()), "dead:", 4)).await;
     let http = reqwest::Client::new();
-    assert!(http
-        .put(format!("{}/v1/keys/dead:1?version=1", service.base))
-        .body("x")
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .is_success());
+    publish_succeeds(&http, &service.base, "dead:1", 1, "x").await;
     server.node.kill().unwrap();
 
-    let read = http
-        .get(format!("{}/v1/keys/dead:1?client=c", service.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(read.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let read = get(
+        &http,
+        &format!("{}/v1/keys/dead:1?client=c", service.base),
+        &[],
+    )
+    .await;
     assert!(read.headers().contains_key("retry-after"));
-    let problem: Value = read.json().await.unwrap();
-    assert_eq!(problem["code"], "unavailable");
+    let problem = problem(
+        read,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "a read of a dead store",
+    )
+    .await;
     assert!(
         !problem["detail"].as_str().unwrap().contains("127.0.0.1"),
         "no internals in the answer: {problem}"
     );
 
-    let ready = http
-        .get(format!("{}/readyz", service.base))
-        .send()
-        .await
-        .unwrap();
+    let ready = get(&http, &format!("{}/readyz", service.base), &[]).await;
     assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
     // A publish to a dead store is durably queued for retry: 202, every copy `queued`.
-    let write = http
-        .put(format!("{}/v1/keys/dead:1?version=2", service.base))
-        .body("y")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(write.status(), StatusCode::ACCEPTED);
+    let write =
+        publish_expecting(&http, &service.base, "dead:1", 2, "y", StatusCode::ACCEPTED).await;
     let report: Value = write.json().await.unwrap();
     assert_eq!(report["queued"].as_u64(), Some(4), "{report}");
     // An allocated family cannot even get a version: 503.

@@ -4,12 +4,12 @@
 //! Copies are checked by reading Redis directly (`devcluster::cli` on the node that owns the
 //! key), not through the store under test.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hotsplit::devcluster::{self, key_slot, Cluster, Standalone};
+use hotsplit::devcluster::{self, Cluster, Standalone};
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
@@ -57,7 +57,7 @@ impl Deployment<'_> {
     fn owner_port(&self, key: &str) -> u16 {
         match self {
             Deployment::Standalone(server) => server.node.port(),
-            Deployment::Cluster(cluster) => owner_in(cluster, key),
+            Deployment::Cluster(cluster) => harness::owner_port(cluster, key),
         }
     }
 
@@ -65,15 +65,6 @@ impl Deployment<'_> {
     fn cli(&self, key: &str, args: &[&str]) -> Result<String, devcluster::DevClusterError> {
         devcluster::cli(self.owner_port(key), args)
     }
-}
-
-/// The port of the master of `cluster` that serves `key`'s slot.
-fn owner_in(cluster: &Cluster, key: &str) -> u16 {
-    cluster
-        .master_for_slot(key_slot(key.as_bytes()))
-        .expect("read the cluster topology")
-        .expect("a master serves the slot")
-        .port
 }
 
 fn key(name: &str) -> Key {
@@ -115,16 +106,8 @@ async fn write_all(store: &dyn Store, writes: &[CopyWrite]) -> Vec<CasOutcome> {
 }
 
 /// A copy's hash as Redis holds it (`HGETALL` on the owning node).
-fn raw_copy(deployment: &Deployment<'_>, copy_key: &str) -> HashMap<String, String> {
-    let text = deployment
-        .cli(copy_key, &["HGETALL", copy_key])
-        .expect("HGETALL");
-    let lines: Vec<&str> = text.split('\n').collect();
-    lines
-        .chunks(2)
-        .filter(|pair| pair.len() == 2)
-        .map(|pair| (pair[0].to_owned(), pair[1].to_owned()))
-        .collect()
+fn raw_copy(deployment: &Deployment<'_>, copy_key: &str) -> BTreeMap<String, String> {
+    harness::hgetall(deployment.owner_port(copy_key), copy_key)
 }
 
 /// `PEXPIRETIME` of a key on the owning node.
@@ -152,7 +135,7 @@ async fn every_copy_holds_all_fields(deployment: Deployment<'_>, name: &str) {
     for write in &batch {
         let copy_key = write.copy_key.as_str();
         let hash = raw_copy(&deployment, copy_key);
-        let expected: HashMap<String, String> = [
+        let expected: BTreeMap<String, String> = [
             ("ver", "42".to_owned()),
             ("val", "hello".to_owned()),
             ("tomb", "0".to_owned()),
@@ -611,7 +594,7 @@ async fn cluster_copies_spread_over_every_master_and_name_their_owner() {
             Some(&CasOutcome::Applied),
             "{copy_key}"
         );
-        let owner = format!("127.0.0.1:{}", owner_in(cluster, copy_key));
+        let owner = format!("127.0.0.1:{}", harness::owner_port(cluster, copy_key));
         assert_eq!(result.node.as_str(), owner, "{copy_key}");
         assert_eq!(store.node_of(&write.copy_key).as_str(), owner, "{copy_key}");
         used.insert(owner);
@@ -649,11 +632,11 @@ async fn a_paused_master_fails_only_its_own_copies_with_timeout() {
         vec![CasOutcome::Applied; 16]
     );
 
-    let paused_port = owner_in(&cluster, key.copy_key(0).as_str());
+    let paused_port = harness::owner_port(&cluster, key.copy_key(0).as_str());
     let paused_addr = format!("127.0.0.1:{paused_port}");
     let owned_by_paused = batch
         .iter()
-        .filter(|write| owner_in(&cluster, write.copy_key.as_str()) == paused_port)
+        .filter(|write| harness::owner_port(&cluster, write.copy_key.as_str()) == paused_port)
         .count();
     assert!(
         owned_by_paused > 0 && owned_by_paused < 16,

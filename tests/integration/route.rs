@@ -6,11 +6,14 @@
 use std::time::Duration;
 
 use hotsplit::config::Config;
-use hotsplit::devcluster::{self, key_slot, Cluster, ClusterOptions, PrimaryReplica};
+use hotsplit::devcluster::{self, Cluster, ClusterOptions, PrimaryReplica};
 use reqwest::{Response, StatusCode};
 use serde_json::Value;
 
-use crate::harness::{poll, Service};
+use crate::harness::{
+    self, affinity, config_from_toml, get_json, metrics_text, owner_and_replica, poll, problem,
+    publish_expecting, Service,
+};
 
 /// How many `HMGET`s `port` has served.
 fn hmget_calls(port: u16) -> u64 {
@@ -32,22 +35,43 @@ fn header(response: &Response, name: &str) -> String {
         .to_owned()
 }
 
-/// `(status, body, Hotsplit-Served-By, Hotsplit-Route)` of a GET.
-async fn get(
-    http: &reqwest::Client,
-    url: String,
-    headers: &[(&str, &str)],
-) -> (StatusCode, String, String, String) {
-    let mut request = http.get(url);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.send().await.expect("GET");
+/// What a GET of a key answered.
+struct Read {
+    status: StatusCode,
+    body: String,
+    /// `Hotsplit-Served-By`.
+    served_by: String,
+    /// `Hotsplit-Route`.
+    route: String,
+}
+
+/// A GET of `url` with `headers`; panics naming the URL if it cannot be sent.
+async fn read(http: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> Read {
+    let response = harness::get(http, url, headers).await;
     let served_by = header(&response, "hotsplit-served-by");
     let route = header(&response, "hotsplit-route");
     let status = response.status();
     let body = response.text().await.unwrap_or_default();
-    (status, body, served_by, route)
+    Read {
+        status,
+        body,
+        served_by,
+        route,
+    }
+}
+
+/// Polls GETs of `url` until `wanted` holds for the answer; panics naming `what` after `limit`.
+async fn wait_for_read(
+    http: &reqwest::Client,
+    url: &str,
+    what: &str,
+    limit: Duration,
+    wanted: impl Fn(&Read) -> bool,
+) {
+    poll(what, limit, || async {
+        wanted(&read(http, url, &[]).await)
+    })
+    .await;
 }
 
 async fn put(
@@ -61,6 +85,21 @@ async fn put(
         request = request.header(*name, *value);
     }
     request.send().await.expect("PUT")
+}
+
+/// PUTs the body `s` to `url` (which asks for `sync_replicas`); asserts a 200 and returns each
+/// copy's `replicas_acked` (`u64::MAX` where missing) with the report.
+async fn publish_synced(http: &reqwest::Client, url: String) -> (Vec<u64>, Value) {
+    let synced = put(http, url.clone(), "s", &[]).await;
+    assert_eq!(synced.status(), StatusCode::OK, "PUT {url}");
+    let report: Value = synced.json().await.unwrap();
+    let acked = report["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| line["replicas_acked"].as_u64().unwrap_or(u64::MAX))
+        .collect();
+    (acked, report)
 }
 
 /// The current lag of `replica` in `/v1/lag`, if reported.
@@ -78,6 +117,21 @@ async fn lag_now(http: &reqwest::Client, base: &str, replica: &str) -> Option<f6
         .iter()
         .find(|line| line["replica"] == replica)?["lag_ms"]["now"]
         .as_f64()
+}
+
+/// Polls `/v1/lag` until the current lag of `replica` satisfies `wanted`; panics naming `what`
+/// after 10 s.
+async fn wait_for_lag(
+    http: &reqwest::Client,
+    base: &str,
+    replica: &str,
+    what: &str,
+    wanted: fn(f64) -> bool,
+) {
+    poll(what, Duration::from_secs(10), || async {
+        lag_now(http, base, replica).await.is_some_and(wanted)
+    })
+    .await;
 }
 
 const CLASSES: &str = r#"
@@ -99,11 +153,7 @@ fn standalone_config(group: &PrimaryReplica, extra: &str) -> Config {
         group.url(),
         group.replicas[0].url()
     );
-    let mut config = Config::from_toml(&text).expect("config parses");
-    // Every service gets a spool of its own: the retry spool is locked by one process.
-    config.heal.spool_dir = crate::harness::spool_dir();
-    config.validate().expect("config is valid");
-    config
+    config_from_toml(&text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,44 +165,30 @@ async fn unknown_and_disallowed_classes_are_refused_and_classes_are_listed() {
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    assert_eq!(
-        put(&http, format!("{base}/v1/keys/s:1?version=1"), "x", &[])
-            .await
-            .status(),
-        StatusCode::OK
-    );
-    let response = http
-        .get(format!("{base}/v1/keys/s:1?client=a&class=nope"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    let body: Value = response.json().await.unwrap();
-    assert_eq!(body["code"], "unknown_class");
-    let response = http
-        .get(format!("{base}/v1/keys/s:1?client=a"))
-        .header("hotsplit-read-class", "decides-on-presence")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    let body: Value = response.json().await.unwrap();
-    assert_eq!(body["code"], "class_not_allowed");
+    publish_expecting(&http, base, "s:1", 1, "x", StatusCode::OK).await;
+    let url = format!("{base}/v1/keys/s:1?client=a&class=nope");
+    let response = harness::get(&http, &url, &[]).await;
+    problem(response, StatusCode::BAD_REQUEST, "unknown_class", &url).await;
+    let url = format!("{base}/v1/keys/s:1?client=a");
+    let response = harness::get(
+        &http,
+        &url,
+        &[("hotsplit-read-class", "decides-on-presence")],
+    )
+    .await;
+    problem(response, StatusCode::BAD_REQUEST, "class_not_allowed", &url).await;
     // The embedded store has no replicas: advisory reads are served by the primary.
-    let (status, _, served_by, route) =
-        get(&http, format!("{base}/v1/keys/s:1?client=a"), &[]).await;
+    let Read {
+        status,
+        served_by,
+        route,
+        ..
+    } = read(&http, &format!("{base}/v1/keys/s:1?client=a"), &[]).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(served_by, "embedded");
     assert_eq!(route, "class=advisory;reason=no-replica");
 
-    let classes: Value = http
-        .get(format!("{base}/v1/classes"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let classes = get_json(&http, &format!("{base}/v1/classes")).await;
     let find = |name: &str| {
         classes
             .as_array()
@@ -175,14 +211,7 @@ async fn unknown_and_disallowed_classes_are_refused_and_classes_are_listed() {
             .len()
             > 10
     );
-    let routing: Value = http
-        .get(format!("{base}/v1/routing"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let routing = get_json(&http, &format!("{base}/v1/routing")).await;
     let advisory = routing
         .as_array()
         .unwrap()
@@ -201,32 +230,24 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
     let service = Service::start(standalone_config(&group, "")).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    assert_eq!(
-        put(&http, format!("{base}/v1/keys/adv:1?version=1"), "one", &[])
-            .await
-            .status(),
-        StatusCode::OK
-    );
+    let adv_1 = format!("{base}/v1/keys/adv:1?client=a");
+    publish_expecting(&http, &base, "adv:1", 1, "one", StatusCode::OK).await;
     // Once the replica has the value and its lag is known, advisory reads are the replica's.
-    poll(
+    wait_for_read(
+        &http,
+        &adv_1,
         "an advisory read served by the replica",
         Duration::from_secs(10),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            async move {
-                let (status, body, served_by, route) =
-                    get(&http, format!("{base}/v1/keys/adv:1?client=a"), &[]).await;
-                status == StatusCode::OK
-                    && body == "one"
-                    && served_by.ends_with("role=replica")
-                    && route == "class=advisory;reason=class"
-            }
+        |read| {
+            read.status == StatusCode::OK
+                && read.body == "one"
+                && read.served_by.ends_with("role=replica")
+                && read.route == "class=advisory;reason=class"
         },
     )
     .await;
     let before = hmget_calls(replica.port());
-    let (_, _, served_by, _) = get(&http, format!("{base}/v1/keys/adv:1?client=a"), &[]).await;
+    let served_by = read(&http, &adv_1, &[]).await.served_by;
     assert_eq!(served_by, format!("{replica_label};role=replica"));
     assert_eq!(
         hmget_calls(replica.port()),
@@ -236,76 +257,56 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
 
     // Hold back replication: the replica still answers, its lag rises past every budget.
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"]).expect("CLIENT PAUSE");
-    poll(
+    wait_for_lag(
+        &http,
+        &base,
+        &replica_label,
         "the replica's lag passes 250 ms",
-        Duration::from_secs(10),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            let replica_label = replica_label.clone();
-            async move {
-                lag_now(&http, &base, &replica_label)
-                    .await
-                    .is_some_and(|lag| lag > 300.0)
-            }
-        },
+        |lag| lag > 300.0,
     )
     .await;
     let before = hmget_calls(replica.port());
-    let (status, body, served_by, route) =
-        get(&http, format!("{base}/v1/keys/adv:1?client=a"), &[]).await;
+    let Read {
+        status,
+        body,
+        served_by,
+        route,
+    } = read(&http, &adv_1, &[]).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "one"));
     assert_eq!(served_by, format!("{};role=primary", group.primary.addr()));
     assert_eq!(route, "class=advisory;reason=lag-breach");
-    let response = http
-        .get(format!("{base}/v1/keys/adv:1?client=a&class=strict"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let url = format!("{base}/v1/keys/adv:1?client=a&class=strict");
+    let response = harness::get(&http, &url, &[]).await;
     assert!(response.headers().get("retry-after").is_some());
-    let body: Value = response.json().await.unwrap();
-    assert_eq!(body["code"], "staleness_budget_exceeded");
+    problem(
+        response,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "staleness_budget_exceeded",
+        &url,
+    )
+    .await;
     assert_eq!(
         hmget_calls(replica.port()),
         before,
         "no data read reached the lagging replica"
     );
-    let lag: Value = http
-        .get(format!("{base}/v1/lag"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let lag = get_json(&http, &format!("{base}/v1/lag")).await;
     assert_eq!(lag[0]["within_budget"]["advisory"], false);
     assert_eq!(lag[0]["within_budget"]["lenient"], true);
     assert!(lag[0]["offset_gap_bytes"].is_u64(), "{lag}");
 
     devcluster::cli(replica.port(), &["CLIENT", "UNPAUSE"]).expect("CLIENT UNPAUSE");
-    poll(
+    wait_for_read(
+        &http,
+        &adv_1,
         "advisory reads return to the replica",
         Duration::from_secs(10),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            async move {
-                let (_, _, served_by, route) =
-                    get(&http, format!("{base}/v1/keys/adv:1?client=a"), &[]).await;
-                served_by.ends_with("role=replica") && route == "class=advisory;reason=class"
-            }
+        |read| {
+            read.served_by.ends_with("role=replica") && read.route == "class=advisory;reason=class"
         },
     )
     .await;
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&http, &base).await;
     let breaches: u64 = metrics
         .lines()
         .find_map(|line| {
@@ -330,48 +331,26 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     let http = reqwest::Client::new();
     let base = service.base.clone();
     for key in ["own:1", "own:other"] {
-        assert_eq!(
-            put(&http, format!("{base}/v1/keys/{key}?version=1"), "one", &[])
-                .await
-                .status(),
-            StatusCode::OK
-        );
+        publish_expecting(&http, &base, key, 1, "one", StatusCode::OK).await;
     }
     for instance in [&service.base, &other.base] {
-        poll(
+        wait_for_read(
+            &http,
+            &format!("{instance}/v1/keys/own:1?client=bob"),
             "the replica serves version 1",
             Duration::from_secs(10),
-            || {
-                let http = http.clone();
-                let url = format!("{instance}/v1/keys/own:1?client=bob");
-                async move {
-                    let (_, body, served_by, _) = get(&http, url, &[]).await;
-                    body == "one" && served_by.ends_with("role=replica")
-                }
-            },
+            |read| read.body == "one" && read.served_by.ends_with("role=replica"),
         )
         .await;
     }
 
     // sync_replicas: WAIT on the written node, through a dedicated connection.
-    let acked = |report: &Value| -> Vec<u64> {
-        report["outcomes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|line| line["replicas_acked"].as_u64().unwrap_or(u64::MAX))
-            .collect()
-    };
-    let synced = put(
+    let (acked, report) = publish_synced(
         &http,
         format!("{base}/v1/keys/own:sync?version=1&sync_replicas=1&sync_timeout_ms=2000"),
-        "s",
-        &[],
     )
     .await;
-    assert_eq!(synced.status(), StatusCode::OK);
-    let report: Value = synced.json().await.unwrap();
-    assert_eq!(acked(&report), vec![1, 1, 1, 1], "{report}");
+    assert_eq!(acked, vec![1, 1, 1, 1], "{report}");
     for query in [
         "sync_replicas=2&sync_timeout_ms=100",
         "sync_replicas=0&sync_timeout_ms=100",
@@ -387,23 +366,17 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
             &[],
         )
         .await;
-        assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{query}");
-        let body: Value = refused.json().await.unwrap();
-        assert_eq!(body["code"], "invalid_parameter", "{query}");
+        problem(refused, StatusCode::BAD_REQUEST, "invalid_parameter", query).await;
     }
 
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"]).expect("CLIENT PAUSE");
     // A paused replica does not acknowledge: WAIT times out with 0.
-    let synced = put(
+    let (acked, report) = publish_synced(
         &http,
         format!("{base}/v1/keys/own:sync?version=2&sync_replicas=1&sync_timeout_ms=100"),
-        "s",
-        &[],
     )
     .await;
-    assert_eq!(synced.status(), StatusCode::OK);
-    let report: Value = synced.json().await.unwrap();
-    assert_eq!(acked(&report), vec![0, 0, 0, 0], "{report}");
+    assert_eq!(acked, vec![0, 0, 0, 0], "{report}");
     let written = put(
         &http,
         format!("{base}/v1/keys/own:1?version=2&client=alice"),
@@ -415,39 +388,55 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     assert_eq!(header(&written, "hotsplit-version"), "2");
 
     // The writer reads its own write at once, from the primary; the replica is still behind.
-    let (status, body, served_by, route) =
-        get(&http, format!("{base}/v1/keys/own:1?client=alice"), &[]).await;
+    let Read {
+        status,
+        body,
+        served_by,
+        route,
+    } = read(&http, &format!("{base}/v1/keys/own:1?client=alice"), &[]).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "two"));
     assert!(served_by.ends_with("role=primary"), "{served_by}");
     assert_eq!(route, "class=lenient;reason=own-write");
     // Another client in the same window is served by the replica (the old value).
     let before = hmget_calls(replica.port());
-    let (_, body, served_by, route) =
-        get(&http, format!("{base}/v1/keys/own:1?client=bob"), &[]).await;
+    let Read {
+        body,
+        served_by,
+        route,
+        ..
+    } = read(&http, &format!("{base}/v1/keys/own:1?client=bob"), &[]).await;
     assert_eq!(body, "one");
     assert!(served_by.ends_with("role=replica"), "{served_by}");
     assert_eq!(route, "class=lenient;reason=class");
     assert_eq!(hmget_calls(replica.port()), before + 1);
     // The request that wrote pins its reads of any key to primaries; other requests are not.
-    let (_, _, served_by, route) = get(
+    let Read {
+        served_by, route, ..
+    } = read(
         &http,
-        format!("{base}/v1/keys/own:other?client=carol"),
+        &format!("{base}/v1/keys/own:other?client=carol"),
         &[("hotsplit-request", "req-1")],
     )
     .await;
     assert!(served_by.ends_with("role=primary"), "{served_by}");
     assert_eq!(route, "class=lenient;reason=request-pin");
-    let (_, _, served_by, _) = get(
+    let served_by = read(
         &http,
-        format!("{base}/v1/keys/own:1?client=carol"),
+        &format!("{base}/v1/keys/own:1?client=carol"),
         &[("hotsplit-request", "req-2")],
     )
-    .await;
+    .await
+    .served_by;
     assert!(served_by.ends_with("role=replica"), "{served_by}");
     // A client that sends its floor back gets the new version through another instance.
-    let (status, body, served_by, route) = get(
+    let Read {
+        status,
+        body,
+        served_by,
+        route,
+    } = read(
         &http,
-        format!("{}/v1/keys/own:1?client=alice&min_version=2", other.base),
+        &format!("{}/v1/keys/own:1?client=alice&min_version=2", other.base),
         &[],
     )
     .await;
@@ -455,17 +444,12 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     assert!(served_by.ends_with("role=primary"), "{served_by}");
     assert_eq!(route, "class=lenient;reason=version-floor");
     // After the pin window (700 ms) the writer reads the replica again.
-    poll(
+    wait_for_read(
+        &http,
+        &format!("{base}/v1/keys/own:1?client=alice"),
         "the writer reads the replica again",
         Duration::from_secs(5),
-        || {
-            let http = http.clone();
-            let url = format!("{base}/v1/keys/own:1?client=alice");
-            async move {
-                let (_, body, served_by, _) = get(&http, url, &[]).await;
-                body == "one" && served_by.ends_with("role=replica")
-            }
-        },
+        |read| read.body == "one" && read.served_by.ends_with("role=replica"),
     )
     .await;
     devcluster::cli(replica.port(), &["CLIENT", "UNPAUSE"]).expect("CLIENT UNPAUSE");
@@ -473,26 +457,12 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     other.stop().await;
 }
 
-/// The port of the master that owns `key`, and of its replica.
-fn owner_and_replica(cluster: &Cluster, key: &str) -> (u16, u16) {
-    let master = cluster
-        .master_for_slot(key_slot(key.as_bytes()))
-        .expect("topology")
-        .expect("slot owner");
-    let replicas = cluster.replicas_of(&master.id).expect("replicas");
-    (master.port, replicas[0].port)
-}
-
 fn cluster_config(cluster: &Cluster) -> Config {
     let text = format!(
         "[store]\nredis = \"{}\"\ncommand_timeout = \"300ms\"\n\n[[family]]\nprefix = \"adv:\"\ncopies = 6\ndefault_class = \"advisory\"\n\n[[family]]\nprefix = \"claim:\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\n",
         cluster.url()
     );
-    let mut config = Config::from_toml(&text).expect("config parses");
-    // Every service gets a spool of its own: the retry spool is locked by one process.
-    config.heal.spool_dir = crate::harness::spool_dir();
-    config.validate().expect("config is valid");
-    config
+    config_from_toml(&text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -515,17 +485,7 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
     };
 
     // Decision reads never touch a replica, even with every replica healthy.
-    assert_eq!(
-        put(
-            &http,
-            format!("{base}/v1/keys/claim:1?version=1"),
-            "held",
-            &[]
-        )
-        .await
-        .status(),
-        StatusCode::OK
-    );
+    publish_expecting(&http, &base, "claim:1", 1, "held", StatusCode::OK).await;
     poll(
         "every replica's lag is known",
         Duration::from_secs(10),
@@ -549,8 +509,12 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
     .await;
     let before = total_hmget();
     for _ in 0..20 {
-        let (status, body, served_by, route) =
-            get(&http, format!("{base}/v1/keys/claim:1?client=a"), &[]).await;
+        let Read {
+            status,
+            body,
+            served_by,
+            route,
+        } = read(&http, &format!("{base}/v1/keys/claim:1?client=a"), &[]).await;
         assert_eq!((status, body.as_str()), (StatusCode::OK, "held"));
         assert!(served_by.ends_with("role=primary"), "{served_by}");
         assert_eq!(route, "class=decides-on-presence;reason=class");
@@ -558,38 +522,22 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
     assert_eq!(total_hmget(), before, "no decision read reached a replica");
 
     // Advisory reads of a split key are served by the replica of the copy's owner.
-    assert_eq!(
-        put(&http, format!("{base}/v1/keys/adv:1?version=1"), "one", &[])
-            .await
-            .status(),
-        StatusCode::OK
-    );
-    let affinity: Value = http
-        .get(format!("{base}/v1/affinity?key=adv:1&client=a"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    publish_expecting(&http, &base, "adv:1", 1, "one", StatusCode::OK).await;
+    let affinity = affinity(&http, &base, "adv:1", "a").await;
     let copy_key = affinity["copy_key"].as_str().unwrap().to_owned();
     let (_, replica_port) = owner_and_replica(&cluster, &copy_key);
-    poll(
+    let on_replica = format!("127.0.0.1:{replica_port};role=replica");
+    let adv_1 = format!("{base}/v1/keys/adv:1?client=a");
+    wait_for_read(
+        &http,
+        &adv_1,
         "the advisory read is served by the owner's replica",
         Duration::from_secs(10),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            async move {
-                let (_, body, served_by, _) =
-                    get(&http, format!("{base}/v1/keys/adv:1?client=a"), &[]).await;
-                body == "one" && served_by == format!("127.0.0.1:{replica_port};role=replica")
-            }
-        },
+        |read| read.body == "one" && read.served_by == on_replica,
     )
     .await;
     let before = hmget_calls(replica_port);
-    get(&http, format!("{base}/v1/keys/adv:1?client=a"), &[]).await;
+    read(&http, &adv_1, &[]).await;
     assert_eq!(
         hmget_calls(replica_port),
         before + 1,
@@ -597,56 +545,41 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
     );
 
     // sync_replicas in Cluster mode: each copy's owner WAITs for its one replica.
-    let synced = put(
+    let (acked, report) = publish_synced(
         &http,
         format!("{base}/v1/keys/adv:sync?version=1&sync_replicas=1&sync_timeout_ms=2000"),
-        "s",
-        &[],
     )
     .await;
-    assert_eq!(synced.status(), StatusCode::OK);
-    let report: Value = synced.json().await.unwrap();
-    for line in report["outcomes"].as_array().unwrap() {
-        assert_eq!(line["replicas_acked"], 1, "{report}");
-    }
+    assert_eq!(acked, vec![1; 6], "{report}");
 
     // SIGSTOP the replica: its lag rises, and reads of copies it serves go to the primary.
     let replica = cluster.node(replica_port).expect("replica node");
     replica.pause().expect("SIGSTOP");
     let label = format!("127.0.0.1:{replica_port}");
-    poll(
+    wait_for_lag(
+        &http,
+        &base,
+        &label,
         "the stopped replica's lag passes the budget",
-        Duration::from_secs(10),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            let label = label.clone();
-            async move {
-                lag_now(&http, &base, &label)
-                    .await
-                    .is_some_and(|lag| lag > 300.0)
-            }
-        },
+        |lag| lag > 300.0,
     )
     .await;
-    let (status, body, served_by, route) =
-        get(&http, format!("{base}/v1/keys/adv:1?client=a"), &[]).await;
+    let Read {
+        status,
+        body,
+        served_by,
+        route,
+    } = read(&http, &adv_1, &[]).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "one"));
     assert!(served_by.ends_with("role=primary"), "{served_by}");
     assert_eq!(route, "class=advisory;reason=lag-breach");
     replica.resume().expect("SIGCONT");
-    poll(
+    wait_for_read(
+        &http,
+        &adv_1,
         "reads return to the resumed replica",
         Duration::from_secs(15),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            async move {
-                let (_, _, served_by, _) =
-                    get(&http, format!("{base}/v1/keys/adv:1?client=a"), &[]).await;
-                served_by == format!("127.0.0.1:{replica_port};role=replica")
-            }
-        },
+        |read| read.served_by == on_replica,
     )
     .await;
     service.stop().await;
@@ -667,69 +600,27 @@ async fn measured_lag_max_tracks_a_known_pause() {
     let base = service.base.clone();
     for pause_ms in [500u64, 1000, 2000] {
         // A fresh window per round: wait until the lag is back to its baseline first.
-        poll(
-            "the lag is at its baseline",
-            Duration::from_secs(10),
-            || {
-                let http = http.clone();
-                let base = base.clone();
-                let label = label.clone();
-                async move {
-                    lag_now(&http, &base, &label)
-                        .await
-                        .is_some_and(|lag| lag < 20.0)
-                }
-            },
-        )
+        wait_for_lag(&http, &base, &label, "the lag is at its baseline", |lag| {
+            lag < 20.0
+        })
         .await;
-        let before: Value = http
-            .get(format!("{base}/v1/lag"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let before = get_json(&http, &format!("{base}/v1/lag")).await;
         let max_before = before[0]["lag_ms"]["max"].as_f64().unwrap_or(0.0);
         devcluster::cli(
             replica.port(),
             &["CLIENT", "PAUSE", &pause_ms.to_string(), "WRITE"],
         )
         .expect("CLIENT PAUSE");
-        poll("the lag rises", Duration::from_secs(10), || {
-            let http = http.clone();
-            let base = base.clone();
-            let label = label.clone();
-            async move {
-                lag_now(&http, &base, &label)
-                    .await
-                    .is_some_and(|lag| lag > 100.0)
-            }
-        })
-        .await;
-        poll(
+        wait_for_lag(&http, &base, &label, "the lag rises", |lag| lag > 100.0).await;
+        wait_for_lag(
+            &http,
+            &base,
+            &label,
             "the lag falls back after the pause",
-            Duration::from_secs(10),
-            || {
-                let http = http.clone();
-                let base = base.clone();
-                let label = label.clone();
-                async move {
-                    lag_now(&http, &base, &label)
-                        .await
-                        .is_some_and(|lag| lag < 20.0)
-                }
-            },
+            |lag| lag < 20.0,
         )
         .await;
-        let after: Value = http
-            .get(format!("{base}/v1/lag"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let after = get_json(&http, &format!("{base}/v1/lag")).await;
         let figures = &after[0]["lag_ms"];
         let max = figures["max"].as_f64().unwrap();
         let error = max - pause_ms as f64;
@@ -754,33 +645,16 @@ async fn a_killed_cluster_replica_is_confined_to_its_own_reads() {
     let service = Service::start(cluster_config(&cluster)).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    assert_eq!(
-        put(&http, format!("{base}/v1/keys/adv:k?version=1"), "one", &[])
-            .await
-            .status(),
-        StatusCode::OK
-    );
-    let affinity: Value = http
-        .get(format!("{base}/v1/affinity?key=adv:k&client=a"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    publish_expecting(&http, &base, "adv:k", 1, "one", StatusCode::OK).await;
+    let affinity = affinity(&http, &base, "adv:k", "a").await;
     let (_, replica_port) = owner_and_replica(&cluster, affinity["copy_key"].as_str().unwrap());
-    poll(
+    let adv_k = format!("{base}/v1/keys/adv:k?client=a");
+    wait_for_read(
+        &http,
+        &adv_k,
         "the advisory read is served by the owner's replica",
         Duration::from_secs(10),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            async move {
-                let (_, _, served_by, _) =
-                    get(&http, format!("{base}/v1/keys/adv:k?client=a"), &[]).await;
-                served_by == format!("127.0.0.1:{replica_port};role=replica")
-            }
-        },
+        |read| read.served_by == format!("127.0.0.1:{replica_port};role=replica"),
     )
     .await;
     cluster
@@ -789,39 +663,29 @@ async fn a_killed_cluster_replica_is_confined_to_its_own_reads() {
         .kill()
         .expect("kill the replica");
     // Its reads go to the primary, with a reason; writes and every other node are unaffected.
-    poll(
+    wait_for_read(
+        &http,
+        &adv_k,
         "reads of the dead replica's copies go to the primary",
         Duration::from_secs(10),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            async move {
-                let (status, body, served_by, route) =
-                    get(&http, format!("{base}/v1/keys/adv:k?client=a"), &[]).await;
-                status == StatusCode::OK
-                    && body == "one"
-                    && served_by.ends_with("role=primary")
-                    && (route.ends_with("reason=lag-breach")
-                        || route.ends_with("reason=no-replica"))
-            }
+        |read| {
+            read.status == StatusCode::OK
+                && read.body == "one"
+                && read.served_by.ends_with("role=primary")
+                && (read.route.ends_with("reason=lag-breach")
+                    || read.route.ends_with("reason=no-replica"))
         },
     )
     .await;
     for version in 2..=6 {
-        let written = put(
-            &http,
-            format!("{base}/v1/keys/adv:k?version={version}"),
-            "again",
-            &[],
-        )
-        .await;
-        assert_eq!(written.status(), StatusCode::OK, "write {version}");
-        let (status, _, served_by, _) =
-            get(&http, format!("{base}/v1/keys/adv:k?client=a"), &[]).await;
+        publish_expecting(&http, &base, "adv:k", version, "again", StatusCode::OK).await;
+        let Read {
+            status, served_by, ..
+        } = read(&http, &adv_k, &[]).await;
         assert_eq!(status, StatusCode::OK);
         assert!(served_by.ends_with("role=primary"), "{served_by}");
     }
-    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    let ready = harness::get(&http, &format!("{base}/readyz"), &[]).await;
     assert_eq!(ready.status(), StatusCode::OK);
     service.stop().await;
 }
@@ -829,44 +693,25 @@ async fn a_killed_cluster_replica_is_confined_to_its_own_reads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_replica_that_is_down_does_not_stop_startup() {
     let primary = crate::harness::shared_standalone();
-    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port();
+    let dead_port = harness::free_port();
     let text = format!(
         "[store]\nredis = \"{}\"\nreplicas = [\"redis://127.0.0.1:{dead_port}\"]\ncommand_timeout = \"300ms\"\nconnect_timeout = \"500ms\"\n\n[[family]]\nprefix = \"down:\"\ncopies = 2\ndefault_class = \"advisory\"\n",
         primary.url()
     );
-    let mut config = Config::from_toml(&text).expect("config parses");
-    // Every service gets a spool of its own: the retry spool is locked by one process.
-    config.heal.spool_dir = crate::harness::spool_dir();
-    let service = Service::start(config).await;
+    let service = Service::start(config_from_toml(&text)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    assert_eq!(
-        put(
-            &http,
-            format!("{base}/v1/keys/down:1?version=1"),
-            "one",
-            &[]
-        )
-        .await
-        .status(),
-        StatusCode::OK
-    );
-    let (status, body, served_by, route) =
-        get(&http, format!("{base}/v1/keys/down:1?client=a"), &[]).await;
+    publish_expecting(&http, base, "down:1", 1, "one", StatusCode::OK).await;
+    let Read {
+        status,
+        body,
+        served_by,
+        route,
+    } = read(&http, &format!("{base}/v1/keys/down:1?client=a"), &[]).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "one"));
     assert!(served_by.ends_with("role=primary"), "{served_by}");
     assert_eq!(route, "class=advisory;reason=lag-breach");
-    let lag: Value = http
-        .get(format!("{base}/v1/lag"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let lag = get_json(&http, &format!("{base}/v1/lag")).await;
     assert_eq!(lag[0]["replica"], format!("127.0.0.1:{dead_port}"));
     assert!(lag[0]["lag_ms"]["now"].is_null(), "{lag}");
     assert_eq!(lag[0]["within_budget"]["advisory"], false);
@@ -888,44 +733,29 @@ async fn a_reader_moved_to_the_primary_by_a_lag_breach_does_not_go_back_on_the_r
         .find(|client| hotsplit::affinity::copy_index(client, 4) == copy)
         .expect("a client of the same copy");
     let copy_key = format!("adv:9#{copy}");
-    assert_eq!(
-        put(&http, format!("{base}/v1/keys/adv:9?version=1"), "one", &[])
-            .await
-            .status(),
-        StatusCode::OK
-    );
-    poll("the replica serves 1", Duration::from_secs(10), || {
-        let (http, base) = (http.clone(), base.clone());
-        async move {
-            let (_, body, served_by, _) =
-                get(&http, format!("{base}/v1/keys/adv:9?client=a"), &[]).await;
-            body == "one" && served_by.ends_with("role=replica")
-        }
-    })
+    let adv_9_a = format!("{base}/v1/keys/adv:9?client=a");
+    publish_expecting(&http, &base, "adv:9", 1, "one", StatusCode::OK).await;
+    wait_for_read(
+        &http,
+        &adv_9_a,
+        "the replica serves 1",
+        Duration::from_secs(10),
+        |read| read.body == "one" && read.served_by.ends_with("role=replica"),
+    )
     .await;
 
     // Replication held back, version 2 written: the lag breach sends `a` to the primary.
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"]).expect("CLIENT PAUSE");
-    assert_eq!(
-        put(&http, format!("{base}/v1/keys/adv:9?version=2"), "two", &[])
-            .await
-            .status(),
-        StatusCode::OK
-    );
-    poll(
+    publish_expecting(&http, &base, "adv:9", 2, "two", StatusCode::OK).await;
+    wait_for_lag(
+        &http,
+        &base,
+        &replica_label,
         "the replica's lag passes 300 ms",
-        Duration::from_secs(10),
-        || {
-            let (http, base, replica_label) = (http.clone(), base.clone(), replica_label.clone());
-            async move {
-                lag_now(&http, &base, &replica_label)
-                    .await
-                    .is_some_and(|lag| lag > 300.0)
-            }
-        },
+        |lag| lag > 300.0,
     )
     .await;
-    let (_, body, _, route) = get(&http, format!("{base}/v1/keys/adv:9?client=a"), &[]).await;
+    let Read { body, route, .. } = read(&http, &adv_9_a, &[]).await;
     assert_eq!(
         (body.as_str(), route.as_str()),
         ("two", "class=advisory;reason=lag-breach")
@@ -954,24 +784,23 @@ async fn a_reader_moved_to_the_primary_by_a_lag_breach_does_not_go_back_on_the_r
         &["HSET", &copy_key, "ver", "1", "val", "one"],
     )
     .unwrap();
-    poll(
+    wait_for_lag(
+        &http,
+        &base,
+        &replica_label,
         "the replica is back within the budget",
-        Duration::from_secs(10),
-        || {
-            let (http, base, replica_label) = (http.clone(), base.clone(), replica_label.clone());
-            async move {
-                lag_now(&http, &base, &replica_label)
-                    .await
-                    .is_some_and(|lag| lag < 200.0)
-            }
-        },
+        |lag| lag < 200.0,
     )
     .await;
 
     // `b` never left the replica: it gets the old value there. `a` had been shown 2 by the
     // primary, so this instance does not let it go back to 1.
-    let (_, body, served_by, route) =
-        get(&http, format!("{base}/v1/keys/adv:9?client={b}"), &[]).await;
+    let Read {
+        body,
+        served_by,
+        route,
+        ..
+    } = read(&http, &format!("{base}/v1/keys/adv:9?client={b}"), &[]).await;
     assert_eq!(
         (body.as_str(), served_by.as_str(), route.as_str()),
         (
@@ -980,8 +809,12 @@ async fn a_reader_moved_to_the_primary_by_a_lag_breach_does_not_go_back_on_the_r
             "class=advisory;reason=class"
         )
     );
-    let (_, body, served_by, route) =
-        get(&http, format!("{base}/v1/keys/adv:9?client=a"), &[]).await;
+    let Read {
+        body,
+        served_by,
+        route,
+        ..
+    } = read(&http, &adv_9_a, &[]).await;
     assert_eq!(
         (body.as_str(), served_by.as_str(), route.as_str()),
         (
