@@ -8,15 +8,19 @@ pub mod handlers;
 pub mod openapi;
 pub mod problem;
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::Method;
-use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
+use prometheus_client::metrics::histogram::Histogram;
+use tower::{Layer, Service};
 
 use crate::heal::HealHandles;
 use crate::metrics::{Metrics, RequestLabels};
@@ -113,48 +117,163 @@ pub fn router(state: AppState) -> Router {
         .route(ROUTES[7], get(handlers::lag))
         .route(ROUTES[8], get(handlers::routing))
         .route(ROUTES[9], get(handlers::retry_queue))
-        .route_layer(middleware::from_fn_with_state(metrics, record_latency))
+        .route_layer(LatencyLayer {
+            table: Arc::new(LatencyTable::new(metrics)),
+        })
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)
         .layer(DefaultBodyLimit::max(max_value_bytes))
         .with_state(state)
 }
 
+/// The `method` label values, in [`LatencyLayer`]'s table order.
+const METHODS: [&str; 5] = ["GET", "PUT", "DELETE", "HEAD", "OTHER"];
+/// The `status` label values, in [`LatencyLayer`]'s table order.
+const STATUSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
+/// The `route` label of a request no template matched, after the templates in the table.
+const UNMATCHED: &str = "unmatched";
+
 /// Records each request's latency by method, route template and status class.
-async fn record_latency(
-    State(metrics): State<Arc<Metrics>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let started = Instant::now();
-    // Labels are static strings, so recording allocates nothing.
-    let method = match *request.method() {
-        Method::GET => "GET",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::HEAD => "HEAD",
-        _ => "OTHER",
-    };
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .and_then(|path| ROUTES.iter().find(|route| **route == path.as_str()))
-        .copied()
-        .unwrap_or("unmatched");
-    let response = next.run(request).await;
-    let status = match response.status().as_u16() {
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
-    };
-    metrics.request(
-        &RequestLabels {
+///
+/// It is a hand-written layer rather than `middleware::from_fn` because it runs on every
+/// request: `from_fn` clones the inner service and boxes a future per request, and the
+/// histogram family hashes the three labels under a lock per request. Here the inner future is
+/// wrapped in place, and each label combination's histogram is looked up in the family once
+/// (on first use, so `/metrics` shows the same series as before) and then indexed.
+#[derive(Clone)]
+struct LatencyLayer {
+    /// The histograms, shared by every route's service.
+    table: Arc<LatencyTable>,
+}
+
+/// One lazily resolved histogram per (method, route, status) label combination.
+struct LatencyTable {
+    /// The family the histograms belong to.
+    metrics: Arc<Metrics>,
+    /// Indexed by [`LatencyTable::slot`].
+    slots: Box<[OnceLock<Histogram>]>,
+}
+
+impl LatencyTable {
+    fn new(metrics: Arc<Metrics>) -> LatencyTable {
+        let count = METHODS.len() * (ROUTES.len() + 1) * STATUSES.len();
+        LatencyTable {
+            metrics,
+            slots: (0..count).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// Records one request of `method` (an index into [`METHODS`]) on `route` (an index into
+    /// [`ROUTES`], or `ROUTES.len()` for unmatched) that ended with `status` (into [`STATUSES`]).
+    fn observe(&self, method: usize, route: usize, status: usize, seconds: f64) {
+        let slot = (method * (ROUTES.len() + 1) + route) * STATUSES.len() + status;
+        let Some(cell) = self.slots.get(slot) else {
+            return;
+        };
+        let histogram = cell.get_or_init(|| {
+            self.metrics.request_histogram(&RequestLabels {
+                method: METHODS[method],
+                route: ROUTES.get(route).copied().unwrap_or(UNMATCHED),
+                status: STATUSES[status],
+            })
+        });
+        histogram.observe(seconds);
+    }
+}
+
+impl<S> Layer<S> for LatencyLayer {
+    type Service = LatencyService<S>;
+
+    fn layer(&self, inner: S) -> LatencyService<S> {
+        LatencyService {
+            inner,
+            table: self.table.clone(),
+        }
+    }
+}
+
+/// A route's service wrapped by [`LatencyLayer`].
+#[derive(Clone)]
+struct LatencyService<S> {
+    /// The route's service.
+    inner: S,
+    /// Where to record.
+    table: Arc<LatencyTable>,
+}
+
+impl<S> Service<Request> for LatencyService<S>
+where
+    S: Service<Request, Response = Response>,
+    S::Future: Unpin,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = LatencyFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let started = Instant::now();
+        let method = match *request.method() {
+            Method::GET => 0,
+            Method::PUT => 1,
+            Method::DELETE => 2,
+            Method::HEAD => 3,
+            _ => 4,
+        };
+        let route = request
+            .extensions()
+            .get::<MatchedPath>()
+            .and_then(|path| ROUTES.iter().position(|route| *route == path.as_str()))
+            .unwrap_or(ROUTES.len());
+        LatencyFuture {
+            inner: self.inner.call(request),
+            table: self.table.clone(),
+            started,
             method,
             route,
-            status,
-        },
-        started.elapsed().as_secs_f64(),
-    );
-    response
+        }
+    }
+}
+
+/// The route's future; records the latency when it completes.
+struct LatencyFuture<F> {
+    /// The route's future (axum's route futures are `Unpin`, so no pin projection is needed).
+    inner: F,
+    /// Where to record.
+    table: Arc<LatencyTable>,
+    /// When the request reached the route.
+    started: Instant,
+    /// The method's index in [`METHODS`].
+    method: usize,
+    /// The route's index in [`ROUTES`], or `ROUTES.len()`.
+    route: usize,
+}
+
+impl<F, E> Future for LatencyFuture<F>
+where
+    F: Future<Output = Result<Response, E>> + Unpin,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let result = ready!(Pin::new(&mut self.inner).poll(cx));
+        if let Ok(response) = &result {
+            let status = match response.status().as_u16() {
+                200..=299 => 0,
+                300..=399 => 1,
+                400..=499 => 2,
+                _ => 3,
+            };
+            self.table.observe(
+                self.method,
+                self.route,
+                status,
+                self.started.elapsed().as_secs_f64(),
+            );
+        }
+        Poll::Ready(result)
+    }
 }
