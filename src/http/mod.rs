@@ -15,6 +15,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::handler::Handler;
 use axum::http::Method;
 use axum::response::Response;
 use axum::routing::get;
@@ -105,7 +106,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             ROUTES[0],
             get(handlers::read_key)
-                .put(handlers::publish_key)
+                // Only a publish reads a body, so only it carries the limit: a layer on the
+                // whole router would wrap every route in one more boxed, cloned service per
+                // request.
+                .put(handlers::publish_key.layer(DefaultBodyLimit::max(max_value_bytes)))
                 .delete(handlers::invalidate_key),
         )
         .route(ROUTES[1], get(handlers::affinity))
@@ -122,7 +126,6 @@ pub fn router(state: AppState) -> Router {
         })
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)
-        .layer(DefaultBodyLimit::max(max_value_bytes))
         .with_state(state)
 }
 
