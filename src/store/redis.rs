@@ -39,6 +39,7 @@
 //!   [`ErrorKind::Unavailable`].
 //! - Versions cross into Lua as canonical decimal strings and are never converted to numbers.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::str::FromStr;
@@ -56,7 +57,7 @@ use fred::types::cluster::ClusterRouting;
 use fred::types::config::{
     ClusterDiscoveryPolicy, Config, ReconnectError, ReconnectPolicy, Server, ServerConfig,
 };
-use fred::types::{Builder, ClusterHash, ConnectHandle, CustomCommand, Value};
+use fred::types::{Builder, ClusterHash, ConnectHandle, CustomCommand, Key as FredKey, Value};
 use futures_util::future::{join_all, BoxFuture};
 
 use super::{
@@ -78,6 +79,12 @@ const ALLOC_FUNCTION: &str = "hotsplit_alloc";
 
 /// The hash fields of a copy, in the order `read_copy` asks for them.
 const COPY_FIELDS: [&str; 4] = ["ver", "val", "tomb", "exp"];
+
+/// [`COPY_FIELDS`] as fred arguments. `Key::from_static_str` borrows the static text, where
+/// `Key::from(&str)` copies each field name into a new buffer on every read.
+fn copy_fields() -> Vec<FredKey> {
+    COPY_FIELDS.map(FredKey::from_static_str).to_vec()
+}
 
 /// The port used when a URL names none.
 const DEFAULT_PORT: u16 = 6379;
@@ -1243,13 +1250,14 @@ fn parse_copy(reply: Value) -> std::result::Result<Option<CopyRecord>, String> {
     if ver.is_null() && val.is_null() && tomb.is_null() && exp.is_null() {
         return Ok(None);
     }
-    let text = |name: &str, value: &Value| -> std::result::Result<String, String> {
+    // The fields are borrowed from the reply (a `Cow`), not copied: this runs on every read.
+    fn text<'v>(name: &str, value: &'v Value) -> std::result::Result<Cow<'v, str>, String> {
         match value.as_str() {
-            Some(text) => Ok(text.into_owned()),
+            Some(text) => Ok(text),
             None if value.is_null() => Err(format!("field {name} is missing")),
             None => Err(format!("field {name} is not text")),
         }
-    };
+    }
     let version = Version::from_str(&text("ver", &ver)?)
         .map_err(|err| format!("field ver: {}", err.message()))?;
     let expire_at_ms = {
@@ -1257,7 +1265,7 @@ fn parse_copy(reply: Value) -> std::result::Result<Option<CopyRecord>, String> {
         exp.parse::<u64>()
             .map_err(|_| format!("field exp {exp:?} is not a millisecond timestamp"))?
     };
-    let payload = match text("tomb", &tomb)?.as_str() {
+    let payload = match text("tomb", &tomb)?.as_ref() {
         "1" => Payload::Tombstone,
         "0" => Payload::Value(val.into_bytes().ok_or("field val is missing")?),
         other => return Err(format!("field tomb {other:?} is neither \"0\" nor \"1\"")),
@@ -1322,7 +1330,7 @@ impl Store for RedisStore {
             let node = self.placement().node_of(copy_key.as_str());
             let record = match self
                 .client
-                .hmget::<Value, _, _>(copy_key.as_str(), COPY_FIELDS.to_vec())
+                .hmget::<Value, _, _>(copy_key.as_str(), copy_fields())
                 .await
             {
                 Ok(reply) => parse_copy(reply).map_err(|why| {
@@ -1477,7 +1485,7 @@ impl Store for RedisStore {
         replica: &'a NodeLabel,
     ) -> BoxFuture<'a, CopyRead> {
         Box::pin(async move {
-            let fields = COPY_FIELDS.to_vec();
+            let fields = copy_fields();
             // The replica's own client: a failure is an error here, never a primary read.
             let reply = match self.replica_client(replica) {
                 Some(replica) => {
