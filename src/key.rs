@@ -6,6 +6,7 @@
 //! unsigned 64-bit edit counter, at least 1, written in canonical decimal.
 
 use std::fmt;
+use std::fmt::Write as _;
 use std::str::FromStr;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -27,6 +28,22 @@ impl Key {
     /// [`ErrorKind::InvalidKey`] when the key is empty, longer than 512 bytes, contains a byte
     /// outside printable ASCII (`0x21..=0x7e`), or contains `{`, `}` or `#`.
     pub fn parse(raw: &str) -> Result<Key> {
+        Key::check(raw)?;
+        Ok(Key(raw.to_owned()))
+    }
+
+    /// Validates `raw` as a key and keeps its buffer, where [`Key::parse`] copies it (the HTTP
+    /// layer already owns the decoded path segment).
+    ///
+    /// # Errors
+    /// As [`Key::parse`].
+    pub fn parse_owned(raw: String) -> Result<Key> {
+        Key::check(&raw)?;
+        Ok(Key(raw))
+    }
+
+    /// The checks of [`Key::parse`].
+    fn check(raw: &str) -> Result<()> {
         if raw.is_empty() {
             return Err(Error::new(ErrorKind::InvalidKey, "key is empty"));
         }
@@ -59,7 +76,7 @@ impl Key {
                 }
             }
         }
-        Ok(Key(raw.to_owned()))
+        Ok(())
     }
 
     /// The key as text.
@@ -98,10 +115,13 @@ pub struct CopyKey {
 impl CopyKey {
     /// The copy key of copy `index` of `key`.
     pub fn new(key: &Key, index: u32) -> CopyKey {
-        CopyKey {
-            full: format!("{}{COPY_SEPARATOR}{index}", key.0),
-            index,
-        }
+        // Every read builds one, so the buffer is sized once (`format!` would guess a
+        // capacity and grow it): the key, the separator and up to 10 digits.
+        let mut full = String::with_capacity(key.0.len() + 11);
+        full.push_str(&key.0);
+        full.push(COPY_SEPARATOR);
+        let _ = write!(full, "{index}");
+        CopyKey { full, index }
     }
 
     /// The stored key, `K#i`.

@@ -443,14 +443,16 @@ pub async fn read_key(
     headers: ReadHeaders,
 ) -> Response {
     let result = async {
-        let key = parse_key(&raw_key)?;
+        // The path segment and the client id are moved into the request, not copied.
+        let key = Key::parse_owned(raw_key)
+            .map_err(|err| ApiError::new(Code::InvalidKey, err.message()))?;
         let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
-        let client = params.client.as_deref().or(headers.client.as_deref());
+        let client = params.client.or(headers.client);
         let copy = match (&params.copy, client) {
             (Some(raw), _) => CopyChoice::Named(raw.parse::<u32>().map_err(|_| {
                 ApiError::new(Code::InvalidCopy, format!("copy {raw:?} is not a copy index"))
             })?),
-            (None, Some(client)) if !client.is_empty() => CopyChoice::Client(client.to_owned()),
+            (None, Some(client)) if !client.is_empty() => CopyChoice::Client(client),
             _ => {
                 return Err(ApiError::new(
                     Code::MissingClient,
