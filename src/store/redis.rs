@@ -425,26 +425,17 @@ pub struct RedisStore {
 /// A client of one replica.
 ///
 /// Each replica has a client of its own, in Cluster mode too: fred's centralized `replicas()`
-/// reads the primary, and in Cluster mode fred's replica routing either falls back to the
-/// primary silently (`ignore_reconnection_errors`) or, when a replica cannot be connected,
-/// ends the client's router task and disconnects every node. A client per replica confines a
-/// dead replica to that replica, and lets the router name the exact replica that serves.
+/// reads the primary, and fred's cluster replica routing (its `replicas` feature, not built
+/// here) hides which node served and can fall back to the primary on its own. A client per
+/// replica confines a dead replica to that replica, and lets the router name the exact replica
+/// that serves.
 struct ReplicaClient {
     /// The replica, `host:port`.
     label: NodeLabel,
-    /// Its own client: reads sent here are served by that replica, never the primary.
-    client: Client,
-    /// Drives the client's connection; aborted on drop.
-    connection_task: ConnectHandle,
-    /// A Cluster replica: it answers reads of its primary's slots only after `READONLY`, which
-    /// a reconnect forgets, so `READONLY` is sent again with every heartbeat read.
-    cluster: bool,
-}
-
-impl Drop for ReplicaClient {
-    fn drop(&mut self) {
-        self.connection_task.abort();
-    }
+    /// Its own connection: reads sent here are served by that replica, never the primary. A
+    /// Cluster replica answers reads of its primary's slots only after `READONLY`, which a
+    /// reconnect forgets, so `READONLY` is sent again with every heartbeat read.
+    node: NodeClient,
 }
 
 impl fmt::Debug for RedisStore {
@@ -1111,9 +1102,11 @@ async fn connect_replica(
     match tokio::time::timeout(options.connect_timeout, client.init()).await {
         Ok(Ok(connection_task)) => Ok(ReplicaClient {
             label,
-            client,
-            connection_task,
-            cluster,
+            node: NodeClient {
+                client,
+                connection_task,
+                cluster_replica: cluster,
+            },
         }),
         Ok(Err(err)) => {
             metrics.store_error(Failure::of(&err).as_str());
@@ -1490,6 +1483,7 @@ impl Store for RedisStore {
             let reply = match self.replica_client(replica) {
                 Some(replica) => {
                     replica
+                        .node
                         .client
                         .hmget::<Value, _, _>(copy_key.as_str(), fields)
                         .await
@@ -1584,6 +1578,7 @@ impl Store for RedisStore {
             })?;
             let reply = if self.standalone_node.is_some() {
                 client
+                    .node
                     .client
                     .get::<Option<String>, _>(heartbeat_key("", instance))
                     .await
@@ -1600,13 +1595,14 @@ impl Store for RedisStore {
                         format!("no slot of {replica}'s primary is known"),
                     )
                 })?;
-                if client.cluster {
+                if client.node.cluster_replica {
                     // Pipelined ahead of the GET on the same connection: one round trip.
-                    let readonly = client.client.custom::<Value, Value>(
+                    let readonly = client.node.client.custom::<Value, Value>(
                         CustomCommand::new_static("READONLY", ClusterHash::Random, false),
                         Vec::new(),
                     );
                     let get = client
+                        .node
                         .client
                         .get::<Option<String>, _>(heartbeat_key(&tag, instance));
                     let (readonly, get) = futures_util::future::join(readonly, get).await;
@@ -1616,6 +1612,7 @@ impl Store for RedisStore {
                     get
                 } else {
                     client
+                        .node
                         .client
                         .get::<Option<String>, _>(heartbeat_key(&tag, instance))
                         .await
@@ -1635,7 +1632,7 @@ impl Store for RedisStore {
                 (monitor.info::<String>(kind).await, "master_repl_offset")
             } else if let Some(replica) = self.replica_client(node) {
                 (
-                    replica.client.info::<String>(kind).await,
+                    replica.node.client.info::<String>(kind).await,
                     "slave_repl_offset",
                 )
             } else if let Some(server) = self.primary_server(node) {
@@ -1805,14 +1802,14 @@ pub(crate) struct ScanPage {
     pub(crate) keys: Vec<String>,
 }
 
-/// A fred client of one node, used only for reads.
+/// A centralized fred client of one node: a replica the router reads, or any node the audit
+/// reads.
 struct NodeClient {
     /// A centralized client: every command it sends is served by this node.
     client: Client,
     /// Drives the connection; aborted on drop, which closes the socket without sending QUIT.
     connection_task: ConnectHandle,
-    /// A Cluster replica: each read pipeline starts with `READONLY`, which the node needs to
-    /// serve reads of its primary's slots.
+    /// A Cluster replica: reads need `READONLY` first to be served for its primary's slots.
     cluster_replica: bool,
 }
 
