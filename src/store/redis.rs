@@ -1058,6 +1058,18 @@ fn client_builder(
     options: &RedisOptions,
     reconnect_errors: Vec<ReconnectError>,
 ) -> Builder {
+    let mut builder = client_builder_without_reconnects(server, options, reconnect_errors);
+    builder.set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
+    builder
+}
+
+/// A fred builder with the options' command and connect timeouts and `reconnect_errors`, and
+/// no reconnect policy: a connection that drops stays down.
+fn client_builder_without_reconnects(
+    server: ServerConfig,
+    options: &RedisOptions,
+    reconnect_errors: Vec<ReconnectError>,
+) -> Builder {
     let mut builder = Builder::from_config(Config {
         server,
         ..Config::default()
@@ -1070,8 +1082,7 @@ fn client_builder(
             conn.connection_timeout = options.connect_timeout;
             conn.internal_command_timeout = options.connect_timeout;
             conn.reconnect_errors = reconnect_errors;
-        })
-        .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
+        });
     builder
 }
 
@@ -2148,19 +2159,11 @@ async fn connect_node(
 ) -> Result<NodeClient> {
     let (host, port) = parse_address(label.as_str())
         .map_err(|why| Error::new(ErrorKind::Config, format!("node {label:?}: {why}")))?;
-    let mut builder = Builder::from_config(Config {
-        server: ServerConfig::new_centralized(host, port),
-        ..Config::default()
-    });
-    builder
-        .with_performance_config(|perf| {
-            perf.default_command_timeout = options.command_timeout;
-        })
-        .with_connection_config(|conn| {
-            conn.connection_timeout = options.connect_timeout;
-            conn.internal_command_timeout = options.connect_timeout;
-            conn.reconnect_errors = Vec::new();
-        });
+    let builder = client_builder_without_reconnects(
+        ServerConfig::new_centralized(host, port),
+        options,
+        Vec::new(),
+    );
     let client = builder.build().map_err(|err| {
         Error::new(
             ErrorKind::Config,
