@@ -586,6 +586,19 @@ mod tests {
         }
     }
 
+    /// `fixture`'s reader reads `p:1` as `client`, with those floors.
+    async fn read(
+        fixture: &Fixture,
+        client: &str,
+        min_version: Option<u64>,
+        if_none_match: Option<u64>,
+    ) -> Result<ReadAnswer> {
+        fixture
+            .reader
+            .read(&request(client, min_version, if_none_match))
+            .await
+    }
+
     async fn publish(fixture: &Fixture, n: u64, value: &'static str) {
         let key = Key::parse("p:1").unwrap();
         fixture
@@ -617,11 +630,7 @@ mod tests {
     async fn reads_the_affine_copy() {
         let fixture = fixture();
         publish(&fixture, 5, "five").await;
-        let answer = fixture
-            .reader
-            .read(&request("alice", None, None))
-            .await
-            .unwrap();
+        let answer = read(&fixture, "alice", None, None).await.unwrap();
         let expected_copy = affinity::copy_index("alice", 8);
         assert!(
             matches!(answer, ReadAnswer::Value { ref value, copy, .. } if value == "five" && copy == expected_copy)
@@ -634,43 +643,23 @@ mod tests {
         publish(&fixture, 5, "five").await;
         let affine = regress_affine_copy(&fixture, "alice", 4, "four");
         // Without a floor the stale affine copy serves (best effort).
-        let answer = fixture
-            .reader
-            .read(&request("alice", None, None))
-            .await
-            .unwrap();
+        let answer = read(&fixture, "alice", None, None).await.unwrap();
         assert!(
             matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 4 && copy == affine)
         );
         // With a floor it is never served.
-        let answer = fixture
-            .reader
-            .read(&request("alice", Some(5), None))
-            .await
-            .unwrap();
+        let answer = read(&fixture, "alice", Some(5), None).await.unwrap();
         assert!(
             matches!(answer, ReadAnswer::Value { ref value, copy, .. } if value == "five" && copy != affine)
         );
         // If-None-Match 5 is a floor too: not modified, never the older body.
-        let answer = fixture
-            .reader
-            .read(&request("alice", None, Some(5)))
-            .await
-            .unwrap();
+        let answer = read(&fixture, "alice", None, Some(5)).await.unwrap();
         assert!(matches!(answer, ReadAnswer::NotModified { version: v, .. } if v.get() == 5));
         // A floor nobody reached.
-        let err = fixture
-            .reader
-            .read(&request("alice", Some(6), None))
-            .await
-            .unwrap_err();
+        let err = read(&fixture, "alice", Some(6), None).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::BelowVersionFloor);
         // If-None-Match above every copy: not modified rather than an older body.
-        let answer = fixture
-            .reader
-            .read(&request("alice", None, Some(9)))
-            .await
-            .unwrap();
+        let answer = read(&fixture, "alice", None, Some(9)).await.unwrap();
         assert!(matches!(answer, ReadAnswer::NotModified { .. }));
     }
 
@@ -685,11 +674,7 @@ mod tests {
             .reader
             .router()
             .record_write(&key, version(5), Some("alice"), None);
-        let answer = fixture
-            .reader
-            .read(&request("alice", None, None))
-            .await
-            .unwrap();
+        let answer = read(&fixture, "alice", None, None).await.unwrap();
         assert!(
             matches!(answer, ReadAnswer::Value { ref value, copy, .. } if value == "five" && copy != affine),
             "{answer:?}"
@@ -697,11 +682,7 @@ mod tests {
         // Another client reading the same copy has no floor: best effort, the old value.
         let bob_copy = fixture.reader.affinity(&key, "bob").copy;
         if bob_copy == affine {
-            let answer = fixture
-                .reader
-                .read(&request("bob", None, None))
-                .await
-                .unwrap();
+            let answer = read(&fixture, "bob", None, None).await.unwrap();
             assert!(matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 4));
         }
     }
@@ -715,21 +696,13 @@ mod tests {
             .affinity(&Key::parse("p:1").unwrap(), "alice");
         fixture.store.overwrite_for_test(&affinity.copy_key, None);
         // A sibling serves 5, and this instance remembers it as alice's seen floor.
-        let answer = fixture
-            .reader
-            .read(&request("alice", None, None))
-            .await
-            .unwrap();
+        let answer = read(&fixture, "alice", None, None).await.unwrap();
         assert!(
             matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 5 && copy != affinity.copy)
         );
         // Her copy comes back older (a late fill): she still gets 5, from a sibling.
         regress_affine_copy(&fixture, "alice", 4, "four");
-        let answer = fixture
-            .reader
-            .read(&request("alice", None, None))
-            .await
-            .unwrap();
+        let answer = read(&fixture, "alice", None, None).await.unwrap();
         assert!(
             matches!(answer, ReadAnswer::Value { version: v, copy, .. } if v.get() == 5 && copy != affinity.copy),
             "alice went back to 4"
@@ -739,18 +712,10 @@ mod tests {
             .map(|n| format!("reader-{n}"))
             .find(|client| affinity::copy_index(client, 8) != affinity.copy)
             .unwrap();
-        let answer = fixture
-            .reader
-            .read(&request(&other, None, None))
-            .await
-            .unwrap();
+        let answer = read(&fixture, &other, None, None).await.unwrap();
         assert!(matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 5));
         regress_affine_copy(&fixture, &other, 3, "three");
-        let answer = fixture
-            .reader
-            .read(&request(&other, None, None))
-            .await
-            .unwrap();
+        let answer = read(&fixture, &other, None, None).await.unwrap();
         assert!(
             matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 3),
             "without a move and without a floor the affine copy serves as it is"
@@ -770,22 +735,14 @@ mod tests {
             .map(|n| format!("client-{n}"))
             .find(|client| (2..=5).contains(&affinity::copy_index(client, 8)))
             .unwrap();
-        let answer = fixture
-            .reader
-            .read(&request(&client, None, None))
-            .await
-            .unwrap();
+        let answer = read(&fixture, &client, None, None).await.unwrap();
         assert!(matches!(answer, ReadAnswer::Value { copy: 0, version: v, .. } if v.get() == 5));
     }
 
     #[tokio::test]
     async fn tombstones_and_missing_keys_are_not_found() {
         let fixture = fixture();
-        let err = fixture
-            .reader
-            .read(&request("alice", None, None))
-            .await
-            .unwrap_err();
+        let err = read(&fixture, "alice", None, None).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NotFound);
         publish(&fixture, 5, "five").await;
         let key = Key::parse("p:1").unwrap();
@@ -795,11 +752,7 @@ mod tests {
             .await
             .unwrap();
         for inm in [None, Some(5), Some(6), Some(7)] {
-            let err = fixture
-                .reader
-                .read(&request("alice", None, inm))
-                .await
-                .unwrap_err();
+            let err = read(&fixture, "alice", None, inm).await.unwrap_err();
             assert_eq!(err.kind(), ErrorKind::NotFound, "if-none-match {inm:?}");
         }
     }
@@ -819,11 +772,7 @@ mod tests {
             fixture.reader.read(&named).await.unwrap_err().kind(),
             ErrorKind::InvalidCopy
         );
-        let err = fixture
-            .reader
-            .read(&request("", None, None))
-            .await
-            .unwrap_err();
+        let err = read(&fixture, "", None, None).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::MissingClient);
     }
 }
