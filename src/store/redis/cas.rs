@@ -1,0 +1,329 @@
+//! The compare-and-set: the Redis Functions library (`hotsplit.lua`, loaded with
+//! `FUNCTION LOAD REPLACE` on every primary), the per-node `FCALL hotsplit_cas` pipelines of
+//! [`Store::write_copies`], the reload and single retry after `ERR Function not found`, and the
+//! version counter (`FCALL hotsplit_alloc`).
+//!
+//! Versions cross into Lua as canonical decimal strings and are never converted to numbers.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use fred::clients::Client;
+use fred::error::{Error as FredError, ErrorKind as FredErrorKind};
+use fred::interfaces::{FredResult, FunctionInterface};
+use fred::types::Value;
+use futures_util::future::join_all;
+
+use super::failure::Failure;
+use super::replicas::server_label;
+use super::replies::parse_cas_reply;
+use super::RedisStore;
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::{Key, Version};
+#[cfg(doc)]
+use crate::store::Store;
+use crate::store::{CasOutcome, CopyWrite, NodeLabel, Payload, WriteResult};
+
+/// The Redis Functions library (`#!lua name=hotsplit`), loaded on every primary.
+const LIBRARY: &str = include_str!("hotsplit.lua");
+
+/// The library's compare-and-set function.
+const CAS_FUNCTION: &str = "hotsplit_cas";
+
+/// The library's version-counter function.
+const ALLOC_FUNCTION: &str = "hotsplit_alloc";
+
+/// The largest millisecond value (expiry or time to live) the library accepts: 18 digits, so
+/// `PEXPIREAT`/`PEXPIRE` can never overflow after the hash was written. Larger values are clamped
+/// to it (it is about 31 million years).
+const MAX_MILLIS: u64 = 999_999_999_999_999_999;
+
+impl RedisStore {
+    /// (Re)loads the function library with `FUNCTION LOAD REPLACE` on every primary, one
+    /// command per primary, concurrently.
+    ///
+    /// Each primary is addressed directly rather than through fred's `function_load_cluster`:
+    /// fred sends such all-node commands only after draining every connection, which would wait
+    /// on a paused node without a bound.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Timeout`] or [`ErrorKind::Unavailable`] for the first primary that failed;
+    /// [`ErrorKind::Unavailable`] when no primary is known.
+    pub async fn load_library(&self) -> Result<()> {
+        if let Some(node) = &self.standalone_node {
+            return self
+                .client
+                .function_load::<Value, _>(true, LIBRARY)
+                .await
+                .map(drop)
+                .map_err(|err| {
+                    self.fail(format_args!("loading the function library on {node}"), &err)
+                });
+        }
+        let primaries = self.primary_servers();
+        if primaries.is_empty() {
+            self.metrics.store_error(Failure::Cluster.as_str());
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("no primary of {} is known", self.target),
+            ));
+        }
+        let loads = primaries.iter().map(|server| async move {
+            self.client
+                .with_cluster_node(server.clone())
+                .function_load::<Value, _>(true, LIBRARY)
+                .await
+                .map(drop)
+                .map_err(|err| {
+                    self.fail(
+                        format_args!("loading the function library on {}", server_label(server)),
+                        &err,
+                    )
+                })
+        });
+        join_all(loads).await.into_iter().collect()
+    }
+
+    /// Writes every copy with `FCALL hotsplit_cas`, one pipeline per owning node, all nodes at
+    /// once; after `ERR Function not found`, reloads the library once and retries those writes
+    /// once. The body of [`Store::write_copies`].
+    pub(super) async fn cas_copies(&self, writes: &[CopyWrite]) -> Vec<WriteResult> {
+        let placement = self.placement();
+        let nodes: Vec<NodeLabel> = writes
+            .iter()
+            .map(|write| placement.node_of(write.copy_key.as_str()))
+            .collect();
+        let everything: Vec<usize> = (0..writes.len()).collect();
+        let mut replies = self.cas_per_node(writes, &nodes, &everything).await;
+
+        let missing: Vec<usize> = replies
+                .iter()
+                .enumerate()
+                .filter(|(_, reply)| {
+                    matches!(reply, Err(err) if Failure::of(err) == Failure::FunctionMissing)
+                })
+                .map(|(at, _)| at)
+                .collect();
+        if !missing.is_empty() {
+            // One reload for the whole batch, then each of those writes is retried once.
+            self.reload_after_missing_function(missing.len()).await;
+            let retried = self.cas_per_node(writes, &nodes, &missing).await;
+            for (at, reply) in missing.into_iter().zip(retried) {
+                replies[at] = reply;
+            }
+        }
+
+        writes
+            .iter()
+            .zip(nodes)
+            .zip(replies)
+            .map(|((write, node), reply)| {
+                let outcome = self.cas_outcome(write, &node, reply);
+                WriteResult { node, outcome }
+            })
+            .collect()
+    }
+
+    /// The next version of `key` from its counter (`FCALL hotsplit_alloc`, reloading the
+    /// library once if it is missing). The body of [`Store::allocate_version`].
+    pub(super) async fn next_version(&self, key: &Key, ttl_ms: u64) -> Result<Version> {
+        let counter = key.counter_key();
+        let node = self.placement().node_of(&counter);
+        let args = vec![Value::from(ttl_ms.min(MAX_MILLIS).to_string())];
+        let reply = self
+            .fcall_reloading(ALLOC_FUNCTION, &counter, args)
+            .await
+            .map_err(|err| {
+                self.fail(format_args!("version allocation for {key} on {node}"), &err)
+            })?;
+        let text = reply
+            .as_str()
+            .map(|text| text.into_owned())
+            .unwrap_or_default();
+        text.parse::<Version>().map_err(|err| {
+            self.corrupt(format!(
+                "version counter {counter} on {node} holds an invalid version: {}",
+                err.message()
+            ))
+        })
+    }
+
+    /// Sends `FCALL hotsplit_cas` for the writes at `indexes`: one pipeline per owning node
+    /// (from `nodes`, aligned with `writes`), every node at once. Returns one reply per index, in
+    /// the order of `indexes`.
+    async fn cas_per_node(
+        &self,
+        writes: &[CopyWrite],
+        nodes: &[NodeLabel],
+        indexes: &[usize],
+    ) -> Vec<FredResult<Value>> {
+        // Positions into `indexes`, grouped by node.
+        let mut groups: BTreeMap<&NodeLabel, Vec<usize>> = BTreeMap::new();
+        for (position, &at) in indexes.iter().enumerate() {
+            groups.entry(&nodes[at]).or_default().push(position);
+        }
+        let sent = join_all(groups.into_values().map(|positions| async move {
+            let batch: Vec<&CopyWrite> = positions
+                .iter()
+                .map(|&position| &writes[indexes[position]])
+                .collect();
+            let replies = self.cas_pipeline(&batch).await;
+            (positions, replies)
+        }))
+        .await;
+
+        let mut replies: Vec<Option<FredResult<Value>>> = indexes.iter().map(|_| None).collect();
+        for (positions, group_replies) in sent {
+            for (position, reply) in positions.into_iter().zip(group_replies) {
+                replies[position] = Some(reply);
+            }
+        }
+        replies
+            .into_iter()
+            .map(|reply| {
+                reply.unwrap_or_else(|| {
+                    Err(FredError::new(
+                        FredErrorKind::Protocol,
+                        "no reply was matched to this write",
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Sends the writes as one fred pipeline and returns one reply per write, in order.
+    ///
+    /// fred routes every command of a pipeline by its own key, waits for all replies with one
+    /// timeout (the command timeout) and, through `try_all`, returns each command's reply; when
+    /// the pipeline as a whole fails (a timeout), it returns a single error, which then stands
+    /// for every write of the batch. Callers keep one batch to one node, so a paused node times
+    /// out only its own writes.
+    async fn cas_pipeline(&self, batch: &[&CopyWrite]) -> Vec<FredResult<Value>> {
+        self.cas_pipeline_on(&self.client, batch).await
+    }
+
+    /// [`RedisStore::cas_pipeline`] through `client`.
+    pub(super) async fn cas_pipeline_on(
+        &self,
+        client: &Client,
+        batch: &[&CopyWrite],
+    ) -> Vec<FredResult<Value>> {
+        let pipeline = client.pipeline();
+        let mut queue_errors: Vec<Option<FredError>> = Vec::with_capacity(batch.len());
+        for write in batch {
+            // Queueing only buffers the command in memory; it answers at once.
+            let queued = pipeline
+                .fcall::<(), _, _, _>(CAS_FUNCTION, write.copy_key.as_str(), cas_args(write))
+                .await;
+            queue_errors.push(queued.err());
+        }
+        let queued = queue_errors.iter().filter(|error| error.is_none()).count();
+        let replies = pipeline.try_all::<Value>().await;
+        let whole_failure = (replies.len() != queued).then(|| {
+            replies
+                .iter()
+                .find_map(|reply| reply.as_ref().err().cloned())
+                .unwrap_or_else(|| {
+                    FredError::new(
+                        FredErrorKind::Protocol,
+                        format!("{} replies to {queued} pipelined commands", replies.len()),
+                    )
+                })
+        });
+        let mut replies = replies.into_iter();
+        queue_errors
+            .into_iter()
+            .map(|queue_error| match (queue_error, &whole_failure) {
+                (Some(error), _) => Err(error),
+                (None, Some(error)) => Err(error.clone()),
+                (None, None) => replies.next().unwrap_or_else(|| {
+                    Err(FredError::new(
+                        FredErrorKind::Protocol,
+                        "a pipelined reply is missing",
+                    ))
+                }),
+            })
+            .collect()
+    }
+
+    /// Sends one `FCALL`; on `ERR Function not found` reloads the library and retries once.
+    async fn fcall_reloading(
+        &self,
+        function: &str,
+        key: &str,
+        args: Vec<Value>,
+    ) -> FredResult<Value> {
+        let first = self.client.fcall(function, key, args.clone()).await;
+        match first {
+            Err(err) if Failure::of(&err) == Failure::FunctionMissing => {
+                self.reload_after_missing_function(1).await;
+                self.client.fcall(function, key, args).await
+            }
+            other => other,
+        }
+    }
+
+    /// Counts `failed` commands answered with `ERR Function not found` and reloads the library.
+    /// A failure to reload is only logged: the retried commands report it.
+    async fn reload_after_missing_function(&self, failed: usize) {
+        for _ in 0..failed {
+            self.metrics.store_error(Failure::FunctionMissing.as_str());
+        }
+        match self.load_library().await {
+            Ok(()) => {
+                tracing::info!(target = %self.target, "reloaded the hotsplit function library")
+            }
+            Err(err) => {
+                tracing::warn!(target = %self.target, error = %err, "could not reload the hotsplit function library")
+            }
+        }
+    }
+
+    /// Turns one `hotsplit_cas` reply into an outcome.
+    pub(super) fn cas_outcome(
+        &self,
+        write: &CopyWrite,
+        node: &NodeLabel,
+        reply: FredResult<Value>,
+    ) -> Result<CasOutcome> {
+        let copy = &write.copy_key;
+        let reply =
+            reply.map_err(|err| self.fail(format_args!("write of copy {copy} on {node}"), &err))?;
+        parse_cas_reply(reply).map_err(|why| {
+            self.corrupt(format!(
+                "unexpected reply to {CAS_FUNCTION} for copy {copy} on {node}: {why}"
+            ))
+        })
+    }
+}
+
+/// The `FCALL hotsplit_cas` arguments of a write: version, payload, tomb, expire_at_ms.
+fn cas_args(write: &CopyWrite) -> Vec<Value> {
+    let (payload, tomb) = match &write.payload {
+        Payload::Value(bytes) => (bytes.clone(), "0"),
+        Payload::Tombstone => (Bytes::new(), "1"),
+    };
+    vec![
+        write.version.to_string().into(),
+        payload.into(),
+        tomb.into(),
+        write.expire_at_ms.min(MAX_MILLIS).to_string().into(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_is_named_and_prefixed() {
+        assert!(LIBRARY.starts_with("#!lua name=hotsplit\n"));
+        for name in [CAS_FUNCTION, ALLOC_FUNCTION] {
+            assert!(name.starts_with("hotsplit_"));
+            assert!(
+                LIBRARY.contains(&format!("redis.register_function('{name}'")),
+                "{name}"
+            );
+        }
+    }
+}

@@ -1,0 +1,596 @@
+//! The Redis store: the only module in the crate that talks to Redis (through fred).
+//!
+//! A [`RedisStore`] connects to one server (`redis://host:port`) or to a Redis Cluster
+//! (`redis-cluster://host:port[,host:port...]`, seed nodes), and keeps every copy `K#i` as a
+//! hash with the fields `ver`, `val`, `tomb` and `exp`.
+//!
+//! # How it talks to Redis
+//! - **Writes** go through the Redis Functions library in `hotsplit.lua` (`FCALL hotsplit_cas`),
+//!   loaded with `FUNCTION LOAD REPLACE` on every primary at connect time. Functions replicate
+//!   and survive failovers, unlike `SCRIPT LOAD`. A node that lost its functions (a restart
+//!   without persistence) answers `ERR Function not found`: the store reloads the library on every
+//!   primary and retries those writes once.
+//! - **Fan-out**: [`Store::write_copies`] groups the writes by owning node (fred's cached slot
+//!   map) and sends each group as one fred pipeline, all nodes at once: one round trip, not N.
+//!   fred routes each pipelined command by its own key and gives one timeout to the whole
+//!   pipeline, so one pipeline per node means a paused node fails only the copies it owns, each
+//!   within the command timeout.
+//! - **Reads** are one `HMGET key ver val tomb exp` on the primary that owns the key; no script.
+//!   Replica reads send the same `HMGET` through a client of the named replica's own (one per
+//!   replica, configured for a standalone primary, discovered in Cluster mode), so a replica
+//!   read can fail but never turns into a primary read.
+//! - **Heartbeats** are `SET hotsplit:hb:{tag}:<instance> <µs> PX 60000` on each primary (the
+//!   tag is one whose slot that primary owns) and `GET` of that key on each replica, so
+//!   `INFO commandstats` tells heartbeat reads (`GET`) from data reads (`HMGET`).
+//! - **Synced writes** (`sync_replicas`) go through a second client, write then `WAIT` on each
+//!   node: `WAIT` counts only its own connection's writes, and blocks that connection.
+//! - **Version counters** use `FCALL hotsplit_alloc` (INCR + PEXPIRE, atomic), not MULTI/EXEC:
+//!   fred 10 runs a transaction inside its router task after draining every connection, so one
+//!   slow node would stall every command of the client.
+//! - **Audits** (`hotsplit audit`) go through `ReadOnlyNodes`, apart from [`RedisStore`]: one
+//!   centralized client per node (discovered with `CLUSTER NODES` or `INFO replication`) that
+//!   sends only `SCAN … TYPE hash`, `HMGET key ver tomb` and `READONLY`, and never loads the
+//!   function library, so an audit cannot write.
+//!
+//! # Layout
+//! - `mod.rs`: [`RedisStore`] (the client, [`RedisStore::connect`], its `Drop`) and the
+//!   [`Store`] implementation, which delegates to the files below.
+//! - `target.rs`: [`RedisTarget`] and [`RedisOptions`], the URL and `host:port` parsing; no fred.
+//! - `failure.rs`: `Failure`, the classification of fred errors, and `RedisStore::fail`.
+//! - `cas.rs`: the function library (`hotsplit.lua` beside it), the per-node compare-and-set
+//!   pipelines, the reload after `ERR Function not found`, and the version counter.
+//! - `replicas.rs`: replica clients, the `CLUSTER SLOTS` replica map and key placement.
+//! - `heartbeat.rs`: heartbeat writes and reads and their keys.
+//! - `wait.rs`: synced writes, the compare-and-set followed by `WAIT`.
+//! - `readonly.rs`: `ReadOnlyNodes` and `NodeClient`, the read-only access used by `audit`.
+//! - `replies.rs`: pure parsers of Redis replies, with their unit tests.
+//!
+//! # Invariants
+//! - Every command has a timeout (fred has none by default): no caller hangs on a paused node.
+//! - fred errors are classified in one place (`Failure::of`), counted with
+//!   [`Metrics::store_error`], and mapped to [`ErrorKind::Timeout`] or
+//!   [`ErrorKind::Unavailable`].
+//! - Versions cross into Lua as canonical decimal strings and are never converted to numbers.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::clients::Client;
+use fred::interfaces::{ClientLike, HashesInterface, KeysInterface};
+use fred::types::config::{
+    ClusterDiscoveryPolicy, Config, ReconnectError, ReconnectPolicy, Server, ServerConfig,
+};
+use fred::types::{Builder, ConnectHandle, Key as FredKey, Value};
+use futures_util::future::{join_all, BoxFuture};
+
+use super::{
+    layout_key, CopyRead, CopyWrite, Layout, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::{CopyKey, Key, Version};
+use crate::metrics::Metrics;
+
+mod cas;
+mod failure;
+mod heartbeat;
+mod readonly;
+mod replicas;
+mod replies;
+pub mod target;
+mod wait;
+
+use failure::Failure;
+pub(crate) use readonly::ReadOnlyNodes;
+use replicas::{connect_replica, server_label, ReplicaClient, ReplicaMap};
+use replies::parse_copy;
+use target::{format_address, parse_address};
+pub use target::{RedisOptions, RedisTarget};
+
+/// The hash fields of a copy, in the order `read_copy` asks for them.
+const COPY_FIELDS: [&str; 4] = ["ver", "val", "tomb", "exp"];
+
+/// [`COPY_FIELDS`] as fred arguments. `Key::from_static_str` borrows the static text, where
+/// `Key::from(&str)` copies each field name into a new buffer on every read.
+fn copy_fields() -> Vec<FredKey> {
+    COPY_FIELDS.map(FredKey::from_static_str).to_vec()
+}
+
+/// How long [`RedisStore::connect`] waits for a half-open client to quit after the connect
+/// timeout fired.
+const QUIT_AFTER_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// The Redis-backed [`Store`]. Create it with [`RedisStore::connect`]; share it as
+/// `Arc<dyn Store>`.
+pub struct RedisStore {
+    /// The fred client; it multiplexes every command over one connection per node.
+    client: Client,
+    /// The task that drives fred's connections; aborted when the store is dropped.
+    connection_task: ConnectHandle,
+    /// What was configured, for messages and [`Store::kind`].
+    target: RedisTarget,
+    /// The configured server's label in standalone mode; `None` for a cluster.
+    standalone_node: Option<NodeLabel>,
+    /// The command timeout, for messages.
+    command_timeout: Duration,
+    /// Where store errors are counted.
+    metrics: Arc<Metrics>,
+    /// One client per replica: the configured ones of a standalone primary, or, in Cluster
+    /// mode, every replica in the slot map (kept in step by [`Store::refresh_topology`]).
+    /// Never locked across an await.
+    replica_clients: std::sync::RwLock<Vec<Arc<ReplicaClient>>>,
+    /// The configured replicas of a standalone primary (empty in Cluster mode).
+    standalone_replicas: Vec<NodeLabel>,
+    /// The options replica clients are connected with.
+    replica_options: RedisOptions,
+    /// The client of synced writes (`sync_replicas`), connected on first use: `WAIT` blocks
+    /// its connection and counts only that connection's writes, so it is kept apart from the
+    /// shared one.
+    sync_client: tokio::sync::OnceCell<(Client, ConnectHandle)>,
+    /// The client of the lag monitor (heartbeat writes, `INFO` on primaries, `CLUSTER SLOTS`),
+    /// connected on first use: a command that names a node that is down makes fred schedule a
+    /// reconnection of the whole client, which must never stall the data client.
+    monitor_client: tokio::sync::OnceCell<(Client, ConnectHandle)>,
+    /// Cluster mode: the slot map last read with `CLUSTER SLOTS` by the topology refresh, for
+    /// the replicas (fred's cached map leaves out replicas that joined after it was read).
+    replica_map: std::sync::RwLock<Option<ReplicaMap>>,
+    /// Cluster mode: the heartbeat hash tag found for each primary (a tag whose slot it owns).
+    heartbeat_tags: std::sync::Mutex<std::collections::HashMap<NodeLabel, String>>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.target)
+            .field("command_timeout", &self.command_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        // Nothing else holds the client, so stopping its connection task closes its sockets.
+        self.connection_task.abort();
+        if let Some((_, task)) = self.sync_client.get() {
+            task.abort();
+        }
+        if let Some((_, task)) = self.monitor_client.get() {
+            task.abort();
+        }
+    }
+}
+
+impl RedisStore {
+    /// Connects to `options.target`, waits for the connection (at most `connect_timeout`) and
+    /// loads the `hotsplit` function library with `FUNCTION LOAD REPLACE` on every primary.
+    ///
+    /// Every command the store sends afterwards is bounded by `command_timeout`. A node that
+    /// drops its connection is reconnected with exponential backoff (100 ms to 2 s, forever);
+    /// `CLUSTERDOWN` and `LOADING` replies also trigger a reconnect, `READONLY` does not, so a write
+    /// that reaches a demoted primary fails at once.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when a target address is malformed; [`ErrorKind::Unavailable`] when
+    /// Redis cannot be reached within `connect_timeout` (the message names the URL) or the
+    /// library cannot be loaded; [`ErrorKind::Timeout`] when loading the library timed out.
+    pub async fn connect(options: RedisOptions, metrics: Arc<Metrics>) -> Result<RedisStore> {
+        let url = options.target.to_string();
+        let config_error =
+            |why: String| Error::new(ErrorKind::Config, format!("redis target {url:?}: {why}"));
+        let (server, standalone_node) = match &options.target {
+            RedisTarget::Standalone(address) => {
+                let (host, port) = parse_address(address).map_err(config_error)?;
+                let label = NodeLabel::new(format_address(&host, port));
+                (ServerConfig::new_centralized(host, port), Some(label))
+            }
+            RedisTarget::Cluster(addresses) => {
+                if addresses.is_empty() {
+                    return Err(config_error(
+                        "a cluster needs at least one seed node".to_owned(),
+                    ));
+                }
+                let hosts = addresses
+                    .iter()
+                    .map(|address| {
+                        parse_address(address).map(|(host, port)| Server::new(host, port))
+                    })
+                    .collect::<std::result::Result<Vec<Server>, String>>()
+                    .map_err(config_error)?;
+                let server = ServerConfig::Clustered {
+                    hosts,
+                    // Also try nodes from the last slot map when the seeds are gone.
+                    policy: ClusterDiscoveryPolicy::UseCache,
+                };
+                (server, None)
+            }
+        };
+
+        // READONLY is left out of the reconnect errors: a write that reaches a replica should
+        // fail now, not after a reconnect loop.
+        let builder = client_builder(
+            server,
+            &options,
+            vec![ReconnectError::ClusterDown, ReconnectError::Loading],
+        );
+        let client = builder.build().map_err(|err| {
+            Error::new(
+                ErrorKind::Config,
+                format!(
+                    "invalid redis client configuration for {url}: {}",
+                    err.details()
+                ),
+            )
+        })?;
+
+        let connection_task =
+            match tokio::time::timeout(options.connect_timeout, client.init()).await {
+                Ok(Ok(task)) => task,
+                Ok(Err(err)) => {
+                    metrics.store_error(Failure::of(&err).as_str());
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!("could not connect to redis at {url}: {}", err.details()),
+                    ));
+                }
+                Err(_) => {
+                    metrics.store_error(Failure::Timeout.as_str());
+                    // The connection task outlives the dropped `init` future; ask it to stop.
+                    let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "could not connect to redis at {url} within {} ms",
+                            options.connect_timeout.as_millis()
+                        ),
+                    ));
+                }
+            };
+
+        let mut replica_clients = Vec::with_capacity(options.replicas.len());
+        if !options.replicas.is_empty() && standalone_node.is_none() {
+            return Err(config_error(
+                "replicas are discovered in cluster mode; configure none".to_owned(),
+            ));
+        }
+        let mut standalone_replicas = Vec::with_capacity(options.replicas.len());
+        for address in &options.replicas {
+            let (host, port) = parse_address(address).map_err(config_error)?;
+            standalone_replicas.push(NodeLabel::new(format_address(&host, port)));
+            // A configured replica that is down does not stop startup: its lag stays unknown
+            // (over every budget) and the topology refresh connects it later.
+            match connect_replica(address, &options, &metrics, false).await {
+                Ok(replica) => replica_clients.push(Arc::new(replica)),
+                Err(err) => {
+                    tracing::warn!(replica = %address, error = %err, "replica not connected yet; reads go to the primary until it is")
+                }
+            }
+        }
+
+        let store = RedisStore {
+            client,
+            connection_task,
+            target: options.target.clone(),
+            standalone_node,
+            command_timeout: options.command_timeout,
+            metrics,
+            replica_clients: std::sync::RwLock::new(replica_clients),
+            standalone_replicas,
+            replica_options: options.clone(),
+            sync_client: tokio::sync::OnceCell::new(),
+            monitor_client: tokio::sync::OnceCell::new(),
+            replica_map: std::sync::RwLock::new(None),
+            heartbeat_tags: std::sync::Mutex::new(std::collections::HashMap::new()),
+        };
+        store.load_library().await.map_err(|err| {
+            Error::new(
+                err.kind(),
+                format!(
+                    "connected to redis at {url} but could not load the function library: {err}"
+                ),
+            )
+        })?;
+        Ok(store)
+    }
+
+    /// The primaries as far as this instance knows: every master of the cluster, or the one
+    /// server.
+    pub fn primaries(&self) -> Vec<NodeLabel> {
+        match &self.standalone_node {
+            Some(node) => vec![node.clone()],
+            None => self.primary_servers().iter().map(server_label).collect(),
+        }
+    }
+
+    /// The lag monitor's own client, connected on first use.
+    async fn monitor_client(&self) -> Result<&Client> {
+        self.dedicated_client(&self.monitor_client, "the lag monitor's client")
+            .await
+    }
+
+    /// A client of its own (its own connections, so its commands never queue behind the data
+    /// client's), connected once into `cell`, within the command timeout (at least 1 s).
+    async fn dedicated_client<'a>(
+        &self,
+        cell: &'a tokio::sync::OnceCell<(Client, ConnectHandle)>,
+        what: &str,
+    ) -> Result<&'a Client> {
+        let (client, _) = cell
+            .get_or_try_init(|| async {
+                let client = self.client.clone_new();
+                match tokio::time::timeout(
+                    self.command_timeout.max(Duration::from_secs(1)),
+                    client.init(),
+                )
+                .await
+                {
+                    Ok(Ok(task)) => Ok((client, task)),
+                    Ok(Err(err)) => Err(self.fail(format_args!("connecting {what}"), &err)),
+                    Err(_) => {
+                        let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
+                        Err(Error::new(
+                            ErrorKind::Timeout,
+                            format!("connecting {what} timed out"),
+                        ))
+                    }
+                }
+            })
+            .await?;
+        Ok(client)
+    }
+}
+
+/// A fred builder for `server` with the store's timeouts (every command has one), the given
+/// reconnect errors, and exponential reconnects from 100 ms to 2 s, forever.
+fn client_builder(
+    server: ServerConfig,
+    options: &RedisOptions,
+    reconnect_errors: Vec<ReconnectError>,
+) -> Builder {
+    let mut builder = client_builder_without_reconnects(server, options, reconnect_errors);
+    builder.set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
+    builder
+}
+
+/// A fred builder with the options' command and connect timeouts and `reconnect_errors`, and
+/// no reconnect policy: a connection that drops stays down.
+fn client_builder_without_reconnects(
+    server: ServerConfig,
+    options: &RedisOptions,
+    reconnect_errors: Vec<ReconnectError>,
+) -> Builder {
+    let mut builder = Builder::from_config(Config {
+        server,
+        ..Config::default()
+    });
+    builder
+        .with_performance_config(|perf| {
+            perf.default_command_timeout = options.command_timeout;
+        })
+        .with_connection_config(|conn| {
+            conn.connection_timeout = options.connect_timeout;
+            conn.internal_command_timeout = options.connect_timeout;
+            conn.reconnect_errors = reconnect_errors;
+        });
+    builder
+}
+
+impl Store for RedisStore {
+    fn kind(&self) -> &'static str {
+        self.target.kind()
+    }
+
+    fn node_of(&self, copy_key: &CopyKey) -> NodeLabel {
+        self.placement().node_of(copy_key.as_str())
+    }
+
+    fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>> {
+        Box::pin(self.cas_copies(writes))
+    }
+
+    fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead> {
+        Box::pin(async move {
+            let node = self.placement().node_of(copy_key.as_str());
+            let record = match self
+                .client
+                .hmget::<Value, _, _>(copy_key.as_str(), copy_fields())
+                .await
+            {
+                Ok(reply) => parse_copy(reply).map_err(|why| {
+                    self.corrupt(format!("copy {copy_key} on {node} is corrupt: {why}"))
+                }),
+                Err(err) => Err(self.fail(format_args!("read of copy {copy_key} on {node}"), &err)),
+            };
+            CopyRead {
+                served_by: ServedBy::primary(node),
+                record,
+            }
+        })
+    }
+
+    fn allocate_version<'a>(&'a self, key: &'a Key, ttl_ms: u64) -> BoxFuture<'a, Result<Version>> {
+        Box::pin(self.next_version(key, ttl_ms))
+    }
+
+    fn topology(&self) -> Vec<ReplicaSet> {
+        self.replica_sets()
+    }
+
+    fn write_copies_synced<'a>(
+        &'a self,
+        writes: &'a [CopyWrite],
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> BoxFuture<'a, Vec<(WriteResult, Option<u32>)>> {
+        Box::pin(self.cas_copies_synced(writes, replicas, timeout_ms))
+    }
+
+    fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(self.refresh_replicas())
+    }
+
+    fn read_replica_copy<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+        replica: &'a NodeLabel,
+    ) -> BoxFuture<'a, CopyRead> {
+        Box::pin(self.read_copy_on_replica(copy_key, replica))
+    }
+
+    fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
+        Box::pin(async move {
+            let key = layout_key(family);
+            let text: Option<String> = self
+                .client
+                .get(key.as_str())
+                .await
+                .map_err(|err| self.fail(format_args!("read of layout record {key}"), &err))?;
+            match text {
+                None => Ok(None),
+                Some(text) => Layout::decode(&text).map(Some).ok_or_else(|| {
+                    self.corrupt(format!("layout record {key} is corrupt: {text:?}"))
+                }),
+            }
+        })
+    }
+
+    fn write_heartbeat<'a>(
+        &'a self,
+        primary: &'a NodeLabel,
+        instance: &'a str,
+        stamp_us: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.heartbeat_write(primary, instance, stamp_us))
+    }
+
+    fn read_heartbeat<'a>(
+        &'a self,
+        replica: &'a NodeLabel,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u64>>> {
+        Box::pin(self.heartbeat_read(replica, instance))
+    }
+
+    fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(self.replication_offset_of(node))
+    }
+
+    fn write_layout<'a>(&'a self, family: &'a str, layout: Layout) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let key = layout_key(family);
+            self.client
+                .set::<(), _, _>(key.as_str(), layout.encode(), None, None, false)
+                .await
+                .map_err(|err| self.fail(format_args!("write of layout record {key}"), &err))
+        })
+    }
+
+    fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            // One DEL per key: in a cluster the copies live in different slots.
+            let deletes = copy_keys.iter().map(|copy_key| async move {
+                self.client
+                    .del::<u64, _>(copy_key.as_str())
+                    .await
+                    .map_err(|err| self.fail(format_args!("delete of copy {copy_key}"), &err))
+            });
+            let mut removed = 0;
+            let mut first_error = None;
+            for result in join_all(deletes).await {
+                match result {
+                    Ok(count) => removed += count,
+                    Err(err) => {
+                        first_error.get_or_insert(err);
+                    }
+                }
+            }
+            match first_error {
+                Some(err) => Err(err),
+                None => Ok(removed),
+            }
+        })
+    }
+
+    fn scan_keys<'a>(
+        &'a self,
+        pattern: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>>> {
+        Box::pin(async move {
+            let nodes: Vec<Option<Server>> = match &self.standalone_node {
+                Some(_) => vec![None],
+                None => self.primary_servers().into_iter().map(Some).collect(),
+            };
+            let mut keys = Vec::new();
+            for server in nodes {
+                let mut cursor = "0".to_owned();
+                loop {
+                    let page = match &server {
+                        None => {
+                            self.client
+                                .scan_page::<Value, _, _>(cursor.clone(), pattern, Some(1000), None)
+                                .await
+                        }
+                        Some(server) => {
+                            self.client
+                                .with_cluster_node(server.clone())
+                                .scan_page::<Value, _, _>(cursor.clone(), pattern, Some(1000), None)
+                                .await
+                        }
+                    }
+                    .map_err(|err| self.fail(format_args!("scan for {pattern}"), &err))?;
+                    let [next, found] =
+                        <[Value; 2]>::try_from(page.into_array()).map_err(|_| {
+                            self.corrupt(format!("unexpected SCAN reply for {pattern}"))
+                        })?;
+                    keys.extend(
+                        found
+                            .into_array()
+                            .into_iter()
+                            .filter_map(|key| key.as_string()),
+                    );
+                    cursor = next.as_string().unwrap_or_else(|| "0".to_owned());
+                    if cursor == "0" || keys.len() >= limit {
+                        break;
+                    }
+                }
+                if keys.len() >= limit {
+                    break;
+                }
+            }
+            keys.truncate(limit);
+            Ok(keys)
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if let Some(node) = &self.standalone_node {
+                return self
+                    .client
+                    .ping::<Value>(None)
+                    .await
+                    .map(drop)
+                    .map_err(|err| self.fail(format_args!("ping of {node}"), &err));
+            }
+            let primaries = self.primary_servers();
+            if primaries.is_empty() {
+                self.metrics.store_error(Failure::Cluster.as_str());
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("no primary of {} is known", self.target),
+                ));
+            }
+            let pings = primaries.iter().map(|server| async move {
+                self.client
+                    .with_cluster_node(server.clone())
+                    .ping::<Value>(None)
+                    .await
+                    .map(drop)
+                    .map_err(|err| {
+                        self.fail(format_args!("ping of {}", server_label(server)), &err)
+                    })
+            });
+            join_all(pings).await.into_iter().collect()
+        })
+    }
+}
