@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::Key;
+use crate::store::redis::target::{RedisOptions, RedisTarget};
 
 /// The largest number of copies a family may have.
 pub const MAX_COPIES: u32 = 1024;
@@ -159,8 +160,8 @@ impl Default for StoreConfig {
         StoreConfig {
             replicas: Vec::new(),
             redis: None,
-            command_timeout: crate::store::redis::RedisOptions::DEFAULT_COMMAND_TIMEOUT,
-            connect_timeout: crate::store::redis::RedisOptions::DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: RedisOptions::DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: RedisOptions::DEFAULT_CONNECT_TIMEOUT,
         }
     }
 }
@@ -385,7 +386,7 @@ impl Config {
             return invalid("store.connect_timeout".into(), "must be positive".into());
         }
         if let Some(url) = &self.store.redis {
-            if let Err(err) = crate::store::redis::RedisTarget::parse(url) {
+            if let Err(err) = RedisTarget::parse(url) {
                 return invalid("store.redis".into(), err.message().to_owned());
             }
         }
@@ -416,8 +417,8 @@ impl Config {
                 Some(_) => {}
             }
             for (at, url) in self.store.replicas.iter().enumerate() {
-                match crate::store::redis::RedisTarget::parse(url) {
-                    Ok(crate::store::redis::RedisTarget::Standalone(_)) => {}
+                match RedisTarget::parse(url) {
+                    Ok(RedisTarget::Standalone(_)) => {}
                     Ok(_) => {
                         return invalid(
                             format!("store.replicas[{at}]"),

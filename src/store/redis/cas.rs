@@ -18,7 +18,9 @@ use super::failure::Failure;
 use super::replicas::server_label;
 use super::replies::parse_cas_reply;
 use super::RedisStore;
-use crate::error::{Error, ErrorKind, Result};
+#[cfg(doc)]
+use crate::error::ErrorKind;
+use crate::error::Result;
 use crate::key::{Key, Version};
 #[cfg(doc)]
 use crate::store::Store;
@@ -60,14 +62,7 @@ impl RedisStore {
                     self.fail(format_args!("loading the function library on {node}"), &err)
                 });
         }
-        let primaries = self.primary_servers();
-        if primaries.is_empty() {
-            self.metrics.store_error(Failure::Cluster.as_str());
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!("no primary of {} is known", self.target),
-            ));
-        }
+        let primaries = self.known_primaries()?;
         let loads = primaries.iter().map(|server| async move {
             self.client
                 .with_cluster_node(server.clone())

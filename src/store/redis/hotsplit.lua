@@ -1,9 +1,9 @@
 #!lua name=hotsplit
 --[[
 hotsplit's Redis Functions library: the versioned compare-and-set of one copy, and the per-key
-version counter. Loaded with FUNCTION LOAD REPLACE on every primary by src/store/redis.rs, which
-includes this file verbatim. Function names are global across libraries, so every function here
-is prefixed with `hotsplit_`.
+version counter. Loaded with FUNCTION LOAD REPLACE on every primary by src/store/redis/cas.rs,
+which includes this file verbatim. Function names are global across libraries, so every function
+here is prefixed with `hotsplit_`.
 
 Versions travel as canonical decimal strings (digits only, no leading zero, 1..=2^64-1) and are
 compared as strings: length first, then byte by byte. They are never converted with tonumber:

@@ -572,14 +572,7 @@ impl Store for RedisStore {
                     .map(drop)
                     .map_err(|err| self.fail(format_args!("ping of {node}"), &err));
             }
-            let primaries = self.primary_servers();
-            if primaries.is_empty() {
-                self.metrics.store_error(Failure::Cluster.as_str());
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!("no primary of {} is known", self.target),
-                ));
-            }
+            let primaries = self.known_primaries()?;
             let pings = primaries.iter().map(|server| async move {
                 self.client
                     .with_cluster_node(server.clone())

@@ -9,10 +9,10 @@ use fred::clients::Client;
 use fred::error::Error as FredError;
 use fred::interfaces::{ClientLike, ClusterInterface, HashesInterface, KeysInterface};
 use fred::types::config::ServerConfig;
-use fred::types::{ClusterHash, ConnectHandle, CustomCommand, Value};
+use fred::types::{Builder, ClusterHash, ConnectHandle, CustomCommand, Value};
 use futures_util::future::join_all;
 
-use super::failure::read_only_error;
+use super::failure::{read_only_error, Failure};
 use super::replies::{
     info_number, parse_cluster_nodes, parse_info_replicas, parse_scan_page, parse_stamp,
 };
@@ -22,6 +22,7 @@ use super::RedisStore;
 use super::{client_builder_without_reconnects, QUIT_AFTER_TIMEOUT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::CopyKey;
+use crate::metrics::Metrics;
 use crate::store::{CopyStamp, NodeLabel};
 
 /// The fields `hotsplit audit` reads of a copy: the version and the tombstone flag, never the
@@ -57,6 +58,64 @@ pub(super) struct NodeClient {
     pub(super) connection_task: ConnectHandle,
     /// A Cluster replica: reads need `READONLY` first to be served for its primary's slots.
     pub(super) cluster_replica: bool,
+}
+
+impl NodeClient {
+    /// Builds a centralized client of the node `label` from `builder` and connects it within
+    /// `options.connect_timeout`; a client that did not connect in time is asked to quit.
+    /// `noun` comes before the label in messages (`"replica "`, or `""`); `metrics`, when
+    /// given, counts a failed connection (the audit has no service metrics).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when fred rejects the configuration; [`ErrorKind::Unavailable`]
+    /// when the node cannot be reached within the connect timeout.
+    pub(super) async fn connect(
+        builder: Builder,
+        label: &NodeLabel,
+        noun: &str,
+        options: &RedisOptions,
+        cluster_replica: bool,
+        metrics: Option<&Metrics>,
+    ) -> Result<NodeClient> {
+        let client = builder.build().map_err(|err| {
+            Error::new(
+                ErrorKind::Config,
+                format!(
+                    "invalid {noun}client configuration for {label}: {}",
+                    err.details()
+                ),
+            )
+        })?;
+        match tokio::time::timeout(options.connect_timeout, client.init()).await {
+            Ok(Ok(connection_task)) => Ok(NodeClient {
+                client,
+                connection_task,
+                cluster_replica,
+            }),
+            Ok(Err(err)) => {
+                if let Some(metrics) = metrics {
+                    metrics.store_error(Failure::of(&err).as_str());
+                }
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("could not connect to {noun}{label}: {}", err.details()),
+                ))
+            }
+            Err(_) => {
+                if let Some(metrics) = metrics {
+                    metrics.store_error(Failure::Timeout.as_str());
+                }
+                let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "could not connect to {noun}{label} within {} ms",
+                        options.connect_timeout.as_millis()
+                    ),
+                ))
+            }
+        }
+    }
 }
 
 impl Drop for NodeClient {
@@ -399,34 +458,5 @@ async fn connect_node(
         options,
         Vec::new(),
     );
-    let client = builder.build().map_err(|err| {
-        Error::new(
-            ErrorKind::Config,
-            format!(
-                "invalid client configuration for {label}: {}",
-                err.details()
-            ),
-        )
-    })?;
-    match tokio::time::timeout(options.connect_timeout, client.init()).await {
-        Ok(Ok(connection_task)) => Ok(NodeClient {
-            client,
-            connection_task,
-            cluster_replica,
-        }),
-        Ok(Err(err)) => Err(Error::new(
-            ErrorKind::Unavailable,
-            format!("could not connect to {label}: {}", err.details()),
-        )),
-        Err(_) => {
-            let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
-            Err(Error::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "could not connect to {label} within {} ms",
-                    options.connect_timeout.as_millis()
-                ),
-            ))
-        }
-    }
+    NodeClient::connect(builder, label, "", options, cluster_replica, None).await
 }

@@ -13,7 +13,7 @@ use super::failure::Failure;
 use super::readonly::NodeClient;
 use super::replies::{info_number, parse_copy, replicas_from_cluster_slots};
 use super::target::{format_address, parse_address, RedisOptions};
-use super::{client_builder, copy_fields, RedisStore, QUIT_AFTER_TIMEOUT};
+use super::{client_builder, copy_fields, RedisStore};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::CopyKey;
 use crate::metrics::Metrics;
@@ -288,6 +288,20 @@ impl RedisStore {
             .unwrap_or_default()
     }
 
+    /// The primaries of the cluster from fred's cached slot map; an error (counted as
+    /// `cluster`) when none is known.
+    pub(super) fn known_primaries(&self) -> Result<Vec<Server>> {
+        let primaries = self.primary_servers();
+        if primaries.is_empty() {
+            self.metrics.store_error(Failure::Cluster.as_str());
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("no primary of {} is known", self.target),
+            ));
+        }
+        Ok(primaries)
+    }
+
     /// A snapshot of where keys live.
     pub(super) fn placement(&self) -> Placement {
         match &self.standalone_node {
@@ -312,43 +326,9 @@ pub(super) async fn connect_replica(
         options,
         vec![ReconnectError::Loading],
     );
-    let client = builder.build().map_err(|err| {
-        Error::new(
-            ErrorKind::Config,
-            format!(
-                "invalid replica client configuration for {label}: {}",
-                err.details()
-            ),
-        )
-    })?;
-    match tokio::time::timeout(options.connect_timeout, client.init()).await {
-        Ok(Ok(connection_task)) => Ok(ReplicaClient {
-            label,
-            node: NodeClient {
-                client,
-                connection_task,
-                cluster_replica: cluster,
-            },
-        }),
-        Ok(Err(err)) => {
-            metrics.store_error(Failure::of(&err).as_str());
-            Err(Error::new(
-                ErrorKind::Unavailable,
-                format!("could not connect to replica {label}: {}", err.details()),
-            ))
-        }
-        Err(_) => {
-            metrics.store_error(Failure::Timeout.as_str());
-            let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
-            Err(Error::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "could not connect to replica {label} within {} ms",
-                    options.connect_timeout.as_millis()
-                ),
-            ))
-        }
-    }
+    let node =
+        NodeClient::connect(builder, &label, "replica ", options, cluster, Some(metrics)).await?;
+    Ok(ReplicaClient { label, node })
 }
 
 #[cfg(test)]
