@@ -32,7 +32,7 @@ use fred::interfaces::{ClientLike, FunctionInterface, KeysInterface};
 use fred::types::config::Config as FredConfig;
 use fred::types::Builder;
 use futures_util::future::join_all;
-use hotsplit::config::{Config, Families};
+use hotsplit::config::Config;
 use hotsplit::devcluster::{key_slot, Cluster, ClusterOptions, Standalone};
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
@@ -100,11 +100,7 @@ impl Target {
             client.init().await.expect("connect the fred client");
             (store, client)
         });
-        let publisher = Publisher::new(
-            store.clone(),
-            Arc::new(Families::from_config(&config)),
-            metrics,
-        );
+        let publisher = Publisher::new(store.clone(), Arc::new(config.families()), metrics);
         Target {
             runtime,
             publisher,

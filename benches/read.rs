@@ -38,13 +38,13 @@ use fred::clients::Client;
 use fred::interfaces::{ClientLike, HashesInterface, KeysInterface};
 use fred::types::config::Config as FredConfig;
 use fred::types::{Builder, Value};
-use hotsplit::config::{Config, Families};
+use hotsplit::config::Config;
 use hotsplit::devcluster::Standalone;
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::publish::{Publisher, VersionChoice};
 use hotsplit::read::{CopyChoice, ReadAnswer, ReadRequest, Reader};
-use hotsplit::route::{Classes, LagTable, RouteMetrics, Router};
+use hotsplit::route::{LagTable, RouteMetrics, Router};
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
 
 /// The command timeout of every client: generous, so a busy machine slows the bench down rather
@@ -158,7 +158,7 @@ impl Fixture {
             settings.copies
         ))?;
         config.validate()?;
-        let families = Arc::new(Families::from_config(&config));
+        let families = Arc::new(config.families());
         let metrics = Metrics::new();
         let mut options = RedisOptions::new(RedisTarget::parse(&server.url())?);
         options.command_timeout = COMMAND_TIMEOUT;
@@ -174,14 +174,20 @@ impl Fixture {
             return Err(format!("publish of {key} did not apply to every copy: {report:?}").into());
         }
 
-        let classes = Classes::from_config(&config)?;
+        let classes = config.classes()?;
         let route_metrics =
             Arc::new(metrics.register_with(|registry| RouteMetrics::register(registry, &classes)));
         let lag = Arc::new(LagTable::new(
             config.route.heartbeat_interval,
             config.route.lag_window,
         ));
-        let router = Arc::new(Router::new(&config, families.clone(), lag, route_metrics)?);
+        let router = Arc::new(Router::new(
+            &config.route,
+            classes,
+            families.clone(),
+            lag,
+            route_metrics,
+        )?);
         let reader = Reader::new(store, families, config.read.clone(), metrics, router);
         let requests = (0..settings.concurrency)
             .map(|task| {

@@ -22,13 +22,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
-use hotsplit::config::{Config, Families};
+use hotsplit::config::Config;
 use hotsplit::devcluster::Standalone;
+use hotsplit::family::Families;
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::publish::{Publisher, VersionChoice};
 use hotsplit::read::{CopyChoice, ReadRequest, Reader};
-use hotsplit::route::{Classes, LagTable, RouteMetrics, Router};
+use hotsplit::route::{LagTable, RouteMetrics, Router};
 use hotsplit::store::memory::MemoryStore;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use hotsplit::store::{NodeLabel, ReplicaSet, Store};
@@ -39,8 +40,8 @@ const CONFIG: &str = "[[family]]\nprefix = \"p:\"\ncopies = 8\ndefault_class = \
 fn setup() -> (Config, Arc<Families>, Arc<Router>, Arc<LagTable>) {
     let config = Config::from_toml(CONFIG).expect("config");
     config.validate().expect("valid config");
-    let families = Arc::new(Families::from_config(&config));
-    let classes = Classes::from_config(&config).expect("classes");
+    let families = Arc::new(config.families());
+    let classes = config.classes().expect("classes");
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Arc::new(RouteMetrics::register(&mut registry, &classes));
     let lag = Arc::new(LagTable::new(
@@ -53,8 +54,16 @@ fn setup() -> (Config, Arc<Families>, Arc<Router>, Arc<LagTable>) {
     }]);
     let replica = lag.replicas_of(&NodeLabel::embedded()).expect("replica")[0].clone();
     lag.record(&replica, Some(lag.now_us()));
-    let router =
-        Arc::new(Router::new(&config, families.clone(), lag.clone(), metrics).expect("router"));
+    let router = Arc::new(
+        Router::new(
+            &config.route,
+            classes,
+            families.clone(),
+            lag.clone(),
+            metrics,
+        )
+        .expect("router"),
+    );
     (config, families, router, lag)
 }
 

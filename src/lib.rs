@@ -3,7 +3,9 @@
 //! # Layout
 //! - [`key`] and [`affinity`]: the vocabulary (keys, copy keys, versions) and which copy a client
 //!   reads.
-//! - [`config`]: one `Config` of per-subsystem sub-configs, validated before anything binds.
+//! - [`family`]: key families (copies, TTL, versioning) and the longest-prefix resolver.
+//! - [`config`]: the composition root: one `Config` of the sub-configs each subsystem owns,
+//!   layered from file, flags and environment, validated before anything binds.
 //! - [`store`]: the compare-and-set store: embedded ([`store::memory`]) or Redis
 //!   ([`store::redis`], the only module that talks to Redis).
 //! - [`publish`]: fan-out of one edit to every copy, with per-copy outcomes.
@@ -25,7 +27,9 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod devcluster;
+mod duration;
 pub mod error;
+pub mod family;
 pub mod heal;
 pub mod http;
 pub mod key;

@@ -367,7 +367,7 @@ fn audit_options(args: &AuditArgs) -> hotsplit::Result<hotsplit::audit::AuditOpt
     })?;
     let mut options = AuditOptions::new(target);
     options.copies = match (&config, args.copies) {
-        (Some(config), _) => CopyCount::Config(hotsplit::config::Families::from_config(config)),
+        (Some(config), _) => CopyCount::Config(config.families()),
         (None, Some(copies)) => CopyCount::Fixed(copies),
         (None, None) => CopyCount::Inferred,
     };

@@ -14,8 +14,6 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
-use crate::store::CasOutcome;
-
 /// Labels of copy-write outcome counters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CopyOutcomeLabels {
@@ -145,6 +143,19 @@ impl ReadOutcome {
             ReadOutcome::Unavailable => "unavailable",
         }
     }
+}
+
+/// How one copy write ended, as the copy-outcome counters label it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyWriteOutcome {
+    /// The copy took the version.
+    Applied,
+    /// The copy already had the version.
+    Current,
+    /// The copy had a newer version.
+    Stale,
+    /// The write failed (the copy was queued or dropped).
+    Failed,
 }
 
 /// Whether a copy write belonged to a publish or an invalidate.
@@ -343,17 +354,17 @@ impl Metrics {
         })
     }
 
-    /// Counts one copy write outcome; `None` means the write failed.
-    pub fn copy_outcome(&self, op: WriteOp, outcome: Option<CasOutcome>) {
+    /// Counts one copy write outcome.
+    pub fn copy_outcome(&self, op: WriteOp, outcome: CopyWriteOutcome) {
         let counters = match op {
             WriteOp::Publish => &self.publish_outcomes,
             WriteOp::Invalidate => &self.invalidate_outcomes,
         };
         let counter = match outcome {
-            Some(CasOutcome::Applied) => &counters.applied,
-            Some(CasOutcome::Current) => &counters.current,
-            Some(CasOutcome::Stale { .. }) => &counters.stale,
-            None => &counters.failed,
+            CopyWriteOutcome::Applied => &counters.applied,
+            CopyWriteOutcome::Current => &counters.current,
+            CopyWriteOutcome::Stale => &counters.stale,
+            CopyWriteOutcome::Failed => &counters.failed,
         };
         counter.inc();
     }
@@ -481,8 +492,8 @@ mod tests {
     #[test]
     fn renders_counted_outcomes() {
         let metrics = Metrics::new();
-        metrics.copy_outcome(WriteOp::Publish, Some(CasOutcome::Applied));
-        metrics.copy_outcome(WriteOp::Publish, None);
+        metrics.copy_outcome(WriteOp::Publish, CopyWriteOutcome::Applied);
+        metrics.copy_outcome(WriteOp::Publish, CopyWriteOutcome::Failed);
         metrics.read(ReadOutcome::Fallback);
         metrics.store_error("timeout");
         let text = metrics.render();

@@ -11,11 +11,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::config::{Families, Family, Versioning};
 use crate::error::{Error, ErrorKind, Result};
+use crate::family::{Families, Family, Versioning};
 use crate::heal::{jitter, Admission, FailedCopy, Layouts, RetryQueue};
 use crate::key::{Key, Version};
-use crate::metrics::{Metrics, WriteOp};
+use crate::metrics::{CopyWriteOutcome, Metrics, WriteOp};
 use crate::store::{now_unix_ms, CasOutcome, CopyWrite, Payload, Store};
 
 /// The outcome of one copy write, as reported to the caller.
@@ -360,8 +360,13 @@ impl Publisher {
                     )),
                 }
             }
-            self.metrics
-                .copy_outcome(op, result.outcome.as_ref().ok().copied());
+            let counted = match &result.outcome {
+                Ok(CasOutcome::Applied) => CopyWriteOutcome::Applied,
+                Ok(CasOutcome::Current) => CopyWriteOutcome::Current,
+                Ok(CasOutcome::Stale { .. }) => CopyWriteOutcome::Stale,
+                Err(_) => CopyWriteOutcome::Failed,
+            };
+            self.metrics.copy_outcome(op, counted);
             let (outcome, error) = match result.outcome {
                 Ok(CasOutcome::Applied) => (CopyOutcome::Applied, None),
                 Ok(CasOutcome::Current) => (CopyOutcome::Current, None),
@@ -463,7 +468,7 @@ mod tests {
         config.validate().unwrap();
         Publisher::new(
             Arc::new(MemoryStore::new()),
-            Arc::new(Families::from_config(&config)),
+            Arc::new(config.families()),
             Metrics::new(),
         )
     }

@@ -9,18 +9,41 @@
 //! so a client that does not carry its floor may later see the affine copy's older version.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::join_all;
+use serde::Deserialize;
 
 use crate::affinity;
-use crate::config::{Families, ReadConfig};
 use crate::error::{Error, ErrorKind, Result};
+use crate::family::Families;
 use crate::heal::Repairer;
 use crate::key::{CopyKey, Key, Version};
 use crate::metrics::{Metrics, ReadOutcome};
 use crate::route::{Plan, ReadClass, RouteReason, Router, ServedRole, Target};
 use crate::store::{CopyRead, CopyRecord, CopyWrite, Payload, Role, ServedBy, Store};
+
+/// The read path.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReadConfig {
+    /// How many sibling copies a read consults when its affine copy is below the floor, missing
+    /// or unreachable. Default: 2.
+    pub fallback_copies: u32,
+    /// The `Retry-After` sent with 503 answers. Default: `1s`.
+    #[serde(with = "crate::duration")]
+    pub retry_after: Duration,
+}
+
+impl Default for ReadConfig {
+    fn default() -> Self {
+        ReadConfig {
+            fallback_copies: 2,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
 
 /// Which copy a read targets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -555,7 +578,7 @@ mod tests {
 
     fn fixture() -> Fixture {
         let config = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 8").unwrap();
-        let families = Arc::new(Families::from_config(&config));
+        let families = Arc::new(config.families());
         let store = Arc::new(MemoryStore::new());
         let metrics = Metrics::new();
         Fixture {
@@ -565,7 +588,7 @@ mod tests {
                 families.clone(),
                 config.read.clone(),
                 metrics,
-                Arc::new(Router::for_tests(&config, families)),
+                Arc::new(Router::for_tests(&config.route, &config.classes, families)),
             ),
             store,
         }

@@ -14,16 +14,16 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, Families};
+use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::heal::{HealHandles, LayoutWatcher, Layouts, Repairer, RetryQueue, RetryWorker};
 use crate::http::{router, AppState};
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
 use crate::read::Reader;
-use crate::route::{Classes, LagMonitor, LagTable, RouteMetrics, Router};
+use crate::route::{LagMonitor, LagTable, RouteMetrics, Router};
 use crate::store::memory::MemoryStore;
-use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use crate::store::redis::RedisStore;
 use crate::store::Store;
 
 /// Connects the store the config names: Redis when `store.redis` is set, else the embedded one.
@@ -32,26 +32,9 @@ use crate::store::Store;
 /// [`ErrorKind::Config`] for a bad URL; [`ErrorKind::Unavailable`] when Redis does not answer
 /// within `store.connect_timeout`.
 pub async fn connect_store(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<dyn Store>> {
-    match &config.store.redis {
+    match config.store.redis_options()? {
         None => Ok(Arc::new(MemoryStore::new())),
-        Some(url) => {
-            let mut options = RedisOptions::new(RedisTarget::parse(url)?);
-            options.command_timeout = config.store.command_timeout;
-            options.connect_timeout = config.store.connect_timeout;
-            options.replicas = config
-                .store
-                .replicas
-                .iter()
-                .map(|url| match RedisTarget::parse(url)? {
-                    RedisTarget::Standalone(address) => Ok(address),
-                    RedisTarget::Cluster(_) => Err(Error::new(
-                        ErrorKind::Config,
-                        format!("store.replicas: {url:?} is not a redis://host:port url"),
-                    )),
-                })
-                .collect::<Result<Vec<String>>>()?;
-            Ok(Arc::new(RedisStore::connect(options, metrics).await?))
-        }
+        Some(options) => Ok(Arc::new(RedisStore::connect(options, metrics).await?)),
     }
 }
 
@@ -97,12 +80,13 @@ pub fn app_state_with(
     tracker: TaskTracker,
     lag: Arc<LagTable>,
 ) -> Result<(AppState, Arc<RouteMetrics>)> {
-    let families = Arc::new(Families::from_config(config));
-    let classes = Classes::from_config(config)?;
+    let families = Arc::new(config.families());
+    let classes = config.classes()?;
     let route_metrics =
         Arc::new(metrics.register_with(|registry| RouteMetrics::register(registry, &classes)));
     let router = Arc::new(Router::new(
-        config,
+        &config.route,
+        classes,
         families.clone(),
         lag,
         route_metrics.clone(),
@@ -176,7 +160,7 @@ pub async fn run(
     };
 
     // Record each family's layout before anything else can fail or start.
-    let families = Arc::new(Families::from_config(&config));
+    let families = Arc::new(config.families());
     let layouts = Layouts::reconcile(&*store, &families, &metrics).await?;
     let retry_queue = match &config.store.redis {
         // The embedded store never fails a copy write: nothing to spool.

@@ -38,8 +38,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Families, MAX_COPIES};
 use crate::error::{Error, ErrorKind, Result};
+use crate::family::{Families, MAX_COPIES};
 use crate::key::Key;
 use crate::store::redis::{ReadOnlyNodes, RedisOptions, RedisTarget};
 use report::{Report, UnreachableNode};

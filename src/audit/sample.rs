@@ -27,8 +27,8 @@ use futures_util::stream::{self, StreamExt};
 
 use super::figures::{CopyObservation, CopyState, KeySample, ReadRole};
 use super::{AuditOptions, CopyCount, Phase, Progress};
-use crate::config::MAX_COPIES;
 use crate::error::{Error, ErrorKind, Result};
+use crate::family::MAX_COPIES;
 use crate::key::{CopyKey, Key, COPY_SEPARATOR};
 use crate::store::redis::ReadOnlyNodes;
 use crate::store::NodeLabel;
@@ -453,7 +453,7 @@ pub(crate) fn check_primaries_answered(samples: &[KeySample]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, Families};
+    use crate::config::Config;
 
     #[test]
     fn copy_keys_are_recognised() {
@@ -535,7 +535,7 @@ mod tests {
             "[[family]]\nprefix = \"post:\"\ncopies = 4\n[[family]]\nprefix = \"one:\"\ncopies = 1\n",
         )
         .unwrap();
-        let copies = CopyCount::Config(Families::from_config(&config));
+        let copies = CopyCount::Config(config.families());
         let mut candidates = Candidates::default();
         add_all(
             &mut candidates,

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Families, Family};
 use crate::error::Result;
+use crate::family::{Families, Family};
 use crate::key::{CopyKey, Key, COPY_SEPARATOR};
 use crate::metrics::Metrics;
 use crate::store::{Layout, Store};
@@ -274,8 +274,8 @@ mod tests {
         let text = |copies| {
             format!("[[family]]\nprefix = \"p*\"\ncopies = {copies}\n[[family]]\nprefix = \"p*x\"\ncopies = 8")
         };
-        let twelve = Families::from_config(&Config::from_toml(&text(12)).unwrap());
-        let four = Arc::new(Families::from_config(&Config::from_toml(&text(4)).unwrap()));
+        let twelve = Config::from_toml(&text(12)).unwrap().families();
+        let four = Arc::new(Config::from_toml(&text(4)).unwrap().families());
         let publisher = crate::publish::Publisher::new(
             store.clone(),
             Arc::new(twelve.clone()),
@@ -317,12 +317,12 @@ mod tests {
     async fn a_resize_is_recorded_and_a_mismatch_seen() {
         let store = MemoryStore::new();
         let metrics = Metrics::new();
-        let eight = Families::from_config(
-            &Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 8").unwrap(),
-        );
-        let four = Families::from_config(
-            &Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 4").unwrap(),
-        );
+        let eight = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 8")
+            .unwrap()
+            .families();
+        let four = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 4")
+            .unwrap()
+            .families();
         let first = Layouts::reconcile(&store, &eight, &metrics).await.unwrap();
         assert_eq!(first.max_copies("p:", 8), 8);
         let second = Layouts::reconcile(&store, &four, &metrics).await.unwrap();

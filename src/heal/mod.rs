@@ -12,12 +12,14 @@
 //!   deletion of copies removed by a shrink.
 //! - [`jitter`]: per-copy expiry jitter, so the copies of a hot key do not expire together.
 
+pub mod config;
 pub mod layout;
 pub mod queue;
 pub mod repair;
 pub mod spool;
 pub mod worker;
 
+pub use config::HealConfig;
 pub use layout::{LayoutWatcher, Layouts};
 pub use queue::{Admission, DropReason, FailedCopy, RetryQueue, RetryQueueView};
 pub use repair::Repairer;

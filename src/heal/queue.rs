@@ -14,8 +14,8 @@ use rand::Rng;
 use serde::Serialize;
 use tokio::sync::{oneshot, Notify};
 
+use super::config::HealConfig;
 use super::spool::{self, Record, Replay, Spool};
-use crate::config::HealConfig;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
 use crate::metrics::{Metrics, RetryDrop};

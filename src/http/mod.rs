@@ -4,9 +4,12 @@
 //! [`router`] builds the [`Router`] apart from serving, so handlers are tested with
 //! `Router::oneshot` and no socket.
 
+pub mod config;
 pub mod handlers;
 pub mod openapi;
 pub mod problem;
+
+pub use config::ServerConfig;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -4,11 +4,12 @@
 //! at startup; a read names its class by index ([`ReadClass`]), so routing never compares
 //! strings after the class was resolved.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{ClassConfig, Config, OnBreach, RouteTarget};
+use super::config::{ClassConfig, OnBreach, RouteTarget};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The class that decides on a key's presence: primary only, never on a split family.
@@ -128,22 +129,22 @@ fn valid_name(name: &str) -> bool {
 }
 
 impl Classes {
-    /// Builds the table from the built-ins and `config.classes`.
+    /// Builds the table from the built-ins and the configured `[classes.<name>]` tables.
     ///
     /// # Errors
     /// [`ErrorKind::Config`] naming the field (`classes.<name>.staleness_budget`, …) when a
     /// class is malformed.
-    pub fn from_config(config: &Config) -> Result<Classes> {
+    pub fn from_config(configured: &BTreeMap<String, ClassConfig>) -> Result<Classes> {
         let mut entries: Vec<(String, ClassConfig)> = builtins()
             .into_iter()
             .map(|(name, class)| {
                 (
                     name.to_owned(),
-                    config.classes.get(name).cloned().unwrap_or(class),
+                    configured.get(name).cloned().unwrap_or(class),
                 )
             })
             .collect();
-        for (name, class) in &config.classes {
+        for (name, class) in configured {
             if !entries.iter().any(|(known, _)| known == name) {
                 entries.push((name.clone(), class.clone()));
             }
@@ -284,7 +285,17 @@ mod tests {
     use super::*;
 
     fn classes(text: &str) -> Result<Classes> {
-        Classes::from_config(&Config::from_toml(text)?)
+        let configured: BTreeMap<String, ClassConfig> = toml::from_str::<ClassTables>(text)
+            .map_err(|err| Error::new(ErrorKind::Config, err.to_string()))?
+            .classes;
+        Classes::from_config(&configured)
+    }
+
+    /// The `[classes.*]` tables of a config file, parsed without the rest of the config.
+    #[derive(serde::Deserialize)]
+    struct ClassTables {
+        #[serde(default)]
+        classes: BTreeMap<String, ClassConfig>,
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Replica lag, measured continuously by heartbeats.
 //!
-//! Every `route.heartbeat_interval` the [`LagMonitor`] writes this instance's heartbeat key on
+//! Every `route.heartbeat_interval` the [`super::LagMonitor`] writes this instance's heartbeat key on
 //! every primary (a key whose slot that primary owns) carrying this instance's monotonic clock
 //! in microseconds, then reads it back on every replica. A replica's lag is the time since the
 //! newest heartbeat it has shown was written. Only this instance's own clock is compared with
@@ -22,11 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
 use serde::Serialize;
-use tokio_util::sync::CancellationToken;
 
-use crate::store::{NodeLabel, ReplicaSet, Store};
+use crate::store::{NodeLabel, ReplicaSet};
 
 /// Lag not known (no heartbeat seen yet).
 const UNKNOWN: u64 = u64::MAX;
@@ -263,137 +261,10 @@ impl LagTable {
     pub fn window(&self) -> Duration {
         self.window
     }
-}
 
-/// Writes heartbeats on every primary and reads them on every replica, forever.
-pub struct LagMonitor {
-    /// Where heartbeats go.
-    pub store: Arc<dyn Store>,
-    /// Where lag is recorded.
-    pub table: Arc<LagTable>,
-    /// This instance's heartbeat name (unique per process).
-    pub instance: String,
-    /// Offsets are read every this many ticks (INFO is heavier than GET).
-    pub offset_every: u32,
-    /// Lag gauges to update.
-    pub metrics: Arc<super::bill::RouteMetrics>,
-}
-
-impl LagMonitor {
-    /// Runs until `shutdown` is cancelled.
-    pub async fn run(self, shutdown: CancellationToken) {
-        // Two loops in one task: a topology refresh (which may connect new replicas, bounded
-        // by the connect timeout) never delays a heartbeat.
-        tokio::join!(self.refresh_loop(&shutdown), self.beat_loop(&shutdown));
-    }
-
-    /// Refreshes the topology at once, then every second while some primary has no replica
-    /// known (Redis leaves a replica out of `CLUSTER SLOTS` until it has replicated some
-    /// data), every 10 s otherwise.
-    async fn refresh_loop(&self, shutdown: &CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                refreshed = self.store.refresh_topology() => {
-                    if let Err(err) = refreshed {
-                        tracing::debug!(error = %err, "topology refresh failed");
-                    }
-                }
-            }
-            let sets = self.store.topology();
-            // Also look again soon while some replica has shown no heartbeat: it may have no
-            // client yet (it was down when this instance started).
-            let unseen = self
-                .table
-                .snapshot()
-                .values()
-                .flatten()
-                .any(|lag| self.table.current(lag).is_none());
-            let missing =
-                unseen || sets.is_empty() || sets.iter().any(|set| set.replicas.is_empty());
-            let every = if missing {
-                Duration::from_secs(1)
-            } else {
-                Duration::from_secs(10)
-            };
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(every) => {}
-            }
-        }
-    }
-
-    /// Every interval: heartbeats on every primary, read back on every replica.
-    async fn beat_loop(&self, shutdown: &CancellationToken) {
-        let mut ticker = tokio::time::interval(self.table.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut tick: u32 = 0;
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
-            let sets = self.store.topology();
-            self.table.set_topology(&sets);
-            // Heartbeats go to every primary even before replicas are known: Redis leaves a
-            // replica out of CLUSTER SLOTS until it has replicated some data.
-            if sets.is_empty() {
-                continue;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = self.beat(&sets, tick % self.offset_every.max(1) == 0) => {}
-            }
-            tick = tick.wrapping_add(1);
-        }
-    }
-
-    /// One round: write every primary's heartbeat, then read every replica's.
-    async fn beat(&self, sets: &[ReplicaSet], offsets: bool) {
-        let bound = self.table.interval.max(Duration::from_millis(5));
-        let stamp = self.table.now_us();
-        let writes = sets.iter().map(|set| async move {
-            let written = tokio::time::timeout(
-                bound,
-                self.store
-                    .write_heartbeat(&set.primary, &self.instance, stamp),
-            )
-            .await;
-            if let Ok(Err(err)) = written {
-                tracing::debug!(primary = %set.primary, error = %err, "heartbeat write failed");
-            }
-        });
-        join_all(writes).await;
-        let table = self.table.snapshot();
-        let reads = table.values().flatten().map(|lag| async move {
-            let read = tokio::time::timeout(
-                bound,
-                self.store.read_heartbeat(&lag.replica, &self.instance),
-            )
-            .await;
-            let stamp = match read {
-                Ok(Ok(stamp)) => stamp,
-                Ok(Err(err)) => {
-                    tracing::debug!(replica = %lag.replica, error = %err, "heartbeat read failed");
-                    None
-                }
-                Err(_) => None,
-            };
-            self.table.record(lag, stamp);
-            if offsets {
-                let gap = tokio::time::timeout(bound, async {
-                    let primary = self.store.replication_offset(&lag.primary).await.ok()?;
-                    let replica = self.store.replication_offset(&lag.replica).await.ok()?;
-                    Some(primary.saturating_sub(replica))
-                })
-                .await
-                .ok()
-                .flatten();
-                self.table.record_offset_gap(lag, gap);
-            }
-            self.metrics.record_lag(&self.table, lag);
-        });
-        join_all(reads).await;
+    /// How often heartbeats are written and read.
+    pub fn interval(&self) -> Duration {
+        self.interval
     }
 }
 

@@ -14,7 +14,9 @@
 
 pub mod bill;
 pub mod classes;
+pub mod config;
 pub mod lag;
+pub mod monitor;
 pub mod pins;
 
 use std::sync::Arc;
@@ -22,14 +24,16 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{Config, Families, OnBreach};
 use crate::error::{Error, ErrorKind, Result};
+use crate::family::Families;
 use crate::key::{Key, Version};
 use crate::store::NodeLabel;
 
 pub use bill::{ClassRouting, RouteMetrics, ServedRole};
 pub use classes::{ClassDef, ClassView, Classes, ReadClass, Route};
-pub use lag::{LagFigures, LagMonitor, LagTable};
+pub use config::{ClassConfig, OnBreach, RouteConfig, RouteTarget};
+pub use lag::{LagFigures, LagTable};
+pub use monitor::LagMonitor;
 pub use pins::{Floors, Pins};
 
 /// Why a read was served where it was.
@@ -170,17 +174,17 @@ pub struct Router {
 }
 
 impl Router {
-    /// Builds the router from a validated config.
+    /// Builds the router from a validated `[route]` config and the class table.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] when a class or a family's default class is invalid.
+    /// [`ErrorKind::Config`] when a family's default class is not in `classes`.
     pub fn new(
-        config: &Config,
+        config: &RouteConfig,
+        classes: Classes,
         families: Arc<Families>,
         lag: Arc<LagTable>,
         metrics: Arc<RouteMetrics>,
     ) -> Result<Router> {
-        let classes = Classes::from_config(config)?;
         let mut defaults = Vec::new();
         for family in families.iter() {
             let class = classes.by_name(&family.default_class).ok_or_else(|| {
@@ -199,7 +203,7 @@ impl Router {
             classes,
             families,
             defaults,
-            pins: Pins::new(config.route.max_pins, config.route.request_pin_window),
+            pins: Pins::new(config.max_pins, config.request_pin_window),
             lag,
             metrics,
         })
@@ -211,20 +215,24 @@ impl Router {
     ///
     /// # Errors
     /// As [`Router::new`].
-    pub fn detached(config: &Config, families: Arc<Families>) -> Result<Router> {
-        let classes = Classes::from_config(config)?;
+    pub fn detached(
+        config: &RouteConfig,
+        classes: Classes,
+        families: Arc<Families>,
+    ) -> Result<Router> {
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = Arc::new(RouteMetrics::register(&mut registry, &classes));
-        let lag = Arc::new(LagTable::new(
-            config.route.heartbeat_interval,
-            config.route.lag_window,
-        ));
-        Router::new(config, families, lag, metrics)
+        let lag = Arc::new(LagTable::new(config.heartbeat_interval, config.lag_window));
+        Router::new(config, classes, families, lag, metrics)
     }
 
     #[cfg(test)]
-    pub(crate) fn for_tests(config: &Config, families: Arc<Families>) -> Router {
-        Router::detached(config, families).unwrap()
+    pub(crate) fn for_tests(
+        config: &RouteConfig,
+        classes: &std::collections::BTreeMap<String, ClassConfig>,
+        families: Arc<Families>,
+    ) -> Router {
+        Router::detached(config, Classes::from_config(classes).unwrap(), families).unwrap()
     }
 
     /// The class table.
@@ -415,20 +423,21 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::store::ReplicaSet;
 
     fn router(text: &str) -> Router {
         let config = Config::from_toml(text).unwrap();
         config.validate().unwrap();
-        let families = Arc::new(Families::from_config(&config));
-        let classes = Classes::from_config(&config).unwrap();
+        let families = Arc::new(config.families());
+        let classes = config.classes().unwrap();
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = Arc::new(RouteMetrics::register(&mut registry, &classes));
         let lag = Arc::new(LagTable::new(
             Duration::from_millis(100),
             Duration::from_secs(60),
         ));
-        Router::new(&config, families, lag, metrics).unwrap()
+        Router::new(&config.route, classes.clone(), families, lag, metrics).unwrap()
     }
 
     const CONFIG: &str = "[[family]]\nprefix = \"s:\"\ncopies = 4\ndefault_class = \"advisory\"\n[default_family]\ndefault_class = \"decides-on-presence\"";

@@ -12,8 +12,11 @@
 //! - a write whose version is smaller is `stale` and changes nothing;
 //! - the expiry is absolute, fixed at publish time, so a retry never extends a value's life.
 
+pub mod config;
 pub mod memory;
 pub mod redis;
+
+pub use config::StoreConfig;
 
 use std::fmt;
 use std::sync::Arc;

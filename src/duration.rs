@@ -1,0 +1,35 @@
+//! Serde support for humantime durations in config files (`"250ms"`, `"2s"`, `"10m"`).
+//!
+//! Every subsystem's config uses it through `#[serde(with = "crate::duration")]`, or
+//! `crate::duration::option` for an optional field; a duration that does not parse names its
+//! text and the expected shape.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// Deserializes a humantime duration.
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Duration, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    humantime::parse_duration(&text).map_err(|err| {
+        serde::de::Error::custom(format!(
+            "{text:?} is not a duration ({err}); write it like \"250ms\", \"2s\" or \"10m\""
+        ))
+    })
+}
+
+/// Serde support for optional humantime durations (a field that is absent is `None`).
+pub(crate) mod option {
+    use std::time::Duration;
+
+    use serde::Deserializer;
+
+    /// Deserializes a present humantime duration as `Some`.
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        super::deserialize(deserializer).map(Some)
+    }
+}

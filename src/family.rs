@@ -1,0 +1,235 @@
+//! Key families: which keys are split, into how many copies, for how long, and who versions them.
+//!
+//! A family is chosen by the longest configured prefix that a key starts with; every other key
+//! belongs to the default family. [`Families`] is the resolver the publish and read paths call
+//! on every request; [`FamilyConfig`] and [`DefaultFamilyConfig`] are the `[[family]]` and
+//! `[default_family]` tables it is built from. A family's default read class is a name here;
+//! the config's composition root checks it against the class table, since classes belong to
+//! `route`, which sits above this module.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::Key;
+
+/// The largest number of copies a family may have.
+pub const MAX_COPIES: u32 = 1024;
+
+/// Who chooses a family's versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Versioning {
+    /// The caller sends `?version=V`, an edit counter from its source of truth.
+    #[default]
+    Caller,
+    /// hotsplit allocates versions from a per-key counter on the primary.
+    Allocated,
+}
+
+impl Versioning {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Versioning::Caller => "caller",
+            Versioning::Allocated => "allocated",
+        }
+    }
+}
+
+/// The built-in family that covers every key no prefix matches.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DefaultFamilyConfig {
+    /// Copies per key. Default: 1 (unsplit).
+    pub copies: u32,
+    /// How long a value lives after it is published. Default: `1h`.
+    #[serde(with = "crate::duration")]
+    pub ttl: Duration,
+    /// Who chooses versions. Default: `caller`.
+    pub versioning: Versioning,
+    /// The read class of reads that name none. Default: `primary`.
+    pub default_class: String,
+    /// How long a client's write floor, or the seen floor a moved read left it, holds its reads
+    /// of that key. Default: `2s`.
+    #[serde(with = "crate::duration")]
+    pub pin_window: Duration,
+}
+
+impl Default for DefaultFamilyConfig {
+    fn default() -> Self {
+        DefaultFamilyConfig {
+            copies: 1,
+            ttl: Duration::from_secs(3600),
+            versioning: Versioning::Caller,
+            default_class: DEFAULT_CLASS.to_owned(),
+            pin_window: DEFAULT_PIN_WINDOW,
+        }
+    }
+}
+
+/// The default `default_class` of a family: reads go to the primary, as in the Core.
+pub const DEFAULT_CLASS: &str = "primary";
+
+/// The default `pin_window` of a family.
+pub const DEFAULT_PIN_WINDOW: Duration = Duration::from_secs(2);
+
+fn default_class() -> String {
+    DEFAULT_CLASS.to_owned()
+}
+
+fn default_pin_window() -> Duration {
+    DEFAULT_PIN_WINDOW
+}
+
+/// A key family: keys that start with `prefix`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FamilyConfig {
+    /// The key prefix; the longest matching prefix wins. Required, non-empty.
+    pub prefix: String,
+    /// Copies per key, 1..=1024. Required.
+    pub copies: u32,
+    /// How long a value lives after it is published; must be positive. Default: `1h`.
+    #[serde(with = "crate::duration", default = "default_ttl")]
+    pub ttl: Duration,
+    /// Who chooses versions. Default: `caller`.
+    #[serde(default)]
+    pub versioning: Versioning,
+    /// The read class of reads that name none. Default: `primary`.
+    #[serde(default = "default_class")]
+    pub default_class: String,
+    /// How long a client's write floor holds its reads of that key. Default: `2s`.
+    #[serde(with = "crate::duration", default = "default_pin_window")]
+    pub pin_window: Duration,
+}
+
+fn default_ttl() -> Duration {
+    Duration::from_secs(3600)
+}
+
+/// Checks a family's copy count and TTL; `field` is its config path (`family[1]`,
+/// `default_family`).
+///
+/// # Errors
+/// [`ErrorKind::Config`] with a message such as `family[1].copies: must be in 1..=1024, got 0`.
+pub fn check_copies_and_ttl(field: &str, copies: u32, ttl: Duration) -> Result<()> {
+    if !(1..=MAX_COPIES).contains(&copies) {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("{field}.copies: must be in 1..={MAX_COPIES}, got {copies}"),
+        ));
+    }
+    if ttl < Duration::from_millis(1) {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("{field}.ttl: must be at least 1ms"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a family's prefix; `field` is its config path (`family[1]`).
+///
+/// # Errors
+/// [`ErrorKind::Config`] naming `{field}.prefix` when it is empty or not a valid key prefix.
+pub fn check_prefix(field: &str, prefix: &str) -> Result<()> {
+    let invalid = |why: String| {
+        Err(Error::new(
+            ErrorKind::Config,
+            format!("{field}.prefix: {why}"),
+        ))
+    };
+    if prefix.is_empty() {
+        return invalid("must not be empty".into());
+    }
+    if let Err(err) = Key::parse(prefix) {
+        return invalid(format!("is not a valid key prefix: {err}"));
+    }
+    Ok(())
+}
+
+/// A resolved family, as the publish and read paths use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Family {
+    /// The prefix, or empty for the default family.
+    pub prefix: String,
+    /// Copies per key.
+    pub copies: u32,
+    /// How long a value lives after it is published.
+    pub ttl: Duration,
+    /// Who chooses versions.
+    pub versioning: Versioning,
+    /// The read class of reads that name none.
+    pub default_class: String,
+    /// How long a client's write floor holds its reads of a key.
+    pub pin_window: Duration,
+}
+
+impl Family {
+    /// The family's display name: its prefix, or `default`.
+    pub fn name(&self) -> &str {
+        if self.prefix.is_empty() {
+            "default"
+        } else {
+            &self.prefix
+        }
+    }
+}
+
+/// The family table: longest prefix wins, the default family covers the rest.
+#[derive(Debug, Clone)]
+pub struct Families {
+    /// Prefixed families, longest prefix first.
+    by_prefix: Vec<Family>,
+    /// The family of every other key.
+    default: Family,
+}
+
+impl Families {
+    /// Builds the table from the validated `[default_family]` and `[[family]]` entries.
+    pub fn new(default: &DefaultFamilyConfig, prefixed: &[FamilyConfig]) -> Families {
+        let mut by_prefix: Vec<Family> = prefixed
+            .iter()
+            .map(|family| Family {
+                prefix: family.prefix.clone(),
+                copies: family.copies,
+                ttl: family.ttl,
+                versioning: family.versioning,
+                default_class: family.default_class.clone(),
+                pin_window: family.pin_window,
+            })
+            .collect();
+        by_prefix.sort_by(|a, b| {
+            b.prefix
+                .len()
+                .cmp(&a.prefix.len())
+                .then(a.prefix.cmp(&b.prefix))
+        });
+        Families {
+            by_prefix,
+            default: Family {
+                prefix: String::new(),
+                copies: default.copies,
+                ttl: default.ttl,
+                versioning: default.versioning,
+                default_class: default.default_class.clone(),
+                pin_window: default.pin_window,
+            },
+        }
+    }
+
+    /// The family of `key`: the longest matching prefix, or the default family.
+    pub fn resolve(&self, key: &Key) -> &Family {
+        self.by_prefix
+            .iter()
+            .find(|family| key.as_str().starts_with(&family.prefix))
+            .unwrap_or(&self.default)
+    }
+
+    /// Every family, the default one last.
+    pub fn iter(&self) -> impl Iterator<Item = &Family> {
+        self.by_prefix.iter().chain(std::iter::once(&self.default))
+    }
+}

@@ -1,0 +1,129 @@
+//! The heal subsystem's config: `[heal]` (retry queue, spool, read repair, expiry jitter,
+//! layout watching).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Healing of copies whose write failed: the retry queue, its spool, read repair, expiry jitter.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealConfig {
+    /// The directory of the retry spool (created if missing; one process owns it, through a lock
+    /// file). Used with the Redis store only: the embedded store never fails a copy write.
+    /// Default: `hotsplit-data/spool`, relative to the working directory.
+    pub spool_dir: PathBuf,
+    /// The most entries the retry queue holds; a failed copy beyond it is `dropped`.
+    /// Default: 100000.
+    pub max_entries: usize,
+    /// The most bytes (values counted once per key and version, plus per-entry overhead) the
+    /// retry queue holds; a failed copy beyond it is `dropped`. Default: 268435456 (256 MiB).
+    pub max_bytes: usize,
+    /// The first wait before probing a failing node again. Default: `50ms`.
+    #[serde(with = "crate::duration")]
+    pub backoff_initial: Duration,
+    /// The longest wait between probes of a failing node (exponential, full jitter).
+    /// Default: `5s`.
+    #[serde(with = "crate::duration")]
+    pub backoff_cap: Duration,
+    /// How many entries one flush command batch carries once a node answers again. Default: 256.
+    pub flush_batch: usize,
+    /// The lower bound of each value copy's expiry jitter, as a fraction of the family TTL in
+    /// -0.5..=0. Default: -0.1.
+    pub expiry_jitter_min: f64,
+    /// The upper bound of each value copy's expiry jitter, in `expiry_jitter_min..=0`, so no
+    /// copy outlives the family TTL. Default: 0.
+    pub expiry_jitter_max: f64,
+    /// How many read repairs may run at once; a repair beyond it is skipped (and counted).
+    /// Default: 16.
+    pub repair_concurrency: usize,
+    /// How often each family's layout record is re-read to detect a mismatch. Default: `5s`.
+    #[serde(with = "crate::duration")]
+    pub layout_interval: Duration,
+    /// How often, after a family shrank, its keys are scanned and copies beyond its copy count
+    /// deleted. Default: `1m`.
+    #[serde(with = "crate::duration")]
+    pub sweep_interval: Duration,
+}
+
+impl Default for HealConfig {
+    fn default() -> Self {
+        HealConfig {
+            spool_dir: PathBuf::from("hotsplit-data/spool"),
+            max_entries: 100_000,
+            max_bytes: 256 * 1024 * 1024,
+            backoff_initial: Duration::from_millis(50),
+            backoff_cap: Duration::from_secs(5),
+            flush_batch: 256,
+            expiry_jitter_min: -0.1,
+            expiry_jitter_max: 0.0,
+            repair_concurrency: 16,
+            layout_interval: Duration::from_secs(5),
+            sweep_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+impl HealConfig {
+    /// Checks every `heal.*` field.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field: &str, why: String| {
+            Err(Error::new(
+                ErrorKind::Config,
+                format!("heal.{field}: {why}"),
+            ))
+        };
+        if self.spool_dir.as_os_str().is_empty() {
+            return invalid("spool_dir", "must not be empty".into());
+        }
+        if self.max_entries == 0 {
+            return invalid("max_entries", "must be positive".into());
+        }
+        if self.max_bytes == 0 {
+            return invalid("max_bytes", "must be positive".into());
+        }
+        if self.backoff_initial.is_zero() {
+            return invalid("backoff_initial", "must be positive".into());
+        }
+        if self.backoff_cap < self.backoff_initial {
+            return invalid(
+                "backoff_cap",
+                "must be at least heal.backoff_initial".into(),
+            );
+        }
+        if self.flush_batch == 0 {
+            return invalid("flush_batch", "must be positive".into());
+        }
+        if !(-0.5..=0.0).contains(&self.expiry_jitter_min) {
+            return invalid(
+                "expiry_jitter_min",
+                format!("must be in -0.5..=0, got {}", self.expiry_jitter_min),
+            );
+        }
+        if !(self.expiry_jitter_min..=0.0).contains(&self.expiry_jitter_max) {
+            return invalid(
+                "expiry_jitter_max",
+                format!(
+                    "must be in heal.expiry_jitter_min..=0, got {}",
+                    self.expiry_jitter_max
+                ),
+            );
+        }
+        if self.repair_concurrency == 0 {
+            return invalid("repair_concurrency", "must be positive".into());
+        }
+        if self.layout_interval.is_zero() {
+            return invalid("layout_interval", "must be positive".into());
+        }
+        if self.sweep_interval.is_zero() {
+            return invalid("sweep_interval", "must be positive".into());
+        }
+        Ok(())
+    }
+}

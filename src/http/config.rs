@@ -1,0 +1,51 @@
+//! The HTTP server's config: `[server]` (listen address, body limit, shutdown grace).
+//!
+//! It sits beside `http`, the server it configures, rather than beside `server`: `server`
+//! builds the service from the whole `Config`, so a sub-config defined there would make
+//! `config` and `server` import each other.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The HTTP server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// The address to listen on. Default: `127.0.0.1:7070`.
+    pub listen: SocketAddr,
+    /// The largest accepted value (request body), in bytes. Default: 1048576 (1 MiB).
+    pub max_value_bytes: usize,
+    /// How long shutdown waits for in-flight requests and background tasks. Default: `10s`.
+    #[serde(with = "crate::duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            max_value_bytes: 1024 * 1024,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Checks every `server.*` field.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_value_bytes == 0 {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "server.max_value_bytes: must be positive",
+            ));
+        }
+        Ok(())
+    }
+}

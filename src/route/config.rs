@@ -1,0 +1,105 @@
+//! The route subsystem's config: `[route]` (lag monitor, pins) and `[classes.<name>]` tables.
+//!
+//! [`ClassConfig`] is what a config file says about a class; [`super::Classes`] turns it, over
+//! the built-ins, into the table reads are routed by.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Where a read class sends reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteTarget {
+    /// A replica of the node that owns the copy, within the class's staleness budget.
+    Replica,
+    /// The primary that owns the copy.
+    Primary,
+}
+
+/// What a replica-routed read does when the replica is over the class's budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBreach {
+    /// The primary serves (reason `lag-breach`).
+    Primary,
+    /// The read fails with 503 `staleness_budget_exceeded`.
+    Fail,
+}
+
+/// One read class (`[classes.<name>]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    /// `replica` or `primary`. Required.
+    pub route: RouteTarget,
+    /// One line: why reads of this class may, or may not, be stale. Required, non-empty.
+    pub reason: String,
+    /// For `replica` routes: the largest replica lag a read accepts. Required for `replica`
+    /// routes, refused for `primary` ones.
+    #[serde(default, with = "crate::duration::option")]
+    pub staleness_budget: Option<Duration>,
+    /// For `replica` routes: what happens over budget. Default: `primary`.
+    #[serde(default)]
+    pub on_breach: Option<OnBreach>,
+}
+
+/// Routing: the lag monitor and read-your-writes pins.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouteConfig {
+    /// How often each instance writes its heartbeat on every primary and reads it back on every
+    /// replica. Default: `100ms`.
+    #[serde(with = "crate::duration")]
+    pub heartbeat_interval: Duration,
+    /// The sliding window of lag samples reported per replica. Default: `60s`.
+    #[serde(with = "crate::duration")]
+    pub lag_window: Duration,
+    /// How long a request id that wrote pins later reads carrying it to primaries. Default: `5s`.
+    #[serde(with = "crate::duration")]
+    pub request_pin_window: Duration,
+    /// The most (client, key) floors (written and seen) and request pins held in memory; the least recently
+    /// used go first. Default: 100000.
+    pub max_pins: usize,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        RouteConfig {
+            heartbeat_interval: Duration::from_millis(100),
+            lag_window: Duration::from_secs(60),
+            request_pin_window: Duration::from_secs(5),
+            max_pins: 100_000,
+        }
+    }
+}
+
+impl RouteConfig {
+    /// Checks every `route.*` field.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field: &str, why: &str| {
+            Err(Error::new(
+                ErrorKind::Config,
+                format!("route.{field}: {why}"),
+            ))
+        };
+        if self.heartbeat_interval < Duration::from_millis(1) {
+            return invalid("heartbeat_interval", "must be at least 1ms");
+        }
+        if self.lag_window < self.heartbeat_interval {
+            return invalid("lag_window", "must be at least route.heartbeat_interval");
+        }
+        if self.request_pin_window.is_zero() {
+            return invalid("request_pin_window", "must be positive");
+        }
+        if self.max_pins == 0 {
+            return invalid("max_pins", "must be positive");
+        }
+        Ok(())
+    }
+}
