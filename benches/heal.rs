@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hotsplit::config::HealConfig;
-use hotsplit::devcluster::Standalone;
 use hotsplit::heal::{FailedCopy, RetryQueue, RetryWorker};
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use hotsplit::store::{now_unix_ms, NodeLabel, Payload, Store};
+use hotsplit_devcluster::Standalone;
 use tokio_util::sync::CancellationToken;
 
 /// Counts live heap bytes, to measure the queue's overhead per entry.

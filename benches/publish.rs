@@ -1,6 +1,6 @@
 //! Publish fan-out against real Redis, beside the cheapest possible baseline.
 //!
-//! Each group starts its own throwaway servers with [`hotsplit::devcluster`] (a standalone
+//! Each group starts its own throwaway servers with [`hotsplit_devcluster`] (a standalone
 //! server, then a 3-master/3-replica cluster), connects a [`RedisStore`] and a plain fred client
 //! to the same target, and measures:
 //! - `hotsplit/N`: one [`Publisher::publish`] of a 512-byte value to a key with N copies, each
@@ -33,12 +33,12 @@ use fred::types::config::Config as FredConfig;
 use fred::types::Builder;
 use futures_util::future::join_all;
 use hotsplit::config::Config;
-use hotsplit::devcluster::{key_slot, Cluster, ClusterOptions, Standalone};
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::publish::{PublishStatus, Publisher, VersionChoice};
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use hotsplit::store::Store;
+use hotsplit_devcluster::{Cluster, ClusterOptions, Standalone};
 use tokio::runtime::Runtime;
 
 /// The size of the published value, in bytes (the load script uses the same size).
@@ -264,8 +264,8 @@ fn print_spread(cluster: &Cluster, target: &Target, copies: u32) {
     let mut by_master: Vec<(String, u32)> = Vec::new();
     for i in 0..copies {
         let copy_key = key.copy_key(i);
-        let owner = match cluster.master_for_slot(key_slot(copy_key.as_str().as_bytes())) {
-            Ok(Some(info)) => info.addr,
+        let owner = match cluster.master_for_key(copy_key.as_str().as_bytes()) {
+            Ok(Some(info)) => info.addr(),
             Ok(None) | Err(_) => "unknown".to_owned(),
         };
         let seen_by_store = target.store.node_of(&copy_key).to_string();

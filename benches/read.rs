@@ -13,7 +13,7 @@
 //!   cycles through 16 client ids of its own, so the reads spread over the copies.
 //!
 //! All three read the same value (512 bytes by default) from the same throwaway `redis-server`
-//! (started with [`hotsplit::devcluster`], killed when the bench ends), and every fred client,
+//! (started with [`hotsplit_devcluster`], killed when the bench ends), and every fred client,
 //! the store's included, has the same command timeout (fred arms a timer per command). Every
 //! answer is checked (the value's length), so a side cannot win by failing fast.
 //!
@@ -39,13 +39,13 @@ use fred::interfaces::{ClientLike, HashesInterface, KeysInterface};
 use fred::types::config::Config as FredConfig;
 use fred::types::{Builder, Value};
 use hotsplit::config::Config;
-use hotsplit::devcluster::Standalone;
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::publish::{Publisher, VersionChoice};
 use hotsplit::read::{CopyChoice, ReadAnswer, ReadRequest, Reader};
 use hotsplit::route::{LagTable, RouteMetrics, Router};
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use hotsplit_devcluster::Standalone;
 
 /// The command timeout of every client: generous, so a busy machine slows the bench down rather
 /// than failing it.

@@ -23,7 +23,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use hotsplit::config::Config;
-use hotsplit::devcluster::Standalone;
 use hotsplit::family::Families;
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
@@ -33,6 +32,7 @@ use hotsplit::route::{LagTable, RouteMetrics, Router};
 use hotsplit::store::memory::MemoryStore;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use hotsplit::store::{NodeLabel, ReplicaSet, Store};
+use hotsplit_devcluster::Standalone;
 
 const CONFIG: &str = "[[family]]\nprefix = \"p:\"\ncopies = 8\ndefault_class = \"advisory\"";
 

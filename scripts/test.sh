@@ -16,6 +16,7 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 fi
 echo "test.sh: $(redis-server --version)"
 
+# Every workspace member's tests run (the hotsplit package, devcluster, redis-info).
 # Integration tests mostly wait on Redis and the network, so run more of them at once than
 # there are cores; fault-injection tests each start their own cluster.
-cargo test --locked -- --test-threads "${HOTSPLIT_TEST_THREADS:-8}"
+cargo test --workspace --locked -- --test-threads "${HOTSPLIT_TEST_THREADS:-8}"

@@ -18,15 +18,11 @@
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
 //! - [`client`]: a small HTTP client that reads through the affine copy and remembers floors.
 //! - [`audit`]: `hotsplit audit`, read-only measurement of the skew between live copies.
-//! - [`check`]: histories of consistency experiments and the checkers that judge them.
-//! - [`devcluster`]: throwaway `redis-server` processes for tests, benchmarks and experiments.
 
 pub mod affinity;
 pub mod audit;
-pub mod check;
 pub mod client;
 pub mod config;
-pub mod devcluster;
 mod duration;
 pub mod error;
 pub mod family;

@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use hotsplit::config::Config;
 
+mod check;
+
 /// mimalloc instead of glibc malloc: the read path allocates small buffers on both tokio workers,
 /// and glibc's arena lock showed up as 13% of the service's CPU under load (docs/PERFORMANCE.md).
 #[global_allocator]
@@ -143,7 +145,7 @@ fn check(args: CheckArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    let options = hotsplit::check::run::CheckOptions {
+    let options = check::run::CheckOptions {
         duration: args.duration,
         seed: args.seed,
         keys: args.keys,
@@ -159,7 +161,7 @@ fn check(args: CheckArgs) -> ExitCode {
             eprintln!("hotsplit check: interrupted; stopping and killing the servers it started");
             on_signal.cancel();
         });
-        hotsplit::check::run::run(options, cancel, |progress| {
+        check::run::run(options, cancel, |progress| {
             eprintln!(
                 "[{:>6.1}s] {:<60} {} operations",
                 progress.elapsed.as_secs_f64(),

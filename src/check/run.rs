@@ -1,6 +1,6 @@
 //! `hotsplit check`: a self-contained, seeded experiment that reproduces hotsplit's claims.
 //!
-//! It starts a throwaway 3-master/3-replica cluster ([`crate::devcluster`]) and a hotsplit
+//! It starts a throwaway 3-master/3-replica cluster (`hotsplit_devcluster`) and a hotsplit
 //! service on it, then runs the same seeded fault schedule once per [`Mode`] while writers
 //! publish increasing versions and reader sessions read. Every operation, direct copy sample and
 //! fault is recorded as an [`Event`]; the [`checkers`](super::checkers) then count monotonic-read
@@ -23,9 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::checkers::{self, Percentiles, Scope};
 use super::history::{Event, Op, Outcome};
-use crate::config::Config;
-use crate::devcluster::{self, Cluster, ClusterOptions};
-use crate::error::{Error, ErrorKind, Result};
+use hotsplit::config::Config;
+use hotsplit::error::{Error, ErrorKind, Result};
+use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions};
 
 /// How readers pick the copy they read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -454,7 +454,7 @@ pub async fn run(
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let service_stop = CancellationToken::new();
-    let service = tokio::spawn(crate::server::run(listener, config, {
+    let service = tokio::spawn(hotsplit::server::run(listener, config, {
         let stop = service_stop.clone();
         async move { stop.cancelled().await }
     }));
@@ -619,7 +619,7 @@ fn judge(mode: Mode, events: &[Event], loss_windows: &[(u64, u64)]) -> ModeResul
 
 /// The owning master's port of `key`, from a cached topology.
 fn owner_port(topology: &[devcluster::NodeInfo], key: &str) -> Option<u16> {
-    let slot = devcluster::key_slot(key.as_bytes());
+    let slot = fred::util::redis_keyslot(key.as_bytes());
     topology
         .iter()
         .find(|node| node.is_master() && !node.is_failed() && node.serves_slot(slot))

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hotsplit::devcluster::{self, Cluster};
+use hotsplit_devcluster::{self as devcluster, Cluster};
 use reqwest::StatusCode;
 use serde_json::Value;
 

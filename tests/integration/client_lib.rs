@@ -1,8 +1,8 @@
 //! The Rust client (`hotsplit::client`) against a service on real Redis.
 
 use hotsplit::client::Client;
-use hotsplit::devcluster;
 use hotsplit::ErrorKind;
+use hotsplit_devcluster as devcluster;
 
 use crate::harness::{self, config_with_family, Service};
 

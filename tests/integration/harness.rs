@@ -6,9 +6,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hotsplit::config::Config;
-use hotsplit::devcluster::{self, key_slot, Cluster, ClusterOptions, NodeInfo, Standalone};
 use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions, NodeInfo, Standalone};
 use reqwest::{Response, StatusCode};
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -177,7 +177,7 @@ pub fn free_port() -> u16 {
 /// The master of `cluster` that serves `key`'s slot; panics naming the key if there is none.
 fn owner(cluster: &Cluster, key: &str) -> NodeInfo {
     cluster
-        .master_for_slot(key_slot(key.as_bytes()))
+        .master_for_key(key.as_bytes())
         .unwrap_or_else(|err| panic!("read the cluster topology for {key}: {err}"))
         .unwrap_or_else(|| panic!("a master serves the slot of {key}"))
 }

@@ -12,11 +12,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use hotsplit::client::Client;
 use hotsplit::config::HealConfig;
-use hotsplit::devcluster::{self, key_slot, Cluster, Standalone};
 use hotsplit::heal::{FailedCopy, RetryQueue, RetryWorker};
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::store::{now_unix_ms, CasOutcome, CopyWrite, Payload, Store};
+use hotsplit_devcluster::{self as devcluster, Cluster, Standalone};
 use reqwest::StatusCode;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -674,7 +674,7 @@ async fn restart_cycle(wait_for_failover: bool) {
         .collect();
 
     let victim = owner_port(&cluster, "ns:1#0");
-    let slot = key_slot(b"ns:1#0");
+    let slot = fred::util::redis_keyslot(b"ns:1#0");
     let node = cluster.node(victim).unwrap();
     tokio::task::block_in_place(|| node.shutdown_nosave()).unwrap();
     let answer = publish_expecting(&http, &base, "ns:1", 2, "two", StatusCode::ACCEPTED).await;
@@ -699,7 +699,7 @@ async fn restart_cycle(wait_for_failover: bool) {
         let mut owner = 0;
         poll("the copy's owner is known", Duration::from_secs(10), || {
             owner = cluster
-                .master_for_slot(key_slot(copy_key.as_bytes()))
+                .master_for_key(copy_key.as_bytes())
                 .ok()
                 .flatten()
                 .map_or(0, |info| info.port);

@@ -2,8 +2,8 @@
 
 use std::collections::BTreeSet;
 
-use hotsplit::devcluster::{self, Standalone};
 use hotsplit::store::now_unix_ms;
+use hotsplit_devcluster::{self as devcluster, Standalone};
 use reqwest::StatusCode;
 use serde_json::Value;
 

@@ -9,7 +9,6 @@ mod binary;
 mod check;
 mod client_lib;
 mod conformance;
-mod devcluster;
 mod harness;
 mod heal;
 mod http_api;

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hotsplit::devcluster::{self, Cluster, Standalone};
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use hotsplit::store::{now_unix_ms, CasOutcome, CopyRecord, CopyWrite, Payload, Role, Store};
 use hotsplit::ErrorKind;
+use hotsplit_devcluster::{self as devcluster, Cluster, Standalone};
 use rand::Rng;
 
 use crate::harness;

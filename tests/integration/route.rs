@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use hotsplit::config::Config;
-use hotsplit::devcluster::{self, Cluster, ClusterOptions, PrimaryReplica};
+use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions, PrimaryReplica};
 use reqwest::{Response, StatusCode};
 use serde_json::Value;
 

@@ -1,11 +1,9 @@
-//! The test harness itself (`hotsplit::devcluster`): real throwaway `redis-server` processes on loopback.
+//! The crate end to end: real throwaway `redis-server` processes on loopback.
 
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hotsplit::devcluster::{
-    cli, key_slot, ping, Cluster, ClusterOptions, PrimaryReplica, Standalone,
-};
+use hotsplit_devcluster::{cli, ping, Cluster, ClusterOptions, PrimaryReplica, Standalone};
 
 /// Tells whether a process with this pid exists (a zombie would count, but nodes reap on drop).
 fn pid_exists(pid: u32) -> bool {
@@ -129,7 +127,16 @@ fn cluster_starts_with_full_coverage_and_survives_a_paused_master() {
             .unwrap()
             .parse()
             .unwrap();
-        assert_eq!(key_slot(key.as_bytes()), expected, "key {key:?}");
+        assert_eq!(
+            fred::util::redis_keyslot(key.as_bytes()),
+            expected,
+            "key {key:?}"
+        );
+        // The owner lookup by key agrees with the owner of the slot Redis names.
+        let by_key = cluster.master_for_key(key.as_bytes()).unwrap().unwrap();
+        let by_slot = cluster.master_for_slot(expected).unwrap().unwrap();
+        assert_eq!(by_key.id, by_slot.id, "key {key:?}");
+        assert!(by_key.serves_slot(expected), "key {key:?}");
     }
 
     let master = cluster.masters().unwrap()[0];
