@@ -20,9 +20,8 @@
 //! `spool.log` and fsyncs the directory, so a crash at any point leaves either the old or the
 //! new file. A `LOCK` file held with `flock` makes sure one process owns the directory.
 
-use std::fs::{File, OpenOptions};
+use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -207,16 +206,21 @@ impl Spool {
             .write(true)
             .open(dir.join(LOCK_FILE))
             .map_err(|err| io_error("cannot open the lock file", err))?;
-        // SAFETY: flock on a file descriptor we own; it has no memory effects.
-        let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if locked != 0 {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!(
-                    "spool {} is locked by another process (heal.spool_dir must not be shared)",
-                    dir.display()
-                ),
-            ));
+        // An exclusive, non-blocking lock (flock on Linux), held as long as `lock` lives.
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "spool {} is locked by another process (heal.spool_dir must not be shared)",
+                        dir.display()
+                    ),
+                ))
+            }
+            Err(TryLockError::Error(err)) => {
+                return Err(io_error("cannot lock the lock file", err))
+            }
         }
 
         let path = dir.join(LOG_FILE);
