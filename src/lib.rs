@@ -19,6 +19,8 @@
 //! - [`client`]: a small HTTP client that reads through the affine copy and remembers floors.
 //! - [`audit`]: `hotsplit audit`, read-only measurement of the skew between live copies.
 
+#![forbid(unsafe_code)]
+
 pub mod affinity;
 pub mod audit;
 pub mod client;
