@@ -18,6 +18,11 @@
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
 //! - [`client`]: a small HTTP client that reads through the affine copy and remembers floors.
 //! - [`audit`]: `hotsplit audit`, read-only measurement of the skew between live copies.
+//!
+//! Not in the library: `hotsplit check` (`src/check/`, a module of the binary, `mod check` in
+//! `main.rs`) and the throwaway `redis-server` processes of the tests, the benches and `check`
+//! (the `hotsplit-devcluster` workspace crate in `devcluster/`). Nothing `serve` runs can reach
+//! the process-spawning code, and the library has no `unsafe` code.
 
 #![forbid(unsafe_code)]
 

@@ -1,5 +1,8 @@
 //! The `hotsplit` binary: parse config, set up tracing, bind, call [`hotsplit::server::run`]
 //! (`serve`), or run `check` or `audit`.
+//!
+//! `check` is a module of the binary, not of the library: it starts throwaway Redis servers
+//! with `hotsplit-devcluster`, which the library does not depend on.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
