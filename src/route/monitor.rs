@@ -91,7 +91,7 @@ impl LagMonitor {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = self.beat(&sets, tick % self.offset_every.max(1) == 0) => {}
+                _ = self.beat(&sets, tick.is_multiple_of(self.offset_every.max(1))) => {}
             }
             tick = tick.wrapping_add(1);
         }
