@@ -16,6 +16,7 @@
 //! - [`heal`]: the durable retry queue of failed copy writes, read repair and expiry jitter.
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
+//! - [`wire`]: the API's header and query-parameter names, shared by `http`, `client` and `check`.
 //! - [`client`]: a small HTTP client that reads through the affine copy and remembers floors.
 //! - [`audit`]: `hotsplit audit`, read-only measurement of the skew between live copies.
 //!
@@ -42,5 +43,6 @@ pub mod read;
 pub mod route;
 pub mod server;
 pub mod store;
+pub mod wire;
 
 pub use error::{Error, ErrorKind, Result};

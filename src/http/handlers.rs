@@ -10,27 +10,19 @@ use serde::{Deserialize, Serialize};
 
 use super::problem::{ApiError, Code};
 use super::AppState;
-use crate::error::Error;
 use crate::key::{Key, Version};
 use crate::publish::{PublishReport, PublishStatus, SyncReplicas};
 use crate::read::{CopyChoice, ReadAnswer, ReadRequest};
+use crate::wire;
 
-/// Header carrying the client id, an alternative to `?client=`.
-pub const CLIENT_HEADER: &str = "hotsplit-client";
-/// Header carrying the reader's version floor, an alternative to `?min_version=`.
-pub const MIN_VERSION_HEADER: &str = "hotsplit-min-version";
-/// Response header: the version served.
-pub const VERSION_HEADER: &str = "hotsplit-version";
-/// Response header: the copy that served.
-pub const COPY_HEADER: &str = "hotsplit-copy";
-/// Response header: `host:port;role=primary|replica`, or `embedded`.
-pub const SERVED_BY_HEADER: &str = "hotsplit-served-by";
-/// Request header naming the read class, an alternative to `?class=`.
-pub const READ_CLASS_HEADER: &str = "hotsplit-read-class";
-/// Request header carrying a request id: after a write with it, reads with it go to primaries.
-pub const REQUEST_HEADER: &str = "hotsplit-request";
-/// Response header: `class=NAME;reason=REASON`.
-pub const ROUTE_HEADER: &str = "hotsplit-route";
+/// `Hotsplit-Version`, checked at compile time.
+const VERSION: HeaderName = HeaderName::from_static(wire::header::VERSION);
+/// `Hotsplit-Copy`.
+const COPY: HeaderName = HeaderName::from_static(wire::header::COPY);
+/// `Hotsplit-Served-By`.
+const SERVED_BY: HeaderName = HeaderName::from_static(wire::header::SERVED_BY);
+/// `Hotsplit-Route`.
+const ROUTE: HeaderName = HeaderName::from_static(wire::header::ROUTE);
 
 /// Query parameters of `PUT` and `DELETE /v1/keys/{key}`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -55,11 +47,15 @@ fn parse_sync(params: &WriteParams) -> Result<Option<SyncReplicas>, ApiError> {
         (None, None) => Ok(None),
         (Some(replicas), Some(timeout)) => {
             let replicas = replicas.parse::<u32>().map_err(|_| {
-                invalid(format!("sync_replicas {replicas:?} is not a replica count"))
+                invalid(format!(
+                    "{} {replicas:?} is not a replica count",
+                    wire::query::SYNC_REPLICAS
+                ))
             })?;
             let timeout_ms = timeout.parse::<u64>().map_err(|_| {
                 invalid(format!(
-                    "sync_timeout_ms {timeout:?} is not a number of milliseconds"
+                    "{} {timeout:?} is not a number of milliseconds",
+                    wire::query::SYNC_TIMEOUT_MS
                 ))
             })?;
             Ok(Some(SyncReplicas {
@@ -67,9 +63,11 @@ fn parse_sync(params: &WriteParams) -> Result<Option<SyncReplicas>, ApiError> {
                 timeout_ms,
             }))
         }
-        _ => Err(invalid(
-            "send sync_replicas and sync_timeout_ms together".to_owned(),
-        )),
+        _ => Err(invalid(format!(
+            "send {} and {} together",
+            wire::query::SYNC_REPLICAS,
+            wire::query::SYNC_TIMEOUT_MS
+        ))),
     }
 }
 
@@ -125,20 +123,9 @@ pub struct StatusBody {
     layout_mismatches: Vec<String>,
 }
 
-fn parse_key(raw: &str) -> Result<Key, ApiError> {
-    Key::parse(raw).map_err(|err| ApiError::new(Code::InvalidKey, err.message()))
-}
-
 fn parse_version(raw: &str, name: &str) -> Result<Version, ApiError> {
     raw.parse::<Version>()
         .map_err(|err| ApiError::new(Code::InvalidVersion, format!("{name}: {}", err.message())))
-}
-
-fn query_error(rejection: &QueryRejection) -> ApiError {
-    ApiError::new(
-        Code::InvalidParameter,
-        format!("query string does not parse: {}", rejection.body_text()),
-    )
 }
 
 fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
@@ -195,12 +182,12 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
     ) -> Result<Self, ApiError> {
         let headers = &parts.headers;
         Ok(ReadHeaders {
-            client: header_text(headers, CLIENT_HEADER)?.map(str::to_owned),
-            min_version: header_text(headers, MIN_VERSION_HEADER)?.map(str::to_owned),
+            client: header_text(headers, wire::header::CLIENT)?.map(str::to_owned),
+            min_version: header_text(headers, wire::header::MIN_VERSION)?.map(str::to_owned),
             if_none_match: header_text(headers, header::IF_NONE_MATCH.as_str())?
                 .and_then(parse_if_none_match),
-            read_class: header_text(headers, READ_CLASS_HEADER)?.map(str::to_owned),
-            request_id: header_text(headers, REQUEST_HEADER)?.map(str::to_owned),
+            read_class: header_text(headers, wire::header::READ_CLASS)?.map(str::to_owned),
+            request_id: header_text(headers, wire::header::REQUEST)?.map(str::to_owned),
         })
     }
 }
@@ -216,9 +203,9 @@ struct Writer {
 fn writer(params_client: Option<String>, headers: &HeaderMap) -> Result<Writer, ApiError> {
     let client = match params_client {
         Some(client) => Some(client),
-        None => header_text(headers, CLIENT_HEADER)?.map(str::to_owned),
+        None => header_text(headers, wire::header::CLIENT)?.map(str::to_owned),
     };
-    let request_id = header_text(headers, REQUEST_HEADER)?.map(str::to_owned);
+    let request_id = header_text(headers, wire::header::REQUEST)?.map(str::to_owned);
     Ok(Writer { client, request_id })
 }
 
@@ -240,22 +227,16 @@ fn publish_response(
             writer.request_id.as_deref(),
         );
     }
-    let mut response = publish_status_response(report, state, status);
+    let mut response = publish_status_response(report, status);
     if status != PublishStatus::Stale {
         if let Ok(value) = HeaderValue::from_str(&version.to_string()) {
-            response
-                .headers_mut()
-                .insert(HeaderName::from_static(VERSION_HEADER), value);
+            response.headers_mut().insert(VERSION, value);
         }
     }
     response
 }
 
-fn publish_status_response(
-    report: PublishReport,
-    state: &AppState,
-    status: PublishStatus,
-) -> Response {
+fn publish_status_response(report: PublishReport, status: PublishStatus) -> Response {
     let version = report.version;
     match status {
         PublishStatus::Done => (StatusCode::OK, Json(&report)).into_response(),
@@ -275,14 +256,10 @@ fn publish_status_response(
                 report.failed, report.copies, report.failed - report.queued
             ),
         )
-        .retry_after(state.inner().retry_after_secs)
+        .retry_later()
         .with_extension(serde_json::to_value(&report).unwrap_or_default())
         .into_response(),
     }
-}
-
-fn error_response(err: &Error, state: &AppState) -> Response {
-    ApiError::from_error(err, state.inner().retry_after_secs).into_response()
 }
 
 /// Publishes a value to every copy of a key.
@@ -312,35 +289,32 @@ pub async fn publish_key(
     params: Result<Query<WriteParams>, QueryRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let result = async {
-        let key = parse_key(&raw_key)?;
-        let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
-        let writer = writer(params.client.clone(), &headers)?;
-        let version = params
-            .version
-            .as_deref()
-            .map(|raw| parse_version(raw, "version"))
-            .transpose()?;
-        let sync = parse_sync(&params)?;
-        let body = body.map_err(|rejection| body_error(&rejection, &state))?;
-        let publisher = &state.inner().publisher;
-        let report = match sync {
-            None => publisher.publish(&key, version.into(), body).await,
-            Some(sync) => {
-                publisher
-                    .publish_synced(&key, version.into(), body, sync)
-                    .await
-            }
+) -> Result<Response, ApiError> {
+    let key = Key::parse(&raw_key)?;
+    let Query(params) = params?;
+    let writer = writer(params.client.clone(), &headers)?;
+    let version = write_version(&params)?;
+    let sync = parse_sync(&params)?;
+    let body = body.map_err(|rejection| body_error(&rejection, &state))?;
+    let publisher = &state.inner().publisher;
+    let report = match sync {
+        None => publisher.publish(&key, version.into(), body).await?,
+        Some(sync) => {
+            publisher
+                .publish_synced(&key, version.into(), body, sync)
+                .await?
         }
-        .map_err(|err| ApiError::from_error(&err, state.inner().retry_after_secs))?;
-        Ok::<_, ApiError>((report, key, writer))
-    }
-    .await;
-    match result {
-        Ok((report, key, writer)) => publish_response(report, &state, &key, &writer),
-        Err(err) => err.into_response(),
-    }
+    };
+    Ok(publish_response(report, &state, &key, &writer))
+}
+
+/// The `?version=` of a write, when it carries one.
+fn write_version(params: &WriteParams) -> Result<Option<Version>, ApiError> {
+    params
+        .version
+        .as_deref()
+        .map(|raw| parse_version(raw, wire::query::VERSION))
+        .transpose()
 }
 
 fn body_error(rejection: &BytesRejection, state: &AppState) -> ApiError {
@@ -383,35 +357,23 @@ pub async fn invalidate_key(
     Path(raw_key): Path<String>,
     params: Result<Query<WriteParams>, QueryRejection>,
     headers: HeaderMap,
-) -> Response {
-    let result = async {
-        let key = parse_key(&raw_key)?;
-        let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
-        if params.sync_replicas.is_some() || params.sync_timeout_ms.is_some() {
-            return Err(ApiError::new(
-                Code::InvalidParameter,
-                "sync_replicas is supported on PUT only",
-            ));
-        }
-        let writer = writer(params.client, &headers)?;
-        let version = params
-            .version
-            .as_deref()
-            .map(|raw| parse_version(raw, "version"))
-            .transpose()?;
-        let report = state
-            .inner()
-            .publisher
-            .invalidate(&key, version.into())
-            .await
-            .map_err(|err| ApiError::from_error(&err, state.inner().retry_after_secs))?;
-        Ok::<_, ApiError>((report, key, writer))
+) -> Result<Response, ApiError> {
+    let key = Key::parse(&raw_key)?;
+    let Query(params) = params?;
+    if params.sync_replicas.is_some() || params.sync_timeout_ms.is_some() {
+        return Err(ApiError::new(
+            Code::InvalidParameter,
+            format!("{} is supported on PUT only", wire::query::SYNC_REPLICAS),
+        ));
     }
-    .await;
-    match result {
-        Ok((report, key, writer)) => publish_response(report, &state, &key, &writer),
-        Err(err) => err.into_response(),
-    }
+    let writer = writer(params.client.clone(), &headers)?;
+    let version = write_version(&params)?;
+    let report = state
+        .inner()
+        .publisher
+        .invalidate(&key, version.into())
+        .await?;
+    Ok(publish_response(report, &state, &key, &writer))
 }
 
 /// Reads a key through the client's affine copy.
@@ -441,53 +403,49 @@ pub async fn read_key(
     Path(raw_key): Path<String>,
     params: Result<Query<ReadParams>, QueryRejection>,
     headers: ReadHeaders,
-) -> Response {
-    let result = async {
-        // The path segment and the client id are moved into the request, not copied.
-        let key = Key::parse_owned(raw_key)
-            .map_err(|err| ApiError::new(Code::InvalidKey, err.message()))?;
-        let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
-        let client = params.client.or(headers.client);
-        let copy = match (&params.copy, client) {
-            (Some(raw), _) => CopyChoice::Named(raw.parse::<u32>().map_err(|_| {
-                ApiError::new(Code::InvalidCopy, format!("copy {raw:?} is not a copy index"))
-            })?),
-            (None, Some(client)) if !client.is_empty() => CopyChoice::Client(client),
-            _ => {
-                return Err(ApiError::new(
-                    Code::MissingClient,
-                    "send ?client=ID or the Hotsplit-Client header: reads without a client id would flip between copies",
-                ))
-            }
-        };
-        let min_version = match (&params.min_version, headers.min_version.as_deref()) {
-            (Some(raw), _) => Some(parse_version(raw, "min_version")?),
-            (None, Some(raw)) => Some(parse_version(raw, "Hotsplit-Min-Version")?),
-            (None, None) => None,
-        };
-        let if_none_match = headers.if_none_match;
-        let class = params.class.or(headers.read_class);
-        let request_id = headers.request_id;
-        let request = ReadRequest {
-            key,
-            copy,
-            min_version,
-            if_none_match,
-            class,
-            request_id,
-        };
-        state
-            .inner()
-            .reader
-            .read(&request)
-            .await
-            .map_err(|err| ApiError::from_error(&err, state.inner().retry_after_secs))
-    }
-    .await;
-    match result {
-        Ok(answer) => read_response(answer, &state),
-        Err(err) => err.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let request = read_request(raw_key, params?.0, headers)?;
+    let answer = state.inner().reader.read(&request).await?;
+    Ok(read_response(answer, &state))
+}
+
+/// Puts a read's path, query and headers together; the query wins over a header.
+fn read_request(
+    raw_key: String,
+    params: ReadParams,
+    headers: ReadHeaders,
+) -> Result<ReadRequest, ApiError> {
+    // The path segment and the client id are moved into the request, not copied.
+    let key = Key::parse_owned(raw_key)?;
+    let client = params.client.or(headers.client);
+    let copy = match (&params.copy, client) {
+        (Some(raw), _) => CopyChoice::Named(raw.parse::<u32>().map_err(|_| {
+            ApiError::new(
+                Code::InvalidCopy,
+                format!("{} {raw:?} is not a copy index", wire::query::COPY),
+            )
+        })?),
+        (None, Some(client)) if !client.is_empty() => CopyChoice::Client(client),
+        _ => {
+            return Err(ApiError::new(
+                Code::MissingClient,
+                "send ?client=ID or the Hotsplit-Client header: reads without a client id would flip between copies",
+            ))
+        }
+    };
+    let min_version = match (&params.min_version, headers.min_version.as_deref()) {
+        (Some(raw), _) => Some(parse_version(raw, wire::query::MIN_VERSION)?),
+        (None, Some(raw)) => Some(parse_version(raw, "Hotsplit-Min-Version")?),
+        (None, None) => None,
+    };
+    Ok(ReadRequest {
+        key,
+        copy,
+        min_version,
+        if_none_match: headers.if_none_match,
+        class: params.class.or(headers.read_class),
+        request_id: headers.request_id,
+    })
 }
 
 fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
@@ -534,14 +492,11 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
         headers.insert(header::ETAG, value);
     }
     if let Ok(value) = HeaderValue::from_str(&version_text) {
-        headers.insert(HeaderName::from_static(VERSION_HEADER), value);
+        headers.insert(VERSION, value);
     }
-    headers.insert(
-        HeaderName::from_static(COPY_HEADER),
-        HeaderValue::from(copy),
-    );
+    headers.insert(COPY, HeaderValue::from(copy));
     if let Ok(value) = HeaderValue::from_str(&served_by.to_string()) {
-        headers.insert(HeaderName::from_static(SERVED_BY_HEADER), value);
+        headers.insert(SERVED_BY, value);
     }
     let class = &state
         .inner()
@@ -553,13 +508,13 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
     if let Ok(value) =
         HeaderValue::from_str(&format!("class={class};reason={}", route.reason.as_str()))
     {
-        headers.insert(HeaderName::from_static(ROUTE_HEADER), value);
+        headers.insert(ROUTE, value);
     }
     // The answer depends on the client id, the floor and the read class, so a shared cache
     // must key on all three.
     headers.insert(
         header::VARY,
-        HeaderValue::from_static("Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class"),
+        HeaderValue::from_static(wire::header::READ_VARY),
     );
     response
 }
@@ -612,27 +567,21 @@ pub async fn routing(State(state): State<AppState>) -> Response {
 pub async fn affinity(
     State(state): State<AppState>,
     params: Result<Query<AffinityParams>, QueryRejection>,
-) -> Response {
-    let result = (|| {
-        let Query(params) = params.map_err(|rejection| query_error(&rejection))?;
-        let key = parse_key(params.key.as_deref().unwrap_or_default())?;
-        let client = params
-            .client
-            .filter(|client| !client.is_empty())
-            .ok_or_else(|| ApiError::new(Code::MissingClient, "send ?client=ID"))?;
-        let affinity = state.inner().reader.affinity(&key, &client);
-        Ok::<_, ApiError>(AffinityBody {
-            key: key.to_string(),
-            copy: affinity.copy,
-            copy_key: affinity.copy_key.to_string(),
-            copies: affinity.copies,
-            node: affinity.node,
-        })
-    })();
-    match result {
-        Ok(body) => Json(body).into_response(),
-        Err(err) => err.into_response(),
-    }
+) -> Result<Json<AffinityBody>, ApiError> {
+    let Query(params) = params?;
+    let key = Key::parse(params.key.as_deref().unwrap_or_default())?;
+    let client = params
+        .client
+        .filter(|client| !client.is_empty())
+        .ok_or_else(|| ApiError::new(Code::MissingClient, "send ?client=ID"))?;
+    let affinity = state.inner().reader.affinity(&key, &client);
+    Ok(Json(AffinityBody {
+        key: key.to_string(),
+        copy: affinity.copy,
+        copy_key: affinity.copy_key.to_string(),
+        copies: affinity.copies,
+        node: affinity.node,
+    }))
 }
 
 /// The process is alive.
@@ -656,16 +605,13 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
         (status = 503, description = "unavailable: the store does not answer", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn readyz(State(state): State<AppState>) -> Response {
-    match state.inner().store.ping().await {
-        Ok(()) => Json(StatusBody {
-            status: "ready",
-            store: state.inner().store.kind(),
-            layout_mismatches: state.inner().heal.layouts.mismatches(),
-        })
-        .into_response(),
-        Err(err) => error_response(&err, &state),
-    }
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, ApiError> {
+    state.inner().store.ping().await?;
+    Ok(Json(StatusBody {
+        status: "ready",
+        store: state.inner().store.kind(),
+        layout_mismatches: state.inner().heal.layouts.mismatches(),
+    }))
 }
 
 /// Prometheus metrics in the text exposition format.
@@ -706,19 +652,15 @@ pub struct RetryQueueParams {
 pub async fn retry_queue(
     State(state): State<AppState>,
     params: Result<Query<RetryQueueParams>, QueryRejection>,
-) -> Response {
-    let limit = match params {
-        Ok(Query(params)) => params.limit.unwrap_or(100),
-        Err(rejection) => return query_error(&rejection).into_response(),
-    };
+) -> Result<Json<crate::heal::RetryQueueView>, ApiError> {
+    let limit = params?.0.limit.unwrap_or(100);
     if limit > 10_000 {
-        return ApiError::new(
+        return Err(ApiError::new(
             Code::InvalidParameter,
-            format!("limit must be at most 10000, got {limit}"),
-        )
-        .into_response();
+            format!("{} must be at most 10000, got {limit}", wire::query::LIMIT),
+        ));
     }
-    Json(state.inner().heal.retry_queue.view(limit)).into_response()
+    Ok(Json(state.inner().heal.retry_queue.view(limit)))
 }
 
 /// This API's OpenAPI document.
@@ -732,22 +674,77 @@ pub async fn openapi_json() -> Response {
 }
 
 /// Unknown routes.
-pub async fn no_route() -> Response {
-    ApiError::new(Code::NotFound, "no such route").into_response()
+pub async fn no_route() -> ApiError {
+    ApiError::new(Code::NotFound, "no such route")
 }
 
 /// Known routes with an unsupported method.
-pub async fn wrong_method() -> Response {
+pub async fn wrong_method() -> ApiError {
     ApiError::new(
         Code::MethodNotAllowed,
         "this route does not support that method",
     )
-    .into_response()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::Uri;
+
+    /// Deserializes `query` into `T` as the route's `Query` extractor does.
+    fn query<T: serde::de::DeserializeOwned>(query: &str) -> T {
+        let uri: Uri = format!("/x?{query}").parse().unwrap();
+        Query::<T>::try_from_uri(&uri).unwrap().0
+    }
+
+    #[test]
+    fn the_parameter_structs_read_the_wire_names() {
+        use wire::query;
+        let read: ReadParams = query(&format!(
+            "{}=a&{}=2&{}=1&{}=advisory",
+            query::CLIENT,
+            query::MIN_VERSION,
+            query::COPY,
+            query::CLASS
+        ));
+        assert_eq!(
+            (read.client, read.min_version, read.copy, read.class),
+            (
+                Some("a".to_owned()),
+                Some("2".to_owned()),
+                Some("1".to_owned()),
+                Some("advisory".to_owned())
+            )
+        );
+        let write: WriteParams = query(&format!(
+            "{}=3&{}=a&{}=1&{}=50",
+            query::VERSION,
+            query::CLIENT,
+            query::SYNC_REPLICAS,
+            query::SYNC_TIMEOUT_MS
+        ));
+        assert_eq!(
+            (
+                write.version,
+                write.client,
+                write.sync_replicas,
+                write.sync_timeout_ms
+            ),
+            (
+                Some("3".to_owned()),
+                Some("a".to_owned()),
+                Some("1".to_owned()),
+                Some("50".to_owned())
+            )
+        );
+        let affinity: AffinityParams = query(&format!("{}=p:1&{}=a", query::KEY, query::CLIENT));
+        assert_eq!(
+            (affinity.key, affinity.client),
+            (Some("p:1".to_owned()), Some("a".to_owned()))
+        );
+        let retry: RetryQueueParams = query(&format!("{}=5", query::LIMIT));
+        assert_eq!(retry.limit, Some(5));
+    }
 
     #[test]
     fn if_none_match_takes_the_highest_version_tag() {

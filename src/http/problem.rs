@@ -2,7 +2,12 @@
 //!
 //! Clients branch on `code`; `detail` is a human sentence. Internal details (node addresses,
 //! Redis error text) go to the log, never to the client.
+//!
+//! As in axum's `examples/error-handling`, handlers return `Result<_, ApiError>`: one `From`
+//! impl per error source ([`Error`], [`QueryRejection`]) and one `IntoResponse`, the only place an
+//! error becomes an answer. `Retry-After` is written by [`fill_retry_after`] alone.
 
+use axum::extract::rejection::QueryRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -140,8 +145,9 @@ pub struct ApiError {
     code: Code,
     /// The sentence for the client.
     detail: String,
-    /// Seconds for `Retry-After`, on 503 answers.
-    retry_after: Option<u64>,
+    /// Whether the answer carries `Retry-After` (503 answers a retry can cure). The seconds are
+    /// configuration, added on the way out by [`fill_retry_after`].
+    retry_later: bool,
     /// Extra members merged into the problem body (the publish report, for example).
     extension: Option<serde_json::Value>,
 }
@@ -152,14 +158,15 @@ impl ApiError {
         ApiError {
             code,
             detail: detail.into(),
-            retry_after: None,
+            retry_later: false,
             extension: None,
         }
     }
 
-    /// Adds `Retry-After: seconds`.
-    pub fn retry_after(mut self, seconds: u64) -> ApiError {
-        self.retry_after = Some(seconds.max(1));
+    /// Asks the client to retry later: the answer carries `Retry-After` with the configured
+    /// seconds.
+    pub fn retry_later(mut self) -> ApiError {
+        self.retry_later = true;
         self
     }
 
@@ -173,9 +180,12 @@ impl ApiError {
     pub fn code(&self) -> Code {
         self.code
     }
+}
 
-    /// Maps a library error, hiding internals of store failures from the client.
-    pub fn from_error(err: &Error, retry_after_secs: u64) -> ApiError {
+impl From<Error> for ApiError {
+    /// Maps a library error by its kind, hiding internals of store failures from the client
+    /// (they go to the log).
+    fn from(err: Error) -> ApiError {
         let code = match err.kind() {
             ErrorKind::InvalidKey => Code::InvalidKey,
             ErrorKind::InvalidVersion => Code::InvalidVersion,
@@ -187,17 +197,15 @@ impl ApiError {
             ErrorKind::UnknownClass => Code::UnknownClass,
             ErrorKind::ClassNotAllowed => Code::ClassNotAllowed,
             ErrorKind::StalenessBudgetExceeded => {
-                return ApiError::new(Code::StalenessBudgetExceeded, err.message())
-                    .retry_after(retry_after_secs)
+                return ApiError::new(Code::StalenessBudgetExceeded, err.message()).retry_later()
             }
             ErrorKind::BelowVersionFloor => {
-                return ApiError::new(Code::BelowVersionFloor, err.message())
-                    .retry_after(retry_after_secs)
+                return ApiError::new(Code::BelowVersionFloor, err.message()).retry_later()
             }
             ErrorKind::Unavailable | ErrorKind::Timeout => {
                 tracing::warn!(error = %err, "store unavailable");
                 return ApiError::new(Code::Unavailable, "the store did not answer; retry later")
-                    .retry_after(retry_after_secs);
+                    .retry_later();
             }
             _ => {
                 tracing::error!(error = %err, "internal error");
@@ -205,6 +213,32 @@ impl ApiError {
             }
         };
         ApiError::new(code, err.message())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    /// A query string that does not deserialize into the route's parameters.
+    fn from(rejection: QueryRejection) -> ApiError {
+        ApiError::new(
+            Code::InvalidParameter,
+            format!("query string does not parse: {}", rejection.body_text()),
+        )
+    }
+}
+
+/// Marks an answer that should carry `Retry-After`; [`fill_retry_after`] replaces it with the
+/// header.
+#[derive(Debug, Clone, Copy)]
+struct RetryLater;
+
+/// Gives a retry-later answer its `Retry-After: seconds` header: the one place the header is
+/// written. Called on every routed answer by the latency layer, which knows the configured
+/// seconds.
+pub(crate) fn fill_retry_after(response: &mut Response, seconds: u64) {
+    if response.extensions_mut().remove::<RetryLater>().is_some() {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
     }
 }
 
@@ -229,9 +263,51 @@ impl IntoResponse for ApiError {
         let mut response = (status, body.to_string()).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        if let Some(seconds) = self.retry_after {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        if self.retry_later {
+            response.extensions_mut().insert(RetryLater);
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_written_on_the_way_out_only_for_retry_later_answers() {
+        let mut later = ApiError::new(Code::Unavailable, "down")
+            .retry_later()
+            .into_response();
+        assert!(later.headers().get(header::RETRY_AFTER).is_none());
+        fill_retry_after(&mut later, 7);
+        assert_eq!(
+            later.headers().get(header::RETRY_AFTER),
+            Some(&HeaderValue::from(7u64))
+        );
+        // The marker is consumed: a second pass writes nothing new.
+        assert!(later.extensions().get::<RetryLater>().is_none());
+
+        let mut final_answer = ApiError::new(Code::InvalidKey, "bad").into_response();
+        fill_retry_after(&mut final_answer, 7);
+        assert!(final_answer.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn store_failures_retry_later_and_hide_their_text() {
+        let err = Error::new(
+            ErrorKind::Unavailable,
+            "10.0.0.7:6379 refused the connection",
+        );
+        let api = ApiError::from(err);
+        assert_eq!(api.code(), Code::Unavailable);
+        assert!(api.retry_later);
+        assert!(!api.detail.contains("10.0.0.7"), "{}", api.detail);
+
+        let floor = ApiError::from(Error::new(ErrorKind::BelowVersionFloor, "behind"));
+        assert!(floor.retry_later);
+        let key = ApiError::from(Error::new(ErrorKind::InvalidKey, "key is empty"));
+        assert_eq!((key.code(), key.retry_later), (Code::InvalidKey, false));
+        assert_eq!(key.detail, "key is empty");
     }
 }

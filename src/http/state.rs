@@ -1,0 +1,66 @@
+//! The state every handler shares: the publisher, the reader, the store and the numbers the
+//! answers carry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::heal::HealHandles;
+use crate::metrics::Metrics;
+use crate::publish::Publisher;
+use crate::read::Reader;
+use crate::store::Store;
+
+/// Everything a handler needs. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// The parts, shared.
+    inner: Arc<Inner>,
+}
+
+/// The parts of [`AppState`].
+pub(crate) struct Inner {
+    /// Writes edits to every copy.
+    pub(crate) publisher: Publisher,
+    /// Serves affine reads.
+    pub(crate) reader: Reader,
+    /// The store, for readiness checks.
+    pub(crate) store: Arc<dyn Store>,
+    /// Metrics to render and to count into.
+    pub(crate) metrics: Arc<Metrics>,
+    /// The body limit, in bytes, reported in `value_too_large` answers.
+    pub(crate) max_value_bytes: usize,
+    /// `Retry-After` seconds for 503 answers.
+    pub(crate) retry_after_secs: u64,
+    /// The retry queue and recorded layouts, for `/v1/retry-queue`, `/metrics` and `/readyz`.
+    pub(crate) heal: HealHandles,
+}
+
+impl AppState {
+    /// Bundles the parts the handlers use.
+    pub fn new(
+        publisher: Publisher,
+        reader: Reader,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        max_value_bytes: usize,
+        retry_after: Duration,
+        heal: HealHandles,
+    ) -> AppState {
+        let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+        AppState {
+            inner: Arc::new(Inner {
+                publisher,
+                reader,
+                store,
+                metrics,
+                max_value_bytes,
+                retry_after_secs,
+                heal,
+            }),
+        }
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+}

@@ -1,0 +1,71 @@
+//! The API's names on the wire: every `Hotsplit-*` header and every query parameter, in one
+//! place for the service ([`crate::http`]), its client ([`crate::client`]) and `hotsplit check`.
+//!
+//! Header names are lowercase, the form `http::HeaderName::from_static` accepts and HTTP/2
+//! sends; HTTP/1 header names are case-insensitive, so `Hotsplit-Client` and `hotsplit-client`
+//! are the same header. This module depends on nothing else in the crate.
+//!
+//! The OpenAPI annotations on the handlers spell the same names as literals (an attribute macro
+//! cannot read a constant); the checked-in `docs/openapi.json` drift test keeps them honest.
+
+/// Header names.
+pub mod header {
+    /// Request: the client id, an alternative to `?client=`.
+    pub const CLIENT: &str = "hotsplit-client";
+    /// Request: the reader's version floor, an alternative to `?min_version=`.
+    pub const MIN_VERSION: &str = "hotsplit-min-version";
+    /// Request: the read class, an alternative to `?class=`.
+    pub const READ_CLASS: &str = "hotsplit-read-class";
+    /// Request: a request id; after a write carrying it, reads carrying it go to primaries.
+    pub const REQUEST: &str = "hotsplit-request";
+    /// Response: the version written or served.
+    pub const VERSION: &str = "hotsplit-version";
+    /// Response: the copy index that served a read.
+    pub const COPY: &str = "hotsplit-copy";
+    /// Response: `host:port;role=primary|replica`, or `embedded`.
+    pub const SERVED_BY: &str = "hotsplit-served-by";
+    /// Response: `class=NAME;reason=REASON`.
+    pub const ROUTE: &str = "hotsplit-route";
+    /// Response: the `Vary` value of a read, the request headers the answer depends on (the
+    /// client id, the floor and the read class) in their display spelling.
+    pub const READ_VARY: &str = "Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class";
+}
+
+/// Query parameter names.
+pub mod query {
+    /// Reads and writes: the client id (or [`super::header::CLIENT`]).
+    pub const CLIENT: &str = "client";
+    /// Writes: the edit's version.
+    pub const VERSION: &str = "version";
+    /// Reads: a version floor (or [`super::header::MIN_VERSION`]).
+    pub const MIN_VERSION: &str = "min_version";
+    /// Reads: one named copy instead of the affine one.
+    pub const COPY: &str = "copy";
+    /// Reads: the read class (or [`super::header::READ_CLASS`]).
+    pub const CLASS: &str = "class";
+    /// `PUT`: how many replicas of each written copy's node must acknowledge.
+    pub const SYNC_REPLICAS: &str = "sync_replicas";
+    /// `PUT`: how long to wait for [`SYNC_REPLICAS`], in milliseconds.
+    pub const SYNC_TIMEOUT_MS: &str = "sync_timeout_ms";
+    /// `/v1/affinity`: the key.
+    pub const KEY: &str = "key";
+    /// `/v1/retry-queue`: how many entries to list.
+    pub const LIMIT: &str = "limit";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::header;
+
+    #[test]
+    fn the_read_vary_names_the_client_floor_and_class_headers() {
+        let named: Vec<String> = header::READ_VARY
+            .split(", ")
+            .map(str::to_ascii_lowercase)
+            .collect();
+        assert_eq!(
+            named,
+            [header::CLIENT, header::MIN_VERSION, header::READ_CLASS]
+        );
+    }
+}
