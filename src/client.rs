@@ -22,6 +22,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::Version;
+use crate::wire;
 
 /// A value read through hotsplit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,7 +137,7 @@ impl Client {
     ) -> Result<Published> {
         let mut request = self.http.put(self.key_url(key)).body(value.into());
         if let Some(version) = version {
-            request = request.query(&[("version", version.to_string())]);
+            request = request.query(&[(wire::query::VERSION, version.to_string())]);
         }
         self.write(key, request).await
     }
@@ -148,7 +149,7 @@ impl Client {
     pub async fn invalidate(&self, key: &str, version: Option<u64>) -> Result<Published> {
         let mut request = self.http.delete(self.key_url(key));
         if let Some(version) = version {
-            request = request.query(&[("version", version.to_string())]);
+            request = request.query(&[(wire::query::VERSION, version.to_string())]);
         }
         self.write(key, request).await
     }
@@ -175,9 +176,9 @@ impl Client {
         let mut request = self
             .http
             .get(self.key_url(key))
-            .header("hotsplit-client", &self.client_id);
+            .header(wire::header::CLIENT, &self.client_id);
         if let Some(floor) = self.floor(key) {
-            request = request.header("hotsplit-min-version", floor.to_string());
+            request = request.header(wire::header::MIN_VERSION, floor.to_string());
         }
         let response = request.send().await.map_err(unreachable)?;
         match response.status() {
@@ -192,15 +193,15 @@ impl Client {
                 .and_then(|value| value.to_str().ok())
                 .map(str::to_owned)
         };
-        let version: Version = header("hotsplit-version")
+        let version: Version = header(wire::header::VERSION)
             .ok_or_else(|| {
                 Error::new(
                     ErrorKind::Unavailable,
-                    "the answer has no hotsplit-version header",
+                    format!("the answer has no {} header", wire::header::VERSION),
                 )
             })?
             .parse()?;
-        let copy = header("hotsplit-copy")
+        let copy = header(wire::header::COPY)
             .and_then(|copy| copy.parse().ok())
             .unwrap_or(0);
         let value = response.bytes().await.map_err(unreachable)?;
