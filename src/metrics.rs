@@ -11,7 +11,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use std::sync::atomic::AtomicU64;
 
 /// Labels of copy-write outcome counters.
@@ -176,6 +176,24 @@ struct OutcomeCounters {
     failed: Counter,
 }
 
+/// Registers `metric` in `registry` under `name` with `help`, and returns it. A metric is a
+/// shared handle, so what is counted into the returned value is what the registry renders.
+pub fn register_metric<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// Creates a metric at its default (zero, or an empty family) and registers it: the way every
+/// metric without a custom constructor is made.
+pub fn register<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, help: &str) -> M {
+    register_metric(registry, name, help, M::default())
+}
+
 /// Every metric hotsplit exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -216,11 +234,10 @@ impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Arc<Metrics> {
         let mut registry = Registry::with_prefix("hotsplit");
-        let copy_outcomes = Family::<CopyOutcomeLabels, Counter>::default();
-        registry.register(
+        let copy_outcomes: Family<CopyOutcomeLabels, Counter> = register(
+            &mut registry,
             "publish_copy_outcomes",
             "Copy writes by operation (publish, invalidate) and outcome (applied, current, stale, failed)",
-            copy_outcomes.clone(),
         );
         // Each handle is cloned in its own statement: `get_or_create` returns a read guard, and a
         // second call while one is alive (as in one struct expression) would deadlock.
@@ -245,11 +262,10 @@ impl Metrics {
         let publish_outcomes = counters("publish");
         let invalidate_outcomes = counters("invalidate");
 
-        let read_family = Family::<ReadLabels, Counter>::default();
-        registry.register(
+        let read_family: Family<ReadLabels, Counter> = register(
+            &mut registry,
             "reads",
             "Affine reads by outcome (affine, fallback, not_modified, not_found, below_floor, unavailable)",
-            read_family.clone(),
         );
         let reads = ReadOutcome::ALL
             .iter()
@@ -263,76 +279,63 @@ impl Metrics {
             })
             .collect();
 
-        let store_errors = Family::<StoreErrorLabels, Counter>::default();
-        registry.register(
+        let store_errors: Family<StoreErrorLabels, Counter> = register(
+            &mut registry,
             "store_errors",
             "Errors returned by the store, by kind",
-            store_errors.clone(),
         );
 
-        let request_duration = Family::<RequestLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
-        });
-        registry.register(
+        let request_duration = register_metric(
+            &mut registry,
             "http_request_duration_seconds",
             "HTTP request latency by method, route and status class",
-            request_duration.clone(),
+            Family::<RequestLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+            }),
         );
 
-        let retry_queue_depth = Gauge::default();
-        registry.register(
+        let retry_queue_depth: Gauge = register(
+            &mut registry,
             "retry_queue_depth",
             "Failed copy writes waiting in the retry queue",
-            retry_queue_depth.clone(),
         );
-        let retry_queue_bytes = Gauge::default();
-        registry.register(
+        let retry_queue_bytes: Gauge = register(
+            &mut registry,
             "retry_queue_bytes",
             "Bytes held by the retry queue (values once per key and version, plus entry overhead)",
-            retry_queue_bytes.clone(),
         );
-        let retry_queue_oldest_age = Gauge::<f64, AtomicU64>::default();
-        registry.register(
+        let retry_queue_oldest_age: Gauge<f64, AtomicU64> = register(
+            &mut registry,
             "retry_queue_oldest_age_seconds",
             "Age of the oldest retry queue entry",
-            retry_queue_oldest_age.clone(),
         );
-        let retry_attempts = Family::<ResultLabels, Counter>::default();
-        registry.register(
+        let retry_attempts: Family<ResultLabels, Counter> = register(
+            &mut registry,
             "retry_attempts",
             "Retried copy writes by result (applied, current, stale, failed)",
-            retry_attempts.clone(),
         );
-        let retry_drops = Family::<ReasonLabels, Counter>::default();
-        registry.register(
+        let retry_drops: Family<ReasonLabels, Counter> = register(
+            &mut registry,
             "retry_drops",
             "Failed copy writes dropped unhealed, by reason (overflow, expired, spool)",
-            retry_drops.clone(),
         );
-        let retry_superseded = Counter::default();
-        registry.register(
+        let retry_superseded: Counter = register(
+            &mut registry,
             "retry_superseded",
             "Pending retry entries replaced by a newer version of the same copy",
-            retry_superseded.clone(),
         );
-        let read_repairs = Family::<ResultLabels, Counter>::default();
-        registry.register(
+        let read_repairs: Family<ResultLabels, Counter> = register(
+            &mut registry,
             "read_repairs",
             "Read repairs by result (applied, unneeded, failed, skipped)",
-            read_repairs.clone(),
         );
-        let spool_bytes = Gauge::default();
-        registry.register(
-            "spool_bytes",
-            "Size of the retry spool file",
-            spool_bytes.clone(),
-        );
+        let spool_bytes: Gauge =
+            register(&mut registry, "spool_bytes", "Size of the retry spool file");
 
-        let layout_mismatch = Family::<FamilyLabels, Gauge>::default();
-        registry.register(
+        let layout_mismatch: Family<FamilyLabels, Gauge> = register(
+            &mut registry,
             "layout_mismatch",
             "1 when the family's layout recorded in Redis differs from this instance's config",
-            layout_mismatch.clone(),
         );
 
         Arc::new(Metrics {

@@ -21,6 +21,7 @@ use prometheus_client::registry::Registry;
 
 use super::figures::ReadRole;
 use super::report::Report;
+use crate::metrics::register;
 
 /// Labels of the per-role metrics.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -87,67 +88,56 @@ impl AuditMetrics {
     /// Creates and registers every metric.
     pub fn new() -> AuditMetrics {
         let mut registry = Registry::with_prefix("hotsplit_audit");
-        let skew = Family::<SkewLabels, Gauge>::default();
-        registry.register(
+        let skew: Family<SkewLabels, Gauge> = register(
+            &mut registry,
             "version_skew",
             "Last round: per-key version skew (newest version minus the oldest present copy read), by read role and statistic (p50, p99, max)",
-            skew.clone(),
         );
-        let share_behind = Family::<RoleLabels, FloatGauge>::default();
-        registry.register(
+        let share_behind: Family<RoleLabels, FloatGauge> = register(
+            &mut registry,
             "copies_behind_ratio",
             "Last round: share of copy reads behind their key's newest version (missing copies included), by read role",
-            share_behind.clone(),
         );
-        let inconsistency_per_million = Family::<RoleLabels, FloatGauge>::default();
-        registry.register(
+        let inconsistency_per_million: Family<RoleLabels, FloatGauge> = register(
+            &mut registry,
             "inconsistency_per_million",
             "Last round: copy reads disagreeing with their key's newest version, per million copy reads, by read role",
-            inconsistency_per_million.clone(),
         );
-        let copies_behind = Family::<RoleLabels, Gauge>::default();
-        registry.register(
+        let copies_behind: Family<RoleLabels, Gauge> = register(
+            &mut registry,
             "round_copies_behind",
             "Last round: copy reads behind their key's newest version, by read role",
-            copies_behind.clone(),
         );
-        let keys = Gauge::default();
-        registry.register("keys", "Last round: keys read", keys.clone());
-        let inconsistent_keys = Gauge::default();
-        registry.register(
+        let keys: Gauge = register(&mut registry, "keys", "Last round: keys read");
+        let inconsistent_keys: Gauge = register(
+            &mut registry,
             "inconsistent_keys",
             "Last round: keys with at least one disagreeing copy read",
-            inconsistent_keys.clone(),
         );
-        let round_seconds = FloatGauge::default();
-        registry.register(
+        let round_seconds: FloatGauge = register(
+            &mut registry,
             "round_duration_seconds",
             "Last round: how long it took",
-            round_seconds.clone(),
         );
-        let copy_reads_total = Family::<RoleLabels, Counter>::default();
-        registry.register(
+        let copy_reads_total: Family<RoleLabels, Counter> = register(
+            &mut registry,
             "copy_reads",
             "Copy reads that answered, by read role",
-            copy_reads_total.clone(),
         );
-        let failed_reads_total = Family::<RoleLabels, Counter>::default();
-        registry.register(
+        let failed_reads_total: Family<RoleLabels, Counter> = register(
+            &mut registry,
             "failed_reads",
             "Copy reads that failed, by read role",
-            failed_reads_total.clone(),
         );
-        let copies_behind_total = Family::<RoleLabels, Counter>::default();
-        registry.register(
+        let copies_behind_total: Family<RoleLabels, Counter> = register(
+            &mut registry,
             "copies_behind",
             "Copy reads found behind their key's newest version, by read role",
-            copies_behind_total.clone(),
         );
-        let rounds_total = Family::<ResultLabels, Counter>::default();
-        registry.register(
+        let rounds_total: Family<ResultLabels, Counter> = register(
+            &mut registry,
             "rounds",
             "Audit rounds by result (ok, failed)",
-            rounds_total.clone(),
         );
         AuditMetrics {
             registry: std::sync::Mutex::new(registry),

@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::classes::{Classes, ReadClass};
 use super::lag::{LagTable, ReplicaLag};
 use super::RouteReason;
+use crate::metrics::register;
 
 /// Labels of the routed-read counter.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -99,11 +100,10 @@ pub struct ClassRouting {
 impl RouteMetrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &mut Registry, classes: &Classes) -> RouteMetrics {
-        let reads_family = Family::<RouteLabels, Counter>::default();
-        registry.register(
+        let reads_family: Family<RouteLabels, Counter> = register(
+            registry,
             "route_reads",
             "Reads by class, served_by (replica, primary) and reason (class, own-write, request-pin, lag-breach, no-replica, version-floor)",
-            reads_family.clone(),
         );
         let mut reads = Vec::with_capacity(classes.len() * 2 * RouteReason::ALL.len());
         for (_, def) in classes.iter() {
@@ -120,17 +120,15 @@ impl RouteMetrics {
                 }
             }
         }
-        let lag_ms = Family::<LagLabels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
+        let lag_ms: Family<LagLabels, Gauge<f64, AtomicU64>> = register(
+            registry,
             "replica_lag_milliseconds",
             "Replica lag measured by heartbeats: the current value and window percentiles",
-            lag_ms.clone(),
         );
-        let offset_gap = Family::<GapLabels, Gauge>::default();
-        registry.register(
+        let offset_gap: Family<GapLabels, Gauge> = register(
+            registry,
             "replica_offset_gap_bytes",
             "master_repl_offset on the primary minus slave_repl_offset on the replica",
-            offset_gap.clone(),
         );
         RouteMetrics {
             classes: classes.iter().map(|(_, def)| def.name.clone()).collect(),
