@@ -133,6 +133,32 @@ fn main() -> ExitCode {
 }
 
 /// The multi-threaded tokio runtime the subcommands run on.
+/// Where a command's log lines go.
+#[derive(Debug, Clone, Copy)]
+enum LogStream {
+    /// `serve`: its output is the log.
+    Stdout,
+    /// `audit`: stdout carries the report, so the log goes beside it.
+    Stderr,
+}
+
+/// Sets up tracing for one command: the filter from `HOTSPLIT_LOG`, else `default_filter`;
+/// colours only when the stream is a terminal.
+fn init_tracing(default_filter: &str, stream: LogStream) {
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt().with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_env("HOTSPLIT_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+    );
+    match stream {
+        LogStream::Stdout => builder.with_ansi(std::io::stdout().is_terminal()).init(),
+        LogStream::Stderr => builder
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .init(),
+    }
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -202,14 +228,7 @@ const EXIT_BEHIND: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
 
 fn audit(args: AuditArgs) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HOTSPLIT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_tracing("warn", LogStream::Stderr);
     let options = match audit_options(&args) {
         Ok(options) => options,
         Err(err) => {
@@ -393,13 +412,7 @@ fn audit_options(args: &AuditArgs) -> hotsplit::Result<hotsplit::audit::AuditOpt
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HOTSPLIT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
+    init_tracing("info", LogStream::Stdout);
     let config = match load_config(&args) {
         Ok(config) => config,
         Err(err) => {
