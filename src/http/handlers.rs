@@ -663,16 +663,6 @@ pub async fn retry_queue(
     Ok(Json(state.inner().heal.retry_queue.view(limit)))
 }
 
-/// This API's OpenAPI document.
-#[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3.1 document", content_type = "application/json")))]
-pub async fn openapi_json() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        super::openapi::openapi_json(),
-    )
-        .into_response()
-}
-
 /// Unknown routes.
 pub async fn no_route() -> ApiError {
     ApiError::new(Code::NotFound, "no such route")

@@ -10,7 +10,7 @@
 //! - `problem`: [`problem::ApiError`], the problem+json answer, and the error-kind → code map.
 //! - `state`: [`AppState`], what the handlers share.
 //! - `latency`: the layer that records each request's latency and sets `Retry-After`.
-//! - `openapi`: the OpenAPI document.
+//! - `openapi`: the OpenAPI document and the route that serves it.
 //! - [`paths`]: the route templates.
 //! - `config`: [`ServerConfig`], the `[server]` settings.
 
@@ -87,7 +87,7 @@ pub fn router(state: AppState) -> Router {
         .route(paths::HEALTHZ, get(handlers::healthz))
         .route(paths::READYZ, get(handlers::readyz))
         .route(paths::METRICS, get(handlers::metrics))
-        .route(paths::OPENAPI, get(handlers::openapi_json))
+        .route(paths::OPENAPI, get(openapi::serve))
         .route(paths::CLASSES, get(handlers::classes))
         .route(paths::LAG, get(handlers::lag))
         .route(paths::ROUTING, get(handlers::routing))

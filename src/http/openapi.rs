@@ -1,8 +1,11 @@
 //! The OpenAPI document, generated from the handlers' annotations.
 //!
 //! `docs/openapi.json` is a checked-in copy; a test fails when the two drift. Regenerate it with
-//! `cargo run -- openapi > docs/openapi.json`.
+//! `cargo run -- openapi > docs/openapi.json`. The route that serves it, [`serve`], lives here
+//! too, so that `handlers` never imports this module (which imports `handlers`).
 
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use utoipa::OpenApi;
 
 use super::handlers;
@@ -29,7 +32,7 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         handlers::healthz,
         handlers::readyz,
         handlers::metrics,
-        handlers::openapi_json,
+        serve,
     ),
     components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState)),
     tags(
@@ -47,4 +50,10 @@ pub fn openapi_json() -> String {
         .unwrap_or_else(|err| format!("{{\"error\": \"{err}\"}}"));
     text.push('\n');
     text
+}
+
+/// This API's OpenAPI document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", operation_id = "openapi_json", responses((status = 200, description = "OpenAPI 3.1 document", content_type = "application/json")))]
+pub async fn serve() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
 }
