@@ -25,6 +25,8 @@ use super::checkers::{self, Percentiles, Scope};
 use super::history::{Event, Op, Outcome};
 use hotsplit::config::Config;
 use hotsplit::error::{Error, ErrorKind, Result};
+use hotsplit::wire;
+use hotsplit::wire::query::{CLASS, CLIENT, COPY, MIN_VERSION, VERSION};
 use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions};
 
 /// How readers pick the copy they read.
@@ -310,10 +312,10 @@ async fn send(request: reqwest::RequestBuilder) -> Answer {
                     .map(str::to_owned)
             };
             let status = response.status().as_u16();
-            let version = header("hotsplit-version").and_then(|text| text.parse().ok());
-            let copy = header("hotsplit-copy").and_then(|text| text.parse().ok());
-            let served_by = header("hotsplit-served-by");
-            let route = header("hotsplit-route");
+            let version = header(wire::header::VERSION).and_then(|text| text.parse().ok());
+            let copy = header(wire::header::COPY).and_then(|text| text.parse().ok());
+            let served_by = header(wire::header::SERVED_BY);
+            let route = header(wire::header::ROUTE);
             let code = if status >= 400 {
                 response
                     .json::<serde_json::Value>()
@@ -790,7 +792,7 @@ async fn run_mode(
                     // readers refill the value at the even one.
                     let value_version = source[index].fetch_add(2, Ordering::SeqCst) + 2;
                     let answer = send(http.delete(format!(
-                        "{base}/v1/keys/{key}?version={}",
+                        "{base}/v1/keys/{key}?{VERSION}={}",
                         value_version - 1
                     )))
                     .await;
@@ -799,7 +801,7 @@ async fn run_mode(
                     let version = source[index].fetch_add(1, Ordering::SeqCst) + 1;
                     let answer = send(
                         http.put(format!(
-                            "{base}/v1/keys/{key}?version={version}&client={session}"
+                            "{base}/v1/keys/{key}?{VERSION}={version}&{CLIENT}={session}"
                         ))
                         .body(format!("v{version}")),
                     )
@@ -821,7 +823,7 @@ async fn run_mode(
                     // must keep it from reading an older version from a lagging replica.
                     let start = recorder.now_us();
                     let answer = send(http.get(format!(
-                        "{base}/v1/keys/{key}?client={session}&class=advisory"
+                        "{base}/v1/keys/{key}?{CLIENT}={session}&{CLASS}=advisory"
                     )))
                     .await;
                     recorder.push_read(&session, &key, start, &answer);
@@ -852,13 +854,13 @@ async fn run_mode(
                 // Reads are `advisory`: replicas may serve them within the staleness budget,
                 // which is where lagging copies become visible.
                 let url = match mode {
-                    Mode::RandomSuffix => format!("{base}/v1/keys/{key}?copy={copy}&class=advisory"),
-                    Mode::Affine | Mode::Delete => format!("{base}/v1/keys/{key}?client={session}&class=advisory"),
+                    Mode::RandomSuffix => format!("{base}/v1/keys/{key}?{COPY}={copy}&{CLASS}=advisory"),
+                    Mode::Affine | Mode::Delete => format!("{base}/v1/keys/{key}?{CLIENT}={session}&{CLASS}=advisory"),
                     Mode::Floor => match floors.get(&index) {
                         Some(floor) => {
-                            format!("{base}/v1/keys/{key}?copy={copy}&min_version={floor}&class=advisory")
+                            format!("{base}/v1/keys/{key}?{COPY}={copy}&{MIN_VERSION}={floor}&{CLASS}=advisory")
                         }
-                        None => format!("{base}/v1/keys/{key}?copy={copy}&class=advisory"),
+                        None => format!("{base}/v1/keys/{key}?{COPY}={copy}&{CLASS}=advisory"),
                     },
                 };
                 let start = recorder.now_us();
@@ -874,7 +876,7 @@ async fn run_mode(
                     let version = source[index].load(Ordering::SeqCst);
                     if version > 0 {
                         let refill = send(
-                            http.put(format!("{base}/v1/keys/{key}?version={version}"))
+                            http.put(format!("{base}/v1/keys/{key}?{VERSION}={version}"))
                                 .body(format!("v{version}")),
                         )
                         .await;
@@ -992,9 +994,9 @@ async fn run_mode(
     for (index, key) in keys.iter().enumerate() {
         let version = source[index].load(Ordering::SeqCst);
         let request = if mode == Mode::Delete {
-            http.delete(format!("{base}/v1/keys/{key}?version={}", version - 1))
+            http.delete(format!("{base}/v1/keys/{key}?{VERSION}={}", version - 1))
         } else {
-            http.put(format!("{base}/v1/keys/{key}?version={version}"))
+            http.put(format!("{base}/v1/keys/{key}?{VERSION}={version}"))
                 .body(format!("v{version}"))
         };
         let _ = send(request).await;
@@ -1046,13 +1048,13 @@ async fn presence_experiment(
                 let (op, request) = if version % 2 == 1 {
                     (
                         Op::Write,
-                        http.put(format!("{base}/v1/keys/{key}?version={version}"))
+                        http.put(format!("{base}/v1/keys/{key}?{VERSION}={version}"))
                             .body("held"),
                     )
                 } else {
                     (
                         Op::Delete,
-                        http.delete(format!("{base}/v1/keys/{key}?version={version}")),
+                        http.delete(format!("{base}/v1/keys/{key}?{VERSION}={version}")),
                     )
                 };
                 let answer = send(request).await;
@@ -1105,9 +1107,10 @@ async fn presence_experiment(
         tasks.spawn(async move {
             while !stop.is_cancelled() {
                 let start = recorder.now_us();
-                let answer =
-                    send(http.get(format!("{base}/v1/keys/{key}?client=asker&class={class}")))
-                        .await;
+                let answer = send(http.get(format!(
+                    "{base}/v1/keys/{key}?{CLIENT}=asker&{CLASS}={class}"
+                )))
+                .await;
                 recorder.push_read(class, key, start, &answer);
                 tokio::time::sleep(Duration::from_millis(3)).await;
             }
