@@ -19,6 +19,7 @@
 //! - [`wire`]: the API's header and query-parameter names, shared by `http`, `client` and `check`.
 //! - [`client`]: a small HTTP client that reads through the affine copy and remembers floors.
 //! - [`audit`]: `hotsplit audit`, read-only measurement of the skew between live copies.
+//! - [`probe`]: `hotsplit probe URL`, the container's health check (no curl in the image).
 //!
 //! Not in the library: `hotsplit check` (`src/check/`, a module of the binary, `mod check` in
 //! `main.rs`) and the throwaway `redis-server` processes of the tests, the benches and `check`
@@ -38,6 +39,7 @@ pub mod heal;
 pub mod http;
 pub mod key;
 pub mod metrics;
+pub mod probe;
 pub mod publish;
 pub mod read;
 pub mod route;

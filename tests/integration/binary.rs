@@ -1,4 +1,5 @@
-//! The `hotsplit` binary itself: startup on the embedded store, config errors, SIGTERM.
+//! The `hotsplit` binary itself: startup on the embedded store, config errors, SIGTERM, and
+//! `hotsplit probe` (the container's health check) against a live and a closed port.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -6,10 +7,10 @@ use std::time::Duration;
 
 use crate::harness;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_runs_on_the_embedded_store_and_stops_on_sigterm() {
-    let port = harness::free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+/// Starts `hotsplit serve` on the embedded store at `port` (stdout piped for its log) and waits
+/// until `/readyz` answers 2xx.
+async fn spawn_serve(port: u16) -> std::process::Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .env("HOTSPLIT_LOG", "info")
         .env_remove("HOTSPLIT_REDIS")
@@ -19,13 +20,12 @@ async fn serve_runs_on_the_embedded_store_and_stops_on_sigterm() {
         .spawn()
         .expect("start hotsplit");
     let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
     harness::poll(
         "the binary answers /readyz",
         Duration::from_secs(20),
         || {
             let http = http.clone();
-            let url = format!("{base}/readyz");
+            let url = format!("http://127.0.0.1:{port}/readyz");
             async move {
                 http.get(url)
                     .send()
@@ -35,6 +35,15 @@ async fn serve_runs_on_the_embedded_store_and_stops_on_sigterm() {
         },
     )
     .await;
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_on_the_embedded_store_and_stops_on_sigterm() {
+    let port = harness::free_port();
+    let mut child = spawn_serve(port).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
     harness::publish_succeeds(&http, &base, "k1", 1, "v").await;
     let get = harness::get(&http, &format!("{base}/v1/keys/k1?client=c"), &[]).await;
     assert_eq!(get.headers()["hotsplit-served-by"], "embedded");
@@ -103,4 +112,61 @@ fn an_invalid_config_stops_startup_naming_the_field() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(field), "{text}: {stderr}");
     }
+}
+
+/// Runs `hotsplit probe ARGS…` and returns its exit status code and stdout.
+async fn probe(args: &[&str]) -> (Option<i32>, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hotsplit"));
+    command.arg("probe").args(args);
+    let output = tokio::task::spawn_blocking(move || command.output().expect("run hotsplit probe"))
+        .await
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_exits_0_on_a_ready_instance_and_1_on_a_refusal_a_closed_port_or_no_answer() {
+    let port = harness::free_port();
+    let mut child = spawn_serve(port).await;
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    let (code, out) = probe(&[&ready]).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with("healthy: ") && out.contains("200 OK"),
+        "{out}"
+    );
+    assert_eq!(out.lines().count(), 1, "one line: {out}");
+
+    // A non-2xx answer is unhealthy, and the message repeats the answer.
+    let missing = format!("http://127.0.0.1:{port}/nowhere");
+    let (code, out) = probe(&[&missing]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.starts_with("unhealthy: ") && out.contains("404"),
+        "{out}"
+    );
+
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    tokio::task::spawn_blocking(move || child.wait().expect("wait"))
+        .await
+        .unwrap();
+
+    // The instance is gone: its port is closed.
+    let (code, out) = probe(&[&ready]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("unhealthy: "), "{out}");
+    assert!(out.to_lowercase().contains("refused"), "{out}");
+    assert_eq!(out.lines().count(), 1, "one line: {out}");
+
+    // A listener that accepts connections (the kernel's backlog) but never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}/readyz", silent.local_addr().unwrap());
+    let (code, out) = probe(&["--timeout", "300ms", &silent_url]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("no answer within 300ms"), "{out}");
+    drop(silent);
 }
