@@ -36,6 +36,8 @@ enum Command {
     Check(CheckArgs),
     /// Measure version skew between the copies of live keys, read-only (safe on production).
     Audit(AuditArgs),
+    /// GET a URL once: exit 0 when it answers 2xx in time, 1 otherwise (a container health check).
+    Probe(hotsplit::probe::ProbeArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -129,6 +131,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
         Command::Audit(args) => audit(args),
+        Command::Probe(args) => hotsplit::probe::run(&args),
     }
 }
 
