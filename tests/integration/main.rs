@@ -9,6 +9,7 @@ mod binary;
 mod check;
 mod client_lib;
 mod conformance;
+mod deploy;
 mod harness;
 mod heal;
 mod http_api;
