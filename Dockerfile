@@ -8,13 +8,14 @@
 # The HEALTHCHECK needs the Docker image format: podman's default OCI format drops it (with a
 # warning), hence --format docker.
 
-# Cargo.lock needs rustc 1.88 or newer (icu_* crates), above the package's rust-version.
-ARG RUST_VERSION=1.88
+# The workspace's rust-version (Cargo.toml): 1.89, for std's File::try_lock.
+ARG RUST_VERSION=1.89
 ARG DEBIAN_RELEASE=bookworm
 
 FROM docker.io/library/rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
 WORKDIR /src
-# The whole tree (less .dockerignore): Cargo.toml names benches and tests that must exist.
+# The whole tree (less .dockerignore): the workspace members (devcluster/, redis-info/) and the
+# benches and tests Cargo.toml names must exist.
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
