@@ -11,11 +11,10 @@ use fred::interfaces::{ClientLike, ClusterInterface, HashesInterface, KeysInterf
 use fred::types::config::ServerConfig;
 use fred::types::{Builder, ClusterHash, ConnectHandle, CustomCommand, Value};
 use futures_util::future::join_all;
+use hotsplit_redis_info::info_number;
 
 use super::failure::{read_only_error, Failure};
-use super::replies::{
-    info_number, parse_cluster_nodes, parse_info_replicas, parse_scan_page, parse_stamp,
-};
+use super::replies::{parse_cluster_nodes, parse_info_replicas, parse_scan_page, parse_stamp};
 use super::target::{parse_address, RedisOptions, RedisTarget};
 #[cfg(doc)]
 use super::RedisStore;

@@ -8,10 +8,11 @@ use fred::interfaces::{ClientLike, ClusterInterface, HashesInterface};
 use fred::types::cluster::ClusterRouting;
 use fred::types::config::{ReconnectError, Server, ServerConfig};
 use fred::types::Value;
+use hotsplit_redis_info::info_number;
 
 use super::failure::Failure;
 use super::readonly::NodeClient;
-use super::replies::{info_number, parse_copy, replicas_from_cluster_slots};
+use super::replies::{parse_copy, replicas_from_cluster_slots};
 use super::target::{format_address, parse_address, RedisOptions};
 use super::{client_builder, copy_fields, RedisStore};
 use crate::error::{Error, ErrorKind, Result};

@@ -1,11 +1,13 @@
 //! Pure parsers of Redis replies: compare-and-set replies, copies, `SCAN` pages, audit stamps,
 //! `CLUSTER SLOTS`, `CLUSTER NODES` and `INFO`. They send nothing; the only fred type they know
-//! is [`Value`], the shape of a reply.
+//! is [`Value`], the shape of a reply. The text of `CLUSTER NODES` and `INFO` is read with the
+//! `hotsplit-redis-info` crate, which the dev cluster shares.
 
 use std::borrow::Cow;
 use std::str::FromStr;
 
 use fred::types::Value;
+use hotsplit_redis_info::{info_field, ClusterNode};
 
 use super::readonly::{ScanPage, Shard};
 use super::replicas::ReplicaMap;
@@ -63,17 +65,6 @@ pub(super) fn replicas_from_cluster_slots(
     Ok(map)
 }
 
-/// Reads `field:<number>` out of an INFO reply.
-pub(super) fn info_number(info: &str, field: &str) -> Option<u64> {
-    info.lines().find_map(|line| {
-        line.trim_end()
-            .strip_prefix(field)?
-            .strip_prefix(':')?
-            .parse::<u64>()
-            .ok()
-    })
-}
-
 /// Parses `{"applied"|"current"|"stale", version}`.
 pub(super) fn parse_cas_reply(reply: Value) -> std::result::Result<CasOutcome, String> {
     let fields = reply.into_array();
@@ -127,84 +118,49 @@ pub(super) fn parse_copy(reply: Value) -> std::result::Result<Option<CopyRecord>
     }))
 }
 
-/// Parses the text of `CLUSTER NODES` into shards: every master that is not flagged `fail`,
-/// `handshake` or `noaddr` and serves slots, with its replicas (same exclusions), sorted by
-/// first slot. Slots being imported or migrated (`[...]`) are left out.
+/// Parses the text of `CLUSTER NODES` (with the shared parser of `hotsplit-redis-info`) into
+/// shards: every master that is not flagged `fail`, `handshake` or `noaddr` and serves slots,
+/// with its replicas (same exclusions), sorted by first slot. Slots being imported or migrated
+/// (`[...]`) are left out.
 pub(super) fn parse_cluster_nodes(text: &str) -> std::result::Result<Vec<Shard>, String> {
-    struct Line {
-        id: String,
-        label: NodeLabel,
-        master: bool,
-        replica_of: Option<String>,
-        slots: Vec<(u16, u16)>,
-    }
-    let mut lines = Vec::new();
-    for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() < 8 {
-            return Err(format!("a line has {} fields: {line:?}", fields.len()));
-        }
-        let flags: Vec<&str> = fields[2].split(',').collect();
-        if flags
-            .iter()
-            .any(|flag| matches!(*flag, "fail" | "handshake" | "noaddr"))
-        {
-            continue;
-        }
-        // ip:port@cport[,hostname]
-        let address = fields[1].split('@').next().unwrap_or_default();
-        let Some((host, port)) = address.rsplit_once(':') else {
-            return Err(format!("address {:?} has no port", fields[1]));
-        };
-        let port: u16 = port
-            .parse()
-            .map_err(|_| format!("address {:?} has a bad port", fields[1]))?;
-        if host.is_empty() || port == 0 {
-            continue;
-        }
-        let mut slots = Vec::new();
-        for range in &fields[8..] {
-            if range.starts_with('[') {
-                continue;
-            }
-            let (first, last) = range.split_once('-').unwrap_or((range, range));
-            let parse = |slot: &str| {
-                slot.parse::<u16>()
-                    .map_err(|_| format!("slot range {range:?} does not parse"))
-            };
-            slots.push((parse(first)?, parse(last)?));
-        }
-        lines.push(Line {
-            id: fields[0].to_owned(),
-            label: NodeLabel::new(format_address(host.trim_matches(['[', ']']), port)),
-            master: flags.contains(&"master"),
-            replica_of: (flags.contains(&"slave") && fields[3] != "-")
-                .then(|| fields[3].to_owned()),
-            slots,
-        });
-    }
-    let mut shards: Vec<(String, Shard)> = lines
+    let nodes: Vec<ClusterNode> = hotsplit_redis_info::parse_cluster_nodes(text)?
+        .into_iter()
+        .filter(|node| {
+            !["fail", "handshake", "noaddr"]
+                .iter()
+                .any(|flag| node.has_flag(flag))
+                && !node.host.is_empty()
+                && node.port != 0
+        })
+        .collect();
+    let label = |node: &ClusterNode| {
+        NodeLabel::new(format_address(
+            node.host.trim_matches(['[', ']']),
+            node.port,
+        ))
+    };
+    let mut shards: Vec<(&str, Shard)> = nodes
         .iter()
-        .filter(|line| line.master && !line.slots.is_empty())
-        .map(|line| {
-            let mut slots = line.slots.clone();
+        .filter(|node| node.is_master() && !node.slots.is_empty())
+        .map(|node| {
+            let mut slots = node.slots.clone();
             slots.sort_unstable();
             (
-                line.id.clone(),
+                node.id.as_str(),
                 Shard {
-                    primary: line.label.clone(),
+                    primary: label(node),
                     replicas: Vec::new(),
                     slots,
                 },
             )
         })
         .collect();
-    for line in &lines {
-        let Some(master) = &line.replica_of else {
+    for node in nodes.iter().filter(|node| node.is_replica()) {
+        let Some(master) = &node.master_id else {
             continue;
         };
         if let Some((_, shard)) = shards.iter_mut().find(|(id, _)| id == master) {
-            shard.replicas.push(line.label.clone());
+            shard.replicas.push(label(node));
         }
     }
     for (_, shard) in &mut shards {
@@ -217,12 +173,7 @@ pub(super) fn parse_cluster_nodes(text: &str) -> std::result::Result<Vec<Shard>,
 /// Parses `INFO replication` of a standalone server: its replicas (`slaveN:ip=…,port=…`), or
 /// an error when the server is itself a replica.
 pub(super) fn parse_info_replicas(text: &str) -> std::result::Result<Vec<NodeLabel>, String> {
-    let field = |name: &str| {
-        text.lines().find_map(|line| {
-            let (key, value) = line.trim_end().split_once(':')?;
-            (key == name).then_some(value)
-        })
-    };
+    let field = |name: &str| info_field(text, name);
     if field("role") == Some("slave") {
         let primary = match (field("master_host"), field("master_port")) {
             (Some(host), Some(port)) => format!(" of {host}:{port}"),
