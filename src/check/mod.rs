@@ -6,7 +6,21 @@
 //! and how stale advisory reads were. They are shared by `hotsplit check` (a seeded experiment on
 //! a throwaway cluster) and by unit tests over hand-written histories, which show that each
 //! checker catches what it claims.
+//!
+//! The experiment itself, in the shape of `audit/`: [`run`] (options and orchestration: start
+//! the cluster and the service, run each phase, write the histories and the report), `workload`
+//! (one mode's writers, readers and sampler), `presence` (the presence experiment), `faults`
+//! (the seeded fault schedule and replica lag), `recorder` (the shared history, requests and
+//! direct copy samples) and [`report`] (the pure figures: judging a history, the report).
+//!
+//! This module is part of the `hotsplit` binary, not of the library: it starts servers with
+//! `hotsplit-devcluster`, which the library does not depend on.
 
 pub mod checkers;
+mod faults;
 pub mod history;
+mod presence;
+mod recorder;
+pub mod report;
 pub mod run;
+mod workload;

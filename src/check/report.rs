@@ -1,0 +1,258 @@
+//! The figures of a run, apart from the I/O: what each mode and the presence experiment found
+//! ([`ModeResult`], [`PresenceResult`], [`CheckReport`]), how a history is judged into them
+//! ([`judge`], [`judge_presence`], pure functions over the recorded events), and the report as
+//! markdown.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::checkers::{self, Percentiles, Scope};
+use super::history::{Event, Op, Outcome};
+
+/// How readers pick the copy they read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Each read picks a copy at random (`?copy=i`): the flip-flop hotsplit exists to prevent.
+    RandomSuffix,
+    /// Client-affine reads, no floor.
+    Affine,
+    /// Random copies, but the reader sends the highest version it has seen as `min_version`.
+    Floor,
+    /// Invalidate on edit; readers refill from the source of truth on a miss.
+    Delete,
+}
+
+impl Mode {
+    /// Every mode, in report order.
+    pub const ALL: [Mode; 4] = [Mode::RandomSuffix, Mode::Affine, Mode::Floor, Mode::Delete];
+
+    /// The mode's name on the command line and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::RandomSuffix => "random-suffix",
+            Mode::Affine => "affine",
+            Mode::Floor => "floor",
+            Mode::Delete => "delete",
+        }
+    }
+}
+
+/// One mode's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeResult {
+    /// The mode.
+    pub mode: Mode,
+    /// Reads that returned a version.
+    pub reads: usize,
+    /// Monotonic-read violations between two reads of the same copy from the same role (both
+    /// primary or both replica), outside windows where a failover or restart lost writes: a
+    /// copy went back. This is what the affine claim forbids.
+    pub monotonic_violations: usize,
+    /// Monotonic-read violations inside such windows (reported apart).
+    pub monotonic_violations_in_loss_windows: usize,
+    /// Outside loss windows, between reads of different copies (a random suffix, or in affine
+    /// mode a fallback to a sibling when the reader's copy could not be read).
+    pub monotonic_violations_across_copies: usize,
+    /// Outside loss windows, between the same copy read from a replica and from its primary
+    /// (a replica behind within its class's staleness budget).
+    pub monotonic_violations_across_roles: usize,
+    /// Reads older than the newest version acknowledged before they started.
+    pub stale_reads: usize,
+    /// How long the version a stale read returned had already been superseded.
+    pub stale_behind: Percentiles,
+    /// Writers' reads of their own key that returned an older version than they had written.
+    pub read_your_writes_violations: usize,
+    /// Loads from the source of truth caused by misses.
+    pub source_loads: usize,
+    /// Time for every copy to reach an acknowledged version.
+    pub convergence: Percentiles,
+    /// Copies found at an older version than they had held.
+    pub copy_rollbacks: usize,
+}
+
+impl ModeResult {
+    /// Every monotonic-read violation, whatever explains it.
+    pub fn all_monotonic_violations(&self) -> usize {
+        self.monotonic_violations
+            + self.monotonic_violations_in_loss_windows
+            + self.monotonic_violations_across_copies
+            + self.monotonic_violations_across_roles
+    }
+}
+
+/// The presence experiment's results per class.
+#[derive(Debug, Clone, Serialize)]
+pub struct PresenceResult {
+    /// The read class.
+    pub class: String,
+    /// Decisions made (reads with an unambiguous truth).
+    pub decisions: usize,
+    /// Decisions that disagreed with the truth.
+    pub wrong: usize,
+}
+
+/// Everything a run found.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckReport {
+    /// The seed used.
+    pub seed: u64,
+    /// Per-mode results.
+    pub modes: Vec<ModeResult>,
+    /// Presence results, `advisory` first.
+    pub presence: Vec<PresenceResult>,
+}
+
+impl CheckReport {
+    /// The reasons this run fails, empty when it passes: any `floor` violation, any `affine`
+    /// violation outside a loss window, any wrong `decides-on-presence` decision.
+    pub fn failures(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        for mode in &self.modes {
+            if mode.mode == Mode::Floor && mode.all_monotonic_violations() > 0 {
+                failures.push(format!(
+                    "floor mode broke monotonic reads {} times",
+                    mode.all_monotonic_violations()
+                ));
+            }
+            if mode.mode == Mode::Affine && mode.monotonic_violations > 0 {
+                failures.push(format!(
+                    "affine mode read a copy going back {} times outside loss windows",
+                    mode.monotonic_violations
+                ));
+            }
+        }
+        for presence in &self.presence {
+            if presence.class == "decides-on-presence" && presence.wrong > 0 {
+                failures.push(format!(
+                    "{} decides-on-presence decisions were wrong",
+                    presence.wrong
+                ));
+            }
+        }
+        failures
+    }
+
+    /// The markdown tables.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "## Modes (seed {})\n", self.seed);
+        let _ = writeln!(out, "| mode | reads | monotonic-read violations | same copy | across copies | replica/primary | in loss windows | read-your-writes violations | stale reads | stale by, p99 (ms) | extra source loads | convergence p99 (ms) | copy rollbacks |");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for mode in &self.modes {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {} |",
+                mode.mode.as_str(),
+                mode.reads,
+                mode.all_monotonic_violations(),
+                mode.monotonic_violations,
+                mode.monotonic_violations_across_copies,
+                mode.monotonic_violations_across_roles,
+                mode.monotonic_violations_in_loss_windows,
+                mode.read_your_writes_violations,
+                mode.stale_reads,
+                mode.stale_behind.p99_ms,
+                mode.source_loads,
+                mode.convergence.p99_ms,
+                mode.copy_rollbacks
+            );
+        }
+        let _ = writeln!(out, "\n## Presence\n");
+        let _ = writeln!(out, "| class | decisions | wrong decisions |");
+        let _ = writeln!(out, "|---|---|---|");
+        for presence in &self.presence {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} |",
+                presence.class, presence.decisions, presence.wrong
+            );
+        }
+        out
+    }
+}
+
+/// Judges one mode's history: monotonic-read violations inside and outside the loss windows,
+/// by scope, staleness, read-your-writes, source loads, convergence and copy rollbacks.
+pub(super) fn judge(mode: Mode, events: &[Event], loss_windows: &[(u64, u64)]) -> ModeResult {
+    let (inside, outside) =
+        checkers::split_by_windows(checkers::monotonic_reads(events), loss_windows);
+    let in_scope = |scope| {
+        outside
+            .iter()
+            .filter(|violation| violation.scope() == scope)
+            .count()
+    };
+    let staleness = checkers::staleness(events);
+    ModeResult {
+        mode,
+        reads: staleness.reads,
+        monotonic_violations: in_scope(Scope::SameCopy),
+        monotonic_violations_in_loss_windows: inside.len(),
+        monotonic_violations_across_copies: in_scope(Scope::AcrossCopies),
+        monotonic_violations_across_roles: in_scope(Scope::AcrossRoles),
+        stale_reads: staleness.stale,
+        stale_behind: staleness.behind,
+        read_your_writes_violations: checkers::read_your_writes(events).len(),
+        source_loads: events
+            .iter()
+            .filter(|event| event.op == Op::SourceLoad)
+            .count(),
+        convergence: checkers::convergence(events).time_to_converge,
+        copy_rollbacks: checkers::copy_regressions(events)
+            .iter()
+            .filter(|found| found.is_rollback())
+            .count(),
+    }
+}
+
+/// Counts wrong "is it held?" decisions of one class against the claimer's acknowledged history.
+/// A read overlapping any claim operation has no single truth and is not judged.
+pub(super) fn judge_presence(class: &str, events: &[Event]) -> PresenceResult {
+    let ops: Vec<&Event> = events
+        .iter()
+        .filter(|event| event.session == "claimer")
+        .collect();
+    let mut decisions = 0;
+    let mut wrong = 0;
+    for read in events
+        .iter()
+        .filter(|event| event.session == class && event.op == Op::Read)
+    {
+        let held = match read.outcome {
+            Outcome::Ok => true,
+            Outcome::NotFound => false,
+            _ => continue,
+        };
+        if ops
+            .iter()
+            .any(|op| op.start_us < read.end_us && op.end_us > read.start_us)
+        {
+            continue;
+        }
+        let Some(last) = ops
+            .iter()
+            .filter(|op| op.end_us <= read.start_us && op.outcome == Outcome::Ok)
+            .max_by_key(|op| op.end_us)
+        else {
+            continue;
+        };
+        // A failed claim operation before the read leaves the truth unknown.
+        if ops
+            .iter()
+            .any(|op| op.end_us <= read.start_us && op.start_us > last.start_us)
+        {
+            continue;
+        }
+        decisions += 1;
+        if held != (last.op == Op::Write) {
+            wrong += 1;
+        }
+    }
+    PresenceResult {
+        class: class.to_owned(),
+        decisions,
+        wrong,
+    }
+}
