@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use hotsplit::config::HealConfig;
 use hotsplit::heal::{FailedCopy, RetryQueue, RetryWorker};
 use hotsplit::key::{Key, Version};
@@ -84,7 +85,9 @@ async fn drain(store: Arc<RedisStore>, server: &Standalone, paused: bool) -> (f6
     }
     for n in 0..ENTRIES {
         let key = Key::parse(&format!("drain:{paused}:{n}")).unwrap();
-        queue.enqueue(&key, Version::new(1).unwrap(), &value, failed(&key, &node));
+        queue
+            .enqueue(&key, Version::new(1).unwrap(), &value, failed(&key, &node))
+            .await;
     }
     let cancel = CancellationToken::new();
     let worker = tokio::spawn(
@@ -122,7 +125,10 @@ fn overhead_per_entry() -> f64 {
     let offers: Vec<Vec<FailedCopy>> = keys.iter().map(|key| failed(key, &node)).collect();
     let before = LIVE.load(Ordering::Relaxed);
     for (key, offer) in keys.iter().zip(offers) {
-        queue.enqueue(key, Version::new(1).unwrap(), &value, offer);
+        // An in-memory queue answers at once.
+        let _ = queue
+            .enqueue(key, Version::new(1).unwrap(), &value, offer)
+            .now_or_never();
     }
     let after = LIVE.load(Ordering::Relaxed);
     assert_eq!(queue.depth(), 100_000);
@@ -150,12 +156,10 @@ async fn spool_rate() -> f64 {
             let value = value.clone();
             let node = node.clone();
             tokio::spawn(async move {
-                let metrics = Metrics::new();
                 for n in 0..per_writer {
                     let key = Key::parse(&format!("spool:{writer}:{n}")).unwrap();
                     let admissions = queue
                         .enqueue(&key, Version::new(1).unwrap(), &value, failed(&key, &node))
-                        .wait_durable(&metrics)
                         .await;
                     assert_eq!(admissions, vec![hotsplit::heal::Admission::Queued]);
                 }

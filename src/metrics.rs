@@ -226,6 +226,10 @@ pub struct Metrics {
     read_repairs: Family<ResultLabels, Counter>,
     /// The spool file's size.
     spool_bytes: Gauge,
+    /// Damaged stretches of the spool skipped at startup.
+    spool_damaged_regions: Counter,
+    /// Bytes skipped in them.
+    spool_skipped_bytes: Counter,
     /// 1 when a family's recorded layout differs from this instance's config.
     layout_mismatch: Family<FamilyLabels, Gauge>,
 }
@@ -331,6 +335,16 @@ impl Metrics {
         );
         let spool_bytes: Gauge =
             register(&mut registry, "spool_bytes", "Size of the retry spool file");
+        let spool_damaged_regions: Counter = register(
+            &mut registry,
+            "spool_damaged_regions",
+            "Damaged stretches of the retry spool skipped at startup (each held at least part of one record)",
+        );
+        let spool_skipped_bytes: Counter = register(
+            &mut registry,
+            "spool_skipped_bytes",
+            "Bytes of the retry spool skipped as damaged at startup",
+        );
 
         let layout_mismatch: Family<FamilyLabels, Gauge> = register(
             &mut registry,
@@ -348,6 +362,8 @@ impl Metrics {
             retry_superseded,
             read_repairs,
             spool_bytes,
+            spool_damaged_regions,
+            spool_skipped_bytes,
             registry: std::sync::Mutex::new(registry),
             publish_outcomes,
             invalidate_outcomes,
@@ -428,6 +444,12 @@ impl Metrics {
         self.retry_drops
             .get_or_create(&ReasonLabels { reason })
             .inc();
+    }
+
+    /// Counts the damaged stretches (and their bytes) skipped while replaying the spool.
+    pub fn spool_damage(&self, regions: u64, skipped_bytes: u64) {
+        self.spool_damaged_regions.inc_by(regions);
+        self.spool_skipped_bytes.inc_by(skipped_bytes);
     }
 
     /// Counts one pending entry replaced by a newer version.

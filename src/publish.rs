@@ -401,10 +401,7 @@ impl Publisher {
         if let (Some(queue), false) = (&self.retry_queue, failed_copies.is_empty()) {
             let (positions, failed): (Vec<usize>, Vec<FailedCopy>) =
                 failed_copies.into_iter().unzip();
-            let admissions = queue
-                .enqueue(key, version, &payload, failed)
-                .wait_durable(&self.metrics)
-                .await;
+            let admissions = queue.enqueue(key, version, &payload, failed).await;
             for (position, admission) in positions.into_iter().zip(admissions) {
                 if let Some(line) = report.outcomes.get_mut(position) {
                     if admission == Admission::Queued {

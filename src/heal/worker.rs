@@ -65,7 +65,7 @@ impl RetryWorker {
             });
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                () = this.queue.wake.notified() => {}
+                () = this.queue.wake().notified() => {}
                 () = tokio::time::sleep(wait) => {}
                 Some(_) = running.join_next(), if !running.is_empty() => {
                     this.queue.maybe_compact();

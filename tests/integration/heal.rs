@@ -240,10 +240,11 @@ async fn heal_a_late_retry_of_an_older_version_never_overwrites_a_newer_one() {
     let expire_at_ms = now_unix_ms() + 60_000;
 
     // Version 1's write to copy 0 failed and was queued...
-    let enqueued = queue.enqueue(
+    let old = Payload::Value(Bytes::from_static(b"old"));
+    let admissions = queue.enqueue(
         &key,
         Version::new(1).unwrap(),
-        &Payload::Value(Bytes::from_static(b"old")),
+        &old,
         vec![FailedCopy {
             copy_key: copy_key.clone(),
             node: store.node_of(&copy_key),
@@ -251,10 +252,7 @@ async fn heal_a_late_retry_of_an_older_version_never_overwrites_a_newer_one() {
             error: "timeout".into(),
         }],
     );
-    assert_eq!(
-        enqueued.wait_durable(&metrics).await,
-        vec![hotsplit::heal::Admission::Queued]
-    );
+    assert_eq!(admissions.await, vec![hotsplit::heal::Admission::Queued]);
     // ...then version 2 lands first (written by another instance, so this queue is not told).
     let newer = CopyWrite {
         copy_key: copy_key.clone(),
@@ -549,7 +547,7 @@ async fn heal_sigkill_mid_publish_loses_no_queued_entry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heal_the_binary_truncates_a_torn_spool_and_refuses_a_shared_one() {
+async fn heal_the_binary_drops_a_torn_spool_tail_and_refuses_a_shared_one() {
     let server = harness::shared_standalone();
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
@@ -567,11 +565,14 @@ async fn heal_the_binary_truncates_a_torn_spool_and_refuses_a_shared_one() {
     let mut owner = Binary::spawn(dir.path(), "owner", &config);
     owner.wait_ready().await;
     assert!(
-        owner.log_text().contains("torn or corrupt tail"),
+        owner.log_text().contains("ends in a torn frame"),
         "{}",
         owner.log_text()
     );
-    assert_eq!(std::fs::metadata(spool.join("spool.log")).unwrap().len(), 0);
+    // The torn frame was never acknowledged: the file is rewritten as an empty format-1 spool
+    // (its 32-byte header), not kept aside.
+    assert_eq!(std::fs::metadata(spool.join("spool.log")).unwrap().len(), 32);
+    assert_eq!(std::fs::read_dir(&spool).unwrap().count(), 2, "spool.log and LOCK only");
 
     let mut intruder = Binary::spawn(dir.path(), "intruder", &config);
     let mut status = None;
