@@ -27,7 +27,7 @@ use crate::harness::{
 };
 
 /// The stored version of `key` on `port`, 0 when missing.
-fn stored_version(port: u16, key: &str) -> u64 {
+pub(crate) fn stored_version(port: u16, key: &str) -> u64 {
     hgetall(port, key)
         .get("ver")
         .and_then(|ver| ver.parse().ok())
@@ -35,11 +35,11 @@ fn stored_version(port: u16, key: &str) -> u64 {
 }
 
 /// The `/v1/retry-queue` view of the service at `base`, with every entry.
-async fn retry_queue(http: &reqwest::Client, base: &str) -> Value {
+pub(crate) async fn retry_queue(http: &reqwest::Client, base: &str) -> Value {
     get_json(http, &format!("{base}/v1/retry-queue?limit=10000")).await
 }
 
-async fn wait_drained(http: &reqwest::Client, base: &str) {
+pub(crate) async fn wait_drained(http: &reqwest::Client, base: &str) {
     poll(
         "the retry queue drains",
         Duration::from_secs(20),
@@ -359,16 +359,16 @@ async fn heal_read_repair_fixes_a_stale_or_missing_affine_copy() {
 // ---------------------------------------------------------------------------------------------
 
 /// A `hotsplit serve` child process, SIGKILLed when dropped.
-struct Binary {
-    child: Child,
-    base: String,
+pub(crate) struct Binary {
+    pub(crate) child: Child,
+    pub(crate) base: String,
     log: PathBuf,
 }
 
 impl Binary {
     /// Starts `hotsplit serve --config <dir>/<name>.toml` with `config` (its `listen` is
     /// filled in); stdout and stderr go to `<dir>/<name>.log`.
-    fn spawn(dir: &Path, name: &str, config: &str) -> Binary {
+    pub(crate) fn spawn(dir: &Path, name: &str, config: &str) -> Binary {
         let port = harness::free_port();
         let path = dir.join(format!("{name}.toml"));
         std::fs::write(
@@ -393,7 +393,7 @@ impl Binary {
         }
     }
 
-    async fn wait_ready(&mut self) {
+    pub(crate) async fn wait_ready(&mut self) {
         let http = reqwest::Client::new();
         let url = format!("{}/readyz", self.base);
         let log = self.log.clone();
@@ -418,11 +418,11 @@ impl Binary {
         .await;
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn sigkill(&mut self) {
+    pub(crate) fn sigkill(&mut self) {
         self.child.kill().expect("SIGKILL hotsplit");
         self.child.wait().expect("reap hotsplit");
     }
@@ -571,8 +571,15 @@ async fn heal_the_binary_drops_a_torn_spool_tail_and_refuses_a_shared_one() {
     );
     // The torn frame was never acknowledged: the file is rewritten as an empty format-1 spool
     // (its 32-byte header), not kept aside.
-    assert_eq!(std::fs::metadata(spool.join("spool.log")).unwrap().len(), 32);
-    assert_eq!(std::fs::read_dir(&spool).unwrap().count(), 2, "spool.log and LOCK only");
+    assert_eq!(
+        std::fs::metadata(spool.join("spool.log")).unwrap().len(),
+        32
+    );
+    assert_eq!(
+        std::fs::read_dir(&spool).unwrap().count(),
+        2,
+        "spool.log and LOCK only"
+    );
 
     let mut intruder = Binary::spawn(dir.path(), "intruder", &config);
     let mut status = None;

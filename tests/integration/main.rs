@@ -16,3 +16,4 @@ mod http_api;
 mod http_e2e;
 mod redis_store;
 mod route;
+mod spool;
