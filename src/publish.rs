@@ -514,11 +514,7 @@ mod tests {
     async fn a_stored_value_does_not_share_the_request_buffer() {
         let store = Arc::new(MemoryStore::new());
         let config = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 2").unwrap();
-        let publisher = Publisher::new(
-            store.clone(),
-            Arc::new(Families::from_config(&config)),
-            Metrics::new(),
-        );
+        let publisher = Publisher::new(store.clone(), Arc::new(config.families()), Metrics::new());
         let buffer = Bytes::from(vec![7u8; 8192]);
         let value = buffer.slice(100..164);
         let key = Key::parse("p:1").unwrap();
