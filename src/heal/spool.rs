@@ -45,8 +45,8 @@
 //! Compaction writes the live entries to `spool.log.tmp` (removed again if anything fails),
 //! fsyncs it, renames it over `spool.log` and fsyncs the directory, so a crash at any point
 //! leaves either the old or the new file. A reset (the queue drained) truncates the file to
-//! its header in place, which needs no free space. A `LOCK` file held with `flock` makes sure
-//! one process owns the directory.
+//! its header in place, which needs no free space. A `LOCK` file held with `File::try_lock`
+//! (`flock` on Linux) makes sure one process owns the directory.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::hash::Hasher;

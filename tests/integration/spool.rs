@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use hotsplit::devcluster::{self, Standalone};
+use hotsplit_devcluster::{self as devcluster, Standalone};
 use reqwest::StatusCode;
 use serde_json::Value;
 
