@@ -14,6 +14,7 @@ mod harness;
 mod heal;
 mod http_api;
 mod http_e2e;
+mod memory;
 mod redis_store;
 mod route;
 mod spool;
