@@ -208,7 +208,7 @@ fn check(args: CheckArgs) -> ExitCode {
             println!("{}", report.markdown());
             let failures = report.failures();
             if failures.is_empty() {
-                println!("PASS: no floor violation, no affine reader saw its copy go back outside loss windows, no wrong decides-on-presence decision.");
+                println!("PASS: no monotonic-read violation outside loss windows in the affine, floor and delete modes (none at all in floor mode), no read-your-writes violation, no wrong decides-on-presence decision.");
                 ExitCode::SUCCESS
             } else {
                 for failure in failures {

@@ -312,8 +312,41 @@ impl Reader {
         let first = consulted
             .first()
             .map(|first| (first.read.served_by.clone(), first.reason));
-        let answer = match decide(consulted, min_version, request.if_none_match, plan.class) {
-            Ok(answer) => answer,
+        let decision = decide(consulted, min_version, request.if_none_match, plan.class);
+        if let (Some(repairer), Some(write)) = (&self.repairer, repair) {
+            if decision.is_ok() {
+                repairer.repair(write);
+            }
+        }
+        let answer = match decision {
+            Ok(Decision::Answer(answer)) => answer,
+            Ok(Decision::Invalidated {
+                version,
+                copy,
+                served_by,
+                reason,
+            }) => {
+                if let Some(client) = client {
+                    self.remember(
+                        &request.key,
+                        client,
+                        &plan,
+                        affine,
+                        copy,
+                        &served_by,
+                        version,
+                    );
+                }
+                self.count(
+                    &request.key,
+                    &served_by,
+                    RouteNote {
+                        class: plan.class,
+                        reason,
+                    },
+                );
+                return Err(Error::new(ErrorKind::NotFound, "key was invalidated"));
+            }
             Err(err) => {
                 if let (
                     ErrorKind::NotFound | ErrorKind::BelowVersionFloor,
@@ -332,68 +365,69 @@ impl Reader {
                 return Err(err);
             }
         };
-        if let (Some(repairer), Some(write)) = (&self.repairer, repair) {
-            repairer.repair(write);
-        }
-        let served = match &answer {
-            ReadAnswer::Value { copy, .. } | ReadAnswer::NotModified { copy, .. }
-                if *copy != affine =>
-            {
-                Served::Sibling
-            }
-            _ => Served::Affine,
-        };
-        if let Some(client) = client {
-            self.remember_moved_read(request, client, &plan, &answer, served);
-        }
-        Ok((answer, served))
-    }
-
-    /// A read that routing moved away from the reader's usual place (to the primary for a
-    /// replica class because of `lag-breach`, or `no-replica` when a known replica failed, or to a sibling because the
-    /// reader's own copy could not be read or was missing, with no floor involved) may have
-    /// returned a version its usual place does not hold yet. This instance remembers it as the
-    /// reader's floor for the family's `pin_window`, so the reader's next read, back on a
-    /// replica still behind or on its own copy that missed the write, does not go back. Moves a
-    /// floor caused (`own-write`, `version-floor`) or a request pin record nothing: those keep
-    /// their own bounded windows. Reads served where they usually are record nothing either:
-    /// the common path only looks the floor up.
-    fn remember_moved_read(
-        &self,
-        request: &ReadRequest,
-        client: &str,
-        plan: &Plan,
-        answer: &ReadAnswer,
-        served: Served,
-    ) {
         let (ReadAnswer::Value {
+            copy,
             version,
-            route,
             served_by,
             ..
         }
         | ReadAnswer::NotModified {
+            copy,
             version,
-            route,
             served_by,
             ..
-        }) = answer;
-        let rerouted = match route.reason {
-            RouteReason::LagBreach => true,
-            // A replica that failed, not a primary with no replica at all (nothing to go back
-            // to: recording there would only cost every read a lock).
-            RouteReason::NoReplica => self
-                .router
-                .lag()
-                .with_replicas(&served_by.node, |replicas| !replicas.is_empty()),
-            _ => false,
+        }) = &answer;
+        let served = if *copy == affine {
+            Served::Affine
+        } else {
+            Served::Sibling
         };
-        let fell_back = served == Served::Sibling
-            && plan.held_floor().is_none()
-            && request.min_version.is_none()
-            && request.if_none_match.is_none();
-        if rerouted || fell_back {
-            self.router.record_seen(&request.key, *version, client);
+        if let Some(client) = client {
+            self.remember(
+                &request.key,
+                client,
+                &plan,
+                affine,
+                *copy,
+                served_by,
+                *version,
+            );
+        }
+        Ok((answer, served))
+    }
+
+    /// Leaves the reader a seen floor when its read was served from somewhere its next read may
+    /// not go: a sibling instead of its own copy, or a primary while this instance knows
+    /// replicas (for any reason: `lag-breach`, `no-replica`, a floor that sent it there, or a
+    /// class that reads primaries, since the reader's next read may use a replica class). The
+    /// answer may be newer than what the reader's usual place holds, so the version served (a
+    /// tombstone's for a 404) is held as the reader's floor for the family's `pin_window`: its
+    /// next read, back on a replica still behind or on its own copy that missed the write, does
+    /// not go back.
+    ///
+    /// Nothing is recorded when the version is not above the floor the reader already holds:
+    /// every window stays bounded (a reader kept on the primary by its floor does not extend the
+    /// floor forever), and the common path, served where it usually is, only looks the floor up.
+    /// A floor started when a version was first served outlives the replica's lag: a replica
+    /// within its budget holds every version older than the budget.
+    #[allow(clippy::too_many_arguments)]
+    fn remember(
+        &self,
+        key: &Key,
+        client: &str,
+        plan: &Plan,
+        affine: u32,
+        copy: u32,
+        served_by: &ServedBy,
+        version: Version,
+    ) {
+        if plan.held_floor().is_some_and(|held| held >= version) {
+            return;
+        }
+        let moved =
+            copy != affine || (served_by.role == Role::Primary && self.router.lag().replicated());
+        if moved {
+            self.router.record_seen(key, version, client);
         }
     }
 
@@ -425,9 +459,19 @@ impl Reader {
         let reason = match self.router.target(plan, &primary) {
             Target::Replica(replica) => {
                 let read = self.store.read_replica_copy(&copy_key, &replica).await;
+                // Under a floor, a replica's copy that is below it or missing (the replica may
+                // not have received the key yet) is never the answer: the primary's copy is.
+                let below = |floor: Option<Version>| match &read.record {
+                    Ok(Some(record)) => floor.is_some_and(|floor| record.version < floor),
+                    Ok(None) => floor.is_some(),
+                    Err(_) => false,
+                };
                 let reason = match &read.record {
-                    Ok(Some(record)) if floor.is_some_and(|floor| record.version < floor) => {
-                        let below = |floor: Option<Version>| floor.is_some_and(|floor| record.version < floor);
+                    Err(err) => {
+                        tracing::debug!(copy_key = %copy_key, replica = %replica, error = %err, "replica read failed; reading the primary");
+                        RouteReason::NoReplica
+                    }
+                    Ok(_) if below(floor) => {
                         if below(plan.own_floor) && !below(client_floor) {
                             RouteReason::OwnWrite
                         } else {
@@ -440,10 +484,6 @@ impl Reader {
                             read,
                             reason: RouteReason::Class,
                         })
-                    }
-                    Err(err) => {
-                        tracing::debug!(copy_key = %copy_key, replica = %replica, error = %err, "replica read failed; reading the primary");
-                        RouteReason::NoReplica
                     }
                 };
                 reason
@@ -474,8 +514,19 @@ impl Reader {
     }
 }
 
+/// Whether `record` comes after `held` in the copies' order: a higher version, or at an equal
+/// version a tombstone after a value (tombstones win ties, as in the compare-and-set).
+fn supersedes(record: &CopyRecord, held: &CopyRecord) -> bool {
+    record.version > held.version
+        || (record.version == held.version
+            && matches!(record.payload, Payload::Tombstone)
+            && matches!(held.payload, Payload::Value(_)))
+}
+
 /// The write that brings the affine copy up to the newest consulted sibling, when the affine copy
-/// answered and is missing or older (a failed read is not repaired: its node is unreachable).
+/// answered and is missing or older (a failed read is not repaired: its node is unreachable). A
+/// sibling's tombstone at the affine copy's own version is newer than the affine value, so it is
+/// spread too.
 fn repair_of(key: &Key, affine: u32, consulted: &[Consulted]) -> Option<CopyWrite> {
     let first = consulted.first()?;
     // A replica's copy may only be behind by replication lag: the primary's copy is not known
@@ -484,14 +535,19 @@ fn repair_of(key: &Key, affine: u32, consulted: &[Consulted]) -> Option<CopyWrit
         return None;
     }
     let held = match &first.read.record {
-        Ok(record) => record.as_ref().map(|record| record.version),
+        Ok(record) => record.as_ref(),
         Err(_) => return None,
     };
-    let newest = consulted[1..]
-        .iter()
-        .filter_map(|sibling| sibling.read.record.as_ref().ok()?.as_ref())
-        .max_by_key(|record| record.version)?;
-    if held.is_some_and(|held| held >= newest.version) {
+    let mut newest: Option<&CopyRecord> = None;
+    for sibling in &consulted[1..] {
+        if let Ok(Some(record)) = &sibling.read.record {
+            if newest.is_none_or(|newest| supersedes(record, newest)) {
+                newest = Some(record);
+            }
+        }
+    }
+    let newest = newest?;
+    if held.is_some_and(|held| !supersedes(newest, held)) {
         return None;
     }
     Some(CopyWrite {
@@ -502,13 +558,35 @@ fn repair_of(key: &Key, affine: u32, consulted: &[Consulted]) -> Option<CopyWrit
     })
 }
 
-/// Chooses the answer from the consulted copies (the affine copy first).
+/// What the consulted copies decided, short of an error.
+enum Decision {
+    /// A value or "not modified".
+    Answer(ReadAnswer),
+    /// The newest consulted record is a tombstone at or above every floor: 404, and the
+    /// tombstone's version is what the reader was shown.
+    Invalidated {
+        /// The tombstone's version.
+        version: Version,
+        /// The copy that held it.
+        copy: u32,
+        /// The node that served it.
+        served_by: ServedBy,
+        /// Why that node served.
+        reason: RouteReason,
+    },
+}
+
+/// Chooses the answer from the consulted copies (the affine copy first). The newest record
+/// wins, a tombstone over a value at the same version. A value below `min_version`, or a
+/// tombstone below `min_version` or the `If-None-Match` version, is never the answer: the read
+/// is `BelowVersionFloor` (a tombstone below what the reader holds would say "deleted" to a
+/// reader that has seen a later value).
 fn decide(
     consulted: Vec<Consulted>,
     min_version: Option<Version>,
     if_none_match: Option<Version>,
     class: ReadClass,
-) -> Result<ReadAnswer> {
+) -> Result<Decision> {
     let mut best: Option<(u32, ServedBy, CopyRecord, RouteReason)> = None;
     let mut last_error: Option<Error> = None;
     for Consulted { copy, read, reason } in consulted {
@@ -516,7 +594,7 @@ fn decide(
             Ok(Some(record)) => {
                 let newer = best
                     .as_ref()
-                    .is_none_or(|(_, _, held, _)| record.version > held.version);
+                    .is_none_or(|(_, _, held, _)| supersedes(&record, held));
                 if newer {
                     best = Some((copy, read.served_by, record, reason));
                 }
@@ -531,7 +609,11 @@ fn decide(
             None => Error::new(ErrorKind::NotFound, "key not found"),
         });
     };
-    if let Some(floor) = min_version {
+    let floor = match record.payload {
+        Payload::Tombstone => min_version.max(if_none_match),
+        Payload::Value(_) => min_version,
+    };
+    if let Some(floor) = floor {
         if record.version < floor {
             return Err(Error::new(
                 ErrorKind::BelowVersionFloor,
@@ -544,22 +626,27 @@ fn decide(
     }
     let route = RouteNote { class, reason };
     match record.payload {
-        Payload::Tombstone => Err(Error::new(ErrorKind::NotFound, "key was invalidated")),
+        Payload::Tombstone => Ok(Decision::Invalidated {
+            version: record.version,
+            copy,
+            served_by,
+            reason,
+        }),
         Payload::Value(_) if if_none_match.is_some_and(|tag| record.version <= tag) => {
-            Ok(ReadAnswer::NotModified {
+            Ok(Decision::Answer(ReadAnswer::NotModified {
                 version: record.version,
                 copy,
                 served_by,
                 route,
-            })
+            }))
         }
-        Payload::Value(value) => Ok(ReadAnswer::Value {
+        Payload::Value(value) => Ok(Decision::Answer(ReadAnswer::Value {
             value,
             version: record.version,
             copy,
             served_by,
             route,
-        }),
+        })),
     }
 }
 
@@ -774,10 +861,132 @@ mod tests {
             .invalidate(&key, VersionChoice::Given(version(6)))
             .await
             .unwrap();
-        for inm in [None, Some(5), Some(6), Some(7)] {
+        for inm in [None, Some(5), Some(6)] {
             let err = read(&fixture, "alice", None, inm).await.unwrap_err();
             assert_eq!(err.kind(), ErrorKind::NotFound, "if-none-match {inm:?}");
         }
+        // A reader that holds version 7 is never told that the key was deleted at 6.
+        for (min_version, inm) in [(None, Some(7)), (Some(7), None)] {
+            let err = read(&fixture, "alice", min_version, inm).await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                ErrorKind::BelowVersionFloor,
+                "{min_version:?} {inm:?}"
+            );
+        }
+    }
+
+    /// Makes copy `copy` of `p:1` hold `record` (or nothing), bypassing the compare-and-set.
+    fn set_copy(fixture: &Fixture, copy: u32, n: u64, payload: Option<Payload>) {
+        let record = payload.map(|payload| CopyRecord {
+            version: version(n),
+            payload,
+            expire_at_ms: crate::store::now_unix_ms() + 60_000,
+        });
+        fixture
+            .store
+            .overwrite_for_test(&Key::parse("p:1").unwrap().copy_key(copy), record);
+    }
+
+    #[tokio::test]
+    async fn a_tombstone_wins_over_a_value_of_the_same_version_and_is_repaired_onto_the_copy() {
+        let fixture = fixture();
+        publish(&fixture, 5, "five").await;
+        let affine = affinity::copy_index("alice", 8);
+        // Alice's copy is missing; the next sibling holds the value 5, the one after it a
+        // tombstone 5 (an invalidate of the same version that reached only that copy).
+        set_copy(&fixture, affine, 5, None);
+        set_copy(
+            &fixture,
+            (affine + 1) % 8,
+            5,
+            Some(Payload::Value(Bytes::from_static(b"five"))),
+        );
+        set_copy(&fixture, (affine + 2) % 8, 5, Some(Payload::Tombstone));
+        let err = read(&fixture, "alice", None, None).await.unwrap_err();
+        assert_eq!(
+            err.kind(),
+            ErrorKind::NotFound,
+            "the tombstone wins the tie"
+        );
+
+        // Read repair writes the tombstone onto a copy holding the value of its version.
+        let key = Key::parse("p:1").unwrap();
+        let consulted = |copy, payload| Consulted {
+            copy,
+            read: CopyRead {
+                served_by: ServedBy::embedded(),
+                record: Ok(Some(CopyRecord {
+                    version: version(5),
+                    payload,
+                    expire_at_ms: 1,
+                })),
+            },
+            reason: RouteReason::Class,
+        };
+        let value = || Payload::Value(Bytes::from_static(b"five"));
+        let write = repair_of(
+            &key,
+            0,
+            &[consulted(0, value()), consulted(1, Payload::Tombstone)],
+        )
+        .expect("the tombstone is spread");
+        assert_eq!(
+            (write.copy_key, write.version, write.payload),
+            (key.copy_key(0), version(5), Payload::Tombstone)
+        );
+        assert!(
+            repair_of(
+                &key,
+                0,
+                &[consulted(0, Payload::Tombstone), consulted(1, value())]
+            )
+            .is_none(),
+            "a value never replaces a tombstone of its version"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_tombstone_served_by_a_sibling_leaves_its_version_as_the_readers_floor() {
+        let fixture = fixture();
+        publish(&fixture, 5, "five").await;
+        let affine = affinity::copy_index("alice", 8);
+        // Alice's copy could not be read in time (here: it is missing); a sibling holds the
+        // tombstone 6 and answers 404.
+        set_copy(&fixture, affine, 5, None);
+        set_copy(&fixture, (affine + 1) % 8, 6, Some(Payload::Tombstone));
+        let err = read(&fixture, "alice", None, None).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound);
+        // Her copy then comes back with the older value: she is not shown 5 after the delete.
+        set_copy(
+            &fixture,
+            affine,
+            5,
+            Some(Payload::Value(Bytes::from_static(b"five"))),
+        );
+        set_copy(&fixture, (affine + 1) % 8, 5, None);
+        let err = read(&fixture, "alice", None, None).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::BelowVersionFloor);
+    }
+
+    #[tokio::test]
+    async fn a_sibling_that_answers_under_a_floor_leaves_the_version_it_served() {
+        let fixture = fixture();
+        publish(&fixture, 5, "five").await;
+        let affine = regress_affine_copy(&fixture, "alice", 4, "four");
+        // Alice's floor 5 moves her read to a sibling, which holds 6.
+        set_copy(
+            &fixture,
+            (affine + 1) % 8,
+            6,
+            Some(Payload::Value(Bytes::from_static(b"six"))),
+        );
+        let answer = read(&fixture, "alice", Some(5), None).await.unwrap();
+        assert!(matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 6));
+        // Without her floor, she is still not sent back to 5 (or to her copy's 4).
+        set_copy(&fixture, (affine + 1) % 8, 5, None);
+        let err = read(&fixture, "alice", None, None).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::BelowVersionFloor);
     }
 
     #[tokio::test]

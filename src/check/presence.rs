@@ -103,8 +103,11 @@ impl Experiment {
             tasks.spawn(async move {
                 while !stop.is_cancelled() {
                     let start = recorder.now_us();
+                    // One client id per class: a read the primary serves leaves the reader a
+                    // seen floor, so an asker shared by both classes would carry the
+                    // `decides-on-presence` reads' versions into its `advisory` reads.
                     let answer = send(http.get(format!(
-                        "{base}/v1/keys/{key}?{CLIENT}=asker&{CLASS}={class}"
+                        "{base}/v1/keys/{key}?{CLIENT}=asker-{class}&{CLASS}={class}"
                     )))
                     .await;
                     recorder.push_read(class, key, start, &answer);

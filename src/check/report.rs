@@ -73,6 +73,40 @@ pub struct ModeResult {
 }
 
 impl ModeResult {
+    /// Whether this mode claims monotonic reads: every mode but `random-suffix`, whose readers
+    /// pick a copy at random with no floor.
+    pub fn judges_monotonic_reads(&self) -> bool {
+        self.mode != Mode::RandomSuffix
+    }
+
+    /// The monotonic-read violations that fail the run: outside loss windows, whichever two
+    /// reads they compare; in `floor` mode, inside loss windows too (the reader's own floor
+    /// survives a lost write).
+    pub fn judged_monotonic_violations(&self) -> usize {
+        if !self.judges_monotonic_reads() {
+            return 0;
+        }
+        let outside = self.monotonic_violations
+            + self.monotonic_violations_across_copies
+            + self.monotonic_violations_across_roles;
+        if self.mode == Mode::Floor {
+            outside + self.monotonic_violations_in_loss_windows
+        } else {
+            outside
+        }
+    }
+
+    /// What this mode's line contributes to the run's verdict.
+    pub fn verdict(&self) -> &'static str {
+        if self.judged_monotonic_violations() > 0 || self.read_your_writes_violations > 0 {
+            "FAIL"
+        } else if self.judges_monotonic_reads() {
+            "pass"
+        } else {
+            "pass (read-your-writes only)"
+        }
+    }
+
     /// Every monotonic-read violation, whatever explains it.
     pub fn all_monotonic_violations(&self) -> usize {
         self.monotonic_violations
@@ -105,21 +139,34 @@ pub struct CheckReport {
 }
 
 impl CheckReport {
-    /// The reasons this run fails, empty when it passes: any `floor` violation, any `affine`
-    /// violation outside a loss window, any wrong `decides-on-presence` decision.
+    /// The reasons this run fails, empty when it passes: in the `affine`, `floor` and `delete`
+    /// modes any monotonic-read violation outside a loss window, whichever two reads it compares
+    /// (the same copy, two copies, or a replica and its primary), and in `floor` mode inside loss
+    /// windows too; in every mode any read-your-writes violation; any wrong
+    /// `decides-on-presence` decision.
     pub fn failures(&self) -> Vec<String> {
         let mut failures = Vec::new();
         for mode in &self.modes {
-            if mode.mode == Mode::Floor && mode.all_monotonic_violations() > 0 {
+            let judged = mode.judged_monotonic_violations();
+            if judged > 0 {
                 failures.push(format!(
-                    "floor mode broke monotonic reads {} times",
-                    mode.all_monotonic_violations()
+                    "{} mode broke monotonic reads {judged} times{} ({} same copy, {} across copies, {} replica/primary)",
+                    mode.mode.as_str(),
+                    if mode.mode == Mode::Floor {
+                        ""
+                    } else {
+                        " outside loss windows"
+                    },
+                    mode.monotonic_violations,
+                    mode.monotonic_violations_across_copies,
+                    mode.monotonic_violations_across_roles
                 ));
             }
-            if mode.mode == Mode::Affine && mode.monotonic_violations > 0 {
+            if mode.read_your_writes_violations > 0 {
                 failures.push(format!(
-                    "affine mode read a copy going back {} times outside loss windows",
-                    mode.monotonic_violations
+                    "{} mode broke read-your-writes {} times",
+                    mode.mode.as_str(),
+                    mode.read_your_writes_violations
                 ));
             }
         }
@@ -138,13 +185,17 @@ impl CheckReport {
     pub fn markdown(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "## Modes (seed {})\n", self.seed);
-        let _ = writeln!(out, "| mode | reads | monotonic-read violations | same copy | across copies | replica/primary | in loss windows | read-your-writes violations | stale reads | stale by, p99 (ms) | extra source loads | convergence p99 (ms) | copy rollbacks |");
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "| mode | verdict | reads | monotonic-read violations | same copy | across copies | replica/primary | in loss windows | read-your-writes violations | stale reads | stale by, p99 (ms) | extra source loads | convergence p99 (ms) | copy rollbacks |");
+        let _ = writeln!(
+            out,
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
         for mode in &self.modes {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {} |",
                 mode.mode.as_str(),
+                mode.verdict(),
                 mode.reads,
                 mode.all_monotonic_violations(),
                 mode.monotonic_violations,

@@ -60,6 +60,8 @@ pub struct RouteMetrics {
     lag_ms: Family<LagLabels, Gauge<f64, AtomicU64>>,
     /// Offset gap in bytes by replica.
     offset_gap: Family<GapLabels, Gauge>,
+    /// Client floors evicted while their window was still open.
+    floor_evictions: Counter,
 }
 
 /// Whether a replica or a primary served.
@@ -130,12 +132,24 @@ impl RouteMetrics {
             "replica_offset_gap_bytes",
             "master_repl_offset on the primary minus slave_repl_offset on the replica",
         );
+        let floor_evictions = Counter::default();
+        registry.register(
+            "route_floor_evictions",
+            "Client floors (written or seen) evicted from the bounded floor table while their window was still open",
+            floor_evictions.clone(),
+        );
         RouteMetrics {
             classes: classes.iter().map(|(_, def)| def.name.clone()).collect(),
             reads,
             lag_ms,
             offset_gap,
+            floor_evictions,
         }
+    }
+
+    /// The counter of live floors evicted, shared with the floor table.
+    pub fn floor_evictions(&self) -> &Counter {
+        &self.floor_evictions
     }
 
     fn slot(class: ReadClass, role: ServedRole, reason: RouteReason) -> usize {

@@ -60,9 +60,13 @@ pub struct RouteConfig {
     /// How long a request id that wrote pins later reads carrying it to primaries. Default: `5s`.
     #[serde(with = "crate::duration")]
     pub request_pin_window: Duration,
-    /// The most (client, key) floors (written and seen) and request pins held in memory; the least recently
-    /// used go first. Default: 100000.
+    /// The most (client, key) floors (written and seen) held in memory, and the most request
+    /// pins. When the floors are full, expired ones go first, then the least recently used floor
+    /// of the client holding the most (of the latest arrival among equals). Default: 100000.
     pub max_pins: usize,
+    /// The most floors one client id holds; a new one beyond that replaces that client's least
+    /// recently used floor. Default: 1024.
+    pub max_floors_per_client: usize,
 }
 
 impl Default for RouteConfig {
@@ -72,6 +76,7 @@ impl Default for RouteConfig {
             lag_window: Duration::from_secs(60),
             request_pin_window: Duration::from_secs(5),
             max_pins: 100_000,
+            max_floors_per_client: 1024,
         }
     }
 }
@@ -99,6 +104,9 @@ impl RouteConfig {
         }
         if self.max_pins == 0 {
             return invalid("max_pins", "must be positive");
+        }
+        if self.max_floors_per_client == 0 {
+            return invalid("max_floors_per_client", "must be positive");
         }
         Ok(())
     }

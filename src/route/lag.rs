@@ -18,7 +18,7 @@
 //! heartbeat seen, so an unreachable or stopped replica goes over every budget.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -78,6 +78,10 @@ pub struct LagTable {
     window: Duration,
     /// Primary → its replicas' state, replaced when the topology changes.
     by_primary: RwLock<Arc<HashMap<NodeLabel, Vec<Arc<ReplicaLag>>>>>,
+    /// Whether any topology set so far listed a replica. It stays set: while a failover or a
+    /// refresh leaves a primary without known replicas, its reads still move back to a
+    /// replica later, so moved reads keep leaving floors.
+    replicated: AtomicBool,
 }
 
 impl LagTable {
@@ -88,6 +92,7 @@ impl LagTable {
             interval,
             window,
             by_primary: RwLock::new(Arc::new(HashMap::new())),
+            replicated: AtomicBool::new(false),
         }
     }
 
@@ -123,8 +128,17 @@ impl LagTable {
             .clone()
     }
 
+    /// Whether any replica was ever known: then a read a primary served may be followed by a
+    /// read a replica serves.
+    pub fn replicated(&self) -> bool {
+        self.replicated.load(Ordering::Relaxed)
+    }
+
     /// Replaces the topology, keeping the state of replicas that stay.
     pub fn set_topology(&self, sets: &[ReplicaSet]) {
+        if sets.iter().any(|set| !set.replicas.is_empty()) {
+            self.replicated.store(true, Ordering::Relaxed);
+        }
         let current = self.snapshot();
         let same = sets.len() == current.len()
             && sets.iter().all(|set| {

@@ -203,7 +203,12 @@ impl Router {
             classes,
             families,
             defaults,
-            pins: Pins::new(config.max_pins, config.request_pin_window),
+            pins: Pins::new(
+                config.max_pins,
+                config.max_floors_per_client,
+                config.request_pin_window,
+                metrics.floor_evictions().clone(),
+            ),
             lag,
             metrics,
         })

@@ -2,24 +2,38 @@
 //! pins.
 //!
 //! A write that carries a client id records a floor (the version written) for that client and
-//! key, held for the family's `pin_window`. A read whose answer came from somewhere other than
-//! the reader's usual place (the primary instead of a replica, or a sibling instead of its own
+//! key, held for the family's `pin_window`. A read served from somewhere other than where the
+//! reader's next read would go (a primary while replicas exist, or a sibling instead of its own
 //! copy) records the version it returned the same way, so that the reader's next read, back on
 //! a replica that may still be behind, or on its own copy that missed a write, cannot go back.
 //! A write that carries a request id pins every later read with that id to primaries for
-//! `request_pin_window`. Floors and pins live in bounded LRU maps: the least recently used entry
-//! goes first when `route.max_pins` is reached.
+//! `request_pin_window`.
+//!
+//! # Bounds
+//! Floors are bounded per client and in total, so that one client (or one caller sending many
+//! client ids) cannot push out another client's floors:
+//! - a client holds at most `route.max_floors_per_client` floors; a new one beyond that replaces
+//!   that client's least recently used floor;
+//! - the table holds at most `route.max_pins` floors; when it is full, expired floors go first,
+//!   then the least recently used floor of the client holding the most, and among clients
+//!   holding equally many, of the client that arrived last. A flood of new client ids therefore
+//!   evicts its own floors, never those of a client that held one before the flood.
+//!
+//! Reading a floor refreshes its recency. Evicting a floor whose window is still open is counted
+//! (`hotsplit_route_floor_evictions_total`). Request pins live in a plain bounded LRU.
 //!
 //! No pin store in Redis is offered: checking one would cost a round trip to a primary on every
 //! read, as much as reading the copy from the primary, which is what the pin avoids. A client
 //! that needs read-your-writes through any instance sends the `Hotsplit-Version` of its write
 //! back as `min_version` instead.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
 
 use crate::key::{Key, Version};
 
@@ -60,6 +74,7 @@ impl<K: Hash + Eq + Clone, V: Copy> Lru<K, V> {
         }
     }
 
+    /// The value held for `key` while it has not expired; a hit becomes the most recently used.
     fn get<Q>(&mut self, key: &Q, now: Instant) -> Option<V>
     where
         K: std::borrow::Borrow<Q>,
@@ -67,11 +82,16 @@ impl<K: Hash + Eq + Clone, V: Copy> Lru<K, V> {
     {
         let (value, until, stamp) = *self.entries.get(key)?;
         if until <= now {
-            if let Some((found, _)) = self.entries.remove_entry(key) {
-                self.order.remove(&stamp);
-                drop(found);
-            }
+            self.entries.remove(key);
+            self.order.remove(&stamp);
             return None;
+        }
+        if let Some(name) = self.order.remove(&stamp) {
+            self.tick += 1;
+            self.order.insert(self.tick, name);
+            if let Some(entry) = self.entries.get_mut(key) {
+                entry.2 = self.tick;
+            }
         }
         Some(value)
     }
@@ -82,7 +102,7 @@ impl<K: Hash + Eq + Clone, V: Copy> Lru<K, V> {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is a few map operations that cannot leave the map half-updated.
+    // Every critical section is a few map operations that cannot leave the maps half-updated.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -95,7 +115,7 @@ pub struct Floors {
     pub seen: Option<Version>,
 }
 
-/// One entry of the floor map: each floor with the end of its own window.
+/// One entry of the floor table: each floor with the end of its own window.
 #[derive(Debug, Clone, Copy, Default)]
 struct Held {
     written: Option<(Version, Instant)>,
@@ -126,21 +146,215 @@ impl Held {
     }
 
     /// When the entry can go: when both windows have ended.
-    fn until(&self) -> Instant {
-        let ends = [self.written, self.seen];
-        ends.iter()
+    fn until(&self, now: Instant) -> Instant {
+        [self.written, self.seen]
+            .iter()
             .flatten()
             .map(|(_, until)| *until)
             .max()
-            .unwrap_or_else(Instant::now)
+            .unwrap_or(now)
+    }
+}
+
+/// One (client, key) floor entry.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// The floors.
+    held: Held,
+    /// When both windows end: the entry's key in [`FloorTable::expiry`].
+    until: Instant,
+    /// Its id in [`FloorTable::expiry`], fixed when the entry is (re)written.
+    id: u64,
+    /// Its recency stamp in [`ClientFloors::recency`], refreshed by every use.
+    used: u64,
+}
+
+/// Every floor one client holds.
+#[derive(Debug)]
+struct ClientFloors {
+    /// When the client arrived (a table-wide sequence number): among clients holding equally
+    /// many floors, the one that arrived last gives one up first.
+    arrival: u64,
+    /// Key → its floors.
+    floors: HashMap<Arc<str>, Slot>,
+    /// Use stamp → key, least recently used first.
+    recency: BTreeMap<u64, Arc<str>>,
+}
+
+/// The floors of every client, bounded per client and in total.
+#[derive(Debug)]
+struct FloorTable {
+    /// Client id → its floors.
+    clients: HashMap<Arc<str>, ClientFloors>,
+    /// (floors held, arrival, client): the largest holder, latest arrival last.
+    by_size: BTreeSet<(usize, u64, Arc<str>)>,
+    /// (end of the windows, id) → (client, key): expired entries first.
+    expiry: BTreeMap<(Instant, u64), (Arc<str>, Arc<str>)>,
+    /// Floors held in total.
+    total: usize,
+    /// The next stamp (arrivals, ids and recency share one sequence).
+    tick: u64,
+    /// The most floors one client holds.
+    per_client: usize,
+    /// The most floors held in total.
+    capacity: usize,
+}
+
+impl FloorTable {
+    fn new(capacity: usize, per_client: usize) -> FloorTable {
+        FloorTable {
+            clients: HashMap::new(),
+            by_size: BTreeSet::new(),
+            expiry: BTreeMap::new(),
+            total: 0,
+            tick: 0,
+            per_client: per_client.max(1),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// The live floors of (`client`, `key`), refreshing the entry's recency.
+    fn get(&mut self, client: &str, key: &str, now: Instant) -> Option<Held> {
+        let slot = *self.clients.get(client)?.floors.get(key)?;
+        if slot.until <= now {
+            self.remove(client, key);
+            return None;
+        }
+        let used = self.next();
+        let entry = self.clients.get_mut(client)?;
+        if let Some(name) = entry.recency.remove(&slot.used) {
+            entry.recency.insert(used, name);
+        }
+        if let Some(held) = entry.floors.get_mut(key) {
+            held.used = used;
+        }
+        Some(slot.held)
+    }
+
+    /// Writes the floors of (`client`, `key`), then evicts within the bounds. Returns how many
+    /// floors whose windows were still open had to go.
+    fn insert(&mut self, client: &str, key: &str, held: Held, now: Instant) -> u64 {
+        let until = held.until(now);
+        let (id, used) = (self.next(), self.next());
+        let arrival = self.tick;
+        let (client, entry) = match self.clients.get_key_value(client) {
+            Some((name, _)) => (name.clone(), None),
+            None => (
+                Arc::<str>::from(client),
+                Some(ClientFloors {
+                    arrival,
+                    floors: HashMap::new(),
+                    recency: BTreeMap::new(),
+                }),
+            ),
+        };
+        if let Some(entry) = entry {
+            self.by_size.insert((0, arrival, client.clone()));
+            self.clients.insert(client.clone(), entry);
+        }
+        let Some(entry) = self.clients.get_mut(&client) else {
+            return 0;
+        };
+        let old_size = entry.floors.len();
+        let key: Arc<str> = match entry.floors.get_key_value(key) {
+            Some((name, _)) => name.clone(),
+            None => Arc::from(key),
+        };
+        let slot = Slot {
+            held,
+            until,
+            id,
+            used,
+        };
+        if let Some(old) = entry.floors.insert(key.clone(), slot) {
+            entry.recency.remove(&old.used);
+            self.expiry.remove(&(old.until, old.id));
+        } else {
+            self.total += 1;
+        }
+        entry.recency.insert(used, key.clone());
+        let (arrival, new_size) = (entry.arrival, entry.floors.len());
+        self.expiry.insert((until, id), (client.clone(), key));
+        self.resize(&client, arrival, old_size, new_size);
+
+        let mut evicted_live = 0;
+        while self
+            .clients
+            .get(&client)
+            .is_some_and(|entry| entry.floors.len() > self.per_client)
+        {
+            evicted_live += u64::from(self.evict_from(&client, now));
+        }
+        while self.total > self.capacity {
+            if let Some((&(until, _), _)) = self.expiry.first_key_value() {
+                if until <= now {
+                    if let Some((_, (client, key))) = self.expiry.pop_first() {
+                        self.remove(&client, &key);
+                    }
+                    continue;
+                }
+            }
+            let Some((_, _, largest)) = self.by_size.last().cloned() else {
+                break;
+            };
+            evicted_live += u64::from(self.evict_from(&largest, now));
+        }
+        evicted_live
+    }
+
+    /// Drops `client`'s least recently used floor; whether its window was still open.
+    fn evict_from(&mut self, client: &str, now: Instant) -> bool {
+        let Some(key) = self
+            .clients
+            .get(client)
+            .and_then(|entry| entry.recency.first_key_value())
+            .map(|(_, key)| key.clone())
+        else {
+            return false;
+        };
+        self.remove(client, &key)
+            .is_some_and(|slot| slot.until > now)
+    }
+
+    /// Removes the entry (`client`, `key`) from every index.
+    fn remove(&mut self, client: &str, key: &str) -> Option<Slot> {
+        let entry = self.clients.get_mut(client)?;
+        let slot = entry.floors.remove(key)?;
+        entry.recency.remove(&slot.used);
+        let (arrival, new_size) = (entry.arrival, entry.floors.len());
+        self.expiry.remove(&(slot.until, slot.id));
+        self.total -= 1;
+        let Some((name, _)) = self.clients.get_key_value(client) else {
+            return Some(slot);
+        };
+        let name = name.clone();
+        self.resize(&name, arrival, new_size + 1, new_size);
+        if new_size == 0 {
+            self.by_size.remove(&(0, arrival, name));
+            self.clients.remove(client);
+        }
+        Some(slot)
+    }
+
+    /// Moves `client` in the size order.
+    fn resize(&mut self, client: &Arc<str>, arrival: u64, old: usize, new: usize) {
+        if old != new {
+            self.by_size.remove(&(old, arrival, client.clone()));
+            self.by_size.insert((new, arrival, client.clone()));
+        }
     }
 }
 
 /// Client floors and request pins.
 #[derive(Debug)]
 pub struct Pins {
-    /// `client \0 key` → the floors that client holds for that key.
-    floors: Mutex<Lru<String, Held>>,
+    /// Every client's floors.
+    floors: Mutex<FloorTable>,
     /// Request id → pinned.
     requests: Mutex<Lru<String, ()>>,
     /// How many floors are held, so reads skip the lock when there are none.
@@ -149,25 +363,26 @@ pub struct Pins {
     request_count: AtomicUsize,
     /// How long a request id pins reads.
     request_pin_window: Duration,
-}
-
-fn floor_key(client: &str, key: &Key) -> String {
-    let mut text = String::with_capacity(client.len() + key.as_str().len() + 1);
-    text.push_str(client);
-    text.push('\0');
-    text.push_str(key.as_str());
-    text
+    /// Floors evicted while their window was still open.
+    live_evictions: Counter,
 }
 
 impl Pins {
-    /// Empty maps of at most `capacity` entries each.
-    pub fn new(capacity: usize, request_pin_window: Duration) -> Pins {
+    /// Empty tables: at most `capacity` floors in total and `per_client` per client, at most
+    /// `capacity` request pins. Evictions of live floors are counted in `live_evictions`.
+    pub fn new(
+        capacity: usize,
+        per_client: usize,
+        request_pin_window: Duration,
+        live_evictions: Counter,
+    ) -> Pins {
         Pins {
-            floors: Mutex::new(Lru::new(capacity)),
+            floors: Mutex::new(FloorTable::new(capacity, per_client)),
             requests: Mutex::new(Lru::new(capacity)),
             floor_count: AtomicUsize::new(0),
             request_count: AtomicUsize::new(0),
             request_pin_window,
+            live_evictions,
         }
     }
 
@@ -195,13 +410,15 @@ impl Pins {
         update: impl FnOnce(&mut Held, Instant, Instant),
     ) {
         let now = Instant::now();
-        let entry = floor_key(client, key);
         let mut floors = lock(&self.floors);
-        let mut held = floors.get(entry.as_str(), now).unwrap_or_default();
+        let mut held = floors.get(client, key.as_str(), now).unwrap_or_default();
         update(&mut held, now + window, now);
-        let until = held.until();
-        floors.insert(entry, held, until);
-        self.floor_count.store(floors.len(), Ordering::Relaxed);
+        let evicted = floors.insert(client, key.as_str(), held, now);
+        self.floor_count.store(floors.total, Ordering::Relaxed);
+        drop(floors);
+        if evicted > 0 {
+            self.live_evictions.inc_by(evicted);
+        }
     }
 
     /// The floors `client` holds for `key` whose windows are still open.
@@ -209,11 +426,10 @@ impl Pins {
         if self.floor_count.load(Ordering::Relaxed) == 0 {
             return Floors::default();
         }
-        let entry = floor_key(client, key);
         let now = Instant::now();
         let mut floors = lock(&self.floors);
-        let found = floors.get(entry.as_str(), now);
-        self.floor_count.store(floors.len(), Ordering::Relaxed);
+        let found = floors.get(client, key.as_str(), now);
+        self.floor_count.store(floors.total, Ordering::Relaxed);
         found.map_or_else(Floors::default, |held| Floors {
             written: Held::open(held.written, now),
             seen: Held::open(held.seen, now),
@@ -247,35 +463,117 @@ mod tests {
         Version::new(n).unwrap()
     }
 
+    fn pins(capacity: usize, per_client: usize) -> (Pins, Counter) {
+        let evictions = Counter::default();
+        (
+            Pins::new(
+                capacity,
+                per_client,
+                Duration::from_secs(5),
+                evictions.clone(),
+            ),
+            evictions,
+        )
+    }
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
     #[test]
     fn floors_expire_keep_the_highest_and_are_bounded() {
-        let pins = Pins::new(2, Duration::from_secs(5));
+        let (pins, evictions) = pins(2, 10);
         let key = Key::parse("k").unwrap();
         let floor = |client| pins.floors(client, &key).written;
         assert_eq!(floor("a"), None);
-        pins.record_write("a", &key, v(5), Duration::from_secs(60));
-        pins.record_write("a", &key, v(3), Duration::from_secs(60));
+        pins.record_write("a", &key, v(5), MINUTE);
+        pins.record_write("a", &key, v(3), MINUTE);
         assert_eq!(floor("a"), Some(v(5)));
         assert_eq!(floor("b"), None);
         pins.record_write("b", &key, v(1), Duration::from_millis(0));
         assert_eq!(floor("b"), None, "an expired floor is gone");
-        pins.record_write("c", &key, v(1), Duration::from_secs(60));
-        pins.record_write("d", &key, v(1), Duration::from_secs(60));
+        pins.record_write("c", &key, v(1), MINUTE);
+        assert_eq!(evictions.get(), 0, "the table had room");
+        // Full: a newcomer among equal holders gives up its own floor, counted.
+        pins.record_write("d", &key, v(1), MINUTE);
+        assert_eq!(floor("a"), Some(v(5)), "an established floor stays");
+        assert_eq!(floor("c"), Some(v(1)));
+        assert_eq!(floor("d"), None);
+        assert_eq!(evictions.get(), 1);
+    }
+
+    #[test]
+    fn expired_floors_make_room_before_live_ones_go() {
+        let (pins, evictions) = pins(2, 10);
+        let key = Key::parse("k").unwrap();
+        pins.record_write("a", &key, v(1), MINUTE);
+        pins.record_write("b", &key, v(1), Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(5));
+        pins.record_write("c", &key, v(1), MINUTE);
+        assert_eq!(pins.floors("a", &key).written, Some(v(1)));
+        assert_eq!(pins.floors("c", &key).written, Some(v(1)));
         assert_eq!(
-            floor("a"),
-            None,
-            "the least recently used floor was dropped"
+            evictions.get(),
+            0,
+            "an expired floor is not a live eviction"
         );
-        assert_eq!(floor("d"), Some(v(1)));
+    }
+
+    #[test]
+    fn a_client_over_its_share_gives_up_its_least_recently_used_floor() {
+        let (pins, evictions) = pins(100, 2);
+        let keys: Vec<Key> = (0..3)
+            .map(|n| Key::parse(&format!("k{n}")).unwrap())
+            .collect();
+        pins.record_write("a", &keys[0], v(1), MINUTE);
+        pins.record_write("a", &keys[1], v(1), MINUTE);
+        // Reading k0 makes k1 the least recently used.
+        assert_eq!(pins.floors("a", &keys[0]).written, Some(v(1)));
+        pins.record_write("a", &keys[2], v(1), MINUTE);
+        assert_eq!(pins.floors("a", &keys[0]).written, Some(v(1)));
+        assert_eq!(pins.floors("a", &keys[1]).written, None);
+        assert_eq!(pins.floors("a", &keys[2]).written, Some(v(1)));
+        assert_eq!(evictions.get(), 1);
+    }
+
+    #[test]
+    fn a_flood_of_client_ids_never_evicts_an_established_floor() {
+        let (pins, evictions) = pins(64, 8);
+        let key = Key::parse("k").unwrap();
+        pins.record_write("victim", &key, v(7), MINUTE);
+        for n in 0..10_000 {
+            pins.record_seen(&format!("flood-{n}"), &key, v(1), MINUTE);
+        }
+        assert_eq!(pins.floors("victim", &key).written, Some(v(7)));
+        assert!(evictions.get() >= 10_000 - 63, "{}", evictions.get());
+        // The largest holder gives up first: a client holding many floors loses one of them
+        // rather than a client holding one.
+        let (pins, _) = pins_pair();
+        let other = Key::parse("other").unwrap();
+        assert_eq!(pins.floors("one", &other).written, Some(v(1)));
+    }
+
+    /// A full table where `many` holds three floors and `one` holds one; then a newcomer.
+    fn pins_pair() -> (Pins, Counter) {
+        let (pins, evictions) = pins(4, 8);
+        for n in 0..3 {
+            pins.record_write("many", &Key::parse(&format!("m{n}")).unwrap(), v(1), MINUTE);
+        }
+        pins.record_write("one", &Key::parse("other").unwrap(), v(1), MINUTE);
+        pins.record_write("new", &Key::parse("x").unwrap(), v(1), MINUTE);
+        assert_eq!(
+            pins.floors("new", &Key::parse("x").unwrap()).written,
+            Some(v(1))
+        );
+        assert_eq!(evictions.get(), 1);
+        (pins, evictions)
     }
 
     #[test]
     fn seen_floors_are_held_apart_from_written_ones_each_with_its_window() {
-        let pins = Pins::new(10, Duration::from_secs(5));
+        let (pins, _) = pins(10, 10);
         let key = Key::parse("k").unwrap();
-        pins.record_write("a", &key, v(4), Duration::from_secs(60));
-        pins.record_seen("a", &key, v(6), Duration::from_secs(60));
-        pins.record_seen("a", &key, v(5), Duration::from_secs(60));
+        pins.record_write("a", &key, v(4), MINUTE);
+        pins.record_seen("a", &key, v(6), MINUTE);
+        pins.record_seen("a", &key, v(5), MINUTE);
         assert_eq!(
             pins.floors("a", &key),
             Floors {
@@ -284,7 +582,7 @@ mod tests {
             }
         );
         // A seen floor whose window ended leaves the written one in place.
-        pins.record_write("b", &key, v(2), Duration::from_secs(60));
+        pins.record_write("b", &key, v(2), MINUTE);
         pins.record_seen("b", &key, v(3), Duration::from_millis(0));
         assert_eq!(
             pins.floors("b", &key),
@@ -298,7 +596,7 @@ mod tests {
 
     #[test]
     fn request_pins() {
-        let pins = Pins::new(10, Duration::from_secs(5));
+        let (pins, _) = pins(10, 10);
         assert!(!pins.request_pinned("r1"));
         pins.record_request("r1");
         assert!(pins.request_pinned("r1"));

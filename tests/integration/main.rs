@@ -10,6 +10,7 @@ mod check;
 mod client_lib;
 mod conformance;
 mod deploy;
+mod floors;
 mod harness;
 mod heal;
 mod http_api;

@@ -36,17 +36,17 @@ fn header(response: &Response, name: &str) -> String {
 }
 
 /// What a GET of a key answered.
-struct Read {
-    status: StatusCode,
-    body: String,
+pub(crate) struct Read {
+    pub(crate) status: StatusCode,
+    pub(crate) body: String,
     /// `Hotsplit-Served-By`.
-    served_by: String,
+    pub(crate) served_by: String,
     /// `Hotsplit-Route`.
-    route: String,
+    pub(crate) route: String,
 }
 
 /// A GET of `url` with `headers`; panics naming the URL if it cannot be sent.
-async fn read(http: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> Read {
+pub(crate) async fn read(http: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> Read {
     let response = harness::get(http, url, headers).await;
     let served_by = header(&response, "hotsplit-served-by");
     let route = header(&response, "hotsplit-route");
@@ -61,7 +61,7 @@ async fn read(http: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> Re
 }
 
 /// Polls GETs of `url` until `wanted` holds for the answer; panics naming `what` after `limit`.
-async fn wait_for_read(
+pub(crate) async fn wait_for_read(
     http: &reqwest::Client,
     url: &str,
     what: &str,
@@ -74,7 +74,7 @@ async fn wait_for_read(
     .await;
 }
 
-async fn put(
+pub(crate) async fn put(
     http: &reqwest::Client,
     url: String,
     body: &str,
@@ -121,7 +121,7 @@ async fn lag_now(http: &reqwest::Client, base: &str, replica: &str) -> Option<f6
 
 /// Polls `/v1/lag` until the current lag of `replica` satisfies `wanted`; panics naming `what`
 /// after 10 s.
-async fn wait_for_lag(
+pub(crate) async fn wait_for_lag(
     http: &reqwest::Client,
     base: &str,
     replica: &str,
@@ -147,7 +147,7 @@ reason = "test class with a long budget"
 staleness_budget = "30s"
 "#;
 
-fn standalone_config(group: &PrimaryReplica, extra: &str) -> Config {
+pub(crate) fn standalone_config(group: &PrimaryReplica, extra: &str) -> Config {
     let text = format!(
         "[store]\nredis = \"{}\"\nreplicas = [\"{}\"]\ncommand_timeout = \"300ms\"\n\n[[family]]\nprefix = \"adv:\"\ncopies = 4\ndefault_class = \"advisory\"\n\n[[family]]\nprefix = \"own:\"\ncopies = 4\ndefault_class = \"lenient\"\npin_window = \"700ms\"\n{CLASSES}\n{extra}",
         group.url(),
