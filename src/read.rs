@@ -5,8 +5,11 @@
 //! `min_version` or `If-None-Match`); a copy below the floor is never served. When the affine
 //! copy is below the floor, missing or unreachable, the affine copy's answer and up to
 //! `fallback_copies` siblings (read in parallel) are compared and the highest version wins.
-//! Without a floor that fallback is best effort: a sibling may be newer than the affine copy,
-//! so a client that does not carry its floor may later see the affine copy's older version.
+//! A read served away from where the reader's next read goes (a sibling, or a primary while
+//! replicas exist) leaves the version served as the reader's seen floor on this instance for the
+//! family's `pin_window` ([`Router::record_seen`]); past that window, or through another
+//! instance, only a floor the client carries itself keeps it from the affine copy's older
+//! version. At an equal version a tombstone wins over a value, as in the compare-and-set.
 
 use std::sync::Arc;
 use std::time::Duration;
