@@ -258,7 +258,7 @@ async fn problem(response: reqwest::Response) -> Error {
     };
     let kind = match problem.code.as_str() {
         "invalid_key" => ErrorKind::InvalidKey,
-        "invalid_version" | "stale_version" => ErrorKind::InvalidVersion,
+        "invalid_version" | "stale_version" | "version_conflict" => ErrorKind::InvalidVersion,
         "missing_client" => ErrorKind::MissingClient,
         "invalid_copy" => ErrorKind::InvalidCopy,
         "invalid_parameter" => ErrorKind::InvalidParameter,

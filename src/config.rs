@@ -134,7 +134,41 @@ impl Config {
                 ));
             }
         }
+        // A copy whose record went before a sibling stopped serving could take an older write
+        // while the sibling still serves the newer version.
+        let spread = self
+            .longest_ttl()
+            .mul_f64(-self.heal.expiry_jitter_min.clamp(-0.5, 0.0));
+        let retention = self.version_retention();
+        if retention < spread {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "store.version_retention: {}",
+                    format_args!(
+                        "must be at least {}ms, the longest family TTL × -heal.expiry_jitter_min (the widest expiry spread), got {}ms",
+                        spread.as_millis(),
+                        retention.as_millis()
+                    )
+                ),
+            ));
+        }
         Ok(())
+    }
+
+    /// The longest TTL of any family, the default family's included.
+    pub fn longest_ttl(&self) -> Duration {
+        self.families
+            .iter()
+            .map(|family| family.ttl)
+            .fold(self.default_family.ttl, Duration::max)
+    }
+
+    /// `store.version_retention`, or its default: the longest family TTL.
+    pub fn version_retention(&self) -> Duration {
+        self.store
+            .version_retention
+            .unwrap_or_else(|| self.longest_ttl())
     }
 
     /// The family resolver of this (validated) config.
@@ -287,6 +321,10 @@ mod tests {
             ("[heal]\nmax_entries = 0", "heal.max_entries"),
             ("[heal]\nexpiry_jitter_max = 0.1", "heal.expiry_jitter_max"),
             ("[heal]\nbackoff_cap = \"1ms\"", "heal.backoff_cap"),
+            (
+                "[store]\nversion_retention = \"1m\"\n[heal]\nexpiry_jitter_min = -0.1",
+                "store.version_retention",
+            ),
         ];
         for (text, field) in cases {
             let err = Config::from_toml(text)

@@ -154,6 +154,8 @@ pub enum CopyWriteOutcome {
     Current,
     /// The copy had a newer version.
     Stale,
+    /// The copy had this version with a different body.
+    Conflict,
     /// The write failed (the copy was queued or dropped).
     Failed,
 }
@@ -173,6 +175,7 @@ struct OutcomeCounters {
     applied: Counter,
     current: Counter,
     stale: Counter,
+    conflict: Counter,
     failed: Counter,
 }
 
@@ -241,7 +244,7 @@ impl Metrics {
         let copy_outcomes: Family<CopyOutcomeLabels, Counter> = register(
             &mut registry,
             "publish_copy_outcomes",
-            "Copy writes by operation (publish, invalidate) and outcome (applied, current, stale, failed)",
+            "Copy writes by operation (publish, invalidate) and outcome (applied, current, stale, conflict, failed)",
         );
         // Each handle is cloned in its own statement: `get_or_create` returns a read guard, and a
         // second call while one is alive (as in one struct expression) would deadlock.
@@ -255,11 +258,13 @@ impl Metrics {
             let applied = resolve(op, "applied");
             let current = resolve(op, "current");
             let stale = resolve(op, "stale");
+            let conflict = resolve(op, "conflict");
             let failed = resolve(op, "failed");
             OutcomeCounters {
                 applied,
                 current,
                 stale,
+                conflict,
                 failed,
             }
         };
@@ -383,6 +388,7 @@ impl Metrics {
             CopyWriteOutcome::Applied => &counters.applied,
             CopyWriteOutcome::Current => &counters.current,
             CopyWriteOutcome::Stale => &counters.stale,
+            CopyWriteOutcome::Conflict => &counters.conflict,
             CopyWriteOutcome::Failed => &counters.failed,
         };
         counter.inc();

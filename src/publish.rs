@@ -28,6 +28,9 @@ pub enum CopyOutcome {
     Current,
     /// The copy holds a newer version, which was kept.
     Stale,
+    /// The copy holds this version with a different body (a version used twice), which was
+    /// kept.
+    Conflict,
     /// The write failed (an error or a timeout) and no retry queue took it; retrying the same
     /// version is safe.
     Failed,
@@ -74,6 +77,8 @@ pub struct PublishReport {
     pub current: u32,
     /// Copies that hold a newer version.
     pub stale: u32,
+    /// Copies that hold this version with a different body.
+    pub conflict: u32,
     /// Copies whose write failed (including those queued or dropped).
     pub failed: u32,
     /// Failed copies durably queued for retry.
@@ -89,6 +94,9 @@ pub struct PublishReport {
 pub enum PublishStatus {
     /// No copy failed, and at least one applied or all are current.
     Done,
+    /// Some copy holds this version with a different body: the version was used for two
+    /// bodies (a caller's mistake, or an allocated version after three re-allocations).
+    Conflict,
     /// Nothing applied, some copy holds a newer version, none failed.
     Stale,
     /// Some copy failed and every failed copy was durably queued for retry.
@@ -100,7 +108,9 @@ pub enum PublishStatus {
 impl PublishReport {
     /// The overall result.
     pub fn status(&self) -> PublishStatus {
-        if self.failed > 0 && self.queued == self.failed {
+        if self.conflict > 0 {
+            PublishStatus::Conflict
+        } else if self.failed > 0 && self.queued == self.failed {
             PublishStatus::Queued
         } else if self.failed > 0 {
             PublishStatus::Incomplete
@@ -277,7 +287,7 @@ impl Publisher {
     async fn write(
         &self,
         key: &Key,
-        version: VersionChoice,
+        choice: VersionChoice,
         payload: Payload,
         op: WriteOp,
         sync: Option<SyncReplicas>,
@@ -286,11 +296,47 @@ impl Publisher {
         if let Some(sync) = sync {
             self.check_sync(key, family.copies, sync)?;
         }
-        let version = self.choose_version(key, family, version).await?;
+        let mut floor = 0;
+        let mut allocations = 1;
+        loop {
+            let version = self.choose_version(key, family, choice, floor).await?;
+            let (report, refused_at) = self
+                .write_version(key, family, version, &payload, op, sync)
+                .await;
+            // An allocated version that some copy refused (a newer version stored, or this
+            // version with another body) came from a counter behind the copies: it lost
+            // increments in a failover, or expired before them. Allocate again above the highest
+            // version the copies reported, so the counter catches up and this edit lands.
+            match refused_at {
+                Some(highest)
+                    if family.versioning == Versioning::Allocated
+                        && allocations < MAX_ALLOCATIONS =>
+                {
+                    tracing::info!(key = %key, version = %version, highest = %highest, "allocated version refused by a copy: allocating above it");
+                    floor = highest.get();
+                    allocations += 1;
+                }
+                _ => return Ok(report),
+            }
+        }
+    }
+
+    /// Writes `version` of `payload` to every copy of `key`; returns the report and the highest
+    /// version a copy refused this one with (stale or conflict), if any.
+    async fn write_version(
+        &self,
+        key: &Key,
+        family: &Family,
+        version: Version,
+        payload: &Payload,
+        op: WriteOp,
+        sync: Option<SyncReplicas>,
+    ) -> (PublishReport, Option<Version>) {
         let now_ms = now_unix_ms();
         let ttl_ms = duration_ms(family.ttl);
         let (jitter_min, jitter_max) = self.expiry_jitter;
         let tombstone = matches!(payload, Payload::Tombstone);
+        let mut refused_at: Option<Version> = None;
         let writes: Vec<CopyWrite> = (0..family.copies)
             .map(|index| CopyWrite {
                 copy_key: key.copy_key(index),
@@ -333,6 +379,7 @@ impl Publisher {
             applied: 0,
             current: 0,
             stale: 0,
+            conflict: 0,
             failed: 0,
             queued: 0,
             dropped: 0,
@@ -346,7 +393,7 @@ impl Publisher {
                     Ok(CasOutcome::Applied | CasOutcome::Current) => {
                         queue.clear_covered(&write.copy_key, version, tombstone)
                     }
-                    Ok(CasOutcome::Stale { stored }) => {
+                    Ok(CasOutcome::Stale { stored } | CasOutcome::Conflict { stored }) => {
                         queue.clear_covered(&write.copy_key, *stored, false)
                     }
                     Err(err) => failed_copies.push((
@@ -360,10 +407,16 @@ impl Publisher {
                     )),
                 }
             }
+            if let Ok(CasOutcome::Stale { stored } | CasOutcome::Conflict { stored }) =
+                &result.outcome
+            {
+                refused_at = refused_at.max(Some(*stored));
+            }
             let counted = match &result.outcome {
                 Ok(CasOutcome::Applied) => CopyWriteOutcome::Applied,
                 Ok(CasOutcome::Current) => CopyWriteOutcome::Current,
                 Ok(CasOutcome::Stale { .. }) => CopyWriteOutcome::Stale,
+                Ok(CasOutcome::Conflict { .. }) => CopyWriteOutcome::Conflict,
                 Err(_) => CopyWriteOutcome::Failed,
             };
             self.metrics.copy_outcome(op, counted);
@@ -371,6 +424,7 @@ impl Publisher {
                 Ok(CasOutcome::Applied) => (CopyOutcome::Applied, None),
                 Ok(CasOutcome::Current) => (CopyOutcome::Current, None),
                 Ok(CasOutcome::Stale { .. }) => (CopyOutcome::Stale, None),
+                Ok(CasOutcome::Conflict { .. }) => (CopyOutcome::Conflict, None),
                 Err(err) => {
                     tracing::warn!(copy_key = %write.copy_key, node = %result.node, error = %err, "copy write failed");
                     let class = if err.kind() == ErrorKind::Timeout {
@@ -385,6 +439,7 @@ impl Publisher {
                 CopyOutcome::Applied => report.applied += 1,
                 CopyOutcome::Current => report.current += 1,
                 CopyOutcome::Stale => report.stale += 1,
+                CopyOutcome::Conflict => report.conflict += 1,
                 CopyOutcome::Failed | CopyOutcome::Queued | CopyOutcome::Dropped => {
                     report.failed += 1
                 }
@@ -401,7 +456,7 @@ impl Publisher {
         if let (Some(queue), false) = (&self.retry_queue, failed_copies.is_empty()) {
             let (positions, failed): (Vec<usize>, Vec<FailedCopy>) =
                 failed_copies.into_iter().unzip();
-            let admissions = queue.enqueue(key, version, &payload, failed).await;
+            let admissions = queue.enqueue(key, version, payload, failed).await;
             for (position, admission) in positions.into_iter().zip(admissions) {
                 if let Some(line) = report.outcomes.get_mut(position) {
                     if admission == Admission::Queued {
@@ -414,7 +469,7 @@ impl Publisher {
                 }
             }
         }
-        Ok(report)
+        (report, refused_at)
     }
 
     async fn choose_version(
@@ -422,6 +477,7 @@ impl Publisher {
         key: &Key,
         family: &Family,
         version: VersionChoice,
+        floor: u64,
     ) -> Result<Version> {
         match (family.versioning, version) {
             (Versioning::Caller, VersionChoice::Given(version)) => Ok(version),
@@ -433,10 +489,13 @@ impl Publisher {
                 ),
             )),
             (Versioning::Allocated, VersionChoice::Unspecified) => {
-                // The counter outlives every copy it versioned, so a later allocation never
-                // restarts below a live copy.
+                // The counter is meant to outlive every copy it versioned, so a later allocation
+                // does not restart below a live copy; when it does not (another instance's
+                // shorter TTL, a failover), the copies' refusals raise it (see `write`).
                 let counter_ttl_ms = duration_ms(family.ttl).saturating_mul(2);
-                self.store.allocate_version(key, counter_ttl_ms).await
+                self.store
+                    .allocate_version(key, counter_ttl_ms, floor)
+                    .await
             }
             (Versioning::Allocated, VersionChoice::Given(_)) => Err(Error::new(
                 ErrorKind::InvalidVersion,
@@ -456,6 +515,11 @@ impl Publisher {
 fn owned_value(value: &[u8]) -> Payload {
     Payload::Value(Bytes::copy_from_slice(value))
 }
+
+/// How many versions one publish of an `allocated` family allocates at most: the first, and two
+/// more after copies refused it (the counter was behind them, or another publish was allocated
+/// meanwhile).
+const MAX_ALLOCATIONS: u32 = 3;
 
 /// A duration in whole milliseconds, saturating.
 pub(crate) fn duration_ms(duration: Duration) -> u64 {

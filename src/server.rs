@@ -32,9 +32,15 @@ use crate::store::Store;
 /// [`ErrorKind::Config`] for a bad URL; [`ErrorKind::Unavailable`] when Redis does not answer
 /// within `store.connect_timeout`.
 pub async fn connect_store(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<dyn Store>> {
+    let retention = config.version_retention();
     match config.store.redis_options()? {
-        None => Ok(Arc::new(MemoryStore::new())),
-        Some(options) => Ok(Arc::new(RedisStore::connect(options, metrics).await?)),
+        None => Ok(Arc::new(
+            MemoryStore::new().with_version_retention(crate::publish::duration_ms(retention)),
+        )),
+        Some(mut options) => {
+            options.version_retention = retention;
+            Ok(Arc::new(RedisStore::connect(options, metrics).await?))
+        }
     }
 }
 
@@ -141,7 +147,11 @@ pub async fn run(
 
     let store: Arc<dyn Store> = match &config.store.redis {
         None => {
-            let memory = Arc::new(MemoryStore::new());
+            let memory = Arc::new(
+                MemoryStore::new().with_version_retention(crate::publish::duration_ms(
+                    config.version_retention(),
+                )),
+            );
             tracing::warn!("running on the embedded in-memory store: values live in this process only; set store.redis (or --redis) to use Redis");
             tracker.spawn(
                 Purger {

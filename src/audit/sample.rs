@@ -13,7 +13,7 @@
 //! `--config` to stop a long scan at the sample size). Keys whose N is 1 are not split and are skipped; copies seen at or beyond N are counted as stray (left by
 //! a shrink, deleted by the service's sweep).
 //!
-//! **Read.** For each sampled key every copy `K#0..K#N-1` is read (`HMGET ver tomb`) on the
+//! **Read.** For each sampled key every copy `K#0..K#N-1` is read (`HMGET ver tomb exp`) on the
 //! primary that owns its slot and on each of that primary's replicas, all of the key's reads at
 //! once, so a copy's primary and replica reads are as close in time as the network allows. A
 //! pacer holds the copy reads to `--rate` per second; at most [`KEYS_IN_FLIGHT`] keys are read at

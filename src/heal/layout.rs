@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::family::{Families, Family};
 use crate::key::{CopyKey, Key, COPY_SEPARATOR};
 use crate::metrics::Metrics;
-use crate::store::{Layout, Store};
+use crate::store::{Layout, LayoutSwap, Store};
 
 /// What this instance knows of one family's layout.
 #[derive(Debug, Clone, Copy)]
@@ -63,28 +63,7 @@ impl Layouts {
         let layouts = Layouts::default();
         for family in families.iter() {
             let name = family.name();
-            let recorded = store.read_layout(name).await?;
-            let max_copies = recorded.map_or(family.copies, |layout| {
-                layout.max_copies.max(layout.copies).max(family.copies)
-            });
-            if let Some(recorded) = recorded {
-                if recorded.copies != family.copies {
-                    tracing::warn!(
-                        family = name,
-                        configured = family.copies,
-                        recorded = recorded.copies,
-                        max_copies,
-                        "family layout changed: recording the configured copy count"
-                    );
-                }
-            }
-            let layout = Layout {
-                copies: family.copies,
-                max_copies,
-            };
-            if recorded != Some(layout) {
-                store.write_layout(name, layout).await?;
-            }
+            let max_copies = record_configured(store, family).await?;
             metrics.layout_mismatch(name, false);
             layouts.lock().insert(
                 name.to_owned(),
@@ -137,6 +116,50 @@ impl Layouts {
         }
         metrics.layout_mismatch(family, mismatch);
     }
+}
+
+/// How often [`record_configured`] retries its compare-and-set after another instance changed
+/// the record in between.
+const RECORD_ATTEMPTS: u32 = 8;
+
+/// Records `family`'s configured copy count with a compare-and-set, keeping the largest copy
+/// count ever recorded (never lowering `max_copies`, whatever another instance wrote meanwhile).
+/// Returns the recorded `max_copies`.
+async fn record_configured(store: &dyn Store, family: &Family) -> Result<u32> {
+    let name = family.name();
+    let mut recorded = store.read_layout(name).await?;
+    for _ in 0..RECORD_ATTEMPTS {
+        let max_copies = recorded.map_or(family.copies, |layout| {
+            layout.max_copies.max(layout.copies).max(family.copies)
+        });
+        if let Some(recorded) = recorded {
+            if recorded.copies != family.copies {
+                tracing::warn!(
+                    family = name,
+                    configured = family.copies,
+                    recorded = recorded.copies,
+                    max_copies,
+                    "family layout changed: recording the configured copy count"
+                );
+            }
+        }
+        let layout = Layout {
+            copies: family.copies,
+            max_copies,
+        };
+        if recorded == Some(layout) {
+            return Ok(max_copies);
+        }
+        match store.write_layout(name, recorded, layout).await? {
+            LayoutSwap::Applied => return Ok(max_copies),
+            // Another instance changed the record in between: decide again from what it wrote.
+            LayoutSwap::Changed(current) => recorded = current,
+        }
+    }
+    Err(crate::error::Error::new(
+        crate::error::ErrorKind::Unavailable,
+        format!("the layout record of family {name:?} kept changing: {RECORD_ATTEMPTS} compare-and-set attempts failed"),
+    ))
 }
 
 /// Re-reads the layout records every `interval` and updates the mismatch state.
@@ -243,19 +266,36 @@ impl LayoutWatcher {
         if deleted > 0 {
             tracing::info!(family = name, deleted, "swept copies removed by a shrink");
         } else if complete {
+            // Lowered only from the record this instance expects: a record another instance
+            // changed meanwhile (a larger layout rolled out again) is kept.
+            let expected = Layout {
+                copies: family.copies,
+                max_copies,
+            };
             let layout = Layout {
                 copies: family.copies,
                 max_copies: family.copies,
             };
-            self.store.write_layout(name, layout).await?;
-            if let Some(known) = self.layouts.lock().get_mut(name) {
-                known.max_copies = family.copies;
+            match self
+                .store
+                .write_layout(name, Some(expected), layout)
+                .await?
+            {
+                LayoutSwap::Applied => {
+                    if let Some(known) = self.layouts.lock().get_mut(name) {
+                        known.max_copies = family.copies;
+                    }
+                    tracing::info!(
+                        family = name,
+                        copies = family.copies,
+                        "no removed copies left: the shrink is complete"
+                    );
+                }
+                LayoutSwap::Changed(current) => {
+                    tracing::info!(family = name, recorded = ?current, "the layout record changed during the sweep: kept");
+                    self.layouts.observe(name, current, &self.metrics);
+                }
             }
-            tracing::info!(
-                family = name,
-                copies = family.copies,
-                "no removed copies left: the shrink is complete"
-            );
         }
         Ok(())
     }

@@ -58,7 +58,9 @@ impl Repairer {
             let results = store.write_copies(std::slice::from_ref(&write)).await;
             let result = match results.into_iter().next().map(|result| result.outcome) {
                 Some(Ok(CasOutcome::Applied)) => RepairResult::Applied,
-                Some(Ok(CasOutcome::Current | CasOutcome::Stale { .. })) => RepairResult::Unneeded,
+                Some(Ok(
+                    CasOutcome::Current | CasOutcome::Stale { .. } | CasOutcome::Conflict { .. },
+                )) => RepairResult::Unneeded,
                 Some(Err(err)) => {
                     tracing::debug!(copy_key = %write.copy_key, error = %err, "read repair failed");
                     RepairResult::Failed

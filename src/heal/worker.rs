@@ -111,7 +111,11 @@ impl RetryWorker {
                         self.metrics.retry_attempt(match outcome {
                             CasOutcome::Applied => RetryResult::Applied,
                             CasOutcome::Current => RetryResult::Current,
-                            CasOutcome::Stale { .. } => RetryResult::Stale,
+                            // A conflict (this version holds another body) completes the entry
+                            // like a newer version does: the copy is never overwritten.
+                            CasOutcome::Stale { .. } | CasOutcome::Conflict { .. } => {
+                                RetryResult::Stale
+                            }
                         });
                         self.queue.attempted(write);
                         self.queue.completed(write);

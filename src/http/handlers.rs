@@ -217,7 +217,8 @@ fn publish_response(
 ) -> Response {
     let version = report.version;
     let status = report.status();
-    if status != PublishStatus::Stale {
+    let refused = matches!(status, PublishStatus::Stale | PublishStatus::Conflict);
+    if !refused {
         // The write reached at least one copy, or is queued for retry: the writer's reads of
         // this key hold this floor, and its request's reads go to primaries.
         state.inner().reader.router().record_write(
@@ -228,7 +229,7 @@ fn publish_response(
         );
     }
     let mut response = publish_status_response(report, status);
-    if status != PublishStatus::Stale {
+    if !refused {
         if let Ok(value) = HeaderValue::from_str(&version.to_string()) {
             response.headers_mut().insert(VERSION, value);
         }
@@ -245,6 +246,15 @@ fn publish_status_response(report: PublishReport, status: PublishStatus) -> Resp
             Code::StaleVersion,
             format!(
                 "no copy applied version {version}: every copy that answered holds a newer version"
+            ),
+        )
+        .with_extension(serde_json::to_value(&report).unwrap_or_default())
+        .into_response(),
+        PublishStatus::Conflict => ApiError::new(
+            Code::VersionConflict,
+            format!(
+                "{} copies hold version {version} with a different body: publish a new version",
+                report.conflict
             ),
         )
         .with_extension(serde_json::to_value(&report).unwrap_or_default())
@@ -278,7 +288,7 @@ fn publish_status_response(report: PublishReport, status: PublishStatus) -> Resp
         (status = 200, description = "No copy failed; at least one applied or all are current; Hotsplit-Version carries the version written (send it back as min_version for read-your-writes through any instance)", body = PublishReport),
         (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", body = PublishReport),
         (status = 400, description = "invalid_key, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "stale_version: nothing applied, a copy holds a newer version (body also carries the report)", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "stale_version: nothing applied, a copy holds a newer version; version_conflict: a copy holds this version with a different body (body also carries the report)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 413, description = "value_too_large", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "publish_incomplete: some copy failed and was not queued (outcome `dropped`), retry the same version (body also carries the report); or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
     )
@@ -348,7 +358,7 @@ fn body_error(rejection: &BytesRejection, state: &AppState) -> ApiError {
     responses(
         (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),
         (status = 400, description = "invalid_key, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "stale_version", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "stale_version or version_conflict", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "publish_incomplete or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]

@@ -41,6 +41,8 @@ pub enum Code {
     ValueTooLarge,
     /// 409: nothing applied; some copy holds a newer version.
     StaleVersion,
+    /// 409: some copy holds this version with a different body.
+    VersionConflict,
     /// 503: some copy write failed; retrying the same version is safe.
     PublishIncomplete,
     /// 503: no consulted copy reached the reader's version floor.
@@ -69,6 +71,7 @@ impl Code {
             Code::StalenessBudgetExceeded => "staleness_budget_exceeded",
             Code::ValueTooLarge => "value_too_large",
             Code::StaleVersion => "stale_version",
+            Code::VersionConflict => "version_conflict",
             Code::PublishIncomplete => "publish_incomplete",
             Code::BelowVersionFloor => "below_version_floor",
             Code::NotFound => "not_found",
@@ -89,7 +92,7 @@ impl Code {
             | Code::UnknownClass
             | Code::ClassNotAllowed => StatusCode::BAD_REQUEST,
             Code::ValueTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Code::StaleVersion => StatusCode::CONFLICT,
+            Code::StaleVersion | Code::VersionConflict => StatusCode::CONFLICT,
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::PublishIncomplete
@@ -112,6 +115,7 @@ impl Code {
             Code::StalenessBudgetExceeded => "staleness budget exceeded",
             Code::ValueTooLarge => "value too large",
             Code::StaleVersion => "stale version",
+            Code::VersionConflict => "version conflict",
             Code::PublishIncomplete => "publish incomplete",
             Code::BelowVersionFloor => "below version floor",
             Code::NotFound => "not found",

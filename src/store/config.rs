@@ -30,6 +30,16 @@ pub struct StoreConfig {
     /// budget until its heartbeat is seen.
     /// Default: none (the primary serves, reason `no-replica`).
     pub replicas: Vec<String>,
+    /// How long a copy's record is kept after the copy expires (stops being served), so the
+    /// compare-and-set still refuses an older version that arrives late (a slow caller, a
+    /// queued retry, a replayed spool record): expiry makes a copy disappear, never come back
+    /// older. An older version arriving later than this after the newer one expired is
+    /// applied like a first publish. Must cover the expiry jitter of every family (at least
+    /// its TTL × `-heal.expiry_jitter_min`, checked by [`crate::config::Config::validate`]), so
+    /// no copy forgets a version while a sibling still serves it. Default: the longest family
+    /// TTL ([`crate::config::Config::version_retention`]).
+    #[serde(default, with = "crate::duration::option")]
+    pub version_retention: Option<Duration>,
 }
 
 impl Default for StoreConfig {
@@ -39,6 +49,7 @@ impl Default for StoreConfig {
             redis: None,
             command_timeout: RedisOptions::DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: RedisOptions::DEFAULT_CONNECT_TIMEOUT,
+            version_retention: None,
         }
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! It applies the same versioned compare-and-set, absolute expiry and tombstones as the Redis
 //! store, so the conformance suite runs unchanged against both. It is never a stand-in for Redis
-//! in a test that claims Redis behaviour. Expired copies are dropped lazily on access and by
-//! [`MemoryStore::purge_expired`], which the server calls periodically.
+//! in a test that claims Redis behaviour. A copy past its expiry reads as missing; its record is
+//! kept for the version retention (so older writes stay `stale`), then dropped lazily on access
+//! and by [`MemoryStore::purge_expired`], which the server calls periodically.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -11,8 +12,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use futures_util::future::BoxFuture;
 
 use super::{
-    now_unix_ms, CasOutcome, CopyRead, CopyRecord, CopyWrite, Layout, NodeLabel, Payload, ServedBy,
-    Store, WriteResult,
+    now_unix_ms, retain_until_ms, CasOutcome, CopyRead, CopyRecord, CopyWrite, Layout, LayoutSwap,
+    NodeLabel, Payload, ServedBy, Store, WriteResult, DEFAULT_VERSION_RETENTION_MS,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -26,11 +27,20 @@ struct Counter {
     expire_at_ms: u64,
 }
 
+/// A stored copy: its record, and when the record itself is forgotten (the Redis key's expiry).
+#[derive(Debug, Clone)]
+struct Stored {
+    /// What the copy holds; served while `record.expire_at_ms` is in the future.
+    record: CopyRecord,
+    /// When the record is dropped, Unix milliseconds: until then older writes are `stale`.
+    retain_until_ms: u64,
+}
+
 /// Everything the store holds, behind one lock.
 #[derive(Debug, Default)]
 struct State {
-    /// Copy key → record.
-    copies: HashMap<String, CopyRecord>,
+    /// Copy key → stored copy.
+    copies: HashMap<String, Stored>,
     /// Counter key → counter.
     counters: HashMap<String, Counter>,
     /// Family name → recorded layout.
@@ -38,16 +48,34 @@ struct State {
 }
 
 /// The embedded store. Cheap operations under one mutex; no await while it is held.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
     /// The copies and counters.
     state: Mutex<State>,
+    /// How long a copy's record outlives its expiry, milliseconds (`store.version_retention`).
+    version_retention_ms: u64,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            state: Mutex::default(),
+            version_retention_ms: DEFAULT_VERSION_RETENTION_MS,
+        }
+    }
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store with the default version retention (one hour).
     pub fn new() -> MemoryStore {
         MemoryStore::default()
+    }
+
+    /// Keeps each copy's record `retention_ms` past its expiry, so older writes stay `stale`
+    /// after the value stopped being served. Default: one hour.
+    pub fn with_version_retention(mut self, retention_ms: u64) -> MemoryStore {
+        self.version_retention_ms = retention_ms;
+        self
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -59,60 +87,82 @@ impl MemoryStore {
     /// Applies one compare-and-set, exactly as the Redis store's Lua routine does.
     fn cas(&self, write: &CopyWrite, now_ms: u64) -> CasOutcome {
         let mut state = self.state();
+        let retain_until_ms = retain_until_ms(write.expire_at_ms, self.version_retention_ms);
+        let mut kept_until_ms = 0;
         if let Some(current) = state.copies.get(write.copy_key.as_str()) {
-            if current.expire_at_ms > now_ms {
-                if current.version == write.version {
-                    // Equal versions: a retry of the same edit is current. A value never
-                    // replaces a tombstone of its own version, while a tombstone replaces a
-                    // value of its own version, so both arrival orders end as the tombstone.
-                    match (&current.payload, &write.payload) {
+            if current.retain_until_ms > now_ms {
+                kept_until_ms = current.retain_until_ms;
+                let stored = &current.record;
+                if stored.version > write.version {
+                    return CasOutcome::Stale {
+                        stored: stored.version,
+                    };
+                }
+                if stored.version == write.version {
+                    // Equal versions: a value never replaces a tombstone of its own version,
+                    // while a tombstone replaces a value of its own version, so both arrival
+                    // orders end as the tombstone. The same edit again is current while the copy
+                    // is served, and refills it once it is not; another body is a conflict.
+                    match (&stored.payload, &write.payload) {
                         (Payload::Value(_), Payload::Tombstone) => {}
                         (Payload::Tombstone, Payload::Value(_)) => {
                             return CasOutcome::Stale {
-                                stored: current.version,
+                                stored: stored.version,
                             }
                         }
-                        _ => return CasOutcome::Current,
+                        (Payload::Value(held), Payload::Value(body)) if held != body => {
+                            return CasOutcome::Conflict {
+                                stored: stored.version,
+                            }
+                        }
+                        _ => {
+                            if stored.expire_at_ms > now_ms
+                                || write.expire_at_ms <= stored.expire_at_ms
+                            {
+                                return CasOutcome::Current;
+                            }
+                        }
                     }
-                }
-                if current.version > write.version {
-                    return CasOutcome::Stale {
-                        stored: current.version,
-                    };
                 }
             }
         }
-        if write.expire_at_ms <= now_ms {
+        // Like PEXPIREAT GT on an existing Redis key: a write never makes the record go sooner.
+        let retain_until_ms = retain_until_ms.max(kept_until_ms);
+        if retain_until_ms <= now_ms {
             // Redis deletes a key whose PEXPIREAT lies in the past; so do we.
             state.copies.remove(write.copy_key.as_str());
         } else {
             state.copies.insert(
                 write.copy_key.as_str().to_owned(),
-                CopyRecord {
-                    version: write.version,
-                    payload: write.payload.clone(),
-                    expire_at_ms: write.expire_at_ms,
+                Stored {
+                    record: CopyRecord {
+                        version: write.version,
+                        payload: write.payload.clone(),
+                        expire_at_ms: write.expire_at_ms,
+                    },
+                    retain_until_ms,
                 },
             );
         }
         CasOutcome::Applied
     }
 
-    /// Drops every expired copy and counter; returns how many entries were removed.
+    /// Drops every copy record past its retention and every expired counter; returns how many
+    /// entries were removed.
     pub fn purge_expired(&self) -> usize {
         let now_ms = now_unix_ms();
         let mut state = self.state();
         let before = state.copies.len() + state.counters.len();
         state
             .copies
-            .retain(|_, record| record.expire_at_ms > now_ms);
+            .retain(|_, stored| stored.retain_until_ms > now_ms);
         state
             .counters
             .retain(|_, counter| counter.expire_at_ms > now_ms);
         before - state.copies.len() - state.counters.len()
     }
 
-    /// The number of copies held, expired or not.
+    /// The number of copy records held, served or not.
     pub fn len(&self) -> usize {
         self.state().copies.len()
     }
@@ -128,7 +178,13 @@ impl MemoryStore {
         let mut state = self.state();
         match record {
             Some(record) => {
-                state.copies.insert(copy_key.as_str().to_owned(), record);
+                let retain_until_ms =
+                    retain_until_ms(record.expire_at_ms, self.version_retention_ms);
+                let stored = Stored {
+                    record,
+                    retain_until_ms,
+                };
+                state.copies.insert(copy_key.as_str().to_owned(), stored);
             }
             None => {
                 state.copies.remove(copy_key.as_str());
@@ -139,13 +195,14 @@ impl MemoryStore {
     fn read(&self, copy_key: &CopyKey) -> Option<CopyRecord> {
         let now_ms = now_unix_ms();
         let mut state = self.state();
+        // A copy past its expiry reads as missing; its record stays for the retention.
         match state.copies.get(copy_key.as_str()) {
-            Some(record) if record.expire_at_ms > now_ms => Some(record.clone()),
-            Some(_) => {
+            Some(stored) if stored.record.expire_at_ms > now_ms => Some(stored.record.clone()),
+            Some(stored) if stored.retain_until_ms <= now_ms => {
                 state.copies.remove(copy_key.as_str());
                 None
             }
-            None => None,
+            _ => None,
         }
     }
 }
@@ -192,7 +249,12 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(read))
     }
 
-    fn allocate_version<'a>(&'a self, key: &'a Key, ttl_ms: u64) -> BoxFuture<'a, Result<Version>> {
+    fn allocate_version<'a>(
+        &'a self,
+        key: &'a Key,
+        ttl_ms: u64,
+        floor: u64,
+    ) -> BoxFuture<'a, Result<Version>> {
         let now_ms = now_unix_ms();
         let mut state = self.state();
         let counter = state.counters.entry(key.counter_key()).or_insert(Counter {
@@ -202,13 +264,15 @@ impl Store for MemoryStore {
         if counter.expire_at_ms <= now_ms {
             counter.last = 0;
         }
-        let result = match counter.last.checked_add(1) {
-            Some(next) => {
+        // The same bound as Redis's INCR (signed 64-bit), so both stores exhaust alike.
+        let result = match counter.last.max(floor).checked_add(1) {
+            Some(next) if i64::try_from(next).is_ok() => {
                 counter.last = next;
-                counter.expire_at_ms = now_ms.saturating_add(ttl_ms);
+                // Like the Lua library: the counter's time to live only grows.
+                counter.expire_at_ms = counter.expire_at_ms.max(now_ms.saturating_add(ttl_ms));
                 Version::new(next)
             }
-            None => Err(Error::new(
+            _ => Err(Error::new(
                 ErrorKind::InvalidVersion,
                 format!("the version counter of {key} is exhausted"),
             )),
@@ -221,9 +285,21 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(layout)))
     }
 
-    fn write_layout<'a>(&'a self, family: &'a str, layout: Layout) -> BoxFuture<'a, Result<()>> {
-        self.state().layouts.insert(family.to_owned(), layout);
-        Box::pin(std::future::ready(Ok(())))
+    fn write_layout<'a>(
+        &'a self,
+        family: &'a str,
+        expected: Option<Layout>,
+        layout: Layout,
+    ) -> BoxFuture<'a, Result<LayoutSwap>> {
+        let mut state = self.state();
+        let current = state.layouts.get(family).copied();
+        let swap = if current == expected {
+            state.layouts.insert(family.to_owned(), layout);
+            LayoutSwap::Applied
+        } else {
+            LayoutSwap::Changed(current)
+        };
+        Box::pin(std::future::ready(Ok(swap)))
     }
 
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {

@@ -9,8 +9,22 @@
 //! - a write whose version equals the stored one is `current` (retries are idempotent), except
 //!   that a tombstone replaces a value of its own version and a value never replaces a tombstone
 //!   of its own version (it is `stale`), so both arrival orders end as the tombstone;
+//! - a write whose version equals the stored one with a different body is a `conflict` (a
+//!   version issued twice) and changes nothing;
 //! - a write whose version is smaller is `stale` and changes nothing;
 //! - the expiry is absolute, fixed at publish time, so a retry never extends a value's life.
+//!
+//! # Expiry never brings an older version back
+//! A copy has two instants. `expire_at_ms` (the jittered, per-copy expiry) is when it stops
+//! being *served*: every read treats a copy whose expiry is not after the reader's clock as
+//! missing, so the copies of a hot key still go missing, and are refilled from the source, at
+//! different instants. The stored record itself lives `version_retention` longer
+//! ([`retain_until_ms`]), so the compare-and-set still knows the version after the value stopped
+//! being served, and a late older write is `stale` on every copy whatever its siblings' expiry.
+//! A write of the stored version to a copy no longer served refills it (`applied`, new value and
+//! expiry). Once the retention has passed too the record is gone, and an older write is applied
+//! like a first publish: the retention bounds how late an older write may arrive.
+//! A value and a tombstone of the same version resolve to the tombstone in both stores.
 
 pub mod config;
 pub mod memory;
@@ -61,6 +75,21 @@ pub enum CasOutcome {
         /// The version the copy holds.
         stored: Version,
     },
+    /// The copy holds this version with a different body: the version was issued twice (a
+    /// counter that lost increments in a failover). Nothing changed.
+    Conflict {
+        /// The version the copy holds (the one written).
+        stored: Version,
+    },
+}
+
+/// The result of a compare-and-set of a layout record ([`Store::write_layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayoutSwap {
+    /// The record held the expected layout and now holds the new one.
+    Applied,
+    /// The record held something else (`None`: no record), which is kept.
+    Changed(Option<Layout>),
 }
 
 /// The outcome of one [`CopyWrite`], in the order the writes were given.
@@ -211,12 +240,20 @@ pub trait Store: Send + Sync + 'static {
     /// Reads one copy from the node that owns it.
     fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead>;
 
-    /// Allocates the next version of `key` from its per-key counter, which lives at least
-    /// `ttl_ms` after this call.
+    /// Allocates the next version of `key` from its per-key counter: `max(counter, floor) + 1`.
+    /// The counter lives at least `ttl_ms` after this call, and its time to live only grows.
+    /// `floor` is 0, or the highest version the copies reported after a refused publish, so a
+    /// counter that lost increments or expired early continues above every version in use.
     ///
     /// # Errors
-    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails.
-    fn allocate_version<'a>(&'a self, key: &'a Key, ttl_ms: u64) -> BoxFuture<'a, Result<Version>>;
+    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails;
+    /// [`crate::ErrorKind::InvalidVersion`] when the counter is exhausted (2^63 - 1).
+    fn allocate_version<'a>(
+        &'a self,
+        key: &'a Key,
+        ttl_ms: u64,
+        floor: u64,
+    ) -> BoxFuture<'a, Result<Version>>;
 
     /// Every primary with the replicas known for it: discovered in Cluster mode, configured
     /// for a standalone primary. Default: none (the embedded store has no replicas).
@@ -313,11 +350,17 @@ pub trait Store: Send + Sync + 'static {
     /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails.
     fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>>;
 
-    /// Records `layout` for the family named `family`.
+    /// Records `layout` for the family named `family` when the record holds `expected` (`None`:
+    /// no record): a compare-and-set, so a concurrent change is never overwritten blindly.
     ///
     /// # Errors
     /// As [`Store::read_layout`].
-    fn write_layout<'a>(&'a self, family: &'a str, layout: Layout) -> BoxFuture<'a, Result<()>>;
+    fn write_layout<'a>(
+        &'a self,
+        family: &'a str,
+        expected: Option<Layout>,
+        layout: Layout,
+    ) -> BoxFuture<'a, Result<LayoutSwap>>;
 
     /// Deletes copies (removed by shrinking a family), each on its own node, concurrently.
     /// Returns how many existed.
@@ -374,6 +417,15 @@ impl Layout {
 /// or counter key (those start with a non-empty user key).
 pub fn layout_key(family: &str) -> String {
     format!("#hotsplit#layout#{family}")
+}
+
+/// How long a copy's record outlives its expiry by default: one hour, the default family TTL.
+pub const DEFAULT_VERSION_RETENTION_MS: u64 = 3_600_000;
+
+/// When the record of a copy that expires (stops being served) at `expire_at_ms` is deleted:
+/// `retention_ms` later. Until then the compare-and-set refuses older versions.
+pub fn retain_until_ms(expire_at_ms: u64, retention_ms: u64) -> u64 {
+    expire_at_ms.saturating_add(retention_ms)
 }
 
 /// The current wall-clock time in Unix milliseconds.

@@ -189,6 +189,76 @@ async fn suite(store: Arc<dyn Store>, prefix: &str) {
     )
     .await;
 
+    // Expiry never brings an older version back. Version 7 is on 8 copies; copies 1 and 4 expire
+    // early (the jitter window). A late write of version 1 is stale on every copy, the copies past
+    // their expiry included, and no read returns version 1.
+    let jitter = Key::parse(&format!("{prefix}:jitter")).unwrap();
+    let early = now_unix_ms() + 150;
+    let writes: Vec<CopyWrite> = (0..8)
+        .map(|copy| {
+            let expire_at_ms = if copy == 1 || copy == 4 { early } else { later };
+            write(&jitter, copy, 7, value("seven"), expire_at_ms)
+        })
+        .collect();
+    for result in store.write_copies(&writes).await {
+        assert_eq!(result.outcome.unwrap(), CasOutcome::Applied);
+    }
+    harness::poll(
+        "copies 1 and 4 to stop being served",
+        Duration::from_secs(5),
+        || {
+            let store = store.clone();
+            let jitter = jitter.clone();
+            async move {
+                read_one(&*store, &jitter, 1).await.is_none()
+                    && read_one(&*store, &jitter, 4).await.is_none()
+            }
+        },
+    )
+    .await;
+    let late: Vec<CopyWrite> = (0..8)
+        .map(|copy| write(&jitter, copy, 1, value("one"), later))
+        .collect();
+    for (copy, result) in store.write_copies(&late).await.into_iter().enumerate() {
+        assert_eq!(
+            result.outcome.unwrap(),
+            CasOutcome::Stale { stored: version(7) },
+            "copy {copy}: a late older write must be stale while the version is retained"
+        );
+    }
+    for copy in 0..8 {
+        let served = read_one(&*store, &jitter, copy)
+            .await
+            .map(|record| record.version);
+        let expected = (copy != 1 && copy != 4).then(|| version(7));
+        assert_eq!(served, expected, "copy {copy}");
+    }
+    // The same edit refills a copy past its expiry; another body under that version is a
+    // conflict, on a served copy and on one past its expiry alike.
+    assert_eq!(
+        write_one(&*store, write(&jitter, 1, 7, value("seven"), later)).await,
+        CasOutcome::Applied
+    );
+    assert_eq!(
+        read_one(&*store, &jitter, 1)
+            .await
+            .map(|record| (record.version, record.payload)),
+        Some((version(7), value("seven")))
+    );
+    for copy in [0, 4] {
+        assert_eq!(
+            write_one(&*store, write(&jitter, copy, 7, value("other"), later)).await,
+            CasOutcome::Conflict { stored: version(7) },
+            "copy {copy}"
+        );
+    }
+    assert!(read_one(&*store, &jitter, 4).await.is_none());
+    // A tombstone of version 7 still replaces its value, past the expiry too.
+    assert_eq!(
+        write_one(&*store, write(&jitter, 4, 7, Payload::Tombstone, later)).await,
+        CasOutcome::Applied
+    );
+
     // Several copies in one call, each with its own outcome, in order.
     let multi = Key::parse(&format!("{prefix}:multi")).unwrap();
     write_one(&*store, write(&multi, 2, 9, value("nine"), later)).await;
@@ -236,10 +306,19 @@ async fn suite(store: Arc<dyn Store>, prefix: &str) {
     let counted = Key::parse(&format!("{prefix}:counted")).unwrap();
     for expected in 1..=3 {
         assert_eq!(
-            store.allocate_version(&counted, 60_000).await.unwrap(),
+            store.allocate_version(&counted, 60_000, 0).await.unwrap(),
             version(expected)
         );
     }
+    // A floor above the counter moves it past the floor; one below changes nothing.
+    assert_eq!(
+        store.allocate_version(&counted, 60_000, 9).await.unwrap(),
+        version(10)
+    );
+    assert_eq!(
+        store.allocate_version(&counted, 60_000, 2).await.unwrap(),
+        version(11)
+    );
 
     store.ping().await.expect("ping");
 }

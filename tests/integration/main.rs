@@ -19,3 +19,4 @@ mod memory;
 mod redis_store;
 mod route;
 mod spool;
+mod versions;

@@ -145,9 +145,12 @@ async fn every_copy_holds_all_fields(deployment: Deployment<'_>, name: &str) {
         .map(|(field, text)| (field.to_owned(), text))
         .collect();
         assert_eq!(hash, expected, "{copy_key}");
+        // The hash outlives the copy's expiry by the version retention (default 1 h), so the
+        // compare-and-set still refuses older versions after the copy stopped being served.
+        let retention = hotsplit::store::DEFAULT_VERSION_RETENTION_MS;
         assert_eq!(
             pexpiretime(&deployment, copy_key),
-            expire_at_ms as i64,
+            (expire_at_ms + retention) as i64,
             "{copy_key}"
         );
         let pttl: i64 = deployment
@@ -155,7 +158,11 @@ async fn every_copy_holds_all_fields(deployment: Deployment<'_>, name: &str) {
             .expect("PTTL")
             .parse()
             .expect("PTTL is an integer");
-        assert!(pttl > 590_000 && pttl <= 600_000, "{copy_key}: pttl {pttl}");
+        let ttl = 600_000 + retention as i64;
+        assert!(
+            pttl > ttl - 10_000 && pttl <= ttl,
+            "{copy_key}: pttl {pttl}"
+        );
 
         // The store reads back what Redis holds, from the owning primary.
         let read = store.read_copy(&write.copy_key).await;
@@ -236,7 +243,7 @@ async fn compare_and_set_rules(deployment: Deployment<'_>, name: &str) {
     for write in &batch {
         assert_eq!(
             pexpiretime(&deployment, write.copy_key.as_str()),
-            later as i64
+            (later + hotsplit::store::DEFAULT_VERSION_RETENTION_MS) as i64
         );
     }
 
@@ -414,6 +421,9 @@ async fn racing_writers_end_at_the_maximum(deployment: Deployment<'_>, name: &st
                 CasOutcome::Stale { stored } => {
                     assert!(stored.get() > *n, "stale {n} against {stored}")
                 }
+                CasOutcome::Conflict { stored } => {
+                    panic!("conflict at {stored}: one body per version")
+                }
             }
         }
     }
@@ -447,6 +457,8 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
     let _store = deployment.store().await; // connecting loads the library
     let copy_key = "rs:the_lua_routine_rejects_non_canonical_arguments#0";
     let later = (now_unix_ms() + 600_000).to_string();
+    let retain = (now_unix_ms() + 4_200_000).to_string();
+    let now = now_unix_ms().to_string();
     let bad_versions = [
         "01",
         "0",
@@ -472,12 +484,14 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
                 "v",
                 "0",
                 &later,
+                &retain,
+                &now,
             ],
         );
         let err = reply.expect_err(&format!("version {bad:?} must be refused"));
         assert!(err.to_string().contains("not canonical"), "{bad:?}: {err}");
     }
-    let bad_calls: [&[&str]; 4] = [
+    let bad_calls: [&[&str]; 11] = [
         &[
             "FCALL",
             "hotsplit_cas",
@@ -487,10 +501,69 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
             "v",
             "2",
             &later,
+            &retain,
+            &now,
         ],
-        &["FCALL", "hotsplit_cas", "1", copy_key, "1", "v", "0", "-5"],
+        &[
+            "FCALL",
+            "hotsplit_cas",
+            "1",
+            copy_key,
+            "1",
+            "v",
+            "0",
+            "-5",
+            &retain,
+            &now,
+        ],
+        &[
+            "FCALL",
+            "hotsplit_cas",
+            "1",
+            copy_key,
+            "1",
+            "v",
+            "0",
+            &later,
+            "x",
+            &now,
+        ],
+        &[
+            "FCALL",
+            "hotsplit_cas",
+            "1",
+            copy_key,
+            "1",
+            "v",
+            "0",
+            &later,
+            &retain,
+            "01",
+        ],
+        &[
+            "FCALL",
+            "hotsplit_cas",
+            "1",
+            copy_key,
+            "1",
+            "v",
+            "0",
+            &later,
+            &retain,
+        ],
         &["FCALL", "hotsplit_cas", "1", copy_key, "1", "v", "0"],
-        &["FCALL", "hotsplit_alloc", "1", copy_key, "ten"],
+        &["FCALL", "hotsplit_alloc", "1", copy_key, "ten", "0"],
+        &["FCALL", "hotsplit_alloc", "1", copy_key, "1000", "-1"],
+        &[
+            "FCALL",
+            "hotsplit_alloc",
+            "1",
+            copy_key,
+            "1000",
+            "9223372036854775807",
+        ],
+        &["FCALL", "hotsplit_alloc", "1", copy_key, "1000"],
+        &["FCALL", "hotsplit_layout", "1", copy_key, "", "4"],
     ];
     for args in bad_calls {
         assert!(
@@ -555,7 +628,7 @@ async fn a_flushed_function_library_is_reloaded_and_the_write_retried() {
     let counter = Key::parse("rs:flushed-counter").expect("valid key");
     assert_eq!(
         store
-            .allocate_version(&counter, 60_000)
+            .allocate_version(&counter, 60_000, 0)
             .await
             .expect("allocate"),
         version(1)
@@ -709,7 +782,7 @@ async fn allocate_version_counts_up_with_a_ttl(deployment: Deployment<'_>, name:
     for expected in 1..=3 {
         assert_eq!(
             store
-                .allocate_version(&key, 60_000)
+                .allocate_version(&key, 60_000, 0)
                 .await
                 .expect("allocate"),
             version(expected)
@@ -723,13 +796,49 @@ async fn allocate_version_counts_up_with_a_ttl(deployment: Deployment<'_>, name:
         .expect("integer");
     assert!(pttl > 0 && pttl <= 60_000, "pttl {pttl}");
 
+    // A shorter time to live never shortens the counter's (another instance's shorter family
+    // TTL must not let it expire before the copies it versioned).
+    assert_eq!(
+        store
+            .allocate_version(&key, 1_000, 0)
+            .await
+            .expect("allocate"),
+        version(4)
+    );
+    let pttl: i64 = deployment
+        .cli(&counter, &["PTTL", &counter])
+        .expect("PTTL")
+        .parse()
+        .expect("integer");
+    assert!(
+        pttl > 1_000,
+        "a 1 s allocation shortened the counter's TTL to {pttl} ms"
+    );
+
+    // A floor above the counter (the copies hold a version the counter lost) moves it past the
+    // floor; a floor below it changes nothing.
+    assert_eq!(
+        store
+            .allocate_version(&key, 60_000, 40)
+            .await
+            .expect("allocate"),
+        version(41)
+    );
+    assert_eq!(
+        store
+            .allocate_version(&key, 60_000, 7)
+            .await
+            .expect("allocate"),
+        version(42)
+    );
+
     // The counter crosses 2^53 exactly.
     deployment
         .cli(&counter, &["SET", &counter, "9007199254740993"])
         .expect("SET");
     assert_eq!(
         store
-            .allocate_version(&key, 60_000)
+            .allocate_version(&key, 60_000, 0)
             .await
             .expect("allocate"),
         version(9_007_199_254_740_994)

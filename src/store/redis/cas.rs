@@ -1,7 +1,8 @@
 //! The compare-and-set: the Redis Functions library (`hotsplit.lua`, loaded with
 //! `FUNCTION LOAD REPLACE` on every primary), the per-node `FCALL hotsplit_cas` pipelines of
-//! [`Store::write_copies`], the reload and single retry after `ERR Function not found`, and the
-//! version counter (`FCALL hotsplit_alloc`).
+//! [`Store::write_copies`], the reload and single retry after `ERR Function not found`, the
+//! version counter (`FCALL hotsplit_alloc`) and the layout record's compare-and-set
+//! (`FCALL hotsplit_layout`).
 //!
 //! Versions cross into Lua as canonical decimal strings and are never converted to numbers.
 
@@ -16,15 +17,19 @@ use futures_util::future::join_all;
 
 use super::failure::Failure;
 use super::replicas::server_label;
-use super::replies::parse_cas_reply;
+use super::replies::{parse_cas_reply, parse_layout_reply};
 use super::RedisStore;
 #[cfg(doc)]
 use crate::error::ErrorKind;
 use crate::error::Result;
+use crate::error::{Error, ErrorKind};
 use crate::key::{Key, Version};
 #[cfg(doc)]
 use crate::store::Store;
-use crate::store::{CasOutcome, CopyWrite, NodeLabel, Payload, WriteResult};
+use crate::store::{
+    now_unix_ms, retain_until_ms, CasOutcome, CopyWrite, Layout, LayoutSwap, NodeLabel, Payload,
+    WriteResult,
+};
 
 /// The Redis Functions library (`#!lua name=hotsplit`), loaded on every primary.
 const LIBRARY: &str = include_str!("hotsplit.lua");
@@ -34,6 +39,12 @@ const CAS_FUNCTION: &str = "hotsplit_cas";
 
 /// The library's version-counter function.
 const ALLOC_FUNCTION: &str = "hotsplit_alloc";
+
+/// The library's layout-record compare-and-set.
+const LAYOUT_FUNCTION: &str = "hotsplit_layout";
+
+/// The largest floor `hotsplit_alloc` accepts: INCR works on signed 64-bit integers.
+const MAX_COUNTER_FLOOR: u64 = i64::MAX as u64 - 1;
 
 /// The largest millisecond value (expiry or time to live) the library accepts: 18 digits, so
 /// `PEXPIREAT`/`PEXPIRE` can never overflow after the hash was written. Larger values are clamped
@@ -119,12 +130,22 @@ impl RedisStore {
             .collect()
     }
 
-    /// The next version of `key` from its counter (`FCALL hotsplit_alloc`, reloading the
-    /// library once if it is missing). The body of [`Store::allocate_version`].
-    pub(super) async fn next_version(&self, key: &Key, ttl_ms: u64) -> Result<Version> {
+    /// The next version of `key` from its counter, `max(counter, floor) + 1`
+    /// (`FCALL hotsplit_alloc`, reloading the library once if it is missing). The body of
+    /// [`Store::allocate_version`].
+    pub(super) async fn next_version(&self, key: &Key, ttl_ms: u64, floor: u64) -> Result<Version> {
         let counter = key.counter_key();
         let node = self.placement().node_of(&counter);
-        let args = vec![Value::from(ttl_ms.min(MAX_MILLIS).to_string())];
+        if floor > MAX_COUNTER_FLOOR {
+            return Err(Error::new(
+                ErrorKind::InvalidVersion,
+                format!("the version counter of {key} is exhausted"),
+            ));
+        }
+        let args = vec![
+            Value::from(ttl_ms.min(MAX_MILLIS).to_string()),
+            Value::from(floor.to_string()),
+        ];
         let reply = self
             .fcall_reloading(ALLOC_FUNCTION, &counter, args)
             .await
@@ -205,10 +226,12 @@ impl RedisStore {
     ) -> Vec<FredResult<Value>> {
         let pipeline = client.pipeline();
         let mut queue_errors: Vec<Option<FredError>> = Vec::with_capacity(batch.len());
+        let now_ms = now_unix_ms();
         for write in batch {
             // Queueing only buffers the command in memory; it answers at once.
+            let args = cas_args(write, self.version_retention_ms, now_ms);
             let queued = pipeline
-                .fcall::<(), _, _, _>(CAS_FUNCTION, write.copy_key.as_str(), cas_args(write))
+                .fcall::<(), _, _, _>(CAS_FUNCTION, write.copy_key.as_str(), args)
                 .await;
             queue_errors.push(queued.err());
         }
@@ -239,6 +262,25 @@ impl RedisStore {
                 }),
             })
             .collect()
+    }
+
+    /// Writes the layout record `key` when it holds `expected` (`FCALL hotsplit_layout`). The
+    /// body of [`Store::write_layout`].
+    pub(super) async fn swap_layout(
+        &self,
+        key: String,
+        expected: Option<Layout>,
+        layout: Layout,
+    ) -> Result<LayoutSwap> {
+        let args = vec![
+            Value::from(expected.map(Layout::encode).unwrap_or_default()),
+            Value::from(layout.encode()),
+        ];
+        let reply = self
+            .fcall_reloading(LAYOUT_FUNCTION, &key, args)
+            .await
+            .map_err(|err| self.fail(format_args!("write of layout record {key}"), &err))?;
+        parse_layout_reply(reply).map_err(|why| self.corrupt(format!("layout record {key}: {why}")))
     }
 
     /// Sends one `FCALL`; on `ERR Function not found` reloads the library and retries once.
@@ -292,8 +334,10 @@ impl RedisStore {
     }
 }
 
-/// The `FCALL hotsplit_cas` arguments of a write: version, payload, tomb, expire_at_ms.
-fn cas_args(write: &CopyWrite) -> Vec<Value> {
+/// The `FCALL hotsplit_cas` arguments of a write: version, payload, tomb, expire_at_ms,
+/// retain_until_ms (`retention_ms` after the expiry) and now_ms (this instance's clock, the one
+/// that computed the expiry).
+fn cas_args(write: &CopyWrite, retention_ms: u64, now_ms: u64) -> Vec<Value> {
     let (payload, tomb) = match &write.payload {
         Payload::Value(bytes) => (bytes.clone(), "0"),
         Payload::Tombstone => (Bytes::new(), "1"),
@@ -303,6 +347,11 @@ fn cas_args(write: &CopyWrite) -> Vec<Value> {
         payload.into(),
         tomb.into(),
         write.expire_at_ms.min(MAX_MILLIS).to_string().into(),
+        retain_until_ms(write.expire_at_ms, retention_ms)
+            .min(MAX_MILLIS)
+            .to_string()
+            .into(),
+        now_ms.min(MAX_MILLIS).to_string().into(),
     ]
 }
 
@@ -313,7 +362,7 @@ mod tests {
     #[test]
     fn the_library_is_named_and_prefixed() {
         assert!(LIBRARY.starts_with("#!lua name=hotsplit\n"));
-        for name in [CAS_FUNCTION, ALLOC_FUNCTION] {
+        for name in [CAS_FUNCTION, ALLOC_FUNCTION, LAYOUT_FUNCTION] {
             assert!(name.starts_with("hotsplit_"));
             assert!(
                 LIBRARY.contains(&format!("redis.register_function('{name}'")),

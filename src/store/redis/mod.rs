@@ -65,7 +65,8 @@ use fred::types::{Builder, ConnectHandle, Key as FredKey, Value};
 use futures_util::future::{join_all, BoxFuture};
 
 use super::{
-    layout_key, CopyRead, CopyWrite, Layout, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
+    layout_key, now_unix_ms, CopyRead, CopyWrite, Layout, LayoutSwap, NodeLabel, ReplicaSet,
+    ServedBy, Store, WriteResult,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -83,7 +84,7 @@ mod wait;
 use failure::Failure;
 pub(crate) use readonly::ReadOnlyNodes;
 use replicas::{connect_replica, server_label, ReplicaClient, ReplicaMap};
-use replies::parse_copy;
+use replies::parse_served_copy;
 use target::{format_address, parse_address};
 pub use target::{RedisOptions, RedisTarget};
 
@@ -113,6 +114,9 @@ pub struct RedisStore {
     standalone_node: Option<NodeLabel>,
     /// The command timeout, for messages.
     command_timeout: Duration,
+    /// How long a copy's hash outlives its expiry, milliseconds
+    /// ([`RedisOptions::version_retention`]).
+    version_retention_ms: u64,
     /// Where store errors are counted.
     metrics: Arc<Metrics>,
     /// One client per replica: the configured ones of a standalone primary, or, in Cluster
@@ -272,6 +276,8 @@ impl RedisStore {
             target: options.target.clone(),
             standalone_node,
             command_timeout: options.command_timeout,
+            version_retention_ms: u64::try_from(options.version_retention.as_millis())
+                .unwrap_or(u64::MAX),
             metrics,
             replica_clients: std::sync::RwLock::new(replica_clients),
             standalone_replicas,
@@ -395,7 +401,7 @@ impl Store for RedisStore {
                 .hmget::<Value, _, _>(copy_key.as_str(), copy_fields())
                 .await
             {
-                Ok(reply) => parse_copy(reply).map_err(|why| {
+                Ok(reply) => parse_served_copy(reply, now_unix_ms()).map_err(|why| {
                     self.corrupt(format!("copy {copy_key} on {node} is corrupt: {why}"))
                 }),
                 Err(err) => Err(self.fail(format_args!("read of copy {copy_key} on {node}"), &err)),
@@ -407,8 +413,13 @@ impl Store for RedisStore {
         })
     }
 
-    fn allocate_version<'a>(&'a self, key: &'a Key, ttl_ms: u64) -> BoxFuture<'a, Result<Version>> {
-        Box::pin(self.next_version(key, ttl_ms))
+    fn allocate_version<'a>(
+        &'a self,
+        key: &'a Key,
+        ttl_ms: u64,
+        floor: u64,
+    ) -> BoxFuture<'a, Result<Version>> {
+        Box::pin(self.next_version(key, ttl_ms, floor))
     }
 
     fn topology(&self) -> Vec<ReplicaSet> {
@@ -474,14 +485,13 @@ impl Store for RedisStore {
         Box::pin(self.replication_offset_of(node))
     }
 
-    fn write_layout<'a>(&'a self, family: &'a str, layout: Layout) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            let key = layout_key(family);
-            self.client
-                .set::<(), _, _>(key.as_str(), layout.encode(), None, None, false)
-                .await
-                .map_err(|err| self.fail(format_args!("write of layout record {key}"), &err))
-        })
+    fn write_layout<'a>(
+        &'a self,
+        family: &'a str,
+        expected: Option<Layout>,
+        layout: Layout,
+    ) -> BoxFuture<'a, Result<LayoutSwap>> {
+        Box::pin(self.swap_layout(layout_key(family), expected, layout))
     }
 
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {

@@ -26,7 +26,7 @@ use crate::store::{CopyStamp, NodeLabel};
 
 /// The fields `hotsplit audit` reads of a copy: the version and the tombstone flag, never the
 /// value, so an audit stays cheap.
-pub(super) const STAMP_FIELDS: [&str; 2] = ["ver", "tomb"];
+pub(super) const STAMP_FIELDS: [&str; 3] = ["ver", "tomb", "exp"];
 
 /// A primary and its replicas, as [`ReadOnlyNodes`] discovered them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -413,6 +413,7 @@ impl ReadOnlyNodes {
             return copies.iter().map(|_| Err(err.clone())).collect();
         }
         let skip = usize::from(client.cluster_replica);
+        let now_ms = crate::store::now_unix_ms();
         replies
             .into_iter()
             .skip(skip)
@@ -425,7 +426,7 @@ impl ReadOnlyNodes {
                         self.command_timeout,
                     )
                 })?;
-                parse_stamp(reply).map_err(|why| {
+                parse_stamp(reply, now_ms).map_err(|why| {
                     Error::new(
                         ErrorKind::Unavailable,
                         format!("copy {copy} on {node} is corrupt: {why}"),

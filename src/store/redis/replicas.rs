@@ -12,7 +12,7 @@ use hotsplit_redis_info::info_number;
 
 use super::failure::Failure;
 use super::readonly::NodeClient;
-use super::replies::{parse_copy, replicas_from_cluster_slots};
+use super::replies::{parse_served_copy, replicas_from_cluster_slots};
 use super::target::{format_address, parse_address, RedisOptions};
 use super::{client_builder, copy_fields, RedisStore};
 use crate::error::{Error, ErrorKind, Result};
@@ -20,7 +20,7 @@ use crate::key::CopyKey;
 use crate::metrics::Metrics;
 #[cfg(doc)]
 use crate::store::Store;
-use crate::store::{CopyRead, NodeLabel, ReplicaSet, ServedBy};
+use crate::store::{now_unix_ms, CopyRead, NodeLabel, ReplicaSet, ServedBy};
 
 /// Each cluster primary's replicas, `host:port` labels, sorted.
 pub(super) type ReplicaMap = std::collections::HashMap<NodeLabel, Vec<NodeLabel>>;
@@ -133,7 +133,7 @@ impl RedisStore {
             )),
         };
         let record = match reply {
-            Ok(reply) => parse_copy(reply).map_err(|why| {
+            Ok(reply) => parse_served_copy(reply, now_unix_ms()).map_err(|why| {
                 self.corrupt(format!(
                     "copy {copy_key} on replica {replica} is corrupt: {why}"
                 ))

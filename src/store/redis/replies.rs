@@ -13,7 +13,7 @@ use super::readonly::{ScanPage, Shard};
 use super::replicas::ReplicaMap;
 use super::target::format_address;
 use crate::key::Version;
-use crate::store::{CasOutcome, CopyRecord, CopyStamp, NodeLabel, Payload};
+use crate::store::{CasOutcome, CopyRecord, CopyStamp, Layout, LayoutSwap, NodeLabel, Payload};
 
 /// Each primary's replicas, read out of a `CLUSTER SLOTS` reply: an array of
 /// `[start, end, primary, replica…]` where every node is `[host, port, id, …]`.
@@ -65,7 +65,25 @@ pub(super) fn replicas_from_cluster_slots(
     Ok(map)
 }
 
-/// Parses `{"applied"|"current"|"stale", version}`.
+/// Parses `{"applied", new}` or `{"changed", current}` of `hotsplit_layout`.
+pub(super) fn parse_layout_reply(reply: Value) -> std::result::Result<LayoutSwap, String> {
+    let [status, record] = <[Value; 2]>::try_from(reply.into_array())
+        .map_err(|fields| format!("expected 2 fields, got {}", fields.len()))?;
+    let record = record
+        .as_str()
+        .map(|text| text.into_owned())
+        .unwrap_or_default();
+    match status.as_str().as_deref() {
+        Some("applied") => Ok(LayoutSwap::Applied),
+        Some("changed") if record.is_empty() => Ok(LayoutSwap::Changed(None)),
+        Some("changed") => Layout::decode(&record)
+            .map(|layout| LayoutSwap::Changed(Some(layout)))
+            .ok_or_else(|| format!("holds {record:?}, not copies:max_copies")),
+        _ => Err(format!("unknown status {status:?}")),
+    }
+}
+
+/// Parses `{"applied"|"current"|"stale"|"conflict", version}`.
 pub(super) fn parse_cas_reply(reply: Value) -> std::result::Result<CasOutcome, String> {
     let fields = reply.into_array();
     let [status, version] = <[Value; 2]>::try_from(fields)
@@ -79,8 +97,19 @@ pub(super) fn parse_cas_reply(reply: Value) -> std::result::Result<CasOutcome, S
         Some("applied") => Ok(CasOutcome::Applied),
         Some("current") => Ok(CasOutcome::Current),
         Some("stale") => Ok(CasOutcome::Stale { stored: version }),
+        Some("conflict") => Ok(CasOutcome::Conflict { stored: version }),
         _ => Err(format!("unknown status {status:?}")),
     }
+}
+
+/// Parses the `HMGET ver val tomb exp` reply of a copy read at `now_ms`: `None` when the copy
+/// does not exist, or is past its expiry (its hash is kept for the version retention, so the
+/// compare-and-set still refuses older versions, but it is no longer served).
+pub(super) fn parse_served_copy(
+    reply: Value,
+    now_ms: u64,
+) -> std::result::Result<Option<CopyRecord>, String> {
+    Ok(parse_copy(reply)?.filter(|record| record.expire_at_ms > now_ms))
 }
 
 /// Parses the `HMGET ver val tomb exp` reply of a copy: `None` when the copy does not exist.
@@ -228,11 +257,22 @@ pub(super) fn parse_scan_page(reply: Value) -> std::result::Result<ScanPage, Str
     })
 }
 
-/// Parses the `HMGET ver tomb` reply of a copy: `None` when the copy does not exist.
-pub(super) fn parse_stamp(reply: Value) -> std::result::Result<Option<CopyStamp>, String> {
-    let [ver, tomb] = <[Value; 2]>::try_from(reply.into_array())
-        .map_err(|fields| format!("expected 2 fields, got {}", fields.len()))?;
-    if ver.is_null() && tomb.is_null() {
+/// Parses the `HMGET ver tomb exp` reply of a copy read at `now_ms`: `None` when the copy does
+/// not exist or is past its expiry (kept only so older writes stay refused; no read serves it).
+pub(super) fn parse_stamp(
+    reply: Value,
+    now_ms: u64,
+) -> std::result::Result<Option<CopyStamp>, String> {
+    let [ver, tomb, exp] = <[Value; 3]>::try_from(reply.into_array())
+        .map_err(|fields| format!("expected 3 fields, got {}", fields.len()))?;
+    if ver.is_null() && tomb.is_null() && exp.is_null() {
+        return Ok(None);
+    }
+    let exp = exp.as_str().ok_or("field exp is missing or not text")?;
+    let expire_at_ms: u64 = exp
+        .parse()
+        .map_err(|_| format!("field exp {exp:?} is not a millisecond timestamp"))?;
+    if expire_at_ms <= now_ms {
         return Ok(None);
     }
     let ver = ver.as_str().ok_or("field ver is missing or not text")?;
@@ -458,12 +498,23 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0
         assert!(parse_scan_page(Value::Null).is_err());
 
         let stamp = |ver: Option<&str>, tomb: Option<&str>| {
-            parse_stamp(Value::Array(vec![
-                ver.map(text).unwrap_or(Value::Null),
-                tomb.map(text).unwrap_or(Value::Null),
-            ]))
+            parse_stamp(
+                Value::Array(vec![
+                    ver.map(text).unwrap_or(Value::Null),
+                    tomb.map(text).unwrap_or(Value::Null),
+                    text("2000"),
+                ]),
+                1000,
+            )
         };
-        assert_eq!(stamp(None, None), Ok(None));
+        assert_eq!(
+            stamp(None, None).unwrap_err(),
+            "field ver is missing or not text"
+        );
+        let expired = Value::Array(vec![text("4"), text("0"), text("1000")]);
+        assert_eq!(parse_stamp(expired, 1000), Ok(None));
+        let missing = Value::Array(vec![Value::Null, Value::Null, Value::Null]);
+        assert_eq!(parse_stamp(missing, 1000), Ok(None));
         assert_eq!(
             stamp(Some("18446744073709551615"), Some("1")),
             Ok(Some(CopyStamp {

@@ -186,6 +186,9 @@ pub struct RedisOptions {
     /// own (fred's centralized `replicas()` reads the primary). Must be empty for a cluster,
     /// whose replicas are discovered. Default: none.
     pub replicas: Vec<String>,
+    /// How long a copy's hash outlives its expiry (`exp`), so the compare-and-set refuses older
+    /// versions after the value stopped being served. Default: 1 h.
+    pub version_retention: Duration,
 }
 
 impl RedisOptions {
@@ -202,6 +205,7 @@ impl RedisOptions {
             command_timeout: Self::DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             replicas: Vec::new(),
+            version_retention: Duration::from_millis(crate::store::DEFAULT_VERSION_RETENTION_MS),
         }
     }
 }
