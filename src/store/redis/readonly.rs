@@ -348,9 +348,9 @@ impl ReadOnlyNodes {
         })
     }
 
-    /// Reads the version and tombstone flag (`HMGET key ver tomb`) of each of `copies` on
+    /// Reads the version and tombstone flag (`HMGET key ver tomb exp`) of each of `copies` on
     /// `node`, as one pipeline (after `READONLY` on a Cluster replica). Returns one result per
-    /// copy, in order: `None` for a copy that does not exist.
+    /// copy, in order: `None` for a copy that does not exist or is past its expiry.
     pub(crate) async fn read_stamps(
         &self,
         node: &NodeLabel,
