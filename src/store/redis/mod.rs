@@ -24,9 +24,9 @@
 //!   `INFO commandstats` tells heartbeat reads (`GET`) from data reads (`HMGET`).
 //! - **Synced writes** (`sync_replicas`) go through a second client, write then `WAIT` on each
 //!   node: `WAIT` counts only its own connection's writes, and blocks that connection.
-//! - **Version counters** use `FCALL hotsplit_alloc` (a floor, INCR and a TTL that only grows, atomic), not MULTI/EXEC:
-//!   fred 10 runs a transaction inside its router task after draining every connection, so one
-//!   slow node would stall every command of the client.
+//! - **Version counters** use `FCALL hotsplit_alloc` (a floor, INCR and a TTL that only grows,
+//!   atomic), not MULTI/EXEC: fred 10 runs a transaction inside its router task after draining
+//!   every connection, so one slow node would stall every command of the client.
 //! - **Audits** (`hotsplit audit`) go through `ReadOnlyNodes`, apart from [`RedisStore`]: one
 //!   centralized client per node (discovered with `CLUSTER NODES` or `INFO replication`) that
 //!   sends only `SCAN … TYPE hash`, `HMGET key ver tomb exp` and `READONLY`, and never loads the
