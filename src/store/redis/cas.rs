@@ -19,10 +19,7 @@ use super::failure::Failure;
 use super::replicas::server_label;
 use super::replies::{parse_cas_reply, parse_layout_reply};
 use super::RedisStore;
-#[cfg(doc)]
-use crate::error::ErrorKind;
-use crate::error::Result;
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, Result};
 use crate::key::{Key, Version};
 #[cfg(doc)]
 use crate::store::Store;
