@@ -102,6 +102,6 @@ async fn a_counter_that_expired_before_the_copies_does_not_refuse_later_publishe
 
 /// `redis-cli` against the shared standalone server; panics naming the command on failure.
 fn devcluster_cli(port: u16, args: &[&str]) {
-    hotsplit::devcluster::cli(port, args)
+    hotsplit_devcluster::cli(port, args)
         .unwrap_or_else(|err| panic!("{args:?} on 127.0.0.1:{port}: {err}"));
 }
