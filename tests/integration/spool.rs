@@ -235,6 +235,12 @@ async fn spool_a_full_disk_loses_no_queued_copy_and_a_drained_queue_resets_it() 
 /// `hotsplit serve` with the spool in `spool` and the family `prefix` (4 copies, ten years).
 fn refusing_server(spool: &Path, prefix: &str) -> (Standalone, String) {
     let server = Standalone::start().unwrap();
+    // The layout records change only through FCALL hotsplit_layout: write them first, as an
+    // earlier start would have left them, so startup needs no FCALL.
+    for (family, layout) in [(prefix, "4:4"), ("default", "1:1")] {
+        let record = hotsplit::store::layout_key(family);
+        devcluster::cli(server.node.port(), &["SET", &record, layout]).unwrap();
+    }
     devcluster::cli(server.node.port(), &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
     let config = format!(
         "[store]\nredis = \"{}\"\ncommand_timeout = \"300ms\"\n[heal]\nspool_dir = \"{}\"\n\
