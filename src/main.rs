@@ -40,12 +40,34 @@ enum Command {
     Probe(hotsplit::probe::ProbeArgs),
 }
 
+/// The help text on the Redis password, which has no flag (a flag would show in `ps`).
+const PASSWORD_HELP: &str = "Environment:\n  HOTSPLIT_REDIS_PASSWORD  the Redis password (overrides store.password_file; never printed)";
+
 #[derive(Debug, clap::Args)]
+#[command(after_help = PASSWORD_HELP)]
 struct AuditArgs {
     /// redis://host:port (a standalone primary; its replicas are found with INFO replication)
-    /// or redis-cluster://host:port[,host:port] (seed nodes). Default: store.redis of --config.
-    #[arg(long, env = "HOTSPLIT_REDIS")]
+    /// or redis-cluster://host:port[,host:port] (seed nodes); rediss:// and rediss-cluster://
+    /// for TLS; valkey[s]:// synonyms. Default: store.redis of --config.
+    #[arg(long, env = "HOTSPLIT_REDIS", hide_env_values = true)]
     redis: Option<String>,
+    /// PEM file of the CAs that sign the servers' certificates (rediss URLs). Default:
+    /// store.tls_ca_file of --config, else the system's roots.
+    #[arg(long)]
+    tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS. Default: store.tls_cert_file of --config.
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// PEM key of --tls-cert-file. Default: store.tls_key_file of --config.
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    /// The ACL user (see README, the read-only audit user). Default: store.username of
+    /// --config, else the user of the URL or `default`.
+    #[arg(long)]
+    username: Option<String>,
+    /// A file holding the password. Default: store.password_file of --config.
+    #[arg(long)]
+    password_file: Option<PathBuf>,
     /// A hotsplit TOML config: copy counts come from its families (and --redis from store.redis).
     #[arg(long, env = "HOTSPLIT_CONFIG", conflicts_with = "copies")]
     config: Option<PathBuf>,
@@ -109,6 +131,7 @@ struct CheckArgs {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = PASSWORD_HELP)]
 struct ServeArgs {
     /// A TOML config file (see hotsplit.example.toml).
     #[arg(long, env = "HOTSPLIT_CONFIG")]
@@ -116,8 +139,9 @@ struct ServeArgs {
     /// The address to listen on. Default: 127.0.0.1:7070.
     #[arg(long, env = "HOTSPLIT_LISTEN")]
     listen: Option<SocketAddr>,
-    /// redis://host:port or redis-cluster://host:port[,host:port]. Default: the embedded store.
-    #[arg(long, env = "HOTSPLIT_REDIS")]
+    /// redis://host:port or redis-cluster://host:port[,host:port]; rediss:// and
+    /// rediss-cluster:// for TLS; valkey[s]:// synonyms. Default: the embedded store.
+    #[arg(long, env = "HOTSPLIT_REDIS", hide_env_values = true)]
     redis: Option<String>,
 }
 
@@ -375,24 +399,49 @@ fn audit_options(args: &AuditArgs) -> hotsplit::Result<hotsplit::audit::AuditOpt
         }
         None => None,
     };
-    let url = args
-        .redis
-        .clone()
-        .or_else(|| {
-            config
-                .as_ref()
-                .and_then(|config| config.store.redis.clone())
-        })
-        .ok_or_else(|| {
-            hotsplit::Error::new(
-                hotsplit::ErrorKind::Config,
-                "--redis: required (or store.redis in --config)",
-            )
-        })?;
-    let target = hotsplit::store::redis::RedisTarget::parse(&url).map_err(|err| {
-        hotsplit::Error::new(hotsplit::ErrorKind::Config, format!("--redis: {err}"))
+    // The store section of --config (or an empty one), with the flags over it: one place
+    // turns URLs, TLS files and credentials into connection options, for serve and audit.
+    let mut store = config
+        .as_ref()
+        .map(|config| config.store.clone())
+        .unwrap_or_default();
+    if let Some(url) = &args.redis {
+        store.redis = Some(url.clone());
+    }
+    if store.redis.is_none() {
+        return Err(hotsplit::Error::new(
+            hotsplit::ErrorKind::Config,
+            "--redis: required (or store.redis in --config)",
+        ));
+    }
+    store.replicas.clear();
+    let flags = [
+        (&args.tls_ca_file, &mut store.tls_ca_file),
+        (&args.tls_cert_file, &mut store.tls_cert_file),
+        (&args.tls_key_file, &mut store.tls_key_file),
+        (&args.password_file, &mut store.password_file),
+    ];
+    for (flag, field) in flags {
+        if flag.is_some() {
+            field.clone_from(flag);
+        }
+    }
+    if args.username.is_some() {
+        store.username.clone_from(&args.username);
+    }
+    store.password = redis_password_from_env();
+    store.validate().map_err(|err| {
+        hotsplit::Error::new(
+            hotsplit::ErrorKind::Config,
+            format!("--redis and the tls/credential flags: {err}"),
+        )
     })?;
+    let redis = store
+        .redis_options()?
+        .ok_or_else(|| hotsplit::Error::new(hotsplit::ErrorKind::Config, "--redis: required"))?;
+    let target = redis.target.clone();
     let mut options = AuditOptions::new(target);
+    options.security = redis.security;
     options.copies = match (&config, args.copies) {
         (Some(config), _) => CopyCount::Config(config.families()),
         (None, Some(copies)) => CopyCount::Fixed(copies),
@@ -458,8 +507,19 @@ fn load_config(args: &ServeArgs) -> hotsplit::Result<Config> {
     if let Some(redis) = &args.redis {
         config.store.redis = Some(redis.clone());
     }
+    config.store.password = redis_password_from_env();
     config.validate()?;
     Ok(config)
+}
+
+/// The Redis password from `HOTSPLIT_REDIS_PASSWORD`, if set and not empty. The binary reads
+/// it here, beside the other `HOTSPLIT_*` variables, so nothing below `main` reads the
+/// environment.
+fn redis_password_from_env() -> Option<hotsplit::store::redis::Password> {
+    std::env::var("HOTSPLIT_REDIS_PASSWORD")
+        .ok()
+        .filter(|password| !password.is_empty())
+        .map(hotsplit::store::redis::Password::new)
 }
 
 /// Resolves on ctrl-c or SIGTERM.

@@ -41,7 +41,7 @@ use tokio_util::task::TaskTracker;
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::{Families, MAX_COPIES};
 use crate::key::Key;
-use crate::store::redis::{ReadOnlyNodes, RedisOptions, RedisTarget};
+use crate::store::redis::{ReadOnlyNodes, RedisOptions, RedisSecurity, RedisTarget};
 use report::{Report, UnreachableNode};
 
 /// How many keys an audit samples by default.
@@ -84,6 +84,8 @@ pub struct AuditOptions {
     /// The deployment: a standalone primary (its replicas are found with `INFO replication`) or
     /// cluster seed nodes (every node is found with `CLUSTER NODES`). Required.
     pub target: RedisTarget,
+    /// TLS and credentials of every connection. Default: plain TCP, the `default` user.
+    pub security: RedisSecurity,
     /// Only keys starting with this prefix. Default: none (every copy key, `*#*`).
     pub prefix: Option<String>,
     /// How N is chosen per key. Default: [`CopyCount::Inferred`].
@@ -105,6 +107,7 @@ impl AuditOptions {
     pub fn new(target: RedisTarget) -> AuditOptions {
         AuditOptions {
             target,
+            security: RedisSecurity::default(),
             prefix: None,
             copies: CopyCount::Inferred,
             sample: DEFAULT_SAMPLE,
@@ -154,6 +157,7 @@ impl AuditOptions {
         let mut options = RedisOptions::new(self.target.clone());
         options.command_timeout = self.command_timeout;
         options.connect_timeout = self.connect_timeout;
+        options.security = self.security.clone();
         options
     }
 }
@@ -220,7 +224,7 @@ pub async fn audit(options: &AuditOptions, progress: &mut impl FnMut(&Progress))
     let figures = figures::compute(&samples);
     let shards = nodes.shards();
     Ok(Report {
-        target: options.target.to_string(),
+        target: options.redis_options().url(),
         cluster: nodes.is_cluster(),
         primaries: shards.len(),
         replicas: shards.iter().map(|shard| shard.replicas.len()).sum(),

@@ -1,21 +1,29 @@
-//! The store's config: `[store]`, which picks the embedded store or Redis and sets its timeouts.
+//! The store's config: `[store]`, which picks the embedded store or Redis, sets its timeouts,
+//! and says how to secure the connections (TLS files, ACL user, password file).
 //!
-//! [`StoreConfig::redis_options`] is the one place the configured URLs become
-//! [`RedisOptions`]; [`StoreConfig::validate`] reports a bad one naming its field.
+//! [`StoreConfig::redis_options`] is the one place the configured URLs, TLS files and
+//! credentials become [`RedisOptions`]; [`StoreConfig::validate`] reports a bad one naming its
+//! field. A password never reaches a message: it is a [`Password`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::store::redis::target::{RedisOptions, RedisTarget};
+use crate::store::redis::target::{
+    redact_url, Password, RedisOptions, RedisSecurity, RedisTarget, RedisUrl, TlsOptions,
+};
 
 /// The store.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
-    /// `redis://host:port` (standalone) or `redis-cluster://host:port[,host:port]` (Cluster).
-    /// Default: none, which runs the embedded in-memory store.
+    /// `redis://host:port` (standalone) or `redis-cluster://host:port[,host:port]` (Cluster);
+    /// `rediss://` and `rediss-cluster://` connect with TLS; `valkey://`, `valkeys://`,
+    /// `valkey-cluster://` and `valkeys-cluster://` are synonyms. It may carry
+    /// `user:password@` (percent-encoded), though `username` and `password_file` keep the
+    /// password out of the file. Default: none, which runs the embedded in-memory store.
     pub redis: Option<String>,
     /// How long one Redis command may take before it fails; no request hangs on a paused node.
     /// Default: `500ms`.
@@ -40,6 +48,24 @@ pub struct StoreConfig {
     /// TTL ([`crate::config::Config::version_retention`]).
     #[serde(default, with = "crate::duration::option")]
     pub version_retention: Option<Duration>,
+    /// The PEM file of the certificate authorities that sign the Redis servers' certificates
+    /// (needs a `rediss` URL). Default: none, which trusts the system's roots.
+    pub tls_ca_file: Option<PathBuf>,
+    /// The PEM client certificate for mutual TLS (needs a `rediss` URL and `tls_key_file`).
+    /// Default: none, no client certificate.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of `tls_cert_file`. Default: none.
+    pub tls_key_file: Option<PathBuf>,
+    /// The ACL user every connection authenticates as. Default: none, the `default` user (or
+    /// the user of the URL).
+    pub username: Option<String>,
+    /// A file whose content (one trailing newline dropped) is the password. Default: none; the
+    /// `HOTSPLIT_REDIS_PASSWORD` environment variable or the URL may give it instead.
+    pub password_file: Option<PathBuf>,
+    /// The password from the `HOTSPLIT_REDIS_PASSWORD` environment variable, set by the
+    /// binary; never read from the file. It overrides `password_file`.
+    #[serde(skip)]
+    pub password: Option<Password>,
 }
 
 impl Default for StoreConfig {
@@ -50,6 +76,12 @@ impl Default for StoreConfig {
             command_timeout: RedisOptions::DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: RedisOptions::DEFAULT_CONNECT_TIMEOUT,
             version_retention: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            username: None,
+            password_file: None,
+            password: None,
         }
     }
 }
@@ -69,14 +101,64 @@ impl StoreConfig {
         if self.connect_timeout.is_zero() {
             return invalid("store.connect_timeout".into(), "must be positive".into());
         }
-        if let Some(url) = &self.redis {
-            if let Err(err) = RedisTarget::parse(url) {
-                return invalid("store.redis".into(), err.message().to_owned());
+        let url = match &self.redis {
+            Some(url) => Some(RedisUrl::parse(url).map_err(|err| {
+                Error::new(ErrorKind::Config, format!("store.redis: {}", err.message()))
+            })?),
+            None => None,
+        };
+        let tls = url.as_ref().is_some_and(|url| url.tls);
+        for (field, set) in [
+            ("store.tls_ca_file", self.tls_ca_file.is_some()),
+            ("store.tls_cert_file", self.tls_cert_file.is_some()),
+            ("store.tls_key_file", self.tls_key_file.is_some()),
+        ] {
+            if set && !tls {
+                return invalid(
+                    field.into(),
+                    "needs a tls url in store.redis (rediss:// or rediss-cluster://)".into(),
+                );
+            }
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return invalid(
+                "store.tls_cert_file".into(),
+                "a client certificate needs store.tls_key_file, and a key needs the certificate"
+                    .into(),
+            );
+        }
+        if url.is_none() && (self.username.is_some() || self.password_file.is_some()) {
+            return invalid(
+                "store.username".into(),
+                "credentials need store.redis: the embedded store has no users".into(),
+            );
+        }
+        if let Some(url) = &url {
+            if url.username.is_some() && self.username.is_some() && url.username != self.username {
+                return invalid(
+                    "store.username".into(),
+                    "differs from the user in store.redis; set one".into(),
+                );
+            }
+            if url.password.is_some() && (self.password_file.is_some() || self.password.is_some()) {
+                return invalid(
+                    "store.password_file".into(),
+                    "store.redis carries a password too (user:password@); give it one way only"
+                        .into(),
+                );
+            }
+        }
+        if let Some(username) = &self.username {
+            if username.is_empty() || username.chars().any(|c| c.is_whitespace()) {
+                return invalid(
+                    "store.username".into(),
+                    "must be a non-empty name without spaces".into(),
+                );
             }
         }
         if !self.replicas.is_empty() {
-            match &self.redis {
-                Some(url) if url.trim_start().starts_with("redis-cluster://") => {
+            match &url {
+                Some(url) if matches!(url.target, RedisTarget::Cluster(_)) => {
                     return invalid(
                         "store.replicas".into(),
                         "must be empty in cluster mode: replicas are discovered from the cluster"
@@ -92,9 +174,11 @@ impl StoreConfig {
                 Some(_) => {}
             }
             for (at, url) in self.replicas.iter().enumerate() {
-                replica_address(at, url)?;
+                replica_address(at, url, tls)?;
             }
         }
+        // Reads the password file, so that a missing one stops startup before anything binds.
+        self.redis_options()?;
         Ok(())
     }
 
@@ -107,29 +191,76 @@ impl StoreConfig {
         let Some(url) = &self.redis else {
             return Ok(None);
         };
-        let target = RedisTarget::parse(url).map_err(|err| {
+        let url = RedisUrl::parse(url).map_err(|err| {
             Error::new(ErrorKind::Config, format!("store.redis: {}", err.message()))
         })?;
-        let mut options = RedisOptions::new(target);
+        let mut options = RedisOptions::new(url.target);
         options.command_timeout = self.command_timeout;
         options.connect_timeout = self.connect_timeout;
         options.replicas = self
             .replicas
             .iter()
             .enumerate()
-            .map(|(at, url)| replica_address(at, url))
+            .map(|(at, replica)| replica_address(at, replica, url.tls))
             .collect::<Result<Vec<String>>>()?;
+        let password = match (&url.password, &self.password, &self.password_file) {
+            (Some(password), _, _) | (None, Some(password), _) => Some(password.clone()),
+            (None, None, Some(path)) => Some(read_password_file(path)?),
+            (None, None, None) => None,
+        };
+        options.security = RedisSecurity {
+            tls: url.tls.then(|| TlsOptions {
+                ca_file: self.tls_ca_file.clone(),
+                cert_file: self.tls_cert_file.clone(),
+                key_file: self.tls_key_file.clone(),
+            }),
+            username: url.username.or_else(|| self.username.clone()),
+            password,
+        };
         Ok(Some(options))
     }
 }
 
-/// The `host:port` of `store.replicas[at]`, which must be a `redis://host:port` URL.
-fn replica_address(at: usize, url: &str) -> Result<String> {
+/// Reads the password in `path`, without one trailing newline.
+fn read_password_file(path: &std::path::Path) -> Result<Password> {
+    let invalid = |why: String| {
+        Error::new(
+            ErrorKind::Config,
+            format!("store.password_file: {}: {why}", path.display()),
+        )
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|err| invalid(format!("cannot read: {err}")))?;
+    let text = text
+        .strip_suffix('\n')
+        .map(|text| text.strip_suffix('\r').unwrap_or(text))
+        .unwrap_or(&text);
+    if text.is_empty() {
+        return Err(invalid("is empty".to_owned()));
+    }
+    Ok(Password::new(text))
+}
+
+/// The `host:port` of `store.replicas[at]`, which must be a one-server URL without
+/// credentials (the primary's are used), with TLS exactly when the primary's URL has it.
+fn replica_address(at: usize, url: &str, tls: bool) -> Result<String> {
     let invalid =
         |why: String| Error::new(ErrorKind::Config, format!("store.replicas[{at}]: {why}"));
-    match RedisTarget::parse(url) {
-        Ok(RedisTarget::Standalone(address)) => Ok(address),
-        Ok(_) => Err(invalid("must be a redis://host:port url".into())),
-        Err(err) => Err(invalid(err.message().to_owned())),
+    let parsed = RedisUrl::parse(url).map_err(|err| invalid(err.message().to_owned()))?;
+    if parsed.username.is_some() || parsed.password.is_some() {
+        return Err(invalid(format!(
+            "{:?} carries credentials; replicas use the primary's",
+            redact_url(url)
+        )));
+    }
+    if parsed.tls != tls {
+        let wanted = if tls { "rediss://" } else { "redis://" };
+        return Err(invalid(format!(
+            "must be a {wanted}host:port url, like store.redis"
+        )));
+    }
+    match parsed.target {
+        RedisTarget::Standalone(address) => Ok(address),
+        RedisTarget::Cluster(_) => Err(invalid("must name one server, not a cluster".into())),
     }
 }

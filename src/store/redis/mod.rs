@@ -79,6 +79,7 @@ mod readonly;
 mod replicas;
 mod replies;
 pub mod target;
+mod tls;
 mod wait;
 
 use failure::Failure;
@@ -86,7 +87,7 @@ pub(crate) use readonly::ReadOnlyNodes;
 use replicas::{connect_replica, server_label, ReplicaClient, ReplicaMap};
 use replies::parse_served_copy;
 use target::{format_address, parse_address};
-pub use target::{RedisOptions, RedisTarget};
+pub use target::{Password, RedisOptions, RedisSecurity, RedisTarget, RedisUrl, TlsOptions};
 
 /// The hash fields of a copy, in the order `read_copy` asks for them.
 const COPY_FIELDS: [&str; 4] = ["ver", "val", "tomb", "exp"];
@@ -178,7 +179,7 @@ impl RedisStore {
     /// Redis cannot be reached within `connect_timeout` (the message names the URL) or the
     /// library cannot be loaded; [`ErrorKind::Timeout`] when loading the library timed out.
     pub async fn connect(options: RedisOptions, metrics: Arc<Metrics>) -> Result<RedisStore> {
-        let url = options.target.to_string();
+        let url = options.url();
         let config_error =
             |why: String| Error::new(ErrorKind::Config, format!("redis target {url:?}: {why}"));
         let (server, standalone_node) = match &options.target {
@@ -215,7 +216,7 @@ impl RedisStore {
             server,
             &options,
             vec![ReconnectError::ClusterDown, ReconnectError::Loading],
-        );
+        )?;
         let client = builder.build().map_err(|err| {
             Error::new(
                 ErrorKind::Config,
@@ -347,23 +348,30 @@ impl RedisStore {
 
 /// A fred builder for `server` with the store's timeouts (every command has one), the given
 /// reconnect errors, and exponential reconnects from 100 ms to 2 s, forever.
+///
+/// # Errors
+/// As for [`client_builder_without_reconnects`].
 fn client_builder(
     server: ServerConfig,
     options: &RedisOptions,
     reconnect_errors: Vec<ReconnectError>,
-) -> Builder {
-    let mut builder = client_builder_without_reconnects(server, options, reconnect_errors);
+) -> Result<Builder> {
+    let mut builder = client_builder_without_reconnects(server, options, reconnect_errors)?;
     builder.set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
-    builder
+    Ok(builder)
 }
 
-/// A fred builder with the options' command and connect timeouts and `reconnect_errors`, and
-/// no reconnect policy: a connection that drops stays down.
+/// A fred builder with the options' command and connect timeouts and `reconnect_errors`, the
+/// options' TLS and credentials (every client hotsplit opens is built here, or cloned from
+/// one that was), and no reconnect policy: a connection that drops stays down.
+///
+/// # Errors
+/// [`ErrorKind::Config`] when a TLS file cannot be read or is not usable.
 fn client_builder_without_reconnects(
     server: ServerConfig,
     options: &RedisOptions,
     reconnect_errors: Vec<ReconnectError>,
-) -> Builder {
+) -> Result<Builder> {
     let mut builder = Builder::from_config(Config {
         server,
         ..Config::default()
@@ -377,7 +385,8 @@ fn client_builder_without_reconnects(
             conn.internal_command_timeout = options.connect_timeout;
             conn.reconnect_errors = reconnect_errors;
         });
-    builder
+    tls::secure(&mut builder, &options.security)?;
+    Ok(builder)
 }
 
 impl Store for RedisStore {

@@ -457,6 +457,6 @@ async fn connect_node(
         ServerConfig::new_centralized(host, port),
         options,
         Vec::new(),
-    );
+    )?;
     NodeClient::connect(builder, label, "", options, cluster_replica, None).await
 }

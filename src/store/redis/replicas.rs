@@ -326,7 +326,7 @@ pub(super) async fn connect_replica(
         ServerConfig::new_centralized(host, port),
         options,
         vec![ReconnectError::Loading],
-    );
+    )?;
     let node =
         NodeClient::connect(builder, &label, "replica ", options, cluster, Some(metrics)).await?;
     Ok(ReplicaClient { label, node })

@@ -5,6 +5,7 @@
 //! This file uses no fred, so `config` can depend on it without the client.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -22,65 +23,25 @@ pub enum RedisTarget {
 }
 
 impl RedisTarget {
-    /// Parses `redis://host[:port]` (one server) or `redis-cluster://host[:port][,host[:port]...]`
-    /// (cluster seed nodes). The port defaults to 6379. IPv6 hosts go in brackets (`[::1]:6379`).
+    /// Parses a URL that carries neither TLS nor credentials (see [`RedisUrl::parse`] for the
+    /// forms): `redis://host[:port]` or `redis-cluster://host[:port][,host[:port]...]`, or their
+    /// `valkey://` synonyms.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] when the scheme is neither `redis://` nor `redis-cluster://`, when the
-    /// URL carries credentials, a path, a database or a query, when `redis://` names more than one
-    /// server, or when a host or port is empty or malformed. The message names what is wrong.
+    /// As for [`RedisUrl::parse`], and [`ErrorKind::Config`] when the URL asks for TLS or
+    /// carries credentials, which a bare target cannot hold.
     pub fn parse(url: &str) -> Result<RedisTarget> {
-        let invalid = |why: String| Error::new(ErrorKind::Config, why);
-        let url = url.trim();
-        if url.is_empty() {
-            return Err(invalid("redis url is empty".to_owned()));
-        }
-        let (cluster, rest) = if let Some(rest) = url.strip_prefix("redis://") {
-            (false, rest)
-        } else if let Some(rest) = url.strip_prefix("redis-cluster://") {
-            (true, rest)
-        } else if url.starts_with("rediss://") {
-            return Err(invalid(format!(
-                "redis url {url:?} uses tls (rediss://), which is not supported"
-            )));
-        } else {
-            return Err(invalid(format!(
-                "redis url {url:?} must start with redis:// (one server) or redis-cluster:// (cluster seed nodes)"
-            )));
-        };
-        // Checked before anything that echoes the URL, so a password never reaches a log.
-        if rest.contains('@') {
-            return Err(invalid(
-                "credentials (user:password@) in the redis url are not supported".to_owned(),
+        let parsed = RedisUrl::parse(url)?;
+        if parsed.tls || parsed.username.is_some() || parsed.password.is_some() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "redis url {:?} asks for tls or carries credentials; this place takes a plain redis:// url",
+                    redact_url(url)
+                ),
             ));
         }
-        let (authority, trailing) = match rest.find(['/', '?', '#']) {
-            Some(at) => rest.split_at(at),
-            None => (rest, ""),
-        };
-        if !trailing.is_empty() && trailing != "/" {
-            return Err(invalid(format!(
-                "redis url {url:?} has {trailing:?} after host:port; paths, databases and queries are not supported"
-            )));
-        }
-        let addresses = authority
-            .split(',')
-            .map(|address| {
-                parse_address(address)
-                    .map(|(host, port)| format_address(&host, port))
-                    .map_err(|why| invalid(format!("redis url {url:?}: {why}")))
-            })
-            .collect::<Result<Vec<String>>>()?;
-        if cluster {
-            return Ok(RedisTarget::Cluster(addresses));
-        }
-        match <[String; 1]>::try_from(addresses) {
-            Ok([address]) => Ok(RedisTarget::Standalone(address)),
-            Err(addresses) => Err(invalid(format!(
-                "redis url {url:?} names {} servers; redis:// takes one host:port, use redis-cluster:// for cluster seed nodes",
-                addresses.len()
-            ))),
-        }
+        Ok(parsed.target)
     }
 
     /// `redis` or `redis-cluster`.
@@ -88,6 +49,229 @@ impl RedisTarget {
         match self {
             RedisTarget::Standalone(_) => "redis",
             RedisTarget::Cluster(_) => "redis-cluster",
+        }
+    }
+}
+
+/// A parsed Redis URL: where Redis is, whether to speak TLS, and the credentials it carries.
+///
+/// The password is a [`Password`], which never prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisUrl {
+    /// The server or the cluster seed nodes.
+    pub target: RedisTarget,
+    /// `rediss://`, `rediss-cluster://`, `valkeys://` or `valkeys-cluster://`: connect with TLS.
+    pub tls: bool,
+    /// The ACL user of `user:password@`; `None` for the `default` user.
+    pub username: Option<String>,
+    /// The password of `user:password@` or `:password@`.
+    pub password: Option<Password>,
+}
+
+impl RedisUrl {
+    /// Parses `SCHEME://[[user]:password@]host[:port][,host[:port]...]`.
+    ///
+    /// The schemes: `redis://` (one server), `redis-cluster://` (cluster seed nodes),
+    /// `rediss://` and `rediss-cluster://` (the same over TLS), and the synonyms `valkey://`,
+    /// `valkey-cluster://`, `valkeys://` and `valkeys-cluster://`. The port defaults to 6379;
+    /// IPv6 hosts go in brackets (`[::1]:6379`). The user and password are percent-decoded
+    /// (`%40` for `@`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when the scheme is unknown, when the URL carries a path, a
+    /// database or a query, when a one-server scheme names more than one server, when a host
+    /// or port is empty or malformed, or when the credentials are malformed. The message names
+    /// what is wrong and shows the URL with its password replaced by `***`.
+    pub fn parse(url: &str) -> Result<RedisUrl> {
+        let url = url.trim();
+        let shown = redact_url(url);
+        let invalid = |why: String| Error::new(ErrorKind::Config, why);
+        if url.is_empty() {
+            return Err(invalid("redis url is empty".to_owned()));
+        }
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(invalid(format!(
+                "redis url {shown:?} must start with redis:// (one server), redis-cluster:// (cluster seed nodes), or rediss:// / rediss-cluster:// for tls"
+            )));
+        };
+        let (cluster, tls) = match scheme {
+            "redis" | "valkey" => (false, false),
+            "rediss" | "valkeys" => (false, true),
+            "redis-cluster" | "valkey-cluster" => (true, false),
+            "rediss-cluster" | "valkeys-cluster" => (true, true),
+            _ => {
+                return Err(invalid(format!(
+                    "redis url {shown:?} must start with redis:// (one server), redis-cluster:// (cluster seed nodes), or rediss:// / rediss-cluster:// for tls"
+                )))
+            }
+        };
+        // The last '@' ends the credentials, so a password may hold '/', '?' or '#'.
+        let (userinfo, rest) = match rest.rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(userinfo) => parse_userinfo(userinfo)
+                .map_err(|why| invalid(format!("redis url {shown:?}: {why}")))?,
+        };
+        let (authority, trailing) = match rest.find(['/', '?', '#']) {
+            Some(at) => rest.split_at(at),
+            None => (rest, ""),
+        };
+        if !trailing.is_empty() && trailing != "/" {
+            return Err(invalid(format!(
+                "redis url {shown:?} has {trailing:?} after host:port; paths, databases and queries are not supported"
+            )));
+        }
+        let addresses = authority
+            .split(',')
+            .map(|address| {
+                parse_address(address)
+                    .map(|(host, port)| format_address(&host, port))
+                    .map_err(|why| invalid(format!("redis url {shown:?}: {why}")))
+            })
+            .collect::<Result<Vec<String>>>()?;
+        let target = if cluster {
+            RedisTarget::Cluster(addresses)
+        } else {
+            match <[String; 1]>::try_from(addresses) {
+                Ok([address]) => RedisTarget::Standalone(address),
+                Err(addresses) => {
+                    return Err(invalid(format!(
+                        "redis url {shown:?} names {} servers; {scheme}:// takes one host:port, use {scheme}-cluster:// for cluster seed nodes",
+                        addresses.len()
+                    )))
+                }
+            }
+        };
+        Ok(RedisUrl {
+            target,
+            tls,
+            username,
+            password,
+        })
+    }
+}
+
+/// Splits and percent-decodes `user:password`, `:password` or `user`.
+fn parse_userinfo(
+    userinfo: &str,
+) -> std::result::Result<(Option<String>, Option<Password>), String> {
+    let (user, password) = match userinfo.split_once(':') {
+        Some((user, password)) => (user, Some(password)),
+        None => (userinfo, None),
+    };
+    let user = percent_decode(user).map_err(|why| format!("the user name {why}"))?;
+    let password = password
+        .map(|password| percent_decode(password).map_err(|why| format!("the password {why}")))
+        .transpose()?;
+    if user.is_empty() && password.as_deref().is_none_or(str::is_empty) {
+        return Err("the credentials before '@' are empty".to_owned());
+    }
+    if password.as_deref() == Some("") {
+        return Err("the password after ':' is empty".to_owned());
+    }
+    Ok((
+        (!user.is_empty()).then_some(user),
+        password.map(Password::new),
+    ))
+}
+
+/// Decodes `%XX` escapes; the text must decode to UTF-8. Errors never repeat the text.
+fn percent_decode(text: &str) -> std::result::Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = bytes
+                .get(at + 1..at + 3)
+                .and_then(|hex| std::str::from_utf8(hex).ok())
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+                .ok_or_else(|| "has a '%' not followed by two hex digits".to_owned())?;
+            decoded.push(hex);
+            at += 3;
+        } else {
+            decoded.push(bytes[at]);
+            at += 1;
+        }
+    }
+    String::from_utf8(decoded).map_err(|_| "does not decode to utf-8".to_owned())
+}
+
+/// `url` with the password of its `user:password@` part replaced by `***`, for messages.
+/// Text without `://` or `@` comes back unchanged.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some(at) = rest.rfind('@') else {
+        return url.to_owned();
+    };
+    let (userinfo, host) = (&rest[..at], &rest[at..]);
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***{host}"),
+        None => url.to_owned(),
+    }
+}
+
+/// A Redis password. It never prints: `Debug` shows `Password(***)` and there is no
+/// `Display`; [`Password::expose`] is the one way to the text, for the client's `AUTH`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl Password {
+    /// Wraps `text`.
+    pub fn new(text: impl Into<String>) -> Password {
+        Password(text.into())
+    }
+
+    /// The password itself, for the client that sends `AUTH`; never for a message.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Password(***)")
+    }
+}
+
+/// The files of a TLS connection, PEM-encoded.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TlsOptions {
+    /// The certificate authorities that sign the servers' certificates. Default: none, which
+    /// trusts the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// The client certificate (chain) for mutual TLS. Default: none, no client certificate.
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key; set with `cert_file`, never alone. Default: none.
+    pub key_file: Option<PathBuf>,
+}
+
+/// How every connection to Redis proves who it talks to and who it is.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RedisSecurity {
+    /// TLS for every connection; `None` for plain TCP. The server's name (or IP address) is
+    /// always verified against its certificate. Default: none.
+    pub tls: Option<TlsOptions>,
+    /// The ACL user every connection authenticates as; `None` for `default`. Default: none.
+    pub username: Option<String>,
+    /// The password every connection authenticates with; `None` sends no `AUTH`.
+    /// Default: none.
+    pub password: Option<Password>,
+}
+
+impl RedisSecurity {
+    /// The scheme prefix of URLs shown in messages: `rediss` with TLS, `redis` without.
+    pub fn scheme(&self, target: &RedisTarget) -> &'static str {
+        match (target, self.tls.is_some()) {
+            (RedisTarget::Standalone(_), false) => "redis",
+            (RedisTarget::Standalone(_), true) => "rediss",
+            (RedisTarget::Cluster(_), false) => "redis-cluster",
+            (RedisTarget::Cluster(_), true) => "rediss-cluster",
         }
     }
 }
@@ -189,6 +373,9 @@ pub struct RedisOptions {
     /// How long a copy's hash outlives its expiry (`exp`), so the compare-and-set refuses older
     /// versions after the value stopped being served. Default: 1 h.
     pub version_retention: Duration,
+    /// TLS and credentials, the same for every connection the store or an audit opens.
+    /// Default: plain TCP as the `default` user without a password.
+    pub security: RedisSecurity,
 }
 
 impl RedisOptions {
@@ -206,6 +393,21 @@ impl RedisOptions {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             replicas: Vec::new(),
             version_retention: Duration::from_millis(crate::store::DEFAULT_VERSION_RETENTION_MS),
+            security: RedisSecurity::default(),
+        }
+    }
+
+    /// The target as a URL for messages, with `rediss` schemes under TLS and never a password.
+    pub fn url(&self) -> String {
+        match &self.target {
+            RedisTarget::Standalone(address) => {
+                format!("{}://{address}", self.security.scheme(&self.target))
+            }
+            RedisTarget::Cluster(addresses) => format!(
+                "{}://{}",
+                self.security.scheme(&self.target),
+                addresses.join(",")
+            ),
         }
     }
 }
@@ -312,6 +514,84 @@ mod tests {
         }
         assert_eq!(standalone("x:1").kind(), "redis");
         assert_eq!(RedisTarget::Cluster(vec![]).kind(), "redis-cluster");
+    }
+
+    #[test]
+    fn tls_schemes_credentials_and_valkey_synonyms_parse() {
+        let url = RedisUrl::parse("rediss://app:s%40cret@cache:6380").unwrap();
+        assert_eq!(url.target, standalone("cache:6380"));
+        assert!(url.tls);
+        assert_eq!(url.username.as_deref(), Some("app"));
+        assert_eq!(url.password, Some(Password::new("s@cret")));
+
+        let url = RedisUrl::parse("rediss-cluster://:pw/with?odd#chars@a:1,b:2").unwrap();
+        assert_eq!(
+            url.target,
+            RedisTarget::Cluster(vec!["a:1".to_owned(), "b:2".to_owned()])
+        );
+        assert!(url.tls);
+        assert_eq!(url.username, None);
+        assert_eq!(url.password, Some(Password::new("pw/with?odd#chars")));
+
+        let url = RedisUrl::parse("redis://reader@h").unwrap();
+        assert_eq!((url.tls, url.username.as_deref()), (false, Some("reader")));
+        assert_eq!(url.password, None);
+
+        for (synonym, tls, cluster) in [
+            ("valkey://h:1", false, false),
+            ("valkeys://h:1", true, false),
+            ("valkey-cluster://h:1", false, true),
+            ("valkeys-cluster://h:1", true, true),
+        ] {
+            let url = RedisUrl::parse(synonym).unwrap();
+            assert_eq!(url.tls, tls, "{synonym}");
+            assert_eq!(
+                matches!(url.target, RedisTarget::Cluster(_)),
+                cluster,
+                "{synonym}"
+            );
+        }
+        assert_eq!(
+            RedisTarget::parse("valkey://h:1").unwrap(),
+            standalone("h:1")
+        );
+    }
+
+    #[test]
+    fn bad_credentials_are_refused_without_echoing_the_password() {
+        let cases = [
+            ("redis://@h:1", "empty"),
+            ("redis://:@h:1", "empty"),
+            ("redis://u:@h:1", "password after ':' is empty"),
+            ("redis://u:pass%zzword@h:1", "two hex digits"),
+            ("rediss://u:hunter2@a:1,b:2", "use rediss-cluster://"),
+            ("rediss://u:hunter2@h:1/0", "databases"),
+        ];
+        for (url, expected) in cases {
+            let err = RedisUrl::parse(url).unwrap_err();
+            assert!(
+                err.message().contains(expected),
+                "{url:?}: {}",
+                err.message()
+            );
+            assert!(!err.message().contains("hunter2"), "{}", err.message());
+            assert!(!err.message().contains("zzword"), "{}", err.message());
+        }
+        let parsed = RedisUrl::parse("redis://u:hunter2@h:1").unwrap();
+        assert!(!format!("{parsed:?}").contains("hunter2"));
+        assert_eq!(redact_url("rediss://u:hunter2@h:1"), "rediss://u:***@h:1");
+        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        assert_eq!(redact_url("redis://u@h:1"), "redis://u@h:1");
+    }
+
+    #[test]
+    fn option_urls_name_tls_and_never_the_password() {
+        let mut options = RedisOptions::new(RedisTarget::Cluster(vec!["a:1".to_owned()]));
+        assert_eq!(options.url(), "redis-cluster://a:1");
+        options.security.tls = Some(TlsOptions::default());
+        options.security.password = Some(Password::new("hunter2"));
+        assert_eq!(options.url(), "rediss-cluster://a:1");
+        assert!(!format!("{options:?}").contains("hunter2"));
     }
 
     #[test]
