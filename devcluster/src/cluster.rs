@@ -2,7 +2,7 @@
 //! waited for until healthy, and read through `CLUSTER NODES` ([`NodeInfo`]).
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,8 @@ use hotsplit_redis_info::{info_field, parse_cluster_nodes};
 use crate::error::{io_error, with_port_retries, DevClusterError, Result};
 use crate::node::{allocate_ports, start_nodes, NodeRole, NodeSpec, RedisNode};
 use crate::process::{read_from, redis_cli_path, redis_server_path, tail_lines};
-use crate::resp::{cli_with_timeout, round_trip, write_reply_text, Reply};
+use crate::resp::{endpoint_cli, round_trip, write_reply_text, Endpoint, Reply};
+use crate::tls::TlsFiles;
 use crate::{
     poll_until, NodeInfo, CLUSTER_CREATE_TIMEOUT, CLUSTER_POLL_STEP, LOG_TAIL_LINES, POLL_STEP,
     PROBE_TIMEOUT,
@@ -33,6 +34,11 @@ pub struct ClusterOptions {
     pub extra_args: Vec<String>,
     /// How long [`Cluster::start`] waits for the new cluster to be healthy. Default: 30 s.
     pub ready_timeout: Duration,
+    /// The server binary, e.g. a `valkey-server`. Default: `redis-server` on `PATH`.
+    pub program: Option<PathBuf>,
+    /// TLS files: every node serves clients, replication and the cluster bus with TLS only.
+    /// Default: none, plain TCP.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for ClusterOptions {
@@ -43,6 +49,8 @@ impl Default for ClusterOptions {
             node_timeout_ms: 2000,
             extra_args: Vec::new(),
             ready_timeout: Duration::from_secs(30),
+            program: None,
+            tls: None,
         }
     }
 }
@@ -54,6 +62,8 @@ pub struct Cluster {
     nodes: Vec<RedisNode>,
     /// The addresses of the masters right after creation, for [`Cluster::url`].
     seed_masters: Vec<String>,
+    /// The TLS files of every node, for `redis-cli` and [`Cluster::url`]; `None` for plain TCP.
+    tls: Option<TlsFiles>,
 }
 
 impl Cluster {
@@ -71,13 +81,17 @@ impl Cluster {
                 options.masters
             )));
         }
-        let program = redis_server_path()?;
+        let program = match &options.program {
+            Some(program) => program.clone(),
+            None => redis_server_path()?,
+        };
         let cli_program = redis_cli_path()?;
         let total = options.masters * (1 + options.replicas_per_master);
         let spec = NodeSpec {
             role: NodeRole::ClusterNode,
             cluster_node_timeout_ms: options.node_timeout_ms,
             extra_args: options.extra_args.clone(),
+            tls: options.tls.clone(),
         };
         let started = Instant::now();
         let nodes = with_port_retries("starting a cluster", || {
@@ -89,6 +103,7 @@ impl Cluster {
         let mut cluster = Cluster {
             nodes,
             seed_masters: Vec::new(),
+            tls: options.tls.clone(),
         };
         cluster.create(&cli_program, options.replicas_per_master)?;
         tracing::debug!(elapsed = ?started.elapsed(), "redis-cli --cluster create done");
@@ -117,6 +132,9 @@ impl Cluster {
         let output = File::create(&log_path).map_err(io_error(context()))?;
         let stderr = output.try_clone().map_err(io_error(context()))?;
         let mut command = Command::new(cli_program);
+        if let Some(tls) = &self.tls {
+            command.args(tls.cli_args());
+        }
         command.arg("--cluster").arg("create");
         command.args(self.nodes.iter().map(RedisNode::addr));
         command
@@ -159,12 +177,18 @@ impl Cluster {
     }
 
     /// The cluster URL listing the masters as they were right after creation:
-    /// `"redis-cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3"`.
+    /// `"redis-cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3"` (`rediss-cluster://` for a
+    /// TLS cluster).
     ///
     /// fred's `Config::from_url` does not parse this comma-separated form; use
     /// [`Cluster::fred_url`] for fred.
     pub fn url(&self) -> String {
-        format!("redis-cluster://{}", self.seed_masters.join(","))
+        let scheme = if self.tls.is_some() {
+            "rediss-cluster"
+        } else {
+            "redis-cluster"
+        };
+        format!("{scheme}://{}", self.seed_masters.join(","))
     }
 
     /// The same masters in the form fred's `Config::from_url` parses:
@@ -185,6 +209,12 @@ impl Cluster {
     /// Every node, in start order, whatever its current role or state.
     pub fn nodes(&self) -> &[RedisNode] {
         &self.nodes
+    }
+
+    /// How to reach the node on `port`: its own endpoint, or plain TCP for a stranger.
+    fn endpoint(&self, port: u16) -> Endpoint {
+        self.node(port)
+            .map_or_else(|| Endpoint::plain(port), |node| node.endpoint().clone())
     }
 
     /// The node listening on `port`, if it belongs to this cluster.
@@ -216,7 +246,7 @@ impl Cluster {
     /// [`DevClusterError::Io`] when the node does not answer within 500 ms;
     /// [`DevClusterError::Command`] when it answers with an error or an unparsable text.
     pub fn topology_from(&self, port: u16) -> Result<Vec<NodeInfo>> {
-        let text = cli_with_timeout(port, &["CLUSTER", "NODES"], PROBE_TIMEOUT)?;
+        let text = endpoint_cli(&self.endpoint(port), &["CLUSTER", "NODES"], PROBE_TIMEOUT)?;
         parse_cluster_nodes(&text).map_err(|message| DevClusterError::Command {
             port,
             command: "CLUSTER NODES".to_owned(),
@@ -334,7 +364,7 @@ impl Cluster {
                 &["INFO", "replication"],
                 &["CLUSTER", "NODES"],
             ];
-            let replies = round_trip(port, &commands, PROBE_TIMEOUT)
+            let replies = round_trip(node.endpoint(), &commands, PROBE_TIMEOUT)
                 .map_err(|error| format!("port {port}: {error}"))?;
             let [cluster_info, replication, cluster_nodes] = replies_as_text(port, &replies)?;
             for (field, expected) in [

@@ -14,7 +14,12 @@
 //! - [`RedisNode`] (`node.rs`): one server process, with fault injection (`pause`, `resume`,
 //!   `kill`, `shutdown_nosave`, `restart`).
 //! - [`cli`], [`cli_with_timeout`] and [`ping`] (`resp.rs`): a minimal RESP client for sending a
-//!   command to a node and reading the reply as text.
+//!   command to a node and reading the reply as text; [`RedisNode::cli`] speaks TLS to a TLS
+//!   node.
+//! - [`TlsFiles`] (`tls.rs`): the PEM files of TLS nodes (`--tls-port`, `--tls-replication`,
+//!   `--tls-cluster`) and the rustls configuration of the RESP client's probes.
+//! - [`ServerOptions`] and [`ClusterOptions`]: another server binary (e.g. `valkey-server`),
+//!   TLS, extra arguments.
 //! - `process.rs`: binaries, ports, the spawner thread, the pid registry, signals and node
 //!   directories; the only file with `unsafe` code.
 //! - [`NodeInfo`]: the parsed `CLUSTER NODES` view, from the `hotsplit-redis-info` crate that the
@@ -43,6 +48,7 @@ mod node;
 mod process;
 mod resp;
 mod standalone;
+mod tls;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use error::{DevClusterError, Result};
@@ -50,7 +56,8 @@ pub use hotsplit_redis_info::ClusterNode as NodeInfo;
 pub use node::{NodeRole, RedisNode};
 pub use process::{redis_cli_path, redis_server_path};
 pub use resp::{cli, cli_with_timeout, ping};
-pub use standalone::{PrimaryReplica, Standalone};
+pub use standalone::{PrimaryReplica, ServerOptions, Standalone};
+pub use tls::TlsFiles;
 
 /// The lowest client port this module hands out.
 pub(crate) const PORT_MIN: u16 = 20_000;

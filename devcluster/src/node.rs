@@ -8,7 +8,7 @@ use std::process::{Child, ExitStatus};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hotsplit_redis_info::info_field;
 
@@ -17,7 +17,8 @@ use crate::process::{
     allocate_port, create_node_dir, kill_and_reap, read_from, reap_if_exited, send_signal,
     spawn_via_spawner, tail_lines,
 };
-use crate::resp::{round_trip, Reply};
+use crate::resp::{endpoint_cli, round_trip, Endpoint, Reply};
+use crate::tls::TlsFiles;
 use crate::{
     poll_until, ADDR_IN_USE, EXIT_TIMEOUT, LOG_TAIL_LINES, POLL_STEP, PROBE_TIMEOUT, READY_TIMEOUT,
     RESTART_ATTEMPTS,
@@ -48,6 +49,8 @@ pub(crate) struct NodeSpec {
     pub(crate) cluster_node_timeout_ms: u64,
     /// Extra arguments appended to the command line, one argv word each.
     pub(crate) extra_args: Vec<String>,
+    /// TLS files: the node listens with TLS only. `None` for plain TCP.
+    pub(crate) tls: Option<TlsFiles>,
 }
 
 /// Where a node's output files ended before a start, so that a failure report shows only what
@@ -91,14 +94,21 @@ pub struct RedisNode {
     process: Mutex<Option<Child>>,
     /// The pid of the most recently started process, kept after it exits for tests to check.
     last_pid: AtomicU32,
+    /// How this crate's RESP client reaches the node (with its TLS configuration, if any).
+    endpoint: Endpoint,
 }
 
 impl RedisNode {
     /// Creates the node's directory and spawns its process, without waiting for it to answer.
     fn spawn(program: &Path, port: u16, spec: &NodeSpec) -> Result<RedisNode> {
+        let endpoint = Endpoint {
+            port,
+            tls: spec.tls.as_ref().map(TlsFiles::client_config).transpose()?,
+        };
         let dir = create_node_dir(port)?;
         let args = server_args(port, &dir, spec);
         let node = RedisNode {
+            endpoint,
             port,
             dir,
             role: spec.role,
@@ -168,8 +178,11 @@ impl RedisNode {
 
     /// Asks the port who answers and whether it is ready.
     fn probe(&self) -> Probe {
-        let replies = match round_trip(self.port, &[&["INFO", "server"], &["PING"]], PROBE_TIMEOUT)
-        {
+        let replies = match round_trip(
+            &self.endpoint,
+            &[&["INFO", "server"], &["PING"]],
+            PROBE_TIMEOUT,
+        ) {
             Ok(replies) => replies,
             Err(error) => return Probe::NotYet(format!("connect or read failed: {error}")),
         };
@@ -236,9 +249,38 @@ impl RedisNode {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// A URL for a client of this one node: `"redis://127.0.0.1:<port>"`.
+    /// A URL for a client of this one node: `"redis://127.0.0.1:<port>"`, or
+    /// `"rediss://127.0.0.1:<port>"` for a TLS node.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.is_tls() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// Whether the node listens with TLS only.
+    pub fn is_tls(&self) -> bool {
+        self.endpoint.tls.is_some()
+    }
+
+    /// Sends one command to this node, over TLS for a TLS node, and returns the reply as text
+    /// (the format of [`cli`](crate::cli)), with a 10 s socket timeout.
+    ///
+    /// # Errors
+    /// As for [`cli`](crate::cli).
+    pub fn cli(&self, args: &[&str]) -> Result<String> {
+        self.cli_with_timeout(args, crate::DEFAULT_COMMAND_TIMEOUT)
+    }
+
+    /// Like [`RedisNode::cli`], with `timeout` bounding the connect and every read and write.
+    ///
+    /// # Errors
+    /// As for [`cli_with_timeout`](crate::cli_with_timeout).
+    pub fn cli_with_timeout(&self, args: &[&str], timeout: Duration) -> Result<String> {
+        endpoint_cli(&self.endpoint, args, timeout)
+    }
+
+    /// How this crate's RESP client reaches the node.
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
     /// The pid of the most recently started process. It stays readable after the process has
@@ -344,7 +386,7 @@ impl RedisNode {
                 message: "the process is paused; resume it first, or use kill".to_owned(),
             });
         }
-        match round_trip(self.port, &[&["SHUTDOWN", "NOSAVE"]], PROBE_TIMEOUT) {
+        match round_trip(&self.endpoint, &[&["SHUTDOWN", "NOSAVE"]], PROBE_TIMEOUT) {
             Ok(replies) => {
                 if let Some(Reply::Error(message)) = replies.first() {
                     return Err(DevClusterError::Command {
@@ -427,7 +469,9 @@ fn server_args(port: u16, dir: &Path, spec: &NodeSpec) -> Vec<OsString> {
         args.push(OsString::from(name));
         args.push(value);
     };
-    push("--port", port.to_string().into());
+    // A TLS node has no plain port; its TLS port is added below.
+    let plain_port = if spec.tls.is_some() { 0 } else { port };
+    push("--port", plain_port.to_string().into());
     push("--bind", "127.0.0.1".into());
     push("--save", "".into());
     push("--appendonly", "no".into());
@@ -452,6 +496,9 @@ fn server_args(port: u16, dir: &Path, spec: &NodeSpec) -> Vec<OsString> {
             args.push(spec.cluster_node_timeout_ms.to_string().into());
         }
         NodeRole::Standalone | NodeRole::Primary => {}
+    }
+    if let Some(tls) = &spec.tls {
+        args.extend(tls.server_args(port).into_iter().map(OsString::from));
     }
     args.extend(spec.extra_args.iter().map(OsString::from));
     args

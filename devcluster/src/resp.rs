@@ -1,10 +1,15 @@
 //! A minimal synchronous RESP2 client: send a command to a node on 127.0.0.1 and read the reply
 //! as text ([`cli`], [`cli_with_timeout`], [`ping`]), or pipeline a few commands for the probes
-//! of the node and cluster polls.
+//! of the node and cluster polls. It speaks plain TCP, or TLS (rustls) to a TLS node
+//! ([`RedisNode::cli`](crate::RedisNode::cli)).
 
 use std::io::{self, BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
 
 use crate::error::{DevClusterError, Result};
 use crate::DEFAULT_COMMAND_TIMEOUT;
@@ -91,15 +96,32 @@ fn read_reply(reader: &mut impl BufRead) -> io::Result<Reply> {
     }
 }
 
+/// Where a node listens on 127.0.0.1, and how to speak to it.
+#[derive(Clone, Debug)]
+pub(crate) struct Endpoint {
+    /// The client port (the TLS port of a TLS node).
+    pub(crate) port: u16,
+    /// The TLS client configuration of a TLS node; `None` for plain TCP.
+    pub(crate) tls: Option<Arc<ClientConfig>>,
+}
+
+impl Endpoint {
+    /// A plain-TCP node on `port`.
+    pub(crate) fn plain(port: u16) -> Endpoint {
+        Endpoint { port, tls: None }
+    }
+}
+
 /// Sends `commands` pipelined over one fresh connection and reads one reply per command.
 ///
-/// `timeout` bounds the connect and every single socket read and write.
+/// `timeout` bounds the connect and every single socket read and write. A TLS endpoint's
+/// certificate is verified against its CA and the name `127.0.0.1`.
 pub(crate) fn round_trip(
-    port: u16,
+    endpoint: &Endpoint,
     commands: &[&[&str]],
     timeout: Duration,
 ) -> io::Result<Vec<Reply>> {
-    let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let address = SocketAddr::from((Ipv4Addr::LOCALHOST, endpoint.port));
     let stream = TcpStream::connect_timeout(&address, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
@@ -108,8 +130,17 @@ pub(crate) fn round_trip(
     for command in commands {
         encode_command(command, &mut request);
     }
-    (&stream).write_all(&request)?;
-    let mut reader = BufReader::new(&stream);
+    let Some(config) = &endpoint.tls else {
+        (&stream).write_all(&request)?;
+        let mut reader = BufReader::new(&stream);
+        return commands.iter().map(|_| read_reply(&mut reader)).collect();
+    };
+    let name = ServerName::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST).into());
+    let connection = ClientConnection::new(Arc::clone(config), name).map_err(io::Error::other)?;
+    let mut tls = StreamOwned::new(connection, stream);
+    tls.write_all(&request)?;
+    tls.flush()?;
+    let mut reader = BufReader::new(tls);
     commands.iter().map(|_| read_reply(&mut reader)).collect()
 }
 
@@ -155,8 +186,18 @@ pub fn cli(port: u16, args: &[&str]) -> Result<String> {
 /// # Errors
 /// As for [`cli`]; a timeout is a [`DevClusterError::Io`] whose source has kind `TimedOut`.
 pub fn cli_with_timeout(port: u16, args: &[&str], timeout: Duration) -> Result<String> {
+    endpoint_cli(&Endpoint::plain(port), args, timeout)
+}
+
+/// Like [`cli_with_timeout`], to `endpoint` (plain or TLS).
+pub(crate) fn endpoint_cli(
+    endpoint: &Endpoint,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<String> {
+    let port = endpoint.port;
     let command_line = args.join(" ");
-    let replies = round_trip(port, &[args], timeout).map_err(|source| DevClusterError::Io {
+    let replies = round_trip(endpoint, &[args], timeout).map_err(|source| DevClusterError::Io {
         context: format!("sending `{command_line}` to 127.0.0.1:{port}"),
         source: name_timeout(source, timeout),
     })?;

@@ -1,5 +1,6 @@
 //! A lone server ([`Standalone`]) and a primary with replicas ([`PrimaryReplica`]).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use hotsplit_redis_info::info_field;
@@ -7,8 +8,29 @@ use hotsplit_redis_info::info_field;
 use crate::error::{with_port_retries, DevClusterError, Result};
 use crate::node::{allocate_ports, start_nodes, NodeRole, NodeSpec, RedisNode};
 use crate::process::{allocate_port, redis_server_path};
-use crate::resp::cli_with_timeout;
+use crate::tls::TlsFiles;
 use crate::{poll_until, POLL_STEP, PROBE_TIMEOUT, REPLICA_SYNC_TIMEOUT};
+
+/// How to start standalone servers, apart from their ports.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// The server binary, e.g. a `valkey-server`. Default: `redis-server` on `PATH`.
+    pub program: Option<PathBuf>,
+    /// TLS files: every server listens with TLS only. Default: none, plain TCP.
+    pub tls: Option<TlsFiles>,
+    /// Extra arguments for every server's command line, one argv word each. Default: none.
+    pub extra_args: Vec<String>,
+}
+
+impl ServerOptions {
+    /// The server binary to run.
+    pub(crate) fn program(&self) -> Result<PathBuf> {
+        match &self.program {
+            Some(program) => Ok(program.clone()),
+            None => redis_server_path(),
+        }
+    }
+}
 
 /// One standalone server.
 #[derive(Debug)]
@@ -33,11 +55,23 @@ impl Standalone {
     /// # Errors
     /// As for [`Standalone::start`].
     pub fn start_with_args(extra_args: &[&str]) -> Result<Standalone> {
-        let program = redis_server_path()?;
+        Standalone::start_with_options(&ServerOptions {
+            extra_args: extra_args.iter().map(|arg| (*arg).to_owned()).collect(),
+            ..ServerOptions::default()
+        })
+    }
+
+    /// Like [`Standalone::start`], with another binary, TLS or extra arguments.
+    ///
+    /// # Errors
+    /// As for [`Standalone::start`], and [`DevClusterError::Io`] when a TLS file is unusable.
+    pub fn start_with_options(options: &ServerOptions) -> Result<Standalone> {
+        let program = options.program()?;
         let spec = NodeSpec {
             role: NodeRole::Standalone,
             cluster_node_timeout_ms: 0,
-            extra_args: extra_args.iter().map(|arg| (*arg).to_owned()).collect(),
+            extra_args: options.extra_args.clone(),
+            tls: options.tls.clone(),
         };
         with_port_retries("starting a standalone redis-server", || {
             let port = allocate_port()?;
@@ -49,7 +83,7 @@ impl Standalone {
         })
     }
 
-    /// The client URL: `"redis://127.0.0.1:<port>"`.
+    /// The client URL: `"redis://127.0.0.1:<port>"` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
         self.node.url()
     }
@@ -85,8 +119,25 @@ impl PrimaryReplica {
     /// # Errors
     /// As for [`PrimaryReplica::start`].
     pub fn start_with_args(replica_count: usize, extra_args: &[&str]) -> Result<PrimaryReplica> {
-        let program = redis_server_path()?;
-        let extra_args: Vec<String> = extra_args.iter().map(|arg| (*arg).to_owned()).collect();
+        PrimaryReplica::start_with_options(
+            replica_count,
+            &ServerOptions {
+                extra_args: extra_args.iter().map(|arg| (*arg).to_owned()).collect(),
+                ..ServerOptions::default()
+            },
+        )
+    }
+
+    /// Like [`PrimaryReplica::start`], with another binary, TLS or extra arguments.
+    ///
+    /// # Errors
+    /// As for [`PrimaryReplica::start`].
+    pub fn start_with_options(
+        replica_count: usize,
+        options: &ServerOptions,
+    ) -> Result<PrimaryReplica> {
+        let program = options.program()?;
+        let extra_args = options.extra_args.clone();
         with_port_retries("starting a primary with replicas", || {
             let ports = allocate_ports(replica_count + 1)?;
             let primary_port = ports[0];
@@ -94,6 +145,7 @@ impl PrimaryReplica {
                 role,
                 cluster_node_timeout_ms: 0,
                 extra_args: extra_args.clone(),
+                tls: options.tls.clone(),
             };
             let mut specs = vec![spec(NodeRole::Primary)];
             specs.extend((0..replica_count).map(|_| spec(NodeRole::Replica { primary_port })));
@@ -106,7 +158,7 @@ impl PrimaryReplica {
                 replicas: nodes.collect(),
             };
             for replica in &group.replicas {
-                wait_replica_link_up(replica.port(), REPLICA_SYNC_TIMEOUT)?;
+                wait_replica_link_up(replica, REPLICA_SYNC_TIMEOUT)?;
             }
             Ok(group)
         })
@@ -118,14 +170,16 @@ impl PrimaryReplica {
     }
 }
 
-/// Waits until the replica on `port` reports `master_link_status:up`.
-fn wait_replica_link_up(port: u16, timeout: Duration) -> Result<()> {
+/// Waits until `replica` reports `master_link_status:up`.
+fn wait_replica_link_up(replica: &RedisNode, timeout: Duration) -> Result<()> {
+    let port = replica.port();
     poll_until(
         timeout,
         POLL_STEP,
         &format!("replica on port {port} to report master_link_status:up"),
         || {
-            let info = cli_with_timeout(port, &["INFO", "replication"], PROBE_TIMEOUT)
+            let info = replica
+                .cli_with_timeout(&["INFO", "replication"], PROBE_TIMEOUT)
                 .map_err(|error| error.to_string())?;
             match info_field(&info, "master_link_status") {
                 Some("up") => Ok(()),

@@ -1,4 +1,5 @@
-//! One conformance suite for every store: the embedded one and Redis (standalone and Cluster).
+//! One conformance suite for every store: the embedded one, Redis 7 (standalone and Cluster),
+//! and Valkey 8 (standalone and Cluster, when `HOTSPLIT_VALKEY_SERVER` names a binary).
 //!
 //! The same compare-and-set, expiry and tombstone rules must hold whichever store runs.
 
@@ -340,4 +341,26 @@ async fn conformance_redis_cluster() {
     let store =
         harness::redis_store(&harness::shared_cluster().url(), Duration::from_secs(2)).await;
     suite(store, "conf-cluster").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_valkey_standalone() {
+    let Some(server) = harness::shared_valkey_standalone() else {
+        return;
+    };
+    let url = server.url().replacen("redis://", "valkey://", 1);
+    let store = harness::redis_store(&url, Duration::from_secs(2)).await;
+    suite(store, "conf-valkey-standalone").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_valkey_cluster() {
+    let Some(cluster) = harness::valkey_cluster() else {
+        return;
+    };
+    let url = cluster
+        .url()
+        .replacen("redis-cluster://", "valkey-cluster://", 1);
+    let store = harness::redis_store(&url, Duration::from_secs(2)).await;
+    suite(store, "conf-valkey-cluster").await;
 }

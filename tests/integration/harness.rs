@@ -34,6 +34,45 @@ pub fn own_cluster() -> Cluster {
     Cluster::start(ClusterOptions::default()).expect("start a redis cluster")
 }
 
+/// The `valkey-server` binary named by `HOTSPLIT_VALKEY_SERVER` (`scripts/test.sh` installs
+/// one and sets it), or `None`, after printing that the Valkey test is skipped.
+pub fn valkey_server() -> Option<std::path::PathBuf> {
+    match std::env::var_os("HOTSPLIT_VALKEY_SERVER") {
+        Some(path) if std::path::Path::new(&path).is_file() => Some(path.into()),
+        _ => {
+            println!(
+                "skipped: HOTSPLIT_VALKEY_SERVER names no valkey-server binary (scripts/test.sh installs one)"
+            );
+            None
+        }
+    }
+}
+
+/// A standalone Valkey server shared by the conformance tests, if a binary is present.
+pub fn shared_valkey_standalone() -> Option<&'static Standalone> {
+    static SERVER: OnceLock<Standalone> = OnceLock::new();
+    let program = valkey_server()?;
+    Some(SERVER.get_or_init(|| {
+        Standalone::start_with_options(&devcluster::ServerOptions {
+            program: Some(program),
+            ..devcluster::ServerOptions::default()
+        })
+        .expect("start the shared valkey-server")
+    }))
+}
+
+/// A 3-master/3-replica Valkey cluster for the conformance test, if a binary is present.
+pub fn valkey_cluster() -> Option<Cluster> {
+    let program = valkey_server()?;
+    Some(
+        Cluster::start(ClusterOptions {
+            program: Some(program),
+            ..ClusterOptions::default()
+        })
+        .expect("start a valkey cluster"),
+    )
+}
+
 /// Connects a Redis store to `url` with a short command timeout.
 pub async fn redis_store(url: &str, command_timeout: Duration) -> Arc<RedisStore> {
     let mut options = RedisOptions::new(RedisTarget::parse(url).expect("parse the redis url"));

@@ -16,6 +16,7 @@ mod heal;
 mod http_api;
 mod http_e2e;
 mod memory;
+mod redis_security;
 mod redis_store;
 mod route;
 mod spool;

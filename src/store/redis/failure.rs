@@ -58,6 +58,22 @@ impl Failure {
         }
     }
 
+    /// What an operator should check when connecting failed with `err`: a rejected
+    /// certificate or rejected credentials, in words; empty for any other failure. Like
+    /// [`Failure::of`], it reads fred's error text (rustls's and Redis's errors arrive as text).
+    pub(super) fn connect_hint(err: &FredError) -> &'static str {
+        let details = err.details();
+        if details.contains("InvalidCertificate") || details.contains("CertificateRequired") {
+            " (the tls certificate was not accepted: check store.tls_ca_file, that the server's certificate names the host or ip address hotsplit connects to, and store.tls_cert_file where the server requires client certificates)"
+        } else if details.starts_with("WRONGPASS") || details.contains("NOAUTH") {
+            " (check the user and password: the url's user:password@, store.username, store.password_file or HOTSPLIT_REDIS_PASSWORD)"
+        } else if details.contains("InvalidContentType") || details.contains("CorruptMessage") {
+            " (tls: is the server speaking tls? a rediss:// url needs a tls port)"
+        } else {
+            ""
+        }
+    }
+
     /// The metric label.
     pub(super) fn as_str(self) -> &'static str {
         match self {

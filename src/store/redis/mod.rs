@@ -234,7 +234,11 @@ impl RedisStore {
                     metrics.store_error(Failure::of(&err).as_str());
                     return Err(Error::new(
                         ErrorKind::Unavailable,
-                        format!("could not connect to redis at {url}: {}", err.details()),
+                        format!(
+                            "could not connect to redis at {url}: {}{}",
+                            err.details(),
+                            Failure::connect_hint(&err)
+                        ),
                     ));
                 }
                 Err(_) => {

@@ -97,7 +97,11 @@ impl NodeClient {
                 }
                 Err(Error::new(
                     ErrorKind::Unavailable,
-                    format!("could not connect to {noun}{label}: {}", err.details()),
+                    format!(
+                        "could not connect to {noun}{label}: {}{}",
+                        err.details(),
+                        Failure::connect_hint(&err)
+                    ),
                 ))
             }
             Err(_) => {

@@ -1,0 +1,640 @@
+//! Secured Redis: TLS (a standalone server with a CA file only, a 3-master/3-replica cluster
+//! with mutual TLS), ACL users (full, the README's least-privilege `serve` user, the read-only
+//! `audit` user, users missing one permission), a wrong password and an untrusted CA, and the
+//! same ACL tests on Valkey 8 (`HOTSPLIT_VALKEY_SERVER`, which `scripts/test.sh` provides).
+//!
+//! Certificates are made here with rcgen: a CA, and one node certificate for `127.0.0.1` (IP
+//! SAN) that the servers serve and present on the cluster bus and that clients present for
+//! mutual TLS; a second, unrelated CA is the untrusted one. Hostname verification is never
+//! turned off.
+
+use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use hotsplit::config::Config;
+use hotsplit::key::{Key, Version};
+use hotsplit::metrics::Metrics;
+use hotsplit::store::redis::{Password, RedisOptions, RedisStore, RedisUrl};
+use hotsplit::store::{now_unix_ms, CopyWrite, Payload, Store};
+use hotsplit_devcluster::{
+    Cluster, ClusterOptions, PrimaryReplica, RedisNode, ServerOptions, Standalone, TlsFiles,
+};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, SanType,
+};
+use reqwest::StatusCode;
+
+use crate::harness::{self, config_from_toml, poll, publish_expecting, Service};
+
+// ---------------------------------------------------------------------------------------------
+// The ACLs the README documents, verbatim (the README quotes these lines).
+// ---------------------------------------------------------------------------------------------
+
+/// The least-privilege user of `hotsplit serve`, without its password (`>...` is appended).
+const SERVE_ACL: &str = "on resetkeys ~*#* ~hotsplit:hb:* resetchannels -@all +fcall +function|load +hmget +hset +pexpireat +pexpire +incr +get +set +del +scan +wait +ping +info +client|id +cluster|info +cluster|slots +cluster|nodes +readonly";
+
+/// The read-only user of `hotsplit audit`, without its password.
+const AUDIT_ACL: &str =
+    "on resetkeys %R~*#* resetchannels -@all +scan +hmget +ping +info +client|id +cluster|info +cluster|nodes +readonly";
+
+/// Every user's password in these tests (never printed by hotsplit, which a test checks).
+const PASSWORD: &str = "s3cret-Pa55word";
+
+// ---------------------------------------------------------------------------------------------
+// Certificates
+// ---------------------------------------------------------------------------------------------
+
+/// The PEM files of the tests' TLS set-up, in a directory kept for the test binary's life.
+struct Pki {
+    /// The CA, the node certificate (IP SAN 127.0.0.1) and its key.
+    files: TlsFiles,
+    /// A CA that signed nothing here: trusting it alone must fail the handshake.
+    other_ca: PathBuf,
+}
+
+fn pki() -> &'static Pki {
+    static PKI: OnceLock<Pki> = OnceLock::new();
+    PKI.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("hotsplit-pki-")
+            .tempdir()
+            .expect("pki dir")
+            .keep();
+        let ca = certificate_authority("hotsplit test ca");
+        let node_key = KeyPair::generate().expect("node key");
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "hotsplit test node");
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let node = params.signed_by(&node_key, &ca).expect("sign the node");
+        let other = certificate_authority("some other ca");
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("write a pem file");
+            path
+        };
+        Pki {
+            files: TlsFiles {
+                ca_file: write("ca.pem", ca.pem()),
+                cert_file: write("node.pem", node.pem()),
+                key_file: write("node.key", node_key.serialize_pem()),
+            },
+            other_ca: write("other-ca.pem", other.pem()),
+        }
+    })
+}
+
+fn certificate_authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    CertifiedIssuer::self_signed(params, KeyPair::generate().expect("ca key")).expect("ca")
+}
+
+/// A standalone TLS server that accepts clients without a certificate (CA file only).
+fn tls_standalone() -> &'static Standalone {
+    static SERVER: OnceLock<Standalone> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        Standalone::start_with_options(&ServerOptions {
+            tls: Some(pki().files.clone()),
+            extra_args: vec!["--tls-auth-clients".into(), "optional".into()],
+            ..ServerOptions::default()
+        })
+        .expect("start a tls redis-server")
+    })
+}
+
+/// A 3-master/3-replica TLS cluster that requires client certificates (mutual TLS).
+fn tls_cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        Cluster::start(ClusterOptions {
+            tls: Some(pki().files.clone()),
+            ..ClusterOptions::default()
+        })
+        .expect("start a tls redis cluster")
+    })
+}
+
+/// The `[store]` lines of the TLS files; `client_cert` adds the certificate and key.
+fn tls_store_lines(ca_file: &Path, client_cert: bool) -> String {
+    let mut lines = format!("tls_ca_file = {:?}\n", ca_file.display().to_string());
+    if client_cert {
+        let files = &pki().files;
+        lines.push_str(&format!(
+            "tls_cert_file = {:?}\ntls_key_file = {:?}\n",
+            files.cert_file.display().to_string(),
+            files.key_file.display().to_string()
+        ));
+    }
+    lines
+}
+
+/// Families for the tests: `sec:` reads primaries (for repair), `secr:` reads replicas.
+const FAMILIES: &str = "[[family]]\nprefix = \"sec:\"\ncopies = 4\n\n[[family]]\nprefix = \"secr:\"\ncopies = 4\ndefault_class = \"advisory\"\n";
+
+/// Reads `key` as `client` through `base`; asserts a 200 with `body` and returns
+/// `Hotsplit-Served-By`.
+async fn read_value(http: &reqwest::Client, base: &str, key: &str, client: &str) -> String {
+    let url = format!("{base}/v1/keys/{key}?client={client}");
+    let answer = harness::get(http, &url, &[]).await;
+    let status = answer.status();
+    let served_by = answer
+        .headers()
+        .get("hotsplit-served-by")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let text = answer.text().await.unwrap_or_default();
+    assert_eq!(status, StatusCode::OK, "GET {url}: {text}");
+    assert_eq!(text, "v1", "GET {url}");
+    served_by
+}
+
+/// Polls advisory reads of `key` until a replica serves one.
+async fn wait_for_replica_read(http: &reqwest::Client, base: &str, key: &str) {
+    poll(
+        &format!("an advisory read of {key} served by a replica"),
+        Duration::from_secs(15),
+        || async {
+            let url = format!("{base}/v1/keys/{key}?client=r");
+            let answer = harness::get(http, &url, &[]).await;
+            answer
+                .headers()
+                .get("hotsplit-served-by")
+                .and_then(|value| value.to_str().ok())
+                .is_some_and(|served| served.ends_with("role=replica"))
+                && answer.status() == StatusCode::OK
+        },
+    )
+    .await;
+}
+
+/// Asserts that the service at `base` counted no store error of kind `other`, which is where
+/// a `NOPERM` refusal lands: a background task (lag monitor, topology refresh) refused by the
+/// ACL shows up here, not in an answer.
+async fn assert_no_refused_commands(http: &reqwest::Client, base: &str) {
+    let metrics = harness::metrics_text(http, base).await;
+    let refused: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("hotsplit_store_errors_total{kind=\"other\"}"))
+        .filter(|line| !line.ends_with(" 0"))
+        .collect();
+    assert!(refused.is_empty(), "store errors: {refused:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_standalone_with_a_ca_file_publishes_and_reads() {
+    let server = tls_standalone();
+    assert!(server.url().starts_with("rediss://127.0.0.1:"));
+    let text = format!(
+        "[store]\nredis = {:?}\n{}command_timeout = \"1s\"\n{FAMILIES}",
+        server.url(),
+        tls_store_lines(&pki().files.ca_file, false)
+    );
+    let service = Service::start(config_from_toml(&text)).await;
+    let http = reqwest::Client::new();
+    publish_expecting(&http, &service.base, "sec:tls1", 1, "v1", StatusCode::OK).await;
+    let served_by = read_value(&http, &service.base, "sec:tls1", "a").await;
+    assert!(served_by.ends_with("role=primary"), "{served_by}");
+    // The copy really is on the TLS server (whose only port speaks TLS).
+    let stored = server
+        .node
+        .cli(&["HGET", "sec:tls1#0", "val"])
+        .expect("HGET");
+    assert_eq!(stored, "v1");
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_cluster_with_client_certificates_publishes_reads_replicas_waits_and_audits() {
+    let cluster = tls_cluster();
+    assert!(cluster.url().starts_with("rediss-cluster://"));
+    // As the least-privilege user, so the cluster's own commands (CLUSTER SLOTS, READONLY, …)
+    // are checked against the README's ACL too.
+    create_users(&cluster.nodes().iter().collect::<Vec<_>>());
+    let url = cluster.url().replacen(
+        "rediss-cluster://",
+        &format!("rediss-cluster://hotsplit:{PASSWORD}@"),
+        1,
+    );
+    let text = format!(
+        "[store]\nredis = {url:?}\n{}command_timeout = \"1s\"\n{FAMILIES}",
+        tls_store_lines(&pki().files.ca_file, true)
+    );
+    let service = Service::start(config_from_toml(&text)).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    // Nodes discovered with CLUSTER SLOTS and the data client; the per-replica clients and the lag monitor: an advisory read served by a replica.
+    publish_expecting(&http, &base, "secr:tlsc", 1, "v1", StatusCode::OK).await;
+    wait_for_replica_read(&http, &base, "secr:tlsc").await;
+    // The WAIT connection (replicas are known once a replica has served).
+    let synced = http
+        .put(format!(
+            "{base}/v1/keys/sec:tlsc?version=1&sync_replicas=1&sync_timeout_ms=2000"
+        ))
+        .body("v1")
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(synced.status(), StatusCode::OK);
+    let report: serde_json::Value = synced.json().await.expect("report");
+    for line in report["outcomes"].as_array().expect("outcomes") {
+        assert_eq!(line["replicas_acked"], 1, "{report}");
+    }
+    for client in ["a", "b", "c"] {
+        let served_by = read_value(&http, &base, "sec:tlsc", client).await;
+        assert!(served_by.ends_with("role=primary"), "{served_by}");
+    }
+    assert_no_refused_commands(&http, &base).await;
+    service.stop().await;
+
+    // audit's read-only clients, one per node, over TLS with the client certificate, as the
+    // README's read-only user.
+    let url = RedisUrl::parse(&cluster.url()).expect("url");
+    let mut options = hotsplit::audit::AuditOptions::new(url.target);
+    options.security.tls = Some(hotsplit::store::redis::TlsOptions {
+        ca_file: Some(pki().files.ca_file.clone()),
+        cert_file: Some(pki().files.cert_file.clone()),
+        key_file: Some(pki().files.key_file.clone()),
+    });
+    options.security.username = Some("audit".to_owned());
+    options.security.password = Some(Password::new(PASSWORD));
+    options.prefix = Some("sec:".to_owned());
+    let report = hotsplit::audit::audit(&options, &mut |_| {})
+        .await
+        .expect("audit over tls as the read-only user");
+    assert_eq!((report.primaries, report.replicas), (3, 3));
+    assert!(report.unreachable_replicas.is_empty(), "{report:?}");
+    assert!(report.figures.replica.copy_reads > 0, "{report:?}");
+}
+
+#[test]
+fn an_untrusted_ca_stops_startup_with_exit_1_and_a_clear_message() {
+    let server = tls_standalone();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("untrusted.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nredis = {:?}\n{}",
+            server.url(),
+            tls_store_lines(&pki().other_ca, false)
+        ),
+    )
+    .expect("write config");
+    let (code, output, took) = run_serve(&["--config", &config.display().to_string()], &[]);
+    assert_eq!(code, Some(1), "{output}");
+    assert!(took < Duration::from_secs(10), "took {took:?}: {output}");
+    assert!(
+        output.contains("could not connect to redis at rediss://127.0.0.1:"),
+        "{output}"
+    );
+    assert!(
+        output.contains("certificate was not accepted") && output.contains("UnknownIssuer"),
+        "the message says why: {output}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// ACL users, on Redis 7 and Valkey 8
+// ---------------------------------------------------------------------------------------------
+
+/// Creates the tests' users on every node of `nodes` (ACLs are per node, never replicated).
+fn create_users(nodes: &[&RedisNode]) {
+    let users = [
+        ("full", "on resetkeys ~* &* +@all".to_owned()),
+        ("hotsplit", SERVE_ACL.to_owned()),
+        ("audit", AUDIT_ACL.to_owned()),
+        ("nofcall", format!("{SERVE_ACL} -fcall")),
+        ("noload", format!("{SERVE_ACL} -function|load")),
+    ];
+    for node in nodes {
+        for (user, rules) in &users {
+            let mut args = vec!["ACL", "SETUSER", user];
+            args.extend(rules.split(' '));
+            let password = format!(">{PASSWORD}");
+            args.push(&password);
+            node.cli(&args)
+                .unwrap_or_else(|err| panic!("ACL SETUSER {user} on {}: {err}", node.port()));
+        }
+    }
+}
+
+/// A store of `url` authenticated as `user`.
+async fn connect_as(url: &str, user: &str) -> hotsplit::Result<RedisStore> {
+    let parsed = RedisUrl::parse(url).expect("url");
+    let mut options = RedisOptions::new(parsed.target);
+    options.command_timeout = Duration::from_secs(1);
+    options.security.username = Some(user.to_owned());
+    options.security.password = Some(Password::new(PASSWORD));
+    RedisStore::connect(options, Metrics::new()).await
+}
+
+/// The ACL checks on a primary with one replica started by `options` (Redis or Valkey).
+async fn acl_suite(options: ServerOptions, prefix: &str) {
+    let group = PrimaryReplica::start_with_options(1, &options).expect("primary and replica");
+    let replica = &group.replicas[0];
+    create_users(&[&group.primary, replica]);
+    let http = reqwest::Client::new();
+    let primary = group.url();
+    let replica_url = replica.url();
+
+    // The full user, from the URL.
+    let url = primary.replacen("redis://", &format!("redis://full:{PASSWORD}@"), 1);
+    let text = format!("[store]\nredis = {url:?}\n{FAMILIES}");
+    let service = Service::start(config_from_toml(&text)).await;
+    let key = format!("sec:{prefix}full");
+    publish_expecting(&http, &service.base, &key, 1, "v1", StatusCode::OK).await;
+    read_value(&http, &service.base, &key, "a").await;
+    service.stop().await;
+
+    // The least-privilege user, from store.username and a password file: publish, read,
+    // replica read, synced write (WAIT), read repair.
+    let dir = tempfile::tempdir().expect("dir");
+    let password_file = dir.path().join("password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).expect("password file");
+    let text = format!(
+        "[store]\nredis = {primary:?}\nreplicas = [{replica_url:?}]\nusername = \"hotsplit\"\npassword_file = {:?}\n{FAMILIES}",
+        password_file.display().to_string()
+    );
+    let mut config: Config = config_from_toml(&text);
+    config.store.command_timeout = Duration::from_secs(1);
+    let service = Service::start(config).await;
+    let base = service.base.clone();
+    let key = format!("sec:{prefix}least");
+    let synced = http
+        .put(format!(
+            "{base}/v1/keys/{key}?version=1&sync_replicas=1&sync_timeout_ms=2000"
+        ))
+        .body("v1")
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(synced.status(), StatusCode::OK, "synced publish");
+    read_value(&http, &base, &key, "a").await;
+    let replica_key = format!("secr:{prefix}least");
+    publish_expecting(&http, &base, &replica_key, 1, "v1", StatusCode::OK).await;
+    wait_for_replica_read(&http, &base, &replica_key).await;
+    // Read repair: the affine copy is deleted behind hotsplit's back; a read writes it again.
+    let affinity = harness::affinity(&http, &base, &key, "a").await;
+    let copy = affinity["copy_key"].as_str().expect("copy_key").to_owned();
+    group.primary.cli(&["DEL", &copy]).expect("DEL");
+    read_value(&http, &base, &key, "a").await;
+    poll("the read repaired the copy", Duration::from_secs(5), || {
+        let copy = copy.clone();
+        let primary = &group.primary;
+        async move {
+            primary
+                .cli(&["HGET", &copy, "val"])
+                .is_ok_and(|v| v == "v1")
+        }
+    })
+    .await;
+    assert_no_refused_commands(&http, &base).await;
+    service.stop().await;
+
+    // The read-only audit user reads every copy on the primary and the replica.
+    let url = primary.replacen("redis://", &format!("redis://audit:{PASSWORD}@"), 1);
+    let parsed = RedisUrl::parse(&url).expect("url");
+    let mut options = hotsplit::audit::AuditOptions::new(parsed.target);
+    options.security.username = parsed.username;
+    options.security.password = parsed.password;
+    options.prefix = Some(format!("sec:{prefix}"));
+    let report = hotsplit::audit::audit(&options, &mut |_| {})
+        .await
+        .expect("audit as the read-only user");
+    assert_eq!((report.primaries, report.replicas), (1, 1), "{report:?}");
+    assert!(report.figures.primary.copy_reads >= 4, "{report:?}");
+    assert!(report.figures.replica.copy_reads >= 4, "{report:?}");
+    assert_eq!(report.figures.primary.failed_reads, 0, "{report:?}");
+    // ...and cannot write.
+    let denied = connect_as(&primary, "audit")
+        .await
+        .expect_err("audit cannot load");
+    assert!(denied.message().contains("NOPERM"), "{denied}");
+
+    // A user without FUNCTION LOAD cannot start; the message names the permission.
+    let err = connect_as(&primary, "noload")
+        .await
+        .expect_err("noload cannot start");
+    assert!(err.message().contains("'function|load'"), "{err}");
+    // A user without FCALL starts, and its writes fail naming the permission.
+    let store: Arc<dyn Store> = Arc::new(connect_as(&primary, "nofcall").await.expect("nofcall"));
+    let key = Key::parse(&format!("sec:{prefix}nofcall")).expect("key");
+    let write = CopyWrite {
+        copy_key: key.copy_key(0),
+        version: Version::new(1).expect("version"),
+        payload: Payload::Value(bytes::Bytes::from_static(b"v1")),
+        expire_at_ms: now_unix_ms() + 60_000,
+    };
+    let result = store.write_copies(std::slice::from_ref(&write)).await;
+    let err = result[0].outcome.as_ref().expect_err("fcall is refused");
+    assert!(err.message().contains("'fcall'"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_users_on_redis_full_least_privilege_audit_and_missing_permissions() {
+    acl_suite(ServerOptions::default(), "redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_users_on_valkey_full_least_privilege_audit_and_missing_permissions() {
+    let Some(program) = harness::valkey_server() else {
+        return;
+    };
+    acl_suite(
+        ServerOptions {
+            program: Some(program),
+            ..ServerOptions::default()
+        },
+        "valkey",
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary: wrong credentials, and secrets kept out of everything it shows
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `hotsplit serve` with `args` and `env` until it exits (at most 20 s); returns its exit
+/// code, stdout and stderr together, and how long it ran.
+fn run_serve(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, Duration) {
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .arg("serve")
+        .args(["--listen", &format!("127.0.0.1:{}", harness::free_port())])
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("HOTSPLIT_REDIS")
+        .env_remove("HOTSPLIT_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start hotsplit");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            break child.wait().expect("wait");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut output = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.read_to_string(&mut output);
+    }
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut output);
+    }
+    (status.code(), output, started.elapsed())
+}
+
+#[test]
+fn a_wrong_password_stops_startup_with_exit_1_and_never_shows_the_password() {
+    let server = harness::shared_standalone();
+    server
+        .node
+        .cli(&[
+            "ACL",
+            "SETUSER",
+            "wrongpass",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "+@all",
+        ])
+        .expect("ACL SETUSER");
+    let wrong = "not-the-Pa55word";
+    let url = server
+        .url()
+        .replacen("redis://", &format!("redis://wrongpass:{wrong}@"), 1);
+    let (code, output, took) = run_serve(&["--redis", &url], &[]);
+    assert_eq!(code, Some(1), "{output}");
+    assert!(took < Duration::from_secs(10), "took {took:?}: {output}");
+    assert!(
+        output.contains("WRONGPASS"),
+        "the message says why: {output}"
+    );
+    assert!(!output.contains(wrong), "the password leaked: {output}");
+
+    // The same through HOTSPLIT_REDIS_PASSWORD.
+    let url = server.url().replacen("redis://", "redis://wrongpass@", 1);
+    let (code, output, _) = run_serve(&["--redis", &url], &[("HOTSPLIT_REDIS_PASSWORD", wrong)]);
+    assert_eq!(code, Some(1), "{output}");
+    assert!(output.contains("WRONGPASS"), "{output}");
+    assert!(!output.contains(wrong), "the password leaked: {output}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_never_shows_in_logs_endpoints_metrics_or_help() {
+    let server = harness::shared_standalone();
+    server
+        .node
+        .cli(&[
+            "ACL",
+            "SETUSER",
+            "leakcheck",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "+@all",
+        ])
+        .expect("ACL SETUSER");
+    let port = harness::free_port();
+    let url = server.url().replacen("redis://", "redis://leakcheck@", 1);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--redis", &url])
+        .env("HOTSPLIT_REDIS_PASSWORD", PASSWORD)
+        .env("HOTSPLIT_LOG", "debug")
+        .env_remove("HOTSPLIT_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start hotsplit");
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    poll(
+        "the binary answers /readyz",
+        Duration::from_secs(20),
+        || {
+            let http = http.clone();
+            let url = format!("{base}/readyz");
+            async move {
+                http.get(url)
+                    .send()
+                    .await
+                    .is_ok_and(|answer| answer.status().is_success())
+            }
+        },
+    )
+    .await;
+    publish_expecting(&http, &base, "sec:leak", 1, "v1", StatusCode::OK).await;
+    let mut shown = String::new();
+    for path in [
+        "/v1/keys/sec:leak?client=a",
+        "/v1/affinity?key=sec:leak&client=a",
+        "/v1/retry-queue",
+        "/v1/lag",
+        "/v1/routing",
+        "/v1/classes",
+        "/metrics",
+        "/openapi.json",
+    ] {
+        let answer = harness::get(&http, &format!("{base}{path}"), &[]).await;
+        shown.push_str(&answer.text().await.unwrap_or_default());
+    }
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let log = tokio::task::spawn_blocking(move || {
+        let _ = child.wait();
+        let mut log = String::new();
+        if let Some(mut out) = child.stdout.take() {
+            let _ = out.read_to_string(&mut log);
+        }
+        if let Some(mut err) = child.stderr.take() {
+            let _ = err.read_to_string(&mut log);
+        }
+        log
+    })
+    .await
+    .expect("join");
+    assert!(log.contains("SIGTERM received"), "{log}");
+    for help in [["serve", "--help"], ["audit", "--help"]] {
+        let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+            .args(help)
+            .env("HOTSPLIT_REDIS_PASSWORD", PASSWORD)
+            .env("HOTSPLIT_REDIS", &url)
+            .output()
+            .expect("help");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(text.contains("HOTSPLIT_REDIS_PASSWORD"), "{text}");
+        shown.push_str(&text);
+    }
+    assert!(!shown.contains(PASSWORD), "the password shows: {shown}");
+    assert!(!log.contains(PASSWORD), "the password is logged: {log}");
+}
