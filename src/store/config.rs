@@ -143,7 +143,7 @@ impl StoreConfig {
             if url.password.is_some() && (self.password_file.is_some() || self.password.is_some()) {
                 return invalid(
                     "store.password_file".into(),
-                    "store.redis carries a password too (user:password@); give it one way only"
+                    "store.redis carries a password (user:password@), and store.password_file or HOTSPLIT_REDIS_PASSWORD gives one too; give it one way only"
                         .into(),
                 );
             }
@@ -262,5 +262,99 @@ fn replica_address(at: usize, url: &str, tls: bool) -> Result<String> {
     match parsed.target {
         RedisTarget::Standalone(address) => Ok(address),
         RedisTarget::Cluster(_) => Err(invalid("must name one server, not a cluster".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(text: &str) -> StoreConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn tls_files_and_credentials_become_the_security_of_every_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let password_file = dir.path().join("password");
+        std::fs::write(&password_file, "hunter2\n").unwrap();
+        let mut config = store(&format!(
+            "redis = \"rediss://10.0.0.1:6380\"\nreplicas = [\"rediss://10.0.0.2:6380\"]\ntls_ca_file = \"/ca.pem\"\ntls_cert_file = \"/c.pem\"\ntls_key_file = \"/c.key\"\nusername = \"hotsplit\"\npassword_file = {:?}\n",
+            password_file.display().to_string()
+        ));
+        config.validate().unwrap();
+        let options = config.redis_options().unwrap().unwrap();
+        assert_eq!(options.replicas, vec!["10.0.0.2:6380".to_owned()]);
+        let security = &options.security;
+        let tls = security.tls.as_ref().unwrap();
+        assert_eq!(
+            tls.ca_file.as_deref(),
+            Some(std::path::Path::new("/ca.pem"))
+        );
+        assert_eq!(
+            tls.key_file.as_deref(),
+            Some(std::path::Path::new("/c.key"))
+        );
+        assert_eq!(security.username.as_deref(), Some("hotsplit"));
+        assert_eq!(security.password, Some(Password::new("hunter2")));
+        assert!(!format!("{config:?}{options:?}").contains("hunter2"));
+
+        // The environment's password wins over the file.
+        config.password = Some(Password::new("from-env"));
+        let options = config.redis_options().unwrap().unwrap();
+        assert_eq!(options.security.password, Some(Password::new("from-env")));
+    }
+
+    #[test]
+    fn inconsistent_security_settings_name_the_field() {
+        let cases = [
+            (
+                "redis = \"redis://h:1\"\ntls_ca_file = \"/ca\"",
+                "store.tls_ca_file: needs a tls url",
+            ),
+            (
+                "redis = \"rediss://h:1\"\ntls_cert_file = \"/c\"",
+                "store.tls_cert_file",
+            ),
+            ("tls_key_file = \"/k\"", "store.tls_key_file"),
+            (
+                "username = \"u\"",
+                "store.username: credentials need store.redis",
+            ),
+            (
+                "redis = \"redis://a@h:1\"\nusername = \"b\"",
+                "store.username: differs",
+            ),
+            (
+                "redis = \"redis://a:pw@h:1\"\npassword_file = \"/p\"",
+                "store.password_file",
+            ),
+            (
+                "redis = \"redis://h:1\"\npassword_file = \"/nonexistent/pw\"",
+                "cannot read",
+            ),
+            (
+                "redis = \"rediss://h:1\"\nreplicas = [\"redis://r:1\"]",
+                "must be a rediss://",
+            ),
+            (
+                "redis = \"redis://h:1\"\nreplicas = [\"redis://u:hunter2@r:1\"]",
+                "carries credentials",
+            ),
+            (
+                "redis = \"valkey://h:1\"\nreplicas = [\"valkey://r:1\"]",
+                "",
+            ),
+        ];
+        for (text, expected) in cases {
+            let result = store(text).validate();
+            if expected.is_empty() {
+                result.unwrap();
+                continue;
+            }
+            let err = result.unwrap_err();
+            assert!(err.message().contains(expected), "{text}: {err}");
+            assert!(!err.message().contains("hunter2"), "{err}");
+        }
     }
 }

@@ -638,3 +638,12 @@ async fn a_password_never_shows_in_logs_endpoints_metrics_or_help() {
     assert!(!shown.contains(PASSWORD), "the password shows: {shown}");
     assert!(!log.contains(PASSWORD), "the password is logged: {log}");
 }
+
+#[test]
+fn the_readme_quotes_the_tested_acl_lines() {
+    let readme = include_str!("../../README.md");
+    for (user, rules) in [("hotsplit", SERVE_ACL), ("audit", AUDIT_ACL)] {
+        let line = format!("ACL SETUSER {user} {rules} >THE-PASSWORD");
+        assert!(readme.contains(&line), "README.md lacks: {line}");
+    }
+}
