@@ -36,7 +36,7 @@ use crate::harness::{self, config_from_toml, poll, publish_expecting, Service};
 // ---------------------------------------------------------------------------------------------
 
 /// The least-privilege user of `hotsplit serve`, without its password (`>...` is appended).
-const SERVE_ACL: &str = "on resetkeys ~*#* ~hotsplit:hb:* resetchannels -@all +fcall +function|load +hmget +hset +pexpireat +pexpire +incr +get +set +del +scan +wait +ping +info +client|id +cluster|info +cluster|slots +cluster|nodes +readonly";
+const SERVE_ACL: &str = "on resetkeys ~*#* ~hotsplit:hb:* resetchannels -@all +fcall +function|load +hmget +hget +hset +pexpireat +pexpire +pttl +incr +get +set +del +scan +wait +ping +info +client|id +cluster|info +cluster|slots +cluster|nodes +readonly";
 
 /// The read-only user of `hotsplit audit`, without its password.
 const AUDIT_ACL: &str =
@@ -147,8 +147,9 @@ fn tls_store_lines(ca_file: &Path, client_cert: bool) -> String {
     lines
 }
 
-/// Families for the tests: `sec:` reads primaries (for repair), `secr:` reads replicas.
-const FAMILIES: &str = "[[family]]\nprefix = \"sec:\"\ncopies = 4\n\n[[family]]\nprefix = \"secr:\"\ncopies = 4\ndefault_class = \"advisory\"\n";
+/// Families for the tests: `sec:` reads primaries (for repair), `secr:` reads replicas,
+/// `seca:` has allocated versions (the counter function).
+const FAMILIES: &str = "[[family]]\nprefix = \"sec:\"\ncopies = 4\n\n[[family]]\nprefix = \"secr:\"\ncopies = 4\ndefault_class = \"advisory\"\n\n[[family]]\nprefix = \"seca:\"\ncopies = 2\nversioning = \"allocated\"\n";
 
 /// Reads `key` as `client` through `base`; asserts a 200 with `body` and returns
 /// `Hotsplit-Served-By`.
@@ -249,7 +250,21 @@ async fn tls_cluster_with_client_certificates_publishes_reads_replicas_waits_and
     // Nodes discovered with CLUSTER SLOTS and the data client; the per-replica clients and the lag monitor: an advisory read served by a replica.
     publish_expecting(&http, &base, "secr:tlsc", 1, "v1", StatusCode::OK).await;
     wait_for_replica_read(&http, &base, "secr:tlsc").await;
-    // The WAIT connection (replicas are known once a replica has served).
+    // The WAIT connection, once every replica is known and measured.
+    poll(
+        "every replica's lag is known",
+        Duration::from_secs(15),
+        || async {
+            let lines: serde_json::Value = match http.get(format!("{base}/v1/lag")).send().await {
+                Ok(answer) => answer.json().await.unwrap_or_default(),
+                Err(_) => return false,
+            };
+            lines.as_array().is_some_and(|lines| {
+                lines.len() == 3 && lines.iter().all(|line| line["lag_ms"]["now"].is_number())
+            })
+        },
+    )
+    .await;
     let synced = http
         .put(format!(
             "{base}/v1/keys/sec:tlsc?version=1&sync_replicas=1&sync_timeout_ms=2000"
@@ -258,8 +273,9 @@ async fn tls_cluster_with_client_certificates_publishes_reads_replicas_waits_and
         .send()
         .await
         .expect("PUT");
-    assert_eq!(synced.status(), StatusCode::OK);
+    let status = synced.status();
     let report: serde_json::Value = synced.json().await.expect("report");
+    assert_eq!(status, StatusCode::OK, "{report}");
     for line in report["outcomes"].as_array().expect("outcomes") {
         assert_eq!(line["replicas_acked"], 1, "{report}");
     }
@@ -394,6 +410,28 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         .expect("PUT");
     assert_eq!(synced.status(), StatusCode::OK, "synced publish");
     read_value(&http, &base, &key, "a").await;
+    // The same version with another value: the conflict check inside the function (HGET).
+    let conflict = http
+        .put(format!("{base}/v1/keys/{key}?version=1"))
+        .body("other")
+        .send()
+        .await
+        .expect("PUT");
+    harness::problem(
+        conflict,
+        StatusCode::CONFLICT,
+        "version_conflict",
+        "a reissued version",
+    )
+    .await;
+    // An allocated version: the counter function (GET, SET, INCR, PTTL, PEXPIRE).
+    let allocated = http
+        .put(format!("{base}/v1/keys/seca:{prefix}least"))
+        .body("v1")
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(allocated.status(), StatusCode::OK, "allocated publish");
     let replica_key = format!("secr:{prefix}least");
     publish_expecting(&http, &base, &replica_key, 1, "v1", StatusCode::OK).await;
     wait_for_replica_read(&http, &base, &replica_key).await;
