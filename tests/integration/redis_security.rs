@@ -690,3 +690,41 @@ fn the_readme_quotes_the_tested_acl_lines() {
         assert!(readme.contains(&line), "README.md lacks: {line}");
     }
 }
+
+#[test]
+fn audit_over_tls_as_the_read_only_user_from_its_flags() {
+    let server = tls_standalone();
+    create_users(&[&server.node]);
+    let url = server.url().replacen("rediss://", "rediss://audit@", 1);
+    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .args(["audit", "--redis", &url, "--json", "--copies", "4"])
+        .arg("--tls-ca-file")
+        .arg(&pki().files.ca_file)
+        .env("HOTSPLIT_REDIS_PASSWORD", PASSWORD)
+        .env_remove("HOTSPLIT_CONFIG")
+        .output()
+        .expect("run hotsplit audit");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json report");
+    assert_eq!(report["primaries"], 1, "{report}");
+    assert!(
+        report["target"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("rediss://")),
+        "{report}"
+    );
+    assert!(!stdout.contains(PASSWORD) && !stderr.contains(PASSWORD));
+
+    // Without the CA the same audit stops with exit 1, saying the certificate was refused.
+    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .args(["audit", "--redis", &url, "--copies", "4"])
+        .env("HOTSPLIT_REDIS_PASSWORD", PASSWORD)
+        .env_remove("HOTSPLIT_CONFIG")
+        .output()
+        .expect("run hotsplit audit");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("certificate was not accepted"), "{stderr}");
+}
