@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use hotsplit::config::Config;
+use hotsplit::http::config::LogFormat;
 
 mod check;
 
@@ -106,6 +107,21 @@ struct AuditArgs {
     /// Where --watch serves Prometheus metrics (/metrics).
     #[arg(long, default_value = "127.0.0.1:9464", requires = "watch")]
     metrics_addr: SocketAddr,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+/// The log flags of the commands that log (`serve`, `audit`).
+#[derive(Debug, clap::Args)]
+struct LogArgs {
+    /// The log filter, in tracing's EnvFilter syntax (e.g. info, or warn,hotsplit=debug).
+    /// Default: info for serve, warn for audit.
+    #[arg(long = "log", value_name = "FILTER", env = "HOTSPLIT_LOG")]
+    filter: Option<String>,
+    /// Log lines as text or json (one object a line; a request's lines carry its request_id).
+    /// Default: server.log_format of --config, else text.
+    #[arg(long, value_name = "FORMAT", env = "HOTSPLIT_LOG_FORMAT", value_parser = clap::value_parser!(LogFormat))]
+    log_format: Option<LogFormat>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -143,6 +159,8 @@ struct ServeArgs {
     /// rediss-cluster:// for TLS; valkey[s]:// synonyms. Default: the embedded store.
     #[arg(long, env = "HOTSPLIT_REDIS", hide_env_values = true)]
     redis: Option<String>,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 fn main() -> ExitCode {
@@ -169,21 +187,44 @@ enum LogStream {
     Stderr,
 }
 
-/// Sets up tracing for one command: the filter from `HOTSPLIT_LOG`, else `default_filter`;
-/// colours only when the stream is a terminal.
-fn init_tracing(default_filter: &str, stream: LogStream) {
+/// Sets up tracing for one command: the filter from `--log` / `HOTSPLIT_LOG`, else
+/// `default_filter`; lines as `format` says; colours only in text on a terminal.
+///
+/// # Errors
+/// The filter's parse error, for the caller to report (exit status 2).
+fn init_tracing(
+    filter: Option<&str>,
+    default_filter: &str,
+    format: LogFormat,
+    stream: LogStream,
+) -> Result<(), String> {
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt().with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_env("HOTSPLIT_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-    );
-    match stream {
-        LogStream::Stdout => builder.with_ansi(std::io::stdout().is_terminal()).init(),
-        LogStream::Stderr => builder
+    let filter = tracing_subscriber::EnvFilter::try_new(filter.unwrap_or(default_filter))
+        .map_err(|err| format!("--log / HOTSPLIT_LOG: {err}"))?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match (format, stream) {
+        (LogFormat::Text, LogStream::Stdout) => {
+            builder.with_ansi(std::io::stdout().is_terminal()).init()
+        }
+        (LogFormat::Text, LogStream::Stderr) => builder
             .with_writer(std::io::stderr)
             .with_ansi(std::io::stderr().is_terminal())
             .init(),
+        // The current span (`request` with its `request_id`) rides on every line; the list of
+        // enclosing spans would repeat it.
+        (LogFormat::Json, LogStream::Stdout) => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+        (LogFormat::Json, LogStream::Stderr) => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(std::io::stderr)
+            .init(),
     }
+    Ok(())
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
@@ -255,7 +296,15 @@ const EXIT_BEHIND: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
 
 fn audit(args: AuditArgs) -> ExitCode {
-    init_tracing("warn", LogStream::Stderr);
+    if let Err(err) = init_tracing(
+        args.log.filter.as_deref(),
+        "warn",
+        args.log.log_format.unwrap_or_default(),
+        LogStream::Stderr,
+    ) {
+        eprintln!("hotsplit audit: {err}");
+        return ExitCode::from(2);
+    }
     let options = match audit_options(&args) {
         Ok(options) => options,
         Err(err) => {
@@ -464,7 +513,7 @@ fn audit_options(args: &AuditArgs) -> hotsplit::Result<hotsplit::audit::AuditOpt
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    init_tracing("info", LogStream::Stdout);
+    // The config comes first: it may name the log format. Its errors go to stderr directly.
     let config = match load_config(&args) {
         Ok(config) => config,
         Err(err) => {
@@ -472,6 +521,15 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(err) = init_tracing(
+        args.log.filter.as_deref(),
+        "info",
+        args.log.log_format.unwrap_or(config.server.log_format),
+        LogStream::Stdout,
+    ) {
+        eprintln!("hotsplit: {err}");
+        return ExitCode::from(2);
+    }
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,

@@ -2,6 +2,14 @@
 //!
 //! One [`Metrics`] value is created at startup and shared. Counters on the hot read path are
 //! resolved once, at construction, so a read only bumps an atomic.
+//!
+//! # Conventions
+//! - The exposition is OpenMetrics 1.0 (prometheus-client's encoder writes `# EOF` and `# UNIT`),
+//!   so `/metrics` is served as [`CONTENT_TYPE`], which Prometheus negotiates and scrapes.
+//! - A measured quantity is in a base unit, registered with [`register_with_unit`] so that the
+//!   name ends in `_seconds` or `_bytes` and a `# UNIT` line says so; never milliseconds.
+//! - Distributions (request latency, replica lag) are histograms, never percentile gauges: a
+//!   percentile cannot be aggregated across instances, buckets can.
 
 use std::sync::Arc;
 
@@ -11,8 +19,20 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::{Metric, Registry};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Metric, Registry, Unit};
 use std::sync::atomic::AtomicU64;
+
+/// The content type of every `/metrics` answer (the service's and `audit --watch`'s): the body is
+/// OpenMetrics text, which ends in `# EOF`.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Labels of `hotsplit_build_info`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BuildLabels {
+    /// The crate version, `CARGO_PKG_VERSION`.
+    version: &'static str,
+}
 
 /// Labels of copy-write outcome counters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -191,6 +211,19 @@ pub fn register_metric<M: Metric + Clone>(
     metric
 }
 
+/// Registers `metric` like [`register_metric`], in `unit`: the exported name is `name` followed
+/// by `_seconds` or `_bytes`, and the exposition carries a `# UNIT` line.
+pub fn register_with_unit<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    unit: Unit,
+    metric: M,
+) -> M {
+    registry.register_with_unit(name, help, unit, metric.clone());
+    metric
+}
+
 /// Creates a metric at its default (zero, or an empty family) and registers it: the way every
 /// metric without a custom constructor is made.
 pub fn register<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, help: &str) -> M {
@@ -241,6 +274,15 @@ impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Arc<Metrics> {
         let mut registry = Registry::with_prefix("hotsplit");
+        // An info metric: `hotsplit_build_info{version="…"} 1`, to join on in queries and to
+        // see a rollout's progress.
+        registry.register(
+            "build",
+            "The running build: crate version",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            }),
+        );
         let copy_outcomes: Family<CopyOutcomeLabels, Counter> = register(
             &mut registry,
             "publish_copy_outcomes",
@@ -294,10 +336,11 @@ impl Metrics {
             "Errors returned by the store, by kind",
         );
 
-        let request_duration = register_metric(
+        let request_duration = register_with_unit(
             &mut registry,
-            "http_request_duration_seconds",
+            "http_request_duration",
             "HTTP request latency by method, route and status class",
+            Unit::Seconds,
             Family::<RequestLabels, Histogram>::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
             }),
@@ -308,15 +351,19 @@ impl Metrics {
             "retry_queue_depth",
             "Failed copy writes waiting in the retry queue",
         );
-        let retry_queue_bytes: Gauge = register(
+        let retry_queue_bytes: Gauge = register_with_unit(
             &mut registry,
-            "retry_queue_bytes",
+            "retry_queue",
             "Bytes held by the retry queue (values once per key and version, plus entry overhead)",
+            Unit::Bytes,
+            Gauge::default(),
         );
-        let retry_queue_oldest_age: Gauge<f64, AtomicU64> = register(
+        let retry_queue_oldest_age: Gauge<f64, AtomicU64> = register_with_unit(
             &mut registry,
-            "retry_queue_oldest_age_seconds",
+            "retry_queue_oldest_age",
             "Age of the oldest retry queue entry",
+            Unit::Seconds,
+            Gauge::default(),
         );
         let retry_attempts: Family<ResultLabels, Counter> = register(
             &mut registry,
@@ -338,17 +385,24 @@ impl Metrics {
             "read_repairs",
             "Read repairs by result (applied, unneeded, failed, skipped)",
         );
-        let spool_bytes: Gauge =
-            register(&mut registry, "spool_bytes", "Size of the retry spool file");
+        let spool_bytes: Gauge = register_with_unit(
+            &mut registry,
+            "spool",
+            "Size of the retry spool file",
+            Unit::Bytes,
+            Gauge::default(),
+        );
         let spool_damaged_regions: Counter = register(
             &mut registry,
             "spool_damaged_regions",
             "Damaged stretches of the retry spool skipped at startup (each held at least part of one record)",
         );
-        let spool_skipped_bytes: Counter = register(
+        let spool_skipped_bytes: Counter = register_with_unit(
             &mut registry,
-            "spool_skipped_bytes",
+            "spool_skipped",
             "Bytes of the retry spool skipped as damaged at startup",
+            Unit::Bytes,
+            Counter::default(),
         );
 
         let layout_mismatch: Family<FamilyLabels, Gauge> = register(
@@ -501,7 +555,7 @@ impl Metrics {
         register(&mut registry)
     }
 
-    /// Renders the Prometheus text exposition.
+    /// Renders the OpenMetrics text exposition (served as [`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail; an error here would be a bug in the encoder.

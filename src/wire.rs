@@ -17,7 +17,14 @@ pub mod header {
     /// Request: the read class, an alternative to `?class=`.
     pub const READ_CLASS: &str = "hotsplit-read-class";
     /// Request: a request id; after a write carrying it, reads carrying it go to primaries.
+    /// Unrelated to [`REQUEST_ID`]: tracing never reads or sets it.
     pub const REQUEST: &str = "hotsplit-request";
+    /// Request and response: the trace id of one request, for logs only. An incoming one is
+    /// honoured when it is 1 to 128 visible ASCII characters; the response always carries it.
+    pub const REQUEST_ID: &str = "x-request-id";
+    /// Request: W3C Trace Context; its trace id is the request id when no valid
+    /// [`REQUEST_ID`] came.
+    pub const TRACEPARENT: &str = "traceparent";
     /// Response: the version written or served.
     pub const VERSION: &str = "hotsplit-version";
     /// Response: the copy index that served a read.

@@ -234,13 +234,10 @@ pub fn router(metrics: Arc<AuditMetrics>) -> Router {
         .with_state(metrics)
 }
 
-/// The text exposition.
+/// The OpenMetrics text exposition.
 async fn render(State(metrics): State<Arc<AuditMetrics>>) -> impl IntoResponse {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         metrics.render(),
     )
 }

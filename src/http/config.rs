@@ -1,4 +1,5 @@
-//! The HTTP server's config: `[server]` (listen address, body limit, shutdown grace).
+//! The HTTP server's config: `[server]` (listen address, body limit, shutdown grace, log line
+//! format).
 //!
 //! It sits beside `http`, the server it configures, rather than beside `server`: `server`
 //! builds the service from the whole `Config`, so a sub-config defined there would make
@@ -22,6 +23,33 @@ pub struct ServerConfig {
     /// How long shutdown waits for in-flight requests and background tasks. Default: `10s`.
     #[serde(with = "crate::duration")]
     pub shutdown_grace: Duration,
+    /// How `serve` writes log lines: `text` or `json` (one JSON object a line, with the
+    /// request's span and its `request_id`). `--log-format` and `HOTSPLIT_LOG_FORMAT` override
+    /// it. Default: `text`.
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines (colours only on a terminal).
+    #[default]
+    Text,
+    /// One JSON object a line, for log shippers.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<LogFormat, String> {
+        match text {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("expected text or json, got {other:?}")),
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -30,6 +58,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             max_value_bytes: 1024 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            log_format: LogFormat::Text,
         }
     }
 }

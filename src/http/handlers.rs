@@ -624,19 +624,13 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, A
     }))
 }
 
-/// Prometheus metrics in the text exposition format.
-#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text", body = String, content_type = "text/plain")))]
+/// Prometheus metrics in the OpenMetrics text format.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "OpenMetrics text", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8")))]
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        {
-            state.inner().heal.retry_queue.refresh_gauges();
-            state.inner().metrics.render()
-        },
-    )
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], {
+        state.inner().heal.retry_queue.refresh_gauges();
+        state.inner().metrics.render()
+    })
         .into_response()
 }
 

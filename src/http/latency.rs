@@ -1,5 +1,6 @@
-//! Records each request's latency, and fills `Retry-After` on the answers that ask for it: the
-//! one hook every routed answer passes on its way out.
+//! Gives each request its request id and a tracing span, records each request's latency, and
+//! fills `Retry-After` on the answers that ask for it: the one hook every answer passes on its
+//! way out.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,14 +9,17 @@ use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
-use axum::http::Method;
+use axum::http::{HeaderName, Method};
 use axum::response::Response;
 use prometheus_client::metrics::histogram::Histogram;
 use tower::{Layer, Service};
+use tracing::Span;
 
 use super::paths::ROUTES;
 use super::problem::fill_retry_after;
+use super::request_id::request_id;
 use crate::metrics::{Metrics, RequestLabels};
+use crate::wire;
 
 /// The `method` label values, in [`LatencyLayer`]'s table order.
 const METHODS: [&str; 5] = ["GET", "PUT", "DELETE", "HEAD", "OTHER"];
@@ -24,15 +28,20 @@ const STATUSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
 /// The `route` label of a request no template matched, after the templates in the table.
 const UNMATCHED: &str = "unmatched";
 
-/// Records each request's latency by method, route template and status class, and sets
-/// `Retry-After` on answers an [`super::problem::ApiError`] marked retry-later (the seconds are
-/// configuration, which an error converted by `?` does not know).
+/// Gives each request a request id (see [`super::request_id`]), echoed as `X-Request-Id` and
+/// carried by a `request` span around the handler, so every log line of the request names it;
+/// records each routed request's latency by method, route template and status class (a request
+/// no route matched is not recorded); and sets `Retry-After` on answers an
+/// [`super::problem::ApiError`] marked retry-later (the seconds are configuration, which an
+/// error converted by `?` does not know).
 ///
 /// It is a hand-written layer rather than `middleware::from_fn` because it runs on every
 /// request: `from_fn` clones the inner service and boxes a future per request, and the
 /// histogram family hashes the three labels under a lock per request. Here the inner future is
 /// wrapped in place, and each label combination's histogram is looked up in the family once
-/// (on first use, so `/metrics` shows the same series as before) and then indexed.
+/// (on first use, so `/metrics` shows the same series as before) and then indexed. The span is
+/// entered only while the handler's future is polled, and when the log level drops `info` spans
+/// it is a disabled span, which costs a callsite check.
 #[derive(Clone)]
 pub(super) struct LatencyLayer {
     /// The histograms, shared by every route's service.
@@ -121,6 +130,12 @@ where
 
     fn call(&mut self, request: Request) -> Self::Future {
         let started = Instant::now();
+        let request_id = request_id(request.headers());
+        // The id is visible ASCII (checked or generated), so `to_str` cannot fail here.
+        let span = tracing::info_span!(
+            "request",
+            request_id = request_id.to_str().unwrap_or_default()
+        );
         let method = match *request.method() {
             Method::GET => 0,
             Method::PUT => 1,
@@ -133,12 +148,18 @@ where
             .get::<MatchedPath>()
             .and_then(|path| ROUTES.iter().position(|route| *route == path.as_str()))
             .unwrap_or(ROUTES.len());
+        let inner = {
+            let _entered = span.enter();
+            self.inner.call(request)
+        };
         LatencyFuture {
-            inner: self.inner.call(request),
+            inner,
             table: self.table.clone(),
             started,
             method,
             route,
+            request_id,
+            span,
         }
     }
 }
@@ -153,8 +174,12 @@ pub(super) struct LatencyFuture<F> {
     started: Instant,
     /// The method's index in [`METHODS`].
     method: usize,
-    /// The route's index in [`ROUTES`], or `ROUTES.len()`.
+    /// The route's index in [`ROUTES`], or `ROUTES.len()` (not recorded).
     route: usize,
+    /// Echoed in the answer's `X-Request-Id`.
+    request_id: axum::http::HeaderValue,
+    /// Entered while the route's future is polled.
+    span: Span,
 }
 
 impl<F, E> Future for LatencyFuture<F>
@@ -164,21 +189,31 @@ where
     type Output = Result<Response, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut result = ready!(Pin::new(&mut self.inner).poll(cx));
+        let this = &mut *self;
+        let mut result = {
+            let _entered = this.span.enter();
+            ready!(Pin::new(&mut this.inner).poll(cx))
+        };
         if let Ok(response) = &mut result {
-            fill_retry_after(response, self.table.retry_after_secs);
-            let status = match response.status().as_u16() {
-                200..=299 => 0,
-                300..=399 => 1,
-                400..=499 => 2,
-                _ => 3,
-            };
-            self.table.observe(
-                self.method,
-                self.route,
-                status,
-                self.started.elapsed().as_secs_f64(),
+            fill_retry_after(response, this.table.retry_after_secs);
+            response.headers_mut().insert(
+                HeaderName::from_static(wire::header::REQUEST_ID),
+                this.request_id.clone(),
             );
+            if this.route < ROUTES.len() {
+                let status = match response.status().as_u16() {
+                    200..=299 => 0,
+                    300..=399 => 1,
+                    400..=499 => 2,
+                    _ => 3,
+                };
+                this.table.observe(
+                    this.method,
+                    this.route,
+                    status,
+                    this.started.elapsed().as_secs_f64(),
+                );
+            }
         }
         Poll::Ready(result)
     }

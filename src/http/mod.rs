@@ -9,7 +9,8 @@
 //! - `handlers`: one function per route, documented for the OpenAPI document.
 //! - `problem`: [`problem::ApiError`], the problem+json answer, and the error-kind → code map.
 //! - `state`: [`AppState`], what the handlers share.
-//! - `latency`: the layer that records each request's latency and sets `Retry-After`.
+//! - `latency`: the layer around every request: request id and span, latency, `Retry-After`.
+//! - `request_id`: how a request's id is chosen (`X-Request-Id`, `traceparent`, or random).
 //! - `openapi`: the OpenAPI document and the route that serves it.
 //! - [`paths`]: the route templates.
 //! - `config`: [`ServerConfig`], the `[server]` settings.
@@ -19,6 +20,7 @@ pub mod handlers;
 mod latency;
 pub mod openapi;
 pub mod problem;
+mod request_id;
 mod state;
 
 use axum::extract::DefaultBodyLimit;
@@ -92,8 +94,10 @@ pub fn router(state: AppState) -> Router {
         .route(paths::LAG, get(handlers::lag))
         .route(paths::ROUTING, get(handlers::routing))
         .route(paths::RETRY_QUEUE, get(handlers::retry_queue))
-        .route_layer(latency)
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)
+        // `layer`, not `route_layer`: unknown paths and wrong methods get a request id too (the
+        // layer records latency for matched routes only).
+        .layer(latency)
         .with_state(state)
 }

@@ -1,22 +1,31 @@
-//! The capacity bill: reads by class × served-by × reason, and the lag gauges.
+//! The capacity bill: reads by class × served-by × reason; the replica lag histogram, the class
+//! budgets it is judged against, and whether each node answers.
 //!
 //! Counters are resolved once, at startup, into a flat table indexed by class, role and reason,
 //! so counting a read is one index and one atomic add.
+//!
+//! Lag is exported as a histogram in seconds, one observation per heartbeat read: the monitor's
+//! own window percentiles ([`LagTable::figures`]) stay for `/v1/lag` and routing, but a
+//! percentile gauge cannot be aggregated or re-windowed by Prometheus. The histogram's buckets
+//! include every class's staleness budget, so the share of samples over a budget is exact.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
 use serde::Serialize;
 
-use super::classes::{Classes, ReadClass};
+use super::classes::{Classes, ReadClass, Route};
 use super::lag::{LagTable, ReplicaLag};
 use super::RouteReason;
-use crate::metrics::register;
+use crate::metrics::{register, register_with_unit};
+use crate::store::NodeLabel;
 
 /// Labels of the routed-read counter.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -29,24 +38,54 @@ struct RouteLabels {
     reason: &'static str,
 }
 
-/// Labels of the lag gauges.
+/// Labels of the lag histogram and the offset gap gauge.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct LagLabels {
+struct ReplicaLabels {
     /// The replica, `host:port`.
     replica: String,
     /// Its primary, `host:port`.
     primary: String,
-    /// `now`, `p50`, `p99`, `p999` or `max`.
-    stat: &'static str,
 }
 
-/// Labels of the offset gap gauge.
+/// Labels of the class budget gauge.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct GapLabels {
-    /// The replica, `host:port`.
-    replica: String,
-    /// Its primary, `host:port`.
-    primary: String,
+struct ClassLabels {
+    /// The read class.
+    class: String,
+}
+
+/// Labels of the store-up gauge.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct NodeLabels {
+    /// The node, `host:port`; the store's kind (`embedded`, `redis`, `redis-cluster`) while no
+    /// node is known.
+    node: String,
+    /// `primary` or `replica`.
+    role: &'static str,
+}
+
+/// Makes each replica's lag histogram with the same bucket bounds.
+#[derive(Debug, Clone)]
+struct LagBuckets(Arc<[f64]>);
+
+impl LagBuckets {
+    /// 0.5 ms, doubling, up to about 16 s, plus every replica-routed class's budget.
+    fn new(classes: &Classes) -> LagBuckets {
+        let mut buckets: Vec<f64> = exponential_buckets(0.000_5, 2.0, 16).collect();
+        buckets.extend(classes.iter().filter_map(|(_, def)| match def.route {
+            Route::Replica { budget, .. } => Some(budget.as_secs_f64()),
+            Route::Primary => None,
+        }));
+        buckets.sort_by(f64::total_cmp);
+        buckets.dedup();
+        LagBuckets(buckets.into())
+    }
+}
+
+impl MetricConstructor<Histogram> for LagBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
 }
 
 /// Routing metrics, registered in the service's registry.
@@ -56,12 +95,14 @@ pub struct RouteMetrics {
     classes: Vec<String>,
     /// Counters, `[(class * 2 + served_by) * REASONS + reason]`.
     reads: Vec<Counter>,
-    /// Lag in milliseconds by replica and statistic.
-    lag_ms: Family<LagLabels, Gauge<f64, AtomicU64>>,
+    /// Lag samples in seconds by replica, one per heartbeat read.
+    lag: Family<ReplicaLabels, Histogram, LagBuckets>,
     /// Offset gap in bytes by replica.
-    offset_gap: Family<GapLabels, Gauge>,
+    offset_gap: Family<ReplicaLabels, Gauge>,
     /// Client floors evicted while their window was still open.
     floor_evictions: Counter,
+    /// 1 while a node answered its last heartbeat write (primaries) or read (replicas), else 0.
+    store_up: Family<NodeLabels, Gauge>,
 }
 
 /// Whether a replica or a primary served.
@@ -122,15 +163,40 @@ impl RouteMetrics {
                 }
             }
         }
-        let lag_ms: Family<LagLabels, Gauge<f64, AtomicU64>> = register(
+        let lag = register_with_unit(
             registry,
-            "replica_lag_milliseconds",
-            "Replica lag measured by heartbeats: the current value and window percentiles",
+            "replica_lag",
+            "Replica lag measured by heartbeats, one sample per heartbeat read",
+            Unit::Seconds,
+            Family::new_with_constructor(LagBuckets::new(classes)),
         );
-        let offset_gap: Family<GapLabels, Gauge> = register(
+        let offset_gap: Family<ReplicaLabels, Gauge> = register_with_unit(
             registry,
-            "replica_offset_gap_bytes",
-            "master_repl_offset on the primary minus slave_repl_offset on the replica",
+            "replica_offset_gap",
+            "master_repl_offset on the primary minus slave_repl_offset on the replica; -1 when unknown",
+            Unit::Bytes,
+            Family::default(),
+        );
+        let budgets: Family<ClassLabels, Gauge<f64, AtomicU64>> = register_with_unit(
+            registry,
+            "class_staleness_budget",
+            "The staleness budget of each replica-routed read class",
+            Unit::Seconds,
+            Family::default(),
+        );
+        for (_, def) in classes.iter() {
+            if let Route::Replica { budget, .. } = def.route {
+                budgets
+                    .get_or_create(&ClassLabels {
+                        class: def.name.clone(),
+                    })
+                    .set(budget.as_secs_f64());
+            }
+        }
+        let store_up: Family<NodeLabels, Gauge> = register(
+            registry,
+            "store_up",
+            "1 while the node answered this instance's last heartbeat write (primaries) or read (replicas), else 0",
         );
         let floor_evictions = Counter::default();
         registry.register(
@@ -141,9 +207,10 @@ impl RouteMetrics {
         RouteMetrics {
             classes: classes.iter().map(|(_, def)| def.name.clone()).collect(),
             reads,
-            lag_ms,
+            lag,
             offset_gap,
             floor_evictions,
+            store_up,
         }
     }
 
@@ -205,32 +272,32 @@ impl RouteMetrics {
             .collect()
     }
 
-    /// Sets the lag gauges of one replica.
+    /// Records one heartbeat read of a replica: its current lag into the histogram (nothing
+    /// before its first heartbeat; after it, a replica that stopped answering keeps adding
+    /// rising samples), and its offset gap.
     pub fn record_lag(&self, table: &LagTable, lag: &ReplicaLag) {
-        let figures = table.figures(lag);
-        for (stat, value) in [
-            ("now", figures.now),
-            ("p50", figures.p50),
-            ("p99", figures.p99),
-            ("p999", figures.p999),
-            ("max", figures.max),
-        ] {
-            self.lag_ms
-                .get_or_create(&LagLabels {
-                    replica: lag.replica.to_string(),
-                    primary: lag.primary.to_string(),
-                    stat,
-                })
-                .set(value.unwrap_or(f64::NAN));
+        let labels = ReplicaLabels {
+            replica: lag.replica.to_string(),
+            primary: lag.primary.to_string(),
+        };
+        if let Some(current) = table.current(lag) {
+            self.lag
+                .get_or_create(&labels)
+                .observe(current.as_secs_f64());
         }
         let gap = table
             .offset_gap(lag)
             .map_or(-1, |gap| i64::try_from(gap).unwrap_or(i64::MAX));
-        self.offset_gap
-            .get_or_create(&GapLabels {
-                replica: lag.replica.to_string(),
-                primary: lag.primary.to_string(),
+        self.offset_gap.get_or_create(&labels).set(gap);
+    }
+
+    /// Sets whether `node`, in `role` (`primary` or `replica`), answered.
+    pub fn store_up(&self, node: &NodeLabel, role: &'static str, up: bool) {
+        self.store_up
+            .get_or_create(&NodeLabels {
+                node: node.to_string(),
+                role,
             })
-            .set(gap);
+            .set(i64::from(up));
     }
 }

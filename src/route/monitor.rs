@@ -1,4 +1,5 @@
-//! The lag monitor: the background task that feeds the [`LagTable`] and the lag gauges.
+//! The lag monitor: the background task that feeds the [`LagTable`], the lag histogram and the
+//! store-up gauge (its heartbeats are the one signal that reaches every node continuously).
 //!
 //! It sits apart from [`super::lag`] (the table the read path consults) and
 //! [`super::bill`] (the counters and gauges), which both depend on the table only; the monitor
@@ -12,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::bill::RouteMetrics;
 use super::lag::LagTable;
-use crate::store::{ReplicaSet, Store};
+use crate::store::{NodeLabel, ReplicaSet, Store};
 
 /// Writes heartbeats on every primary and reads them on every replica, forever.
 pub struct LagMonitor {
@@ -24,7 +25,7 @@ pub struct LagMonitor {
     pub instance: String,
     /// Offsets are read every this many ticks (INFO is heavier than GET).
     pub offset_every: u32,
-    /// Lag gauges to update.
+    /// The lag histogram and store-up gauge to update.
     pub metrics: Arc<RouteMetrics>,
 }
 
@@ -87,6 +88,17 @@ impl LagMonitor {
             // Heartbeats go to every primary even before replicas are known: Redis leaves a
             // replica out of CLUSTER SLOTS until it has replicated some data.
             if sets.is_empty() {
+                // No node known (the embedded store, or a cluster not discovered yet): the
+                // store-up gauge follows a ping, under the store's kind.
+                let bound = self.table.interval().max(Duration::from_millis(5));
+                let up = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    pinged = tokio::time::timeout(bound, self.store.ping()) => {
+                        matches!(pinged, Ok(Ok(())))
+                    }
+                };
+                self.metrics
+                    .store_up(&NodeLabel::new(self.store.kind()), "primary", up);
                 continue;
             }
             tokio::select! {
@@ -108,9 +120,11 @@ impl LagMonitor {
                     .write_heartbeat(&set.primary, &self.instance, stamp),
             )
             .await;
-            if let Ok(Err(err)) = written {
+            if let Ok(Err(err)) = &written {
                 tracing::debug!(primary = %set.primary, error = %err, "heartbeat write failed");
             }
+            self.metrics
+                .store_up(&set.primary, "primary", matches!(written, Ok(Ok(()))));
         });
         join_all(writes).await;
         let table = self.table.snapshot();
@@ -121,12 +135,19 @@ impl LagMonitor {
             )
             .await;
             let stamp = match read {
-                Ok(Ok(stamp)) => stamp,
+                Ok(Ok(stamp)) => {
+                    self.metrics.store_up(&lag.replica, "replica", true);
+                    stamp
+                }
                 Ok(Err(err)) => {
                     tracing::debug!(replica = %lag.replica, error = %err, "heartbeat read failed");
+                    self.metrics.store_up(&lag.replica, "replica", false);
                     None
                 }
-                Err(_) => None,
+                Err(_) => {
+                    self.metrics.store_up(&lag.replica, "replica", false);
+                    None
+                }
             };
             self.table.record(lag, stamp);
             if offsets {
