@@ -62,8 +62,7 @@ if has promtool; then
     if python3 - deploy/grafana-dashboard.json >"$work/dashboard-rules.yaml" <<'PY'
 import json, sys
 dashboard = json.load(open(sys.argv[1]))
-values = {"$__rate_interval": "5m", "$job": "hotsplit", "$instance": ".*",
-          "$advisory_budget_ms": "250", "$rederivable_budget_ms": "2000"}
+values = {"$__rate_interval": "5m", "$job": "hotsplit", "$instance": ".*"}
 print("groups:\n  - name: dashboard\n    rules:")
 for panel in dashboard["panels"]:
     for target in panel.get("targets", []):

@@ -87,8 +87,12 @@ pub struct KeySample {
 }
 
 /// The distribution of per-key skew in one role, in versions.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SkewStats {
+    /// Every key's skew, ascending: what `audit --watch` observes into its skew histogram. Not
+    /// in the report (the percentiles below summarise it).
+    #[serde(skip)]
+    pub sorted: Vec<u64>,
     /// Keys with at least one present copy read in this role.
     pub keys: usize,
     /// The median skew (nearest rank).
@@ -100,7 +104,7 @@ pub struct SkewStats {
 }
 
 /// The figures of the reads served in one role.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RoleFigures {
     /// Copy reads that answered (present or missing).
     pub copy_reads: u64,
@@ -218,6 +222,7 @@ impl RoleTally {
                 p50: nearest_rank(&self.skews, 0.50),
                 p99: nearest_rank(&self.skews, 0.99),
                 max: self.skews.last().copied().unwrap_or(0),
+                sorted: self.skews,
             },
         }
     }
@@ -420,7 +425,8 @@ mod tests {
                     keys: 2,
                     p50: 0,
                     p99: 0,
-                    max: 0
+                    max: 0,
+                    sorted: vec![0, 0],
                 }
             );
         }
@@ -447,7 +453,8 @@ mod tests {
                     keys: 2,
                     p50: 0,
                     p99: 4,
-                    max: 4
+                    max: 4,
+                    sorted: vec![0, 4],
                 }
             );
         }

@@ -1,7 +1,9 @@
 //! The Prometheus metrics of `hotsplit audit --watch`, and the router that serves them.
 //!
 //! Gauges hold the last successful round's figures, per read role (`primary`, `replica`);
-//! counters add up every round. Names start with `hotsplit_audit_`, so they never clash with the
+//! counters and the skew histogram add up every round. The conventions are the service's
+//! ([`crate::metrics`]): OpenMetrics, base units with `# UNIT`, histograms rather than
+//! percentile gauges. Names start with `hotsplit_audit_`, so they never clash with the
 //! service's own metrics when both are scraped.
 
 use std::sync::atomic::AtomicU64;
@@ -17,26 +19,18 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
 
 use super::figures::ReadRole;
 use super::report::Report;
-use crate::metrics::register;
+use crate::metrics::{register, register_metric, register_with_unit};
 
 /// Labels of the per-role metrics.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RoleLabels {
     /// `primary` or `replica`.
     role: &'static str,
-}
-
-/// Labels of the skew gauge.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct SkewLabels {
-    /// `primary` or `replica`.
-    role: &'static str,
-    /// `p50`, `p99` or `max`.
-    stat: &'static str,
 }
 
 /// Labels of the round counter.
@@ -54,8 +48,10 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 pub struct AuditMetrics {
     /// The registry that renders the text exposition.
     registry: std::sync::Mutex<Registry>,
-    /// Last round: per-key skew, in versions, by role and statistic.
-    skew: Family<SkewLabels, Gauge>,
+    /// Every round: per-key skew, in versions, by role (one observation per key).
+    skew: Family<RoleLabels, Histogram>,
+    /// Last round: the largest per-key skew, by role.
+    skew_max: Family<RoleLabels, Gauge>,
     /// Last round: copies behind / copy reads, by role.
     share_behind: Family<RoleLabels, FloatGauge>,
     /// Last round: inconsistent copy reads per million, by role.
@@ -88,10 +84,18 @@ impl AuditMetrics {
     /// Creates and registers every metric.
     pub fn new() -> AuditMetrics {
         let mut registry = Registry::with_prefix("hotsplit_audit");
-        let skew: Family<SkewLabels, Gauge> = register(
+        let skew = register_metric(
             &mut registry,
             "version_skew",
-            "Last round: per-key version skew (newest version minus the oldest present copy read), by read role and statistic (p50, p99, max)",
+            "Per-key version skew (newest version minus the oldest present copy read), one observation per key and round, by read role",
+            Family::<RoleLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new([0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 256.0, 1024.0])
+            }),
+        );
+        let skew_max: Family<RoleLabels, Gauge> = register(
+            &mut registry,
+            "version_skew_max",
+            "Last round: the largest per-key version skew, by read role",
         );
         let share_behind: Family<RoleLabels, FloatGauge> = register(
             &mut registry,
@@ -114,10 +118,12 @@ impl AuditMetrics {
             "inconsistent_keys",
             "Last round: keys with at least one disagreeing copy read",
         );
-        let round_seconds: FloatGauge = register(
+        let round_seconds: FloatGauge = register_with_unit(
             &mut registry,
-            "round_duration_seconds",
+            "round_duration",
             "Last round: how long it took",
+            Unit::Seconds,
+            FloatGauge::default(),
         );
         let copy_reads_total: Family<RoleLabels, Counter> = register(
             &mut registry,
@@ -142,6 +148,7 @@ impl AuditMetrics {
         AuditMetrics {
             registry: std::sync::Mutex::new(registry),
             skew,
+            skew_max,
             share_behind,
             inconsistency_per_million,
             copies_behind,
@@ -164,18 +171,13 @@ impl AuditMetrics {
                 role: role.as_str(),
             };
             let counts = figures.role(role);
-            for (stat, value) in [
-                ("p50", counts.skew.p50),
-                ("p99", counts.skew.p99),
-                ("max", counts.skew.max),
-            ] {
-                self.skew
-                    .get_or_create(&SkewLabels {
-                        role: role.as_str(),
-                        stat,
-                    })
-                    .set(saturate(value));
+            let skew = self.skew.get_or_create(&label).clone();
+            for key_skew in &counts.skew.sorted {
+                skew.observe(*key_skew as f64);
             }
+            self.skew_max
+                .get_or_create(&label)
+                .set(saturate(counts.skew.max));
             self.share_behind
                 .get_or_create(&label)
                 .set(counts.share_behind);
@@ -212,7 +214,7 @@ impl AuditMetrics {
             .inc();
     }
 
-    /// Renders the Prometheus text exposition.
+    /// Renders the OpenMetrics text exposition (served as [`crate::metrics::CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
         let registry = self
@@ -305,8 +307,10 @@ mod tests {
         assert_eq!(response.status(), 200);
         let text = metrics.render();
         for line in [
-            r#"hotsplit_audit_version_skew{role="primary",stat="max"} 2"#,
-            r#"hotsplit_audit_version_skew{role="replica",stat="p50"} 2"#,
+            r#"hotsplit_audit_version_skew_max{role="primary"} 2"#,
+            r#"hotsplit_audit_version_skew_count{role="replica"} 2"#,
+            r#"hotsplit_audit_version_skew_bucket{le="1.0",role="replica"} 0"#,
+            r#"hotsplit_audit_version_skew_bucket{le="2.0",role="replica"} 2"#,
             r#"hotsplit_audit_copies_behind_ratio{role="primary"} 0.5"#,
             r#"hotsplit_audit_inconsistency_per_million{role="replica"} 500000.0"#,
             r#"hotsplit_audit_round_copies_behind{role="primary"} 1"#,

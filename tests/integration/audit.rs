@@ -355,8 +355,8 @@ async fn audit_watch_exports_the_stale_copy_as_metrics_and_stops_on_sigterm() {
     let wanted = [
         r#"hotsplit_audit_round_copies_behind{role="primary"} 1"#,
         r#"hotsplit_audit_round_copies_behind{role="replica"} 1"#,
-        r#"hotsplit_audit_version_skew{role="primary",stat="max"} 3"#,
-        r#"hotsplit_audit_version_skew{role="replica",stat="max"} 3"#,
+        r#"hotsplit_audit_version_skew_max{role="primary"} 3"#,
+        r#"hotsplit_audit_version_skew_max{role="replica"} 3"#,
         r#"hotsplit_audit_copies_behind_ratio{role="primary"} 0.1666"#,
         "hotsplit_audit_inconsistent_keys 1",
         "hotsplit_audit_keys 2",

@@ -34,7 +34,8 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 
 /// The series names a `/metrics` body can hold, from its `# TYPE` lines (a family appears there
 /// even before its first sample): counters as `_total`, histograms as `_bucket`, `_sum`,
-/// `_count` (and the family name, which descriptions mention), gauges as they are.
+/// `_count` (and the family name, which descriptions mention), info metrics as `_info`, gauges as
+/// they are.
 fn exported_series(exposition: &str) -> BTreeSet<String> {
     let mut series = BTreeSet::new();
     for line in exposition.lines() {
@@ -53,6 +54,9 @@ fn exported_series(exposition: &str) -> BTreeSet<String> {
                 for suffix in ["", "_bucket", "_sum", "_count"] {
                     series.insert(format!("{family}{suffix}"));
                 }
+            }
+            "info" => {
+                series.insert(format!("{family}_info"));
             }
             _ => {
                 series.insert(family.to_owned());

@@ -20,4 +20,5 @@ mod redis_security;
 mod redis_store;
 mod route;
 mod spool;
+mod telemetry;
 mod versions;

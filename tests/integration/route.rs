@@ -315,8 +315,37 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
         .and_then(|count| count.parse().ok())
         .unwrap_or(0);
     assert!(breaches >= 1, "{metrics}");
+    // Lag is exported as a histogram in seconds, with a bucket at each class budget: some
+    // samples fell under the advisory budget (healthy lag is a few ms, 0.00x s) and some over
+    // it (the paused replica passed 300 ms). In milliseconds nearly all would be over 0.25.
     assert!(
-        metrics.contains("hotsplit_replica_lag_milliseconds{"),
+        metrics.contains("# TYPE hotsplit_replica_lag_seconds histogram\n")
+            && metrics.contains("# UNIT hotsplit_replica_lag_seconds seconds\n"),
+        "{metrics}"
+    );
+    let replica_series = format!(
+        r#"replica="{replica_label}",primary="{}""#,
+        group.primary.addr()
+    );
+    // The value of the replica's series named `name` whose labels also contain `extra`.
+    let sample = |name: &str, extra: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|line| line.starts_with(&format!("{name}{{")))
+            .filter(|line| line.contains(&replica_series) && line.contains(extra))
+            .find_map(|line| line.rsplit_once(' ')?.1.parse().ok())
+            .unwrap_or_else(|| panic!("{name} of {replica_series} {extra} in {metrics}"))
+    };
+    let under_budget = sample("hotsplit_replica_lag_seconds_bucket", r#"le="0.25""#);
+    let count = sample("hotsplit_replica_lag_seconds_count", "");
+    assert!(
+        under_budget > 0.0 && under_budget < count,
+        "{under_budget} of {count} samples within 0.25 s: {metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            r#"hotsplit_store_up{{node="{replica_label}",role="replica"}} 1"#
+        )),
         "{metrics}"
     );
     service.stop().await;
