@@ -8,7 +8,7 @@
 //! - `fred_hmget`: `HMGET ver val tomb exp` of one copy through one fred client, the command
 //!   hotsplit sends, without hotsplit around it;
 //! - `hotsplit`: [`Reader::read`] of key `hot:1` (N copies, default 8) for a client id, what a
-//!   library user calls: a [`Reader`] over a [`RedisStore`], built as `server::app_state_with`
+//!   library user calls: a [`Reader`] over a [`RedisStore`], built as `server::StateParts::wire`
 //!   builds it (without read repair, which a read of a current copy never starts). Each task
 //!   cycles through 16 client ids of its own, so the reads spread over the copies.
 //!

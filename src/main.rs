@@ -1,5 +1,6 @@
-//! The `hotsplit` binary: parse config, set up tracing, bind, call [`hotsplit::server::run`]
-//! (`serve`), or run `check` or `audit`.
+//! The `hotsplit` binary: `serve` loads and validates the config, sets up tracing, builds the
+//! service ([`hotsplit::server::Service::build`]), binds, and serves; or it runs `check` or
+//! `audit`.
 //!
 //! `check` is a module of the binary, not of the library: it starts throwaway Redis servers
 //! with `hotsplit-devcluster`, which the library does not depend on.
@@ -11,6 +12,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use hotsplit::config::Config;
 use hotsplit::http::config::LogFormat;
+use hotsplit::server::Service;
 
 mod check;
 
@@ -534,24 +536,53 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
+    // Build, then bind, then serve: everything that can fail (the store, its library, the
+    // layout records, the spool's lock) fails before the port is taken.
     let result = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(config.server.listen)
-            .await
-            .map_err(|err| {
-                hotsplit::Error::new(
+        let listen = config.server.listen;
+        let service = match Service::build(config).await {
+            Ok(service) => service,
+            Err(err) => return Err(Startup::Build(err)),
+        };
+        let listener = match tokio::net::TcpListener::bind(listen).await {
+            Ok(listener) => listener,
+            Err(err) => {
+                service.close().await;
+                return Err(Startup::Serve(hotsplit::Error::new(
                     hotsplit::ErrorKind::Io,
-                    format!("cannot listen on {}: {err}", config.server.listen),
-                )
-            })?;
-        hotsplit::server::run(listener, config, shutdown_signal()).await
+                    format!("cannot listen on {listen}: {err}"),
+                )));
+            }
+        };
+        service
+            .serve(listener, shutdown_signal())
+            .await
+            .map_err(Startup::Serve)
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
+        Err(Startup::Build(err)) if err.kind() == hotsplit::ErrorKind::Config => {
+            eprintln!("hotsplit: invalid configuration: {err}");
+            ExitCode::from(2)
+        }
+        Err(Startup::Build(err)) => {
+            eprintln!("hotsplit: cannot start: {err}");
+            ExitCode::FAILURE
+        }
+        Err(Startup::Serve(err)) => {
             eprintln!("hotsplit: {err}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Where `serve` failed: building the service (exit status 2 for a config error, else 1), or
+/// binding and serving (1).
+enum Startup {
+    /// [`Service::build`] failed: nothing was bound.
+    Build(hotsplit::Error),
+    /// Binding the port or serving failed.
+    Serve(hotsplit::Error),
 }
 
 fn load_config(args: &ServeArgs) -> hotsplit::Result<Config> {

@@ -1,9 +1,16 @@
-//! The service: wires config, store, library and HTTP together, and owns every background task.
+//! The service: builds every part from a validated config, then serves, and owns every
+//! background task.
 //!
-//! [`run`] takes a bound listener and a shutdown future, so tests bind `127.0.0.1:0`. Shutdown is
-//! decide (the future resolves) → tell (a [`CancellationToken`] reaches every task and the HTTP
-//! server stops accepting) → wait (in-flight requests and tracked tasks drain within
-//! `server.shutdown_grace`, or a warning names what was cut off). The retry worker keeps
+//! Startup is build, then bind, then serve. [`Service::build`] does every step that can fail —
+//! validate the config, connect the store, load its function library, reconcile the family
+//! layouts, lock and replay the retry spool — and binds nothing, so the binary finds a wrong
+//! Redis URL or a spool another process owns before it takes its port. [`Service::serve`] takes
+//! a bound listener and a shutdown future, so tests bind `127.0.0.1:0`; it starts the
+//! background tasks and the HTTP server. [`run`] is both in one call.
+//!
+//! Shutdown is decide (the future resolves) → tell (a [`CancellationToken`] reaches every task
+//! and the HTTP server stops accepting) → wait (in-flight requests and tracked tasks drain
+//! within `server.shutdown_grace`, or a warning names what was cut off). The retry worker keeps
 //! draining the retry queue for most of the grace period and logs what it leaves in the spool.
 
 use std::future::Future;
@@ -24,23 +31,83 @@ use crate::read::Reader;
 use crate::route::{LagMonitor, LagTable, RouteMetrics, Router};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
-use crate::store::Store;
+use crate::store::{Store, StoreConfig};
 
-/// Connects the store the config names: Redis when `store.redis` is set, else the embedded one.
-///
-/// # Errors
-/// [`ErrorKind::Config`] for a bad URL; [`ErrorKind::Unavailable`] when Redis does not answer
-/// within `store.connect_timeout`.
-pub async fn connect_store(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<dyn Store>> {
-    let retention = config.version_retention();
-    match config.store.redis_options()? {
-        None => Ok(Arc::new(
-            MemoryStore::new().with_version_retention(crate::publish::duration_ms(retention)),
-        )),
-        Some(mut options) => {
-            options.version_retention = retention;
-            Ok(Arc::new(RedisStore::connect(options, metrics).await?))
-        }
+/// The parts the HTTP state is wired from, besides the config: [`app_state`] fills them for
+/// tests and embedding, [`Service::build`] with the connected store, the spool-backed queue and
+/// the recorded layouts.
+pub struct StateParts {
+    /// The connected store.
+    pub store: Arc<dyn Store>,
+    /// The registry every part counts into.
+    pub metrics: Arc<Metrics>,
+    /// Where failed copy writes wait (spool-backed with Redis, in memory otherwise).
+    pub retry_queue: Arc<RetryQueue>,
+    /// Each family's recorded copy layout.
+    pub layouts: Arc<Layouts>,
+    /// Where read repairs run (the service's tracker, so shutdown drains them).
+    pub tracker: TaskTracker,
+    /// The replica lag reads are routed by (fed by the lag monitor while serving).
+    pub lag: Arc<LagTable>,
+}
+
+impl StateParts {
+    /// Wires the publisher, the reader and its router around these parts. Also returns the
+    /// routing metrics the lag monitor updates.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when a read class or a family's default class is invalid.
+    pub fn wire(self, config: &Config) -> Result<(AppState, Arc<RouteMetrics>)> {
+        let StateParts {
+            store,
+            metrics,
+            retry_queue,
+            layouts,
+            tracker,
+            lag,
+        } = self;
+        let families = Arc::new(config.families());
+        let classes = config.classes()?;
+        let route_metrics =
+            Arc::new(metrics.register_with(|registry| RouteMetrics::register(registry, &classes)));
+        let router = Arc::new(Router::new(
+            &config.route,
+            classes,
+            families.clone(),
+            lag,
+            route_metrics.clone(),
+        )?);
+        let publisher = Publisher::new(store.clone(), families.clone(), metrics.clone())
+            .with_retry_queue(retry_queue.clone())
+            .with_layouts(layouts.clone())
+            .with_expiry_jitter(config.heal.expiry_jitter_min, config.heal.expiry_jitter_max);
+        let repairer = Repairer::new(
+            store.clone(),
+            config.heal.repair_concurrency,
+            tracker,
+            metrics.clone(),
+        );
+        let reader = Reader::new(
+            store.clone(),
+            families,
+            config.read.clone(),
+            metrics.clone(),
+            router,
+        )
+        .with_repairer(repairer);
+        let state = AppState::new(
+            publisher,
+            reader,
+            store,
+            metrics,
+            config.server.max_value_bytes,
+            config.read.retry_after,
+            HealHandles {
+                retry_queue,
+                layouts,
+            },
+        );
+        Ok((state, route_metrics))
     }
 }
 
@@ -55,248 +122,309 @@ pub fn app_state(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
 ) -> Result<AppState> {
-    let retry_queue = Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone()));
-    let lag = Arc::new(LagTable::new(
-        config.route.heartbeat_interval,
-        config.route.lag_window,
-    ));
-    app_state_with(
-        config,
+    StateParts {
         store,
+        retry_queue: Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
         metrics,
-        retry_queue,
-        Layouts::unrecorded(),
-        TaskTracker::new(),
-        lag,
-    )
+        layouts: Layouts::unrecorded(),
+        tracker: TaskTracker::new(),
+        lag: Arc::new(LagTable::new(
+            config.route.heartbeat_interval,
+            config.route.lag_window,
+        )),
+    }
+    .wire(config)
     .map(|(state, _)| state)
 }
 
-/// Builds the HTTP state around `retry_queue` and `lag`; read repairs run on `tracker`. Also
-/// returns the routing metrics the lag monitor updates.
-///
-/// # Errors
-/// As [`app_state`].
-pub fn app_state_with(
-    config: &Config,
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-    retry_queue: Arc<RetryQueue>,
-    layouts: Arc<Layouts>,
-    tracker: TaskTracker,
-    lag: Arc<LagTable>,
-) -> Result<(AppState, Arc<RouteMetrics>)> {
-    let families = Arc::new(config.families());
-    let classes = config.classes()?;
-    let route_metrics =
-        Arc::new(metrics.register_with(|registry| RouteMetrics::register(registry, &classes)));
-    let router = Arc::new(Router::new(
-        &config.route,
-        classes,
-        families.clone(),
-        lag,
-        route_metrics.clone(),
-    )?);
-    let publisher = Publisher::new(store.clone(), families.clone(), metrics.clone())
-        .with_retry_queue(retry_queue.clone())
-        .with_layouts(layouts.clone())
-        .with_expiry_jitter(config.heal.expiry_jitter_min, config.heal.expiry_jitter_max);
-    let repairer = Repairer::new(
-        store.clone(),
-        config.heal.repair_concurrency,
-        tracker,
-        metrics.clone(),
-    );
-    let reader = Reader::new(
-        store.clone(),
-        families,
-        config.read.clone(),
-        metrics.clone(),
-        router,
-    )
-    .with_repairer(repairer);
-    let state = AppState::new(
-        publisher,
-        reader,
-        store,
-        metrics,
-        config.server.max_value_bytes,
-        config.read.retry_after,
-        HealHandles {
-            retry_queue,
-            layouts,
-        },
-    );
-    Ok((state, route_metrics))
+/// The store the config names, connected.
+enum Connected {
+    /// The embedded store (`store.redis` unset); the service purges its expired copies.
+    Memory(Arc<MemoryStore>),
+    /// Redis, reachable, its function library loaded.
+    Redis(Arc<RedisStore>),
 }
 
-/// Runs the service on `listener` until `shutdown` resolves.
-///
-/// # Errors
-/// [`ErrorKind::Config`] when the config is invalid (checked before anything else);
-/// store connection errors; [`ErrorKind::Io`] when serving fails.
-pub async fn run(
-    listener: TcpListener,
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<()> {
-    config.validate()?;
-    let metrics = Metrics::new();
-    let tracker = TaskTracker::new();
-    let cancel = CancellationToken::new();
+impl Connected {
+    /// Connects Redis when `store.redis` is set, else makes the embedded store; either keeps
+    /// an expired copy's version for `version_retention`.
+    async fn connect(
+        config: &StoreConfig,
+        version_retention: Duration,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Connected> {
+        match config.redis_options()? {
+            None => {
+                tracing::warn!("running on the embedded in-memory store: values live in this process only; set store.redis (or --redis) to use Redis");
+                Ok(Connected::Memory(Arc::new(
+                    MemoryStore::new()
+                        .with_version_retention(crate::publish::duration_ms(version_retention)),
+                )))
+            }
+            Some(mut options) => {
+                options.version_retention = version_retention;
+                let url = options.target.to_string();
+                let store = RedisStore::connect(options, metrics.clone()).await?;
+                tracing::info!(url = %url, kind = store.kind(), "connected to redis");
+                Ok(Connected::Redis(Arc::new(store)))
+            }
+        }
+    }
 
-    let store: Arc<dyn Store> = match &config.store.redis {
-        None => {
-            let memory = Arc::new(
-                MemoryStore::new().with_version_retention(crate::publish::duration_ms(
-                    config.version_retention(),
-                )),
-            );
-            tracing::warn!("running on the embedded in-memory store: values live in this process only; set store.redis (or --redis) to use Redis");
-            tracker.spawn(
-                Purger {
-                    store: memory.clone(),
+    /// The store as the rest of the service uses it.
+    fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Connected::Memory(memory) => memory.clone(),
+            Connected::Redis(redis) => redis.clone(),
+        }
+    }
+}
+
+/// A service built from a validated config, with nothing bound and no task started yet.
+pub struct Service {
+    /// How long shutdown waits for requests and tasks.
+    shutdown_grace: std::time::Duration,
+    /// The handlers' state.
+    state: AppState,
+    /// The retry queue, kept to close its spool at the end.
+    retry_queue: Arc<RetryQueue>,
+    /// Every task the service starts; drained at shutdown.
+    tracker: TaskTracker,
+    /// Cancelled to tell every task to stop.
+    cancel: CancellationToken,
+    /// The background tasks [`Service::serve`] starts.
+    background: Background,
+}
+
+/// The background tasks of a built service, ready to start.
+struct Background {
+    /// Drops expired copies from the embedded store; `None` with Redis.
+    purger: Option<Purger>,
+    /// Probes failing nodes and flushes the retry queue.
+    retry_worker: RetryWorker,
+    /// Re-reads the layout records and sweeps shrunk families.
+    layout_watcher: LayoutWatcher,
+    /// Writes and reads heartbeats.
+    lag_monitor: LagMonitor,
+}
+
+impl Service {
+    /// Does every startup step that can fail, and binds nothing: validates `config`, connects
+    /// the store (and loads its function library), reconciles each family's layout record,
+    /// and, with Redis, locks and replays the retry spool.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when the config is invalid; [`ErrorKind::Unavailable`] or
+    /// [`ErrorKind::Timeout`] when Redis cannot be reached or the library not loaded (the
+    /// message names the URL); [`ErrorKind::Io`] when the spool cannot be opened or another
+    /// process holds its lock (the message names the spool).
+    pub async fn build(config: Config) -> Result<Service> {
+        config.validate()?;
+        let metrics = Metrics::new();
+        let tracker = TaskTracker::new();
+        let cancel = CancellationToken::new();
+
+        let connected =
+            Connected::connect(&config.store, config.version_retention(), &metrics).await?;
+        let store = connected.store();
+        // Record each family's layout before anything else can fail or start.
+        let families = Arc::new(config.families());
+        let layouts = Layouts::reconcile(&*store, &families, &metrics).await?;
+        let (retry_queue, purger) = match connected {
+            // The embedded store never fails a copy write: nothing to spool.
+            Connected::Memory(memory) => (
+                Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
+                Some(Purger {
+                    store: memory,
                     interval: Duration::from_secs(1),
-                }
-                .run(cancel.clone()),
-            );
-            memory
-        }
-        Some(url) => {
-            let store = connect_store(&config, metrics.clone()).await?;
-            tracing::info!(url = %url, kind = store.kind(), "connected to redis");
-            store
-        }
-    };
-
-    // Record each family's layout before anything else can fail or start.
-    let families = Arc::new(config.families());
-    let layouts = Layouts::reconcile(&*store, &families, &metrics).await?;
-    let retry_queue = match &config.store.redis {
-        // The embedded store never fails a copy write: nothing to spool.
-        None => Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
-        Some(_) => {
-            let placement = store.clone();
-            let queue = RetryQueue::open(
-                config.heal.clone(),
-                config.server.max_value_bytes,
-                metrics.clone(),
-                move |copy_key| placement.node_of(copy_key),
-            )?;
-            tracing::info!(spool = %config.heal.spool_dir.display(), entries = queue.depth(), "retry spool opened");
-            Arc::new(queue)
-        }
-    };
-    // The worker's final drain ends before the grace period does, so its leftovers are logged.
-    let drain_for = config.server.shutdown_grace.mul_f64(0.8);
-    tracker.spawn(
-        RetryWorker::new(
+                }),
+            ),
+            Connected::Redis(_) => {
+                let placement = store.clone();
+                let queue = RetryQueue::open(
+                    config.heal.clone(),
+                    config.server.max_value_bytes,
+                    metrics.clone(),
+                    move |copy_key| placement.node_of(copy_key),
+                )?;
+                tracing::info!(spool = %config.heal.spool_dir.display(), entries = queue.depth(), "retry spool opened");
+                (Arc::new(queue), None)
+            }
+        };
+        // The worker's final drain ends before the grace period does, so its leftovers are
+        // logged.
+        let drain_for = config.server.shutdown_grace.mul_f64(0.8);
+        let retry_worker = RetryWorker::new(
             retry_queue.clone(),
             store.clone(),
             metrics.clone(),
             config.heal.flush_batch,
             drain_for,
-        )
-        .run(cancel.clone()),
-    );
-    tracker.spawn(
-        LayoutWatcher {
+        );
+        let layout_watcher = LayoutWatcher {
             store: store.clone(),
             layouts: layouts.clone(),
             families,
             metrics: metrics.clone(),
             interval: config.heal.layout_interval,
             sweep_interval: config.heal.sweep_interval,
+        };
+        let lag = Arc::new(LagTable::new(
+            config.route.heartbeat_interval,
+            config.route.lag_window,
+        ));
+        let wired = StateParts {
+            store: store.clone(),
+            metrics,
+            retry_queue: retry_queue.clone(),
+            layouts,
+            tracker: tracker.clone(),
+            lag: lag.clone(),
         }
-        .run(cancel.clone()),
-    );
-    let spool_owner = retry_queue.clone();
-    let lag = Arc::new(LagTable::new(
-        config.route.heartbeat_interval,
-        config.route.lag_window,
-    ));
-    let (state, route_metrics) = app_state_with(
-        &config,
-        store.clone(),
-        metrics,
-        retry_queue,
-        layouts,
-        tracker.clone(),
-        lag.clone(),
-    )?;
-    // The lag monitor always runs: a read may name a replica class on any family, and the lag
-    // it finds must be measured, not missing. With no replicas (embedded store, a standalone
-    // Redis without configured replicas) it has nothing to do on each tick.
-    tracker.spawn(
-        LagMonitor {
+        .wire(&config);
+        let (state, route_metrics) = match wired {
+            Ok(wired) => wired,
+            Err(err) => {
+                retry_queue.close().await;
+                return Err(err);
+            }
+        };
+        // The lag monitor always runs: a read may name a replica class on any family, and the
+        // lag it finds must be measured, not missing. With no replicas (embedded store, a
+        // standalone Redis without configured replicas) it has nothing to do on each tick.
+        let lag_monitor = LagMonitor {
             store,
             table: lag,
             instance: instance_name(),
             offset_every: 10,
             metrics: route_metrics,
-        }
-        .run(cancel.clone()),
-    );
-    let app = router(state);
-    let local = listener.local_addr()?;
-    tracing::info!(listen = %local, "hotsplit is serving");
+        };
+        Ok(Service {
+            shutdown_grace: config.server.shutdown_grace,
+            state,
+            retry_queue,
+            tracker,
+            cancel,
+            background: Background {
+                purger,
+                retry_worker,
+                layout_watcher,
+                lag_monitor,
+            },
+        })
+    }
 
-    // Decide: the caller's shutdown future (signals, or a test's channel) cancels the token; so
-    // does the HTTP server stopping on its own (an accept loop error).
-    let decide = cancel.clone();
-    tracker.spawn(async move {
-        tokio::select! {
-            () = shutdown => decide.cancel(),
-            () = decide.cancelled() => {}
-        }
-    });
-    let http_cancel = cancel.clone();
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { http_cancel.cancelled().await });
-    let grace = config.server.shutdown_grace;
-    let server_done = cancel.clone();
-    let serving = tracker.spawn(async move {
-        let served = server.await;
-        server_done.cancel();
-        served
-    });
+    /// Releases what a built service holds (syncs and unlocks the spool) without serving: for
+    /// a caller whose bind failed after the build.
+    pub async fn close(self) {
+        self.retry_queue.close().await;
+    }
 
-    cancel.cancelled().await;
-    tracing::info!(grace = ?grace, "shutting down: draining requests and background tasks");
-    tracker.close();
-    let drained = tokio::time::timeout(grace, async {
-        let served = serving.await;
-        tracker.wait().await;
-        served
-    })
-    .await;
-    // Whatever was not drained is in the spool; sync it and release the directory.
-    spool_owner.close().await;
-    match drained {
-        Ok(Ok(Ok(()))) => {
-            tracing::info!("shutdown complete");
-            Ok(())
+    /// Starts the background tasks and serves HTTP on `listener` until `shutdown` resolves
+    /// (or the HTTP server stops on its own), then drains within `server.shutdown_grace`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the listener has no local address or serving fails.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let Service {
+            shutdown_grace: grace,
+            state,
+            retry_queue: spool_owner,
+            tracker,
+            cancel,
+            background,
+        } = self;
+        let local = match listener.local_addr() {
+            Ok(local) => local,
+            Err(err) => {
+                spool_owner.close().await;
+                return Err(err.into());
+            }
+        };
+        if let Some(purger) = background.purger {
+            tracker.spawn(purger.run(cancel.clone()));
         }
-        Ok(Ok(Err(err))) => Err(Error::new(
-            ErrorKind::Io,
-            format!("http server failed: {err}"),
-        )),
-        Ok(Err(join)) => Err(Error::new(
-            ErrorKind::Io,
-            format!("http server task failed: {join}"),
-        )),
-        Err(_) => {
-            tracing::warn!(grace = ?grace, tasks = tracker.len(), "shutdown grace period ended with work still running");
-            Ok(())
+        tracker.spawn(background.retry_worker.run(cancel.clone()));
+        tracker.spawn(background.layout_watcher.run(cancel.clone()));
+        tracker.spawn(background.lag_monitor.run(cancel.clone()));
+        let app = router(state);
+        tracing::info!(listen = %local, "hotsplit is serving");
+
+        // Decide: the caller's shutdown future (signals, or a test's channel) cancels the
+        // token; so does the HTTP server stopping on its own (an accept loop error).
+        let decide = cancel.clone();
+        tracker.spawn(async move {
+            tokio::select! {
+                () = shutdown => decide.cancel(),
+                () = decide.cancelled() => {}
+            }
+        });
+        let http_cancel = cancel.clone();
+        let server = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { http_cancel.cancelled().await });
+        let server_done = cancel.clone();
+        let serving = tracker.spawn(async move {
+            let served = server.await;
+            server_done.cancel();
+            served
+        });
+
+        cancel.cancelled().await;
+        tracing::info!(grace = ?grace, "shutting down: draining requests and background tasks");
+        tracker.close();
+        let drained = tokio::time::timeout(grace, async {
+            let served = serving.await;
+            tracker.wait().await;
+            served
+        })
+        .await;
+        // Whatever was not drained is in the spool; sync it and release the directory.
+        spool_owner.close().await;
+        match drained {
+            Ok(Ok(Ok(()))) => {
+                tracing::info!("shutdown complete");
+                Ok(())
+            }
+            Ok(Ok(Err(err))) => Err(Error::new(
+                ErrorKind::Io,
+                format!("http server failed: {err}"),
+            )),
+            Ok(Err(join)) => Err(Error::new(
+                ErrorKind::Io,
+                format!("http server task failed: {join}"),
+            )),
+            Err(_) => {
+                tracing::warn!(grace = ?grace, tasks = tracker.len(), "shutdown grace period ended with work still running");
+                Ok(())
+            }
         }
     }
+}
+
+/// Builds the service from `config` and serves it on `listener` until `shutdown` resolves: a
+/// convenience for tests and embedding, which bind before they build.
+///
+/// # Errors
+/// As [`Service::build`] and [`Service::serve`].
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    Service::build(config)
+        .await?
+        .serve(listener, shutdown)
+        .await
 }
 
 /// A name unique to this process, for its heartbeat keys: pid and a random suffix.
 fn instance_name() -> String {
     format!("{}-{:08x}", std::process::id(), rand::random::<u32>())
 }
-
 /// Drops expired copies from the embedded store periodically.
 struct Purger {
     /// The store to purge.

@@ -20,5 +20,6 @@ mod redis_security;
 mod redis_store;
 mod route;
 mod spool;
+mod startup;
 mod telemetry;
 mod versions;

@@ -1,0 +1,182 @@
+//! Startup order: the `hotsplit` binary builds everything that can fail before it binds its
+//! port, so an unreachable Redis or a spool another process owns stops it with exit status 1
+//! and a message naming the cause, and the port is never taken.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use crate::harness;
+
+/// A `hotsplit serve` child, killed if the test ends first.
+struct Serve {
+    /// The process.
+    child: Child,
+}
+
+impl Serve {
+    /// Starts `hotsplit serve --config <dir>/<name>.toml` with `config`; stderr is piped, the
+    /// log (stdout) discarded.
+    fn spawn(dir: &Path, name: &str, config: &str) -> Serve {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .current_dir(dir)
+            .env("HOTSPLIT_LOG", "info")
+            .env_remove("HOTSPLIT_REDIS")
+            .env_remove("HOTSPLIT_LISTEN")
+            .env_remove("HOTSPLIT_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn hotsplit");
+        Serve { child }
+    }
+
+    /// The exit status, once the process has exited.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("poll hotsplit")
+    }
+
+    /// Everything the exited process wrote to stderr.
+    fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut err) = self.child.stderr.take() {
+            let _ = err.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether something accepts TCP connections on `address`.
+fn bound(address: SocketAddr) -> bool {
+    TcpStream::connect_timeout(&address, Duration::from_secs(1)).is_ok()
+}
+
+/// Polls until `serve` exits, asserting at every poll that nothing listens on `port`; returns
+/// the exit status.
+async fn exits_without_binding(serve: &mut Serve, port: SocketAddr) -> ExitStatus {
+    let mut status = None;
+    harness::poll("hotsplit exits", Duration::from_secs(30), || {
+        status = serve.exited();
+        assert!(
+            status.is_some() || !bound(port),
+            "hotsplit bound {port} before its startup failed"
+        );
+        std::future::ready(status.is_some())
+    })
+    .await;
+    status.expect("exited")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_an_unreachable_redis_exits_1_before_the_port_is_bound() {
+    // A "Redis" that accepts connections and never answers a byte.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let port = SocketAddr::from(([127, 0, 0, 1], harness::free_port()));
+    let dir = tempfile::tempdir().unwrap();
+    let mut serve = Serve::spawn(
+        dir.path(),
+        "silent",
+        &format!(
+            "[server]\nlisten = \"{port}\"\n[store]\nredis = \"redis://127.0.0.1:{silent_port}\"\nconnect_timeout = \"1s\"\n"
+        ),
+    );
+
+    // Wait until the service is connecting: the silent listener has accepted it. The
+    // connection is kept open (and unanswered) until the service gives up.
+    let (_connection, _) = tokio::time::timeout(Duration::from_secs(30), silent.accept())
+        .await
+        .expect("hotsplit connects to the configured redis")
+        .unwrap();
+    // While it connects, its port is free; and it stays free until the service exits.
+    assert!(
+        !bound(port),
+        "hotsplit bound {port} before connecting to redis"
+    );
+    let status = exits_without_binding(&mut serve, port).await;
+    let stderr = serve.stderr();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("could not connect to redis")
+            && stderr.contains(&format!("127.0.0.1:{silent_port}")),
+        "the message names the cause: {stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_a_spool_locked_by_another_instance_exits_1_before_the_port_is_bound() {
+    let redis = harness::shared_standalone().url();
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let config = |port: SocketAddr| {
+        format!(
+            "[server]\nlisten = \"{port}\"\nshutdown_grace = \"2s\"\n[store]\nredis = \"{redis}\"\n[heal]\nspool_dir = \"{}\"\n",
+            spool.display()
+        )
+    };
+    let owner_port = SocketAddr::from(([127, 0, 0, 1], harness::free_port()));
+    let mut owner = Serve::spawn(dir.path(), "owner", &config(owner_port));
+    let http = reqwest::Client::new();
+    harness::poll(
+        "the first instance answers /readyz",
+        Duration::from_secs(30),
+        || {
+            assert!(owner.exited().is_none(), "the first instance exited");
+            let answer = http.get(format!("http://{owner_port}/readyz")).send();
+            async move {
+                answer
+                    .await
+                    .is_ok_and(|answer| answer.status().is_success())
+            }
+        },
+    )
+    .await;
+
+    // The second instance's port is held by the test: had it bound before locking the spool,
+    // it would fail on the port ("cannot listen on"), not on the lock.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let second_port = held.local_addr().unwrap();
+    let mut second = Serve::spawn(dir.path(), "second", &config(second_port));
+    let mut status = None;
+    harness::poll("the second instance exits", Duration::from_secs(30), || {
+        status = second.exited();
+        std::future::ready(status.is_some())
+    })
+    .await;
+    let stderr = second.stderr();
+    assert_eq!(status.and_then(|status| status.code()), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("locked by another process")
+            && stderr.contains(&spool.display().to_string()),
+        "the message names the lock: {stderr}"
+    );
+    assert!(!stderr.contains("cannot listen"), "{stderr}");
+
+    // With the port free, the second instance still stops on the lock and never binds it.
+    drop(held);
+    let mut third = Serve::spawn(dir.path(), "third", &config(second_port));
+    let status = exits_without_binding(&mut third, second_port).await;
+    let stderr = third.stderr();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("locked by another process"), "{stderr}");
+
+    // The first instance kept its spool and its port throughout.
+    assert!(
+        owner.exited().is_none(),
+        "the first instance is still serving"
+    );
+    assert!(bound(owner_port));
+}
