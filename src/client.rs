@@ -1,8 +1,9 @@
 //! A small HTTP client for a hotsplit service.
 //!
 //! It publishes and invalidates, reads through the client's affine copy, and remembers the
-//! highest version it has seen per key, sending it as the `min_version` floor on the next read.
-//! Together that gives monotonic reads and read-your-writes through any hotsplit instance.
+//! highest version it has seen per key (a tombstone's 404 included), sending it as the
+//! `min_version` floor on the next read. Together that gives monotonic reads and
+//! read-your-writes through any hotsplit instance.
 //!
 //! ```no_run
 //! # async fn demo() -> hotsplit::Result<()> {
@@ -167,7 +168,8 @@ impl Client {
     }
 
     /// Reads `key` through this client's affine copy, never older than the floor it holds.
-    /// `Ok(None)` when the key is missing or invalidated.
+    /// `Ok(None)` when the key is missing or invalidated; an invalidation's version (the 404's
+    /// `Hotsplit-Version`) raises this client's floor like a value's.
     ///
     /// # Errors
     /// [`ErrorKind::BelowVersionFloor`] when no copy has caught up with this client's floor yet
@@ -183,7 +185,19 @@ impl Client {
         let response = request.send().await.map_err(unreachable)?;
         match response.status() {
             reqwest::StatusCode::OK => {}
-            reqwest::StatusCode::NOT_FOUND => return Ok(None),
+            reqwest::StatusCode::NOT_FOUND => {
+                // A tombstone's 404 names its version: holding it as the floor keeps this
+                // client from reading an older value (or an older tombstone) next.
+                let invalidated_at = response
+                    .headers()
+                    .get(wire::header::VERSION)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|text| text.parse::<Version>().ok());
+                if let Some(version) = invalidated_at {
+                    self.raise_floor(key, version);
+                }
+                return Ok(None);
+            }
             _ => return Err(problem(response).await),
         }
         let header = |name: &str| {

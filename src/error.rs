@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use crate::key::Version;
+
 /// What went wrong, in terms a caller can act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -72,6 +74,9 @@ pub struct Error {
     kind: ErrorKind,
     /// A lowercase sentence fragment that says what failed, safe to log.
     message: String,
+    /// The tombstone's version, for a [`ErrorKind::NotFound`] that a tombstone caused: the HTTP
+    /// edge reports it as `Hotsplit-Version`, so a reader can hold it as a floor.
+    invalidated_at: Option<Version>,
 }
 
 impl Error {
@@ -80,6 +85,15 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            invalidated_at: None,
+        }
+    }
+
+    /// A [`ErrorKind::NotFound`] caused by a tombstone at `version`.
+    pub fn invalidated(version: Version) -> Self {
+        Error {
+            invalidated_at: Some(version),
+            ..Error::new(ErrorKind::NotFound, "key was invalidated")
         }
     }
 
@@ -91,6 +105,12 @@ impl Error {
     /// The message, without the kind.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The tombstone's version when a tombstone caused this [`ErrorKind::NotFound`]; `None` for
+    /// a key that is simply missing and for every other kind.
+    pub fn invalidated_at(&self) -> Option<Version> {
+        self.invalidated_at
     }
 }
 

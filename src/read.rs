@@ -348,7 +348,7 @@ impl Reader {
                         reason,
                     },
                 );
-                return Err(Error::new(ErrorKind::NotFound, "key was invalidated"));
+                return Err(Error::invalidated(version));
             }
             Err(err) => {
                 if let (

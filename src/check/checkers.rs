@@ -23,6 +23,10 @@ pub struct MonotonicViolation {
     pub seen: u64,
     /// The older version it then read.
     pub then: u64,
+    /// Whether `seen` was a tombstone's version (a 404 naming it) rather than a value's.
+    pub seen_invalidated: bool,
+    /// Whether `then` was a tombstone's version (a 404 naming it) rather than a value's.
+    pub then_invalidated: bool,
     /// Where the read that showed `seen` was served.
     pub seen_via: Via,
     /// Where the offending read was served.
@@ -55,7 +59,8 @@ impl Via {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     /// The two reads were served by different copies (in affine mode, a fallback to a sibling
-    /// when the reader's copy could not be read).
+    /// when the reader's copy could not be read). A tombstone's 404 names no copy, so a
+    /// violation between it and a read that names one counts here.
     AcrossCopies,
     /// The same copy, once from a replica and once from its primary: the replica was behind by
     /// up to its class's staleness budget.
@@ -78,20 +83,22 @@ impl MonotonicViolation {
 }
 
 /// Monotonic reads per session and key: once a session has read version `v` of a key, no read
-/// it starts later returns an older version. Reads that found nothing are not judged here
-/// (absence is not a version); [`read_your_writes`] judges those for writers.
+/// it starts later returns an older version. A tombstone's 404 (one naming its version) is a
+/// read of that version: after a tombstone at `t`, a value or a tombstone below `t` is a
+/// violation, and so is a tombstone below a value already read. Reads that found no record are
+/// not judged here (absence is not a version); [`read_your_writes`] judges those for writers.
 pub fn monotonic_reads(events: &[Event]) -> Vec<MonotonicViolation> {
     let mut reads: Vec<&Event> = events
         .iter()
-        .filter(|event| event.read_version().is_some())
+        .filter(|event| event.observed_version().is_some())
         .collect();
     reads.sort_by_key(|event| (event.start_us, event.end_us));
-    // (session, key) -> completed reads as (end, version, where served).
-    type Done = Vec<(u64, u64, Via)>;
+    // (session, key) -> completed reads as (end, version, whether a tombstone, where served).
+    type Done = Vec<(u64, u64, bool, Via)>;
     let mut state: HashMap<(&str, &str), Done> = HashMap::new();
     let mut violations = Vec::new();
     for read in reads {
-        let Some(version) = read.read_version() else {
+        let Some(version) = read.observed_version() else {
             continue;
         };
         let done = state
@@ -99,10 +106,10 @@ pub fn monotonic_reads(events: &[Event]) -> Vec<MonotonicViolation> {
             .or_default();
         let seen = done
             .iter()
-            .filter(|(end, _, _)| *end <= read.start_us)
-            .max_by_key(|(_, version, _)| *version)
+            .filter(|(end, _, _, _)| *end <= read.start_us)
+            .max_by_key(|(_, version, _, _)| *version)
             .copied();
-        if let Some((_, seen, seen_via)) = seen {
+        if let Some((_, seen, seen_invalidated, seen_via)) = seen {
             if version < seen {
                 violations.push(MonotonicViolation {
                     session: read.session.clone(),
@@ -110,23 +117,25 @@ pub fn monotonic_reads(events: &[Event]) -> Vec<MonotonicViolation> {
                     at_us: read.start_us,
                     seen,
                     then: version,
+                    seen_invalidated,
+                    then_invalidated: read.invalidated_read(),
                     seen_via,
                     then_via: Via::of(read),
                 });
             }
         }
         // Keep only the running maximum among finished reads plus the ones still overlapping.
-        done.push((read.end_us, version, Via::of(read)));
+        done.push((read.end_us, version, read.invalidated_read(), Via::of(read)));
         if done.len() > 64 {
             let horizon = read.start_us;
             let best = done
                 .iter()
-                .filter(|(end, _, _)| *end <= horizon)
-                .max_by_key(|(_, version, _)| *version)
+                .filter(|(end, _, _, _)| *end <= horizon)
+                .max_by_key(|(_, version, _, _)| *version)
                 .copied();
-            done.retain(|(end, _, _)| *end > horizon);
-            if let Some((_, version, via)) = best {
-                done.push((horizon, version, via));
+            done.retain(|(end, _, _, _)| *end > horizon);
+            if let Some((_, version, invalidated, via)) = best {
+                done.push((horizon, version, invalidated, via));
             }
         }
     }
@@ -475,6 +484,19 @@ mod tests {
         )
     }
 
+    /// A read answered 404 by a tombstone at `version` (the answer names it, and no copy).
+    fn tombstone(session: &str, version: u64, start_us: u64) -> Event {
+        event(
+            session,
+            Op::Read,
+            "k",
+            Some(version),
+            None,
+            (start_us, start_us + 5),
+            Outcome::NotFound,
+        )
+    }
+
     fn write(session: &str, version: u64, start_us: u64) -> Event {
         event(
             session,
@@ -533,6 +555,63 @@ mod tests {
         assert!(monotonic_reads(&overlapping).is_empty());
         // Another session's newer read does not bind this one.
         assert!(monotonic_reads(&[read("a", Some(3), 0), read("b", Some(2), 10)]).is_empty());
+    }
+
+    #[test]
+    fn a_value_below_a_tombstone_already_read_is_a_violation() {
+        let history = vec![tombstone("a", 5, 0), read("a", Some(3), 10)];
+        let violations = monotonic_reads(&history);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        let found = &violations[0];
+        assert_eq!((found.seen, found.then, found.at_us), (5, 3, 10));
+        assert!(found.seen_invalidated && !found.then_invalidated);
+        // The 404 names no copy, so the two reads are not known to be of one copy.
+        assert_eq!(found.scope(), Scope::AcrossCopies);
+        // A loss window explains it like any other violation.
+        let (inside, outside) = split_by_windows(violations, &[(0, 20)]);
+        assert_eq!((inside.len(), outside.len()), (1, 0));
+    }
+
+    #[test]
+    fn a_tombstone_below_one_already_read_is_a_violation() {
+        let violations = monotonic_reads(&[tombstone("a", 5, 0), tombstone("a", 3, 10)]);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert_eq!((violations[0].seen, violations[0].then), (5, 3));
+        assert!(violations[0].seen_invalidated && violations[0].then_invalidated);
+        // A tombstone below a value already read goes back too.
+        let violations = monotonic_reads(&[read("a", Some(6), 0), tombstone("a", 5, 10)]);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(!violations[0].seen_invalidated && violations[0].then_invalidated);
+    }
+
+    #[test]
+    fn tombstones_that_move_forward_and_versionless_404s_are_not_violations() {
+        let forward = vec![
+            read("a", Some(2), 0),
+            tombstone("a", 3, 10),
+            read("a", Some(4), 20),
+            tombstone("a", 5, 30),
+            // A 404 for a key with no record names no version: absence is not judged.
+            read("a", None, 40),
+            read("a", Some(6), 50),
+        ];
+        assert!(monotonic_reads(&forward).is_empty());
+        // Another session's tombstone does not bind this one.
+        assert!(monotonic_reads(&[tombstone("b", 5, 0), read("a", Some(3), 10)]).is_empty());
+        // A tombstone read overlapping the older read is concurrent with it.
+        let overlapping = vec![
+            event(
+                "a",
+                Op::Read,
+                "k",
+                Some(5),
+                None,
+                (0, 100),
+                Outcome::NotFound,
+            ),
+            read("a", Some(3), 50),
+        ];
+        assert!(monotonic_reads(&overlapping).is_empty());
     }
 
     #[test]

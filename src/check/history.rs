@@ -47,7 +47,8 @@ pub struct Event {
     pub op: Op,
     /// The key, or empty for faults.
     pub key: String,
-    /// The version read or written, when there is one.
+    /// The version read or written, when there is one; for a read answered 404, the
+    /// tombstone's version when the answer named one.
     pub version: Option<u64>,
     /// The copy read or sampled, when known.
     pub copy: Option<u32>,
@@ -70,6 +71,21 @@ impl Event {
             (Op::Read, Outcome::Ok | Outcome::NotModified) => self.version,
             _ => None,
         }
+    }
+
+    /// The version a read showed its session: a value's or a "not modified" version, or a
+    /// tombstone's (a 404 carrying `Hotsplit-Version`). A 404 without a version (the key held no
+    /// record) shows none.
+    pub fn observed_version(&self) -> Option<u64> {
+        match (self.op, &self.outcome) {
+            (Op::Read, Outcome::Ok | Outcome::NotModified | Outcome::NotFound) => self.version,
+            _ => None,
+        }
+    }
+
+    /// Whether this is a read answered 404 by a tombstone (one that carries its version).
+    pub fn invalidated_read(&self) -> bool {
+        self.op == Op::Read && self.outcome == Outcome::NotFound && self.version.is_some()
     }
 
     /// Whether this is a write or delete that was acknowledged, and at which version.

@@ -46,6 +46,9 @@ pub struct ModeResult {
     pub mode: Mode,
     /// Reads that returned a version.
     pub reads: usize,
+    /// Reads answered 404 by a tombstone naming its version (`Hotsplit-Version`): the monotonic
+    /// checker judges them as reads of that version.
+    pub invalidated_reads: usize,
     /// Monotonic-read violations between two reads of the same copy from the same role (both
     /// primary or both replica), outside windows where a failover or restart lost writes: a
     /// copy went back. This is what the affine claim forbids.
@@ -239,6 +242,10 @@ pub(super) fn judge(mode: Mode, events: &[Event], loss_windows: &[(u64, u64)]) -
     ModeResult {
         mode,
         reads: staleness.reads,
+        invalidated_reads: events
+            .iter()
+            .filter(|event| event.invalidated_read())
+            .count(),
         monotonic_violations: in_scope(Scope::SameCopy),
         monotonic_violations_in_loss_windows: inside.len(),
         monotonic_violations_across_copies: in_scope(Scope::AcrossCopies),

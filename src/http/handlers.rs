@@ -404,7 +404,7 @@ pub async fn invalidate_key(
         (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By (host:port;role=primary|replica), Hotsplit-Route (class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor), Vary", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 304, description = "Not modified: no consulted copy is newer than the If-None-Match version"),
         (status = 400, description = "invalid_key, missing_client, invalid_copy, invalid_version, invalid_parameter, unknown_class, or class_not_allowed (decides-on-presence on a split family)", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "not_found: missing, expired or invalidated", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "not_found: missing, expired or invalidated; an invalidated key's answer carries Hotsplit-Version (the tombstone's version), a key with no record none", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "below_version_floor, staleness_budget_exceeded (every replica over the class's budget, on_breach = fail) or unavailable, with Retry-After", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]

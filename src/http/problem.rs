@@ -13,6 +13,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::error::{Error, ErrorKind};
+use crate::key::Version;
+use crate::wire;
 
 /// The media type of problem responses.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -154,6 +156,9 @@ pub struct ApiError {
     retry_later: bool,
     /// Extra members merged into the problem body (the publish report, for example).
     extension: Option<serde_json::Value>,
+    /// The version the answer reports as `Hotsplit-Version`: a tombstone's on a 404, so the
+    /// reader can hold it as a floor. `None` writes no header.
+    version: Option<Version>,
 }
 
 impl ApiError {
@@ -164,6 +169,7 @@ impl ApiError {
             detail: detail.into(),
             retry_later: false,
             extension: None,
+            version: None,
         }
     }
 
@@ -197,7 +203,12 @@ impl From<Error> for ApiError {
             ErrorKind::InvalidCopy => Code::InvalidCopy,
             ErrorKind::InvalidParameter => Code::InvalidParameter,
             ErrorKind::ValueTooLarge => Code::ValueTooLarge,
-            ErrorKind::NotFound => Code::NotFound,
+            ErrorKind::NotFound => {
+                return ApiError {
+                    version: err.invalidated_at(),
+                    ..ApiError::new(Code::NotFound, err.message())
+                }
+            }
             ErrorKind::UnknownClass => Code::UnknownClass,
             ErrorKind::ClassNotAllowed => Code::ClassNotAllowed,
             ErrorKind::StalenessBudgetExceeded => {
@@ -267,6 +278,9 @@ impl IntoResponse for ApiError {
         let mut response = (status, body.to_string()).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(version) = self.version {
+            headers.insert(wire::header::VERSION, HeaderValue::from(version.get()));
+        }
         if self.retry_later {
             response.extensions_mut().insert(RetryLater);
         }
@@ -295,6 +309,22 @@ mod tests {
         let mut final_answer = ApiError::new(Code::InvalidKey, "bad").into_response();
         fill_retry_after(&mut final_answer, 7);
         assert!(final_answer.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn a_tombstones_404_names_its_version_and_a_missing_keys_does_not() {
+        let invalidated =
+            ApiError::from(Error::invalidated(Version::new(5).expect("5 is a version")))
+                .into_response();
+        assert_eq!(invalidated.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            invalidated.headers().get(wire::header::VERSION),
+            Some(&HeaderValue::from(5u64))
+        );
+        let missing =
+            ApiError::from(Error::new(ErrorKind::NotFound, "key not found")).into_response();
+        assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+        assert!(missing.headers().get(wire::header::VERSION).is_none());
     }
 
     #[test]
