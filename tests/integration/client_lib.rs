@@ -84,3 +84,63 @@ fn bad_client_settings_are_refused() {
         Some(ErrorKind::InvalidParameter)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tombstones_404_names_its_version_and_the_client_holds_it_as_a_floor() {
+    let server = harness::shared_standalone();
+    let service = Service::start(config_with_family(Some(&server.url()), "cl:", 8)).await;
+    let http = reqwest::Client::new();
+    let put = http
+        .put(format!("{}/v1/keys/cl:tomb?version=3", service.base))
+        .body("three")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), reqwest::StatusCode::OK);
+    let delete = http
+        .delete(format!("{}/v1/keys/cl:tomb?version=5", service.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(delete.status(), reqwest::StatusCode::OK);
+
+    let read = http
+        .get(format!("{}/v1/keys/cl:tomb?client=dora", service.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), reqwest::StatusCode::NOT_FOUND);
+    assert_eq!(
+        read.headers()
+            .get(hotsplit::wire::header::VERSION)
+            .and_then(|value| value.to_str().ok()),
+        Some("5"),
+        "a tombstone's 404 names the tombstone's version"
+    );
+    assert!(read.headers().get("etag").is_none());
+    let body: serde_json::Value = read.json().await.unwrap();
+    assert_eq!(body["code"], "not_found", "{body}");
+
+    let never = http
+        .get(format!("{}/v1/keys/cl:never?client=dora", service.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(never.status(), reqwest::StatusCode::NOT_FOUND);
+    assert!(
+        never
+            .headers()
+            .get(hotsplit::wire::header::VERSION)
+            .is_none(),
+        "a key with no record names no version"
+    );
+
+    // A client that only reads holds the tombstone's version as its floor; a key it never saw
+    // leaves it none.
+    let reader = Client::new(&service.base, "erin").unwrap();
+    assert!(reader.read("cl:tomb").await.unwrap().is_none());
+    assert_eq!(reader.floor("cl:tomb").map(|floor| floor.get()), Some(5));
+    assert!(reader.read("cl:never").await.unwrap().is_none());
+    assert_eq!(reader.floor("cl:never"), None);
+    service.stop().await;
+}
