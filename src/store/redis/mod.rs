@@ -84,8 +84,9 @@ mod wait;
 
 use failure::Failure;
 pub(crate) use readonly::ReadOnlyNodes;
-use replicas::{connect_replica, server_label, ReplicaClient, ReplicaMap};
+use replicas::{connect_replica, server_label, ReplicaClient};
 use replies::parse_served_copy;
+use replies::ReplicaMap;
 use target::{format_address, parse_address};
 pub use target::{Password, RedisOptions, RedisSecurity, RedisTarget, RedisUrl, TlsOptions};
 

@@ -14,7 +14,9 @@ use futures_util::future::join_all;
 use hotsplit_redis_info::info_number;
 
 use super::failure::{read_only_error, Failure};
-use super::replies::{parse_cluster_nodes, parse_info_replicas, parse_scan_page, parse_stamp};
+use super::replies::{
+    parse_cluster_nodes, parse_info_replicas, parse_scan_page, parse_stamp, ScanPage, Shard,
+};
 use super::target::{parse_address, RedisOptions, RedisTarget};
 #[cfg(doc)]
 use super::RedisStore;
@@ -27,26 +29,6 @@ use crate::store::{CopyStamp, NodeLabel};
 /// The fields `hotsplit audit` reads of a copy: the version and the tombstone flag, never the
 /// value, so an audit stays cheap.
 pub(super) const STAMP_FIELDS: [&str; 3] = ["ver", "tomb", "exp"];
-
-/// A primary and its replicas, as [`ReadOnlyNodes`] discovered them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Shard {
-    /// The primary, `host:port`.
-    pub(crate) primary: NodeLabel,
-    /// Its replicas, `host:port`, sorted.
-    pub(crate) replicas: Vec<NodeLabel>,
-    /// Cluster mode: the slot ranges it serves, inclusive; empty for a standalone primary.
-    pub(super) slots: Vec<(u16, u16)>,
-}
-
-/// One page of a `SCAN` on one node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ScanPage {
-    /// The cursor of the next page; `None` when the scan of this node is complete.
-    pub(crate) next: Option<String>,
-    /// The keys of this page (a key may come back more than once in a scan).
-    pub(crate) keys: Vec<String>,
-}
 
 /// A centralized fred client of one node: a replica the router reads, or any node the audit
 /// reads.

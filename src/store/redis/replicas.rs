@@ -22,9 +22,6 @@ use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::store::{now_unix_ms, CopyRead, NodeLabel, ReplicaSet, ServedBy};
 
-/// Each cluster primary's replicas, `host:port` labels, sorted.
-pub(super) type ReplicaMap = std::collections::HashMap<NodeLabel, Vec<NodeLabel>>;
-
 /// Where keys live, captured once per operation.
 pub(super) enum Placement {
     /// Every key lives on the one server.

@@ -9,11 +9,32 @@ use std::str::FromStr;
 use fred::types::Value;
 use hotsplit_redis_info::{info_field, ClusterNode};
 
-use super::readonly::{ScanPage, Shard};
-use super::replicas::ReplicaMap;
 use super::target::format_address;
 use crate::key::Version;
 use crate::store::{CasOutcome, CopyRecord, CopyStamp, Layout, LayoutSwap, NodeLabel, Payload};
+
+/// Each cluster primary's replicas, `host:port` labels, sorted.
+pub(super) type ReplicaMap = std::collections::HashMap<NodeLabel, Vec<NodeLabel>>;
+
+/// A primary and its replicas, as [`ReadOnlyNodes`](super::ReadOnlyNodes) discovered them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shard {
+    /// The primary, `host:port`.
+    pub(crate) primary: NodeLabel,
+    /// Its replicas, `host:port`, sorted.
+    pub(crate) replicas: Vec<NodeLabel>,
+    /// Cluster mode: the slot ranges it serves, inclusive; empty for a standalone primary.
+    pub(super) slots: Vec<(u16, u16)>,
+}
+
+/// One page of a `SCAN` on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ScanPage {
+    /// The cursor of the next page; `None` when the scan of this node is complete.
+    pub(crate) next: Option<String>,
+    /// The keys of this page (a key may come back more than once in a scan).
+    pub(crate) keys: Vec<String>,
+}
 
 /// Each primary's replicas, read out of a `CLUSTER SLOTS` reply: an array of
 /// `[start, end, primary, replica…]` where every node is `[host, port, id, …]`.
