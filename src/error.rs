@@ -5,8 +5,6 @@
 
 use std::fmt;
 
-use crate::key::Version;
-
 /// What went wrong, in terms a caller can act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -74,9 +72,10 @@ pub struct Error {
     kind: ErrorKind,
     /// A lowercase sentence fragment that says what failed, safe to log.
     message: String,
-    /// The tombstone's version, for a [`ErrorKind::NotFound`] that a tombstone caused: the HTTP
+    /// The tombstone's version (a raw `u64`, so `error` stays below `key` in the module graph),
+    /// for a [`ErrorKind::NotFound`] that a tombstone caused: the HTTP
     /// edge reports it as `Hotsplit-Version`, so a reader can hold it as a floor.
-    invalidated_at: Option<Version>,
+    invalidated_at: Option<u64>,
 }
 
 impl Error {
@@ -90,7 +89,7 @@ impl Error {
     }
 
     /// A [`ErrorKind::NotFound`] caused by a tombstone at `version`.
-    pub fn invalidated(version: Version) -> Self {
+    pub fn invalidated(version: u64) -> Self {
         Error {
             invalidated_at: Some(version),
             ..Error::new(ErrorKind::NotFound, "key was invalidated")
@@ -109,7 +108,7 @@ impl Error {
 
     /// The tombstone's version when a tombstone caused this [`ErrorKind::NotFound`]; `None` for
     /// a key that is simply missing and for every other kind.
-    pub fn invalidated_at(&self) -> Option<Version> {
+    pub fn invalidated_at(&self) -> Option<u64> {
         self.invalidated_at
     }
 }

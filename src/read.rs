@@ -348,7 +348,7 @@ impl Reader {
                         reason,
                     },
                 );
-                return Err(Error::invalidated(version));
+                return Err(Error::invalidated(version.get()));
             }
             Err(err) => {
                 if let (

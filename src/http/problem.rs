@@ -205,7 +205,9 @@ impl From<Error> for ApiError {
             ErrorKind::ValueTooLarge => Code::ValueTooLarge,
             ErrorKind::NotFound => {
                 return ApiError {
-                    version: err.invalidated_at(),
+                    version: err
+                        .invalidated_at()
+                        .and_then(|version| Version::new(version).ok()),
                     ..ApiError::new(Code::NotFound, err.message())
                 }
             }
@@ -313,9 +315,7 @@ mod tests {
 
     #[test]
     fn a_tombstones_404_names_its_version_and_a_missing_keys_does_not() {
-        let invalidated =
-            ApiError::from(Error::invalidated(Version::new(5).expect("5 is a version")))
-                .into_response();
+        let invalidated = ApiError::from(Error::invalidated(5)).into_response();
         assert_eq!(invalidated.status(), StatusCode::NOT_FOUND);
         assert_eq!(
             invalidated.headers().get(wire::header::VERSION),
