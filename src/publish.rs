@@ -69,7 +69,8 @@ pub struct PublishReport {
     /// The version written (allocated by hotsplit for `allocated` families).
     #[schema(value_type = u64)]
     pub version: Version,
-    /// How many copies the key has.
+    /// How many copies were written: the family's copy count, or more while a live instance
+    /// with more copies of the family reads them.
     pub copies: u32,
     /// Copies that now hold this version.
     pub applied: u32,
@@ -166,7 +167,8 @@ pub struct Publisher {
     retry_queue: Option<Arc<RetryQueue>>,
     /// The expiry jitter range of value copies, fractions of the TTL in `-0.5..=0`.
     expiry_jitter: (f64, f64),
-    /// Recorded layouts: copies removed by a shrink are deleted when their key is published.
+    /// Recorded layouts and live copy counts: copies a larger live instance reads are written,
+    /// and copies removed by a shrink are deleted when their key is published.
     layouts: Option<Arc<Layouts>>,
 }
 
@@ -183,8 +185,9 @@ impl Publisher {
         }
     }
 
-    /// Deletes copies `copies..max_copies` of each published key when `layouts` records a
-    /// larger layout than the family's (a shrink). Default: no deletion.
+    /// Writes copies up to the largest live copy count of `layouts`, and deletes the copies from
+    /// there up to `max_copies` of each published key when `layouts` records a larger layout
+    /// (a shrink). Default: the family's copies only, no deletion.
     pub fn with_layouts(mut self, layouts: Arc<Layouts>) -> Publisher {
         self.layouts = Some(layouts);
         self
@@ -337,7 +340,12 @@ impl Publisher {
         let (jitter_min, jitter_max) = self.expiry_jitter;
         let tombstone = matches!(payload, Payload::Tombstone);
         let mut refused_at: Option<Version> = None;
-        let writes: Vec<CopyWrite> = (0..family.copies)
+        // Copies a live instance with more copies reads are written too, so they never miss an
+        // edit while it serves them (ARCHITECTURE.md, "A resize across instances").
+        let write_count = self.layouts.as_ref().map_or(family.copies, |layouts| {
+            layouts.write_copies(family.name(), family.copies)
+        });
+        let writes: Vec<CopyWrite> = (0..write_count)
             .map(|index| CopyWrite {
                 copy_key: key.copy_key(index),
                 version,
@@ -362,8 +370,8 @@ impl Publisher {
         let mut acks = acks.into_iter();
         if let Some(layouts) = &self.layouts {
             let max_copies = layouts.max_copies(family.name(), family.copies);
-            if max_copies > family.copies {
-                let removed: Vec<_> = (family.copies..max_copies)
+            if max_copies > write_count {
+                let removed: Vec<_> = (write_count..max_copies)
                     .map(|index| key.copy_key(index))
                     .collect();
                 if let Err(err) = self.store.delete_copies(&removed).await {
@@ -375,7 +383,7 @@ impl Publisher {
         let mut report = PublishReport {
             key: key.to_string(),
             version,
-            copies: family.copies,
+            copies: write_count,
             applied: 0,
             current: 0,
             stale: 0,

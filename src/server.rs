@@ -23,7 +23,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::heal::{HealHandles, LayoutWatcher, Layouts, Repairer, RetryQueue, RetryWorker};
+use crate::heal::{
+    HealHandles, LayoutWatcher, Layouts, Liveness, Repairer, RetryQueue, RetryWorker,
+};
 use crate::http::{router, AppState};
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
@@ -229,7 +231,12 @@ impl Service {
         let store = connected.store();
         // Record each family's layout before anything else can fail or start.
         let families = Arc::new(config.families());
-        let layouts = Layouts::reconcile(&*store, &families, &metrics).await?;
+        let liveness = Liveness {
+            instance: instance_name(),
+            interval: config.heal.layout_interval,
+            command_timeout: config.store.command_timeout,
+        };
+        let layouts = Layouts::reconcile(&*store, &families, &metrics, &liveness).await?;
         let (retry_queue, purger) = match connected {
             // The embedded store never fails a copy write: nothing to spool.
             Connected::Memory(memory) => (
@@ -266,7 +273,7 @@ impl Service {
             layouts: layouts.clone(),
             families,
             metrics: metrics.clone(),
-            interval: config.heal.layout_interval,
+            liveness,
             sweep_interval: config.heal.sweep_interval,
         };
         let lag = Arc::new(LagTable::new(

@@ -1,19 +1,31 @@
 //! Family layouts: each family's copy count is recorded in the store, so instances can tell
-//! when their config disagrees, and copies removed by shrinking a family are deleted.
+//! when their config disagrees; every instance keeps itself in the family's live set, so
+//! writers keep writing the copies a larger instance still reads; copies removed by shrinking a
+//! family are deleted once no instance reads them.
 //!
-//! At startup [`Layouts::reconcile`] reads every family's record. A missing record is written;
-//! a record with another copy count is logged (WARN) and replaced by this instance's, which is
-//! taken to be the new layout being rolled out; the record keeps the largest copy count ever
-//! recorded (`max_copies`). [`LayoutWatcher`] re-reads the records periodically; a record that
-//! differs from this instance's config is a *mismatch* (another instance runs another layout),
-//! shown in `/readyz` and as `hotsplit_layout_mismatch{family}`.
+//! At startup [`Layouts::reconcile`] joins every family's live set, then reads its record. A
+//! missing record is written; a record with another copy count is logged (WARN) and replaced by
+//! this instance's, which is taken to be the new layout being rolled out; the record keeps the
+//! largest copy count ever recorded (`max_copies`) and changes only by compare-and-set. An
+//! instance that grows a family past what the live instances write (or past what the last
+//! instance recorded, when none is live) waits until every live instance has seen it and every
+//! publish that had not finishes, then deletes the copies in the grown range, so it never
+//! serves a copy that missed an edit.
+//!
+//! [`LayoutWatcher`] refreshes this instance's live entries and re-reads the records every
+//! `heal.layout_interval`; a record that differs from this instance's config is a *mismatch*
+//! (another instance runs another layout), shown in `/readyz` and as
+//! `hotsplit_layout_mismatch{family}`. Writers write copies `0..max(copies, largest live copy
+//! count)`.
 //!
 //! Copies removed by a shrink are deleted twice over, so a later growth cannot serve a copy that
-//! missed the edits made while the family was smaller: a publish deletes copies
-//! `copies..max_copies` of its key at once, and the watcher's sweep (every
-//! `heal.sweep_interval`, while no mismatch is seen) scans the family's keys and deletes every
-//! copy at or beyond `copies`. A sweep that finds nothing left to delete lowers the record's
-//! `max_copies` to `copies`, which ends both.
+//! missed the edits made while the family was smaller: a publish deletes copies from its write
+//! count up to `max_copies` of its key at once, and the watcher's sweep (every
+//! `heal.sweep_interval`, while no mismatch is seen and no live instance has more copies) scans
+//! the family's keys and deletes every copy at or beyond `copies`. A sweep that finds nothing
+//! left to delete lowers the record's `max_copies` to `copies` (by compare-and-set from the
+//! value it read), which ends both. The protocol and why it holds: ARCHITECTURE.md, "A resize
+//! across instances".
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,6 +37,7 @@ use crate::error::Result;
 use crate::family::{Families, Family};
 use crate::key::{CopyKey, Key, COPY_SEPARATOR};
 use crate::metrics::Metrics;
+use crate::publish::duration_ms;
 use crate::store::{Layout, LayoutSwap, Store};
 
 /// What this instance knows of one family's layout.
@@ -36,6 +49,8 @@ struct Known {
     max_copies: u32,
     /// Whether the last read record disagreed with `configured`.
     mismatch: bool,
+    /// The largest copy count of the other live instances at the last refresh (0: none).
+    live_copies: u32,
 }
 
 /// Every family's layout, shared by the publisher, `/readyz` and the watcher.
@@ -45,24 +60,98 @@ pub struct Layouts {
     families: Mutex<BTreeMap<String, Known>>,
 }
 
+/// How an instance takes part in the families' live sets.
+#[derive(Debug, Clone)]
+pub struct Liveness {
+    /// This process's name in the live sets (`<pid>-<random>`), unique per process.
+    pub instance: String,
+    /// How often the live entries are refreshed and the records re-read
+    /// (`heal.layout_interval`).
+    pub interval: Duration,
+    /// The store's command timeout: the longest one refresh or one copy write can take.
+    pub command_timeout: Duration,
+}
+
+/// A live entry lapses after this many refresh intervals without a refresh.
+const LIVE_INTERVALS: u32 = 3;
+
+impl Liveness {
+    /// How long a live entry lasts without a refresh.
+    pub fn ttl(&self) -> Duration {
+        self.interval * LIVE_INTERVALS
+    }
+
+    /// How long a growing instance waits after joining before it deletes the grown range: every
+    /// live instance refreshes its view within one interval (plus one refresh call), and a
+    /// publish that started with the old view ends within one command timeout.
+    pub fn settle(&self) -> Duration {
+        self.interval + self.command_timeout * 2
+    }
+}
+
+/// Copies `from..to` of a family may hold versions that missed edits and are deleted before
+/// this instance serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Strays {
+    /// The first copy index that may be stray.
+    from: u32,
+    /// One past the last.
+    to: u32,
+    /// Whether a live instance may still be writing fewer copies: wait for it to see this one.
+    settle: bool,
+}
+
+/// The copies a grow makes this instance read that may have missed edits, or `None`.
+///
+/// `live` is the largest copy count of the other live instances when this one joined, and
+/// `recorded` the record before this instance wrote it. Copies below every live instance's
+/// count are kept current by the writers (each writes up to the largest live count); with no
+/// instance live, nobody writes, and copies below the last recorded count are current, while
+/// copies at or beyond the record's `max_copies` do not exist.
+fn strays(configured: u32, live: Option<u32>, recorded: Option<Layout>) -> Option<Strays> {
+    let (from, to, settle) = match (live, recorded) {
+        (Some(live), _) => (live, configured, true),
+        (None, Some(recorded)) => (
+            recorded.copies,
+            configured.min(recorded.max_copies.max(recorded.copies)),
+            false,
+        ),
+        (None, None) => return None,
+    };
+    (from < to).then_some(Strays { from, to, settle })
+}
+
 impl Layouts {
     /// Layouts that know nothing recorded (every family at its configured count).
     pub fn unrecorded() -> Arc<Layouts> {
         Arc::new(Layouts::default())
     }
 
-    /// Reads every family's record, writes this instance's layout, and logs a resize.
+    /// Joins every family's live set, reads every family's record, writes this instance's
+    /// layout, and logs a resize. A family this instance grows past what the live instances
+    /// write is settled first: after [`Liveness::settle`], the copies in the grown range are
+    /// deleted (read repair refills them from their newest sibling).
     ///
     /// # Errors
-    /// Store errors reading or writing a record.
+    /// Store errors reading or writing a record or a live set, or deleting grown copies.
     pub async fn reconcile(
         store: &dyn Store,
         families: &Families,
         metrics: &Metrics,
+        liveness: &Liveness,
     ) -> Result<Arc<Layouts>> {
         let layouts = Layouts::default();
+        let mut grown = Vec::new();
+        let ttl_ms = duration_ms(liveness.ttl());
         for family in families.iter() {
             let name = family.name();
+            // Join first: an instance that reads the live set after this call writes this
+            // instance's copies; one that read it before is waited for below.
+            let others = store
+                .join_layout(name, family.copies, &liveness.instance, ttl_ms)
+                .await?;
+            let live = others.iter().copied().max();
+            let recorded = store.read_layout(name).await?;
             let max_copies = record_configured(store, family).await?;
             metrics.layout_mismatch(name, false);
             layouts.lock().insert(
@@ -71,7 +160,32 @@ impl Layouts {
                     configured: family.copies,
                     max_copies,
                     mismatch: false,
+                    live_copies: live.unwrap_or(0),
                 },
+            );
+            if let Some(strays) = strays(family.copies, live, recorded) {
+                grown.push((family, strays));
+            }
+        }
+        if grown.iter().any(|(_, strays)| strays.settle) {
+            let settle = liveness.settle();
+            tracing::info!(
+                families = ?grown.iter().map(|(family, _)| family.name()).collect::<Vec<_>>(),
+                ?settle,
+                "growing past the live instances: waiting until they write the new copies"
+            );
+            tokio::time::sleep(settle).await;
+        }
+        for (family, strays) in grown {
+            let (deleted, complete) =
+                delete_copies_from(store, families, family, strays.from, Some(strays.to)).await?;
+            tracing::info!(
+                family = family.name(),
+                from = strays.from,
+                to = strays.to,
+                deleted,
+                complete,
+                "deleted the grown copies that may have missed edits"
             );
         }
         Ok(Arc::new(layouts))
@@ -86,6 +200,30 @@ impl Layouts {
         self.lock()
             .get(family)
             .map_or(configured, |known| known.max_copies.max(configured))
+    }
+
+    /// How many copies a publish of `family` writes: the configured count, or the largest
+    /// count of a live instance when that is larger (its readers read those copies).
+    pub fn write_copies(&self, family: &str, configured: u32) -> u32 {
+        self.lock()
+            .get(family)
+            .map_or(configured, |known| known.live_copies.max(configured))
+    }
+
+    /// Records the other live instances' largest copy count for `family` (0: none).
+    fn observe_live(&self, family: &str, live_copies: u32) {
+        if let Some(known) = self.lock().get_mut(family) {
+            if known.live_copies != live_copies {
+                tracing::info!(
+                    family,
+                    configured = known.configured,
+                    before = known.live_copies,
+                    live_copies,
+                    "the largest live copy count changed"
+                );
+            }
+            known.live_copies = live_copies;
+        }
     }
 
     /// Families whose recorded layout disagrees with this instance's config.
@@ -162,7 +300,8 @@ async fn record_configured(store: &dyn Store, family: &Family) -> Result<u32> {
     ))
 }
 
-/// Re-reads the layout records every `interval` and updates the mismatch state.
+/// Refreshes this instance's live entries and re-reads the layout records every
+/// `liveness.interval`; sweeps shrunk families every `sweep_interval`.
 pub struct LayoutWatcher {
     /// Where the records live.
     pub store: Arc<dyn Store>,
@@ -172,8 +311,8 @@ pub struct LayoutWatcher {
     pub families: Arc<Families>,
     /// Mismatch gauges.
     pub metrics: Arc<Metrics>,
-    /// How often to read. Default: 5 s.
-    pub interval: Duration,
+    /// This instance's live entries. Default interval: 5 s.
+    pub liveness: Liveness,
     /// How often to sweep a shrunk family. Default: 1 min.
     pub sweep_interval: Duration,
 }
@@ -193,37 +332,100 @@ fn glob_escape(text: &str) -> String {
     escaped
 }
 
+/// Deletes every stored copy of `family`'s keys with an index in `from..to` (`to: None`: no
+/// upper bound). Returns how many existed, and whether the scan saw every key.
+async fn delete_copies_from(
+    store: &dyn Store,
+    families: &Families,
+    family: &Family,
+    from: u32,
+    to: Option<u32>,
+) -> Result<(u64, bool)> {
+    let name = family.name();
+    let pattern = format!("{}*#*", glob_escape(&family.prefix));
+    let keys = store.scan_keys(&pattern, SWEEP_SCAN_LIMIT).await?;
+    let complete = keys.len() < SWEEP_SCAN_LIMIT;
+    let removed: Vec<CopyKey> = keys
+        .iter()
+        .filter_map(|stored| {
+            let (base, index) = stored.rsplit_once(COPY_SEPARATOR)?;
+            let index: u32 = index.parse().ok()?;
+            let key = Key::parse(base).ok()?;
+            let ours = families.resolve(&key).name() == name;
+            let in_range = index >= from && to.is_none_or(|to| index < to);
+            (ours && in_range && key.copy_key(index).as_str() == stored)
+                .then(|| key.copy_key(index))
+        })
+        .collect();
+    let mut deleted = 0;
+    for batch in removed.chunks(256) {
+        deleted += store.delete_copies(batch).await?;
+    }
+    Ok((deleted, complete))
+}
+
 impl LayoutWatcher {
-    /// Runs until `shutdown`.
+    /// Runs until `shutdown`. The live entries are refreshed in a loop of their own, so a long
+    /// sweep never delays them. They are not removed at shutdown: they lapse after
+    /// [`Liveness::ttl`], after the last request this instance served.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(self.interval.min(self.sweep_interval));
+        tokio::join!(self.refresh_loop(&shutdown), self.sweep_loop(&shutdown));
+    }
+
+    async fn refresh_loop(&self, shutdown: &CancellationToken) {
+        let mut ticker = tokio::time::interval(self.liveness.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
-        let mut last_read = tokio::time::Instant::now();
-        let mut last_sweep = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.refresh().await,
+            }
+        }
+    }
+
+    /// Refreshes this instance's live entries and re-reads the records, once.
+    async fn refresh(&self) {
+        let ttl_ms = duration_ms(self.liveness.ttl());
+        for family in self.families.iter() {
+            let name = family.name();
+            match self
+                .store
+                .join_layout(name, family.copies, &self.liveness.instance, ttl_ms)
+                .await
+            {
+                Ok(others) => self
+                    .layouts
+                    .observe_live(name, others.into_iter().max().unwrap_or(0)),
+                // The last view is kept: it can only make publishes write more copies.
+                Err(err) => {
+                    tracing::warn!(family = name, error = %err, "cannot refresh this instance's live entry")
+                }
+            }
+            match self.store.read_layout(name).await {
+                Ok(recorded) => self.layouts.observe(name, recorded, &self.metrics),
+                Err(err) => {
+                    tracing::debug!(family = name, error = %err, "cannot read the layout record")
+                }
+            }
+        }
+    }
+
+    async fn sweep_loop(&self, shutdown: &CancellationToken) {
+        let mut ticker = tokio::time::interval(self.sweep_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = ticker.tick() => {
-                    if last_read.elapsed() >= self.interval {
-                        last_read = tokio::time::Instant::now();
-                        for family in self.families.iter() {
-                            match self.store.read_layout(family.name()).await {
-                                Ok(recorded) => self.layouts.observe(family.name(), recorded, &self.metrics),
-                                Err(err) => tracing::debug!(family = family.name(), error = %err, "cannot read the layout record"),
-                            }
-                        }
-                    }
-                    if last_sweep.elapsed() >= self.sweep_interval {
-                        last_sweep = tokio::time::Instant::now();
-                        for family in self.families.iter() {
-                            let sweep = tokio::select! {
-                                () = shutdown.cancelled() => return,
-                                sweep = self.sweep(family) => sweep,
-                            };
-                            if let Err(err) = sweep {
-                                tracing::warn!(family = family.name(), error = %err, "sweep of removed copies failed");
-                            }
+                    for family in self.families.iter() {
+                        let sweep = tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            sweep = self.sweep(family) => sweep,
+                        };
+                        if let Err(err) = sweep {
+                            tracing::warn!(family = family.name(), error = %err, "sweep of removed copies failed");
                         }
                     }
                 }
@@ -232,37 +434,30 @@ impl LayoutWatcher {
     }
 
     /// Deletes the copies a shrink removed from `family`'s keys; lowers the record once none
-    /// is left.
+    /// is left. Does nothing while another live instance has more copies: its readers read
+    /// them, and every writer keeps them current.
     async fn sweep(&self, family: &Family) -> Result<()> {
         let name = family.name();
-        let (max_copies, mismatch) = {
+        let (max_copies, mismatch, live_copies) = {
             let known = self.layouts.lock();
             match known.get(name) {
-                Some(known) => (known.max_copies, known.mismatch),
+                Some(known) => (known.max_copies, known.mismatch, known.live_copies),
                 None => return Ok(()),
             }
         };
         if max_copies <= family.copies || mismatch {
             return Ok(());
         }
-        let pattern = format!("{}*#*", glob_escape(&family.prefix));
-        let keys = self.store.scan_keys(&pattern, SWEEP_SCAN_LIMIT).await?;
-        let complete = keys.len() < SWEEP_SCAN_LIMIT;
-        let removed: Vec<CopyKey> = keys
-            .iter()
-            .filter_map(|stored| {
-                let (base, index) = stored.rsplit_once(COPY_SEPARATOR)?;
-                let index: u32 = index.parse().ok()?;
-                let key = Key::parse(base).ok()?;
-                let ours = self.families.resolve(&key).name() == name;
-                (ours && index >= family.copies && key.copy_key(index).as_str() == stored)
-                    .then(|| key.copy_key(index))
-            })
-            .collect();
-        let mut deleted = 0;
-        for batch in removed.chunks(256) {
-            deleted += self.store.delete_copies(batch).await?;
+        if live_copies > family.copies {
+            tracing::debug!(
+                family = name,
+                live_copies,
+                "sweep skipped: a live instance reads more copies"
+            );
+            return Ok(());
         }
+        let (deleted, complete) =
+            delete_copies_from(&*self.store, &self.families, family, family.copies, None).await?;
         if deleted > 0 {
             tracing::info!(family = name, deleted, "swept copies removed by a shrink");
         } else if complete {
@@ -306,6 +501,15 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::store::memory::MemoryStore;
+    use crate::store::CopyWrite;
+
+    fn liveness(instance: &str) -> Liveness {
+        Liveness {
+            instance: instance.to_owned(),
+            interval: Duration::from_secs(1),
+            command_timeout: Duration::from_millis(1),
+        }
+    }
 
     #[tokio::test]
     async fn the_sweep_deletes_removed_copies_of_its_family_only() {
@@ -321,7 +525,7 @@ mod tests {
             Arc::new(twelve.clone()),
             metrics.clone(),
         );
-        Layouts::reconcile(&*store, &twelve, &metrics)
+        Layouts::reconcile(&*store, &twelve, &metrics, &liveness("twelve"))
             .await
             .unwrap();
         for key in ["p*1", "p*x1"] {
@@ -334,16 +538,27 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let layouts = Layouts::reconcile(&*store, &four, &metrics).await.unwrap();
+        let layouts = Layouts::reconcile(&*store, &four, &metrics, &liveness("four"))
+            .await
+            .unwrap();
         let watcher = LayoutWatcher {
             store: store.clone(),
             layouts: layouts.clone(),
             families: four.clone(),
             metrics,
-            interval: Duration::from_secs(1),
+            liveness: liveness("four"),
             sweep_interval: Duration::from_secs(1),
         };
         let family = four.resolve(&Key::parse("p*1").unwrap()).clone();
+        // The twelve-copy instance is live: its readers read copies 4..12, which are kept and
+        // written by this instance's publishes too.
+        assert_eq!(layouts.write_copies("p*", 4), 12);
+        watcher.sweep(&family).await.unwrap();
+        assert_eq!(store.len(), 12 + 8);
+        // It stops; once its entry is gone, the sweep deletes.
+        store.leave_layout("p*", 12, "twelve").await.unwrap();
+        watcher.refresh().await;
+        assert_eq!(layouts.write_copies("p*", 4), 4);
         watcher.sweep(&family).await.unwrap();
         // p*1 keeps copies 0..4; p*x1 (another family, 8 copies) keeps all of its copies.
         assert_eq!(store.len(), 4 + 8);
@@ -363,9 +578,13 @@ mod tests {
         let four = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 4")
             .unwrap()
             .families();
-        let first = Layouts::reconcile(&store, &eight, &metrics).await.unwrap();
+        let first = Layouts::reconcile(&store, &eight, &metrics, &liveness("a"))
+            .await
+            .unwrap();
         assert_eq!(first.max_copies("p:", 8), 8);
-        let second = Layouts::reconcile(&store, &four, &metrics).await.unwrap();
+        let second = Layouts::reconcile(&store, &four, &metrics, &liveness("b"))
+            .await
+            .unwrap();
         assert_eq!(second.max_copies("p:", 4), 8);
         assert_eq!(
             store.read_layout("p:").await.unwrap(),
@@ -381,5 +600,116 @@ mod tests {
         assert!(metrics
             .render()
             .contains(r#"hotsplit_layout_mismatch{family="p:"} 1"#));
+    }
+
+    #[test]
+    fn a_grow_deletes_only_the_copies_nobody_kept_current() {
+        let record = |copies, max_copies| Some(Layout { copies, max_copies });
+        // Nobody live, nothing recorded: no copy exists.
+        assert_eq!(strays(8, None, None), None);
+        // A restart on the recorded count, alone: every copy is current.
+        assert_eq!(strays(8, None, record(8, 8)), None);
+        // Alone after a shrink to 4 that had not finished sweeping: 4..8 may have missed edits.
+        assert_eq!(
+            strays(8, None, record(4, 12)),
+            Some(Strays {
+                from: 4,
+                to: 8,
+                settle: false
+            })
+        );
+        // Alone after a completed shrink: copies 4.. do not exist.
+        assert_eq!(strays(8, None, record(4, 4)), None);
+        // A live instance writes 4 copies: wait for it to see this one, then delete 4..12.
+        assert_eq!(
+            strays(12, Some(4), record(4, 4)),
+            Some(Strays {
+                from: 4,
+                to: 12,
+                settle: true
+            })
+        );
+        // A live instance already writes at least as many copies.
+        assert_eq!(strays(8, Some(12), record(12, 12)), None);
+        assert_eq!(strays(8, Some(8), None), None);
+    }
+
+    #[tokio::test]
+    async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        let families = |copies| {
+            Config::from_toml(&format!("[[family]]\nprefix = \"g:\"\ncopies = {copies}"))
+                .unwrap()
+                .families()
+        };
+        let (four, twelve) = (families(4), families(12));
+        Layouts::reconcile(&*store, &twelve, &metrics, &liveness("old"))
+            .await
+            .unwrap();
+        let publish = |families: &Families, layouts: Arc<Layouts>, version| {
+            let publisher = crate::publish::Publisher::new(
+                store.clone(),
+                Arc::new(families.clone()),
+                metrics.clone(),
+            )
+            .with_layouts(layouts);
+            async move {
+                publisher
+                    .publish(
+                        &Key::parse("g:1").unwrap(),
+                        crate::publish::VersionChoice::Given(
+                            crate::key::Version::new(version).unwrap(),
+                        ),
+                        bytes::Bytes::from(format!("v{version}")),
+                    )
+                    .await
+                    .unwrap()
+            }
+        };
+        publish(&twelve, Layouts::unrecorded(), 1).await;
+        // The twelve-copy writer is gone; a four-copy instance shrinks, and a stale copy 7
+        // survives (as after a failed delete).
+        store.leave_layout("g:", 12, "old").await.unwrap();
+        let small = Layouts::reconcile(&*store, &four, &metrics, &liveness("small"))
+            .await
+            .unwrap();
+        let report = publish(&four, small.clone(), 2).await;
+        assert_eq!(report.copies, 4);
+        store
+            .write_copies(&[CopyWrite {
+                copy_key: Key::parse("g:1").unwrap().copy_key(7),
+                version: crate::key::Version::new(1).unwrap(),
+                payload: crate::store::Payload::Value(bytes::Bytes::from("v1")),
+                expire_at_ms: crate::store::now_unix_ms() + 60_000,
+            }])
+            .await;
+        // A twelve-copy instance starts while the small one is live: copies 4..12 are deleted.
+        let quick = Liveness {
+            interval: Duration::from_millis(10),
+            ..liveness("new")
+        };
+        let grown = Layouts::reconcile(&*store, &twelve, &metrics, &quick)
+            .await
+            .unwrap();
+        let copy = |index| {
+            let store = store.clone();
+            async move {
+                store
+                    .read_copy(&Key::parse("g:1").unwrap().copy_key(index))
+                    .await
+            }
+        };
+        for index in 4..12 {
+            assert!(
+                copy(index).await.record.unwrap().is_none(),
+                "copy {index} survived the grow"
+            );
+        }
+        assert!(copy(0).await.record.unwrap().is_some());
+        // Both now write twelve copies.
+        small.observe_live("g:", 12);
+        assert_eq!(publish(&four, small, 3).await.copies, 12);
+        assert_eq!(grown.write_copies("g:", 12), 12);
     }
 }

@@ -20,7 +20,7 @@ pub mod spool;
 pub mod worker;
 
 pub use config::HealConfig;
-pub use layout::{LayoutWatcher, Layouts};
+pub use layout::{LayoutWatcher, Layouts, Liveness};
 pub use queue::{Admission, DropReason, FailedCopy, RetryQueue, RetryQueueView};
 pub use repair::Repairer;
 pub use worker::RetryWorker;

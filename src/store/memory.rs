@@ -12,8 +12,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use futures_util::future::BoxFuture;
 
 use super::{
-    now_unix_ms, retain_until_ms, CasOutcome, CopyRead, CopyRecord, CopyWrite, Layout, LayoutSwap,
-    NodeLabel, Payload, ServedBy, Store, WriteResult, DEFAULT_VERSION_RETENTION_MS,
+    live_member, now_unix_ms, retain_until_ms, valid_live_instance, CasOutcome, CopyRead,
+    CopyRecord, CopyWrite, Layout, LayoutSwap, NodeLabel, Payload, ServedBy, Store, WriteResult,
+    DEFAULT_VERSION_RETENTION_MS,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -45,6 +46,8 @@ struct State {
     counters: HashMap<String, Counter>,
     /// Family name → recorded layout.
     layouts: HashMap<String, Layout>,
+    /// Family name → live member (`<copies>:<instance>`) → (copies, lapse time in Unix ms).
+    live: HashMap<String, HashMap<String, (u32, u64)>>,
 }
 
 /// The embedded store. Cheap operations under one mutex; no await while it is held.
@@ -300,6 +303,46 @@ impl Store for MemoryStore {
             LayoutSwap::Changed(current)
         };
         Box::pin(std::future::ready(Ok(swap)))
+    }
+
+    fn join_layout<'a>(
+        &'a self,
+        family: &'a str,
+        copies: u32,
+        instance: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
+        if !valid_live_instance(instance) {
+            return Box::pin(std::future::ready(Err(Error::new(
+                ErrorKind::Config,
+                format!("invalid live-set instance name {instance:?}"),
+            ))));
+        }
+        // Like the Lua library: lapsed members go first, then this one is (re)added.
+        let now_ms = now_unix_ms();
+        let mut state = self.state();
+        let live = state.live.entry(family.to_owned()).or_default();
+        live.retain(|_, (_, lapse_ms)| *lapse_ms > now_ms);
+        let own = live_member(copies, instance);
+        live.insert(own.clone(), (copies, now_ms.saturating_add(ttl_ms)));
+        let others = live
+            .iter()
+            .filter(|(name, _)| **name != own)
+            .map(|(_, (copies, _))| *copies)
+            .collect();
+        Box::pin(std::future::ready(Ok(others)))
+    }
+
+    fn leave_layout<'a>(
+        &'a self,
+        family: &'a str,
+        copies: u32,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        if let Some(live) = self.state().live.get_mut(family) {
+            live.remove(&live_member(copies, instance));
+        }
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {

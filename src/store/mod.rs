@@ -362,6 +362,33 @@ pub trait Store: Send + Sync + 'static {
         layout: Layout,
     ) -> BoxFuture<'a, Result<LayoutSwap>>;
 
+    /// Marks this instance live in the family named `family` with `copies` copies until
+    /// `ttl_ms` from the store's clock (a join or a refresh), drops the members whose time ran
+    /// out, and returns the copy counts of the other live instances. `instance` names this
+    /// process (letters, digits, `-`, `_`, `.`), so instances with the same copy count stay
+    /// apart and one leaving never hides another.
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`]; [`crate::ErrorKind::Config`] for an invalid `instance`.
+    fn join_layout<'a>(
+        &'a self,
+        family: &'a str,
+        copies: u32,
+        instance: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<u32>>>;
+
+    /// Removes this instance's live entry from the family named `family` (at shutdown).
+    ///
+    /// # Errors
+    /// As [`Store::join_layout`].
+    fn leave_layout<'a>(
+        &'a self,
+        family: &'a str,
+        copies: u32,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<()>>;
+
     /// Deletes copies (removed by shrinking a family), each on its own node, concurrently.
     /// Returns how many existed.
     ///
@@ -417,6 +444,27 @@ impl Layout {
 /// or counter key (those start with a non-empty user key).
 pub fn layout_key(family: &str) -> String {
     format!("#hotsplit#layout#{family}")
+}
+
+/// The store key of the set of instances live in a family (a sorted set: member
+/// `<copies>:<instance>`, score the Unix millisecond at which the entry lapses). Like
+/// [`layout_key`] it starts with `#`.
+pub fn live_key(family: &str) -> String {
+    format!("#hotsplit#live#{family}")
+}
+
+/// The live-set member of an instance with `copies` copies: `<copies>:<instance>`.
+pub fn live_member(copies: u32, instance: &str) -> String {
+    format!("{copies}:{instance}")
+}
+
+/// Whether `instance` may name a live-set member: 1..=64 letters, digits, `-`, `_` or `.`
+/// (the Lua library checks the same).
+pub fn valid_live_instance(instance: &str) -> bool {
+    (1..=64).contains(&instance.len())
+        && instance
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// How long a copy's record outlives its expiry by default: one hour, the default family TTL.

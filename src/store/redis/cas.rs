@@ -17,7 +17,7 @@ use futures_util::future::join_all;
 
 use super::failure::Failure;
 use super::replicas::server_label;
-use super::replies::{parse_cas_reply, parse_layout_reply};
+use super::replies::{parse_cas_reply, parse_layout_reply, parse_live_reply};
 use super::RedisStore;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{Key, Version};
@@ -39,6 +39,9 @@ const ALLOC_FUNCTION: &str = "hotsplit_alloc";
 
 /// The library's layout-record compare-and-set.
 const LAYOUT_FUNCTION: &str = "hotsplit_layout";
+
+/// The library's live-set refresh (join, refresh or leave).
+const LIVE_FUNCTION: &str = "hotsplit_live";
 
 /// The largest floor `hotsplit_alloc` accepts: INCR works on signed 64-bit integers.
 const MAX_COUNTER_FLOOR: u64 = i64::MAX as u64 - 1;
@@ -280,6 +283,23 @@ impl RedisStore {
         parse_layout_reply(reply).map_err(|why| self.corrupt(format!("layout record {key}: {why}")))
     }
 
+    /// Refreshes (`ttl_ms > 0`) or removes (`ttl_ms == 0`) `member` of the live set `key`
+    /// (`FCALL hotsplit_live`) and returns the other live members' copy counts. The body of
+    /// [`Store::join_layout`] and [`Store::leave_layout`].
+    pub(super) async fn refresh_live(
+        &self,
+        key: String,
+        member: String,
+        ttl_ms: u64,
+    ) -> Result<Vec<u32>> {
+        let args = vec![Value::from(member), Value::from(ttl_ms.to_string())];
+        let reply = self
+            .fcall_reloading(LIVE_FUNCTION, &key, args)
+            .await
+            .map_err(|err| self.fail(format_args!("refresh of live set {key}"), &err))?;
+        parse_live_reply(reply).map_err(|why| self.corrupt(format!("live set {key}: {why}")))
+    }
+
     /// Sends one `FCALL`; on `ERR Function not found` reloads the library and retries once.
     async fn fcall_reloading(
         &self,
@@ -359,7 +379,7 @@ mod tests {
     #[test]
     fn the_library_is_named_and_prefixed() {
         assert!(LIBRARY.starts_with("#!lua name=hotsplit\n"));
-        for name in [CAS_FUNCTION, ALLOC_FUNCTION, LAYOUT_FUNCTION] {
+        for name in [CAS_FUNCTION, ALLOC_FUNCTION, LAYOUT_FUNCTION, LIVE_FUNCTION] {
             assert!(name.starts_with("hotsplit_"));
             assert!(
                 LIBRARY.contains(&format!("redis.register_function('{name}'")),

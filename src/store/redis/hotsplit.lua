@@ -234,6 +234,55 @@ local function hotsplit_layout(keys, args)
   return {'applied', new}
 end
 
+--[[
+hotsplit_live: KEYS[1] = a family's live set (#hotsplit#live#<family>, a sorted set);
+ARGV = member, ttl_ms.
+
+Each running instance keeps one member `<copies>:<instance>` in its families' live sets, scored
+by the Unix millisecond (the server's clock, TIME) at which it lapses. The call first drops the
+lapsed members, then adds or refreshes member to lapse ttl_ms from now (a ttl_ms of "0" removes
+it: the instance stops), sets the key to expire with its last member, and returns the other
+live members. Writers write every copy below the largest live copy count, so an instance with
+more copies than another never reads a copy that misses the other's edits (ARCHITECTURE.md,
+"A resize across instances").
+]]
+local function hotsplit_live(keys, args)
+  if #keys ~= 1 then
+    return fail('hotsplit_live', 'expects exactly one key, got', #keys)
+  end
+  if #args ~= 2 then
+    return fail('hotsplit_live', 'expects 2 arguments (member, ttl_ms), got', #args)
+  end
+  local key, member, ttl_ms = keys[1], args[1], args[2]
+  if #member > 75 or not string.find(member, '^%d+:[%w%-_%.]+$') then
+    return fail('hotsplit_live', 'member is not copies:instance:', member)
+  end
+  if not is_millis(ttl_ms) or #ttl_ms > 12 then
+    return fail('hotsplit_live', 'ttl_ms is not a canonical decimal of at most 12 digits:', ttl_ms)
+  end
+  local time = redis.call('TIME')
+  -- Unix milliseconds (about 1.7e12) and a ttl below 1e12 stay exact in a double.
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', now))
+  if ttl_ms == '0' then
+    redis.call('ZREM', key, member)
+  else
+    redis.call('ZADD', key, string.format('%.0f', now + tonumber(ttl_ms)), member)
+  end
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] then
+    redis.call('PEXPIREAT', key, last[2])
+  end
+  local others = {}
+  for _, live in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    if live ~= member then
+      others[#others + 1] = live
+    end
+  end
+  return others
+end
+
 redis.register_function('hotsplit_cas', hotsplit_cas)
 redis.register_function('hotsplit_layout', hotsplit_layout)
 redis.register_function('hotsplit_alloc', hotsplit_alloc)
+redis.register_function('hotsplit_live', hotsplit_live)

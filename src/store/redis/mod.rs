@@ -65,8 +65,8 @@ use fred::types::{Builder, ConnectHandle, Key as FredKey, Value};
 use futures_util::future::{join_all, BoxFuture};
 
 use super::{
-    layout_key, now_unix_ms, CopyRead, CopyWrite, Layout, LayoutSwap, NodeLabel, ReplicaSet,
-    ServedBy, Store, WriteResult,
+    layout_key, live_key, live_member, now_unix_ms, CopyRead, CopyWrite, Layout, LayoutSwap,
+    NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -475,6 +475,34 @@ impl Store for RedisStore {
                     self.corrupt(format!("layout record {key} is corrupt: {text:?}"))
                 }),
             }
+        })
+    }
+
+    fn join_layout<'a>(
+        &'a self,
+        family: &'a str,
+        copies: u32,
+        instance: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
+        // A ttl of 0 would remove the member: a join always lasts at least a millisecond.
+        Box::pin(self.refresh_live(
+            live_key(family),
+            live_member(copies, instance),
+            ttl_ms.max(1),
+        ))
+    }
+
+    fn leave_layout<'a>(
+        &'a self,
+        family: &'a str,
+        copies: u32,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.refresh_live(live_key(family), live_member(copies, instance), 0)
+                .await
+                .map(drop)
         })
     }
 

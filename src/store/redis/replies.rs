@@ -104,6 +104,23 @@ pub(super) fn parse_layout_reply(reply: Value) -> std::result::Result<LayoutSwap
     }
 }
 
+/// Parses `hotsplit_live`'s list of other live members (`<copies>:<instance>`) into their copy
+/// counts.
+pub(super) fn parse_live_reply(reply: Value) -> std::result::Result<Vec<u32>, String> {
+    reply
+        .into_array()
+        .into_iter()
+        .map(|member| {
+            let text = member
+                .as_str()
+                .ok_or_else(|| format!("a member is not text: {member:?}"))?;
+            text.split_once(':')
+                .and_then(|(copies, _)| copies.parse().ok())
+                .ok_or_else(|| format!("member {text:?} is not copies:instance"))
+        })
+        .collect()
+}
+
 /// Parses `{"applied"|"current"|"stale"|"conflict", version}`.
 pub(super) fn parse_cas_reply(reply: Value) -> std::result::Result<CasOutcome, String> {
     let fields = reply.into_array();
