@@ -321,6 +321,53 @@ async fn suite(store: Arc<dyn Store>, prefix: &str) {
         version(11)
     );
 
+    // Live sets: each instance sees the others' copy counts, never its own; one leaving hides
+    // no other with the same count; an entry lapses when not refreshed.
+    let family = format!("{prefix}:live");
+    assert!(store
+        .join_layout(&family, 12, "big-1", 60_000)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store
+            .join_layout(&family, 4, "small", 60_000)
+            .await
+            .unwrap(),
+        vec![12]
+    );
+    let mut others = store
+        .join_layout(&family, 12, "big-2", 60_000)
+        .await
+        .unwrap();
+    others.sort_unstable();
+    assert_eq!(others, vec![4, 12]);
+    store.leave_layout(&family, 12, "big-1").await.unwrap();
+    assert_eq!(
+        store
+            .join_layout(&family, 4, "small", 60_000)
+            .await
+            .unwrap(),
+        vec![12]
+    );
+    store.leave_layout(&family, 12, "big-2").await.unwrap();
+    assert!(store
+        .join_layout(&family, 4, "small", 60_000)
+        .await
+        .unwrap()
+        .is_empty());
+    store.join_layout(&family, 8, "brief", 1).await.unwrap();
+    harness::poll("a live entry lapses", Duration::from_secs(5), || async {
+        store
+            .join_layout(&family, 4, "small", 60_000)
+            .await
+            .unwrap()
+            .is_empty()
+    })
+    .await;
+    // An instance name outside the allowed characters is refused, not stored.
+    assert!(store.join_layout(&family, 4, "a b", 60_000).await.is_err());
+
     store.ping().await.expect("ping");
 }
 

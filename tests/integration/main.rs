@@ -18,6 +18,7 @@ mod http_e2e;
 mod memory;
 mod redis_security;
 mod redis_store;
+mod resize;
 mod route;
 mod spool;
 mod startup;

@@ -1,0 +1,164 @@
+//! Resizing with instances on two copy counts at once, on a real standalone Redis: writers
+//! write every copy a live larger instance reads, the smaller instance's sweep waits for the
+//! larger one to stop, and growing again never serves a copy that missed an edit.
+
+use std::time::Duration;
+
+use hotsplit::config::Config;
+use hotsplit_devcluster as devcluster;
+
+use crate::harness::{self, config_with_family, get, hgetall, poll, publish_succeeds, Service};
+
+/// How often the instances refresh their live entries and sweep in these tests.
+const INTERVAL: Duration = Duration::from_millis(100);
+
+fn config(url: &str, prefix: &str, copies: u32) -> Config {
+    let mut config = config_with_family(Some(url), prefix, copies);
+    config.heal.layout_interval = INTERVAL;
+    config.heal.sweep_interval = INTERVAL;
+    config
+}
+
+/// The version stored in `copy_key` on `port`, or `None` when the copy is missing.
+fn stored_version(port: u16, copy_key: &str) -> Option<u64> {
+    hgetall(port, copy_key)
+        .get("ver")
+        .map(|ver| ver.parse().expect("a stored version is a number"))
+}
+
+/// An absence cannot be polled: this waits five sweeps of the instances under test, after which
+/// a sweep that was going to delete has deleted.
+async fn several_sweeps() {
+    tokio::time::sleep(INTERVAL * 5).await;
+}
+
+/// The versions `base` serves for `key` to 64 different clients (so every copy is read).
+async fn served_versions(http: &reqwest::Client, base: &str, key: &str) -> Vec<(String, u64)> {
+    let mut served = Vec::new();
+    for client in 0..64 {
+        let client = format!("reader-{client}");
+        let answer = get(http, &format!("{base}/v1/keys/{key}?client={client}"), &[]).await;
+        assert!(
+            answer.status().is_success(),
+            "{client}: {key} answered {}",
+            answer.status()
+        );
+        let version = answer.headers()["hotsplit-version"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        served.push((client, version));
+    }
+    served
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resize_two_instances_on_different_copy_counts_keep_every_read_copy_current() {
+    let server = harness::shared_standalone();
+    let (url, port) = (server.url(), server.node.port());
+    let http = reqwest::Client::new();
+    let big = Service::start(config(&url, "rz-alt:", 12)).await;
+    let small = Service::start(config(&url, "rz-alt:", 4)).await;
+
+    // Publishing alternately through both: after each publish, every copy the larger instance
+    // reads holds the newest version (none missed the smaller instance's edits).
+    for version in 1..=20u64 {
+        let base = if version % 2 == 1 {
+            &big.base
+        } else {
+            &small.base
+        };
+        publish_succeeds(&http, base, "rz-alt:1", version, &format!("v{version}")).await;
+        for copy in 0..12 {
+            assert_eq!(
+                stored_version(port, &format!("rz-alt:1#{copy}")),
+                Some(version),
+                "copy {copy} after version {version}, published through the {} instance",
+                if version % 2 == 1 {
+                    "12-copy"
+                } else {
+                    "4-copy"
+                }
+            );
+        }
+        for (client, served) in served_versions(&http, &big.base, "rz-alt:1").await {
+            assert_eq!(served, version, "{client} of the 12-copy instance");
+        }
+    }
+
+    // The smaller instance's sweep leaves the copies alone while the larger one is live...
+    publish_succeeds(&http, &big.base, "rz-alt:idle", 1, "idle").await;
+    several_sweeps().await;
+    for copy in 0..12 {
+        assert_eq!(
+            stored_version(port, &format!("rz-alt:idle#{copy}")),
+            Some(1),
+            "copy {copy} was swept while the 12-copy instance was live"
+        );
+    }
+    // ...and deletes them once it has stopped (its live entry lapses), then lowers the record.
+    big.stop().await;
+    poll(
+        "the sweep deletes copies 4..12 after the larger instance stopped",
+        Duration::from_secs(10),
+        || {
+            std::future::ready(
+                (4..12).all(|copy| stored_version(port, &format!("rz-alt:idle#{copy}")).is_none()),
+            )
+        },
+    )
+    .await;
+    assert_eq!(stored_version(port, "rz-alt:idle#0"), Some(1));
+    poll(
+        "the sweep lowers the layout record",
+        Duration::from_secs(10),
+        || {
+            let record = devcluster::cli(port, &["GET", "#hotsplit#layout#rz-alt:"]).unwrap();
+            std::future::ready(record == "4:4")
+        },
+    )
+    .await;
+    small.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resize_shrink_then_grow_within_the_ttl_serves_no_missed_edit() {
+    let server = harness::shared_standalone();
+    let (url, port) = (server.url(), server.node.port());
+    let http = reqwest::Client::new();
+    // A rolling shrink from 12 to 4 copies: both run for a while, then the larger one stops.
+    let big = Service::start(config(&url, "rz-grow:", 12)).await;
+    let small = Service::start(config(&url, "rz-grow:", 4)).await;
+    publish_succeeds(&http, &big.base, "rz-grow:1", 1, "v1").await;
+    // Long enough for the smaller instance to sweep, had it swept while the larger one reads.
+    several_sweeps().await;
+    publish_succeeds(&http, &big.base, "rz-grow:1", 2, "v2").await;
+    big.stop().await;
+    publish_succeeds(&http, &small.base, "rz-grow:1", 3, "v3").await;
+
+    // Growing back to 12 within the TTL: no copy holds an edit older than the newest, and
+    // every reader of the grown instance is served the newest version.
+    let grown = Service::start(config(&url, "rz-grow:", 12)).await;
+    for copy in 0..12 {
+        let stored = stored_version(port, &format!("rz-grow:1#{copy}"));
+        assert!(
+            stored.is_none_or(|version| version == 3),
+            "copy {copy} holds version {stored:?}, which missed version 3"
+        );
+    }
+    for (client, served) in served_versions(&http, &grown.base, "rz-grow:1").await {
+        assert_eq!(served, 3, "{client} of the grown instance");
+    }
+    // The grown layout is recorded, and the smaller instance's sweep keeps its hands off it
+    // while the grown instance is live.
+    several_sweeps().await;
+    let record = devcluster::cli(port, &["GET", "#hotsplit#layout#rz-grow:"]).unwrap();
+    assert_eq!(record, "12:12");
+    publish_succeeds(&http, &small.base, "rz-grow:1", 4, "v4").await;
+    for (client, served) in served_versions(&http, &grown.base, "rz-grow:1").await {
+        assert_eq!(served, 4, "{client} of the grown instance");
+    }
+    grown.stop().await;
+    small.stop().await;
+}
