@@ -40,7 +40,8 @@ pub struct HealConfig {
     /// How many read repairs may run at once; a repair beyond it is skipped (and counted).
     /// Default: 16.
     pub repair_concurrency: usize,
-    /// How often each family's layout record is re-read to detect a mismatch. Default: `5s`.
+    /// How often each family's layout record is re-read to detect a mismatch and this
+    /// instance's live entry refreshed (it lapses after three intervals). Default: `5s`.
     #[serde(with = "crate::duration")]
     pub layout_interval: Duration,
     /// How often, after a family shrank, its keys are scanned and copies beyond its copy count
