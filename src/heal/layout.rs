@@ -147,10 +147,18 @@ impl Layouts {
             let name = family.name();
             // Join first: an instance that reads the live set after this call writes this
             // instance's copies; one that read it before is waited for below.
-            let others = store
+            // A join that fails (the store refuses FCALL) does not stop startup: publishes
+            // fail the same way then, and the watcher retries the join every interval.
+            let live = match store
                 .join_layout(name, family.copies, &liveness.instance, ttl_ms)
-                .await?;
-            let live = others.iter().copied().max();
+                .await
+            {
+                Ok(others) => others.iter().copied().max(),
+                Err(err) => {
+                    tracing::warn!(family = name, error = %err, "cannot join the family's live set: retried every layout interval");
+                    None
+                }
+            };
             let recorded = store.read_layout(name).await?;
             let max_copies = record_configured(store, family).await?;
             metrics.layout_mismatch(name, false);

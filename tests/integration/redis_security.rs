@@ -36,7 +36,7 @@ use crate::harness::{self, config_from_toml, poll, publish_expecting, Service};
 // ---------------------------------------------------------------------------------------------
 
 /// The least-privilege user of `hotsplit serve`, without its password (`>...` is appended).
-const SERVE_ACL: &str = "on resetkeys ~*#* ~hotsplit:hb:* resetchannels -@all +fcall +function|load +hmget +hget +hset +pexpireat +pexpire +pttl +incr +get +set +del +scan +wait +ping +info +client|id +cluster|info +cluster|slots +cluster|nodes +readonly";
+const SERVE_ACL: &str = "on resetkeys ~*#* ~hotsplit:hb:* resetchannels -@all +fcall +function|load +hmget +hget +hset +pexpireat +pexpire +pttl +incr +get +set +zadd +zrem +zrange +zremrangebyscore +time +del +scan +wait +ping +info +client|id +cluster|info +cluster|slots +cluster|nodes +readonly";
 
 /// The read-only user of `hotsplit audit`, without its password.
 const AUDIT_ACL: &str =
