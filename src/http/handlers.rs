@@ -13,6 +13,7 @@ use super::AppState;
 use crate::key::{Key, Version};
 use crate::publish::{PublishReport, PublishStatus, SyncReplicas};
 use crate::read::{CopyChoice, ReadAnswer, ReadRequest};
+use crate::store::NodeLabel;
 use crate::wire;
 
 /// `Hotsplit-Version`, checked at compile time.
@@ -121,6 +122,11 @@ pub struct StatusBody {
     /// config (another instance runs another copy count). Absent when there is none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     layout_mismatches: Vec<String>,
+    /// `/readyz` only: primaries (`host:port`) that lack the function library (they refused
+    /// `FUNCTION LOAD` or did not answer); their copies queue until a background retry loads
+    /// it. Absent when there is none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    library_missing: Vec<String>,
 }
 
 fn parse_version(raw: &str, name: &str) -> Result<Version, ApiError> {
@@ -601,6 +607,7 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
         status: "ok",
         store: state.inner().store.kind(),
         layout_mismatches: Vec::new(),
+        library_missing: Vec::new(),
     })
     .into_response()
 }
@@ -621,6 +628,13 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, A
         status: "ready",
         store: state.inner().store.kind(),
         layout_mismatches: state.inner().heal.layouts.mismatches(),
+        library_missing: state
+            .inner()
+            .store
+            .library_missing()
+            .iter()
+            .map(NodeLabel::to_string)
+            .collect(),
     }))
 }
 

@@ -39,7 +39,8 @@ impl LagMonitor {
 
     /// Refreshes the topology at once, then every second while some primary has no replica
     /// known (Redis leaves a replica out of `CLUSTER SLOTS` until it has replicated some
-    /// data), every 10 s otherwise.
+    /// data) or lacks the function library (the refresh retries loading it), every 10 s
+    /// otherwise.
     async fn refresh_loop(&self, shutdown: &CancellationToken) {
         loop {
             tokio::select! {
@@ -59,8 +60,10 @@ impl LagMonitor {
                 .values()
                 .flatten()
                 .any(|lag| self.table.current(lag).is_none());
-            let missing =
-                unseen || sets.is_empty() || sets.iter().any(|set| set.replicas.is_empty());
+            let missing = unseen
+                || sets.is_empty()
+                || sets.iter().any(|set| set.replicas.is_empty())
+                || !self.store.library_missing().is_empty();
             let every = if missing {
                 Duration::from_secs(1)
             } else {

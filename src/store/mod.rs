@@ -412,6 +412,13 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when it does not.
     fn ping(&self) -> BoxFuture<'_, Result<()>>;
+
+    /// The primaries known to lack the store's function library (they refused it or did not
+    /// answer; their writes fail until a background retry loads it), for `/readyz`. Default:
+    /// none.
+    fn library_missing(&self) -> Vec<NodeLabel> {
+        Vec::new()
+    }
 }
 
 /// A family's copy layout as recorded in the store, shared by every instance.

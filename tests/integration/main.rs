@@ -9,6 +9,7 @@ mod binary;
 mod check;
 mod client_lib;
 mod conformance;
+mod degraded;
 mod deploy;
 mod floors;
 mod harness;

@@ -1,8 +1,7 @@
-//! The compare-and-set: the Redis Functions library (`hotsplit.lua`, loaded with
-//! `FUNCTION LOAD REPLACE` on every primary), the per-node `FCALL hotsplit_cas` pipelines of
-//! [`Store::write_copies`], the reload and single retry after `ERR Function not found`, the
-//! version counter (`FCALL hotsplit_alloc`) and the layout record's compare-and-set
-//! (`FCALL hotsplit_layout`).
+//! The compare-and-set: the per-node `FCALL hotsplit_cas` pipelines of
+//! [`Store::write_copies`], the reload (on the failing node only, see `library.rs`) and single
+//! retry after `ERR Function not found`, the version counter (`FCALL hotsplit_alloc`) and the
+//! layout record's compare-and-set (`FCALL hotsplit_layout`).
 //!
 //! Versions cross into Lua as canonical decimal strings and are never converted to numbers.
 
@@ -16,7 +15,8 @@ use fred::types::Value;
 use futures_util::future::join_all;
 
 use super::failure::Failure;
-use super::replicas::server_label;
+#[cfg(test)]
+use super::library::LIBRARY;
 use super::replies::{parse_cas_reply, parse_layout_reply, parse_live_reply};
 use super::RedisStore;
 use crate::error::{Error, ErrorKind, Result};
@@ -27,9 +27,6 @@ use crate::store::{
     now_unix_ms, retain_until_ms, CasOutcome, CopyWrite, Layout, LayoutSwap, NodeLabel, Payload,
     WriteResult,
 };
-
-/// The Redis Functions library (`#!lua name=hotsplit`), loaded on every primary.
-const LIBRARY: &str = include_str!("hotsplit.lua");
 
 /// The library's compare-and-set function.
 const CAS_FUNCTION: &str = "hotsplit_cas";
@@ -52,46 +49,8 @@ const MAX_COUNTER_FLOOR: u64 = i64::MAX as u64 - 1;
 const MAX_MILLIS: u64 = 999_999_999_999_999_999;
 
 impl RedisStore {
-    /// (Re)loads the function library with `FUNCTION LOAD REPLACE` on every primary, one
-    /// command per primary, concurrently.
-    ///
-    /// Each primary is addressed directly rather than through fred's `function_load_cluster`:
-    /// fred sends such all-node commands only after draining every connection, which would wait
-    /// on a paused node without a bound.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Timeout`] or [`ErrorKind::Unavailable`] for the first primary that failed;
-    /// [`ErrorKind::Unavailable`] when no primary is known.
-    pub async fn load_library(&self) -> Result<()> {
-        if let Some(node) = &self.standalone_node {
-            return self
-                .client
-                .function_load::<Value, _>(true, LIBRARY)
-                .await
-                .map(drop)
-                .map_err(|err| {
-                    self.fail(format_args!("loading the function library on {node}"), &err)
-                });
-        }
-        let primaries = self.known_primaries()?;
-        let loads = primaries.iter().map(|server| async move {
-            self.client
-                .with_cluster_node(server.clone())
-                .function_load::<Value, _>(true, LIBRARY)
-                .await
-                .map(drop)
-                .map_err(|err| {
-                    self.fail(
-                        format_args!("loading the function library on {}", server_label(server)),
-                        &err,
-                    )
-                })
-        });
-        join_all(loads).await.into_iter().collect()
-    }
-
     /// Writes every copy with `FCALL hotsplit_cas`, one pipeline per owning node, all nodes at
-    /// once; after `ERR Function not found`, reloads the library once and retries those writes
+    /// once; after `ERR Function not found`, reloads the library on those nodes and retries those writes
     /// once. The body of [`Store::write_copies`].
     pub(super) async fn cas_copies(&self, writes: &[CopyWrite]) -> Vec<WriteResult> {
         let placement = self.placement();
@@ -111,8 +70,13 @@ impl RedisStore {
                 .map(|(at, _)| at)
                 .collect();
         if !missing.is_empty() {
-            // One reload for the whole batch, then each of those writes is retried once.
-            self.reload_after_missing_function(missing.len()).await;
+            // One reload per node that lacks the library, then each of those writes is retried
+            // once; the other primaries are left alone.
+            let mut lacking: Vec<NodeLabel> = missing.iter().map(|&at| nodes[at].clone()).collect();
+            lacking.sort();
+            lacking.dedup();
+            self.reload_after_missing_function(missing.len(), &lacking)
+                .await;
             let retried = self.cas_per_node(writes, &nodes, &missing).await;
             for (at, reply) in missing.into_iter().zip(retried) {
                 replies[at] = reply;
@@ -310,27 +274,22 @@ impl RedisStore {
         let first = self.client.fcall(function, key, args.clone()).await;
         match first {
             Err(err) if Failure::of(&err) == Failure::FunctionMissing => {
-                self.reload_after_missing_function(1).await;
+                let node = self.placement().node_of(key);
+                self.reload_after_missing_function(1, &[node]).await;
                 self.client.fcall(function, key, args).await
             }
             other => other,
         }
     }
 
-    /// Counts `failed` commands answered with `ERR Function not found` and reloads the library.
-    /// A failure to reload is only logged: the retried commands report it.
-    async fn reload_after_missing_function(&self, failed: usize) {
+    /// Counts `failed` commands answered with `ERR Function not found` and reloads the library
+    /// on `nodes`, where they failed (each at most once per `library::RELOAD_INTERVAL`). A
+    /// failure to reload is only logged: the retried commands report it.
+    async fn reload_after_missing_function(&self, failed: usize, nodes: &[NodeLabel]) {
         for _ in 0..failed {
             self.metrics.store_error(Failure::FunctionMissing.as_str());
         }
-        match self.load_library().await {
-            Ok(()) => {
-                tracing::info!(target = %self.target, "reloaded the hotsplit function library")
-            }
-            Err(err) => {
-                tracing::warn!(target = %self.target, error = %err, "could not reload the hotsplit function library")
-            }
-        }
+        self.reload_library_on(nodes).await;
     }
 
     /// Turns one `hotsplit_cas` reply into an outcome.

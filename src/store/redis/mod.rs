@@ -6,10 +6,12 @@
 //!
 //! # How it talks to Redis
 //! - **Writes** go through the Redis Functions library in `hotsplit.lua` (`FCALL hotsplit_cas`),
-//!   loaded with `FUNCTION LOAD REPLACE` on every primary at connect time. Functions replicate
-//!   and survive failovers, unlike `SCRIPT LOAD`. A node that lost its functions (a restart
-//!   without persistence) answers `ERR Function not found`: the store reloads the library on every
-//!   primary and retries those writes once.
+//!   loaded with `FUNCTION LOAD REPLACE` on every primary that accepts it at connect time; the
+//!   others are retried in the background, at most once a second each, and their writes fail
+//!   (so their copies queue) meanwhile. Functions replicate and survive failovers, unlike
+//!   `SCRIPT LOAD`. A node that lost its functions (a restart without persistence) answers
+//!   `ERR Function not found`: the store reloads the library on that node only and retries
+//!   those writes once.
 //! - **Fan-out**: [`Store::write_copies`] groups the writes by owning node (fred's cached slot
 //!   map) and sends each group as one fred pipeline, all nodes at once: one round trip, not N.
 //!   fred routes each pipelined command by its own key and gives one timeout to the whole
@@ -37,8 +39,10 @@
 //!   [`Store`] implementation, which delegates to the files below.
 //! - `target.rs`: [`RedisTarget`] and [`RedisOptions`], the URL and `host:port` parsing; no fred.
 //! - `failure.rs`: `Failure`, the classification of fred errors, and `RedisStore::fail`.
-//! - `cas.rs`: the function library (`hotsplit.lua` beside it), the per-node compare-and-set
-//!   pipelines, the reload after `ERR Function not found`, and the version counter.
+//! - `library.rs`: the function library (`hotsplit.lua` beside it), which primaries lack it,
+//!   and the rate-limited loads on them.
+//! - `cas.rs`: the per-node compare-and-set pipelines, the reload after
+//!   `ERR Function not found`, and the version counter.
 //! - `replicas.rs`: replica clients, the `CLUSTER SLOTS` replica map and key placement.
 //! - `heartbeat.rs`: heartbeat writes and reads and their keys.
 //! - `wait.rs`: synced writes, the compare-and-set followed by `WAIT`.
@@ -75,6 +79,7 @@ use crate::metrics::Metrics;
 mod cas;
 mod failure;
 mod heartbeat;
+mod library;
 mod readonly;
 mod replicas;
 mod replies;
@@ -142,6 +147,8 @@ pub struct RedisStore {
     replica_map: std::sync::RwLock<Option<ReplicaMap>>,
     /// Cluster mode: the heartbeat hash tag found for each primary (a tag whose slot it owns).
     heartbeat_tags: std::sync::Mutex<std::collections::HashMap<NodeLabel, String>>,
+    /// The primaries known to lack the function library, retried in the background.
+    library: library::LibraryState,
 }
 
 impl fmt::Debug for RedisStore {
@@ -167,8 +174,11 @@ impl Drop for RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to `options.target`, waits for the connection (at most `connect_timeout`) and
-    /// loads the `hotsplit` function library with `FUNCTION LOAD REPLACE` on every primary.
+    /// Connects to `options.target`, waits for the connection (at most `connect_timeout`, or
+    /// one `connect_timeout` per cluster seed plus one: fred tries the seeds in turn) and loads
+    /// the `hotsplit` function library with `FUNCTION LOAD REPLACE` on every primary. A primary
+    /// that refuses the library does not stop the connection: it is retried in the background
+    /// and listed by [`Store::library_missing`].
     ///
     /// Every command the store sends afterwards is bounded by `command_timeout`. A node that
     /// drops its connection is reconnected with exponential backoff (100 ms to 2 s, forever);
@@ -177,8 +187,7 @@ impl RedisStore {
     ///
     /// # Errors
     /// [`ErrorKind::Config`] when a target address is malformed; [`ErrorKind::Unavailable`] when
-    /// Redis cannot be reached within `connect_timeout` (the message names the URL) or the
-    /// library cannot be loaded; [`ErrorKind::Timeout`] when loading the library timed out.
+    /// Redis cannot be reached in time (the message names the URL) or no primary is known.
     pub async fn connect(options: RedisOptions, metrics: Arc<Metrics>) -> Result<RedisStore> {
         let url = options.url();
         let config_error =
@@ -228,33 +237,42 @@ impl RedisStore {
             )
         })?;
 
-        let connection_task =
-            match tokio::time::timeout(options.connect_timeout, client.init()).await {
-                Ok(Ok(task)) => task,
-                Ok(Err(err)) => {
-                    metrics.store_error(Failure::of(&err).as_str());
-                    return Err(Error::new(
-                        ErrorKind::Unavailable,
-                        format!(
-                            "could not connect to redis at {url}: {}{}",
-                            err.details(),
-                            Failure::connect_hint(&err)
-                        ),
-                    ));
-                }
-                Err(_) => {
-                    metrics.store_error(Failure::Timeout.as_str());
-                    // The connection task outlives the dropped `init` future; ask it to stop.
-                    let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
-                    return Err(Error::new(
-                        ErrorKind::Unavailable,
-                        format!(
-                            "could not connect to redis at {url} within {} ms",
-                            options.connect_timeout.as_millis()
-                        ),
-                    ));
-                }
-            };
+        // fred tries the seeds one after another, each within the connect timeout, then
+        // connects every primary at once: a paused seed costs one connect timeout when another
+        // seed answers, so the whole connection may take one per seed plus one.
+        let seeds = match &options.target {
+            RedisTarget::Standalone(_) => 0,
+            RedisTarget::Cluster(addresses) => addresses.len(),
+        };
+        let init_timeout = options
+            .connect_timeout
+            .saturating_mul(u32::try_from(seeds).unwrap_or(u32::MAX).saturating_add(1));
+        let connection_task = match tokio::time::timeout(init_timeout, client.init()).await {
+            Ok(Ok(task)) => task,
+            Ok(Err(err)) => {
+                metrics.store_error(Failure::of(&err).as_str());
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "could not connect to redis at {url}: {}{}",
+                        err.details(),
+                        Failure::connect_hint(&err)
+                    ),
+                ));
+            }
+            Err(_) => {
+                metrics.store_error(Failure::Timeout.as_str());
+                // The connection task outlives the dropped `init` future; ask it to stop.
+                let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "could not connect to redis at {url} within {} ms",
+                        init_timeout.as_millis()
+                    ),
+                ));
+            }
+        };
 
         let mut replica_clients = Vec::with_capacity(options.replicas.len());
         if !options.replicas.is_empty() && standalone_node.is_none() {
@@ -292,15 +310,15 @@ impl RedisStore {
             monitor_client: tokio::sync::OnceCell::new(),
             replica_map: std::sync::RwLock::new(None),
             heartbeat_tags: std::sync::Mutex::new(std::collections::HashMap::new()),
+            library: library::LibraryState::default(),
         };
-        store.load_library().await.map_err(|err| {
-            Error::new(
-                err.kind(),
-                format!(
-                    "connected to redis at {url} but could not load the function library: {err}"
-                ),
-            )
-        })?;
+        // Start with the primaries that accept the library: the others are retried in the
+        // background (`library.rs`), and their copies queue meanwhile.
+        let loaded = store.load_library_everywhere().await?;
+        let missing = store.library_missing();
+        if !missing.is_empty() {
+            tracing::warn!(target = %url, loaded, missing = ?missing.iter().map(NodeLabel::to_string).collect::<Vec<_>>(), "started without the function library on some primaries; retrying them in the background");
+        }
         Ok(store)
     }
 
@@ -450,7 +468,16 @@ impl Store for RedisStore {
     }
 
     fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(self.refresh_replicas())
+        Box::pin(async move {
+            // The background retry of primaries that lack the library rides on the refresh,
+            // which runs every second while one does (see `LagMonitor`).
+            self.reload_missing_library().await;
+            self.refresh_replicas().await
+        })
+    }
+
+    fn library_missing(&self) -> Vec<NodeLabel> {
+        RedisStore::library_missing(self)
     }
 
     fn read_replica_copy<'a>(

@@ -1,0 +1,228 @@
+//! The function library on each primary: loaded with `FUNCTION LOAD REPLACE` where it is
+//! missing, one primary at a time, at most once per [`RELOAD_INTERVAL`] per primary.
+//!
+//! The store starts with the primaries that accept the library and records the others in
+//! [`LibraryState`]; their writes fail (`ERR Function not found`, so the publisher queues the
+//! copies) until a later attempt loads it there. Attempts come from three places: the topology
+//! refresh (in the background, every second while a primary lacks the library), a write that
+//! met `ERR Function not found` on a node (that node only, never every primary), and
+//! `/readyz`, which also lists the primaries still without it.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use fred::interfaces::FunctionInterface;
+use fred::types::Value;
+use futures_util::future::join_all;
+
+use super::replicas::server_label;
+use super::RedisStore;
+use crate::error::Result;
+use crate::store::NodeLabel;
+
+/// The Redis Functions library (`#!lua name=hotsplit`), loaded on every primary.
+pub(super) const LIBRARY: &str = include_str!("hotsplit.lua");
+
+/// The shortest time between two attempts to load the library on one primary: a primary that
+/// refuses it (`NOREPLICAS`, a paused node) is not asked again by every write that meets it.
+pub(super) const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The primaries known to lack the library, with the time of the last attempt on each.
+#[derive(Debug, Default)]
+pub(super) struct LibraryState {
+    /// Primary → when the library was last sent to it (`None`: never by this instance).
+    /// Never locked across an await.
+    missing: std::sync::Mutex<BTreeMap<NodeLabel, Option<Instant>>>,
+}
+
+impl LibraryState {
+    /// The primaries known to lack the library, in label order.
+    pub(super) fn missing(&self) -> Vec<NodeLabel> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Records that `node` lacks the library (a write met `ERR Function not found` there).
+    fn mark_missing(&self, node: &NodeLabel) {
+        self.lock().entry(node.clone()).or_insert(None);
+    }
+
+    /// Of `nodes`, those due for an attempt (none within [`RELOAD_INTERVAL`]); each one
+    /// returned is stamped now, so concurrent callers do not send the same load twice.
+    fn take_due(&self, nodes: &[NodeLabel], now: Instant) -> Vec<NodeLabel> {
+        let mut missing = self.lock();
+        nodes
+            .iter()
+            .filter(|node| match missing.get_mut(*node) {
+                None => false,
+                Some(last) => {
+                    let due = last.is_none_or(|at| now.duration_since(at) >= RELOAD_INTERVAL);
+                    if due {
+                        *last = Some(now);
+                    }
+                    due
+                }
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Records the outcome of one attempt on `node`.
+    fn record(&self, node: &NodeLabel, loaded: bool, now: Instant) {
+        let mut missing = self.lock();
+        if loaded {
+            missing.remove(node);
+        } else {
+            missing.insert(node.clone(), Some(now));
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeLabel, Option<Instant>>> {
+        // A panic while the lock was held cannot leave the map inconsistent: every update is
+        // a single insert or remove.
+        self.missing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl RedisStore {
+    /// Loads the library on every primary this instance knows, concurrently, and records the
+    /// primaries that refused or did not answer as missing it. Returns how many accepted it.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] when no primary is known.
+    pub(super) async fn load_library_everywhere(&self) -> Result<usize> {
+        let primaries = match &self.standalone_node {
+            Some(node) => vec![node.clone()],
+            None => self
+                .known_primaries()?
+                .iter()
+                .map(server_label)
+                .collect::<Vec<_>>(),
+        };
+        let now = Instant::now();
+        for node in &primaries {
+            self.library.mark_missing(node);
+        }
+        let due = self.library.take_due(&primaries, now);
+        let loaded = self.load_library_on(&due).await;
+        Ok(primaries.len() - loaded.iter().filter(|failed| **failed).count())
+    }
+
+    /// Loads the library on the primaries known to lack it whose last attempt is older than
+    /// [`RELOAD_INTERVAL`]; the background retry, called by the topology refresh.
+    pub(super) async fn reload_missing_library(&self) {
+        let missing = self.library.missing();
+        if missing.is_empty() {
+            return;
+        }
+        let due = self.library.take_due(&missing, Instant::now());
+        self.load_library_on(&due).await;
+    }
+
+    /// Marks `nodes` (writes there met `ERR Function not found`) as missing the library and
+    /// loads it on each that is due; the other primaries are left alone.
+    pub(super) async fn reload_library_on(&self, nodes: &[NodeLabel]) {
+        for node in nodes {
+            self.library.mark_missing(node);
+        }
+        let due = self.library.take_due(nodes, Instant::now());
+        self.load_library_on(&due).await;
+    }
+
+    /// The primaries known to lack the library.
+    pub(super) fn library_missing(&self) -> Vec<NodeLabel> {
+        self.library.missing()
+    }
+
+    /// Sends `FUNCTION LOAD REPLACE` to each of `nodes`, one command per node, concurrently,
+    /// and records each outcome; returns, per node, whether it failed.
+    ///
+    /// Each primary is addressed directly rather than through fred's `function_load_cluster`:
+    /// fred sends such all-node commands only after draining every connection, which would wait
+    /// on a paused node without a bound.
+    async fn load_library_on(&self, nodes: &[NodeLabel]) -> Vec<bool> {
+        let servers = match &self.standalone_node {
+            Some(_) => Vec::new(),
+            None => self.primary_servers(),
+        };
+        let loads = nodes.iter().map(|node| {
+            let server = servers
+                .iter()
+                .find(|server| server_label(server) == *node)
+                .cloned();
+            async move {
+                let reply = match (&self.standalone_node, server) {
+                    (Some(_), _) => {
+                        self.client
+                            .function_load::<Value, _>(true, LIBRARY)
+                            .await
+                    }
+                    (None, Some(server)) => {
+                        self.client
+                            .with_cluster_node(server)
+                            .function_load::<Value, _>(true, LIBRARY)
+                            .await
+                    }
+                    // No longer a primary (a failover): its successor has the library through
+                    // replication, or meets `ERR Function not found` and is marked then.
+                    (None, None) => {
+                        self.library.record(node, true, Instant::now());
+                        return false;
+                    }
+                };
+                let failed = match reply {
+                    Ok(_) => {
+                        tracing::info!(node = %node, "loaded the hotsplit function library");
+                        false
+                    }
+                    Err(err) => {
+                        let err = self
+                            .fail(format_args!("loading the function library on {node}"), &err);
+                        tracing::warn!(node = %node, error = %err, "could not load the hotsplit function library; its copies queue until a retry loads it");
+                        true
+                    }
+                };
+                self.library.record(node, !failed, Instant::now());
+                failed
+            }
+        });
+        join_all(loads).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn label(text: &str) -> NodeLabel {
+        NodeLabel::new(text.to_owned())
+    }
+
+    #[test]
+    fn a_missing_primary_is_due_once_per_interval() {
+        let state = LibraryState::default();
+        let a = label("127.0.0.1:1");
+        let b = label("127.0.0.1:2");
+        let start = Instant::now();
+        // Unknown nodes are never due: only primaries known to lack the library are loaded.
+        assert!(state.take_due(&[a.clone()], start).is_empty());
+        state.mark_missing(&a);
+        state.mark_missing(&b);
+        assert_eq!(state.take_due(&[a.clone()], start), vec![a.clone()]);
+        assert!(state.take_due(&[a.clone()], start).is_empty(), "stamped");
+        state.record(&a, false, start);
+        let later = start + RELOAD_INTERVAL;
+        assert_eq!(
+            state.take_due(&[a.clone(), b.clone()], later),
+            vec![a.clone(), b.clone()]
+        );
+        state.record(&a, true, later);
+        assert_eq!(state.missing(), vec![b]);
+    }
+
+    #[test]
+    fn the_library_is_named_and_prefixed() {
+        assert!(LIBRARY.starts_with("#!lua name=hotsplit\n"));
+    }
+}
