@@ -196,7 +196,7 @@ mod tests {
     use super::*;
 
     fn label(text: &str) -> NodeLabel {
-        NodeLabel::new(text.to_owned())
+        NodeLabel::new(text)
     }
 
     #[test]
@@ -206,11 +206,11 @@ mod tests {
         let b = label("127.0.0.1:2");
         let start = Instant::now();
         // Unknown nodes are never due: only primaries known to lack the library are loaded.
-        assert!(state.take_due(&[a.clone()], start).is_empty());
+        assert!(state.take_due(std::slice::from_ref(&a), start).is_empty());
         state.mark_missing(&a);
         state.mark_missing(&b);
-        assert_eq!(state.take_due(&[a.clone()], start), vec![a.clone()]);
-        assert!(state.take_due(&[a.clone()], start).is_empty(), "stamped");
+        assert_eq!(state.take_due(std::slice::from_ref(&a), start), vec![a.clone()]);
+        assert!(state.take_due(std::slice::from_ref(&a), start).is_empty(), "stamped");
         state.record(&a, false, start);
         let later = start + RELOAD_INTERVAL;
         assert_eq!(
