@@ -24,6 +24,8 @@ pub(super) enum Failure {
     ReadOnly,
     /// `NOSCRIPT`: a script cache miss.
     NoScript,
+    /// `NOPERM`: the ACL user may not run the command (a configuration error, not a fault).
+    NoPermission,
     /// The client is closing, or the command was dropped.
     Canceled,
     /// fred's command queue is full.
@@ -50,6 +52,8 @@ impl Failure {
                     Failure::ReadOnly
                 } else if details.starts_with("NOSCRIPT") {
                     Failure::NoScript
+                } else if details.starts_with("NOPERM") {
+                    Failure::NoPermission
                 } else {
                     Failure::Other
                 }
@@ -83,6 +87,7 @@ impl Failure {
             Failure::FunctionMissing => "function_missing",
             Failure::ReadOnly => "readonly",
             Failure::NoScript => "noscript",
+            Failure::NoPermission => "noperm",
             Failure::Canceled => "canceled",
             Failure::Backpressure => "backpressure",
             Failure::Other => "other",

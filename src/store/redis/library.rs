@@ -15,9 +15,10 @@ use fred::interfaces::FunctionInterface;
 use fred::types::Value;
 use futures_util::future::join_all;
 
+use super::failure::Failure;
 use super::replicas::server_label;
 use super::RedisStore;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::NodeLabel;
 
 /// The Redis Functions library (`#!lua name=hotsplit`), loaded on every primary.
@@ -90,7 +91,9 @@ impl RedisStore {
     /// primaries that refused or did not answer as missing it. Returns how many accepted it.
     ///
     /// # Errors
-    /// [`crate::ErrorKind::Unavailable`] when no primary is known.
+    /// [`crate::ErrorKind::Unavailable`] when no primary is known, or when a primary refused
+    /// the load for lack of permission (`NOPERM`: the ACL user needs `FUNCTION LOAD`, which
+    /// no retry fixes).
     pub(super) async fn load_library_everywhere(&self) -> Result<usize> {
         let primaries = match &self.standalone_node {
             Some(node) => vec![node.clone()],
@@ -105,8 +108,15 @@ impl RedisStore {
             self.library.mark_missing(node);
         }
         let due = self.library.take_due(&primaries, now);
-        let loaded = self.load_library_on(&due).await;
-        Ok(primaries.len() - loaded.iter().filter(|failed| **failed).count())
+        let failures = self.load_library_on(&due).await;
+        let mut failed = 0;
+        for failure in failures.into_iter().flatten() {
+            if failure.0 == Failure::NoPermission {
+                return Err(failure.1);
+            }
+            failed += 1;
+        }
+        Ok(primaries.len() - failed)
     }
 
     /// Loads the library on the primaries known to lack it whose last attempt is older than
@@ -136,12 +146,12 @@ impl RedisStore {
     }
 
     /// Sends `FUNCTION LOAD REPLACE` to each of `nodes`, one command per node, concurrently,
-    /// and records each outcome; returns, per node, whether it failed.
+    /// and records each outcome; returns, per node, how it failed (`None`: loaded).
     ///
     /// Each primary is addressed directly rather than through fred's `function_load_cluster`:
     /// fred sends such all-node commands only after draining every connection, which would wait
     /// on a paused node without a bound.
-    async fn load_library_on(&self, nodes: &[NodeLabel]) -> Vec<bool> {
+    async fn load_library_on(&self, nodes: &[NodeLabel]) -> Vec<Option<(Failure, Error)>> {
         let servers = match &self.standalone_node {
             Some(_) => Vec::new(),
             None => self.primary_servers(),
@@ -168,22 +178,23 @@ impl RedisStore {
                     // replication, or meets `ERR Function not found` and is marked then.
                     (None, None) => {
                         self.library.record(node, true, Instant::now());
-                        return false;
+                        return None;
                     }
                 };
                 let failed = match reply {
                     Ok(_) => {
                         tracing::info!(node = %node, "loaded the hotsplit function library");
-                        false
+                        None
                     }
                     Err(err) => {
+                        let failure = Failure::of(&err);
                         let err = self
                             .fail(format_args!("loading the function library on {node}"), &err);
                         tracing::warn!(node = %node, error = %err, "could not load the hotsplit function library; its copies queue until a retry loads it");
-                        true
+                        Some((failure, err))
                     }
                 };
-                self.library.record(node, !failed, Instant::now());
+                self.library.record(node, failed.is_none(), Instant::now());
                 failed
             }
         });
@@ -209,8 +220,14 @@ mod tests {
         assert!(state.take_due(std::slice::from_ref(&a), start).is_empty());
         state.mark_missing(&a);
         state.mark_missing(&b);
-        assert_eq!(state.take_due(std::slice::from_ref(&a), start), vec![a.clone()]);
-        assert!(state.take_due(std::slice::from_ref(&a), start).is_empty(), "stamped");
+        assert_eq!(
+            state.take_due(std::slice::from_ref(&a), start),
+            vec![a.clone()]
+        );
+        assert!(
+            state.take_due(std::slice::from_ref(&a), start).is_empty(),
+            "stamped"
+        );
         state.record(&a, false, start);
         let later = start + RELOAD_INTERVAL;
         assert_eq!(

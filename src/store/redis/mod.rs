@@ -314,7 +314,14 @@ impl RedisStore {
         };
         // Start with the primaries that accept the library: the others are retried in the
         // background (`library.rs`), and their copies queue meanwhile.
-        let loaded = store.load_library_everywhere().await?;
+        let loaded = store.load_library_everywhere().await.map_err(|err| {
+            Error::new(
+                err.kind(),
+                format!(
+                    "connected to redis at {url} but could not load the function library: {err}"
+                ),
+            )
+        })?;
         let missing = store.library_missing();
         if !missing.is_empty() {
             tracing::warn!(target = %url, loaded, missing = ?missing.iter().map(NodeLabel::to_string).collect::<Vec<_>>(), "started without the function library on some primaries; retrying them in the background");
