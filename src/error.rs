@@ -29,6 +29,9 @@ pub enum ErrorKind {
     Unavailable,
     /// A store command did not answer within the configured timeout.
     Timeout,
+    /// A store command was not sent: its node is known to be failing (a command there timed
+    /// out and no probe has seen it answer since).
+    NodeFailing,
     /// The configuration is invalid; the message names the field.
     Config,
     /// A read named a class that does not exist.
@@ -61,6 +64,7 @@ impl ErrorKind {
             ErrorKind::ClassNotAllowed => "class_not_allowed",
             ErrorKind::StalenessBudgetExceeded => "staleness_budget_exceeded",
             ErrorKind::Io => "io",
+            ErrorKind::NodeFailing => "node_failing",
         }
     }
 }

@@ -52,7 +52,8 @@ pub struct CopyReport {
     pub node: String,
     /// What happened.
     pub outcome: CopyOutcome,
-    /// For a failed (queued or dropped) write, the error class (`timeout` or `unavailable`).
+    /// For a failed (queued or dropped) write, the error class: `timeout`, `unavailable`, or
+    /// `node_failing` (not sent: the node is known to be failing, see [`crate::heal::health`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// With `sync_replicas`: how many replicas of the copy's node acknowledged the write
@@ -435,10 +436,10 @@ impl Publisher {
                 Ok(CasOutcome::Conflict { .. }) => (CopyOutcome::Conflict, None),
                 Err(err) => {
                     tracing::warn!(copy_key = %write.copy_key, node = %result.node, error = %err, "copy write failed");
-                    let class = if err.kind() == ErrorKind::Timeout {
-                        "timeout"
-                    } else {
-                        "unavailable"
+                    let class = match err.kind() {
+                        ErrorKind::Timeout => "timeout",
+                        ErrorKind::NodeFailing => "node_failing",
+                        _ => "unavailable",
                     };
                     (CopyOutcome::Failed, Some(class.to_owned()))
                 }

@@ -233,7 +233,9 @@ impl Reader {
             Err(err) => match err.kind() {
                 ErrorKind::NotFound => ReadOutcome::NotFound,
                 ErrorKind::BelowVersionFloor => ReadOutcome::BelowFloor,
-                ErrorKind::Unavailable | ErrorKind::Timeout => ReadOutcome::Unavailable,
+                ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::NodeFailing => {
+                    ReadOutcome::Unavailable
+                }
                 _ => return result.map(|(answer, _)| answer),
             },
         };

@@ -24,7 +24,8 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::heal::{
-    HealHandles, LayoutWatcher, Layouts, Liveness, Repairer, RetryQueue, RetryWorker,
+    HealHandles, HealthProber, HealthStore, LayoutWatcher, Layouts, Liveness, NodeHealth, Repairer,
+    RetryQueue, RetryWorker,
 };
 use crate::http::{router, AppState};
 use crate::metrics::Metrics;
@@ -202,6 +203,8 @@ pub struct Service {
 struct Background {
     /// Drops expired copies from the embedded store; `None` with Redis.
     purger: Option<Purger>,
+    /// Probes failing nodes and returns them to service; `None` on the embedded store.
+    health_prober: Option<HealthProber>,
     /// Probes failing nodes and flushes the retry queue.
     retry_worker: RetryWorker,
     /// Re-reads the layout records and sweeps shrunk families.
@@ -228,7 +231,13 @@ impl Service {
 
         let connected =
             Connected::connect(&config.store, config.version_retention(), &metrics).await?;
-        let store = connected.store();
+        // With Redis, everything above the store sees it through node health: a node known to
+        // be failing costs no command timeout (`heal::health`).
+        let health = NodeHealth::new();
+        let store: Arc<dyn Store> = match &connected {
+            Connected::Memory(_) => connected.store(),
+            Connected::Redis(redis) => Arc::new(HealthStore::new(redis.clone(), health.clone())),
+        };
         // Record each family's layout before anything else can fail or start.
         let families = Arc::new(config.families());
         let liveness = Liveness {
@@ -237,7 +246,7 @@ impl Service {
             command_timeout: config.store.command_timeout,
         };
         let layouts = Layouts::reconcile(&*store, &families, &metrics, &liveness).await?;
-        let (retry_queue, purger) = match connected {
+        let (retry_queue, purger, health_prober) = match connected {
             // The embedded store never fails a copy write: nothing to spool.
             Connected::Memory(memory) => (
                 Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
@@ -245,8 +254,9 @@ impl Service {
                     store: memory,
                     interval: Duration::from_secs(1),
                 }),
+                None,
             ),
-            Connected::Redis(_) => {
+            Connected::Redis(redis) => {
                 let placement = store.clone();
                 let queue = RetryQueue::open(
                     config.heal.clone(),
@@ -255,7 +265,14 @@ impl Service {
                     move |copy_key| placement.node_of(copy_key),
                 )?;
                 tracing::info!(spool = %config.heal.spool_dir.display(), entries = queue.depth(), "retry spool opened");
-                (Arc::new(queue), None)
+                let queue = Arc::new(queue);
+                health.attach_queue(queue.clone());
+                let prober = HealthProber {
+                    health,
+                    store: redis,
+                    queue: queue.clone(),
+                };
+                (queue, None, Some(prober))
             }
         };
         // The worker's final drain ends before the grace period does, so its leftovers are
@@ -314,6 +331,7 @@ impl Service {
             cancel,
             background: Background {
                 purger,
+                health_prober,
                 retry_worker,
                 layout_watcher,
                 lag_monitor,
@@ -354,6 +372,9 @@ impl Service {
         };
         if let Some(purger) = background.purger {
             tracker.spawn(purger.run(cancel.clone()));
+        }
+        if let Some(prober) = background.health_prober {
+            tracker.spawn(prober.run(cancel.clone()));
         }
         tracker.spawn(background.retry_worker.run(cancel.clone()));
         tracker.spawn(background.layout_watcher.run(cancel.clone()));

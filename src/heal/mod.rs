@@ -7,12 +7,16 @@
 //!   of bincode), replayed at startup.
 //! - [`worker`]: the background task that probes failing nodes with backoff and flushes their
 //!   entries through the same compare-and-set as a publish.
+//! - [`health`]: which nodes are failing (fed by store timeouts, cleared by probes once their
+//!   queued entries are flushed), read by the publisher and the reader through [`HealthStore`];
+//!   pending retry versions as read floors.
 //! - [`repair`]: read repair of a stale or missing affine copy, off the request path.
 //! - [`layout`]: each family's copy layout recorded in the store, mismatch detection, and the
 //!   deletion of copies removed by a shrink.
 //! - [`jitter`]: per-copy expiry jitter, so the copies of a hot key do not expire together.
 
 pub mod config;
+pub mod health;
 pub mod layout;
 pub mod queue;
 pub mod repair;
@@ -20,6 +24,7 @@ pub mod spool;
 pub mod worker;
 
 pub use config::HealConfig;
+pub use health::{HealthProber, HealthStore, NodeHealth};
 pub use layout::{LayoutWatcher, Layouts, Liveness};
 pub use queue::{Admission, DropReason, FailedCopy, RetryQueue, RetryQueueView};
 pub use repair::Repairer;

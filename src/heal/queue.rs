@@ -6,7 +6,7 @@
 //! while the mutex is held.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -248,6 +248,9 @@ struct Core {
     metrics: Arc<Metrics>,
     /// The spool file's size, for its gauge (`None` without a spool).
     spool_size: Option<Arc<AtomicU64>>,
+    /// How many entries are pending, kept beside the state so a read can skip the lock when
+    /// there is none ([`RetryQueue::pending_version`]).
+    pending: AtomicUsize,
 }
 
 impl Core {
@@ -302,6 +305,7 @@ impl RetryQueue {
                 config,
                 metrics,
                 spool_size: None,
+                pending: AtomicUsize::new(0),
             }),
             spool: None,
         }
@@ -339,6 +343,7 @@ impl RetryQueue {
                 config,
                 metrics,
                 spool_size: Some(spool.size_handle()),
+                pending: AtomicUsize::new(0),
             }),
             spool: Some(spool),
         };
@@ -776,6 +781,38 @@ impl RetryQueue {
         }
     }
 
+    /// The version of the entry pending for `copy_key`, if any: a floor for reads of that copy
+    /// (`heal::health`). One atomic load when the queue is empty.
+    pub fn pending_version(&self, copy_key: &CopyKey) -> Option<Version> {
+        if self.core.pending.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.core
+            .state()
+            .entries
+            .get(copy_key.as_str())
+            .map(|entry| entry.version)
+    }
+
+    /// How many entries are pending on `node` (the node their write failed on).
+    pub fn pending_on(&self, node: &NodeLabel) -> usize {
+        self.core
+            .state()
+            .nodes
+            .get(node)
+            .map_or(0, |queue| queue.keys.len())
+    }
+
+    /// Makes `node`'s next probe due now (a health probe saw it answer) and wakes the worker.
+    pub fn retry_now(&self, node: &NodeLabel) {
+        let mut state = self.core.state();
+        if let Some(queue) = state.nodes.get_mut(node) {
+            queue.next_probe = Instant::now();
+            drop(state);
+            self.core.wake.notify_one();
+        }
+    }
+
     /// Pending entries.
     pub fn depth(&self) -> usize {
         self.core.state().entries.len()
@@ -1045,6 +1082,7 @@ impl Core {
     }
 
     fn publish_gauges(&self, state: &State) {
+        self.pending.store(state.entries.len(), Ordering::Release);
         self.metrics.retry_queue(
             state.entries.len(),
             state.bytes,

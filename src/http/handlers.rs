@@ -127,6 +127,11 @@ pub struct StatusBody {
     /// it. Absent when there is none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     library_missing: Vec<String>,
+    /// `/readyz` only: nodes (`host:port`) known to be failing, or back but with queued copies
+    /// not yet flushed: their copy writes are queued at once (`node_failing`) while failing, and
+    /// reads of their copies go to sibling copies until they are flushed. Absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    nodes_avoided: Vec<String>,
 }
 
 fn parse_version(raw: &str, name: &str) -> Result<Version, ApiError> {
@@ -608,6 +613,7 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
         store: state.inner().store.kind(),
         layout_mismatches: Vec::new(),
         library_missing: Vec::new(),
+        nodes_avoided: Vec::new(),
     })
     .into_response()
 }
@@ -632,6 +638,13 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, A
             .inner()
             .store
             .library_missing()
+            .iter()
+            .map(NodeLabel::to_string)
+            .collect(),
+        nodes_avoided: state
+            .inner()
+            .store
+            .avoided_nodes()
             .iter()
             .map(NodeLabel::to_string)
             .collect(),

@@ -219,7 +219,7 @@ impl From<Error> for ApiError {
             ErrorKind::BelowVersionFloor => {
                 return ApiError::new(Code::BelowVersionFloor, err.message()).retry_later()
             }
-            ErrorKind::Unavailable | ErrorKind::Timeout => {
+            ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::NodeFailing => {
                 tracing::warn!(error = %err, "store unavailable");
                 return ApiError::new(Code::Unavailable, "the store did not answer; retry later")
                     .retry_later();

@@ -419,6 +419,33 @@ pub trait Store: Send + Sync + 'static {
     fn library_missing(&self) -> Vec<NodeLabel> {
         Vec::new()
     }
+
+    /// The nodes reads avoid because they are failing or recovering (`heal::health`), for
+    /// `/readyz`. Default: none.
+    fn avoided_nodes(&self) -> Vec<NodeLabel> {
+        Vec::new()
+    }
+
+    /// The node that holds `key`'s version counter, when the store has nodes. Default: none.
+    fn counter_node(&self, key: &Key) -> Option<NodeLabel> {
+        let _ = key;
+        None
+    }
+
+    /// Sends one `PING` to `node` (a primary or a replica), bounded by `timeout`: the probe
+    /// that tells when a failing node is back. The default pings the whole store.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when it does not
+    /// answer in time.
+    fn ping_node<'a>(
+        &'a self,
+        node: &'a NodeLabel,
+        timeout: std::time::Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        let _ = (node, timeout);
+        self.ping()
+    }
 }
 
 /// A family's copy layout as recorded in the store, shared by every instance.

@@ -1,15 +1,20 @@
 //! Starting with what is there: a master that refuses the function library (`NOREPLICAS`)
 //! does not stop startup, its copies queue and heal once it accepts the library; a paused seed
-//! among several costs one connect timeout, not the startup.
+//! among several costs one connect timeout, not the startup. A stopped master is failed fast
+//! around: its copies queue at once (`node_failing`), its reads go to siblings, and no reader
+//! goes back in time across the outage and the recovery.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use hotsplit_devcluster as devcluster;
+use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions};
 use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::harness::{
-    self, config_with_family, copy_on_owner, get_json, owner_port, poll, Service,
+    self, affinity, config_with_family, copy_on_owner, get, get_json, owner_port, poll,
+    publish_expecting, Service,
 };
 use crate::heal::{retry_queue, wait_drained};
 
@@ -140,5 +145,185 @@ async fn degraded_a_paused_seed_among_several_does_not_stop_startup() {
         .expect("node")
         .resume()
         .expect("SIGCONT");
+    service.stop().await;
+}
+
+/// The nodes `/readyz` lists as failing or recovering (empty when the field is absent).
+async fn nodes_avoided(http: &reqwest::Client, base: &str) -> Vec<String> {
+    let body = get_json(http, &format!("{base}/readyz")).await;
+    body["nodes_avoided"]
+        .as_array()
+        .map(|nodes| {
+            nodes
+                .iter()
+                .filter_map(|node| node.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The version a read answered with, from `Hotsplit-Version`.
+fn read_version(answer: &reqwest::Response) -> u64 {
+    answer.headers()["hotsplit-version"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
+    // A long node timeout: the paused master is never replaced during the test, so its copies
+    // come back on the same node.
+    let cluster = tokio::task::spawn_blocking(|| {
+        Cluster::start(ClusterOptions {
+            node_timeout_ms: 60_000,
+            ..ClusterOptions::default()
+        })
+        .expect("start a redis cluster")
+    })
+    .await
+    .unwrap();
+    let mut config = config_with_family(Some(&cluster.url()), "sick:", 16);
+    config.store.command_timeout = Duration::from_millis(1000);
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    publish_expecting(&http, &base, "sick:1", 1, "v1", StatusCode::OK).await;
+    let victim = owner_port(&cluster, "sick:1#0");
+    let victim_label = format!("127.0.0.1:{victim}");
+
+    // Readers: eight client ids, half of them carrying the highest version they saw as a floor.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let readers: Vec<_> = (0..8)
+        .map(|reader| {
+            let (base, stop, reads) = (base.clone(), stop.clone(), reads.clone());
+            tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                let mut seen = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut request =
+                        http.get(format!("{base}/v1/keys/sick:1?client=reader-{reader}"));
+                    if reader % 2 == 0 && seen > 0 {
+                        request = request.header("hotsplit-min-version", seen.to_string());
+                    }
+                    if let Ok(answer) = request.send().await {
+                        if answer.status() == StatusCode::OK {
+                            let version = read_version(&answer);
+                            assert!(
+                                version >= seen,
+                                "reader-{reader} went back from {seen} to {version}"
+                            );
+                            seen = version;
+                            reads.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await; // Pacing, not a wait.
+                }
+            })
+        })
+        .collect();
+
+    cluster
+        .node(victim)
+        .expect("node")
+        .pause()
+        .expect("SIGSTOP");
+    // The first publish waits for the command timeout on the victim, which marks it failing;
+    // from then on its copies are queued at once with the error `node_failing`.
+    let mut version = 1;
+    let mut fast = None;
+    for _ in 0..20 {
+        version += 1;
+        let answer =
+            publish_expecting(&http, &base, "sick:1", version, "v", StatusCode::ACCEPTED).await;
+        let body: Value = answer.json().await.unwrap();
+        let victim_lines: Vec<&Value> = body["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|line| line["node"] == victim_label.as_str())
+            .collect();
+        assert!(!victim_lines.is_empty(), "{body}");
+        for line in &victim_lines {
+            assert_eq!(line["outcome"], "queued", "{line}");
+        }
+        if victim_lines
+            .iter()
+            .all(|line| line["error"] == "node_failing")
+        {
+            fast = Some(body);
+            break;
+        }
+    }
+    let fast = fast.expect("a publish reports the victim's copies queued with node_failing");
+    assert_eq!(fast["dropped"].as_u64(), Some(0), "{fast}");
+    assert_eq!(
+        nodes_avoided(&http, &base).await,
+        vec![victim_label.clone()]
+    );
+
+    // A read whose affine copy is on the victim is served by a sibling at the newest version.
+    let mut checked = 0;
+    for client in 0..64 {
+        let client = format!("probe-{client}");
+        let route = affinity(&http, &base, "sick:1", &client).await;
+        if route["node"] != victim_label.as_str() {
+            continue;
+        }
+        let answer = get(
+            &http,
+            &format!("{base}/v1/keys/sick:1?client={client}"),
+            &[],
+        )
+        .await;
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert_eq!(read_version(&answer), version, "{client}");
+        let served_by = answer.headers()["hotsplit-served-by"].to_str().unwrap();
+        assert!(
+            !served_by.starts_with(&victim_label),
+            "{client}: {served_by}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 0, "some client reads a copy on the victim");
+
+    cluster
+        .node(victim)
+        .expect("node")
+        .resume()
+        .expect("SIGCONT");
+    poll(
+        "the victim takes reads back once its queued copies are flushed",
+        Duration::from_secs(30),
+        || async { nodes_avoided(&http, &base).await.is_empty() },
+    )
+    .await;
+    wait_drained(&http, &base).await;
+    // Readers keep reading after the recovery, through the victim again.
+    let after = reads.load(Ordering::Relaxed);
+    poll(
+        "readers read after the recovery",
+        Duration::from_secs(10),
+        || {
+            let reads = reads.clone();
+            async move { reads.load(Ordering::Relaxed) > after + 50 }
+        },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.await.expect("no reader went back in time");
+    }
+    for copy in 0..16 {
+        let copy_key = format!("sick:1#{copy}");
+        let fields = copy_on_owner(&cluster, &copy_key);
+        assert_eq!(
+            fields.get("ver").map(String::as_str),
+            Some(version.to_string().as_str()),
+            "{copy_key}: {fields:?}"
+        );
+    }
     service.stop().await;
 }

@@ -487,6 +487,54 @@ impl Store for RedisStore {
         RedisStore::library_missing(self)
     }
 
+    fn counter_node(&self, key: &Key) -> Option<NodeLabel> {
+        Some(self.placement().node_of(&key.counter_key()))
+    }
+
+    fn ping_node<'a>(
+        &'a self,
+        node: &'a NodeLabel,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let ping = async {
+                // A replica through its own client; a primary through the lag monitor's client,
+                // so a probe of a paused node never stalls the data client.
+                let reply = if let Some(replica) = self.replica_client(node) {
+                    replica.node.client.ping::<Value>(None).await
+                } else {
+                    let client = self.monitor_client().await?;
+                    if self.standalone_node.is_some() {
+                        client.ping::<Value>(None).await
+                    } else {
+                        let server = self
+                            .primary_servers()
+                            .into_iter()
+                            .find(|server| server_label(server) == *node)
+                            .ok_or_else(|| {
+                                Error::new(
+                                    ErrorKind::Unavailable,
+                                    format!("{node} is not a known node"),
+                                )
+                            })?;
+                        client.with_cluster_node(server).ping::<Value>(None).await
+                    }
+                };
+                reply
+                    .map(drop)
+                    .map_err(|err| self.fail(format_args!("probe of {node}"), &err))
+            };
+            tokio::time::timeout(timeout, ping)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::Timeout,
+                        format!("probe of {node} timed out after {} ms", timeout.as_millis()),
+                    ))
+                })
+        })
+    }
+
     fn read_replica_copy<'a>(
         &'a self,
         copy_key: &'a CopyKey,

@@ -1,0 +1,539 @@
+//! Node health: which nodes are known to be failing, so publishes and reads stop waiting the
+//! command timeout for them.
+//!
+//! [`NodeHealth`] owns the state. A node becomes *failing* when a command on it times out
+//! ([`HealthStore`] sees every store result). While it is failing, its copy writes are not sent
+//! (they fail at once with [`ErrorKind::NodeFailing`], so the publisher queues them and reports
+//! `queued` with the error `node_failing`), a version allocation whose counter lives there fails
+//! at once (503 `unavailable`), and reads of its copies fail at once (the reader goes to the
+//! siblings). [`HealthProber`] sends a cheap `PING` with a short timeout to each failing node;
+//! once one answers, the node is *recovering*: writes go to it again (the retry queue flushes),
+//! reads still avoid it until the retry queue holds no entry for it, then it is healthy.
+//!
+//! Monotonic reads across an outage: while the retry queue holds a pending entry for a copy,
+//! that entry's version is a floor for reads of that copy, on any node: a read that finds the
+//! copy below it is answered as a failed read, and the reader goes to the siblings, which hold
+//! the version (the publish applied there).
+//!
+//! The per-read check is one relaxed atomic load while every node is healthy and the queue is
+//! empty; otherwise a read-locked map lookup and, for a non-empty queue, one queue lookup.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use super::RetryQueue;
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::{CopyKey, Key, Version};
+use crate::store::{
+    CopyRead, CopyWrite, Layout, LayoutSwap, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
+};
+
+/// How often [`HealthProber`] looks at the failing and recovering nodes.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long a probe's `PING` may take before the node counts as still failing.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// How long each healthy primary may take to answer the `PING` of `/readyz` while some node is
+/// failing.
+pub const READY_PING_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What is known about a node that is not healthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sick {
+    /// A command timed out and no probe has seen the node answer since.
+    Failing,
+    /// A probe saw it answer; its queued entries are not all flushed yet.
+    Recovering,
+}
+
+/// The health of every node, shared by the store wrapper, the prober and `/readyz`.
+#[derive(Debug, Default)]
+pub struct NodeHealth {
+    /// How many nodes are not healthy: the fast path of every check is this one load.
+    unhealthy: AtomicUsize,
+    /// The nodes that are not healthy. Never locked across an await.
+    nodes: RwLock<HashMap<NodeLabel, Sick>>,
+    /// The retry queue, whose pending versions are read floors (attached once it is open).
+    queue: OnceLock<Arc<RetryQueue>>,
+}
+
+impl NodeHealth {
+    /// A health table with every node healthy.
+    pub fn new() -> Arc<NodeHealth> {
+        Arc::new(NodeHealth::default())
+    }
+
+    /// Attaches the retry queue (once): its pending versions become read floors, and a
+    /// recovering node is healthy once the queue holds nothing for it.
+    pub fn attach_queue(&self, queue: Arc<RetryQueue>) {
+        let _ = self.queue.set(queue);
+    }
+
+    /// Whether writes to `node` are not sent (it is failing).
+    pub fn is_failing(&self, node: &NodeLabel) -> bool {
+        self.state(node) == Some(Sick::Failing)
+    }
+
+    /// Whether reads avoid `node` (it is failing, or recovering with entries still queued).
+    pub fn avoids_reads(&self, node: &NodeLabel) -> bool {
+        self.state(node).is_some()
+    }
+
+    /// The nodes that are failing, then those recovering, in label order: for `/readyz` and
+    /// logs.
+    pub fn unhealthy(&self) -> (Vec<NodeLabel>, Vec<NodeLabel>) {
+        let nodes = self.read();
+        let mut failing: Vec<NodeLabel> = Vec::new();
+        let mut recovering: Vec<NodeLabel> = Vec::new();
+        for (node, sick) in nodes.iter() {
+            match sick {
+                Sick::Failing => failing.push(node.clone()),
+                Sick::Recovering => recovering.push(node.clone()),
+            }
+        }
+        failing.sort();
+        recovering.sort();
+        (failing, recovering)
+    }
+
+    /// Marks `node` failing (a command on it timed out).
+    pub fn mark_failing(&self, node: &NodeLabel) {
+        let mut nodes = self.write();
+        if nodes.insert(node.clone(), Sick::Failing) != Some(Sick::Failing) {
+            tracing::warn!(node = %node, "node marked failing: its copy writes queue at once and reads go to sibling copies until a probe sees it back");
+        }
+        self.unhealthy.store(nodes.len(), Ordering::Release);
+    }
+
+    /// A probe saw `node` answer: writes go to it again, reads wait for its queue to drain.
+    fn mark_recovering(&self, node: &NodeLabel) {
+        let mut nodes = self.write();
+        if let Some(sick) = nodes.get_mut(node) {
+            if *sick == Sick::Failing {
+                tracing::info!(node = %node, "node answers again: flushing its queued copies before it takes reads back");
+                *sick = Sick::Recovering;
+            }
+        }
+    }
+
+    /// `node` holds every queued copy again: it is healthy.
+    fn mark_healthy(&self, node: &NodeLabel) {
+        let mut nodes = self.write();
+        if nodes.remove(node).is_some() {
+            tracing::info!(node = %node, "node is healthy again and takes reads back");
+        }
+        self.unhealthy.store(nodes.len(), Ordering::Release);
+    }
+
+    /// The read floor the retry queue sets for `copy_key`: the version of its pending entry.
+    fn pending_floor(&self, copy_key: &CopyKey) -> Option<Version> {
+        self.queue
+            .get()
+            .and_then(|queue| queue.pending_version(copy_key))
+    }
+
+    fn state(&self, node: &NodeLabel) -> Option<Sick> {
+        if self.unhealthy.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.read().get(node).copied()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<NodeLabel, Sick>> {
+        // Every update is one insert or remove: a panic cannot leave the map inconsistent.
+        self.nodes.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<NodeLabel, Sick>> {
+        self.nodes.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The error of a command that was not sent because its node is failing.
+fn not_sent(node: &NodeLabel, what: &str) -> Error {
+    Error::new(
+        ErrorKind::NodeFailing,
+        format!("{what} on {node} not sent: the node is failing"),
+    )
+}
+
+/// A [`Store`] that consults and feeds [`NodeHealth`] around another store.
+pub struct HealthStore {
+    /// The store that does the work.
+    inner: Arc<dyn Store>,
+    /// The health table this wrapper reads and feeds.
+    health: Arc<NodeHealth>,
+}
+
+impl HealthStore {
+    /// Wraps `inner`; every result it returns feeds `health`.
+    pub fn new(inner: Arc<dyn Store>, health: Arc<NodeHealth>) -> HealthStore {
+        HealthStore { inner, health }
+    }
+
+    /// Marks the node failing when `result` is a timeout.
+    fn observe<T>(&self, node: &NodeLabel, result: &Result<T>) {
+        if matches!(result, Err(err) if err.kind() == ErrorKind::Timeout) {
+            self.health.mark_failing(node);
+        }
+    }
+
+    /// A read of `copy_key` on `node` through `read`, unless reads avoid that node; a record
+    /// below the copy's pending retry version is answered as a failed read.
+    async fn guarded_read(
+        &self,
+        copy_key: &CopyKey,
+        node: NodeLabel,
+        served_by: ServedBy,
+        read: BoxFuture<'_, CopyRead>,
+    ) -> CopyRead {
+        if self.health.avoids_reads(&node) {
+            return CopyRead {
+                served_by,
+                record: Err(not_sent(&node, &format!("read of copy {copy_key}"))),
+            };
+        }
+        let mut answer = read.await;
+        self.observe(&answer.served_by.node, &answer.record);
+        if let Some(floor) = self.health.pending_floor(copy_key) {
+            let behind = match &answer.record {
+                Ok(Some(record)) => record.version < floor,
+                Ok(None) => true,
+                Err(_) => false,
+            };
+            if behind {
+                answer.record = Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "copy {copy_key} on {} is behind its queued version {floor}",
+                        answer.served_by.node
+                    ),
+                ));
+            }
+        }
+        answer
+    }
+}
+
+impl Store for HealthStore {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn node_of(&self, copy_key: &CopyKey) -> NodeLabel {
+        self.inner.node_of(copy_key)
+    }
+
+    fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>> {
+        Box::pin(async move {
+            let nodes: Vec<NodeLabel> = writes
+                .iter()
+                .map(|write| self.inner.node_of(&write.copy_key))
+                .collect();
+            let skipped: Vec<bool> = nodes
+                .iter()
+                .map(|node| self.health.is_failing(node))
+                .collect();
+            let sent: Vec<CopyWrite> = writes
+                .iter()
+                .zip(&skipped)
+                .filter(|(_, skip)| !**skip)
+                .map(|(write, _)| write.clone())
+                .collect();
+            let mut results = if sent.is_empty() {
+                Vec::new()
+            } else {
+                self.inner.write_copies(&sent).await
+            }
+            .into_iter();
+            writes
+                .iter()
+                .zip(nodes)
+                .zip(skipped)
+                .map(|((write, node), skip)| {
+                    if skip {
+                        let error = not_sent(&node, &format!("write of copy {}", write.copy_key));
+                        return WriteResult {
+                            node,
+                            outcome: Err(error),
+                        };
+                    }
+                    let result = results.next().unwrap_or_else(|| WriteResult {
+                        outcome: Err(Error::new(
+                            ErrorKind::Unavailable,
+                            format!("no result for the write of copy {}", write.copy_key),
+                        )),
+                        node,
+                    });
+                    self.observe(&result.node, &result.outcome);
+                    result
+                })
+                .collect()
+        })
+    }
+
+    fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead> {
+        Box::pin(async move {
+            let node = self.inner.node_of(copy_key);
+            let served_by = ServedBy::primary(node.clone());
+            self.guarded_read(copy_key, node, served_by, self.inner.read_copy(copy_key))
+                .await
+        })
+    }
+
+    fn allocate_version<'a>(
+        &'a self,
+        key: &'a Key,
+        ttl_ms: u64,
+        floor: u64,
+    ) -> BoxFuture<'a, Result<Version>> {
+        Box::pin(async move {
+            let node = self.inner.counter_node(key);
+            if let Some(node) = &node {
+                if self.health.is_failing(node) {
+                    return Err(not_sent(node, &format!("version allocation for {key}")));
+                }
+            }
+            let result = self.inner.allocate_version(key, ttl_ms, floor).await;
+            if let Some(node) = &node {
+                self.observe(node, &result);
+            }
+            result
+        })
+    }
+
+    fn counter_node(&self, key: &Key) -> Option<NodeLabel> {
+        self.inner.counter_node(key)
+    }
+
+    fn topology(&self) -> Vec<ReplicaSet> {
+        self.inner.topology()
+    }
+
+    fn write_copies_synced<'a>(
+        &'a self,
+        writes: &'a [CopyWrite],
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> BoxFuture<'a, Vec<(WriteResult, Option<u32>)>> {
+        Box::pin(async move {
+            let results = self
+                .inner
+                .write_copies_synced(writes, replicas, timeout_ms)
+                .await;
+            for (result, _) in &results {
+                self.observe(&result.node, &result.outcome);
+            }
+            results
+        })
+    }
+
+    fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
+        self.inner.refresh_topology()
+    }
+
+    fn read_replica_copy<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+        replica: &'a NodeLabel,
+    ) -> BoxFuture<'a, CopyRead> {
+        Box::pin(async move {
+            let served_by = ServedBy {
+                node: replica.clone(),
+                role: crate::store::Role::Replica,
+            };
+            self.guarded_read(
+                copy_key,
+                replica.clone(),
+                served_by,
+                self.inner.read_replica_copy(copy_key, replica),
+            )
+            .await
+        })
+    }
+
+    fn write_heartbeat<'a>(
+        &'a self,
+        primary: &'a NodeLabel,
+        instance: &'a str,
+        stamp_us: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.inner.write_heartbeat(primary, instance, stamp_us)
+    }
+
+    fn read_heartbeat<'a>(
+        &'a self,
+        replica: &'a NodeLabel,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u64>>> {
+        self.inner.read_heartbeat(replica, instance)
+    }
+
+    fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
+        self.inner.replication_offset(node)
+    }
+
+    fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
+        self.inner.read_layout(family)
+    }
+
+    fn write_layout<'a>(
+        &'a self,
+        family: &'a str,
+        expected: Option<Layout>,
+        layout: Layout,
+    ) -> BoxFuture<'a, Result<LayoutSwap>> {
+        self.inner.write_layout(family, expected, layout)
+    }
+
+    fn join_layout<'a>(
+        &'a self,
+        family: &'a str,
+        copies: u32,
+        instance: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
+        self.inner.join_layout(family, copies, instance, ttl_ms)
+    }
+
+    fn leave_layout<'a>(
+        &'a self,
+        family: &'a str,
+        copies: u32,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.inner.leave_layout(family, copies, instance)
+    }
+
+    fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
+        self.inner.delete_copies(copy_keys)
+    }
+
+    fn scan_keys<'a>(
+        &'a self,
+        pattern: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>>> {
+        self.inner.scan_keys(pattern, limit)
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if self.health.unhealthy.load(Ordering::Acquire) == 0 {
+                return self.inner.ping().await;
+            }
+            // The store serves around a failing node (its copies queue, its reads go to the
+            // siblings): the others must answer.
+            let primaries: Vec<NodeLabel> = self
+                .inner
+                .topology()
+                .into_iter()
+                .map(|set| set.primary)
+                .filter(|node| !self.health.is_failing(node))
+                .collect();
+            let pings = primaries
+                .iter()
+                .map(|node| self.inner.ping_node(node, READY_PING_TIMEOUT));
+            futures_util::future::join_all(pings)
+                .await
+                .into_iter()
+                .collect()
+        })
+    }
+
+    fn ping_node<'a>(
+        &'a self,
+        node: &'a NodeLabel,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.inner.ping_node(node, timeout)
+    }
+
+    fn library_missing(&self) -> Vec<NodeLabel> {
+        self.inner.library_missing()
+    }
+
+    fn avoided_nodes(&self) -> Vec<NodeLabel> {
+        let (mut failing, recovering) = self.health.unhealthy();
+        failing.extend(recovering);
+        failing.sort();
+        failing
+    }
+}
+
+/// Probes failing nodes and returns recovered ones to service: the background task of
+/// [`NodeHealth`].
+pub struct HealthProber {
+    /// The table it updates.
+    pub health: Arc<NodeHealth>,
+    /// The store the probes go through (the unwrapped one).
+    pub store: Arc<dyn Store>,
+    /// The retry queue: a recovering node is healthy once it holds nothing for it.
+    pub queue: Arc<RetryQueue>,
+}
+
+impl HealthProber {
+    /// Runs until `shutdown` is cancelled.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(PROBE_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.tick().await,
+            }
+        }
+    }
+
+    /// One round: a `PING` to every failing node, at once; a recovering node with nothing
+    /// queued becomes healthy.
+    async fn tick(&self) {
+        let (failing, recovering) = self.health.unhealthy();
+        let probes = failing.iter().map(|node| async move {
+            let started = Instant::now();
+            let answered = self.store.ping_node(node, PROBE_TIMEOUT).await.is_ok()
+                && started.elapsed() <= PROBE_TIMEOUT;
+            (node, answered)
+        });
+        for (node, answered) in futures_util::future::join_all(probes).await {
+            if answered {
+                self.health.mark_recovering(node);
+                // Its backoff may be long: let the retry worker flush it now.
+                self.queue.retry_now(node);
+            }
+        }
+        for node in recovering {
+            if self.queue.pending_on(&node) == 0 {
+                self.health.mark_healthy(&node);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_fails_recovers_and_turns_healthy() {
+        let health = NodeHealth::default();
+        let node = NodeLabel::new("127.0.0.1:1");
+        let other = NodeLabel::new("127.0.0.1:2");
+        assert!(!health.is_failing(&node) && !health.avoids_reads(&node));
+        health.mark_failing(&node);
+        assert!(health.is_failing(&node) && health.avoids_reads(&node));
+        assert!(!health.avoids_reads(&other));
+        health.mark_recovering(&node);
+        assert!(!health.is_failing(&node), "writes go to a recovering node");
+        assert!(health.avoids_reads(&node), "reads wait for its queue");
+        health.mark_healthy(&node);
+        assert!(!health.avoids_reads(&node));
+        assert_eq!(health.unhealthy.load(Ordering::Acquire), 0);
+    }
+}
