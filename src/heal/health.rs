@@ -437,6 +437,10 @@ impl Store for HealthStore {
                 .map(|set| set.primary)
                 .filter(|node| !self.health.is_failing(node))
                 .collect();
+            if primaries.is_empty() {
+                // Every primary is failing: the store is down, whatever the probes say later.
+                return self.inner.ping().await;
+            }
             let pings = primaries
                 .iter()
                 .map(|node| self.inner.ping_node(node, READY_PING_TIMEOUT));
