@@ -44,5 +44,7 @@ echo "test.sh: $("$HOTSPLIT_VALKEY_SERVER" --version)"
 
 # Every workspace member's tests run (the hotsplit package, devcluster, redis-info).
 # Integration tests mostly wait on Redis and the network, so run more of them at once than
-# there are cores; fault-injection tests each start their own cluster.
-cargo test --workspace --locked -- --test-threads "${HOTSPLIT_TEST_THREADS:-8}"
+# there are cores; fault-injection tests each start their own cluster. Four at once on two cores:
+# at eight, tests that use a 300 ms command timeout (racing writers, a paused master, the spool's
+# SIGKILL test) were seen to time out on masters that were not faulted when the machine was busy.
+cargo test --workspace --locked -- --test-threads "${HOTSPLIT_TEST_THREADS:-4}"
