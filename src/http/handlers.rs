@@ -1,13 +1,13 @@
 //! Request handlers: parse, call the library, render. Each is documented for the OpenAPI spec.
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::params::{self, KeyPath, StrictQuery};
 use super::problem::{ApiError, Code};
 use super::AppState;
 use crate::key::{Key, Version};
@@ -31,14 +31,36 @@ const ROUTE: HeaderName = HeaderName::from_static(wire::header::ROUTE);
 pub struct WriteParams {
     /// The edit's version: canonical decimal, 1..=18446744073709551615. Required for `caller`
     /// families, refused for `allocated` ones.
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 18446744073709551615_u64)]
     version: Option<String>,
-    /// The writer's client id (or `Hotsplit-Client`): its reads of this key then see at least
-    /// this version for the family's `pin_window`.
+    /// The writer's client id (or `Hotsplit-Client`, which it wins over): its reads of this key
+    /// then see at least this version for the family's `pin_window`.
     client: Option<String>,
-    /// `PUT` only: wait until this many replicas of each written copy's node acknowledge
-    /// (`WAIT`), at most the replicas known for that node. Requires `sync_timeout_ms`.
+    /// Wait until this many replicas of each written copy's node acknowledge (`WAIT`), at most
+    /// the replicas known for that node. Requires `sync_timeout_ms`.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 64)]
     sync_replicas: Option<String>,
-    /// `PUT` only: how long to wait for `sync_replicas`, 1..=5000 ms.
+    /// How long to wait for `sync_replicas`, 1..=5000 ms.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 5000)]
+    sync_timeout_ms: Option<String>,
+}
+
+/// Query parameters of `DELETE /v1/keys/{key}`: those of a write without the replica wait,
+/// which an invalidation refuses.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct InvalidateParams {
+    /// The tombstone's version: canonical decimal, 1..=18446744073709551615. Required for
+    /// `caller` families, refused for `allocated` ones.
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 18446744073709551615_u64)]
+    version: Option<String>,
+    /// The writer's client id (or `Hotsplit-Client`, which it wins over).
+    client: Option<String>,
+    /// Refused: an invalidation does not wait for replicas.
+    #[param(ignore)]
+    sync_replicas: Option<String>,
+    /// Refused, as `sync_replicas`.
+    #[param(ignore)]
     sync_timeout_ms: Option<String>,
 }
 
@@ -47,18 +69,16 @@ fn parse_sync(params: &WriteParams) -> Result<Option<SyncReplicas>, ApiError> {
     match (&params.sync_replicas, &params.sync_timeout_ms) {
         (None, None) => Ok(None),
         (Some(replicas), Some(timeout)) => {
-            let replicas = replicas.parse::<u32>().map_err(|_| {
+            let replicas = params::parse_canonical_u64(replicas, wire::query::SYNC_REPLICAS)
+                .map_err(invalid)?;
+            let replicas = u32::try_from(replicas).map_err(|_| {
                 invalid(format!(
-                    "{} {replicas:?} is not a replica count",
+                    "{} {replicas} is larger than any replica count",
                     wire::query::SYNC_REPLICAS
                 ))
             })?;
-            let timeout_ms = timeout.parse::<u64>().map_err(|_| {
-                invalid(format!(
-                    "{} {timeout:?} is not a number of milliseconds",
-                    wire::query::SYNC_TIMEOUT_MS
-                ))
-            })?;
+            let timeout_ms = params::parse_canonical_u64(timeout, wire::query::SYNC_TIMEOUT_MS)
+                .map_err(invalid)?;
             Ok(Some(SyncReplicas {
                 replicas,
                 timeout_ms,
@@ -76,13 +96,21 @@ fn parse_sync(params: &WriteParams) -> Result<Option<SyncReplicas>, ApiError> {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ReadParams {
-    /// The client id whose affine copy to read (or the `Hotsplit-Client` header).
+    /// The client id whose affine copy to read (or the `Hotsplit-Client` header, which it wins
+    /// over). Required unless `copy` is sent.
+    #[param(min_length = 1)]
     client: Option<String>,
-    /// A version floor: a copy below it is never served (or `Hotsplit-Min-Version`).
+    /// A version floor: a copy below it is never served. Combined with every
+    /// `Hotsplit-Min-Version` value by maximum.
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 18446744073709551615_u64)]
     min_version: Option<String>,
-    /// Read one named copy instead of the affine one, for operators and tests.
+    /// Read one named copy instead of the affine one, for operators and tests: canonical
+    /// decimal, below the family's copy count (at most 1024 copies).
+    #[param(value_type = Option<u32>, minimum = 0, maximum = 1023)]
     copy: Option<String>,
-    /// The read class (or `Hotsplit-Read-Class`); default: the family's `default_class`.
+    /// The read class (or `Hotsplit-Read-Class`, which it wins over); default: the family's
+    /// `default_class`.
+    #[param(min_length = 1)]
     class: Option<String>,
 }
 
@@ -90,9 +118,11 @@ pub struct ReadParams {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct AffinityParams {
-    /// The key.
+    /// The key: 1..=512 printable ASCII bytes without '{', '}' or '#'.
+    #[param(required = true, value_type = String, min_length = 1, max_length = 512, pattern = r##"^[!-"$-z|~]+$"##)]
     key: Option<String>,
     /// The client id.
+    #[param(required = true, value_type = String, min_length = 1)]
     client: Option<String>,
 }
 
@@ -134,53 +164,18 @@ pub struct StatusBody {
     nodes_avoided: Vec<String>,
 }
 
-fn parse_version(raw: &str, name: &str) -> Result<Version, ApiError> {
-    raw.parse::<Version>()
-        .map_err(|err| ApiError::new(Code::InvalidVersion, format!("{name}: {}", err.message())))
-}
-
-fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
-    match headers.get(name) {
-        None => Ok(None),
-        Some(value) => value.to_str().map(Some).map_err(|_| {
-            ApiError::new(
-                Code::InvalidParameter,
-                format!("header {name} is not visible ascii"),
-            )
-        }),
-    }
-}
-
-/// Parses `If-None-Match` into the highest version among its entity tags.
-///
-/// Weak tags (`W/"5"`) and lists (`"5", "7"`) are accepted; tags that are not versions (another
-/// server's ETags, `*`) are ignored, which only means the full body is sent.
-pub fn parse_if_none_match(value: &str) -> Option<Version> {
-    value
-        .split(',')
-        .filter_map(|tag| {
-            let tag = tag.trim();
-            let tag = tag.strip_prefix("W/").unwrap_or(tag);
-            tag.strip_prefix('"')?
-                .strip_suffix('"')?
-                .parse::<Version>()
-                .ok()
-        })
-        .max()
-}
-
 /// The request headers a read uses, taken by reference (axum's `HeaderMap` extractor would
 /// clone every header of every read).
 pub struct ReadHeaders {
-    /// `Hotsplit-Client`.
+    /// `Hotsplit-Client`; its lines agree.
     client: Option<String>,
-    /// `Hotsplit-Min-Version`, unparsed.
-    min_version: Option<String>,
-    /// The highest version among the `If-None-Match` tags.
+    /// The highest `Hotsplit-Min-Version` over every line and list member.
+    min_version: Option<Version>,
+    /// The highest version among the tags of every `If-None-Match` line.
     if_none_match: Option<Version>,
-    /// `Hotsplit-Read-Class`.
+    /// `Hotsplit-Read-Class`; its lines agree.
     read_class: Option<String>,
-    /// `Hotsplit-Request`.
+    /// `Hotsplit-Request`; its lines agree.
     request_id: Option<String>,
 }
 
@@ -193,12 +188,16 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
     ) -> Result<Self, ApiError> {
         let headers = &parts.headers;
         Ok(ReadHeaders {
-            client: header_text(headers, wire::header::CLIENT)?.map(str::to_owned),
-            min_version: header_text(headers, wire::header::MIN_VERSION)?.map(str::to_owned),
-            if_none_match: header_text(headers, header::IF_NONE_MATCH.as_str())?
-                .and_then(parse_if_none_match),
-            read_class: header_text(headers, wire::header::READ_CLASS)?.map(str::to_owned),
-            request_id: header_text(headers, wire::header::REQUEST)?.map(str::to_owned),
+            client: params::one_identity(None, headers, wire::header::CLIENT)?,
+            min_version: params::highest_floor(
+                None,
+                wire::query::MIN_VERSION,
+                headers,
+                wire::header::MIN_VERSION,
+            )?,
+            if_none_match: params::if_none_match(headers)?,
+            read_class: params::one_identity(None, headers, wire::header::READ_CLASS)?,
+            request_id: params::request_id(headers)?,
         })
     }
 }
@@ -212,11 +211,8 @@ struct Writer {
 }
 
 fn writer(params_client: Option<String>, headers: &HeaderMap) -> Result<Writer, ApiError> {
-    let client = match params_client {
-        Some(client) => Some(client),
-        None => header_text(headers, wire::header::CLIENT)?.map(str::to_owned),
-    };
-    let request_id = header_text(headers, wire::header::REQUEST)?.map(str::to_owned);
+    let client = params::one_identity(params_client, headers, wire::header::CLIENT)?;
+    let request_id = params::request_id(headers)?;
     Ok(Writer { client, request_id })
 }
 
@@ -289,34 +285,32 @@ fn publish_status_response(report: PublishReport, status: PublishStatus) -> Resp
     path = "/v1/keys/{key}",
     tag = "keys",
     params(
-        ("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#'"),
+        ("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#', percent-encoded (malformed escapes and invalid UTF-8 are refused)", min_length = 1, max_length = 512, pattern = r##"^[!-"$-z|~]+$"##),
         WriteParams,
-        ("Hotsplit-Client" = Option<String>, Header, description = "The writer's client id, instead of ?client=: its reads of this key see at least this version for pin_window"),
-        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: later reads carrying it go to primaries for route.request_pin_window"),
+        ("Hotsplit-Client" = Option<String>, Header, description = "The writer's client id, instead of ?client= (which wins): its reads of this key see at least this version for pin_window. Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
+        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: later reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
     ),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw value"),
     responses(
         (status = 200, description = "No copy failed; at least one applied or all are current; Hotsplit-Version carries the version written (send it back as min_version for read-your-writes through any instance)", body = PublishReport),
         (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", body = PublishReport),
-        (status = 400, description = "invalid_key, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "invalid_key (also a malformed percent escape or invalid UTF-8), invalid_version (missing for a caller family, sent to an allocated one) or invalid_parameter (a malformed or repeated parameter, disagreeing header lines, sync_replicas above the replicas known)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "stale_version: nothing applied, a copy holds a newer version; version_conflict: a copy holds this version with a different body (body also carries the report)", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "value_too_large", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "value_too_large: the body, or its declared Content-Length (checked before `100 Continue`), is over server.max_value_bytes", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "internal: a bug or an unexpected local failure", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "publish_incomplete: some copy failed and was not queued (outcome `dropped`), retry the same version (body also carries the report); or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn publish_key(
     State(state): State<AppState>,
-    Path(raw_key): Path<String>,
-    params: Result<Query<WriteParams>, QueryRejection>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    KeyPath(key): KeyPath,
+    StrictQuery(params): StrictQuery<WriteParams>,
+    request: Request,
 ) -> Result<Response, ApiError> {
-    let key = Key::parse(&raw_key)?;
-    let Query(params) = params?;
-    let writer = writer(params.client.clone(), &headers)?;
-    let version = write_version(&params)?;
+    let writer = writer(params.client.clone(), request.headers())?;
+    let version = write_version(params.version.as_deref())?;
     let sync = parse_sync(&params)?;
-    let body = body.map_err(|rejection| body_error(&rejection, &state))?;
+    let body = read_value(request, &state).await?;
     let publisher = &state.inner().publisher;
     let report = match sync {
         None => publisher.publish(&key, version.into(), body).await?,
@@ -330,29 +324,44 @@ pub async fn publish_key(
 }
 
 /// The `?version=` of a write, when it carries one.
-fn write_version(params: &WriteParams) -> Result<Option<Version>, ApiError> {
-    params
-        .version
-        .as_deref()
-        .map(|raw| parse_version(raw, wire::query::VERSION))
+fn write_version(raw: Option<&str>) -> Result<Option<Version>, ApiError> {
+    raw.map(|raw| params::parse_version(raw, wire::query::VERSION))
         .transpose()
 }
 
-fn body_error(rejection: &BytesRejection, state: &AppState) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+/// Reads the value of a publish, refusing one larger than `server.max_value_bytes`.
+///
+/// A declared `Content-Length` over the limit is refused before the body is polled: hyper
+/// answers `Expect: 100-continue` with `100 Continue` only when the body is first read, so a
+/// client that waits for it gets the 413 instead and never sends the value.
+async fn read_value(request: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    let max = state.inner().max_value_bytes;
+    let too_large = || {
         ApiError::new(
             Code::ValueTooLarge,
-            format!(
-                "the value is larger than {} bytes",
-                state.inner().max_value_bytes
-            ),
+            format!("the value is larger than {max} bytes"),
         )
-    } else {
-        ApiError::new(
-            Code::InvalidParameter,
-            format!("the body could not be read: {}", rejection.body_text()),
-        )
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > max as u64) {
+        return Err(too_large());
     }
+    Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                too_large()
+            } else {
+                ApiError::new(
+                    Code::InvalidParameter,
+                    "the body could not be read to its end",
+                )
+            }
+        })
 }
 
 /// Invalidates a key: writes a versioned tombstone to every copy.
@@ -361,34 +370,38 @@ fn body_error(rejection: &BytesRejection, state: &AppState) -> ApiError {
     path = "/v1/keys/{key}",
     tag = "keys",
     params(
-        ("key" = String, Path, description = "The key"),
-        WriteParams,
-        ("Hotsplit-Client" = Option<String>, Header, description = "The writer's client id, instead of ?client="),
-        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: later reads carrying it go to primaries"),
+        ("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#', percent-encoded", min_length = 1, max_length = 512, pattern = r##"^[!-"$-z|~]+$"##),
+        InvalidateParams,
+        ("Hotsplit-Client" = Option<String>, Header, description = "The writer's client id, instead of ?client= (which wins). Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
+        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: later reads carrying it go to primaries. Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
     ),
     responses(
         (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),
-        (status = 400, description = "invalid_key, invalid_version or invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", body = PublishReport),
+        (status = 400, description = "invalid_key, invalid_version or invalid_parameter (including sync_replicas or sync_timeout_ms, which an invalidation refuses)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "stale_version or version_conflict", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "internal: a bug or an unexpected local failure", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "publish_incomplete or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn invalidate_key(
     State(state): State<AppState>,
-    Path(raw_key): Path<String>,
-    params: Result<Query<WriteParams>, QueryRejection>,
+    KeyPath(key): KeyPath,
+    StrictQuery(params): StrictQuery<InvalidateParams>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let key = Key::parse(&raw_key)?;
-    let Query(params) = params?;
     if params.sync_replicas.is_some() || params.sync_timeout_ms.is_some() {
         return Err(ApiError::new(
             Code::InvalidParameter,
-            format!("{} is supported on PUT only", wire::query::SYNC_REPLICAS),
+            format!(
+                "{} and {} are supported on PUT only",
+                wire::query::SYNC_REPLICAS,
+                wire::query::SYNC_TIMEOUT_MS
+            ),
         ));
     }
     let writer = writer(params.client.clone(), &headers)?;
-    let version = write_version(&params)?;
+    let version = write_version(params.version.as_deref())?;
     let report = state
         .inner()
         .publisher
@@ -403,49 +416,54 @@ pub async fn invalidate_key(
     path = "/v1/keys/{key}",
     tag = "keys",
     params(
-        ("key" = String, Path, description = "The key"),
+        ("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#', percent-encoded", min_length = 1, max_length = 512, pattern = r##"^[!-"$-z|~]+$"##),
         ReadParams,
-        ("Hotsplit-Client" = Option<String>, Header, description = "The client id, instead of ?client="),
-        ("Hotsplit-Min-Version" = Option<String>, Header, description = "A version floor, instead of ?min_version="),
-        ("If-None-Match" = Option<String>, Header, description = "Entity tags (\"V\", W/\"V\", lists); a floor too: 304 when no consulted copy is newer"),
-        ("Hotsplit-Read-Class" = Option<String>, Header, description = "The read class, instead of ?class="),
-        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: after a write carrying it, reads carrying it go to primaries for route.request_pin_window"),
+        ("Hotsplit-Client" = Option<String>, Header, description = "The client id, instead of ?client= (which wins). Repeated lines must be equal, compared whole (an id may contain commas)", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
+        ("Hotsplit-Min-Version" = Option<String>, Header, description = "A version floor. Every line and list member (\"3, 7\") and ?min_version= combine by maximum", pattern = r"^(?:[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615)$"),
+        ("If-None-Match" = Option<String>, Header, description = "Entity tags (\"V\", W/\"V\", lists, several lines: the highest counts); a floor too: 304 when no consulted copy is newer"),
+        ("Hotsplit-Read-Class" = Option<String>, Header, description = "The read class, instead of ?class= (which wins). Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
+        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: after a write carrying it, reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
     ),
     responses(
         (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By (host:port;role=primary|replica), Hotsplit-Route (class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor), Vary", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 304, description = "Not modified: no consulted copy is newer than the If-None-Match version"),
         (status = 400, description = "invalid_key, missing_client, invalid_copy, invalid_version, invalid_parameter, unknown_class, or class_not_allowed (decides-on-presence on a split family)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "not_found: missing, expired or invalidated; an invalidated key's answer carries Hotsplit-Version (the tombstone's version), a key with no record none", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "internal: a bug or an unexpected local failure", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "below_version_floor, staleness_budget_exceeded (every replica over the class's budget, on_breach = fail) or unavailable, with Retry-After", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn read_key(
     State(state): State<AppState>,
-    Path(raw_key): Path<String>,
-    params: Result<Query<ReadParams>, QueryRejection>,
+    KeyPath(key): KeyPath,
+    StrictQuery(params): StrictQuery<ReadParams>,
     headers: ReadHeaders,
 ) -> Result<Response, ApiError> {
-    let request = read_request(raw_key, params?.0, headers)?;
+    let request = read_request(key, params, headers)?;
     let answer = state.inner().reader.read(&request).await?;
     Ok(read_response(answer, &state))
 }
 
-/// Puts a read's path, query and headers together; the query wins over a header.
+/// Puts a read's path, query and headers together: the query's client and class win over the
+/// headers'; floors combine by maximum.
 fn read_request(
-    raw_key: String,
+    key: Key,
     params: ReadParams,
     headers: ReadHeaders,
 ) -> Result<ReadRequest, ApiError> {
-    // The path segment and the client id are moved into the request, not copied.
-    let key = Key::parse_owned(raw_key)?;
+    // The client id is moved into the request, not copied.
     let client = params.client.or(headers.client);
     let copy = match (&params.copy, client) {
-        (Some(raw), _) => CopyChoice::Named(raw.parse::<u32>().map_err(|_| {
-            ApiError::new(
-                Code::InvalidCopy,
-                format!("{} {raw:?} is not a copy index", wire::query::COPY),
-            )
-        })?),
+        (Some(raw), _) => {
+            let index = params::parse_canonical_u64(raw, wire::query::COPY)
+                .and_then(|index| {
+                    u32::try_from(index).map_err(|_| {
+                        format!("{} {index} is larger than any copy index", wire::query::COPY)
+                    })
+                })
+                .map_err(|why| ApiError::new(Code::InvalidCopy, why))?;
+            CopyChoice::Named(index)
+        }
         (None, Some(client)) if !client.is_empty() => CopyChoice::Client(client),
         _ => {
             return Err(ApiError::new(
@@ -454,11 +472,12 @@ fn read_request(
             ))
         }
     };
-    let min_version = match (&params.min_version, headers.min_version.as_deref()) {
-        (Some(raw), _) => Some(parse_version(raw, wire::query::MIN_VERSION)?),
-        (None, Some(raw)) => Some(parse_version(raw, "Hotsplit-Min-Version")?),
-        (None, None) => None,
-    };
+    let query_floor = params
+        .min_version
+        .as_deref()
+        .map(|raw| params::parse_version(raw, wire::query::MIN_VERSION))
+        .transpose()?;
+    let min_version = query_floor.max(headers.min_version);
     Ok(ReadRequest {
         key,
         copy,
@@ -582,14 +601,13 @@ pub async fn routing(State(state): State<AppState>) -> Response {
     params(AffinityParams),
     responses(
         (status = 200, description = "The affine copy", body = AffinityBody),
-        (status = 400, description = "invalid_key or missing_client", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "invalid_key, missing_client or invalid_parameter (a malformed or repeated parameter)", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn affinity(
     State(state): State<AppState>,
-    params: Result<Query<AffinityParams>, QueryRejection>,
+    StrictQuery(params): StrictQuery<AffinityParams>,
 ) -> Result<Json<AffinityBody>, ApiError> {
-    let Query(params) = params?;
     let key = Key::parse(params.key.as_deref().unwrap_or_default())?;
     let client = params
         .client
@@ -665,8 +683,9 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct RetryQueueParams {
-    /// How many entries to list, oldest first, 0..=10000. Default: 100.
-    limit: Option<usize>,
+    /// How many entries to list, oldest first: canonical decimal, 0..=10000. Default: 100.
+    #[param(value_type = Option<u32>, minimum = 0, maximum = 10000)]
+    limit: Option<String>,
 }
 
 /// The retry queue: depth, bytes, per-node backoff state and the oldest entries.
@@ -677,20 +696,25 @@ pub struct RetryQueueParams {
     params(RetryQueueParams),
     responses(
         (status = 200, description = "The retry queue", body = crate::heal::RetryQueueView),
-        (status = 400, description = "invalid_parameter", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "invalid_parameter: limit is not canonical decimal in 0..=10000, or a parameter is malformed or repeated", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn retry_queue(
     State(state): State<AppState>,
-    params: Result<Query<RetryQueueParams>, QueryRejection>,
+    StrictQuery(params): StrictQuery<RetryQueueParams>,
 ) -> Result<Json<crate::heal::RetryQueueView>, ApiError> {
-    let limit = params?.0.limit.unwrap_or(100);
+    let limit = match params.limit.as_deref() {
+        None => 100,
+        Some(raw) => params::parse_canonical_u64(raw, wire::query::LIMIT)
+            .map_err(|why| ApiError::new(Code::InvalidParameter, why))?,
+    };
     if limit > 10_000 {
         return Err(ApiError::new(
             Code::InvalidParameter,
             format!("{} must be at most 10000, got {limit}", wire::query::LIMIT),
         ));
     }
+    let limit = usize::try_from(limit).unwrap_or(10_000);
     Ok(Json(state.inner().heal.retry_queue.view(limit)))
 }
 
@@ -710,14 +734,11 @@ pub async fn wrong_method() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::Uri;
 
-    /// Deserializes `query` into `T` as the route's `Query` extractor does.
+    /// Deserializes `query` into `T` as the route's [`StrictQuery`] extractor does.
     fn query<T: serde::de::DeserializeOwned>(query: &str) -> T {
-        let uri: Uri = format!("/x?{query}").parse().unwrap();
-        Query::<T>::try_from_uri(&uri).unwrap().0
+        params::from_pairs(params::decode_query(query).unwrap()).unwrap()
     }
-
     #[test]
     fn the_parameter_structs_read_the_wire_names() {
         use wire::query;
@@ -764,19 +785,6 @@ mod tests {
             (Some("p:1".to_owned()), Some("a".to_owned()))
         );
         let retry: RetryQueueParams = query(&format!("{}=5", query::LIMIT));
-        assert_eq!(retry.limit, Some(5));
-    }
-
-    #[test]
-    fn if_none_match_takes_the_highest_version_tag() {
-        assert_eq!(parse_if_none_match("\"5\"").map(Version::get), Some(5));
-        assert_eq!(parse_if_none_match("W/\"5\"").map(Version::get), Some(5));
-        assert_eq!(
-            parse_if_none_match("\"5\", W/\"9\" , \"7\"").map(Version::get),
-            Some(9)
-        );
-        assert_eq!(parse_if_none_match("*"), None);
-        assert_eq!(parse_if_none_match("\"abc\""), None);
-        assert_eq!(parse_if_none_match("\"05\""), None);
+        assert_eq!(retry.limit.as_deref(), Some("5"));
     }
 }

@@ -7,6 +7,8 @@
 //!
 //! # Layout
 //! - `handlers`: one function per route, documented for the OpenAPI document.
+//! - `params`: the key, query and headers of a request, decoded strictly; repeated header
+//!   lines combined.
 //! - `problem`: [`problem::ApiError`], the problem+json answer, and the error-kind → code map.
 //! - `state`: [`AppState`], what the handlers share.
 //! - `latency`: the layer around every request: request id and span, latency, `Retry-After`.
@@ -19,6 +21,7 @@ pub mod config;
 pub mod handlers;
 mod latency;
 pub mod openapi;
+mod params;
 pub mod problem;
 mod request_id;
 mod state;
@@ -36,6 +39,8 @@ pub use state::AppState;
 pub mod paths {
     /// Publish, read and invalidate a key.
     pub const KEY: &str = "/v1/keys/{key}";
+    /// [`KEY`] up to its one segment, the key, which `params` decodes from the raw path.
+    pub(crate) const KEY_PREFIX: &str = "/v1/keys/";
     /// Which copy a client reads.
     pub const AFFINITY: &str = "/v1/affinity";
     /// Liveness.
@@ -100,4 +105,14 @@ pub fn router(state: AppState) -> Router {
         // layer records latency for matched routes only).
         .layer(latency)
         .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paths;
+
+    #[test]
+    fn the_key_prefix_is_the_key_route_before_its_segment() {
+        assert_eq!(format!("{}{{key}}", paths::KEY_PREFIX), paths::KEY);
+    }
 }

@@ -4,10 +4,9 @@
 //! Redis error text) go to the log, never to the client.
 //!
 //! As in axum's `examples/error-handling`, handlers return `Result<_, ApiError>`: one `From`
-//! impl per error source ([`Error`], [`QueryRejection`]) and one `IntoResponse`, the only place an
+//! impl per error source ([`Error`]; the request's own parameters are checked in `params`) and one `IntoResponse`, the only place an
 //! error becomes an answer. `Retry-After` is written by [`fill_retry_after`] alone.
 
-use axum::extract::rejection::QueryRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -230,16 +229,6 @@ impl From<Error> for ApiError {
             }
         };
         ApiError::new(code, err.message())
-    }
-}
-
-impl From<QueryRejection> for ApiError {
-    /// A query string that does not deserialize into the route's parameters.
-    fn from(rejection: QueryRejection) -> ApiError {
-        ApiError::new(
-            Code::InvalidParameter,
-            format!("query string does not parse: {}", rejection.body_text()),
-        )
     }
 }
 
