@@ -535,3 +535,216 @@ fn the_checked_in_openapi_document_matches_the_code() {
         "docs/openapi.json is out of date: regenerate it with `cargo run -- openapi > docs/openapi.json`"
     );
 }
+
+#[tokio::test]
+async fn repeated_header_lines_combine_floors_by_maximum() {
+    let app = app();
+    call(&app, Method::PUT, "/v1/keys/p:rep?version=5", &[], b"v5").await;
+
+    // Two If-None-Match lines: the second one's "5" is the highest tag, so the read is not
+    // modified; reading only the first line ("1") would answer 200 with the value.
+    let tags = [("if-none-match", "\"1\""), ("if-none-match", "\"5\"")];
+    let answer = call(&app, Method::GET, "/v1/keys/p:rep?client=c", &tags, b"").await;
+    assert_eq!(answer.status, StatusCode::NOT_MODIFIED);
+
+    // Two Hotsplit-Min-Version lines: the floor is 9, above every copy.
+    let floors = [("hotsplit-min-version", "1"), ("hotsplit-min-version", "9")];
+    let answer = call(&app, Method::GET, "/v1/keys/p:rep?client=c", &floors, b"").await;
+    answer.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "below_version_floor");
+    // A list on one line counts the same, and so does the query's floor beside a lower header.
+    let listed = [("hotsplit-min-version", "1, 9")];
+    let answer = call(&app, Method::GET, "/v1/keys/p:rep?client=c", &listed, b"").await;
+    answer.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "below_version_floor");
+    let low_header = [("hotsplit-min-version", "1")];
+    let answer = call(
+        &app,
+        Method::GET,
+        "/v1/keys/p:rep?client=c&min_version=9",
+        &low_header,
+        b"",
+    )
+    .await;
+    answer.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "below_version_floor");
+    // The query's floor does not hide a higher header.
+    let high_header = [("hotsplit-min-version", "9")];
+    let answer = call(
+        &app,
+        Method::GET,
+        "/v1/keys/p:rep?client=c&min_version=1",
+        &high_header,
+        b"",
+    )
+    .await;
+    answer.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "below_version_floor");
+    // Floors at or below the stored version serve it.
+    let met = [("hotsplit-min-version", "2"), ("hotsplit-min-version", "5")];
+    let answer = call(&app, Method::GET, "/v1/keys/p:rep?client=c", &met, b"").await;
+    assert_eq!(
+        (answer.status, answer.body.as_slice()),
+        (StatusCode::OK, b"v5".as_slice())
+    );
+}
+
+#[tokio::test]
+async fn repeated_identity_lines_must_agree_as_whole_lines() {
+    let app = app();
+    call(&app, Method::PUT, "/v1/keys/p:id?version=1", &[], b"x").await;
+    // A comma inside an id is part of the id: two equal lines are one id, not a list.
+    let same = [
+        ("hotsplit-client", "tenant,7"),
+        ("hotsplit-client", "tenant,7"),
+    ];
+    let answer = call(&app, Method::GET, "/v1/keys/p:id", &same, b"").await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let single = [("hotsplit-client", "tenant,7")];
+    let alone = call(&app, Method::GET, "/v1/keys/p:id", &single, b"").await;
+    assert_eq!(
+        answer.header("hotsplit-copy"),
+        alone.header("hotsplit-copy")
+    );
+
+    let cases: [(&str, [(&str, &str); 2]); 4] = [
+        (
+            "/v1/keys/p:id",
+            [
+                ("hotsplit-client", "tenant,7"),
+                ("hotsplit-client", "tenant"),
+            ],
+        ),
+        (
+            "/v1/keys/p:id?client=c",
+            [
+                ("hotsplit-read-class", "advisory"),
+                ("hotsplit-read-class", "primary"),
+            ],
+        ),
+        (
+            "/v1/keys/p:id?client=c",
+            [("hotsplit-request", "r1"), ("hotsplit-request", "r2")],
+        ),
+        // The query wins over the header, but the header's own lines still must agree.
+        (
+            "/v1/keys/p:id?client=c",
+            [("hotsplit-client", "a"), ("hotsplit-client", "b")],
+        ),
+    ];
+    for (uri, lines) in cases {
+        let answer = call(&app, Method::GET, uri, &lines, b"").await;
+        answer.assert_problem(StatusCode::BAD_REQUEST, "invalid_parameter");
+    }
+    let write = [("hotsplit-client", "w,1"), ("hotsplit-client", "w,2")];
+    let answer = call(&app, Method::PUT, "/v1/keys/p:id?version=2", &write, b"y").await;
+    answer.assert_problem(StatusCode::BAD_REQUEST, "invalid_parameter");
+}
+
+#[tokio::test]
+async fn percent_decoding_is_strict_and_answers_problem_json() {
+    let app = app();
+    let cases = [
+        (Method::PUT, "/v1/keys/a%FFb?version=1", "invalid_key"),
+        (Method::GET, "/v1/keys/a%FFb?client=c", "invalid_key"),
+        (Method::PUT, "/v1/keys/a%zzb?version=1", "invalid_key"),
+        (Method::DELETE, "/v1/keys/a%zzb?version=1", "invalid_key"),
+        (Method::PUT, "/v1/keys/p:1%?version=1", "invalid_key"),
+        (Method::GET, "/v1/keys/p:1?client=%FF", "invalid_parameter"),
+        (Method::GET, "/v1/keys/p:1?client=%FE", "invalid_parameter"),
+        (Method::GET, "/v1/keys/p:1?client=a%zz", "invalid_parameter"),
+        (
+            Method::GET,
+            "/v1/affinity?key=p:1&client=%FF",
+            "invalid_parameter",
+        ),
+        (Method::GET, "/v1/retry-queue?limit=%", "invalid_parameter"),
+    ];
+    for (method, uri, code) in cases {
+        let answer = call(&app, method.clone(), uri, &[], b"x").await;
+        answer.assert_problem(StatusCode::BAD_REQUEST, code);
+    }
+    // `%25` is a literal '%': `a%25zzb` is the key `a%zzb`, which `a%zzb` no longer reaches.
+    let put = call(&app, Method::PUT, "/v1/keys/a%25zzb?version=1", &[], b"pct").await;
+    assert_eq!(put.status, StatusCode::OK);
+    let get = call(&app, Method::GET, "/v1/keys/a%25zzb?client=c", &[], b"").await;
+    assert_eq!(
+        (get.status, get.body.as_slice()),
+        (StatusCode::OK, b"pct".as_slice())
+    );
+
+    // U+FFFD sent as valid UTF-8 is its own client id, and `%FF` is not folded into it.
+    let replacement = call(
+        &app,
+        Method::GET,
+        "/v1/affinity?key=p:1&client=%EF%BF%BD",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(replacement.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn integers_are_canonical_and_details_are_hotsplits_own() {
+    let app = app();
+    call(&app, Method::PUT, "/v1/keys/p:int?version=1", &[], b"x").await;
+    let cases = [
+        (Method::GET, "/v1/keys/p:int?copy=00", "invalid_copy"),
+        (Method::GET, "/v1/keys/p:int?copy=01", "invalid_copy"),
+        (Method::GET, "/v1/keys/p:int?copy=+1", "invalid_copy"),
+        (Method::GET, "/v1/keys/p:int?copy=", "invalid_copy"),
+        (Method::PUT, "/v1/keys/p:int?version=+1", "invalid_version"),
+        (Method::PUT, "/v1/keys/p:int?version=", "invalid_version"),
+        (
+            Method::GET,
+            "/v1/keys/p:int?client=c&min_version=01",
+            "invalid_version",
+        ),
+        (Method::GET, "/v1/retry-queue?limit=01", "invalid_parameter"),
+        (Method::GET, "/v1/retry-queue?limit=x1", "invalid_parameter"),
+        (
+            Method::GET,
+            "/v1/retry-queue?limit=123684",
+            "invalid_parameter",
+        ),
+        (
+            Method::GET,
+            "/v1/retry-queue?limit=1&limit=2",
+            "invalid_parameter",
+        ),
+        (
+            Method::PUT,
+            "/v1/keys/p:int?version=2&sync_replicas=01&sync_timeout_ms=5",
+            "invalid_parameter",
+        ),
+        (
+            Method::DELETE,
+            "/v1/keys/p:int?version=2&sync_replicas=1&sync_timeout_ms=5",
+            "invalid_parameter",
+        ),
+    ];
+    for (method, uri, code) in cases {
+        let answer = call(&app, method.clone(), uri, &[], b"x").await;
+        answer.assert_problem(StatusCode::BAD_REQUEST, code);
+        let detail = answer.json()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        for parser_text in [
+            "deserialize",
+            "invalid digit",
+            "duplicate field",
+            "Failed to",
+        ] {
+            assert!(!detail.contains(parser_text), "{uri}: {detail}");
+        }
+    }
+    // `copy=0` is canonical and reads copy 0.
+    let zero = call(&app, Method::GET, "/v1/keys/p:int?copy=0", &[], b"").await;
+    assert_eq!(
+        (zero.status, zero.header("hotsplit-copy")),
+        (StatusCode::OK, Some("0"))
+    );
+    let limit = call(&app, Method::GET, "/v1/retry-queue?limit=x1", &[], b"").await;
+    assert_eq!(
+        limit.json()["detail"],
+        "limit \"x1\" is not canonical decimal: only the digits 0-9 are allowed"
+    );
+}

@@ -201,3 +201,38 @@ async fn a_dead_store_answers_unavailable() {
     assert_eq!(write.status(), StatusCode::SERVICE_UNAVAILABLE);
     service.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_continue_over_the_body_limit_gets_413_without_100() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let service = Service::start(config_with_family(None, "big:", 2)).await;
+    let address = service.base.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    // 100 MiB declared, nothing sent: a server that answers `100 Continue` waits for a body
+    // this client never sends.
+    let head = "PUT /v1/keys/big:1?version=1 HTTP/1.1\r\nHost: hotsplit\r\nContent-Length: 104857600\r\nExpect: 100-continue\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !answer.windows(4).any(|window| window == b"\r\n\r\n") {
+        let read =
+            tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut buffer))
+                .await
+                .expect("the server answers without the body")
+                .unwrap();
+        assert!(
+            read > 0,
+            "closed early: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&buffer[..read]);
+    }
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 413"), "{text}");
+    assert!(!text.contains("100 continue"), "{text}");
+    assert!(
+        text.contains("content-type: application/problem+json"),
+        "{text}"
+    );
+}
