@@ -72,7 +72,12 @@ struct AuditArgs {
     #[arg(long)]
     password_file: Option<PathBuf>,
     /// A hotsplit TOML config: copy counts come from its families (and --redis from store.redis).
-    #[arg(long, env = "HOTSPLIT_CONFIG", conflicts_with = "copies")]
+    #[arg(
+        long,
+        env = "HOTSPLIT_CONFIG",
+        hide_env_values = true,
+        conflicts_with = "copies"
+    )]
     config: Option<PathBuf>,
     /// The copy count of every sampled key. Without it or --config, N is the highest copy index
     /// seen + 1.
@@ -152,10 +157,10 @@ struct CheckArgs {
 #[command(after_help = PASSWORD_HELP)]
 struct ServeArgs {
     /// A TOML config file (see hotsplit.example.toml).
-    #[arg(long, env = "HOTSPLIT_CONFIG")]
+    #[arg(long, env = "HOTSPLIT_CONFIG", hide_env_values = true)]
     config: Option<PathBuf>,
     /// The address to listen on. Default: 127.0.0.1:7070.
-    #[arg(long, env = "HOTSPLIT_LISTEN")]
+    #[arg(long, env = "HOTSPLIT_LISTEN", hide_env_values = true)]
     listen: Option<SocketAddr>,
     /// redis://host:port or redis-cluster://host:port[,host:port]; rediss:// and
     /// rediss-cluster:// for TLS; valkey[s]:// synonyms. Default: the embedded store.

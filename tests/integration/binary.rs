@@ -170,3 +170,81 @@ async fn probe_exits_0_on_a_ready_instance_and_1_on_a_refusal_a_closed_port_or_n
     assert!(out.contains("no answer within 300ms"), "{out}");
     drop(silent);
 }
+
+/// Every Redis URL form that carries a secret, each with the password `hunter2`.
+const SECRET_URLS: [&str; 5] = [
+    "rediss://user:hunter2@127.0.0.1:6380",
+    "redis://user:hunter2@127.0.0.1:1",
+    "redis://127.0.0.1:1?password=hunter2",
+    "http://user:hunter2@127.0.0.1:1",
+    "redis-cluster://:hunter2@127.0.0.1:1,127.0.0.1:2",
+];
+
+#[test]
+fn help_never_shows_an_environment_secret() {
+    for command in ["serve", "audit"] {
+        for url in SECRET_URLS {
+            let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+                .args([command, "--help"])
+                .env("HOTSPLIT_REDIS", url)
+                .env("HOTSPLIT_CONFIG", "/etc/hunter2.toml")
+                .env("HOTSPLIT_LISTEN", "127.0.0.1:1")
+                .output()
+                .expect("run hotsplit");
+            assert!(output.status.success(), "{command} --help");
+            let text = String::from_utf8_lossy(&output.stdout);
+            assert!(text.contains("HOTSPLIT_REDIS"), "{command}: {text}");
+            assert!(!text.contains("hunter2"), "{command} with {url}: {text}");
+        }
+    }
+}
+
+#[test]
+fn startup_errors_never_show_a_redis_password() {
+    for url in SECRET_URLS {
+        // The flag, the environment, and `audit`'s flag all print only the redacted URL.
+        let runs = [
+            (vec!["serve", "--redis", url], None),
+            (vec!["serve"], Some(url)),
+            (vec!["audit", "--redis", url, "--copies", "2"], None),
+        ];
+        for (args, env) in runs {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_hotsplit"));
+            command
+                .args(&args)
+                .env_remove("HOTSPLIT_REDIS")
+                .env_remove("HOTSPLIT_CONFIG")
+                .env("HOTSPLIT_LOG", "debug");
+            if let Some(url) = env {
+                command.env("HOTSPLIT_REDIS", url);
+            }
+            let output = command.output().expect("run hotsplit");
+            assert!(!output.status.success(), "{args:?} {env:?}");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            assert!(!stderr.is_empty(), "{args:?} {env:?}: says why it stops");
+            assert!(
+                !stderr.contains("hunter2") && !stdout.contains("hunter2"),
+                "{args:?} {env:?}: {stderr}{stdout}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_refused_connection_is_told_in_words_not_rust_debug() {
+    let url = format!("redis://127.0.0.1:{}", harness::free_port());
+    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .args(["serve", "--redis", &url, "--listen", "127.0.0.1:0"])
+        .env_remove("HOTSPLIT_REDIS")
+        .env_remove("HOTSPLIT_CONFIG")
+        .output()
+        .expect("run hotsplit");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("connection refused"), "{stderr}");
+    assert!(
+        !stderr.contains("Os {") && !stderr.contains("kind:"),
+        "{stderr}"
+    );
+}

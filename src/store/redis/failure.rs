@@ -111,7 +111,7 @@ impl RedisStore {
             ),
             _ => Error::new(
                 ErrorKind::Unavailable,
-                format!("{what} failed ({}): {}", failure.as_str(), err.details()),
+                format!("{what} failed ({}): {}", failure.as_str(), details(err)),
             ),
         }
     }
@@ -121,6 +121,60 @@ impl RedisStore {
         self.metrics.store_error(Failure::Other.as_str());
         Error::new(ErrorKind::Unavailable, message)
     }
+}
+
+/// fred's text for `err`, with an I/O error's Rust debug form (`Os { code: 111, kind:
+/// ConnectionRefused, message: "Connection refused" }`, which fred writes for every
+/// `std::io::Error`) replaced by its message in plain words (`connection refused`). Every
+/// message that carries fred's text about an error takes it from here.
+pub(super) fn details(err: &FredError) -> String {
+    let details = err.details();
+    if err.kind() == &FredErrorKind::IO {
+        return io_words(details);
+    }
+    details.to_owned()
+}
+
+/// The words of an `std::io::Error` rendered with `{:?}`: its `message`; else its `kind` split
+/// into words, followed by the name of a custom error's cause (a TLS failure's
+/// `InvalidCertificate(UnknownIssuer)`, which says what to check); else a plain sentence when
+/// the text is some other debug form.
+fn io_words(debug: &str) -> String {
+    if let Some((_, rest)) = debug.split_once("message: \"") {
+        if let Some((message, _)) = rest.split_once('"') {
+            return message.to_lowercase();
+        }
+    }
+    let kind = debug
+        .split_once("kind: ")
+        .map(|(_, rest)| rest)
+        .or_else(|| debug.strip_prefix("Kind("));
+    if let Some(kind) = kind {
+        let name: String = kind
+            .chars()
+            .take_while(char::is_ascii_alphanumeric)
+            .collect();
+        if !name.is_empty() {
+            let mut words = String::new();
+            for (at, letter) in name.chars().enumerate() {
+                if letter.is_ascii_uppercase() && at > 0 {
+                    words.push(' ');
+                }
+                words.push(letter.to_ascii_lowercase());
+            }
+            if let Some((_, cause)) = debug.split_once("error: ") {
+                let cause = cause.trim_end_matches(['}', ' ']).trim_matches('"');
+                if !cause.is_empty() {
+                    return format!("{words}: {cause}");
+                }
+            }
+            return words;
+        }
+    }
+    if debug.contains(['{', '(']) {
+        return "the connection failed".to_owned();
+    }
+    debug.to_owned()
 }
 
 /// Maps a fred error of a read-only client to the crate's error (nothing is counted: the audit
@@ -137,13 +191,37 @@ pub(super) fn read_only_error(
         ),
         failure => Error::new(
             ErrorKind::Unavailable,
-            format!("{what} failed ({}): {}", failure.as_str(), err.details()),
+            format!("{what} failed ({}): {}", failure.as_str(), details(err)),
         ),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn io_errors_are_told_in_words_not_rust_debug() {
+        let cases = [
+            (
+                r#"Os { code: 111, kind: ConnectionRefused, message: "Connection refused" }"#,
+                "connection refused",
+            ),
+            ("Kind(UnexpectedEof)", "unexpected eof"),
+            (r#"Custom { kind: Other, error: "x" }"#, "other: x"),
+            (
+                "Custom { kind: InvalidData, error: InvalidCertificate(UnknownIssuer) }",
+                "invalid data: InvalidCertificate(UnknownIssuer)",
+            ),
+            ("Weird(1)", "the connection failed"),
+            ("broken pipe", "broken pipe"),
+        ];
+        for (debug, words) in cases {
+            let err = FredError::new(FredErrorKind::IO, debug);
+            assert_eq!(details(&err), words, "{debug}");
+        }
+        let other = FredError::new(FredErrorKind::Unknown, "ERR x");
+        assert_eq!(details(&other), "ERR x");
+    }
+
     use super::*;
 
     #[test]

@@ -232,7 +232,7 @@ impl RedisStore {
                 ErrorKind::Config,
                 format!(
                     "invalid redis client configuration for {url}: {}",
-                    err.details()
+                    failure::details(&err)
                 ),
             )
         })?;
@@ -255,7 +255,7 @@ impl RedisStore {
                     ErrorKind::Unavailable,
                     format!(
                         "could not connect to redis at {url}: {}{}",
-                        err.details(),
+                        failure::details(&err),
                         Failure::connect_hint(&err)
                     ),
                 ));

@@ -13,7 +13,7 @@ use fred::types::{Builder, ClusterHash, ConnectHandle, CustomCommand, Value};
 use futures_util::future::join_all;
 use hotsplit_redis_info::info_number;
 
-use super::failure::{read_only_error, Failure};
+use super::failure::{self, read_only_error, Failure};
 use super::replies::{
     parse_cluster_nodes, parse_info_replicas, parse_scan_page, parse_stamp, ScanPage, Shard,
 };
@@ -63,7 +63,7 @@ impl NodeClient {
                 ErrorKind::Config,
                 format!(
                     "invalid {noun}client configuration for {label}: {}",
-                    err.details()
+                    failure::details(&err)
                 ),
             )
         })?;
@@ -81,7 +81,7 @@ impl NodeClient {
                     ErrorKind::Unavailable,
                     format!(
                         "could not connect to {noun}{label}: {}{}",
-                        err.details(),
+                        failure::details(&err),
                         Failure::connect_hint(&err)
                     ),
                 ))

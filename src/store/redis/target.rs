@@ -121,7 +121,8 @@ impl RedisUrl {
         };
         if !trailing.is_empty() && trailing != "/" {
             return Err(invalid(format!(
-                "redis url {shown:?} has {trailing:?} after host:port; paths, databases and queries are not supported"
+                "redis url {shown:?} has {:?} after host:port; paths, databases and queries are not supported",
+                redact_url(trailing)
             )));
         }
         let addresses = authority
@@ -200,20 +201,51 @@ fn percent_decode(text: &str) -> std::result::Result<String, String> {
     String::from_utf8(decoded).map_err(|_| "does not decode to utf-8".to_owned())
 }
 
-/// `url` with the password of its `user:password@` part replaced by `***`, for messages.
-/// Text without `://` or `@` comes back unchanged.
+/// `url` as it may be printed (errors, logs): the password of the user information of any
+/// scheme (`user:password@` becomes `user:***@`, `:password@` becomes `:***@`), the value of
+/// every query parameter (`?password=…` becomes `?password=***`) and any fragment (`#***`).
+/// This is the one place a Redis URL is redacted; text that is not a URL passes through.
+///
+/// It errs on the side of hiding: everything before the last `@` of the part after the scheme
+/// is user information, so a password containing `/`, `?`, `#` or `@` is hidden too.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+    let (scheme, rest) = match url.find("://") {
+        Some(at) => url.split_at(at + 3),
+        None => ("", url),
     };
-    let Some(at) = rest.rfind('@') else {
-        return url.to_owned();
+    let (user, rest) = match rest.rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let user = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***@"),
+                None => format!("{userinfo}@"),
+            };
+            (user, &rest[at + 1..])
+        }
+        None => (String::new(), rest),
     };
-    let (userinfo, host) = (&rest[..at], &rest[at..]);
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***{host}"),
-        None => url.to_owned(),
+    let (before_fragment, fragment) = match rest.split_once('#') {
+        Some((before, _)) => (before, "#***"),
+        None => (rest, ""),
+    };
+    let (location, query) = match before_fragment.split_once('?') {
+        Some((location, query)) => (location, Some(query)),
+        None => (before_fragment, None),
+    };
+    let mut shown = format!("{scheme}{user}{location}");
+    if let Some(query) = query {
+        shown.push('?');
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) => format!("{name}=***"),
+                None => pair.to_owned(),
+            })
+            .collect();
+        shown.push_str(&pairs.join("&"));
     }
+    shown.push_str(fragment);
+    shown
 }
 
 /// A Redis password. It never prints: `Debug` shows `Password(***)` and there is no
@@ -582,6 +614,61 @@ mod tests {
         assert_eq!(redact_url("rediss://u:hunter2@h:1"), "rediss://u:***@h:1");
         assert_eq!(redact_url("redis://h:1"), "redis://h:1");
         assert_eq!(redact_url("redis://u@h:1"), "redis://u@h:1");
+    }
+
+    #[test]
+    fn every_url_form_is_redacted() {
+        let cases = [
+            ("redis://user:hunter2@x:1", "redis://user:***@x:1"),
+            ("redis://:hunter2@x:1", "redis://:***@x:1"),
+            (
+                "rediss://user:hunter2@host:6380",
+                "rediss://user:***@host:6380",
+            ),
+            (
+                "redis-cluster://u:hunter2@a:1,b:2",
+                "redis-cluster://u:***@a:1,b:2",
+            ),
+            ("http://user:hunter2@host/path", "http://user:***@host/path"),
+            ("redis://x:1?password=hunter2", "redis://x:1?password=***"),
+            (
+                "rediss://x:1/0?user=u&password=hunter2&tls",
+                "rediss://x:1/0?user=***&password=***&tls",
+            ),
+            ("redis://u:hun/ter@2@x:1", "redis://u:***@x:1"),
+            ("redis://x:1#hunter2", "redis://x:1#***"),
+            ("user:hunter2@x:1", "user:***@x:1"),
+            ("redis://u@h:1", "redis://u@h:1"),
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+            ("redis-cluster://a:1,b:2", "redis-cluster://a:1,b:2"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn parse_errors_never_show_a_secret() {
+        let secrets = [
+            "rediss://user:hunter2@host:6380/x",
+            "redis://x:1?password=hunter2",
+            "http://user:hunter2@host",
+            "redis-cluster://a:1,b:x?password=hunter2",
+            "redis://u:hunter2@a:1,b:2",
+            "user:hunter2@x:1",
+        ];
+        for url in secrets {
+            for err in [
+                RedisTarget::parse(url).map(|_| ()).unwrap_err(),
+                RedisUrl::parse(url).map(|_| ()).unwrap_err(),
+            ] {
+                assert!(
+                    !err.message().contains("hunter2"),
+                    "{url}: {}",
+                    err.message()
+                );
+            }
+        }
     }
 
     #[test]
