@@ -48,3 +48,10 @@ echo "test.sh: $("$HOTSPLIT_VALKEY_SERVER" --version)"
 # at eight, tests that use a 300 ms command timeout (racing writers, a paused master, the spool's
 # SIGKILL test) were seen to time out on masters that were not faulted when the machine was busy.
 cargo test --workspace --locked -- --test-threads "${HOTSPLIT_TEST_THREADS:-4}"
+
+# The HTTP API against its own OpenAPI document: schemathesis (pinned, installed into a venv
+# under target/ when missing) on the embedded store and on a standalone redis-server; about two
+# minutes. HOTSPLIT_SKIP_SCHEMATHESIS=1 skips it (for machines without Python).
+if [ "${HOTSPLIT_SKIP_SCHEMATHESIS:-0}" != 1 ]; then
+    ./scripts/schemathesis.sh
+fi

@@ -31,7 +31,9 @@ const ROUTE: HeaderName = HeaderName::from_static(wire::header::ROUTE);
 pub struct WriteParams {
     /// The edit's version: canonical decimal, 1..=18446744073709551615. Required for `caller`
     /// families, refused for `allocated` ones.
-    #[param(value_type = Option<u64>, minimum = 1, maximum = 18446744073709551615_u64)]
+    #[param(
+        pattern = r"^(?:[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615)$"
+    )]
     version: Option<String>,
     /// The writer's client id (or `Hotsplit-Client`, which it wins over): its reads of this key
     /// then see at least this version for the family's `pin_window`.
@@ -52,7 +54,9 @@ pub struct WriteParams {
 pub struct InvalidateParams {
     /// The tombstone's version: canonical decimal, 1..=18446744073709551615. Required for
     /// `caller` families, refused for `allocated` ones.
-    #[param(value_type = Option<u64>, minimum = 1, maximum = 18446744073709551615_u64)]
+    #[param(
+        pattern = r"^(?:[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615)$"
+    )]
     version: Option<String>,
     /// The writer's client id (or `Hotsplit-Client`, which it wins over).
     client: Option<String>,
@@ -102,7 +106,9 @@ pub struct ReadParams {
     client: Option<String>,
     /// A version floor: a copy below it is never served. Combined with every
     /// `Hotsplit-Min-Version` value by maximum.
-    #[param(value_type = Option<u64>, minimum = 1, maximum = 18446744073709551615_u64)]
+    #[param(
+        pattern = r"^(?:[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615)$"
+    )]
     min_version: Option<String>,
     /// Read one named copy instead of the affine one, for operators and tests: canonical
     /// decimal, below the family's copy count (at most 1024 copies).
@@ -287,8 +293,8 @@ fn publish_status_response(report: PublishReport, status: PublishStatus) -> Resp
     params(
         ("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#', percent-encoded (malformed escapes and invalid UTF-8 are refused)", min_length = 1, max_length = 512, pattern = r##"^[!-"$-z|~]+$"##),
         WriteParams,
-        ("Hotsplit-Client" = Option<String>, Header, description = "The writer's client id, instead of ?client= (which wins): its reads of this key see at least this version for pin_window. Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
-        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: later reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
+        ("Hotsplit-Client" = Option<String>, Header, nullable = false, description = "The writer's client id, instead of ?client= (which wins): its reads of this key see at least this version for pin_window. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
+        ("Hotsplit-Request" = Option<String>, Header, nullable = false, description = "A request id: later reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
     ),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw value"),
     responses(
@@ -372,8 +378,8 @@ async fn read_value(request: Request, state: &AppState) -> Result<Bytes, ApiErro
     params(
         ("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#', percent-encoded", min_length = 1, max_length = 512, pattern = r##"^[!-"$-z|~]+$"##),
         InvalidateParams,
-        ("Hotsplit-Client" = Option<String>, Header, description = "The writer's client id, instead of ?client= (which wins). Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
-        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: later reads carrying it go to primaries. Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
+        ("Hotsplit-Client" = Option<String>, Header, nullable = false, description = "The writer's client id, instead of ?client= (which wins). Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
+        ("Hotsplit-Request" = Option<String>, Header, nullable = false, description = "A request id: later reads carrying it go to primaries. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
     ),
     responses(
         (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),
@@ -418,11 +424,11 @@ pub async fn invalidate_key(
     params(
         ("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#', percent-encoded", min_length = 1, max_length = 512, pattern = r##"^[!-"$-z|~]+$"##),
         ReadParams,
-        ("Hotsplit-Client" = Option<String>, Header, description = "The client id, instead of ?client= (which wins). Repeated lines must be equal, compared whole (an id may contain commas)", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
-        ("Hotsplit-Min-Version" = Option<String>, Header, description = "A version floor. Every line and list member (\"3, 7\") and ?min_version= combine by maximum", pattern = r"^(?:[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615)$"),
-        ("If-None-Match" = Option<String>, Header, description = "Entity tags (\"V\", W/\"V\", lists, several lines: the highest counts); a floor too: 304 when no consulted copy is newer"),
-        ("Hotsplit-Read-Class" = Option<String>, Header, description = "The read class, instead of ?class= (which wins). Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
-        ("Hotsplit-Request" = Option<String>, Header, description = "A request id: after a write carrying it, reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[!-~](?:[ -~]*[!-~])?$"),
+        ("Hotsplit-Client" = Option<String>, Header, nullable = false, description = "The client id, instead of ?client= (which wins). Repeated lines must be equal, compared whole (an id may contain commas)", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
+        ("Hotsplit-Min-Version" = Option<String>, Header, nullable = false, description = "A version floor. Every line and list member (\"3, 7\") and ?min_version= combine by maximum", pattern = r"^[ \t,]*(?:[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615)(?:[ \t]*,[ \t,]*(?:[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615))*[ \t,]*$"),
+        ("If-None-Match" = Option<String>, Header, nullable = false, pattern = r"^[\t -~]*$", description = "Entity tags (\"V\", W/\"V\", lists, several lines: the highest counts); a floor too: 304 when no consulted copy is newer"),
+        ("Hotsplit-Read-Class" = Option<String>, Header, nullable = false, description = "The read class, instead of ?class= (which wins). Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
+        ("Hotsplit-Request" = Option<String>, Header, nullable = false, description = "A request id: after a write carrying it, reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
     ),
     responses(
         (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By (host:port;role=primary|replica), Hotsplit-Route (class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor), Vary", body = Vec<u8>, content_type = "application/octet-stream"),

@@ -251,11 +251,12 @@ fn header_lines<'a>(headers: &'a HeaderMap, name: &str) -> Result<Vec<&'a str>, 
 
 /// One identity (a client id, a read class, a request id) from the query value and every line
 /// of header `name`. The header's lines must be equal, compared as whole lines (never split on
-/// commas: an id may contain one); the query's value, when sent, wins over the header, as
-/// documented for every such pair.
+/// commas: an id may contain one), and not empty; the query's value, when sent, wins over the
+/// header, as documented for every such pair.
 ///
 /// # Errors
-/// `invalid_parameter` when two lines disagree, or a line is not visible ASCII.
+/// `invalid_parameter` when two lines disagree, a line is empty, or a line is not visible
+/// ASCII.
 pub(crate) fn one_identity(
     query: Option<String>,
     headers: &HeaderMap,
@@ -264,6 +265,12 @@ pub(crate) fn one_identity(
     let lines = header_lines(headers, name)?;
     let mut lines = lines.into_iter();
     let first = lines.next();
+    if first.is_some_and(|line| line.trim().is_empty()) {
+        return Err(ApiError::new(
+            Code::InvalidParameter,
+            format!("header {name} is empty: send a value or leave the header out"),
+        ));
+    }
     if let Some(first) = first {
         if lines.any(|line| line != first) {
             return Err(ApiError::new(
@@ -466,6 +473,9 @@ mod tests {
         let err = one_identity(Some("q".to_owned()), &differ, name)
             .err()
             .unwrap();
+        assert_eq!(err.code(), Code::InvalidParameter);
+        let empty = headers(&[(name, "")]);
+        let err = one_identity(None, &empty, name).err().unwrap();
         assert_eq!(err.code(), Code::InvalidParameter);
         let one = headers(&[(name, "a")]);
         assert_eq!(
