@@ -27,7 +27,7 @@ use crate::heal::{
     HealHandles, HealthProber, HealthStore, LayoutWatcher, Layouts, Liveness, NodeHealth, Repairer,
     RetryQueue, RetryWorker,
 };
-use crate::http::{router, AppState};
+use crate::http::{router, AppParts, AppState};
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
 use crate::read::Reader;
@@ -98,18 +98,18 @@ impl StateParts {
             router,
         )
         .with_repairer(repairer);
-        let state = AppState::new(
+        let state = AppState::new(AppParts {
             publisher,
             reader,
             store,
             metrics,
-            config.server.max_value_bytes,
-            config.read.retry_after,
-            HealHandles {
+            max_value_bytes: config.server.max_value_bytes,
+            retry_after: config.read.retry_after,
+            heal: HealHandles {
                 retry_queue,
                 layouts,
             },
-        );
+        });
         Ok((state, route_metrics))
     }
 }

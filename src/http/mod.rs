@@ -33,7 +33,7 @@ use axum::Router;
 
 pub use config::ServerConfig;
 use latency::LatencyLayer;
-pub use state::AppState;
+pub use state::{AppParts, AppState};
 
 /// The route templates, also the `route` label of the latency histogram.
 pub mod paths {

@@ -35,17 +35,37 @@ pub(crate) struct Inner {
     pub(crate) heal: HealHandles,
 }
 
+/// The parts an [`AppState`] is made of, by name.
+pub struct AppParts {
+    /// Writes edits to every copy.
+    pub publisher: Publisher,
+    /// Serves affine reads.
+    pub reader: Reader,
+    /// The store, for readiness checks.
+    pub store: Arc<dyn Store>,
+    /// Metrics to render and to count into.
+    pub metrics: Arc<Metrics>,
+    /// The body limit, in bytes, reported in `value_too_large` answers.
+    pub max_value_bytes: usize,
+    /// How long a client should wait before retrying a 503; sent as `Retry-After` in whole
+    /// seconds, rounded up, at least 1.
+    pub retry_after: Duration,
+    /// The retry queue and recorded layouts, for `/v1/retry-queue`, `/metrics` and `/readyz`.
+    pub heal: HealHandles,
+}
+
 impl AppState {
     /// Bundles the parts the handlers use.
-    pub fn new(
-        publisher: Publisher,
-        reader: Reader,
-        store: Arc<dyn Store>,
-        metrics: Arc<Metrics>,
-        max_value_bytes: usize,
-        retry_after: Duration,
-        heal: HealHandles,
-    ) -> AppState {
+    pub fn new(parts: AppParts) -> AppState {
+        let AppParts {
+            publisher,
+            reader,
+            store,
+            metrics,
+            max_value_bytes,
+            retry_after,
+            heal,
+        } = parts;
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         AppState {
             inner: Arc::new(Inner {
