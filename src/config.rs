@@ -23,6 +23,7 @@ use crate::family::{self, Families, MAX_COPIES};
 use crate::route::Classes;
 
 pub use crate::family::{DefaultFamilyConfig, FamilyConfig};
+pub use crate::fleet::FleetConfig;
 pub use crate::heal::HealConfig;
 pub use crate::http::ServerConfig;
 pub use crate::read::ReadConfig;
@@ -52,6 +53,8 @@ pub struct Config {
     pub classes: BTreeMap<String, ClassConfig>,
     /// Routing: lag monitor, pins.
     pub route: RouteConfig,
+    /// The fleet: the instance registry.
+    pub fleet: FleetConfig,
 }
 
 impl Config {
@@ -103,6 +106,7 @@ impl Config {
         self.route.validate()?;
         let classes = Classes::from_config(&self.classes)?;
         self.heal.validate()?;
+        self.fleet.validate()?;
         family::check_copies_and_ttl(
             "default_family",
             self.default_family.copies,

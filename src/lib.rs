@@ -13,6 +13,8 @@
 //!   fallback.
 //! - [`route`]: read classes, replica choice under a measured staleness budget (the lag
 //!   monitor), read-your-writes pins, routing counters.
+//! - [`fleet`]: what makes instances one deployment: the instance registry
+//!   (`GET /v1/instances`).
 //! - [`heal`]: the durable retry queue of failed copy writes, read repair and expiry jitter.
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
@@ -35,6 +37,7 @@ pub mod config;
 mod duration;
 pub mod error;
 pub mod family;
+pub mod fleet;
 pub mod heal;
 pub mod http;
 pub mod key;

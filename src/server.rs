@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
+use crate::fleet::{Registrar, Registry};
 use crate::heal::{
     HealHandles, HealthProber, HealthStore, LayoutWatcher, Layouts, Liveness, NodeHealth, Repairer,
     RetryQueue, RetryWorker,
@@ -52,6 +53,8 @@ pub struct StateParts {
     pub tracker: TaskTracker,
     /// The replica lag reads are routed by (fed by the lag monitor while serving).
     pub lag: Arc<LagTable>,
+    /// The instance registry `/v1/instances` lists.
+    pub registry: Arc<Registry>,
 }
 
 impl StateParts {
@@ -68,6 +71,7 @@ impl StateParts {
             layouts,
             tracker,
             lag,
+            registry,
         } = self;
         let families = Arc::new(config.families());
         let classes = config.classes()?;
@@ -109,6 +113,7 @@ impl StateParts {
                 retry_queue,
                 layouts,
             },
+            registry,
         });
         Ok((state, route_metrics))
     }
@@ -126,6 +131,11 @@ pub fn app_state(
     metrics: Arc<Metrics>,
 ) -> Result<AppState> {
     StateParts {
+        registry: Arc::new(Registry::new(
+            store.clone(),
+            instance_name(),
+            config.fleet.entry_ttl(),
+        )),
         store,
         retry_queue: Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
         metrics,
@@ -197,6 +207,10 @@ pub struct Service {
     cancel: CancellationToken,
     /// The background tasks [`Service::serve`] starts.
     background: Background,
+    /// This instance's registry entry; its API address is filled in when it serves.
+    registry: Arc<Registry>,
+    /// The address the registry gives for the API (`fleet.advertise`); `None`: the bound one.
+    advertise: Option<String>,
 }
 
 /// The background tasks of a built service, ready to start.
@@ -211,6 +225,8 @@ struct Background {
     layout_watcher: LayoutWatcher,
     /// Writes and reads heartbeats.
     lag_monitor: LagMonitor,
+    /// Keeps this instance's registry entry alive.
+    registrar: Registrar,
 }
 
 impl Service {
@@ -228,6 +244,8 @@ impl Service {
         let metrics = Metrics::new();
         let tracker = TaskTracker::new();
         let cancel = CancellationToken::new();
+        // One name for this process in every shared record: live sets, heartbeats, registry.
+        let instance = instance_name();
 
         let connected =
             Connected::connect(&config.store, config.version_retention(), &metrics).await?;
@@ -241,7 +259,7 @@ impl Service {
         // Record each family's layout before anything else can fail or start.
         let families = Arc::new(config.families());
         let liveness = Liveness {
-            instance: instance_name(),
+            instance: instance.clone(),
             interval: config.heal.layout_interval,
             command_timeout: config.store.command_timeout,
         };
@@ -297,7 +315,13 @@ impl Service {
             config.route.heartbeat_interval,
             config.route.lag_window,
         ));
+        let registry = Arc::new(Registry::new(
+            store.clone(),
+            instance.clone(),
+            config.fleet.entry_ttl(),
+        ));
         let wired = StateParts {
+            registry: registry.clone(),
             store: store.clone(),
             metrics,
             retry_queue: retry_queue.clone(),
@@ -319,7 +343,7 @@ impl Service {
         let lag_monitor = LagMonitor {
             store,
             table: lag,
-            instance: instance_name(),
+            instance,
             offset_every: 10,
             metrics: route_metrics,
         };
@@ -335,7 +359,13 @@ impl Service {
                 retry_worker,
                 layout_watcher,
                 lag_monitor,
+                registrar: Registrar {
+                    registry: registry.clone(),
+                    interval: config.fleet.heartbeat_interval,
+                },
             },
+            registry,
+            advertise: config.fleet.advertise.clone(),
         })
     }
 
@@ -362,6 +392,8 @@ impl Service {
             tracker,
             cancel,
             background,
+            registry,
+            advertise,
         } = self;
         let local = match listener.local_addr() {
             Ok(local) => local,
@@ -379,6 +411,8 @@ impl Service {
         tracker.spawn(background.retry_worker.run(cancel.clone()));
         tracker.spawn(background.layout_watcher.run(cancel.clone()));
         tracker.spawn(background.lag_monitor.run(cancel.clone()));
+        registry.set_listen(advertise.unwrap_or_else(|| local.to_string()));
+        tracker.spawn(background.registrar.run(cancel.clone()));
         let app = router(state);
         tracing::info!(listen = %local, "hotsplit is serving");
 

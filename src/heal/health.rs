@@ -30,7 +30,8 @@ use super::RetryQueue;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
 use crate::store::{
-    CopyRead, CopyWrite, Layout, LayoutSwap, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
+    CopyRead, CopyWrite, InstanceRecord, Layout, LayoutSwap, NodeLabel, ReplicaSet, ServedBy,
+    Store, WriteResult,
 };
 
 /// How often [`HealthProber`] looks at the failing and recovering nodes.
@@ -413,6 +414,26 @@ impl Store for HealthStore {
 
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
         self.inner.delete_copies(copy_keys)
+    }
+
+    fn register_instance<'a>(
+        &'a self,
+        record: &'a InstanceRecord,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.inner.register_instance(record, ttl_ms)
+    }
+
+    fn deregister_instance<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>> {
+        self.inner.deregister_instance(id)
+    }
+
+    fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>> {
+        self.inner.instances()
+    }
+
+    fn library_name(&self) -> Option<&'static str> {
+        self.inner.library_name()
     }
 
     fn scan_keys<'a>(

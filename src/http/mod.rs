@@ -13,12 +13,14 @@
 //! - `state`: [`AppState`], what the handlers share.
 //! - `latency`: the layer around every request: request id and span, latency, `Retry-After`.
 //! - `request_id`: how a request's id is chosen (`X-Request-Id`, `traceparent`, or random).
+//! - `instances`: `GET /v1/instances`, the instance registry.
 //! - `openapi`: the OpenAPI document and the route that serves it.
 //! - [`paths`]: the route templates.
 //! - `config`: [`ServerConfig`], the `[server]` settings.
 
 pub mod config;
 pub mod handlers;
+pub mod instances;
 mod latency;
 pub mod openapi;
 mod params;
@@ -59,9 +61,11 @@ pub mod paths {
     pub const ROUTING: &str = "/v1/routing";
     /// The retry queue.
     pub const RETRY_QUEUE: &str = "/v1/retry-queue";
+    /// The registered instances.
+    pub const INSTANCES: &str = "/v1/instances";
 
     /// Every template, in the latency table's order.
-    pub(crate) const ROUTES: [&str; 10] = [
+    pub(crate) const ROUTES: [&str; 11] = [
         KEY,
         AFFINITY,
         HEALTHZ,
@@ -72,6 +76,7 @@ pub mod paths {
         LAG,
         ROUTING,
         RETRY_QUEUE,
+        INSTANCES,
     ];
 }
 
@@ -99,6 +104,7 @@ pub fn router(state: AppState) -> Router {
         .route(paths::LAG, get(handlers::lag))
         .route(paths::ROUTING, get(handlers::routing))
         .route(paths::RETRY_QUEUE, get(handlers::retry_queue))
+        .route(paths::INSTANCES, get(instances::instances))
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)
         // `layer`, not `route_layer`: unknown paths and wrong methods get a request id too (the

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use utoipa::OpenApi;
 
 use super::handlers;
+use super::instances;
 use super::problem::{Code, Problem};
 use crate::heal::queue::{EntryView, NodeState, NodeView, RetryQueueView};
 use crate::publish::{CopyOutcome, CopyReport, PublishReport};
@@ -29,12 +30,13 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         handlers::lag,
         handlers::routing,
         handlers::retry_queue,
+        instances::instances,
         handlers::healthz,
         handlers::readyz,
         handlers::metrics,
         serve,
     ),
-    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState)),
+    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord)),
     tags(
         (name = "keys", description = "Publish, invalidate and read split keys"),
         (name = "routing", description = "Read classes, replica lag and where reads were served"),

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::fleet::Registry;
 use crate::heal::HealHandles;
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
@@ -33,6 +34,8 @@ pub(crate) struct Inner {
     pub(crate) retry_after_secs: u64,
     /// The retry queue and recorded layouts, for `/v1/retry-queue`, `/metrics` and `/readyz`.
     pub(crate) heal: HealHandles,
+    /// The instance registry, for `/v1/instances`.
+    pub(crate) registry: Arc<Registry>,
 }
 
 /// The parts an [`AppState`] is made of, by name.
@@ -52,6 +55,8 @@ pub struct AppParts {
     pub retry_after: Duration,
     /// The retry queue and recorded layouts, for `/v1/retry-queue`, `/metrics` and `/readyz`.
     pub heal: HealHandles,
+    /// The instance registry, for `/v1/instances`.
+    pub registry: Arc<Registry>,
 }
 
 impl AppState {
@@ -65,6 +70,7 @@ impl AppState {
             max_value_bytes,
             retry_after,
             heal,
+            registry,
         } = parts;
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         AppState {
@@ -76,6 +82,7 @@ impl AppState {
                 max_value_bytes,
                 retry_after_secs,
                 heal,
+                registry,
             }),
         }
     }

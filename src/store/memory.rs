@@ -13,8 +13,8 @@ use futures_util::future::BoxFuture;
 
 use super::{
     live_member, now_unix_ms, retain_until_ms, valid_live_instance, CasOutcome, CopyRead,
-    CopyRecord, CopyWrite, Layout, LayoutSwap, NodeLabel, Payload, ServedBy, Store, WriteResult,
-    DEFAULT_VERSION_RETENTION_MS,
+    CopyRecord, CopyWrite, InstanceRecord, Layout, LayoutSwap, NodeLabel, Payload, ServedBy, Store,
+    WriteResult, DEFAULT_VERSION_RETENTION_MS,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -48,6 +48,9 @@ struct State {
     layouts: HashMap<String, Layout>,
     /// Family name → live member (`<copies>:<instance>`) → (copies, lapse time in Unix ms).
     live: HashMap<String, HashMap<String, (u32, u64)>>,
+    /// Instance id → (its registry record, lapse time in Unix ms): the registry of the one
+    /// process that holds this store.
+    instances: HashMap<String, (InstanceRecord, u64)>,
 }
 
 /// The embedded store. Cheap operations under one mutex; no await while it is held.
@@ -343,6 +346,44 @@ impl Store for MemoryStore {
             live.remove(&live_member(copies, instance));
         }
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn register_instance<'a>(
+        &'a self,
+        record: &'a InstanceRecord,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        if !valid_live_instance(&record.id) {
+            return Box::pin(std::future::ready(Err(Error::new(
+                ErrorKind::Config,
+                format!("invalid instance id {:?}", record.id),
+            ))));
+        }
+        let lapse_ms = now_unix_ms().saturating_add(ttl_ms);
+        self.state()
+            .instances
+            .insert(record.id.clone(), (record.clone(), lapse_ms));
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn deregister_instance<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>> {
+        self.state().instances.remove(id);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>> {
+        let now_ms = now_unix_ms();
+        let mut state = self.state();
+        state
+            .instances
+            .retain(|_, (_, lapse_ms)| *lapse_ms > now_ms);
+        let mut records: Vec<InstanceRecord> = state
+            .instances
+            .values()
+            .map(|(record, _)| record.clone())
+            .collect();
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        Box::pin(std::future::ready(Ok(records)))
     }
 
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {

@@ -29,8 +29,10 @@
 pub mod config;
 pub mod memory;
 pub mod redis;
+pub mod registry;
 
 pub use config::StoreConfig;
+pub use registry::InstanceRecord;
 
 use std::fmt;
 use std::sync::Arc;
@@ -389,6 +391,31 @@ pub trait Store: Send + Sync + 'static {
         instance: &'a str,
     ) -> BoxFuture<'a, Result<()>>;
 
+    /// Registers `record` in the instance registry, or refreshes it, for `ttl_ms` from now
+    /// (`store::registry`): the entry lapses unless it is refreshed within that time.
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`]; [`crate::ErrorKind::Config`] for an invalid instance id (see
+    /// [`valid_live_instance`]).
+    fn register_instance<'a>(
+        &'a self,
+        record: &'a InstanceRecord,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<()>>;
+
+    /// Removes instance `id` from the registry (at shutdown).
+    ///
+    /// # Errors
+    /// As [`Store::register_instance`].
+    fn deregister_instance<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>>;
+
+    /// Every registered instance whose entry has not lapsed, ordered by id. Entries found
+    /// lapsed are dropped from the registry's index on the way.
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`].
+    fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>>;
+
     /// Deletes copies (removed by shrinking a family), each on its own node, concurrently.
     /// Returns how many existed.
     ///
@@ -418,6 +445,12 @@ pub trait Store: Send + Sync + 'static {
     /// none.
     fn library_missing(&self) -> Vec<NodeLabel> {
         Vec::new()
+    }
+
+    /// The name of the function library this instance loads into the store, for the instance
+    /// registry. Default: none (the embedded store has no library).
+    fn library_name(&self) -> Option<&'static str> {
+        None
     }
 
     /// The nodes reads avoid because they are failing or recovering (`heal::health`), for

@@ -11,6 +11,7 @@ mod client_lib;
 mod conformance;
 mod degraded;
 mod deploy;
+mod fleet;
 mod floors;
 mod harness;
 mod heal;

@@ -450,6 +450,18 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         }
     })
     .await;
+    // The instance registry (HSET, PEXPIRE, ZADD, ZRANGE, HMGET on `#hotsplit#{fleet}#...`).
+    poll(
+        "the service lists itself",
+        Duration::from_secs(5),
+        || async {
+            let view = harness::get_json(&http, &format!("{base}/v1/instances")).await;
+            view["instances"]
+                .as_array()
+                .is_some_and(|listed| listed.iter().any(|entry| entry["id"] == view["this"]))
+        },
+    )
+    .await;
     assert_no_refused_commands(&http, &base).await;
     service.stop().await;
 
@@ -637,6 +649,7 @@ async fn a_password_never_shows_in_logs_endpoints_metrics_or_help() {
         "/v1/keys/sec:leak?client=a",
         "/v1/affinity?key=sec:leak&client=a",
         "/v1/retry-queue",
+        "/v1/instances",
         "/v1/lag",
         "/v1/routing",
         "/v1/classes",

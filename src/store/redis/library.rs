@@ -24,6 +24,9 @@ use crate::store::NodeLabel;
 /// The Redis Functions library (`#!lua name=hotsplit`), loaded on every primary.
 pub(super) const LIBRARY: &str = include_str!("hotsplit.lua");
 
+/// The library's name, as its first line declares it (`#!lua name=...`).
+pub(super) const LIBRARY_NAME: &str = "hotsplit";
+
 /// The shortest time between two attempts to load the library on one primary: a primary that
 /// refuses it (`NOREPLICAS`, a paused node) is not asked again by every write that meets it.
 pub(super) const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
@@ -240,6 +243,6 @@ mod tests {
 
     #[test]
     fn the_library_is_named_and_prefixed() {
-        assert!(LIBRARY.starts_with("#!lua name=hotsplit\n"));
+        assert!(LIBRARY.starts_with(&format!("#!lua name={LIBRARY_NAME}\n")));
     }
 }

@@ -47,6 +47,7 @@
 //! - `heartbeat.rs`: heartbeat writes and reads and their keys.
 //! - `wait.rs`: synced writes, the compare-and-set followed by `WAIT`.
 //! - `readonly.rs`: `ReadOnlyNodes` and `NodeClient`, the read-only access used by `audit`.
+//! - `registry.rs`: the instance registry (`store::registry`): register, list, leave.
 //! - `replies.rs`: pure parsers of Redis replies, with their unit tests.
 //!
 //! # Invariants
@@ -69,8 +70,8 @@ use fred::types::{Builder, ConnectHandle, Key as FredKey, Value};
 use futures_util::future::{join_all, BoxFuture};
 
 use super::{
-    layout_key, live_key, live_member, now_unix_ms, CopyRead, CopyWrite, Layout, LayoutSwap,
-    NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
+    layout_key, live_key, live_member, now_unix_ms, CopyRead, CopyWrite, InstanceRecord, Layout,
+    LayoutSwap, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -81,6 +82,7 @@ mod failure;
 mod heartbeat;
 mod library;
 mod readonly;
+mod registry;
 mod replicas;
 mod replies;
 pub mod target;
@@ -616,6 +618,26 @@ impl Store for RedisStore {
         layout: Layout,
     ) -> BoxFuture<'a, Result<LayoutSwap>> {
         Box::pin(self.swap_layout(layout_key(family), expected, layout))
+    }
+
+    fn register_instance<'a>(
+        &'a self,
+        record: &'a InstanceRecord,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.register(record, ttl_ms))
+    }
+
+    fn deregister_instance<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.deregister(id))
+    }
+
+    fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>> {
+        Box::pin(self.registered())
+    }
+
+    fn library_name(&self) -> Option<&'static str> {
+        Some(library::LIBRARY_NAME)
     }
 
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {

@@ -1,0 +1,96 @@
+//! The fleet's config: `[fleet]` (the instance registry's heartbeat and advertised address).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The `[fleet]` settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetConfig {
+    /// How often this instance refreshes its entry in the instance registry; an entry lapses
+    /// after three intervals without a refresh (an instance that died without removing it).
+    /// Default: `2s`.
+    #[serde(with = "crate::duration")]
+    pub heartbeat_interval: Duration,
+    /// The address the registry gives for this instance's API, for instances behind NAT or a
+    /// wildcard listen address (`0.0.0.0:7070`). Default: unset (the bound listen address).
+    pub advertise: Option<String>,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            heartbeat_interval: Duration::from_secs(2),
+            advertise: None,
+        }
+    }
+}
+
+impl FleetConfig {
+    /// How long a registry entry lives without a refresh: three heartbeat intervals.
+    pub fn entry_ttl(&self) -> Duration {
+        self.heartbeat_interval.saturating_mul(3)
+    }
+
+    /// Checks every `fleet.*` field.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.heartbeat_interval < Duration::from_millis(100)
+            || self.heartbeat_interval > Duration::from_secs(3600)
+        {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "fleet.heartbeat_interval: must be in 100ms..=1h, got {}",
+                    humantime::format_duration(self.heartbeat_interval)
+                ),
+            ));
+        }
+        if let Some(advertise) = &self.advertise {
+            if advertise.is_empty()
+                || advertise.len() > 255
+                || advertise.chars().any(|c| !c.is_ascii_graphic())
+            {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!("fleet.advertise: must be 1..=255 printable ASCII characters without spaces, got {advertise:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_validate_and_bad_values_name_their_field() {
+        FleetConfig::default().validate().unwrap();
+        let fast = FleetConfig {
+            heartbeat_interval: Duration::from_millis(10),
+            ..FleetConfig::default()
+        };
+        assert!(fast
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("fleet.heartbeat_interval"));
+        let spaced = FleetConfig {
+            advertise: Some("a b".to_owned()),
+            ..FleetConfig::default()
+        };
+        assert!(spaced
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("fleet.advertise"));
+        assert_eq!(FleetConfig::default().entry_ttl(), Duration::from_secs(6));
+    }
+}

@@ -1,0 +1,105 @@
+//! The instance registry in Redis (`store::registry` says what is kept where): `HSET` and
+//! `PEXPIRE` of the instance's hash and `ZADD` of its id to the index to register; `ZRANGE` of
+//! the index and one `HMGET` per id to list (an id whose hash expired is removed with `ZREM`);
+//! `DEL` and `ZREM` to leave. Every key carries the `{fleet}` hash tag, so in a cluster the
+//! registry is one slot on one node, and the least-privilege ACL needs no command it did not
+//! already grant.
+
+use fred::interfaces::{HashesInterface, KeysInterface, SortedSetsInterface};
+use fred::types::Value;
+use futures_util::future::join_all;
+
+use super::RedisStore;
+use crate::error::{Error, ErrorKind, Result};
+use crate::store::registry::{instance_key, INSTANCES_KEY, INSTANCE_FIELDS};
+use crate::store::{now_unix_ms, valid_live_instance, InstanceRecord};
+
+impl RedisStore {
+    /// Writes `record` under its key for `ttl_ms` and adds its id to the index. The body of
+    /// [`crate::store::Store::register_instance`].
+    pub(super) async fn register(&self, record: &InstanceRecord, ttl_ms: u64) -> Result<()> {
+        if !valid_live_instance(&record.id) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("invalid instance id {:?}", record.id),
+            ));
+        }
+        let key = instance_key(&record.id);
+        let fields: Vec<(&str, String)> =
+            INSTANCE_FIELDS.into_iter().zip(record.fields()).collect();
+        let ttl = i64::try_from(ttl_ms.max(1)).unwrap_or(i64::MAX);
+        let lapse_ms = now_unix_ms().saturating_add(ttl_ms) as f64;
+        self.client
+            .hset::<Value, _, _>(key.as_str(), fields)
+            .await
+            .map_err(|err| self.fail(format_args!("registration of {key}"), &err))?;
+        self.client
+            .pexpire::<Value, _>(key.as_str(), ttl, None)
+            .await
+            .map_err(|err| self.fail(format_args!("expiry of {key}"), &err))?;
+        self.client
+            .zadd::<Value, _, _>(
+                INSTANCES_KEY,
+                None,
+                None,
+                false,
+                false,
+                (lapse_ms, record.id.as_str()),
+            )
+            .await
+            .map_err(|err| self.fail(format_args!("index of {key}"), &err))?;
+        Ok(())
+    }
+
+    /// Deletes instance `id`'s hash and its index entry. The body of
+    /// [`crate::store::Store::deregister_instance`].
+    pub(super) async fn deregister(&self, id: &str) -> Result<()> {
+        let key = instance_key(id);
+        self.client
+            .del::<Value, _>(key.as_str())
+            .await
+            .map_err(|err| self.fail(format_args!("removal of {key}"), &err))?;
+        self.client
+            .zrem::<Value, _, _>(INSTANCES_KEY, id)
+            .await
+            .map_err(|err| self.fail(format_args!("removal of {id} from the index"), &err))?;
+        Ok(())
+    }
+
+    /// Reads every indexed instance's hash; ids whose hash has expired leave the index. The
+    /// body of [`crate::store::Store::instances`].
+    pub(super) async fn registered(&self) -> Result<Vec<InstanceRecord>> {
+        let ids: Vec<String> = self
+            .client
+            .zrange(INSTANCES_KEY, 0, -1, None, false, None, false)
+            .await
+            .map_err(|err| self.fail(format_args!("read of {INSTANCES_KEY}"), &err))?;
+        let reads = ids.iter().map(|id| async move {
+            let key = instance_key(id);
+            let values: Vec<Option<String>> = self
+                .client
+                .hmget(key.as_str(), INSTANCE_FIELDS.to_vec())
+                .await
+                .map_err(|err| self.fail(format_args!("read of {key}"), &err))?;
+            Ok::<_, Error>((id, InstanceRecord::from_fields(&values)))
+        });
+        let mut records = Vec::with_capacity(ids.len());
+        for read in join_all(reads).await {
+            match read? {
+                (_, Some(record)) => records.push(record),
+                (id, None) => {
+                    // The hash expired (the instance stopped refreshing it) or is damaged.
+                    if let Err(err) = self
+                        .client
+                        .zrem::<Value, _, _>(INSTANCES_KEY, id.as_str())
+                        .await
+                    {
+                        tracing::debug!(instance = %id, error = %err, "could not drop a lapsed instance from the registry index");
+                    }
+                }
+            }
+        }
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(records)
+    }
+}
