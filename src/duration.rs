@@ -1,4 +1,5 @@
-//! Serde support for humantime durations in config files (`"250ms"`, `"2s"`, `"10m"`).
+//! Serde support for humantime durations in config files (`"250ms"`, `"2s"`, `"10m"`), and
+//! [`millis`], a duration as the whole milliseconds Redis commands take.
 //!
 //! Every subsystem's config uses it through `#[serde(with = "crate::duration")]`, or
 //! `crate::duration::option` for an optional field; a duration that does not parse names its
@@ -7,6 +8,11 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
+
+/// A duration in whole milliseconds, saturating.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// Deserializes a humantime duration.
 pub(crate) fn deserialize<'de, D: Deserializer<'de>>(

@@ -6,7 +6,6 @@
 //! the same way, so a late write of an older version cannot resurrect the value.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -337,7 +336,7 @@ impl Publisher {
         sync: Option<SyncReplicas>,
     ) -> (PublishReport, Option<Version>) {
         let now_ms = now_unix_ms();
-        let ttl_ms = duration_ms(family.ttl);
+        let ttl_ms = crate::duration::millis(family.ttl);
         let (jitter_min, jitter_max) = self.expiry_jitter;
         let tombstone = matches!(payload, Payload::Tombstone);
         let mut refused_at: Option<Version> = None;
@@ -501,7 +500,7 @@ impl Publisher {
                 // The counter is meant to outlive every copy it versioned, so a later allocation
                 // does not restart below a live copy; when it does not (another instance's
                 // shorter TTL, a failover), the copies' refusals raise it (see `write`).
-                let counter_ttl_ms = duration_ms(family.ttl).saturating_mul(2);
+                let counter_ttl_ms = crate::duration::millis(family.ttl).saturating_mul(2);
                 self.store
                     .allocate_version(key, counter_ttl_ms, floor)
                     .await
@@ -529,11 +528,6 @@ fn owned_value(value: &[u8]) -> Payload {
 /// more after copies refused it (the counter was behind them, or another publish was allocated
 /// meanwhile).
 const MAX_ALLOCATIONS: u32 = 3;
-
-/// A duration in whole milliseconds, saturating.
-pub(crate) fn duration_ms(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
 
 #[cfg(test)]
 mod tests {

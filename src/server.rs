@@ -171,7 +171,7 @@ impl Connected {
                 tracing::warn!("running on the embedded in-memory store: values live in this process only; set store.redis (or --redis) to use Redis");
                 Ok(Connected::Memory(Arc::new(
                     MemoryStore::new()
-                        .with_version_retention(crate::publish::duration_ms(version_retention)),
+                        .with_version_retention(crate::duration::millis(version_retention)),
                 )))
             }
             Some(mut options) => {

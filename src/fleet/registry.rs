@@ -15,7 +15,6 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
-use crate::publish::duration_ms;
 use crate::store::{now_unix_ms, InstanceRecord, Store};
 
 /// The release this binary runs: the package version.
@@ -89,7 +88,7 @@ impl Registry {
             own.clone()
         };
         self.store
-            .register_instance(&record, duration_ms(self.entry_ttl))
+            .register_instance(&record, crate::duration::millis(self.entry_ttl))
             .await
     }
 

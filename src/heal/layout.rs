@@ -37,7 +37,6 @@ use crate::error::Result;
 use crate::family::{Families, Family};
 use crate::key::{CopyKey, Key, COPY_SEPARATOR};
 use crate::metrics::Metrics;
-use crate::publish::duration_ms;
 use crate::store::{Layout, LayoutSwap, Store};
 
 /// What this instance knows of one family's layout.
@@ -142,7 +141,7 @@ impl Layouts {
     ) -> Result<Arc<Layouts>> {
         let layouts = Layouts::default();
         let mut grown = Vec::new();
-        let ttl_ms = duration_ms(liveness.ttl());
+        let ttl_ms = crate::duration::millis(liveness.ttl());
         for family in families.iter() {
             let name = family.name();
             // Join first: an instance that reads the live set after this call writes this
@@ -394,7 +393,7 @@ impl LayoutWatcher {
 
     /// Refreshes this instance's live entries and re-reads the records, once.
     async fn refresh(&self) {
-        let ttl_ms = duration_ms(self.liveness.ttl());
+        let ttl_ms = crate::duration::millis(self.liveness.ttl());
         for family in self.families.iter() {
             let name = family.name();
             match self
