@@ -22,6 +22,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::family::{self, Families, MAX_COPIES};
 use crate::route::Classes;
 
+pub use crate::auth::AuthConfig;
 pub use crate::family::{DefaultFamilyConfig, FamilyConfig};
 pub use crate::fleet::FleetConfig;
 pub use crate::heal::HealConfig;
@@ -55,6 +56,8 @@ pub struct Config {
     pub route: RouteConfig,
     /// The fleet: the instance registry.
     pub fleet: FleetConfig,
+    /// API tokens.
+    pub auth: AuthConfig,
 }
 
 impl Config {
@@ -93,6 +96,7 @@ impl Config {
     /// [`ErrorKind::Config`] with a message such as `family[1].copies: must be in 1..=1024, got 0`.
     pub fn validate(&self) -> Result<()> {
         self.server.validate()?;
+        self.check_exposure()?;
         self.store.validate()?;
         if self.read.fallback_copies > MAX_COPIES {
             return Err(Error::new(
@@ -158,6 +162,36 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// Who can reach the API, and how: without tokens the listener must be loopback unless
+    /// `server.allow_unauthenticated` says otherwise; with tokens a non-loopback listener needs
+    /// TLS on it (`server.tls_cert_file`) or in front of it (`server.tls_terminated_upstream`),
+    /// so a token never crosses a network in clear.
+    fn check_exposure(&self) -> Result<()> {
+        let listen = self.server.listen;
+        if listen.ip().is_loopback() {
+            return Ok(());
+        }
+        if self.auth.tokens_file.is_none() {
+            if !self.server.allow_unauthenticated {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!("server.allow_unauthenticated: {listen} is not a loopback address and no auth.tokens_file is configured, so anyone who reaches the port could write any key; configure auth.tokens_file, listen on 127.0.0.1, or set server.allow_unauthenticated = true"),
+                ));
+            }
+        } else if self.server.tls_cert_file.is_none() && !self.server.tls_terminated_upstream {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("server.tls_terminated_upstream: {listen} is not a loopback address and has no TLS (server.tls_cert_file), so bearer tokens would cross the network in clear; set server.tls_terminated_upstream = true when TLS ends in a proxy in front of hotsplit"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `serve` answers every caller on a non-loopback address (the startup WARN).
+    pub fn serves_unauthenticated_publicly(&self) -> bool {
+        self.auth.tokens_file.is_none() && !self.server.listen.ip().is_loopback()
     }
 
     /// The longest TTL of any family, the default family's included.
@@ -329,6 +363,20 @@ mod tests {
                 "[store]\nversion_retention = \"1m\"\n[heal]\nexpiry_jitter_min = -0.1",
                 "store.version_retention",
             ),
+            (
+                "[server]\nlisten = \"0.0.0.0:7070\"",
+                "server.allow_unauthenticated",
+            ),
+            (
+                "[server]\nlisten = \"10.1.2.3:7070\"\n[auth]\ntokens_file = \"t\"",
+                "server.tls_terminated_upstream",
+            ),
+            (
+                "[server]\nlisten = \"[::]:7070\"\nallow_unauthenticated = true\n[auth]\ntokens_file = \"t\"",
+                "server.tls_terminated_upstream",
+            ),
+            ("[server]\ntls_cert_file = \"c.pem\"", "server.tls_cert_file"),
+            ("[server]\nlog_level = \"info,=nope\"", "server.log_level"),
         ];
         for (text, field) in cases {
             let err = Config::from_toml(text)
@@ -337,6 +385,27 @@ mod tests {
             assert_eq!(err.kind(), ErrorKind::Config);
             assert!(err.message().contains(field), "{text:?}: {err}");
         }
+    }
+
+    #[test]
+    fn public_listeners_need_tokens_or_consent_and_tokens_need_tls() {
+        let ok = [
+            "[server]\nlisten = \"127.0.0.1:7070\"",
+            "[server]\nlisten = \"[::1]:7070\"\n[auth]\ntokens_file = \"t\"",
+            "[server]\nlisten = \"0.0.0.0:7070\"\nallow_unauthenticated = true",
+            "[server]\nlisten = \"0.0.0.0:7070\"\ntls_terminated_upstream = true\n[auth]\ntokens_file = \"t\"",
+        ];
+        for text in ok {
+            let config = Config::from_toml(text).unwrap();
+            config
+                .validate()
+                .unwrap_or_else(|err| panic!("{text}: {err}"));
+        }
+        let open = Config::from_toml(ok[2]).unwrap();
+        assert!(open.serves_unauthenticated_publicly());
+        assert!(!Config::from_toml(ok[0])
+            .unwrap()
+            .serves_unauthenticated_publicly());
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! - [`fleet`]: what makes instances one deployment: the instance registry
 //!   (`GET /v1/instances`).
 //! - [`heal`]: the durable retry queue of failed copy writes, read repair and expiry jitter.
+//! - [`auth`]: API bearer tokens with scopes, and the `[auth]` config.
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
 //! - [`wire`]: the API's header and query-parameter names, shared by `http`, `client` and `check`.
@@ -32,6 +33,7 @@
 
 pub mod affinity;
 pub mod audit;
+pub mod auth;
 pub mod client;
 pub mod config;
 mod duration;

@@ -241,6 +241,17 @@ impl Service {
     /// process holds its lock (the message names the spool).
     pub async fn build(config: Config) -> Result<Service> {
         config.validate()?;
+        let tokens = config.auth.load_tokens()?;
+        match &tokens {
+            Some(tokens) => tracing::info!(
+                tokens = tokens.len(),
+                "api tokens loaded: every endpoint but /healthz and /readyz needs a bearer token"
+            ),
+            None if config.serves_unauthenticated_publicly() => {
+                tracing::warn!(listen = %config.server.listen, "server.allow_unauthenticated: serving without tokens on a non-loopback address: anyone who reaches it can read and write every key")
+            }
+            None => {}
+        }
         let metrics = Metrics::new();
         let tracker = TaskTracker::new();
         let cancel = CancellationToken::new();
@@ -337,6 +348,7 @@ impl Service {
                 return Err(err);
             }
         };
+        state.tokens().store(tokens);
         // The lag monitor always runs: a read may name a replica class on any family, and the
         // lag it finds must be measured, not missing. With no replicas (embedded store, a
         // standalone Redis without configured replicas) it has nothing to do on each tick.

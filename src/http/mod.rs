@@ -11,6 +11,7 @@
 //!   lines combined.
 //! - `problem`: [`problem::ApiError`], the problem+json answer, and the error-kind → code map.
 //! - `state`: [`AppState`], what the handlers share.
+//! - `auth`: the bearer-token check in front of every route (401, 403), by the route's scope.
 //! - `latency`: the layer around every request: request id and span, latency, `Retry-After`.
 //! - `request_id`: how a request's id is chosen (`X-Request-Id`, `traceparent`, or random).
 //! - `instances`: `GET /v1/instances`, the instance registry.
@@ -18,6 +19,7 @@
 //! - [`paths`]: the route templates.
 //! - `config`: [`ServerConfig`], the `[server]` settings.
 
+mod auth;
 pub mod config;
 pub mod handlers;
 pub mod instances;
@@ -64,6 +66,13 @@ pub mod paths {
     /// The registered instances.
     pub const INSTANCES: &str = "/v1/instances";
 
+    /// The operator views: served to tokens with the `admin` scope (when tokens are
+    /// configured). Add a new admin endpoint here.
+    pub(crate) const ADMIN: [&str; 5] = [METRICS, CLASSES, LAG, ROUTING, RETRY_QUEUE];
+
+    /// The load balancers' probes, which never need a token.
+    pub(crate) const OPEN: [&str; 2] = [HEALTHZ, READYZ];
+
     /// Every template, in the latency table's order.
     pub(crate) const ROUTES: [&str; 11] = [
         KEY,
@@ -107,8 +116,10 @@ pub fn router(state: AppState) -> Router {
         .route(paths::INSTANCES, get(instances::instances))
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)
-        // `layer`, not `route_layer`: unknown paths and wrong methods get a request id too (the
-        // layer records latency for matched routes only).
+        // Layers run outside in, the last added first: request id and latency, then the token
+        // check, then the handler. `layer`, not `route_layer`: unknown paths and wrong methods
+        // get a request id and need a token too (latency is recorded for matched routes only).
+        .layer(inner.auth.clone())
         .layer(latency)
         .with_state(state)
 }

@@ -54,6 +54,10 @@ pub enum Code {
     MethodNotAllowed,
     /// 503: the store did not answer.
     Unavailable,
+    /// 401: no valid bearer token (the answer carries `WWW-Authenticate: Bearer`).
+    Unauthorized,
+    /// 403: the bearer token lacks the endpoint's scope.
+    Forbidden,
     /// 500: a bug or an unexpected local failure.
     Internal,
 }
@@ -78,6 +82,8 @@ impl Code {
             Code::NotFound => "not_found",
             Code::MethodNotAllowed => "method_not_allowed",
             Code::Unavailable => "unavailable",
+            Code::Unauthorized => "unauthorized",
+            Code::Forbidden => "forbidden",
             Code::Internal => "internal",
         }
     }
@@ -96,6 +102,8 @@ impl Code {
             Code::StaleVersion | Code::VersionConflict => StatusCode::CONFLICT,
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Code::Unauthorized => StatusCode::UNAUTHORIZED,
+            Code::Forbidden => StatusCode::FORBIDDEN,
             Code::PublishIncomplete
             | Code::BelowVersionFloor
             | Code::Unavailable
@@ -122,6 +130,8 @@ impl Code {
             Code::NotFound => "not found",
             Code::MethodNotAllowed => "method not allowed",
             Code::Unavailable => "unavailable",
+            Code::Unauthorized => "unauthorized",
+            Code::Forbidden => "forbidden",
             Code::Internal => "internal error",
         }
     }

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::auth::AuthLayer;
+use crate::auth::TokenTable;
 use crate::fleet::Registry;
 use crate::heal::HealHandles;
 use crate::metrics::Metrics;
@@ -36,6 +38,9 @@ pub(crate) struct Inner {
     pub(crate) heal: HealHandles,
     /// The instance registry, for `/v1/instances`.
     pub(crate) registry: Arc<Registry>,
+    /// The token check in front of every route, with the table a reload swaps (empty until
+    /// [`AppState::tokens`] is given tokens).
+    pub(crate) auth: AuthLayer,
 }
 
 /// The parts an [`AppState`] is made of, by name.
@@ -73,6 +78,7 @@ impl AppState {
             registry,
         } = parts;
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+        let auth = AuthLayer::new(TokenTable::default(), &metrics);
         AppState {
             inner: Arc::new(Inner {
                 publisher,
@@ -83,8 +89,15 @@ impl AppState {
                 retry_after_secs,
                 heal,
                 registry,
+                auth,
             }),
         }
+    }
+
+    /// The token table every request is checked against: empty (no check) until tokens are
+    /// stored into it, at startup or by a reload.
+    pub fn tokens(&self) -> &TokenTable {
+        self.inner.auth.tokens()
     }
 
     pub(crate) fn inner(&self) -> &Inner {

@@ -25,24 +25,24 @@ fn app() -> Router {
     hotsplit::http::router(state)
 }
 
-struct Answer {
-    status: StatusCode,
-    headers: axum::http::HeaderMap,
-    body: Vec<u8>,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: axum::http::HeaderMap,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Answer {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&self.body)))
     }
 
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|value| value.to_str().ok())
     }
 
     /// Asserts a problem+json answer with `status` and `code`.
-    fn assert_problem(&self, status: StatusCode, code: &str) {
+    pub(crate) fn assert_problem(&self, status: StatusCode, code: &str) {
         assert_eq!(
             self.status,
             status,
@@ -62,7 +62,7 @@ impl Answer {
     }
 }
 
-async fn call(
+pub(crate) async fn call(
     app: &Router,
     method: Method,
     uri: &str,

@@ -5,6 +5,7 @@
 //! server or cluster of its own.
 
 mod audit;
+mod auth;
 mod binary;
 mod check;
 mod client_lib;
