@@ -35,7 +35,9 @@ USER hotsplit:hotsplit
 WORKDIR /var/lib/hotsplit
 VOLUME ["/var/lib/hotsplit"]
 # Listen on every interface inside the container (the default, 127.0.0.1:7070, is unreachable
-# from outside it). A config file or --listen overrides this.
+# from outside it). A config file or --listen overrides this. A non-loopback address needs a
+# config with [auth] tokens_file (and TLS in front: server.tls_terminated_upstream) or
+# server.allow_unauthenticated = true; without either, serve exits 2 naming the field.
 ENV HOTSPLIT_LISTEN=0.0.0.0:7070
 EXPOSE 7070
 # The image has no curl or shell: the binary probes its own readiness. If you move the listener

@@ -4,7 +4,8 @@
 # a free loopback port and kills by PID. Fails when schemathesis reports any failure.
 #
 # Configuration: scripts/schemathesis/ (schemathesis.toml: seed, examples, expected statuses;
-# hooks.py: the check that explains config-dependent refusals; hotsplit.toml: the instance).
+# hooks.py: the check that explains config-dependent refusals; hotsplit.toml: the instance,
+# to which this script adds a tokens file with one all-scopes token that every request carries).
 # schemathesis is installed into a venv under target/ when missing. Set HOTSPLIT_BIN to test
 # another binary (default: target/debug/hotsplit, built here if needed).
 set -euo pipefail
@@ -58,6 +59,13 @@ wait_until() {
     return 1
 }
 
+# The API token of both runs: the document declares each operation's scope, so schemathesis
+# sends it on every request and its ignored_auth check sends requests without it (or with a
+# wrong one), which must be refused 401.
+token=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')
+printf 'plain:%s read,write,admin  # schemathesis\n' "$token" >"$work/tokens"
+chmod 600 "$work/tokens"
+
 # run NAME [REDIS_URL]: starts hotsplit on the embedded store or on REDIS_URL, runs
 # schemathesis against it, stops it.
 run() {
@@ -67,7 +75,7 @@ run() {
     config="$work/$name.toml"
     log="$work/$name.log"
     cp scripts/schemathesis/hotsplit.toml "$config"
-    printf '[heal]\nspool_dir = "%s"\n' "$work/spool-$name" >>"$config"
+    printf '[heal]\nspool_dir = "%s"\n[auth]\ntokens_file = "%s"\n' "$work/spool-$name" "$work/tokens" >>"$config"
     local args=(serve --listen "127.0.0.1:$port" --config "$config")
     if [ -n "$redis_url" ]; then args+=(--redis "$redis_url"); fi
     HOTSPLIT_LOG=warn "$bin" "${args[@]}" >"$log" 2>&1 &
@@ -78,7 +86,8 @@ run() {
     echo "schemathesis.sh: $name store, hotsplit on 127.0.0.1:$port"
     local status=0
     "$venv/bin/st" --config-file scripts/schemathesis/schemathesis.toml --no-color \
-        run "http://127.0.0.1:$port/openapi.json" --checks all || status=$?
+        run "http://127.0.0.1:$port/openapi.json" --checks all \
+        --header "Authorization: Bearer $token" || status=$?
     kill "$pid"
     wait "$pid" 2>/dev/null || true
     if [ "$status" -ne 0 ]; then

@@ -72,6 +72,8 @@ pub struct Client {
     http: reqwest::Client,
     /// The highest version seen per key: the floor sent with every read.
     floors: Mutex<HashMap<String, Version>>,
+    /// The bearer token sent with every request, if the service asks for one.
+    token: Option<String>,
 }
 
 impl Client {
@@ -96,7 +98,24 @@ impl Client {
             client_id: client_id.to_owned(),
             http: http_client(DEFAULT_TIMEOUT)?,
             floors: Mutex::new(HashMap::new()),
+            token: None,
         })
+    }
+
+    /// The same client sending `Authorization: Bearer token` with every request (a service
+    /// with `[auth] tokens_file`; reads need the `read` scope, publishes and invalidations
+    /// `write`). The token is never printed.
+    pub fn with_token(mut self, token: impl Into<String>) -> Client {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// `request` with this client's token, if it has one.
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
     }
 
     /// The same client with every request bounded by `timeout` (from sending to the last byte
@@ -156,7 +175,7 @@ impl Client {
     }
 
     async fn write(&self, key: &str, request: reqwest::RequestBuilder) -> Result<Published> {
-        let response = request.send().await.map_err(unreachable)?;
+        let response = self.authorized(request).send().await.map_err(unreachable)?;
         if !response.status().is_success() {
             return Err(problem(response).await);
         }
@@ -182,7 +201,7 @@ impl Client {
         if let Some(floor) = self.floor(key) {
             request = request.header(wire::header::MIN_VERSION, floor.to_string());
         }
-        let response = request.send().await.map_err(unreachable)?;
+        let response = self.authorized(request).send().await.map_err(unreachable)?;
         match response.status() {
             reqwest::StatusCode::OK => {}
             reqwest::StatusCode::NOT_FOUND => {
@@ -279,6 +298,8 @@ async fn problem(response: reqwest::Response) -> Error {
         "value_too_large" => ErrorKind::ValueTooLarge,
         "not_found" => ErrorKind::NotFound,
         "below_version_floor" => ErrorKind::BelowVersionFloor,
+        "unauthorized" => ErrorKind::Unauthorized,
+        "forbidden" => ErrorKind::Forbidden,
         _ => ErrorKind::Unavailable,
     };
     Error::new(kind, format!("{}: {}", problem.code, problem.detail))

@@ -43,6 +43,11 @@ pub enum ErrorKind {
     StalenessBudgetExceeded,
     /// An I/O error outside the store (binding a socket, reading a file).
     Io,
+    /// The service asked for a bearer token and none, or no valid one, was sent (HTTP 401;
+    /// what [`crate::client::Client`] reports).
+    Unauthorized,
+    /// The bearer token lacks the scope the endpoint needs (HTTP 403).
+    Forbidden,
 }
 
 impl ErrorKind {
@@ -65,6 +70,8 @@ impl ErrorKind {
             ErrorKind::StalenessBudgetExceeded => "staleness_budget_exceeded",
             ErrorKind::Io => "io",
             ErrorKind::NodeFailing => "node_failing",
+            ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::Forbidden => "forbidden",
         }
     }
 }

@@ -22,12 +22,12 @@ pub use tokens::{hash_line, TokenId, Tokens, Verdict};
 /// One permission a token carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
-    /// Reads: `GET`/`HEAD /v1/keys/{key}`, `/v1/affinity`, `/openapi.json`.
+    /// Reads: `GET`/`HEAD /v1/keys/{key}`, `/v1/affinity`.
     Read,
     /// Publishes and invalidations: `PUT`/`DELETE /v1/keys/{key}`.
     Write,
     /// The operator endpoints: `/metrics`, `/v1/retry-queue`, `/v1/lag`, `/v1/routing`,
-    /// `/v1/classes` and the later admin views.
+    /// `/v1/classes`, `/v1/instances` and the later admin views.
     Admin,
 }
 

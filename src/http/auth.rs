@@ -3,7 +3,7 @@
 //!
 //! [`AuthLayer`] wraps each route after routing (it reads the [`MatchedPath`]) and before the
 //! handler, so a caller without the scope learns nothing from the handler: not whether a key
-//! exists, not a node address. `/healthz` and `/readyz` need no token; a data read needs
+//! exists, not a node address. `/healthz`, `/readyz` and `/openapi.json` need no token; a data read needs
 //! `read`, a publish or invalidation `write`, an admin view ([`super::paths::ADMIN`]) `admin`;
 //! a path no route matches needs a valid token of any scope before it is told 404. With no
 //! tokens configured every request passes, as before tokens existed.
@@ -59,7 +59,7 @@ pub(crate) fn need(route: Option<&str>, method: &Method) -> Need {
         Need::Nothing
     } else if paths::ADMIN.contains(&route) {
         Need::Scope(Scope::Admin)
-    } else if route == paths::AFFINITY || route == paths::OPENAPI {
+    } else if route == paths::AFFINITY {
         Need::Scope(Scope::Read)
     } else {
         Need::AnyToken

@@ -15,7 +15,8 @@
 //! - `latency`: the layer around every request: request id and span, latency, `Retry-After`.
 //! - `request_id`: how a request's id is chosen (`X-Request-Id`, `traceparent`, or random).
 //! - `instances`: `GET /v1/instances`, the instance registry.
-//! - `openapi`: the OpenAPI document and the route that serves it.
+//! - `openapi`: the OpenAPI document and the route that serves it; `openapi_edge` adds the
+//!   security scheme, each operation's scope, the 401/403 answers and the response headers.
 //! - [`paths`]: the route templates.
 //! - `config`: [`ServerConfig`], the `[server]` settings.
 
@@ -25,6 +26,7 @@ pub mod handlers;
 pub mod instances;
 mod latency;
 pub mod openapi;
+mod openapi_edge;
 mod params;
 pub mod problem;
 mod request_id;
@@ -68,10 +70,10 @@ pub mod paths {
 
     /// The operator views: served to tokens with the `admin` scope (when tokens are
     /// configured). Add a new admin endpoint here.
-    pub(crate) const ADMIN: [&str; 5] = [METRICS, CLASSES, LAG, ROUTING, RETRY_QUEUE];
+    pub(crate) const ADMIN: [&str; 6] = [METRICS, CLASSES, LAG, ROUTING, RETRY_QUEUE, INSTANCES];
 
-    /// The load balancers' probes, which never need a token.
-    pub(crate) const OPEN: [&str; 2] = [HEALTHZ, READYZ];
+    /// The load balancers' probes and the API's own description, which never need a token.
+    pub(crate) const OPEN: [&str; 3] = [HEALTHZ, READYZ, OPENAPI];
 
     /// Every template, in the latency table's order.
     pub(crate) const ROUTES: [&str; 11] = [

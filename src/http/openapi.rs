@@ -10,6 +10,7 @@ use utoipa::OpenApi;
 
 use super::handlers;
 use super::instances;
+use super::openapi_edge::Edge;
 use super::problem::{Code, Problem};
 use crate::heal::queue::{EntryView, NodeState, NodeView, RetryQueueView};
 use crate::publish::{CopyOutcome, CopyReport, PublishReport};
@@ -37,6 +38,7 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         serve,
     ),
     components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord)),
+    modifiers(&Edge),
     tags(
         (name = "keys", description = "Publish, invalidate and read split keys"),
         (name = "routing", description = "Read classes, replica lag and where reads were served"),

@@ -222,6 +222,8 @@ impl From<Error> for ApiError {
             }
             ErrorKind::UnknownClass => Code::UnknownClass,
             ErrorKind::ClassNotAllowed => Code::ClassNotAllowed,
+            ErrorKind::Unauthorized => Code::Unauthorized,
+            ErrorKind::Forbidden => Code::Forbidden,
             ErrorKind::StalenessBudgetExceeded => {
                 return ApiError::new(Code::StalenessBudgetExceeded, err.message()).retry_later()
             }

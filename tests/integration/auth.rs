@@ -86,7 +86,6 @@ async fn every_data_and_admin_endpoint_needs_its_scope() {
         (Method::PUT, "/v1/keys/p:1?version=2", "write"),
         (Method::DELETE, "/v1/keys/p:1?version=3", "write"),
         (Method::GET, "/v1/affinity?key=p:1&client=c", "read"),
-        (Method::GET, "/openapi.json", "read"),
         (Method::GET, "/metrics", "admin"),
         (Method::GET, "/v1/classes", "admin"),
         (Method::GET, "/v1/lag", "admin"),
@@ -137,7 +136,7 @@ async fn every_data_and_admin_endpoint_needs_its_scope() {
 #[tokio::test]
 async fn probes_need_no_token_and_unknown_paths_need_one() {
     let app = app_with_tokens();
-    for uri in ["/healthz", "/readyz"] {
+    for uri in ["/healthz", "/readyz", "/openapi.json"] {
         let answer = call_as(&app, Method::GET, uri, None).await;
         assert_eq!(answer.status, StatusCode::OK, "{uri}");
         // A bad token on a probe changes nothing either: probes ignore credentials.
@@ -401,4 +400,37 @@ async fn serve_warns_when_it_answers_everyone_on_a_public_address() {
         .find(|line| line.contains("server.allow_unauthenticated"))
         .unwrap_or_else(|| panic!("no warning: {log}"));
     assert!(warning.contains("WARN"), "{warning}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_sends_its_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, tokens_file_text()).unwrap();
+    let service = harness::Service::start(harness::config_from_toml(&format!(
+        "[[family]]\nprefix = \"c:\"\ncopies = 4\n[auth]\ntokens_file = {:?}\n",
+        tokens.display().to_string()
+    )))
+    .await;
+    let client = |token: Option<&str>| {
+        let client = hotsplit::client::Client::new(&service.base, "session").expect("client");
+        match token {
+            Some(token) => client.with_token(token),
+            None => client,
+        }
+    };
+    let err = client(None).publish("c:1", Some(1), "v").await.unwrap_err();
+    assert_eq!(err.kind(), hotsplit::ErrorKind::Unauthorized, "{err}");
+    let err = client(Some(READER))
+        .publish("c:1", Some(1), "v")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), hotsplit::ErrorKind::Forbidden, "{err}");
+    let writer = client(Some(ALL));
+    writer.publish("c:1", Some(1), "v").await.expect("publish");
+    let read = client(Some(READER)).read("c:1").await.expect("read");
+    assert_eq!(read.map(|read| read.value), Some(bytes::Bytes::from("v")));
+    let err = client(Some(WRITER)).read("c:1").await.unwrap_err();
+    assert_eq!(err.kind(), hotsplit::ErrorKind::Forbidden, "{err}");
+    service.stop().await;
 }
