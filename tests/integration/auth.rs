@@ -91,6 +91,7 @@ async fn every_data_and_admin_endpoint_needs_its_scope() {
         (Method::GET, "/v1/lag", "admin"),
         (Method::GET, "/v1/routing", "admin"),
         (Method::GET, "/v1/retry-queue", "admin"),
+        (Method::GET, "/v1/instances", "admin"),
     ];
     let single = [("read", READER), ("write", WRITER), ("admin", ADMIN)];
     for (method, uri, scope) in endpoints {
