@@ -549,6 +549,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         eprintln!("hotsplit: {err}");
         return ExitCode::from(2);
     }
+    if let Err(err) = open_file_limit().and_then(|limit| config.server.check_file_limit(limit)) {
+        eprintln!("hotsplit: invalid configuration: {err}");
+        return ExitCode::from(2);
+    }
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
@@ -600,6 +604,29 @@ enum Startup {
     Build(hotsplit::Error),
     /// Binding the port or serving failed.
     Serve(hotsplit::Error),
+}
+
+/// Raises the soft open-file limit to the hard one (systemd and most shells start services
+/// at 1024, far below what `server.max_connections` asks for) and returns it.
+fn open_file_limit() -> hotsplit::Result<u64> {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => {
+            tracing::debug!(open_files = limit, "open-file limit");
+            Ok(limit)
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot raise the open-file limit");
+            rlimit::Resource::NOFILE
+                .get()
+                .map(|(soft, _hard)| soft)
+                .map_err(|err| {
+                    hotsplit::Error::new(
+                        hotsplit::ErrorKind::Io,
+                        format!("cannot read the open-file limit: {err}"),
+                    )
+                })
+        }
+    }
 }
 
 fn load_config(args: &ServeArgs) -> hotsplit::Result<Config> {

@@ -22,13 +22,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::fleet::{Registrar, Registry};
 use crate::heal::{
     HealHandles, HealthProber, HealthStore, LayoutWatcher, Layouts, Liveness, NodeHealth, Repairer,
     RetryQueue, RetryWorker,
 };
-use crate::http::{router, AppParts, AppState};
+use crate::http::listener::{ConnectionMetrics, Listener, ListenerMetrics, Role};
+use crate::http::{router, AppParts, AppState, ServerConfig};
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
 use crate::read::Reader;
@@ -195,8 +196,9 @@ impl Connected {
 
 /// A service built from a validated config, with nothing bound and no task started yet.
 pub struct Service {
-    /// How long shutdown waits for requests and tasks.
-    shutdown_grace: std::time::Duration,
+    /// The `[server]` settings: the listeners' timeouts and limits, and how long shutdown waits
+    /// for requests and tasks.
+    server: ServerConfig,
     /// The handlers' state.
     state: AppState,
     /// The retry queue, kept to close its spool at the end.
@@ -360,7 +362,7 @@ impl Service {
             metrics: route_metrics,
         };
         Ok(Service {
-            shutdown_grace: config.server.shutdown_grace,
+            server: config.server.clone(),
             state,
             retry_queue,
             tracker,
@@ -387,18 +389,18 @@ impl Service {
         self.retry_queue.close().await;
     }
 
-    /// Starts the background tasks and serves HTTP on `listener` until `shutdown` resolves
-    /// (or the HTTP server stops on its own), then drains within `server.shutdown_grace`.
+    /// Starts the background tasks and serves HTTP on `listener` until `shutdown` resolves,
+    /// then drains within `server.shutdown_grace`.
     ///
     /// # Errors
-    /// [`ErrorKind::Io`] when the listener has no local address or serving fails.
+    /// [`ErrorKind::Io`] when the listener has no local address.
     pub async fn serve(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<()> {
         let Service {
-            shutdown_grace: grace,
+            server,
             state,
             retry_queue: spool_owner,
             tracker,
@@ -407,6 +409,7 @@ impl Service {
             registry,
             advertise,
         } = self;
+        let grace = server.shutdown_grace;
         let local = match listener.local_addr() {
             Ok(local) => local,
             Err(err) => {
@@ -425,11 +428,22 @@ impl Service {
         tracker.spawn(background.lag_monitor.run(cancel.clone()));
         registry.set_listen(advertise.unwrap_or_else(|| local.to_string()));
         tracker.spawn(background.registrar.run(cancel.clone()));
-        let app = router(state);
+        let connection_metrics = state
+            .inner()
+            .metrics
+            .register_with(ConnectionMetrics::register);
+        let data = Listener::new(
+            Role::Data,
+            listener,
+            router(state),
+            &server,
+            ListenerMetrics::for_role(&connection_metrics, Role::Data),
+        );
+        tracker.spawn(data.run(cancel.clone(), tracker.clone()));
         tracing::info!(listen = %local, "hotsplit is serving");
 
         // Decide: the caller's shutdown future (signals, or a test's channel) cancels the
-        // token; so does the HTTP server stopping on its own (an accept loop error).
+        // token.
         let decide = cancel.clone();
         tracker.spawn(async move {
             tokio::select! {
@@ -437,45 +451,20 @@ impl Service {
                 () = decide.cancelled() => {}
             }
         });
-        let http_cancel = cancel.clone();
-        let server = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { http_cancel.cancelled().await });
-        let server_done = cancel.clone();
-        let serving = tracker.spawn(async move {
-            let served = server.await;
-            server_done.cancel();
-            served
-        });
 
         cancel.cancelled().await;
         tracing::info!(grace = ?grace, "shutting down: draining requests and background tasks");
         tracker.close();
-        let drained = tokio::time::timeout(grace, async {
-            let served = serving.await;
-            tracker.wait().await;
-            served
-        })
-        .await;
+        let drained = tokio::time::timeout(grace, tracker.wait()).await;
         // Whatever was not drained is in the spool; sync it and release the directory.
         spool_owner.close().await;
         match drained {
-            Ok(Ok(Ok(()))) => {
-                tracing::info!("shutdown complete");
-                Ok(())
-            }
-            Ok(Ok(Err(err))) => Err(Error::new(
-                ErrorKind::Io,
-                format!("http server failed: {err}"),
-            )),
-            Ok(Err(join)) => Err(Error::new(
-                ErrorKind::Io,
-                format!("http server task failed: {join}"),
-            )),
+            Ok(()) => tracing::info!("shutdown complete"),
             Err(_) => {
                 tracing::warn!(grace = ?grace, tasks = tracker.len(), "shutdown grace period ended with work still running");
-                Ok(())
             }
         }
+        Ok(())
     }
 }
 

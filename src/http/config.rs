@@ -1,5 +1,5 @@
-//! The HTTP server's config: `[server]` (listen address, body limit, shutdown grace, log line
-//! format).
+//! The HTTP server's config: `[server]` (listen address, body limit, connection timeouts and
+//! limits, shutdown grace, log line format).
 //!
 //! It sits beside `http`, the server it configures, rather than beside `server`: `server`
 //! builds the service from the whole `Config`, so a sub-config defined there would make
@@ -46,6 +46,29 @@ pub struct ServerConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of `server.tls_cert_file`. Default: none.
     pub tls_key_file: Option<PathBuf>,
+    /// How long a client has to send a request's head (request line and headers), counted from
+    /// its first byte: a slowloris client that trickles a header is closed after it. Default:
+    /// `10s`.
+    #[serde(with = "crate::duration")]
+    pub header_read_timeout: Duration,
+    /// How long a client has to send a request's whole body once the server first waits for
+    /// it; a publish whose body is late is answered 400 `invalid_parameter` and its connection
+    /// closed. Default: `30s`.
+    #[serde(with = "crate::duration")]
+    pub body_read_timeout: Duration,
+    /// How long a connection may sit with no request in progress and no byte received (a new
+    /// connection that sends nothing, or a keep-alive connection between requests) before it is
+    /// closed. Default: `60s`.
+    #[serde(with = "crate::duration")]
+    pub idle_timeout: Duration,
+    /// The most connections the data listener holds open at once; beyond it a new connection
+    /// is answered 503 and closed at once, counted and logged. It must fit under the process's
+    /// open-file limit with room for Redis connections and the spool (the binary checks it at
+    /// startup). Default: `10000`.
+    pub max_connections: usize,
+    /// The largest request head (request line and headers) accepted, in bytes; a larger one is
+    /// answered 431 and its connection closed. At least 1024. Default: `16384`.
+    pub max_header_bytes: usize,
 }
 
 /// How log lines are written.
@@ -83,6 +106,11 @@ impl Default for ServerConfig {
             tls_terminated_upstream: false,
             tls_cert_file: None,
             tls_key_file: None,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+            max_header_bytes: 16 * 1024,
         }
     }
 }
@@ -117,6 +145,65 @@ impl ServerConfig {
                 ));
             }
         }
+        let timeouts = [
+            ("header_read_timeout", self.header_read_timeout),
+            ("body_read_timeout", self.body_read_timeout),
+            ("idle_timeout", self.idle_timeout),
+        ];
+        for (field, timeout) in timeouts {
+            if timeout.is_zero() {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!("server.{field}: must be positive"),
+                ));
+            }
+        }
+        if self.max_connections == 0 {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "server.max_connections: must be positive",
+            ));
+        }
+        if self.max_header_bytes < MIN_HEADER_BYTES {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "server.max_header_bytes: must be at least {MIN_HEADER_BYTES}, got {}",
+                    self.max_header_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that the listeners' connection bounds fit under `open_files`, the process's
+    /// open-file limit, with [`RESERVED_FILES`] left for Redis connections, the spool and the
+    /// listening sockets.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] naming `server.max_connections` and the limit.
+    pub fn check_file_limit(&self, open_files: u64) -> Result<()> {
+        let needed = self.max_connections as u64
+            + crate::http::listener::ADMIN_MAX_CONNECTIONS as u64
+            + RESERVED_FILES;
+        if needed > open_files {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "server.max_connections: {} connections (plus {} for the admin listener and {RESERVED_FILES} kept for Redis and files) need {needed} open files, but the limit is {open_files}; lower server.max_connections or raise the limit (ulimit -n, LimitNOFILE=)",
+                    self.max_connections,
+                    crate::http::listener::ADMIN_MAX_CONNECTIONS,
+                ),
+            ));
+        }
         Ok(())
     }
 }
+
+/// The smallest `server.max_header_bytes`: a request line with a long key and the headers a
+/// normal client sends must fit.
+pub const MIN_HEADER_BYTES: usize = 1024;
+
+/// Open files kept for everything but the listeners' connections: Redis connections (one per
+/// node, per replica and for `WAIT`), the spool's files, the listening sockets, stdio.
+pub const RESERVED_FILES: u64 = 256;

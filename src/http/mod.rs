@@ -19,12 +19,15 @@
 //!   security scheme, each operation's scope, the 401/403 answers and the response headers.
 //! - [`paths`]: the route templates.
 //! - `config`: [`ServerConfig`], the `[server]` settings.
+//! - [`listener`]: the accept loop and connections: timeouts, the connection bound, the header
+//!   size limit, graceful shutdown.
 
 mod auth;
 pub mod config;
 pub mod handlers;
 pub mod instances;
 mod latency;
+pub mod listener;
 pub mod openapi;
 mod openapi_edge;
 mod params;

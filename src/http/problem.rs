@@ -112,7 +112,7 @@ impl Code {
         }
     }
 
-    fn title(self) -> &'static str {
+    pub(crate) fn title(self) -> &'static str {
         match self {
             Code::InvalidKey => "invalid key",
             Code::InvalidVersion => "invalid version",

@@ -1,0 +1,525 @@
+//! One connection: hyper's HTTP/1 connection driven beside a watchdog that closes it when a
+//! timeout passes.
+//!
+//! A connection is *busy* while a request is in progress (from its parsed head until its
+//! response body has been handed to the socket), else *idle*. An idle connection is closed
+//! when no byte has arrived for `server.idle_timeout`, or when the first byte of a request head
+//! arrived more than `server.header_read_timeout` ago and the head is still incomplete (a
+//! slowloris client). A busy connection's request body must arrive within
+//! `server.body_read_timeout` of the first wait for it ([`DeadlineBody`]); past it the handler
+//! sees a body error, answers, and hyper closes the connection, whose body was not read to its
+//! end.
+//!
+//! The watchdog is one timer per connection, re-armed only when it fires: reading and writing
+//! cost an atomic load or two, and no timer is touched per request.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body as AxumBody;
+use axum::Router;
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use super::metrics::{ListenerMetrics, Timeout};
+use super::Settings;
+
+/// What a connection task needs besides its socket.
+pub(super) struct Connection {
+    /// The routes served.
+    pub(super) app: Router,
+    /// The timeouts and hyper's settings.
+    pub(super) settings: Arc<Settings>,
+    /// The listener's connection metrics.
+    pub(super) metrics: ListenerMetrics,
+    /// The listener's slot this connection holds; dropping it frees the slot.
+    pub(super) _slot: OwnedSemaphorePermit,
+}
+
+impl Connection {
+    /// Serves HTTP/1 on `io` until the client closes, a timeout passes, or `shutdown` is
+    /// cancelled and the request in progress (if any) is answered.
+    pub(super) async fn serve<S>(self, io: S, shutdown: CancellationToken)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        self.metrics.open.inc();
+        let activity = Arc::new(Activity::new());
+        let service = ConnService {
+            app: self.app.clone(),
+            activity: activity.clone(),
+            body_read_timeout: self.settings.body_read_timeout,
+        };
+        let io = TokioIo::new(Watched {
+            inner: io,
+            activity: activity.clone(),
+        });
+        let connection = self.settings.http.serve_connection(io, service);
+        let mut connection = std::pin::pin!(connection);
+        let cancelled = shutdown.cancelled();
+        let mut cancelled = std::pin::pin!(cancelled);
+        let watchdog = tokio::time::sleep(self.settings.idle_timeout);
+        let mut watchdog = std::pin::pin!(watchdog);
+        let mut draining = false;
+        // The head start the watchdog was last armed for: a head that starts on this
+        // connection pulls the watchdog in to its header deadline.
+        let mut armed_for = 0;
+        loop {
+            let event = std::future::poll_fn(|cx| {
+                if let Poll::Ready(served) = connection.as_mut().poll(cx) {
+                    return Poll::Ready(Event::Ended(served));
+                }
+                if !draining && cancelled.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Event::ShutDown);
+                }
+                // Checked after each poll of the connection, so the usual request, whose
+                // head arrives whole, never touches the timer.
+                let started = activity.head_started_ms.load(Ordering::Relaxed);
+                if started != 0 && started != armed_for {
+                    armed_for = started;
+                    let deadline = activity.at_ms(started - 1) + self.settings.header_read_timeout;
+                    if deadline < watchdog.deadline() {
+                        watchdog.as_mut().reset(deadline);
+                    }
+                }
+                if watchdog.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Event::Watchdog);
+                }
+                Poll::Pending
+            })
+            .await;
+            match event {
+                Event::Ended(served) => {
+                    if let Err(err) = served {
+                        tracing::debug!(error = %err, "connection ended with an error");
+                    }
+                    break;
+                }
+                Event::ShutDown => {
+                    // Idle connections close at once; a request in progress is answered first.
+                    connection.as_mut().graceful_shutdown();
+                    draining = true;
+                }
+                Event::Watchdog => match activity.verdict(Instant::now(), &self.settings) {
+                    Verdict::Close(timeout) => {
+                        self.metrics.timed_out(timeout);
+                        tracing::debug!(
+                            timeout = timeout.as_str(),
+                            "connection closed by a timeout"
+                        );
+                        break;
+                    }
+                    Verdict::CheckAt(at) => watchdog.as_mut().reset(at),
+                },
+            }
+        }
+        if activity.body_timed_out.load(Ordering::Relaxed) {
+            self.metrics.timed_out(Timeout::Body);
+        }
+        self.metrics.open.dec();
+    }
+}
+
+/// What woke a connection task.
+enum Event {
+    /// hyper's connection ended (the client closed, or an error).
+    Ended(hyper::Result<()>),
+    /// The service is shutting down.
+    ShutDown,
+    /// The watchdog's timer fired.
+    Watchdog,
+}
+
+/// What the watchdog decides when it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Close the connection: this timeout passed.
+    Close(Timeout),
+    /// Look again at this instant.
+    CheckAt(Instant),
+}
+
+/// What a connection's timeouts are judged by. Times are milliseconds since the connection
+/// opened; the IO wrapper, the request service and the response body update it.
+#[derive(Debug)]
+pub(super) struct Activity {
+    /// When the connection opened.
+    opened: Instant,
+    /// Requests whose head was parsed and whose response body was not yet handed over.
+    in_flight: AtomicU32,
+    /// When the connection last became idle (opened, or a response finished).
+    idle_since_ms: AtomicU64,
+    /// When the first byte after becoming idle arrived, plus one; 0 while none has.
+    head_started_ms: AtomicU64,
+    /// Set when a request body was cut off by `server.body_read_timeout`.
+    body_timed_out: AtomicBool,
+}
+
+impl Activity {
+    /// A connection that opened now, idle.
+    pub(super) fn new() -> Activity {
+        Activity {
+            opened: Instant::now(),
+            in_flight: AtomicU32::new(0),
+            idle_since_ms: AtomicU64::new(0),
+            head_started_ms: AtomicU64::new(0),
+            body_timed_out: AtomicBool::new(false),
+        }
+    }
+
+    /// Milliseconds from the connection's opening to `at`.
+    fn ms_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.opened).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Bytes arrived: on an idle connection the first of them starts the header timeout.
+    fn bytes_read(&self) {
+        if self.in_flight.load(Ordering::Relaxed) == 0
+            && self.head_started_ms.load(Ordering::Relaxed) == 0
+        {
+            self.head_started_at(Instant::now());
+        }
+    }
+
+    /// A request head started arriving at `at`.
+    fn head_started_at(&self, at: Instant) {
+        self.head_started_ms
+            .store(self.ms_at(at) + 1, Ordering::Relaxed);
+    }
+
+    /// A request head was parsed: the connection is busy.
+    fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.head_started_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// A response was handed over (or its request abandoned).
+    fn request_ended(&self) {
+        self.request_ended_at(Instant::now());
+    }
+
+    /// A response was handed over at `at`.
+    fn request_ended_at(&self, at: Instant) {
+        self.idle_since_ms.store(self.ms_at(at), Ordering::Relaxed);
+        self.head_started_ms.store(0, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Whether the connection has outlived a timeout at `now`, or when to look again.
+    pub(super) fn verdict(&self, now: Instant, settings: &Settings) -> Verdict {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            // Busy: the body timeout and the request's own limits govern it.
+            return Verdict::CheckAt(now + settings.idle_timeout);
+        }
+        let (timeout, deadline) = match self.head_started_ms.load(Ordering::Relaxed) {
+            0 => (
+                Timeout::Idle,
+                self.at_ms(self.idle_since_ms.load(Ordering::Relaxed)) + settings.idle_timeout,
+            ),
+            started => (
+                Timeout::Header,
+                self.at_ms(started - 1) + settings.header_read_timeout,
+            ),
+        };
+        if now >= deadline {
+            Verdict::Close(timeout)
+        } else {
+            Verdict::CheckAt(deadline)
+        }
+    }
+
+    /// The instant `ms` milliseconds after the connection opened.
+    fn at_ms(&self, ms: u64) -> Instant {
+        self.opened + Duration::from_millis(ms)
+    }
+}
+
+/// The socket, reporting arriving bytes to the connection's [`Activity`].
+struct Watched<S> {
+    /// The socket (TCP, or TLS over TCP).
+    inner: S,
+    /// Where arrivals are reported.
+    activity: Arc<Activity>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.bytes_read();
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The request service of one connection: the router, with the request marked busy until its
+/// response body is handed over, and its body under the body-read timeout.
+#[derive(Clone)]
+struct ConnService {
+    /// The routes.
+    app: Router,
+    /// The connection's activity.
+    activity: Arc<Activity>,
+    /// `server.body_read_timeout`.
+    body_read_timeout: Duration,
+}
+
+/// The future of one request: the router's answer, its body wrapped in [`TrackedBody`].
+type ResponseFuture =
+    Pin<Box<dyn Future<Output = Result<Response<TrackedBody>, Infallible>> + Send>>;
+
+impl hyper::service::Service<Request<Incoming>> for ConnService {
+    type Response = Response<TrackedBody>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn call(&self, request: Request<Incoming>) -> ResponseFuture {
+        self.activity.request_started();
+        let guard = RequestGuard(self.activity.clone());
+        let request = request.map(|body| DeadlineBody {
+            inner: body,
+            timeout: self.body_read_timeout,
+            deadline: None,
+            activity: self.activity.clone(),
+        });
+        let answer = self.app.clone().oneshot(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            Ok(response.map(|body| TrackedBody {
+                inner: body,
+                _guard: guard,
+            }))
+        })
+    }
+}
+
+/// Marks its request ended when dropped: with the response body once hyper has written it, or
+/// with the request's future when the connection goes away first.
+struct RequestGuard(Arc<Activity>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.request_ended();
+    }
+}
+
+/// A response body that ends its request when hyper drops it.
+pub(super) struct TrackedBody {
+    /// The router's body.
+    inner: AxumBody,
+    /// Ends the request on drop.
+    _guard: RequestGuard,
+}
+
+impl Body for TrackedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A request body that fails once it has kept the server waiting for
+/// `server.body_read_timeout`. The timer starts at the first wait, so a body that arrives with
+/// its head (or a request with none) never arms one.
+struct DeadlineBody {
+    /// hyper's body.
+    inner: Incoming,
+    /// `server.body_read_timeout`.
+    timeout: Duration,
+    /// The deadline, once the body has made the server wait.
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// The connection's activity, told when the deadline passes.
+    activity: Arc<Activity>,
+}
+
+/// Why a request body could not be read.
+#[derive(Debug)]
+enum BodyError {
+    /// hyper failed to read it (the client went away, or sent a malformed chunk).
+    Read(hyper::Error),
+    /// It did not arrive within `server.body_read_timeout`.
+    TimedOut,
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Read(err) => write!(f, "reading the request body failed: {err}"),
+            BodyError::TimedOut => f.write_str("the request body did not arrive in time"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BodyError::Read(err) => Some(err),
+            BodyError::TimedOut => None,
+        }
+    }
+}
+
+impl Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|frame| frame.map_err(BodyError::Read)));
+        }
+        let timeout = this.timeout;
+        let deadline = this
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if deadline.as_mut().poll(cx).is_ready() {
+            this.activity.body_timed_out.store(true, Ordering::Relaxed);
+            return Poll::Ready(Some(Err(BodyError::TimedOut)));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::ServerConfig;
+
+    fn settings() -> Settings {
+        let config = ServerConfig {
+            header_read_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(10),
+            ..ServerConfig::default()
+        };
+        Settings::new(&config)
+    }
+
+    #[test]
+    fn an_idle_connection_closes_after_the_idle_timeout() {
+        let settings = settings();
+        let activity = Activity::new();
+        let opened = activity.opened;
+        assert_eq!(
+            activity.verdict(opened, &settings),
+            Verdict::CheckAt(opened + Duration::from_secs(10))
+        );
+        assert_eq!(
+            activity.verdict(opened + Duration::from_secs(10), &settings),
+            Verdict::Close(Timeout::Idle)
+        );
+    }
+
+    #[test]
+    fn a_started_head_must_end_within_the_header_timeout() {
+        let settings = settings();
+        let activity = Activity::new();
+        let started = activity.opened + Duration::from_secs(5);
+        activity.head_started_at(started);
+        // More bytes do not move the deadline: a slowloris client trickles them.
+        activity.bytes_read();
+        assert_eq!(
+            activity.verdict(started + Duration::from_secs(1), &settings),
+            Verdict::CheckAt(started + Duration::from_secs(2))
+        );
+        assert_eq!(
+            activity.verdict(started + Duration::from_secs(2), &settings),
+            Verdict::Close(Timeout::Header)
+        );
+    }
+
+    #[test]
+    fn a_busy_connection_is_not_closed_and_idles_again_after_its_answer() {
+        let settings = settings();
+        let activity = Activity::new();
+        activity.bytes_read();
+        activity.request_started();
+        // Body bytes of a request in progress start no header timeout.
+        activity.bytes_read();
+        let later = activity.opened + Duration::from_secs(60);
+        assert_eq!(
+            activity.verdict(later, &settings),
+            Verdict::CheckAt(later + Duration::from_secs(10))
+        );
+        activity.request_ended_at(later);
+        assert_eq!(
+            activity.verdict(later, &settings),
+            Verdict::CheckAt(later + Duration::from_secs(10))
+        );
+        assert_eq!(
+            activity.verdict(later + Duration::from_secs(10), &settings),
+            Verdict::Close(Timeout::Idle)
+        );
+    }
+}

@@ -1,0 +1,290 @@
+//! The accept loop: hotsplit's own HTTP/1 server over hyper, in place of `axum::serve`, for the
+//! limits a server facing the open network needs.
+//!
+//! A [`Listener`] accepts TCP connections on one bound socket and serves each on a task of the
+//! service's tracker, with:
+//! - a bound on open connections (`server.max_connections`; [`ADMIN_MAX_CONNECTIONS`] on the
+//!   admin listener): beyond it a new connection gets a fixed 503 answer and is closed at once,
+//!   counted, and logged at most once a second, so the process never reaches its open-file limit;
+//! - a header-read timeout, an idle timeout and a body-read timeout (`conn`);
+//! - a header size limit (hyper's `max_header_size`: 431 and close);
+//! - graceful shutdown: when the token is cancelled the loop stops accepting and drops the
+//!   listening socket, idle connections close at once and in-flight requests finish (the
+//!   service waits for them within `server.shutdown_grace`).
+//!
+//! # Layout
+//! - `conn`: one connection: the activity its timeouts are judged by, the request and response
+//!   body wrappers, and the task that drives hyper and closes the connection on a timeout.
+//! - `metrics`: the connection gauges and counters, per listener.
+
+mod conn;
+mod metrics;
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioTimer;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use metrics::{ConnectionMetrics, ListenerMetrics};
+
+use super::ServerConfig;
+
+/// The connection bound of the admin listener: enough for a few scrapers and probes, and kept
+/// apart from the data listener's, so a flood of data connections cannot lock out `/metrics`
+/// and `/readyz`.
+pub const ADMIN_MAX_CONNECTIONS: usize = 128;
+
+/// How long the accept loop pauses after an accept error that is not about one connection (the
+/// process or the system is out of file descriptors), so it does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// How often a repeated warning (a refused connection, an accept error) is logged at most.
+const WARNING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The problem body of the fixed answer to a connection over the bound.
+const REFUSED_BODY: &str = r#"{"type":"urn:hotsplit:problem:unavailable","title":"unavailable","status":503,"detail":"too many open connections","code":"unavailable"}"#;
+
+/// The fixed answer to a connection over the bound, written without reading the request.
+static REFUSED: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{REFUSED_BODY}",
+        REFUSED_BODY.len()
+    )
+    .into_bytes()
+});
+
+/// Which of the service's listeners a [`Listener`] is: the label of its metrics and log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The data API (and, without an admin listener, every route).
+    Data,
+    /// The admin routes only (`[admin] listen`).
+    Admin,
+}
+
+impl Role {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Data => "data",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// The connection settings of a listener, shared by its connection tasks.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    /// `server.header_read_timeout`.
+    header_read_timeout: Duration,
+    /// `server.body_read_timeout`.
+    body_read_timeout: Duration,
+    /// `server.idle_timeout`.
+    idle_timeout: Duration,
+    /// hyper's HTTP/1 settings (keep-alive, the header size limit), cloned into each connection.
+    http: http1::Builder,
+}
+
+impl Settings {
+    /// The settings `config` gives.
+    fn new(config: &ServerConfig) -> Settings {
+        let mut http = http1::Builder::new();
+        // hyper's own header timeout would also start whenever a connection goes idle, so an
+        // idle keep-alive connection would get the header timeout instead of the idle one; the
+        // connection task judges both (`conn`).
+        http.timer(TokioTimer::new())
+            .header_read_timeout(None)
+            .keep_alive(true)
+            .max_header_size(config.max_header_bytes);
+        Settings {
+            header_read_timeout: config.header_read_timeout,
+            body_read_timeout: config.body_read_timeout,
+            idle_timeout: config.idle_timeout,
+            http,
+        }
+    }
+}
+
+/// One listening socket and how its connections are served. [`Listener::run`] is its accept
+/// loop.
+pub struct Listener {
+    /// Which listener this is.
+    role: Role,
+    /// The bound socket.
+    tcp: TcpListener,
+    /// The routes this listener serves.
+    app: Router,
+    /// The timeouts and hyper's settings.
+    settings: Arc<Settings>,
+    /// One permit per open connection; a connection that finds none is refused.
+    slots: Arc<Semaphore>,
+    /// Connection gauges and counters.
+    metrics: ListenerMetrics,
+}
+
+impl Listener {
+    /// A listener serving `app` on `tcp` with `config`'s timeouts and limits: the data
+    /// listener's bound is `server.max_connections`, the admin listener's
+    /// [`ADMIN_MAX_CONNECTIONS`].
+    pub fn new(
+        role: Role,
+        tcp: TcpListener,
+        app: Router,
+        config: &ServerConfig,
+        metrics: ListenerMetrics,
+    ) -> Listener {
+        let bound = match role {
+            Role::Data => config.max_connections,
+            Role::Admin => ADMIN_MAX_CONNECTIONS,
+        };
+        Listener {
+            role,
+            tcp,
+            app,
+            settings: Arc::new(Settings::new(config)),
+            slots: Arc::new(Semaphore::new(bound)),
+            metrics,
+        }
+    }
+
+    /// Accepts connections until `shutdown` is cancelled, serving each on a task of
+    /// `connections`; then drops the listening socket. Each connection task shuts its
+    /// connection down gracefully on the same token.
+    pub async fn run(self, shutdown: CancellationToken, connections: TaskTracker) {
+        let mut refusals = Throttle::default();
+        let mut accept_errors = Throttle::default();
+        loop {
+            let accepted = tokio::select! {
+                () = shutdown.cancelled() => break,
+                accepted = self.tcp.accept() => accepted,
+            };
+            let stream = match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(err) => {
+                    if is_connection_error(&err) {
+                        continue;
+                    }
+                    if let Some(suppressed) = accept_errors.due() {
+                        tracing::error!(listener = self.role.as_str(), error = %err, suppressed, "cannot accept connections (out of file descriptors?)");
+                    }
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => continue,
+                    }
+                }
+            };
+            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+                self.metrics.refused.inc();
+                if let Some(suppressed) = refusals.due() {
+                    tracing::warn!(listener = self.role.as_str(), open = self.metrics.open.get(), suppressed, "connection refused: the listener holds its most connections (server.max_connections)");
+                }
+                refuse(stream);
+                continue;
+            };
+            // Answers go out in one write each; waiting for an ACK before the next would only
+            // add latency to pipelined requests.
+            let _ = stream.set_nodelay(true);
+            let connection = conn::Connection {
+                app: self.app.clone(),
+                settings: self.settings.clone(),
+                metrics: self.metrics.clone(),
+                _slot: permit,
+            };
+            connections.spawn(connection.serve(stream, shutdown.clone()));
+        }
+        tracing::debug!(
+            listener = self.role.as_str(),
+            "stopped accepting connections"
+        );
+    }
+}
+
+/// Writes the fixed 503 to a connection over the bound, if the socket takes it at once, and
+/// closes it.
+fn refuse(stream: TcpStream) {
+    // A non-blocking write and a shutdown that does not wait: a refused connection must not
+    // cost the accept loop a wait, nor leave a task behind.
+    let _ = stream.try_write(&REFUSED);
+    if let Ok(stream) = stream.into_std() {
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+/// Accept errors that concern one connection only (it was reset before it was accepted); the
+/// next accept may well succeed.
+fn is_connection_error(err: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        err.kind(),
+        ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+    )
+}
+
+/// Lets a repeated warning through at most once per [`WARNING_INTERVAL`], counting the ones it
+/// held back.
+#[derive(Debug, Default)]
+struct Throttle {
+    /// When a warning was last let through.
+    last: Option<Instant>,
+    /// Warnings held back since.
+    suppressed: u64,
+}
+
+impl Throttle {
+    /// `Some(held back since the last one)` when a warning may be logged now.
+    fn due(&mut self) -> Option<u64> {
+        self.due_at(Instant::now())
+    }
+
+    /// [`Throttle::due`] at `now`.
+    fn due_at(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < WARNING_INTERVAL)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_refusal_is_the_problem_an_unavailable_answer_carries() {
+        let text = std::str::from_utf8(&REFUSED).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 "));
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        let problem = crate::http::problem::Problem {
+            type_uri: "urn:hotsplit:problem:unavailable".to_owned(),
+            title: crate::http::problem::Code::Unavailable.title().to_owned(),
+            status: 503,
+            detail: "too many open connections".to_owned(),
+            code: crate::http::problem::Code::Unavailable,
+        };
+        assert_eq!(body, serde_json::to_value(problem).unwrap());
+    }
+
+    #[test]
+    fn the_throttle_lets_one_warning_a_second_through() {
+        let mut throttle = Throttle::default();
+        let start = Instant::now();
+        assert_eq!(throttle.due_at(start), Some(0));
+        assert_eq!(throttle.due_at(start), None);
+        assert_eq!(throttle.due_at(start + WARNING_INTERVAL / 2), None);
+        assert_eq!(throttle.due_at(start + WARNING_INTERVAL), Some(2));
+    }
+}
