@@ -18,6 +18,7 @@ mod harness;
 mod heal;
 mod http_api;
 mod http_e2e;
+mod listener;
 mod memory;
 mod redis_security;
 mod redis_store;

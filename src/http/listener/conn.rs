@@ -29,12 +29,13 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::metrics::{ListenerMetrics, Timeout};
+use super::slots::Slot;
 use super::Settings;
 
 /// What a connection task needs besides its socket.
@@ -45,8 +46,10 @@ pub(super) struct Connection {
     pub(super) settings: Arc<Settings>,
     /// The listener's connection metrics.
     pub(super) metrics: ListenerMetrics,
+    /// What the connection's timeouts are judged by; also in the listener's slot table.
+    pub(super) activity: Arc<Activity>,
     /// The listener's slot this connection holds; dropping it frees the slot.
-    pub(super) _slot: OwnedSemaphorePermit,
+    pub(super) _slot: Slot,
 }
 
 impl Connection {
@@ -57,7 +60,7 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         self.metrics.open.inc();
-        let activity = Arc::new(Activity::new());
+        let activity = self.activity.clone();
         let service = ConnService {
             app: self.app.clone(),
             activity: activity.clone(),
@@ -71,6 +74,8 @@ impl Connection {
         let mut connection = std::pin::pin!(connection);
         let cancelled = shutdown.cancelled();
         let mut cancelled = std::pin::pin!(cancelled);
+        let evicted = activity.eviction.notified();
+        let mut evicted = std::pin::pin!(evicted);
         let watchdog = tokio::time::sleep(self.settings.idle_timeout);
         let mut watchdog = std::pin::pin!(watchdog);
         let mut draining = false;
@@ -84,6 +89,9 @@ impl Connection {
                 }
                 if !draining && cancelled.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Event::ShutDown);
+                }
+                if !draining && evicted.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Event::Evicted);
                 }
                 // Checked after each poll of the connection, so the usual request, whose
                 // head arrives whole, never touches the timer.
@@ -113,6 +121,17 @@ impl Connection {
                     connection.as_mut().graceful_shutdown();
                     draining = true;
                 }
+                Event::Evicted => {
+                    self.metrics.evicted.inc();
+                    if activity.in_flight.load(Ordering::Relaxed) == 0 {
+                        // Idle, or a head still arriving: hyper's graceful shutdown would
+                        // wait for that head, so the connection is dropped.
+                        break;
+                    }
+                    // A request began after the listener chose this connection: answer it.
+                    connection.as_mut().graceful_shutdown();
+                    draining = true;
+                }
                 Event::Watchdog => match activity.verdict(Instant::now(), &self.settings) {
                     Verdict::Close(timeout) => {
                         self.metrics.timed_out(timeout);
@@ -139,6 +158,8 @@ enum Event {
     Ended(hyper::Result<()>),
     /// The service is shutting down.
     ShutDown,
+    /// The listener evicted this connection to make room for a new one.
+    Evicted,
     /// The watchdog's timer fired.
     Watchdog,
 }
@@ -166,6 +187,10 @@ pub(super) struct Activity {
     head_started_ms: AtomicU64,
     /// Set when a request body was cut off by `server.body_read_timeout`.
     body_timed_out: AtomicBool,
+    /// Set when the listener chose this connection to make room for a new one.
+    evicted: AtomicBool,
+    /// Wakes the connection's task when it is evicted.
+    eviction: Notify,
 }
 
 impl Activity {
@@ -177,7 +202,38 @@ impl Activity {
             idle_since_ms: AtomicU64::new(0),
             head_started_ms: AtomicU64::new(0),
             body_timed_out: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            eviction: Notify::new(),
         }
+    }
+
+    /// When the connection opened.
+    #[cfg(test)]
+    pub(super) fn opened(&self) -> Instant {
+        self.opened
+    }
+
+    /// When an evictable connection (no request in progress, not evicted yet) became idle;
+    /// `None` when it may not be evicted.
+    pub(super) fn evictable_since(&self) -> Option<Instant> {
+        let idle =
+            self.in_flight.load(Ordering::Relaxed) == 0 && !self.evicted.load(Ordering::Relaxed);
+        idle.then(|| self.at_ms(self.idle_since_ms.load(Ordering::Relaxed)))
+    }
+
+    /// Marks the connection evicted; false if it already was.
+    pub(super) fn mark_evicted(&self) -> bool {
+        !self.evicted.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether the connection was evicted.
+    pub(super) fn was_evicted(&self) -> bool {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Tells the connection's task it was evicted.
+    pub(super) fn evict(&self) {
+        self.eviction.notify_one();
     }
 
     /// Milliseconds from the connection's opening to `at`.
@@ -201,7 +257,7 @@ impl Activity {
     }
 
     /// A request head was parsed: the connection is busy.
-    fn request_started(&self) {
+    pub(super) fn request_started(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.head_started_ms.store(0, Ordering::Relaxed);
     }
@@ -212,7 +268,7 @@ impl Activity {
     }
 
     /// A response was handed over at `at`.
-    fn request_ended_at(&self, at: Instant) {
+    pub(super) fn request_ended_at(&self, at: Instant) {
         self.idle_since_ms.store(self.ms_at(at), Ordering::Relaxed);
         self.head_started_ms.store(0, Ordering::Relaxed);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);

@@ -68,6 +68,8 @@ pub struct ConnectionMetrics {
     open: Family<ListenerLabels, Gauge>,
     /// Connections refused over the bound, by listener.
     refused: Family<ListenerLabels, Counter>,
+    /// Idle connections closed to make room for new ones, by listener.
+    evicted: Family<ListenerLabels, Counter>,
     /// Connections closed by a timeout, by listener and timeout.
     timed_out: Family<TimeoutLabels, Counter>,
 }
@@ -84,7 +86,12 @@ impl ConnectionMetrics {
             refused: register(
                 registry,
                 "http_connections_refused",
-                "HTTP connections answered 503 and closed because the listener held its most connections (server.max_connections)",
+                "HTTP connections answered 503 and closed because the listener held its most connections (server.max_connections), none of them idle",
+            ),
+            evicted: register(
+                registry,
+                "http_connections_evicted",
+                "Idle HTTP connections closed to make room for a new one when the listener held its most connections",
             ),
             timed_out: register(
                 registry,
@@ -102,6 +109,8 @@ pub struct ListenerMetrics {
     pub(crate) open: Gauge,
     /// Refusals over the bound.
     pub(crate) refused: Counter,
+    /// Idle connections evicted at the bound.
+    pub(crate) evicted: Counter,
     /// Closes by timeout, indexed like [`Timeout::ALL`].
     timed_out: [Counter; 4],
 }
@@ -114,6 +123,7 @@ impl ListenerMetrics {
         ListenerMetrics {
             open: families.open.get_or_create(&labels).clone(),
             refused: families.refused.get_or_create(&labels).clone(),
+            evicted: families.evicted.get_or_create(&labels).clone(),
             timed_out: Timeout::ALL.map(|timeout| {
                 families
                     .timed_out

@@ -4,8 +4,9 @@
 //! A [`Listener`] accepts TCP connections on one bound socket and serves each on a task of the
 //! service's tracker, with:
 //! - a bound on open connections (`server.max_connections`; [`ADMIN_MAX_CONNECTIONS`] on the
-//!   admin listener): beyond it a new connection gets a fixed 503 answer and is closed at once,
-//!   counted, and logged at most once a second, so the process never reaches its open-file limit;
+//!   admin listener), so the process never reaches its open-file limit: at the bound a new
+//!   connection makes room by evicting an idle one (`slots`), and when none is idle it gets a
+//!   fixed 503 answer and is closed at once, counted, and logged at most once a second;
 //! - a header-read timeout, an idle timeout and a body-read timeout (`conn`);
 //! - a header size limit (hyper's `max_header_size`: 431 and close);
 //! - graceful shutdown: when the token is cancelled the loop stops accepting and drops the
@@ -16,9 +17,11 @@
 //! - `conn`: one connection: the activity its timeouts are judged by, the request and response
 //!   body wrappers, and the task that drives hyper and closes the connection on a timeout.
 //! - `metrics`: the connection gauges and counters, per listener.
+//! - `slots`: the connection bound, and the eviction of idle connections at it.
 
 mod conn;
 mod metrics;
+mod slots;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -27,12 +30,13 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use conn::Activity;
 pub use metrics::{ConnectionMetrics, ListenerMetrics};
+use slots::{Admission, Slots};
 
 use super::ServerConfig;
 
@@ -123,8 +127,8 @@ pub struct Listener {
     app: Router,
     /// The timeouts and hyper's settings.
     settings: Arc<Settings>,
-    /// One permit per open connection; a connection that finds none is refused.
-    slots: Arc<Semaphore>,
+    /// The open connections and the bound.
+    slots: Arc<Slots>,
     /// Connection gauges and counters.
     metrics: ListenerMetrics,
 }
@@ -149,7 +153,7 @@ impl Listener {
             tcp,
             app,
             settings: Arc::new(Settings::new(config)),
-            slots: Arc::new(Semaphore::new(bound)),
+            slots: Slots::new(bound),
             metrics,
         }
     }
@@ -159,6 +163,7 @@ impl Listener {
     /// connection down gracefully on the same token.
     pub async fn run(self, shutdown: CancellationToken, connections: TaskTracker) {
         let mut refusals = Throttle::default();
+        let mut evictions = Throttle::default();
         let mut accept_errors = Throttle::default();
         loop {
             let accepted = tokio::select! {
@@ -180,13 +185,23 @@ impl Listener {
                     }
                 }
             };
-            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-                self.metrics.refused.inc();
-                if let Some(suppressed) = refusals.due() {
-                    tracing::warn!(listener = self.role.as_str(), open = self.metrics.open.get(), suppressed, "connection refused: the listener holds its most connections (server.max_connections)");
+            let activity = Arc::new(Activity::new());
+            let slot = match self.slots.admit(activity.clone()) {
+                Admission::Admitted(slot) => slot,
+                Admission::Evicted(slot) => {
+                    if let Some(suppressed) = evictions.due() {
+                        tracing::warn!(listener = self.role.as_str(), open = self.metrics.open.get(), suppressed, "closed an idle connection to make room: the listener holds its most connections (server.max_connections)");
+                    }
+                    slot
                 }
-                refuse(stream);
-                continue;
+                Admission::Refused => {
+                    self.metrics.refused.inc();
+                    if let Some(suppressed) = refusals.due() {
+                        tracing::warn!(listener = self.role.as_str(), open = self.metrics.open.get(), suppressed, "connection refused: the listener holds its most connections (server.max_connections) and none is idle");
+                    }
+                    refuse(stream);
+                    continue;
+                }
             };
             // Answers go out in one write each; waiting for an ACK before the next would only
             // add latency to pipelined requests.
@@ -195,7 +210,8 @@ impl Listener {
                 app: self.app.clone(),
                 settings: self.settings.clone(),
                 metrics: self.metrics.clone(),
-                _slot: permit,
+                activity,
+                _slot: slot,
             };
             connections.spawn(connection.serve(stream, shutdown.clone()));
         }

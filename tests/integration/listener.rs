@@ -1,0 +1,292 @@
+//! The listener (`http::listener`): slowloris and idle connections closed by their timeouts
+//! while a normal request is answered, the connection bound, the header size limit and the
+//! body-read timeout. The bound and flood tests run the `hotsplit` binary, as production does;
+//! the others serve in-process.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::task::JoinSet;
+
+use crate::harness;
+
+/// The `hotsplit` binary serving on the embedded store with a config of the test's, its log
+/// going to a file; killed when dropped.
+struct Served {
+    /// The process.
+    child: Child,
+    /// `127.0.0.1:P`.
+    addr: SocketAddr,
+    /// Its stdout (the log).
+    log: PathBuf,
+    /// Keeps the log and config files.
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    /// Starts `hotsplit serve --config` with `toml` (a `[server]` table among others; `listen`
+    /// is added) and waits until `/readyz` answers.
+    async fn start(toml: &str) -> Served {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let port = harness::free_port();
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let config = dir.path().join("hotsplit.toml");
+        let spool = harness::spool_dir();
+        std::fs::write(
+            &config,
+            format!(
+                "[heal]\nspool_dir = {:?}\n{}",
+                spool.display().to_string(),
+                toml.replace("[server]", &format!("[server]\nlisten = \"{addr}\""))
+            ),
+        )
+        .expect("write the config");
+        let log = dir.path().join("hotsplit.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("HOTSPLIT_LOG", "info")
+            .env_remove("HOTSPLIT_REDIS")
+            .env_remove("HOTSPLIT_CONFIG")
+            .stdout(Stdio::from(
+                std::fs::File::create(&log).expect("create the log"),
+            ))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start hotsplit");
+        let served = Served {
+            child,
+            addr,
+            log,
+            _dir: dir,
+        };
+        let http = reqwest::Client::new();
+        let url = format!("{}/readyz", served.base());
+        harness::poll(
+            "the binary answers /readyz",
+            Duration::from_secs(30),
+            || {
+                let request = http.get(&url).send();
+                async move {
+                    request
+                        .await
+                        .is_ok_and(|answer| answer.status().is_success())
+                }
+            },
+        )
+        .await;
+        served
+    }
+
+    /// `http://127.0.0.1:P`.
+    fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The log so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of the sample `name{labels}` in `/metrics` at `base`, or 0 when absent.
+async fn sample(http: &reqwest::Client, base: &str, series: &str) -> f64 {
+    let text = harness::metrics_text(http, base).await;
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.trim().parse().unwrap_or(0.0))
+}
+
+/// Raises this process's open-file limit to at least `wanted` (the server it starts inherits
+/// it): as root the hard limit too, else up to the hard limit. Panics, saying what to raise, when
+/// that is not enough.
+fn raise_open_files(wanted: u64) {
+    let (soft, hard) = rlimit::Resource::NOFILE
+        .get()
+        .expect("read the open-file limit");
+    if soft >= wanted {
+        return;
+    }
+    let target = wanted.max(hard);
+    if rlimit::Resource::NOFILE.set(target, target).is_err() {
+        let _ = rlimit::increase_nofile_limit(wanted);
+    }
+    let (soft, _) = rlimit::Resource::NOFILE
+        .get()
+        .expect("read the open-file limit");
+    assert!(
+        soft >= wanted,
+        "this test needs {wanted} open files and the limit is {soft} (hard {hard}): run it as root or raise `ulimit -Hn`"
+    );
+}
+
+/// A client connection to `server` from `127.0.0.<host>:<port>`: explicit source addresses
+/// below the kernel's ephemeral range (and below devcluster's ports), so thousands of them take
+/// no port another test's connection or redis-server needs. `None` when that address is taken.
+async fn connect_from(host: u8, port: u16, server: SocketAddr) -> Option<TcpStream> {
+    let socket = TcpSocket::new_v4().ok()?;
+    socket.set_reuseaddr(true).ok()?;
+    socket
+        .bind(SocketAddr::from((Ipv4Addr::new(127, 0, 0, host), port)))
+        .ok()?;
+    socket.connect(server).await.ok()
+}
+
+/// Opens `count` client connections to `server`, from source ports 10000..20000 of
+/// 127.0.0.`first_host` and up, handing each to `watch` on `tasks` as soon as it is open (so a
+/// connection the server closes is dropped at once, and this process never holds them all).
+async fn open_connections<F, Fut>(
+    count: usize,
+    server: SocketAddr,
+    first_host: u8,
+    tasks: &mut JoinSet<()>,
+    watch: F,
+) where
+    F: Fn(TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut opened = 0;
+    let mut host = first_host;
+    let mut port = 10_000;
+    while opened < count {
+        if port == 20_000 {
+            port = 10_000;
+            host += 1;
+            assert!(host < 250, "ran out of source addresses");
+        }
+        if let Some(stream) = connect_from(host, port, server).await {
+            tasks.spawn(watch(stream));
+            opened += 1;
+        }
+        port += 1;
+    }
+}
+
+/// Resolves when the server has closed `stream` (a read sees the end or a reset).
+async fn closed_by_server(mut stream: TcpStream) {
+    let mut buf = [0u8; 512];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Sends a request head one byte a second, forever; returns when the server closes the
+/// connection.
+async fn slowloris(mut stream: TcpStream) {
+    let head = b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut buf = [0u8; 512];
+    for byte in head.iter().cycle() {
+        if stream.write_all(&[*byte]).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            read = stream.read(&mut buf) => {
+                if matches!(read, Ok(0) | Err(_)) {
+                    return;
+                }
+            }
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slowloris_floods_do_not_lock_out_a_request_and_are_closed() {
+    const IDLE: usize = 20_000;
+    const SLOW: usize = 1_000;
+    // The server may hold 15,000 connections: under this machine's hard open-file limit of
+    // 20,000 (which a container without CAP_SYS_RESOURCE cannot raise), as a production bound
+    // sits under its limit. The 21,000 flood connections go over it, so idle ones are evicted
+    // to make room, and the rest close by their timeouts. This process holds at most about
+    // the server's bound of client sockets at once.
+    const BOUND: usize = 15_000;
+    raise_open_files(20_000);
+    let served = Served::start(&format!(
+        "[server]\nheader_read_timeout = \"5s\"\nidle_timeout = \"20s\"\nmax_connections = {BOUND}\n"
+    ))
+    .await;
+    let base = served.base();
+    let http = reqwest::Client::new();
+
+    let mut floods = JoinSet::new();
+    open_connections(IDLE, served.addr, 2, &mut floods, closed_by_server).await;
+    open_connections(SLOW, served.addr, 10, &mut floods, slowloris).await;
+    let open = "hotsplit_http_connections{listener=\"data\"}";
+    let held = sample(&http, &base, open).await;
+    println!("the server holds {held} connections after the floods opened");
+
+    // Normal requests, each on a fresh connection, are answered while the server is full.
+    let mut latencies = Vec::new();
+    for _ in 0..20 {
+        let fresh = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .expect("a client");
+        let started = Instant::now();
+        let answer = fresh
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .expect("a normal request is answered during the floods");
+        assert_eq!(answer.status(), reqwest::StatusCode::OK);
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+    println!(
+        "normal requests during {IDLE} idle + {SLOW} slowloris connections (bound {BOUND}): median {:?}, max {:?}",
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1]
+    );
+    let held = sample(&http, &base, open).await;
+    assert!(
+        held >= (BOUND - 100) as f64,
+        "the server was full while the requests were answered: {held} open"
+    );
+
+    // Every flood connection is closed by the server: evicted, or by its timeout.
+    let limit = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !floods.is_empty() {
+        tokio::select! {
+            _ = floods.join_next() => {}
+            () = tokio::time::sleep_until(limit) => panic!("{} flood connections still open after 120 s", floods.len()),
+        }
+    }
+    let counter = |name: &str, timeout: Option<&str>| match timeout {
+        Some(timeout) => format!(
+            "hotsplit_http_connections_{name}_total{{listener=\"data\",timeout=\"{timeout}\"}}"
+        ),
+        None => format!("hotsplit_http_connections_{name}_total{{listener=\"data\"}}"),
+    };
+    let header = sample(&http, &base, &counter("timed_out", Some("header"))).await;
+    let idle = sample(&http, &base, &counter("timed_out", Some("idle"))).await;
+    let evicted = sample(&http, &base, &counter("evicted", None)).await;
+    println!(
+        "closed: {header} by the header timeout, {idle} by the idle timeout, {evicted} evicted"
+    );
+    assert!(
+        header > 0.0,
+        "slowloris connections meet the header timeout"
+    );
+    assert!(idle > 0.0, "idle connections meet the idle timeout");
+    assert!(
+        header + idle + evicted >= (IDLE + SLOW) as f64,
+        "every flood connection was closed by a timeout or evicted"
+    );
+    assert!(served
+        .log()
+        .contains("closed an idle connection to make room"));
+}
