@@ -207,3 +207,29 @@ pub const MIN_HEADER_BYTES: usize = 1024;
 /// Open files kept for everything but the listeners' connections: Redis connections (one per
 /// node, per replica and for `WAIT`), the spool's files, the listening sockets, stdio.
 pub const RESERVED_FILES: u64 = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_limits_are_checked_naming_the_field() {
+        let zero_timeout = ServerConfig {
+            idle_timeout: Duration::ZERO,
+            ..ServerConfig::default()
+        };
+        let err = zero_timeout.validate().unwrap_err();
+        assert!(err.to_string().contains("server.idle_timeout"), "{err}");
+        let small_head = ServerConfig {
+            max_header_bytes: 100,
+            ..ServerConfig::default()
+        };
+        let err = small_head.validate().unwrap_err();
+        assert!(err.to_string().contains("server.max_header_bytes"), "{err}");
+        let default = ServerConfig::default();
+        assert!(default.check_file_limit(20_000).is_ok());
+        let err = default.check_file_limit(1024).unwrap_err();
+        assert!(err.to_string().contains("server.max_connections"), "{err}");
+        assert!(err.to_string().contains("1024"), "{err}");
+    }
+}

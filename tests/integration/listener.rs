@@ -290,3 +290,135 @@ async fn idle_and_slowloris_floods_do_not_lock_out_a_request_and_are_closed() {
         .log()
         .contains("closed an idle connection to make room"));
 }
+
+/// Sends a publish head that announces a 10-byte body and `Expect: 100-continue`, and waits for
+/// the `100 Continue`: from then on the server's handler is waiting for the body, so the
+/// connection is busy.
+async fn busy_connection(server: SocketAddr, key: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(server).await.expect("connect");
+    let head = format!(
+        "PUT /v1/keys/{key}?version=1 HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\nexpect: 100-continue\r\n\r\n"
+    );
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .expect("send a head");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("100 Continue\r\n\r\n") {
+        let read = stream.read(&mut buf).await.expect("read the 100 Continue");
+        assert!(read > 0, "the server closed a busy connection: {seen:?}");
+        seen.extend_from_slice(&buf[..read]);
+    }
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_listener_of_busy_connections_refuses_a_new_one_with_503_and_a_log_line() {
+    const BOUND: usize = 20;
+    let served = Served::start(&format!(
+        "[server]\nmax_connections = {BOUND}\nbody_read_timeout = \"60s\"\n"
+    ))
+    .await;
+    let mut busy = Vec::new();
+    for at in 0..BOUND {
+        busy.push(busy_connection(served.addr, &format!("busy{at}")).await);
+    }
+
+    let mut refused = TcpStream::connect(served.addr).await.expect("connect");
+    let mut answer = Vec::new();
+    let _ = refused.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+    assert!(answer.contains("\"code\":\"unavailable\""), "{answer}");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert!(
+        served
+            .log()
+            .contains("connection refused: the listener holds its most connections"),
+        "{}",
+        served.log()
+    );
+
+    // The busy requests finish; then there is room again, and the refusal was counted.
+    for stream in &mut busy {
+        stream.write_all(b"0123456789").await.expect("send a body");
+    }
+    for mut stream in busy {
+        let mut buf = [0u8; 512];
+        let read = stream.read(&mut buf).await.expect("read the answer");
+        assert!(
+            String::from_utf8_lossy(&buf[..read]).starts_with("HTTP/1.1 2"),
+            "the busy publish succeeds"
+        );
+    }
+    let http = reqwest::Client::new();
+    let refusals = "hotsplit_http_connections_refused_total{listener=\"data\"}";
+    assert_eq!(sample(&http, &served.base(), refusals).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_over_max_header_bytes_is_answered_431() {
+    let service = harness::Service::start(harness::config_from_toml(
+        "[server]\nmax_header_bytes = 2048\n",
+    ))
+    .await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/healthz", service.base);
+    let fits = http
+        .get(&url)
+        .header("x-padding", "a".repeat(1000))
+        .send()
+        .await
+        .expect("a head under the limit");
+    assert_eq!(fits.status(), reqwest::StatusCode::OK);
+    let too_large = http
+        .get(&url)
+        .header("x-padding", "a".repeat(4000))
+        .send()
+        .await
+        .expect("a head over the limit is answered");
+    assert_eq!(
+        too_large.status(),
+        reqwest::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_arrive_is_answered_and_its_connection_closed() {
+    let service = harness::Service::start(harness::config_from_toml(
+        "[server]\nbody_read_timeout = \"1s\"\n",
+    ))
+    .await;
+    let addr: SocketAddr = service
+        .base
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the service's address");
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"PUT /v1/keys/late?version=1 HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n")
+        .await
+        .expect("send a head");
+    // The server answers and then closes: read_to_end returns.
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(answer.contains("invalid_parameter"), "{answer}");
+    let http = reqwest::Client::new();
+    let timeouts = "hotsplit_http_connections_timed_out_total{listener=\"data\",timeout=\"body\"}";
+    let base = service.base.clone();
+    harness::poll(
+        "the body timeout is counted",
+        Duration::from_secs(10),
+        || {
+            let http = http.clone();
+            let base = base.clone();
+            async move { sample(&http, &base, timeouts).await == 1.0 }
+        },
+    )
+    .await;
+    service.stop().await;
+}

@@ -1,23 +1,20 @@
 //! One connection: hyper's HTTP/1 connection driven beside a watchdog that closes it when a
-//! timeout passes.
+//! timeout passes (judged by its [`Activity`]), when the listener evicts it, or, on shutdown,
+//! once the request in progress is answered.
 //!
-//! A connection is *busy* while a request is in progress (from its parsed head until its
-//! response body has been handed to the socket), else *idle*. An idle connection is closed
-//! when no byte has arrived for `server.idle_timeout`, or when the first byte of a request head
-//! arrived more than `server.header_read_timeout` ago and the head is still incomplete (a
-//! slowloris client). A busy connection's request body must arrive within
-//! `server.body_read_timeout` of the first wait for it ([`DeadlineBody`]); past it the handler
-//! sees a body error, answers, and hyper closes the connection, whose body was not read to its
-//! end.
+//! A busy connection's request body must arrive within `server.body_read_timeout` of the first
+//! wait for it ([`DeadlineBody`]); past it the handler sees a body error, answers, and hyper
+//! closes the connection, whose body was not read to its end.
 //!
-//! The watchdog is one timer per connection, re-armed only when it fires: reading and writing
-//! cost an atomic load or two, and no timer is touched per request.
+//! The watchdog is one timer per connection, re-armed when it fires or when a head starts
+//! arriving without ending in the same read: a request whose head arrives whole touches no
+//! timer.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -29,11 +26,11 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use super::activity::{Activity, Verdict};
 use super::metrics::{ListenerMetrics, Timeout};
 use super::slots::Slot;
 use super::Settings;
@@ -162,145 +159,6 @@ enum Event {
     Evicted,
     /// The watchdog's timer fired.
     Watchdog,
-}
-
-/// What the watchdog decides when it fires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Verdict {
-    /// Close the connection: this timeout passed.
-    Close(Timeout),
-    /// Look again at this instant.
-    CheckAt(Instant),
-}
-
-/// What a connection's timeouts are judged by. Times are milliseconds since the connection
-/// opened; the IO wrapper, the request service and the response body update it.
-#[derive(Debug)]
-pub(super) struct Activity {
-    /// When the connection opened.
-    opened: Instant,
-    /// Requests whose head was parsed and whose response body was not yet handed over.
-    in_flight: AtomicU32,
-    /// When the connection last became idle (opened, or a response finished).
-    idle_since_ms: AtomicU64,
-    /// When the first byte after becoming idle arrived, plus one; 0 while none has.
-    head_started_ms: AtomicU64,
-    /// Set when a request body was cut off by `server.body_read_timeout`.
-    body_timed_out: AtomicBool,
-    /// Set when the listener chose this connection to make room for a new one.
-    evicted: AtomicBool,
-    /// Wakes the connection's task when it is evicted.
-    eviction: Notify,
-}
-
-impl Activity {
-    /// A connection that opened now, idle.
-    pub(super) fn new() -> Activity {
-        Activity {
-            opened: Instant::now(),
-            in_flight: AtomicU32::new(0),
-            idle_since_ms: AtomicU64::new(0),
-            head_started_ms: AtomicU64::new(0),
-            body_timed_out: AtomicBool::new(false),
-            evicted: AtomicBool::new(false),
-            eviction: Notify::new(),
-        }
-    }
-
-    /// When the connection opened.
-    #[cfg(test)]
-    pub(super) fn opened(&self) -> Instant {
-        self.opened
-    }
-
-    /// When an evictable connection (no request in progress, not evicted yet) became idle;
-    /// `None` when it may not be evicted.
-    pub(super) fn evictable_since(&self) -> Option<Instant> {
-        let idle =
-            self.in_flight.load(Ordering::Relaxed) == 0 && !self.evicted.load(Ordering::Relaxed);
-        idle.then(|| self.at_ms(self.idle_since_ms.load(Ordering::Relaxed)))
-    }
-
-    /// Marks the connection evicted; false if it already was.
-    pub(super) fn mark_evicted(&self) -> bool {
-        !self.evicted.swap(true, Ordering::Relaxed)
-    }
-
-    /// Whether the connection was evicted.
-    pub(super) fn was_evicted(&self) -> bool {
-        self.evicted.load(Ordering::Relaxed)
-    }
-
-    /// Tells the connection's task it was evicted.
-    pub(super) fn evict(&self) {
-        self.eviction.notify_one();
-    }
-
-    /// Milliseconds from the connection's opening to `at`.
-    fn ms_at(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.opened).as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// Bytes arrived: on an idle connection the first of them starts the header timeout.
-    fn bytes_read(&self) {
-        if self.in_flight.load(Ordering::Relaxed) == 0
-            && self.head_started_ms.load(Ordering::Relaxed) == 0
-        {
-            self.head_started_at(Instant::now());
-        }
-    }
-
-    /// A request head started arriving at `at`.
-    fn head_started_at(&self, at: Instant) {
-        self.head_started_ms
-            .store(self.ms_at(at) + 1, Ordering::Relaxed);
-    }
-
-    /// A request head was parsed: the connection is busy.
-    pub(super) fn request_started(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.head_started_ms.store(0, Ordering::Relaxed);
-    }
-
-    /// A response was handed over (or its request abandoned).
-    fn request_ended(&self) {
-        self.request_ended_at(Instant::now());
-    }
-
-    /// A response was handed over at `at`.
-    pub(super) fn request_ended_at(&self, at: Instant) {
-        self.idle_since_ms.store(self.ms_at(at), Ordering::Relaxed);
-        self.head_started_ms.store(0, Ordering::Relaxed);
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Whether the connection has outlived a timeout at `now`, or when to look again.
-    pub(super) fn verdict(&self, now: Instant, settings: &Settings) -> Verdict {
-        if self.in_flight.load(Ordering::Relaxed) > 0 {
-            // Busy: the body timeout and the request's own limits govern it.
-            return Verdict::CheckAt(now + settings.idle_timeout);
-        }
-        let (timeout, deadline) = match self.head_started_ms.load(Ordering::Relaxed) {
-            0 => (
-                Timeout::Idle,
-                self.at_ms(self.idle_since_ms.load(Ordering::Relaxed)) + settings.idle_timeout,
-            ),
-            started => (
-                Timeout::Header,
-                self.at_ms(started - 1) + settings.header_read_timeout,
-            ),
-        };
-        if now >= deadline {
-            Verdict::Close(timeout)
-        } else {
-            Verdict::CheckAt(deadline)
-        }
-    }
-
-    /// The instant `ms` milliseconds after the connection opened.
-    fn at_ms(&self, ms: u64) -> Instant {
-        self.opened + Duration::from_millis(ms)
-    }
 }
 
 /// The socket, reporting arriving bytes to the connection's [`Activity`].
@@ -505,77 +363,5 @@ impl Body for DeadlineBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::http::ServerConfig;
-
-    fn settings() -> Settings {
-        let config = ServerConfig {
-            header_read_timeout: Duration::from_secs(2),
-            idle_timeout: Duration::from_secs(10),
-            ..ServerConfig::default()
-        };
-        Settings::new(&config)
-    }
-
-    #[test]
-    fn an_idle_connection_closes_after_the_idle_timeout() {
-        let settings = settings();
-        let activity = Activity::new();
-        let opened = activity.opened;
-        assert_eq!(
-            activity.verdict(opened, &settings),
-            Verdict::CheckAt(opened + Duration::from_secs(10))
-        );
-        assert_eq!(
-            activity.verdict(opened + Duration::from_secs(10), &settings),
-            Verdict::Close(Timeout::Idle)
-        );
-    }
-
-    #[test]
-    fn a_started_head_must_end_within_the_header_timeout() {
-        let settings = settings();
-        let activity = Activity::new();
-        let started = activity.opened + Duration::from_secs(5);
-        activity.head_started_at(started);
-        // More bytes do not move the deadline: a slowloris client trickles them.
-        activity.bytes_read();
-        assert_eq!(
-            activity.verdict(started + Duration::from_secs(1), &settings),
-            Verdict::CheckAt(started + Duration::from_secs(2))
-        );
-        assert_eq!(
-            activity.verdict(started + Duration::from_secs(2), &settings),
-            Verdict::Close(Timeout::Header)
-        );
-    }
-
-    #[test]
-    fn a_busy_connection_is_not_closed_and_idles_again_after_its_answer() {
-        let settings = settings();
-        let activity = Activity::new();
-        activity.bytes_read();
-        activity.request_started();
-        // Body bytes of a request in progress start no header timeout.
-        activity.bytes_read();
-        let later = activity.opened + Duration::from_secs(60);
-        assert_eq!(
-            activity.verdict(later, &settings),
-            Verdict::CheckAt(later + Duration::from_secs(10))
-        );
-        activity.request_ended_at(later);
-        assert_eq!(
-            activity.verdict(later, &settings),
-            Verdict::CheckAt(later + Duration::from_secs(10))
-        );
-        assert_eq!(
-            activity.verdict(later + Duration::from_secs(10), &settings),
-            Verdict::Close(Timeout::Idle)
-        );
     }
 }

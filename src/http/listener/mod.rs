@@ -14,11 +14,13 @@
 //!   service waits for them within `server.shutdown_grace`).
 //!
 //! # Layout
-//! - `conn`: one connection: the activity its timeouts are judged by, the request and response
-//!   body wrappers, and the task that drives hyper and closes the connection on a timeout.
+//! - `activity`: what a connection's timeouts are judged by (busy or idle, since when).
+//! - `conn`: one connection: the task that drives hyper and closes the connection on a timeout
+//!   or an eviction, and the request and response body wrappers.
 //! - `metrics`: the connection gauges and counters, per listener.
 //! - `slots`: the connection bound, and the eviction of idle connections at it.
 
+mod activity;
 mod conn;
 mod metrics;
 mod slots;
@@ -34,7 +36,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use conn::Activity;
+use activity::Activity;
 pub use metrics::{ConnectionMetrics, ListenerMetrics};
 use slots::{Admission, Slots};
 

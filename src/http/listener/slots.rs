@@ -15,7 +15,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::conn::Activity;
+use super::activity::Activity;
 
 /// How many connections are looked at to choose a victim.
 const SAMPLE: usize = 16;
