@@ -34,6 +34,28 @@ pub fn own_cluster() -> Cluster {
     Cluster::start(ClusterOptions::default()).expect("start a redis cluster")
 }
 
+/// A cluster of the test's own whose masters are never replaced during a test (a 60 s node
+/// timeout), for a test that stalls a master for longer than [`COMMAND_TIMEOUT`] and expects its
+/// copies to come back on the same node.
+pub fn own_cluster_without_failover() -> Cluster {
+    Cluster::start(ClusterOptions {
+        node_timeout_ms: 60_000,
+        ..ClusterOptions::default()
+    })
+    .expect("start a redis cluster")
+}
+
+/// The command timeout of the stores and services of every test that is not about the timeout
+/// itself. A healthy node must answer within it on a loaded 2-core machine: 300 ms timed out on
+/// healthy masters at load 13 and above, which marked them failing and queued their copies.
+/// A test that stalls a node waits this long once per stall.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// [`COMMAND_TIMEOUT`] as a config value, for `command_timeout = "…"`.
+pub fn command_timeout_toml() -> String {
+    format!("{}ms", COMMAND_TIMEOUT.as_millis())
+}
+
 /// The `valkey-server` binary named by `HOTSPLIT_VALKEY_SERVER` (`scripts/test.sh` installs
 /// one and sets it), or `None`, after printing that the Valkey test is skipped.
 pub fn valkey_server() -> Option<std::path::PathBuf> {
@@ -73,7 +95,7 @@ pub fn valkey_cluster() -> Option<Cluster> {
     )
 }
 
-/// Connects a Redis store to `url` with a short command timeout.
+/// Connects a Redis store to `url` with `command_timeout` (usually [`COMMAND_TIMEOUT`]).
 pub async fn redis_store(url: &str, command_timeout: Duration) -> Arc<RedisStore> {
     let mut options = RedisOptions::new(RedisTarget::parse(url).expect("parse the redis url"));
     options.command_timeout = command_timeout;
@@ -171,7 +193,10 @@ where
 pub fn config_with_family(redis_url: Option<&str>, prefix: &str, copies: u32) -> Config {
     let mut text = format!("[[family]]\nprefix = \"{prefix}\"\ncopies = {copies}\nttl = \"10m\"\n");
     text.push_str("[[family]]\nprefix = \"alloc:\"\ncopies = 4\nversioning = \"allocated\"\n");
-    text.push_str("[store]\ncommand_timeout = \"300ms\"\n");
+    text.push_str(&format!(
+        "[store]\ncommand_timeout = \"{}\"\n",
+        command_timeout_toml()
+    ));
     let mut config = Config::from_toml(&text).expect("test config parses");
     config.store.redis = redis_url.map(str::to_owned);
     config.heal.spool_dir = spool_dir();

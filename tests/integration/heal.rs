@@ -78,9 +78,10 @@ impl Fault {
 }
 
 /// Publishes during a fault on one master: exactly that master's copies are `queued` (202);
-/// after the fault ends the queue drains and every copy holds the new version in Redis.
+/// after the fault ends the queue drains and every copy holds the new version in Redis. The
+/// stalled master is never replaced meanwhile, so its copies come back on the same node.
 async fn queued_then_drained(fault: Fault) {
-    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
+    let cluster = tokio::task::spawn_blocking(harness::own_cluster_without_failover)
         .await
         .unwrap();
     let service = Service::start(config_with_family(Some(&cluster.url()), "pause:", 16)).await;
@@ -229,7 +230,7 @@ async fn heal_a_thousand_edits_while_paused_leave_one_entry_per_copy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heal_a_late_retry_of_an_older_version_never_overwrites_a_newer_one() {
     let cluster = harness::shared_cluster();
-    let store = harness::redis_store(&cluster.url(), Duration::from_millis(300)).await;
+    let store = harness::redis_store(&cluster.url(), harness::COMMAND_TIMEOUT).await;
     let metrics = Metrics::new();
     let queue = Arc::new(RetryQueue::in_memory(
         HealConfig::default(),
@@ -444,9 +445,10 @@ async fn heal_sigkill_mid_publish_loses_no_queued_entry() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
-        "[store]\nredis = \"{}\"\ncommand_timeout = \"300ms\"\n[heal]\nspool_dir = \"{}\"\n\
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[heal]\nspool_dir = \"{}\"\n\
          [[family]]\nprefix = \"kill:\"\ncopies = 8\nttl = \"10m\"\n",
         cluster.url(),
+        harness::command_timeout_toml(),
         dir.path().join("spool").display()
     );
     let mut first = Binary::spawn(dir.path(), "first", &config);
@@ -649,11 +651,16 @@ async fn heal_shutdown_drains_what_it_can_and_spools_the_rest() {
 /// `SHUTDOWN NOSAVE` of a master during a publish, then a restart from its `nodes.conf`: back
 /// within the node timeout (it returns empty) or after its replica was promoted. Either way the
 /// queued copies heal, and no reader (each carrying its floor) is served an older version than
-/// one it already read.
+/// one it already read. Without a failover, the cluster's node timeout is long enough that the
+/// restart always comes within it, however long the publish waited for the dead master.
 async fn restart_cycle(wait_for_failover: bool) {
-    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
-        .await
-        .unwrap();
+    let cluster = tokio::task::spawn_blocking(if wait_for_failover {
+        harness::own_cluster
+    } else {
+        harness::own_cluster_without_failover
+    })
+    .await
+    .unwrap();
     // Advisory reads: the lag monitor and the replica clients live through the failover too
     // (fred's replica routing once spun its router task here; see store::redis).
     let mut config = config_with_family(Some(&cluster.url()), "ns:", 16);

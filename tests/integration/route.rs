@@ -149,9 +149,10 @@ staleness_budget = "30s"
 
 pub(crate) fn standalone_config(group: &PrimaryReplica, extra: &str) -> Config {
     let text = format!(
-        "[store]\nredis = \"{}\"\nreplicas = [\"{}\"]\ncommand_timeout = \"300ms\"\n\n[[family]]\nprefix = \"adv:\"\ncopies = 4\ndefault_class = \"advisory\"\n\n[[family]]\nprefix = \"own:\"\ncopies = 4\ndefault_class = \"lenient\"\npin_window = \"700ms\"\n{CLASSES}\n{extra}",
+        "[store]\nredis = \"{}\"\nreplicas = [\"{}\"]\ncommand_timeout = \"{}\"\n\n[[family]]\nprefix = \"adv:\"\ncopies = 4\ndefault_class = \"advisory\"\n\n[[family]]\nprefix = \"own:\"\ncopies = 4\ndefault_class = \"lenient\"\npin_window = \"700ms\"\n{CLASSES}\n{extra}",
         group.url(),
-        group.replicas[0].url()
+        group.replicas[0].url(),
+        harness::command_timeout_toml()
     );
     config_from_toml(&text)
 }
@@ -488,8 +489,9 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
 
 fn cluster_config(cluster: &Cluster) -> Config {
     let text = format!(
-        "[store]\nredis = \"{}\"\ncommand_timeout = \"300ms\"\n\n[[family]]\nprefix = \"adv:\"\ncopies = 6\ndefault_class = \"advisory\"\n\n[[family]]\nprefix = \"claim:\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\n",
-        cluster.url()
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n\n[[family]]\nprefix = \"adv:\"\ncopies = 6\ndefault_class = \"advisory\"\n\n[[family]]\nprefix = \"claim:\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\n",
+        cluster.url(),
+        harness::command_timeout_toml()
     );
     config_from_toml(&text)
 }
@@ -724,8 +726,9 @@ async fn a_configured_replica_that_is_down_does_not_stop_startup() {
     let primary = crate::harness::shared_standalone();
     let dead_port = harness::free_port();
     let text = format!(
-        "[store]\nredis = \"{}\"\nreplicas = [\"redis://127.0.0.1:{dead_port}\"]\ncommand_timeout = \"300ms\"\nconnect_timeout = \"500ms\"\n\n[[family]]\nprefix = \"down:\"\ncopies = 2\ndefault_class = \"advisory\"\n",
-        primary.url()
+        "[store]\nredis = \"{}\"\nreplicas = [\"redis://127.0.0.1:{dead_port}\"]\ncommand_timeout = \"{}\"\nconnect_timeout = \"500ms\"\n\n[[family]]\nprefix = \"down:\"\ncopies = 2\ndefault_class = \"advisory\"\n",
+        primary.url(),
+        harness::command_timeout_toml()
     );
     let service = Service::start(config_from_toml(&text)).await;
     let http = reqwest::Client::new();

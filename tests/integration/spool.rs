@@ -12,7 +12,7 @@ use hotsplit_devcluster::{self as devcluster, Standalone};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::harness::metrics_text;
+use crate::harness::{self, metrics_text};
 use crate::heal::{retry_queue, stored_version, wait_drained, Binary};
 
 /// A tmpfs mounted for one test, unmounted (lazily) when dropped.
@@ -106,10 +106,11 @@ async fn spool_a_full_disk_loses_no_queued_copy_and_a_drained_queue_resets_it() 
     let disk = Tmpfs::mount(&dir.path().join("disk"), "64k");
     let spool = disk.path.join("spool");
     let config = format!(
-        "[store]\nredis = \"{}\"\ncommand_timeout = \"300ms\"\n[heal]\nspool_dir = \"{}\"\n\
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[heal]\nspool_dir = \"{}\"\n\
          backoff_initial = \"50ms\"\nbackoff_cap = \"200ms\"\n\
          [[family]]\nprefix = \"full:\"\ncopies = 4\nttl = \"10m\"\n",
         server.url(),
+        harness::command_timeout_toml(),
         spool.display()
     );
     let http = reqwest::Client::new();
@@ -243,10 +244,11 @@ fn refusing_server(spool: &Path, prefix: &str) -> (Standalone, String) {
     }
     devcluster::cli(server.node.port(), &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
     let config = format!(
-        "[store]\nredis = \"{}\"\ncommand_timeout = \"300ms\"\n[heal]\nspool_dir = \"{}\"\n\
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[heal]\nspool_dir = \"{}\"\n\
          backoff_initial = \"50ms\"\nbackoff_cap = \"200ms\"\n\
          [[family]]\nprefix = \"{prefix}\"\ncopies = 4\nttl = \"3650days\"\n",
         server.url(),
+        harness::command_timeout_toml(),
         spool.display()
     );
     (server, config)
