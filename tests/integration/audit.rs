@@ -136,9 +136,7 @@ async fn run_audit(args: Vec<String>) -> (Option<i32>, String, String, Duration)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_reports_exactly_the_stale_copy_on_its_primary_and_replica_and_writes_nothing() {
-    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
-        .await
-        .expect("start a cluster");
+    let cluster = harness::own_cluster().await;
     let url = cluster.url();
     let keys = ["aud:k0", "aud:k1", "aud:k2", "aud:k3", "aud:k4", "aud:k5"];
     publish(&url, "aud:", 4, &keys, 7).await;

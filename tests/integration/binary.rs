@@ -1,65 +1,33 @@
 //! The `hotsplit` binary itself: startup on the embedded store, config errors, SIGTERM, and
 //! `hotsplit probe` (the container's health check) against a live and a closed port.
 
-use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use crate::harness;
 
 /// Starts `hotsplit serve` on the embedded store at `port` (stdout piped for its log) and waits
 /// until `/readyz` answers 2xx.
 async fn spawn_serve(port: u16) -> std::process::Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+    let mut command = harness::serve_command();
+    command
+        .args(["--listen", &format!("127.0.0.1:{port}")])
         .env("HOTSPLIT_LOG", "info")
-        .env_remove("HOTSPLIT_REDIS")
-        .env_remove("HOTSPLIT_CONFIG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start hotsplit");
-    let http = reqwest::Client::new();
-    harness::poll(
-        "the binary answers /readyz",
-        Duration::from_secs(20),
-        || {
-            let http = http.clone();
-            let url = format!("http://127.0.0.1:{port}/readyz");
-            async move {
-                http.get(url)
-                    .send()
-                    .await
-                    .is_ok_and(|answer| answer.status().is_success())
-            }
-        },
-    )
-    .await;
-    child
+        .stderr(Stdio::null());
+    harness::spawn_serve(command, port).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_runs_on_the_embedded_store_and_stops_on_sigterm() {
     let port = harness::free_port();
-    let mut child = spawn_serve(port).await;
+    let child = spawn_serve(port).await;
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
     harness::publish_succeeds(&http, &base, "k1", 1, "v").await;
     let get = harness::get(&http, &format!("{base}/v1/keys/k1?client=c"), &[]).await;
     assert_eq!(get.headers()["hotsplit-served-by"], "embedded");
 
-    // SAFETY: sending SIGTERM to our own child process.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    let status = tokio::task::spawn_blocking(move || {
-        let status = child.wait().expect("wait");
-        let mut log = String::new();
-        if let Some(mut out) = child.stdout.take() {
-            let _ = out.read_to_string(&mut log);
-        }
-        (status, log)
-    })
-    .await
-    .unwrap();
+    let status = harness::sigterm_and_wait(child).await;
     assert!(status.0.success(), "exit status {:?}", status.0);
     assert!(
         status.1.contains("embedded in-memory store"),
@@ -130,7 +98,7 @@ async fn probe(args: &[&str]) -> (Option<i32>, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_exits_0_on_a_ready_instance_and_1_on_a_refusal_a_closed_port_or_no_answer() {
     let port = harness::free_port();
-    let mut child = spawn_serve(port).await;
+    let child = spawn_serve(port).await;
     let ready = format!("http://127.0.0.1:{port}/readyz");
     let (code, out) = probe(&[&ready]).await;
     assert_eq!(code, Some(0), "{out}");
@@ -149,11 +117,7 @@ async fn probe_exits_0_on_a_ready_instance_and_1_on_a_refusal_a_closed_port_or_n
         "{out}"
     );
 
-    // SAFETY: sending SIGTERM to our own child process.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    tokio::task::spawn_blocking(move || child.wait().expect("wait"))
-        .await
-        .unwrap();
+    harness::sigterm_and_wait(child).await;
 
     // The instance is gone: its port is closed.
     let (code, out) = probe(&[&ready]).await;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions};
+use hotsplit_devcluster as devcluster;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -16,7 +16,7 @@ use crate::harness::{
     self, affinity, config_with_family, copy_on_owner, get, get_json, owner_port, poll,
     publish_expecting, Service,
 };
-use crate::heal::{retry_queue, wait_drained};
+use crate::heal::{queued_exactly_on, retry_queue, wait_drained};
 
 /// The `library_missing` list of `/readyz` (empty when the field is absent).
 async fn library_missing(http: &reqwest::Client, base: &str) -> Vec<String> {
@@ -34,9 +34,7 @@ async fn library_missing(http: &reqwest::Client, base: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn degraded_a_master_refusing_the_library_starts_queues_its_copies_and_heals() {
-    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
-        .await
-        .unwrap();
+    let cluster = harness::own_cluster().await;
     // The victim owns some copies of deg:1 but no family's layout record: startup writes those
     // records, and this test is about the library, not the layout.
     let layout_owners = [
@@ -67,15 +65,7 @@ async fn degraded_a_master_refusing_the_library_starts_queues_its_copies_and_hea
         .unwrap();
     assert_eq!(answer.status(), StatusCode::ACCEPTED);
     let body: Value = answer.json().await.unwrap();
-    let mut queued = 0;
-    for line in body["outcomes"].as_array().unwrap() {
-        let copy_key = line["copy_key"].as_str().unwrap();
-        let on_victim = owner_port(&cluster, copy_key) == victim;
-        let expected = if on_victim { "queued" } else { "applied" };
-        assert_eq!(line["outcome"], expected, "{copy_key}: {line}");
-        queued += u64::from(on_victim);
-    }
-    assert!(queued > 0, "{body}");
+    let queued = queued_exactly_on(&cluster, victim, &body, "a master refusing the library");
     let view = retry_queue(&http, base).await;
     assert_eq!(view["depth"].as_u64(), Some(queued), "{view}");
 
@@ -103,9 +93,7 @@ async fn degraded_a_master_refusing_the_library_starts_queues_its_copies_and_hea
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn degraded_a_paused_seed_among_several_does_not_stop_startup() {
-    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
-        .await
-        .unwrap();
+    let cluster = harness::own_cluster().await;
     let replica = cluster.replicas().expect("replicas")[0].port();
     let masters: Vec<u16> = cluster
         .masters()
@@ -162,28 +150,11 @@ async fn nodes_avoided(http: &reqwest::Client, base: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The version a read answered with, from `Hotsplit-Version`.
-fn read_version(answer: &reqwest::Response) -> u64 {
-    answer.headers()["hotsplit-version"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
     // A long node timeout: the paused master is never replaced during the test, so its copies
     // come back on the same node.
-    let cluster = tokio::task::spawn_blocking(|| {
-        Cluster::start(ClusterOptions {
-            node_timeout_ms: 60_000,
-            ..ClusterOptions::default()
-        })
-        .expect("start a redis cluster")
-    })
-    .await
-    .unwrap();
+    let cluster = harness::own_cluster_without_failover().await;
     let mut config = config_with_family(Some(&cluster.url()), "sick:", 16);
     config.store.command_timeout = Duration::from_millis(1000);
     let service = Service::start(config).await;
@@ -209,15 +180,12 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
                         request = request.header("hotsplit-min-version", seen.to_string());
                     }
                     if let Ok(answer) = request.send().await {
-                        if answer.status() == StatusCode::OK {
-                            let version = read_version(&answer);
-                            assert!(
-                                version >= seen,
-                                "reader-{reader} went back from {seen} to {version}"
-                            );
-                            seen = version;
-                            reads.fetch_add(1, Ordering::Relaxed);
-                        }
+                        harness::record_monotonic_read(
+                            &format!("reader-{reader}"),
+                            &answer,
+                            &mut seen,
+                            &reads,
+                        );
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await; // Pacing, not a wait.
                 }
@@ -279,7 +247,7 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
         )
         .await;
         assert_eq!(answer.status(), StatusCode::OK);
-        assert_eq!(read_version(&answer), version, "{client}");
+        assert_eq!(harness::served_version(&answer), version, "{client}");
         let served_by = answer.headers()["hotsplit-served-by"].to_str().unwrap();
         assert!(
             !served_by.starts_with(&victim_label),

@@ -1,7 +1,13 @@
-//! Shared Redis servers and helpers for the integration tests.
+//! Shared Redis servers and helpers for the integration tests: Redis servers and stores, an
+//! in-process service, the real binary (start, wait until ready, SIGTERM, SIGKILL), polling,
+//! Redis read directly, and HTTP calls that name what they expected.
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -30,19 +36,26 @@ pub fn shared_cluster() -> &'static Cluster {
 }
 
 /// A cluster of the test's own, for fault injection.
-pub fn own_cluster() -> Cluster {
-    Cluster::start(ClusterOptions::default()).expect("start a redis cluster")
+pub async fn own_cluster() -> Cluster {
+    start_cluster(ClusterOptions::default()).await
 }
 
 /// A cluster of the test's own whose masters are never replaced during a test (a 60 s node
 /// timeout), for a test that stalls a master for longer than [`COMMAND_TIMEOUT`] and expects its
 /// copies to come back on the same node.
-pub fn own_cluster_without_failover() -> Cluster {
-    Cluster::start(ClusterOptions {
+pub async fn own_cluster_without_failover() -> Cluster {
+    start_cluster(ClusterOptions {
         node_timeout_ms: 60_000,
         ..ClusterOptions::default()
     })
-    .expect("start a redis cluster")
+    .await
+}
+
+/// Starts a cluster with `options` on a blocking thread (it takes seconds).
+async fn start_cluster(options: ClusterOptions) -> Cluster {
+    tokio::task::spawn_blocking(move || Cluster::start(options).expect("start a redis cluster"))
+        .await
+        .expect("join the cluster start")
 }
 
 /// The command timeout of the stores and services of every test that is not about the timeout
@@ -315,6 +328,37 @@ async fn ok_body(http: &reqwest::Client, url: &str) -> String {
     text
 }
 
+/// The `Hotsplit-Version` of `answer`; panics if it has none or it is not a number.
+pub fn served_version(answer: &Response) -> u64 {
+    answer
+        .headers()
+        .get("hotsplit-version")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(|| panic!("no numeric Hotsplit-Version: {:?}", answer.headers()))
+}
+
+/// For a 200 `answer` to `reader`: asserts that its version is not below `floor` (the reader
+/// never goes back in time), raises `floor` to it and counts the read in `reads`. Any other
+/// answer changes nothing.
+pub fn record_monotonic_read(
+    reader: &str,
+    answer: &Response,
+    floor: &mut u64,
+    reads: &AtomicUsize,
+) {
+    if answer.status() != StatusCode::OK {
+        return;
+    }
+    let version = served_version(answer);
+    assert!(
+        version >= *floor,
+        "{reader} went back from {floor} to {version}"
+    );
+    *floor = version;
+    reads.fetch_add(1, Ordering::Relaxed);
+}
+
 /// The `/v1/affinity` answer for `key` and `client`; asserts a 200 with a JSON body.
 pub async fn affinity(http: &reqwest::Client, base: &str, key: &str, client: &str) -> Value {
     let url = format!("{base}/v1/affinity?key={key}&client={client}");
@@ -407,4 +451,147 @@ pub async fn publish_succeeds(
         "a 2xx",
     )
     .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real binary
+// ---------------------------------------------------------------------------------------------
+
+/// `hotsplit serve` with nothing inherited from the shell that runs the tests
+/// (`HOTSPLIT_REDIS`, `HOTSPLIT_CONFIG` and `HOTSPLIT_LOG_FORMAT` are removed): the test adds
+/// its arguments, environment and stdio.
+pub fn serve_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hotsplit"));
+    command
+        .arg("serve")
+        .env_remove("HOTSPLIT_REDIS")
+        .env_remove("HOTSPLIT_CONFIG")
+        .env_remove("HOTSPLIT_LOG_FORMAT");
+    command
+}
+
+/// Starts `command` (a [`serve_command`] listening on `port`) and waits until it is ready
+/// ([`wait_ready`]).
+pub async fn spawn_serve(mut command: Command, port: u16) -> Child {
+    let mut child = command.spawn().expect("start hotsplit");
+    wait_ready(&mut child, &format!("http://127.0.0.1:{port}"), String::new).await;
+    child
+}
+
+/// Polls `{base}/readyz` until it answers 2xx (for up to 20 s); panics with the exit status and
+/// `log()` if `child` exits first.
+pub async fn wait_ready(child: &mut Child, base: &str, log: impl Fn() -> String) {
+    let http = reqwest::Client::new();
+    let url = format!("{base}/readyz");
+    poll("hotsplit serves /readyz", Duration::from_secs(20), || {
+        let exited = child.try_wait().ok().flatten();
+        assert!(
+            exited.is_none(),
+            "hotsplit exited ({exited:?}) before it was ready: {}",
+            log()
+        );
+        let answer = http.get(&url).send();
+        async move {
+            answer
+                .await
+                .is_ok_and(|answer| answer.status().is_success())
+        }
+    })
+    .await;
+}
+
+/// Sends SIGTERM to `child` and waits for it to exit; returns its exit status and what it wrote
+/// to the stdout and stderr pipes the test did not take.
+pub async fn sigterm_and_wait(mut child: Child) -> (ExitStatus, String) {
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    tokio::task::spawn_blocking(move || {
+        let status = child.wait().expect("wait for hotsplit");
+        let mut output = String::new();
+        if let Some(mut out) = child.stdout.take() {
+            let _ = out.read_to_string(&mut output);
+        }
+        if let Some(mut err) = child.stderr.take() {
+            let _ = err.read_to_string(&mut output);
+        }
+        (status, output)
+    })
+    .await
+    .expect("join the wait for hotsplit")
+}
+
+/// A `hotsplit serve` child process with a config file and a log file of its own, SIGKILLed
+/// when dropped.
+pub struct Binary {
+    /// The process.
+    pub child: Child,
+    /// `http://127.0.0.1:P`.
+    pub base: String,
+    /// Where its stdout and stderr go.
+    log: PathBuf,
+}
+
+impl Binary {
+    /// Starts `hotsplit serve --config <dir>/<name>.toml` with `config` (its `listen` is
+    /// filled in); stdout and stderr go to `<dir>/<name>.log`. Does not wait for it.
+    pub fn spawn(dir: &Path, name: &str, config: &str) -> Binary {
+        let port = free_port();
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!("[server]\nlisten = \"127.0.0.1:{port}\"\nshutdown_grace = \"2s\"\n{config}"),
+        )
+        .unwrap_or_else(|err| panic!("write {}: {err}", path.display()));
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log)
+            .unwrap_or_else(|err| panic!("create {}: {err}", log.display()));
+        let err = out.try_clone().expect("clone the log file handle");
+        let child = serve_command()
+            .arg("--config")
+            .arg(&path)
+            .env("HOTSPLIT_LOG", "info")
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start hotsplit");
+        Binary {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    /// [`Binary::spawn`], then [`Binary::wait_ready`].
+    pub async fn start(dir: &Path, name: &str, config: &str) -> Binary {
+        let mut binary = Binary::spawn(dir, name, config);
+        binary.wait_ready().await;
+        binary
+    }
+
+    /// Waits until it serves `/readyz`; panics with its log if it exits first.
+    pub async fn wait_ready(&mut self) {
+        let log = self.log.clone();
+        wait_ready(&mut self.child, &self.base, || {
+            std::fs::read_to_string(&log).unwrap_or_default()
+        })
+        .await;
+    }
+
+    /// What it has logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILLs it (a crash) and reaps it.
+    pub fn sigkill(&mut self) {
+        self.child.kill().expect("SIGKILL hotsplit");
+        self.child.wait().expect("reap hotsplit");
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

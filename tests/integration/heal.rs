@@ -3,8 +3,6 @@
 //! SIGKILL of the real binary.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::harness::{
     self, affinity, config_with_family, copy_on_owner, get, get_json, hgetall, metrics_text,
-    owner_port, poll, publish_expecting, publish_succeeds, Service,
+    owner_port, poll, publish_expecting, publish_succeeds, Binary, Service,
 };
 
 /// The stored version of `key` on `port`, 0 when missing.
@@ -39,6 +37,38 @@ pub(crate) async fn retry_queue(http: &reqwest::Client, base: &str) -> Value {
     get_json(http, &format!("{base}/v1/retry-queue?limit=10000")).await
 }
 
+/// The pending (copy key → version) entries of the service at `base`.
+pub(crate) async fn pending(http: &reqwest::Client, base: &str) -> HashMap<String, u64> {
+    retry_queue(http, base).await["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            (
+                entry["copy_key"].as_str().unwrap().to_owned(),
+                entry["version"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Asserts that the publish answer `body` reports exactly the copies owned by the master on
+/// `victim` as `queued` and every other copy `applied`, naming `what`; returns how many were
+/// queued (at least one).
+pub(crate) fn queued_exactly_on(cluster: &Cluster, victim: u16, body: &Value, what: &str) -> u64 {
+    let mut queued = 0;
+    for line in body["outcomes"].as_array().expect("outcomes") {
+        let copy_key = line["copy_key"].as_str().expect("copy_key");
+        let on_victim = owner_port(cluster, copy_key) == victim;
+        let expected = if on_victim { "queued" } else { "applied" };
+        assert_eq!(line["outcome"], expected, "{what} {copy_key}: {line}");
+        queued += u64::from(on_victim);
+    }
+    assert!(queued > 0, "{what}: no copy on the victim: {body}");
+    queued
+}
+
+/// Polls until the retry queue of the service at `base` is empty (for up to 20 s).
 pub(crate) async fn wait_drained(http: &reqwest::Client, base: &str) {
     poll(
         "the retry queue drains",
@@ -81,9 +111,7 @@ impl Fault {
 /// after the fault ends the queue drains and every copy holds the new version in Redis. The
 /// stalled master is never replaced meanwhile, so its copies come back on the same node.
 async fn queued_then_drained(fault: Fault) {
-    let cluster = tokio::task::spawn_blocking(harness::own_cluster_without_failover)
-        .await
-        .unwrap();
+    let cluster = harness::own_cluster_without_failover().await;
     let service = Service::start(config_with_family(Some(&cluster.url()), "pause:", 16)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
@@ -102,15 +130,7 @@ async fn queued_then_drained(fault: Fault) {
     .unwrap();
     assert_eq!(answer.status(), StatusCode::ACCEPTED, "{fault:?}");
     let body: Value = answer.json().await.unwrap();
-    let mut queued = 0;
-    for line in body["outcomes"].as_array().unwrap() {
-        let copy_key = line["copy_key"].as_str().unwrap();
-        let on_victim = owner_port(&cluster, copy_key) == victim;
-        let expected = if on_victim { "queued" } else { "applied" };
-        assert_eq!(line["outcome"], expected, "{fault:?} {copy_key}: {line}");
-        queued += u64::from(on_victim);
-    }
-    assert!(queued > 0);
+    let queued = queued_exactly_on(&cluster, victim, &body, &format!("{fault:?}"));
     assert_eq!(body["queued"].as_u64(), Some(queued), "{body}");
     assert_eq!(body["dropped"].as_u64(), Some(0), "{body}");
 
@@ -159,9 +179,7 @@ async fn heal_a_client_paused_master_queues_its_copies_and_drains_after_unpause(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heal_a_thousand_edits_while_paused_leave_one_entry_per_copy() {
-    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
-        .await
-        .unwrap();
+    let cluster = harness::own_cluster().await;
     let service = Service::start(config_with_family(Some(&cluster.url()), "hot:", 8)).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
@@ -357,92 +375,9 @@ async fn heal_read_repair_fixes_a_stale_or_missing_affine_copy() {
     service.stop().await;
 }
 
-// ---------------------------------------------------------------------------------------------
-// The real binary
-// ---------------------------------------------------------------------------------------------
-
-/// A `hotsplit serve` child process, SIGKILLed when dropped.
-pub(crate) struct Binary {
-    pub(crate) child: Child,
-    pub(crate) base: String,
-    log: PathBuf,
-}
-
-impl Binary {
-    /// Starts `hotsplit serve --config <dir>/<name>.toml` with `config` (its `listen` is
-    /// filled in); stdout and stderr go to `<dir>/<name>.log`.
-    pub(crate) fn spawn(dir: &Path, name: &str, config: &str) -> Binary {
-        let port = harness::free_port();
-        let path = dir.join(format!("{name}.toml"));
-        std::fs::write(
-            &path,
-            format!("[server]\nlisten = \"127.0.0.1:{port}\"\nshutdown_grace = \"2s\"\n{config}"),
-        )
-        .unwrap();
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
-            .args(["serve", "--config"])
-            .arg(&path)
-            .env("HOTSPLIT_LOG", "info")
-            .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .expect("spawn hotsplit");
-        Binary {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            log,
-        }
-    }
-
-    pub(crate) async fn wait_ready(&mut self) {
-        let http = reqwest::Client::new();
-        let url = format!("{}/readyz", self.base);
-        let log = self.log.clone();
-        poll("hotsplit serves /readyz", Duration::from_secs(15), || {
-            let http = http.clone();
-            let url = url.clone();
-            let exited = self.child.try_wait().ok().flatten();
-            let log = log.clone();
-            async move {
-                assert!(
-                    exited.is_none(),
-                    "hotsplit exited ({exited:?}): {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-                http.get(url)
-                    .send()
-                    .await
-                    .map(|r| r.status().is_success())
-                    .unwrap_or(false)
-            }
-        })
-        .await;
-    }
-
-    pub(crate) fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub(crate) fn sigkill(&mut self) {
-        self.child.kill().expect("SIGKILL hotsplit");
-        self.child.wait().expect("reap hotsplit");
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heal_sigkill_mid_publish_loses_no_queued_entry() {
-    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
-        .await
-        .unwrap();
+    let cluster = harness::own_cluster().await;
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[heal]\nspool_dir = \"{}\"\n\
@@ -451,8 +386,7 @@ async fn heal_sigkill_mid_publish_loses_no_queued_entry() {
         harness::command_timeout_toml(),
         dir.path().join("spool").display()
     );
-    let mut first = Binary::spawn(dir.path(), "first", &config);
-    first.wait_ready().await;
+    let mut first = Binary::start(dir.path(), "first", &config).await;
 
     // The fault: the victim master refuses FCALL (an ACL), so its copy writes fail fast and
     // deterministically, while startup (FUNCTION LOAD, PING) still works.
@@ -517,21 +451,9 @@ async fn heal_sigkill_mid_publish_loses_no_queued_entry() {
     assert!(!queued.is_empty());
 
     // Restart: the spool replays. The fault is still on, so nothing can have drained yet.
-    let mut second = Binary::spawn(dir.path(), "second", &config);
-    second.wait_ready().await;
+    let second = Binary::start(dir.path(), "second", &config).await;
     let http = reqwest::Client::new();
-    let view = retry_queue(&http, &second.base).await;
-    let pending: HashMap<String, u64> = view["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|entry| {
-            (
-                entry["copy_key"].as_str().unwrap().to_owned(),
-                entry["version"].as_u64().unwrap(),
-            )
-        })
-        .collect();
+    let pending = pending(&http, &second.base).await;
     for (copy_key, version) in &queued {
         let held = pending.get(copy_key).copied().unwrap_or(0);
         assert!(
@@ -566,8 +488,7 @@ async fn heal_the_binary_drops_a_torn_spool_tail_and_refuses_a_shared_one() {
         server.url(),
         spool.display()
     );
-    let mut owner = Binary::spawn(dir.path(), "owner", &config);
-    owner.wait_ready().await;
+    let mut owner = Binary::start(dir.path(), "owner", &config).await;
     assert!(
         owner.log_text().contains("ends in a torn frame"),
         "{}",
@@ -654,13 +575,11 @@ async fn heal_shutdown_drains_what_it_can_and_spools_the_rest() {
 /// one it already read. Without a failover, the cluster's node timeout is long enough that the
 /// restart always comes within it, however long the publish waited for the dead master.
 async fn restart_cycle(wait_for_failover: bool) {
-    let cluster = tokio::task::spawn_blocking(if wait_for_failover {
-        harness::own_cluster
+    let cluster = if wait_for_failover {
+        harness::own_cluster().await
     } else {
-        harness::own_cluster_without_failover
-    })
-    .await
-    .unwrap();
+        harness::own_cluster_without_failover().await
+    };
     // Advisory reads: the lag monitor and the replica clients live through the failover too
     // (fred's replica routing once spun its router task here; see store::redis).
     let mut config = config_with_family(Some(&cluster.url()), "ns:", 16);
@@ -796,19 +715,12 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
                             StatusCode::NOT_FOUND,
                             "reader-{reader}: 404 for a key that exists"
                         );
-                        if answer.status() == StatusCode::OK {
-                            let version: u64 = answer.headers()["hotsplit-version"]
-                                .to_str()
-                                .unwrap()
-                                .parse()
-                                .unwrap();
-                            assert!(
-                                version >= floor,
-                                "reader-{reader} went back from {floor} to {version}"
-                            );
-                            floor = version;
-                            reads.fetch_add(1, Ordering::Relaxed);
-                        }
+                        harness::record_monotonic_read(
+                            &format!("reader-{reader}"),
+                            &answer,
+                            &mut floor,
+                            &reads,
+                        );
                     }
                     tokio::time::sleep(Duration::from_millis(2)).await; // Pacing, not a wait.
                 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use reqwest::StatusCode;
 
-use crate::heal::Binary;
+use crate::harness::Binary;
 
 /// The resident set size of process `pid`, in bytes, from `/proc/<pid>/status`.
 fn rss_bytes(pid: u32) -> u64 {
@@ -58,8 +58,7 @@ async fn publish_range(base: &str, from: u64, to: u64) {
 async fn memory_rss_per_stored_key_on_the_embedded_store() {
     const KEYS: u64 = 200_000;
     let dir = tempfile::tempdir().unwrap();
-    let mut service = Binary::spawn(dir.path(), "memory", "");
-    service.wait_ready().await;
+    let service = Binary::start(dir.path(), "memory", "").await;
     let pid = service.child.id();
     // Warm up allocator arenas and connection buffers before the baseline.
     publish_range(&service.base, 0, 1_000).await;

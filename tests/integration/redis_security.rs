@@ -532,13 +532,10 @@ async fn acl_users_on_valkey_full_least_privilege_audit_and_missing_permissions(
 /// code, stdout and stderr together, and how long it ran.
 fn run_serve(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, Duration) {
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
-        .arg("serve")
+    let mut child = harness::serve_command()
         .args(["--listen", &format!("127.0.0.1:{}", harness::free_port())])
         .args(args)
         .envs(env.iter().copied())
-        .env_remove("HOTSPLIT_REDIS")
-        .env_remove("HOTSPLIT_CONFIG")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -616,33 +613,17 @@ async fn a_password_never_shows_in_logs_endpoints_metrics_or_help() {
         .expect("ACL SETUSER");
     let port = harness::free_port();
     let url = server.url().replacen("redis://", "redis://leakcheck@", 1);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+    let mut command = harness::serve_command();
+    command
+        .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--redis", &url])
         .env("HOTSPLIT_REDIS_PASSWORD", PASSWORD)
         .env("HOTSPLIT_LOG", "debug")
-        .env_remove("HOTSPLIT_CONFIG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start hotsplit");
+        .stderr(Stdio::piped());
+    let child = harness::spawn_serve(command, port).await;
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    poll(
-        "the binary answers /readyz",
-        Duration::from_secs(20),
-        || {
-            let http = http.clone();
-            let url = format!("{base}/readyz");
-            async move {
-                http.get(url)
-                    .send()
-                    .await
-                    .is_ok_and(|answer| answer.status().is_success())
-            }
-        },
-    )
-    .await;
     publish_expecting(&http, &base, "sec:leak", 1, "v1", StatusCode::OK).await;
     let mut shown = String::new();
     for path in [
@@ -659,21 +640,7 @@ async fn a_password_never_shows_in_logs_endpoints_metrics_or_help() {
         let answer = harness::get(&http, &format!("{base}{path}"), &[]).await;
         shown.push_str(&answer.text().await.unwrap_or_default());
     }
-    // SAFETY: sending SIGTERM to our own child process.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    let log = tokio::task::spawn_blocking(move || {
-        let _ = child.wait();
-        let mut log = String::new();
-        if let Some(mut out) = child.stdout.take() {
-            let _ = out.read_to_string(&mut log);
-        }
-        if let Some(mut err) = child.stderr.take() {
-            let _ = err.read_to_string(&mut log);
-        }
-        log
-    })
-    .await
-    .expect("join");
+    let (_, log) = harness::sigterm_and_wait(child).await;
     assert!(log.contains("SIGTERM received"), "{log}");
     // --help shows HOTSPLIT_REDIS's value unless hidden: put the password in that URL.
     let url_with_password =

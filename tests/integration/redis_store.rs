@@ -697,7 +697,7 @@ impl Drop for ResumeOnDrop<'_> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_master_fails_only_its_own_copies_with_timeout() {
     // The paused master outlives the command timeout; it must not be replaced meanwhile.
-    let cluster = harness::own_cluster_without_failover();
+    let cluster = harness::own_cluster_without_failover().await;
     let store = harness::redis_store(&cluster.url(), COMMAND_TIMEOUT).await;
     let key = key("rs:paused_master");
     let later = now_unix_ms() + 600_000;

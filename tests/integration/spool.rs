@@ -12,8 +12,8 @@ use hotsplit_devcluster::{self as devcluster, Standalone};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::harness::{self, metrics_text};
-use crate::heal::{retry_queue, stored_version, wait_drained, Binary};
+use crate::harness::{self, metrics_text, Binary};
+use crate::heal::{pending, retry_queue, stored_version, wait_drained};
 
 /// A tmpfs mounted for one test, unmounted (lazily) when dropped.
 struct Tmpfs {
@@ -114,8 +114,7 @@ async fn spool_a_full_disk_loses_no_queued_copy_and_a_drained_queue_resets_it() 
         spool.display()
     );
     let http = reqwest::Client::new();
-    let mut first = Binary::spawn(dir.path(), "first", &config);
-    first.wait_ready().await;
+    let mut first = Binary::start(dir.path(), "first", &config).await;
     // Half the disk is taken by something else; the spool gets the rest.
     let filler = disk.path.join("filler");
     std::fs::write(&filler, vec![0u8; 28 * 1024]).unwrap();
@@ -178,24 +177,12 @@ async fn spool_a_full_disk_loses_no_queued_copy_and_a_drained_queue_resets_it() 
 
     // A crash, then a restart: the spool replays cleanly and holds every queued copy.
     first.sigkill();
-    let mut second = Binary::spawn(dir.path(), "second", &config);
-    second.wait_ready().await;
+    let second = Binary::start(dir.path(), "second", &config).await;
     let log = second.log_text();
     assert!(log.contains("replayed the retry spool"), "{log}");
     assert!(log.contains("damaged_regions=0"), "{log}");
     assert!(log.contains("torn_bytes=0"), "{log}");
-    let view = retry_queue(&http, &second.base).await;
-    let pending: HashMap<String, u64> = view["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|entry| {
-            (
-                entry["copy_key"].as_str().unwrap().to_owned(),
-                entry["version"].as_u64().unwrap(),
-            )
-        })
-        .collect();
+    let pending = pending(&http, &second.base).await;
     for (copy_key, version) in &queued {
         let held = pending.get(copy_key).copied().unwrap_or(0);
         assert!(
@@ -254,21 +241,6 @@ fn refusing_server(spool: &Path, prefix: &str) -> (Standalone, String) {
     (server, config)
 }
 
-/// The pending (copy key → version) entries of the service at `base`.
-async fn pending(http: &reqwest::Client, base: &str) -> HashMap<String, u64> {
-    retry_queue(http, base).await["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|entry| {
-            (
-                entry["copy_key"].as_str().unwrap().to_owned(),
-                entry["version"].as_u64().unwrap(),
-            )
-        })
-        .collect()
-}
-
 /// A spool written by the release before format 1 (headerless, format 0: the fixture was
 /// written by that release's binary, three publishes of `old:1..3` at versions 11..13 with
 /// every copy queued) is replayed, rewritten as format 1, and heals.
@@ -285,8 +257,7 @@ async fn spool_a_format_0_spool_from_the_previous_release_is_upgraded_and_heals(
     })
     .await
     .unwrap();
-    let mut service = Binary::spawn(dir.path(), "upgrade", &config);
-    service.wait_ready().await;
+    let service = Binary::start(dir.path(), "upgrade", &config).await;
     let log = service.log_text();
     assert!(log.contains("upgrading the spool's format"), "{log}");
     assert_eq!(
@@ -322,8 +293,7 @@ async fn spool_a_flipped_byte_in_a_middle_record_loses_only_that_record() {
     .await
     .unwrap();
     let http = reqwest::Client::new();
-    let mut writer = Binary::spawn(dir.path(), "writer", &config);
-    writer.wait_ready().await;
+    let mut writer = Binary::start(dir.path(), "writer", &config).await;
     for n in 1..=5u64 {
         let (status, body) =
             put(&http, &writer.base, &format!("flip:{n}"), n, vec![b'v'; 40]).await;
@@ -362,12 +332,12 @@ async fn spool_a_flipped_byte_in_a_middle_record_loses_only_that_record() {
         let mut damaged = original.clone();
         damaged[offset] ^= 0x10;
         std::fs::write(spool.join("spool.log"), &damaged).unwrap();
-        let mut reader = Binary::spawn(
+        let mut reader = Binary::start(
             dir.path(),
             &format!("reader-{}", what.replace(' ', "-")),
             &config,
-        );
-        reader.wait_ready().await;
+        )
+        .await;
         let pending = pending(&http, &reader.base).await;
         let mut keys: Vec<String> = pending
             .keys()

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -319,9 +319,9 @@ async fn the_request_id_never_sets_or_stands_in_for_hotsplit_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_carry_the_request_id_on_the_requests_lines() {
     let port = harness::free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+    let mut command = harness::serve_command();
+    command
         .args([
-            "serve",
             "--listen",
             &format!("127.0.0.1:{port}"),
             "--log-format",
@@ -329,13 +329,9 @@ async fn json_logs_carry_the_request_id_on_the_requests_lines() {
         ])
         // `read served` is a debug line of the read path, inside the request's span.
         .env("HOTSPLIT_LOG", "info,hotsplit=debug")
-        .env_remove("HOTSPLIT_LOG_FORMAT")
-        .env_remove("HOTSPLIT_REDIS")
-        .env_remove("HOTSPLIT_CONFIG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start hotsplit");
+        .stderr(Stdio::null());
+    let mut child = command.spawn().expect("start hotsplit");
     let stdout = child.stdout.take().expect("piped stdout");
     // Lines are read on a thread of their own, so a quiet log never blocks the test.
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
@@ -348,21 +344,7 @@ async fn json_logs_carry_the_request_id_on_the_requests_lines() {
     });
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    harness::poll(
-        "the binary answers /readyz",
-        Duration::from_secs(20),
-        || {
-            let http = http.clone();
-            let url = format!("{base}/readyz");
-            async move {
-                http.get(url)
-                    .send()
-                    .await
-                    .is_ok_and(|answer| answer.status().is_success())
-            }
-        },
-    )
-    .await;
+    harness::wait_ready(&mut child, &base, String::new).await;
     harness::publish_succeeds(&http, &base, "k1", 1, "v").await;
     let answer = harness::get(
         &http,
@@ -386,9 +368,7 @@ async fn json_logs_carry_the_request_id_on_the_requests_lines() {
         Err(seen)
     })
     .await;
-    // SAFETY: sending SIGTERM to our own child process.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    harness::sigterm_and_wait(child).await;
     let line = match found {
         Ok(Ok(line)) => line,
         Ok(Err(seen)) => panic!("no log line carries the request id; lines: {seen:#?}"),
