@@ -10,31 +10,24 @@ use hotsplit_devcluster as devcluster;
 use super::history::Op;
 use super::recorder::{event, outcome_of, owner_port, send};
 use super::report::{judge_presence, PresenceResult};
-use super::run::Experiment;
+use super::run::{Experiment, Phase};
 use hotsplit::wire::query::{CLASS, CLIENT, VERSION};
 
 impl Experiment {
     /// Asks "is the claim held?" through `advisory` and `decides-on-presence` while the claim's
     /// replica has its replication paused for less than the advisory budget.
     pub(super) async fn presence(&self) -> Vec<PresenceResult> {
-        let (http, base, cluster, recorder, shutdown) = (
-            &self.http,
-            self.base.as_str(),
-            &self.cluster,
-            &self.recorder,
-            &self.shutdown,
-        );
-        let phase_length = self.phase_length;
+        let phase = self.phase();
         let key = "claim:1";
-        let stop = shutdown.child_token();
         let mut tasks = tokio::task::JoinSet::new();
         {
-            let (http, base, recorder, stop) = (
-                http.clone(),
-                base.to_owned(),
-                recorder.clone(),
-                stop.clone(),
-            );
+            let Phase {
+                http,
+                base,
+                recorder,
+                stop,
+                ..
+            } = phase.clone();
             tasks.spawn(async move {
                 let mut version = 0u64;
                 while !stop.is_cancelled() {
@@ -70,7 +63,7 @@ impl Experiment {
         {
             // Pause the claim's replica's replication for 150 ms every 300 ms: within the 250 ms
             // advisory budget, so the budget never sends those reads to the primary.
-            let (cluster, stop) = (cluster.clone(), stop.clone());
+            let Phase { cluster, stop, .. } = phase.clone();
             tasks.spawn(async move {
                 while !stop.is_cancelled() {
                     let cluster = cluster.clone();
@@ -94,12 +87,13 @@ impl Experiment {
             });
         }
         for class in ["advisory", "decides-on-presence"] {
-            let (http, base, recorder, stop) = (
-                http.clone(),
-                base.to_owned(),
-                recorder.clone(),
-                stop.clone(),
-            );
+            let Phase {
+                http,
+                base,
+                recorder,
+                stop,
+                ..
+            } = phase.clone();
             tasks.spawn(async move {
                 while !stop.is_cancelled() {
                     let start = recorder.now_us();
@@ -116,12 +110,13 @@ impl Experiment {
             });
         }
         tokio::select! {
-            () = tokio::time::sleep(phase_length) => {}
-            () = stop.cancelled() => {}
+            () = tokio::time::sleep(self.phase_length) => {}
+            () = phase.stop.cancelled() => {}
         }
-        stop.cancel();
+        phase.stop.cancel();
         while tasks.join_next().await.is_some() {}
-        let events = recorder
+        let events = phase
+            .recorder
             .events
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

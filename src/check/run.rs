@@ -81,6 +81,35 @@ pub(super) struct Experiment {
     pub(super) shutdown: CancellationToken,
 }
 
+/// What every task of one phase holds: the service's client and base URL, the cluster, the
+/// history, and the phase's stop token. Cheap to clone: each task takes its own copy.
+#[derive(Clone)]
+pub(super) struct Phase {
+    /// The HTTP client of the service under test.
+    pub(super) http: reqwest::Client,
+    /// The service's base URL.
+    pub(super) base: String,
+    /// The throwaway cluster.
+    pub(super) cluster: Arc<Cluster>,
+    /// The history the phase's tasks append to.
+    pub(super) recorder: Recorder,
+    /// Cancelled when the phase ends; a child of the run's shutdown, so ctrl-c ends it too.
+    pub(super) stop: CancellationToken,
+}
+
+impl Experiment {
+    /// The handles of a new phase, with a stop token of its own.
+    pub(super) fn phase(&self) -> Phase {
+        Phase {
+            http: self.http.clone(),
+            base: self.base.clone(),
+            cluster: self.cluster.clone(),
+            recorder: self.recorder.clone(),
+            stop: self.shutdown.child_token(),
+        }
+    }
+}
+
 /// Progress of a run, reported to the caller's callback.
 #[derive(Debug, Clone)]
 pub struct Progress {

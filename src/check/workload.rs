@@ -16,7 +16,7 @@ use super::faults::{inject, lag_replicas, schedule};
 use super::history::Op;
 use super::recorder::{event, outcome_of, sample_copies, send};
 use super::report::Mode;
-use super::run::Experiment;
+use super::run::{Experiment, Phase};
 use hotsplit::wire::query::{CLASS, CLIENT, COPY, MIN_VERSION, VERSION};
 
 impl Experiment {
@@ -24,15 +24,8 @@ impl Experiment {
     /// fault schedule for [`Experiment::phase_length`], then heals and samples until every copy
     /// converged (at most 10 s). Returns the windows in which a fault lost writes.
     pub(super) async fn run_mode(&self, mode: Mode, rng: &mut StdRng) -> Vec<(u64, u64)> {
-        let (http, base, cluster, recorder, shutdown) = (
-            &self.http,
-            self.base.as_str(),
-            &self.cluster,
-            &self.recorder,
-            &self.shutdown,
-        );
+        let phase = self.phase();
         let phase_length = self.phase_length;
-        let stop = shutdown.child_token();
         let keys: Vec<String> = (0..self.keys)
             .map(|k| format!("check:{}:{k}", mode.as_str()))
             .collect();
@@ -42,14 +35,14 @@ impl Experiment {
         let mut tasks = tokio::task::JoinSet::new();
 
         for (index, key) in keys.iter().enumerate() {
-            let (http, base, key, source, recorder, stop) = (
-                http.clone(),
-                base.to_owned(),
-                key.clone(),
-                source.clone(),
-                recorder.clone(),
-                stop.clone(),
-            );
+            let Phase {
+                http,
+                base,
+                recorder,
+                stop,
+                ..
+            } = phase.clone();
+            let (key, source) = (key.clone(), source.clone());
             tasks.spawn(async move {
                 let session = format!("writer-{index}");
                 while !stop.is_cancelled() {
@@ -101,14 +94,14 @@ impl Experiment {
         }
 
         for reader in 0..self.readers {
-            let (http, base, keys, source, recorder, stop) = (
-                http.clone(),
-                base.to_owned(),
-                keys.clone(),
-                source.clone(),
-                recorder.clone(),
-                stop.clone(),
-            );
+            let Phase {
+                http,
+                base,
+                recorder,
+                stop,
+                ..
+            } = phase.clone();
+            let (keys, source) = (keys.clone(), source.clone());
             let mut rng = StdRng::seed_from_u64(rng.random());
             let copies = self.copies;
             tasks.spawn(async move {
@@ -165,12 +158,13 @@ impl Experiment {
         }
 
         {
-            let (cluster, keys, recorder, stop) = (
-                cluster.clone(),
-                keys.clone(),
-                recorder.clone(),
-                stop.clone(),
-            );
+            let Phase {
+                cluster,
+                recorder,
+                stop,
+                ..
+            } = phase.clone();
+            let keys = keys.clone();
             let copies = self.copies;
             tasks.spawn(async move {
                 while !stop.is_cancelled() {
@@ -182,11 +176,18 @@ impl Experiment {
 
         // Replication lag throughout the phase (see `faults::lag_replicas`).
         tasks.spawn(lag_replicas(
-            cluster.clone(),
-            recorder.clone(),
-            stop.clone(),
+            phase.cluster.clone(),
+            phase.recorder.clone(),
+            phase.stop.clone(),
             StdRng::seed_from_u64(rng.random()),
         ));
+        let Phase {
+            http,
+            base,
+            cluster,
+            recorder,
+            stop,
+        } = phase;
 
         // The seeded fault schedule, at fixed fractions of the phase.
         let phase_start = Instant::now();
@@ -198,7 +199,7 @@ impl Experiment {
                 () = stop.cancelled() => break,
             }
             let pick = rng.random_range(0..3);
-            if let Some(window) = inject(fault, pick, cluster, recorder).await {
+            if let Some(window) = inject(fault, pick, &cluster, &recorder).await {
                 loss_windows.push(window);
             }
         }
@@ -225,8 +226,8 @@ impl Experiment {
             let _ = send(request).await;
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline && !shutdown.is_cancelled() {
-            sample_copies(cluster, &keys, self.copies, recorder).await;
+        while Instant::now() < deadline && !self.shutdown.is_cancelled() {
+            sample_copies(&cluster, &keys, self.copies, &recorder).await;
             let converged = checkers::convergence(
                 &recorder
                     .events

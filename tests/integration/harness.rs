@@ -119,6 +119,10 @@ pub async fn redis_store(url: &str, command_timeout: Duration) -> Arc<RedisStore
     )
 }
 
+/// How long a starting service or binary may take to answer `/readyz`: a limit against a hang,
+/// not a speed check (10 s was exceeded by a growing service at load 22 on 2 cores).
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
 /// A hotsplit service running on a real socket.
 pub struct Service {
     /// `http://127.0.0.1:P`.
@@ -144,22 +148,18 @@ impl Service {
             task: Some(task),
         };
         let client = reqwest::Client::new();
-        poll(
-            "the service answers /readyz",
-            Duration::from_secs(10),
-            || {
-                let url = format!("{}/readyz", service.base);
-                let client = client.clone();
-                async move {
-                    client
-                        .get(url)
-                        .send()
-                        .await
-                        .map(|r| r.status().is_success())
-                        .unwrap_or(false)
-                }
-            },
-        )
+        poll("the service answers /readyz", READY_WITHIN, || {
+            let url = format!("{}/readyz", service.base);
+            let client = client.clone();
+            async move {
+                client
+                    .get(url)
+                    .send()
+                    .await
+                    .map(|r| r.status().is_success())
+                    .unwrap_or(false)
+            }
+        })
         .await;
         service
     }
@@ -478,12 +478,12 @@ pub async fn spawn_serve(mut command: Command, port: u16) -> Child {
     child
 }
 
-/// Polls `{base}/readyz` until it answers 2xx (for up to 20 s); panics with the exit status and
-/// `log()` if `child` exits first.
+/// Polls `{base}/readyz` until it answers 2xx (within [`READY_WITHIN`]); panics with the exit
+/// status and `log()` if `child` exits first.
 pub async fn wait_ready(child: &mut Child, base: &str, log: impl Fn() -> String) {
     let http = reqwest::Client::new();
     let url = format!("{base}/readyz");
-    poll("hotsplit serves /readyz", Duration::from_secs(20), || {
+    poll("hotsplit serves /readyz", READY_WITHIN, || {
         let exited = child.try_wait().ok().flatten();
         assert!(
             exited.is_none(),
