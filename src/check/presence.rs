@@ -10,7 +10,7 @@ use hotsplit_devcluster as devcluster;
 use super::history::Op;
 use super::recorder::{event, outcome_of, owner_port, send};
 use super::report::{judge_presence, PresenceResult};
-use super::run::{Experiment, Phase};
+use super::run::Experiment;
 use hotsplit::wire::query::{CLASS, CLIENT, VERSION};
 
 impl Experiment {
@@ -21,13 +21,7 @@ impl Experiment {
         let key = "claim:1";
         let mut tasks = tokio::task::JoinSet::new();
         {
-            let Phase {
-                http,
-                base,
-                recorder,
-                stop,
-                ..
-            } = phase.clone();
+            let (http, base, recorder, stop) = phase.service_handles();
             tasks.spawn(async move {
                 let mut version = 0u64;
                 while !stop.is_cancelled() {
@@ -63,7 +57,7 @@ impl Experiment {
         {
             // Pause the claim's replica's replication for 150 ms every 300 ms: within the 250 ms
             // advisory budget, so the budget never sends those reads to the primary.
-            let Phase { cluster, stop, .. } = phase.clone();
+            let (cluster, stop) = (phase.cluster.clone(), phase.stop.clone());
             tasks.spawn(async move {
                 while !stop.is_cancelled() {
                     let cluster = cluster.clone();
@@ -87,13 +81,7 @@ impl Experiment {
             });
         }
         for class in ["advisory", "decides-on-presence"] {
-            let Phase {
-                http,
-                base,
-                recorder,
-                stop,
-                ..
-            } = phase.clone();
+            let (http, base, recorder, stop) = phase.service_handles();
             tasks.spawn(async move {
                 while !stop.is_cancelled() {
                     let start = recorder.now_us();

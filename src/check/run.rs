@@ -97,6 +97,19 @@ pub(super) struct Phase {
     pub(super) stop: CancellationToken,
 }
 
+impl Phase {
+    /// What a task that talks to the service takes: its own client, base URL, recorder and stop
+    /// token.
+    pub(super) fn service_handles(&self) -> (reqwest::Client, String, Recorder, CancellationToken) {
+        (
+            self.http.clone(),
+            self.base.clone(),
+            self.recorder.clone(),
+            self.stop.clone(),
+        )
+    }
+}
+
 impl Experiment {
     /// The handles of a new phase, with a stop token of its own.
     pub(super) fn phase(&self) -> Phase {

@@ -35,13 +35,7 @@ impl Experiment {
         let mut tasks = tokio::task::JoinSet::new();
 
         for (index, key) in keys.iter().enumerate() {
-            let Phase {
-                http,
-                base,
-                recorder,
-                stop,
-                ..
-            } = phase.clone();
+            let (http, base, recorder, stop) = phase.service_handles();
             let (key, source) = (key.clone(), source.clone());
             tasks.spawn(async move {
                 let session = format!("writer-{index}");
@@ -94,13 +88,7 @@ impl Experiment {
         }
 
         for reader in 0..self.readers {
-            let Phase {
-                http,
-                base,
-                recorder,
-                stop,
-                ..
-            } = phase.clone();
+            let (http, base, recorder, stop) = phase.service_handles();
             let (keys, source) = (keys.clone(), source.clone());
             let mut rng = StdRng::seed_from_u64(rng.random());
             let copies = self.copies;
@@ -158,12 +146,11 @@ impl Experiment {
         }
 
         {
-            let Phase {
-                cluster,
-                recorder,
-                stop,
-                ..
-            } = phase.clone();
+            let (cluster, recorder, stop) = (
+                phase.cluster.clone(),
+                phase.recorder.clone(),
+                phase.stop.clone(),
+            );
             let keys = keys.clone();
             let copies = self.copies;
             tasks.spawn(async move {
