@@ -45,8 +45,9 @@ echo "test.sh: $("$HOTSPLIT_VALKEY_SERVER" --version)"
 # Every workspace member's tests run (the hotsplit package, devcluster, redis-info).
 # Integration tests mostly wait on Redis and the network, so run more of them at once than
 # there are cores; fault-injection tests each start their own cluster. Four at once on two cores:
-# at eight, tests that use a 300 ms command timeout (racing writers, a paused master, the spool's
-# SIGKILL test) were seen to time out on masters that were not faulted when the machine was busy.
+# at eight, tests that then used a 300 ms command timeout (racing writers, a paused master, the
+# spool's SIGKILL test) timed out on masters that were not faulted when the machine was busy;
+# they now use the harness's 2 s.
 cargo test --workspace --locked -- --test-threads "${HOTSPLIT_TEST_THREADS:-4}"
 
 # The HTTP API against its own OpenAPI document: schemathesis (pinned, installed into a venv
