@@ -6,7 +6,6 @@
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use axum::Router;
@@ -275,32 +274,17 @@ async fn spawn_with_config(
     std::fs::write(&path, config).unwrap();
     let log_path = dir.join("log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
-        .args(["serve", "--config"])
+    let mut child = harness::serve_command()
+        .arg("--config")
         .arg(&path)
         .env("HOTSPLIT_LOG", "debug")
-        .env_remove("HOTSPLIT_LISTEN")
-        .env_remove("HOTSPLIT_REDIS")
-        .env_remove("HOTSPLIT_CONFIG")
         .stdout(Stdio::from(log.try_clone().unwrap()))
         .stderr(Stdio::from(log))
         .spawn()
         .expect("start hotsplit");
-    let http = reqwest::Client::new();
-    harness::poll(
-        "the binary answers /readyz",
-        Duration::from_secs(20),
-        || {
-            let http = http.clone();
-            let url = format!("http://127.0.0.1:{port}/readyz");
-            async move {
-                http.get(url)
-                    .send()
-                    .await
-                    .is_ok_and(|answer| answer.status().is_success())
-            }
-        },
-    )
+    harness::wait_ready(&mut child, &format!("http://127.0.0.1:{port}"), || {
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    })
     .await;
     (child, log_path)
 }

@@ -458,13 +458,14 @@ pub async fn publish_succeeds(
 // ---------------------------------------------------------------------------------------------
 
 /// `hotsplit serve` with nothing inherited from the shell that runs the tests
-/// (`HOTSPLIT_REDIS`, `HOTSPLIT_CONFIG` and `HOTSPLIT_LOG_FORMAT` are removed): the test adds
-/// its arguments, environment and stdio.
+/// (`HOTSPLIT_REDIS`, `HOTSPLIT_LISTEN`, `HOTSPLIT_CONFIG` and `HOTSPLIT_LOG_FORMAT` are
+/// removed): the test adds its arguments, environment and stdio.
 pub fn serve_command() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_hotsplit"));
     command
         .arg("serve")
         .env_remove("HOTSPLIT_REDIS")
+        .env_remove("HOTSPLIT_LISTEN")
         .env_remove("HOTSPLIT_CONFIG")
         .env_remove("HOTSPLIT_LOG_FORMAT");
     command

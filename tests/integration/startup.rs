@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::Duration;
 
 use crate::harness;
@@ -22,14 +22,11 @@ impl Serve {
     fn spawn(dir: &Path, name: &str, config: &str) -> Serve {
         let path = dir.join(format!("{name}.toml"));
         std::fs::write(&path, config).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
-            .args(["serve", "--config"])
+        let child = harness::serve_command()
+            .arg("--config")
             .arg(&path)
             .current_dir(dir)
             .env("HOTSPLIT_LOG", "info")
-            .env_remove("HOTSPLIT_REDIS")
-            .env_remove("HOTSPLIT_LISTEN")
-            .env_remove("HOTSPLIT_CONFIG")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
