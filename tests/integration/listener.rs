@@ -5,7 +5,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -46,40 +46,26 @@ impl Served {
         )
         .expect("write the config");
         let log = dir.path().join("hotsplit.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
-            .args(["serve", "--config"])
+        let mut child = harness::serve_command()
+            .arg("--config")
             .arg(&config)
             .env("HOTSPLIT_LOG", "info")
-            .env_remove("HOTSPLIT_REDIS")
-            .env_remove("HOTSPLIT_CONFIG")
             .stdout(Stdio::from(
                 std::fs::File::create(&log).expect("create the log"),
             ))
             .stderr(Stdio::null())
             .spawn()
             .expect("start hotsplit");
-        let served = Served {
+        harness::wait_ready(&mut child, &format!("http://{addr}"), || {
+            std::fs::read_to_string(&log).unwrap_or_default()
+        })
+        .await;
+        Served {
             child,
             addr,
             log,
             _dir: dir,
-        };
-        let http = reqwest::Client::new();
-        let url = format!("{}/readyz", served.base());
-        harness::poll(
-            "the binary answers /readyz",
-            Duration::from_secs(30),
-            || {
-                let request = http.get(&url).send();
-                async move {
-                    request
-                        .await
-                        .is_ok_and(|answer| answer.status().is_success())
-                }
-            },
-        )
-        .await;
-        served
+        }
     }
 
     /// `http://127.0.0.1:P`.
