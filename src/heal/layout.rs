@@ -29,7 +29,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -50,6 +50,9 @@ struct Known {
     mismatch: bool,
     /// The largest copy count of the other live instances at the last refresh (0: none).
     live_copies: u32,
+    /// When `live_copies` was first read or last changed: the sweep waits [`Liveness::settle`]
+    /// after it, for the publishes that read the earlier count.
+    live_changed: Instant,
 }
 
 /// Every family's layout, shared by the publisher, `/readyz` and the watcher.
@@ -168,6 +171,7 @@ impl Layouts {
                     max_copies,
                     mismatch: false,
                     live_copies: live.unwrap_or(0),
+                    live_changed: Instant::now(),
                 },
             );
             if let Some(strays) = strays(family.copies, live, recorded) {
@@ -228,6 +232,7 @@ impl Layouts {
                     live_copies,
                     "the largest live copy count changed"
                 );
+                known.live_changed = Instant::now();
             }
             known.live_copies = live_copies;
         }
@@ -429,7 +434,7 @@ impl LayoutWatcher {
                     for family in self.families.iter() {
                         let sweep = tokio::select! {
                             () = shutdown.cancelled() => return,
-                            sweep = self.sweep(family) => sweep,
+                            sweep = self.sweep(family, Instant::now()) => sweep,
                         };
                         if let Err(err) = sweep {
                             tracing::warn!(family = family.name(), error = %err, "sweep of removed copies failed");
@@ -442,13 +447,22 @@ impl LayoutWatcher {
 
     /// Deletes the copies a shrink removed from `family`'s keys; lowers the record once none
     /// is left. Does nothing while another live instance has more copies: its readers read
-    /// them, and every writer keeps them current.
-    async fn sweep(&self, family: &Family) -> Result<()> {
+    /// them, and every writer keeps them current. Nor until [`Liveness::settle`] has passed
+    /// (at `now`) since the largest live count last changed: a publish that read the larger
+    /// count may still be writing copies beyond this instance's count, here or on an instance
+    /// that has not refreshed yet, and a copy landing after the last sweep would outlive the
+    /// shrink.
+    async fn sweep(&self, family: &Family, now: Instant) -> Result<()> {
         let name = family.name();
-        let (max_copies, mismatch, live_copies) = {
+        let (max_copies, mismatch, live_copies, live_changed) = {
             let known = self.layouts.lock();
             match known.get(name) {
-                Some(known) => (known.max_copies, known.mismatch, known.live_copies),
+                Some(known) => (
+                    known.max_copies,
+                    known.mismatch,
+                    known.live_copies,
+                    known.live_changed,
+                ),
                 None => return Ok(()),
             }
         };
@@ -460,6 +474,13 @@ impl LayoutWatcher {
                 family = name,
                 live_copies,
                 "sweep skipped: a live instance reads more copies"
+            );
+            return Ok(());
+        }
+        if now.saturating_duration_since(live_changed) < self.liveness.settle() {
+            tracing::debug!(
+                family = name,
+                "sweep deferred: publishes that read a larger live copy count may still be writing"
             );
             return Ok(());
         }
@@ -548,29 +569,38 @@ mod tests {
         let layouts = Layouts::reconcile(&*store, &four, &metrics, &liveness("four"))
             .await
             .unwrap();
+        // A settle time no test run outlasts: a sweep "now" is deferred, one at `settled` is not.
         let watcher = LayoutWatcher {
             store: store.clone(),
             layouts: layouts.clone(),
             families: four.clone(),
             metrics,
-            liveness: liveness("four"),
+            liveness: Liveness {
+                interval: Duration::from_secs(600),
+                ..liveness("four")
+            },
             sweep_interval: Duration::from_secs(1),
         };
         let family = four.resolve(&Key::parse("p*1").unwrap()).clone();
         // The twelve-copy instance is live: its readers read copies 4..12, which are kept and
         // written by this instance's publishes too.
         assert_eq!(layouts.write_copies("p*", 4), 12);
-        watcher.sweep(&family).await.unwrap();
+        let settled = Instant::now() + watcher.liveness.settle();
+        watcher.sweep(&family, settled).await.unwrap();
         assert_eq!(store.len(), 12 + 8);
-        // It stops; once its entry is gone, the sweep deletes.
+        // It stops; once its entry is gone, and the publishes that read its count have had the
+        // settle time to end, the sweep deletes.
         store.leave_layout("p*", 12, "twelve").await.unwrap();
         watcher.refresh().await;
         assert_eq!(layouts.write_copies("p*", 4), 4);
-        watcher.sweep(&family).await.unwrap();
+        watcher.sweep(&family, Instant::now()).await.unwrap();
+        assert_eq!(store.len(), 12 + 8, "the sweep waits the settle time");
+        let settled = Instant::now() + watcher.liveness.settle();
+        watcher.sweep(&family, settled).await.unwrap();
         // p*1 keeps copies 0..4; p*x1 (another family, 8 copies) keeps all of its copies.
         assert_eq!(store.len(), 4 + 8);
         assert_eq!(layouts.max_copies("p*", 4), 12);
-        watcher.sweep(&family).await.unwrap();
+        watcher.sweep(&family, settled).await.unwrap();
         assert_eq!(layouts.max_copies("p*", 4), 4);
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
     }

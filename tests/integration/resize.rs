@@ -26,10 +26,11 @@ fn stored_version(port: u16, copy_key: &str) -> Option<u64> {
         .map(|ver| ver.parse().expect("a stored version is a number"))
 }
 
-/// An absence cannot be polled: this waits five sweeps of the instances under test, after which
-/// a sweep that was going to delete has deleted.
+/// An absence cannot be polled: this waits out a sweep's settle time (the interval plus twice
+/// the command timeout after the live count last changed) and then five sweeps of the
+/// instances under test, after which a sweep that was going to delete has deleted.
 async fn several_sweeps() {
-    tokio::time::sleep(INTERVAL * 5).await;
+    tokio::time::sleep(INTERVAL + harness::COMMAND_TIMEOUT * 2 + INTERVAL * 5).await;
 }
 
 /// The versions `base` serves for `key` to 64 different clients (so every copy is read).
@@ -101,7 +102,7 @@ async fn resize_two_instances_on_different_copy_counts_keep_every_read_copy_curr
     big.stop().await;
     poll(
         "the sweep deletes copies 4..12 after the larger instance stopped",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || {
             std::future::ready(
                 (4..12).all(|copy| stored_version(port, &format!("rz-alt:idle#{copy}")).is_none()),
@@ -112,7 +113,7 @@ async fn resize_two_instances_on_different_copy_counts_keep_every_read_copy_curr
     assert_eq!(stored_version(port, "rz-alt:idle#0"), Some(1));
     poll(
         "the sweep lowers the layout record",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || {
             let record = devcluster::cli(port, &["GET", "#hotsplit#layout#rz-alt:"]).unwrap();
             std::future::ready(record == "4:4")
