@@ -20,7 +20,13 @@
 //!   evicts its own floors, never those of a client that held one before the flood.
 //!
 //! Reading a floor refreshes its recency. Evicting a floor whose window is still open is counted
-//! (`hotsplit_route_floor_evictions_total`). Request pins live in a plain bounded LRU.
+//! (`hotsplit_route_floor_evictions_total`). Request pins live in a bounded map that, when full,
+//! drops expired pins first, then the one nearest its expiry.
+//!
+//! Every locked access first removes every expired entry (the expiry index is ordered, so this
+//! costs one comparison when none has expired): the count that lets a read skip the lock when
+//! nothing is held falls back to zero once the last window ends, instead of staying above zero
+//! until each expired entry happens to be looked up again.
 //!
 //! No pin store in Redis is offered: checking one would cost a round trip to a primary on every
 //! read, as much as reading the copy from the primary, which is what the pin avoids. A client
@@ -37,63 +43,65 @@ use prometheus_client::metrics::counter::Counter;
 
 use crate::key::{Key, Version};
 
-/// A bounded map that drops the least recently used entry and ignores expired ones.
+/// A bounded map of entries that expire: expired entries are removed on every access, and when
+/// full the entry nearest its expiry goes.
 #[derive(Debug)]
-struct Lru<K, V> {
-    /// Entry → (value, expiry, use stamp).
+struct Expiring<K, V> {
+    /// Entry → (value, expiry, id).
     entries: HashMap<K, (V, Instant, u64)>,
-    /// Use stamp → entry, oldest first.
-    order: BTreeMap<u64, K>,
-    /// The next use stamp.
+    /// (expiry, id) → entry, soonest first.
+    expiry: BTreeMap<(Instant, u64), K>,
+    /// The next id.
     tick: u64,
     /// The most entries held.
     capacity: usize,
 }
 
-impl<K: Hash + Eq + Clone, V: Copy> Lru<K, V> {
-    fn new(capacity: usize) -> Lru<K, V> {
-        Lru {
+impl<K: Hash + Eq + Clone, V: Copy> Expiring<K, V> {
+    fn new(capacity: usize) -> Expiring<K, V> {
+        Expiring {
             entries: HashMap::new(),
-            order: BTreeMap::new(),
+            expiry: BTreeMap::new(),
             tick: 0,
             capacity: capacity.max(1),
         }
     }
 
-    fn insert(&mut self, key: K, value: V, until: Instant) {
-        self.tick += 1;
-        if let Some((_, _, stamp)) = self.entries.insert(key.clone(), (value, until, self.tick)) {
-            self.order.remove(&stamp);
-        }
-        self.order.insert(self.tick, key);
-        while self.entries.len() > self.capacity {
-            let Some((_, oldest)) = self.order.pop_first() else {
+    /// Removes every entry whose expiry is not after `now`.
+    fn purge(&mut self, now: Instant) {
+        while let Some(entry) = self.expiry.first_entry() {
+            if entry.key().0 > now {
                 break;
-            };
-            self.entries.remove(&oldest);
+            }
+            let key = entry.remove();
+            self.entries.remove(&key);
         }
     }
 
-    /// The value held for `key` while it has not expired; a hit becomes the most recently used.
+    fn insert(&mut self, key: K, value: V, until: Instant, now: Instant) {
+        self.purge(now);
+        self.tick += 1;
+        if let Some((_, old_until, id)) = self.entries.insert(key.clone(), (value, until, self.tick))
+        {
+            self.expiry.remove(&(old_until, id));
+        }
+        self.expiry.insert((until, self.tick), key);
+        while self.entries.len() > self.capacity {
+            let Some((_, nearest)) = self.expiry.pop_first() else {
+                break;
+            };
+            self.entries.remove(&nearest);
+        }
+    }
+
+    /// The value held for `key` while it has not expired.
     fn get<Q>(&mut self, key: &Q, now: Instant) -> Option<V>
     where
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (value, until, stamp) = *self.entries.get(key)?;
-        if until <= now {
-            self.entries.remove(key);
-            self.order.remove(&stamp);
-            return None;
-        }
-        if let Some(name) = self.order.remove(&stamp) {
-            self.tick += 1;
-            self.order.insert(self.tick, name);
-            if let Some(entry) = self.entries.get_mut(key) {
-                entry.2 = self.tick;
-            }
-        }
-        Some(value)
+        self.purge(now);
+        self.entries.get(key).map(|(value, _, _)| *value)
     }
 
     fn len(&self) -> usize {
@@ -216,6 +224,18 @@ impl FloorTable {
     fn next(&mut self) -> u64 {
         self.tick += 1;
         self.tick
+    }
+
+    /// Removes every entry whose windows have all ended.
+    fn purge(&mut self, now: Instant) {
+        while let Some((&(until, _), _)) = self.expiry.first_key_value() {
+            if until > now {
+                break;
+            }
+            if let Some((_, (client, key))) = self.expiry.pop_first() {
+                self.remove(&client, &key);
+            }
+        }
     }
 
     /// The live floors of (`client`, `key`), refreshing the entry's recency.
@@ -356,7 +376,7 @@ pub struct Pins {
     /// Every client's floors.
     floors: Mutex<FloorTable>,
     /// Request id → pinned.
-    requests: Mutex<Lru<String, ()>>,
+    requests: Mutex<Expiring<String, ()>>,
     /// How many floors are held, so reads skip the lock when there are none.
     floor_count: AtomicUsize,
     /// How many request pins are held.
@@ -378,7 +398,7 @@ impl Pins {
     ) -> Pins {
         Pins {
             floors: Mutex::new(FloorTable::new(capacity, per_client)),
-            requests: Mutex::new(Lru::new(capacity)),
+            requests: Mutex::new(Expiring::new(capacity)),
             floor_count: AtomicUsize::new(0),
             request_count: AtomicUsize::new(0),
             request_pin_window,
@@ -411,6 +431,7 @@ impl Pins {
     ) {
         let now = Instant::now();
         let mut floors = lock(&self.floors);
+        floors.purge(now);
         let mut held = floors.get(client, key.as_str(), now).unwrap_or_default();
         update(&mut held, now + window, now);
         let evicted = floors.insert(client, key.as_str(), held, now);
@@ -428,6 +449,7 @@ impl Pins {
         }
         let now = Instant::now();
         let mut floors = lock(&self.floors);
+        floors.purge(now);
         let found = floors.get(client, key.as_str(), now);
         self.floor_count.store(floors.total, Ordering::Relaxed);
         found.map_or_else(Floors::default, |held| Floors {
@@ -439,7 +461,8 @@ impl Pins {
     /// Records that request `id` wrote: its later reads go to primaries.
     pub fn record_request(&self, id: &str) {
         let mut requests = lock(&self.requests);
-        requests.insert(id.to_owned(), (), Instant::now() + self.request_pin_window);
+        let now = Instant::now();
+        requests.insert(id.to_owned(), (), now + self.request_pin_window, now);
         self.request_count.store(requests.len(), Ordering::Relaxed);
     }
 
@@ -592,6 +615,53 @@ mod tests {
             }
         );
         assert_eq!(pins.floors("c", &key), Floors::default());
+    }
+
+    /// Polls `done` for up to ten seconds.
+    fn eventually(mut done: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    #[test]
+    fn expired_entries_leave_so_reads_skip_the_lock_again() {
+        let (pins, _) = pins(10, 10);
+        let key = Key::parse("k").unwrap();
+        pins.record_write("a", &key, v(1), Duration::from_millis(2));
+        pins.record_seen("b", &key, v(1), Duration::from_millis(2));
+        pins.record_request("r1");
+        assert_eq!(pins.floor_count.load(Ordering::Relaxed), 2);
+        // A lookup by a third client, which holds nothing, removes every expired floor: the
+        // count that lets reads skip the mutex is back to zero.
+        assert!(eventually(|| {
+            let _ = pins.floors("c", &key);
+            pins.floor_count.load(Ordering::Relaxed) == 0
+        }));
+        assert_eq!(lock(&pins.floors).expiry.len(), 0);
+        assert!(lock(&pins.floors).clients.is_empty());
+    }
+
+    #[test]
+    fn a_full_request_table_drops_expired_pins_then_the_nearest_expiry() {
+        let mut table: Expiring<&str, ()> = Expiring::new(2);
+        let now = Instant::now();
+        table.insert("soon", (), now + Duration::from_secs(1), now);
+        table.insert("late", (), now + Duration::from_secs(60), now);
+        table.insert("new", (), now + Duration::from_secs(30), now);
+        assert_eq!(table.get("soon", now), None, "nearest its expiry");
+        assert_eq!(table.get("late", now), Some(()));
+        assert_eq!(table.get("new", now), Some(()));
+        // Past "new"'s expiry, any access removes it.
+        let later = now + Duration::from_secs(31);
+        assert_eq!(table.get("late", later), Some(()));
+        assert_eq!(table.len(), 1);
+        assert_eq!(table.expiry.len(), 1);
     }
 
     #[test]
