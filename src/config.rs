@@ -27,6 +27,7 @@ pub use crate::family::{DefaultFamilyConfig, FamilyConfig};
 pub use crate::fleet::FleetConfig;
 pub use crate::heal::HealConfig;
 pub use crate::http::ServerConfig;
+pub use crate::near::NearCacheConfig;
 pub use crate::read::ReadConfig;
 pub use crate::route::{ClassConfig, RouteConfig};
 pub use crate::store::StoreConfig;
@@ -58,6 +59,9 @@ pub struct Config {
     pub fleet: FleetConfig,
     /// API tokens.
     pub auth: AuthConfig,
+    /// The per-instance near cache (`[near_cache]`); how old an answer each class accepts from
+    /// it is `classes.<name>.near_cache_max_age`.
+    pub near_cache: NearCacheConfig,
 }
 
 impl Config {
@@ -108,6 +112,7 @@ impl Config {
             ));
         }
         self.route.validate()?;
+        self.near_cache.validate()?;
         let classes = Classes::from_config(&self.classes)?;
         self.heal.validate()?;
         self.fleet.validate()?;

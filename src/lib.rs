@@ -15,6 +15,8 @@
 //!   monitor), read-your-writes pins, routing counters.
 //! - [`fleet`]: what makes instances one deployment: the instance registry
 //!   (`GET /v1/instances`).
+//! - [`near`]: the per-instance near cache of copies, served within each read class's age
+//!   bound, with single-flight fills and high-water records that keep readers monotonic.
 //! - [`heal`]: the durable retry queue of failed copy writes, read repair and expiry jitter.
 //! - [`auth`]: API bearer tokens with scopes, and the `[auth]` config.
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
@@ -44,6 +46,7 @@ pub mod heal;
 pub mod http;
 pub mod key;
 pub mod metrics;
+pub mod near;
 pub mod probe;
 pub mod publish;
 pub mod read;

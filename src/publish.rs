@@ -15,7 +15,11 @@ use crate::family::{Families, Family, Versioning};
 use crate::heal::{jitter, Admission, FailedCopy, Layouts, RetryQueue};
 use crate::key::{Key, Version};
 use crate::metrics::{CopyWriteOutcome, Metrics, WriteOp};
-use crate::store::{now_unix_ms, CasOutcome, CopyWrite, Payload, Store};
+use crate::near::NearCache;
+use crate::route::RouteReason;
+use crate::store::{
+    now_unix_ms, CasOutcome, CopyRecord, CopyWrite, NodeLabel, Payload, ServedBy, Store,
+};
 
 /// The outcome of one copy write, as reported to the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -170,6 +174,8 @@ pub struct Publisher {
     /// Recorded layouts and live copy counts: copies a larger live instance reads are written,
     /// and copies removed by a shrink are deleted when their key is published.
     layouts: Option<Arc<Layouts>>,
+    /// The instance's near cache, updated with every copy an edit applied.
+    near: Option<Arc<NearCache>>,
 }
 
 impl Publisher {
@@ -182,6 +188,7 @@ impl Publisher {
             retry_queue: None,
             expiry_jitter: (0.0, 0.0),
             layouts: None,
+            near: None,
         }
     }
 
@@ -190,6 +197,14 @@ impl Publisher {
     /// (a shrink). Default: the family's copies only, no deletion.
     pub fn with_layouts(mut self, layouts: Arc<Layouts>) -> Publisher {
         self.layouts = Some(layouts);
+        self
+    }
+
+    /// Offers every copy an edit applied (or found current) to `near`, so readers through this
+    /// instance see the edit at once; an invalidation offers a tombstone entry. Default: no
+    /// near cache.
+    pub fn with_near_cache(mut self, near: Arc<NearCache>) -> Publisher {
+        self.near = Some(near);
         self
     }
 
@@ -357,6 +372,9 @@ impl Publisher {
                 },
             })
             .collect();
+        // The copies an edit applied were at least this new on their primaries from the moment
+        // the write began: the age bound of the near-cache entries they become.
+        let started = std::time::Instant::now();
         let (results, acks) = match sync {
             None => (self.store.write_copies(&writes).await, Vec::new()),
             Some(sync) => {
@@ -419,6 +437,26 @@ impl Publisher {
                 &result.outcome
             {
                 refused_at = refused_at.max(Some(*stored));
+            }
+            if let (Some(near), Ok(CasOutcome::Applied | CasOutcome::Current)) =
+                (&self.near, &result.outcome)
+            {
+                let served_by = if result.node == NodeLabel::embedded() {
+                    ServedBy::embedded()
+                } else {
+                    ServedBy::primary(result.node.clone())
+                };
+                near.offer(
+                    &write.copy_key,
+                    CopyRecord {
+                        version,
+                        payload: write.payload.clone(),
+                        expire_at_ms: write.expire_at_ms,
+                    },
+                    served_by,
+                    RouteReason::Class,
+                    started,
+                );
             }
             let counted = match &result.outcome {
                 Ok(CasOutcome::Applied) => CopyWriteOutcome::Applied,

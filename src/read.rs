@@ -10,9 +10,17 @@
 //! family's `pin_window` ([`Router::record_seen`]); past that window, or through another
 //! instance, only a floor the client carries itself keeps it from the affine copy's older
 //! version. At an equal version a tombstone wins over a value, as in the compare-and-set.
+//!
+//! With a near cache ([`crate::near`], `near` below), a read of a class with a near-cache max
+//! age first looks at the affine copy's entry: an entry young enough for the class that meets
+//! every floor answers. Otherwise the read waits for one fill of that copy from its source
+//! (shared by every concurrent miss), and reads whose floor the fill does not meet, or that it
+//! finds below the copy's high-water version, go on as without a cache.
+
+mod near;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
@@ -24,6 +32,7 @@ use crate::family::Families;
 use crate::heal::Repairer;
 use crate::key::{CopyKey, Key, Version};
 use crate::metrics::{Metrics, ReadOutcome};
+use crate::near::NearCache;
 use crate::route::{Plan, ReadClass, RouteReason, Router, ServedRole, Target};
 use crate::store::{CopyRead, CopyRecord, CopyWrite, Payload, Role, ServedBy, Store};
 
@@ -81,8 +90,12 @@ pub struct ReadRequest {
 pub struct RouteNote {
     /// The read's class.
     pub class: ReadClass,
-    /// Why the serving node was chosen.
+    /// Why the serving node was chosen (for a near-cache answer: why the node that filled the
+    /// entry served the fill).
     pub reason: RouteReason,
+    /// For an answer from the near cache, the entry's age bound when served (the source's lag
+    /// at fill plus the entry's age); `None` for an answer read from the store.
+    pub near_cache_age: Option<Duration>,
 }
 
 /// A successful read.
@@ -142,6 +155,8 @@ pub struct Reader {
     /// Writes a sibling's newer record back to a stale or missing affine copy; `None` disables
     /// read repair.
     repairer: Option<Repairer>,
+    /// The instance's near cache; `None` when it is off.
+    near: Option<Arc<NearCache>>,
 }
 
 /// Whether the affine copy or a sibling answered.
@@ -174,7 +189,20 @@ impl Reader {
             metrics,
             router,
             repairer: None,
+            near: None,
         }
+    }
+
+    /// Answers reads of classes with a near-cache max age from `near` within that age, and
+    /// fills it. Default: no near cache.
+    pub fn with_near_cache(mut self, near: Arc<NearCache>) -> Reader {
+        self.near = Some(near);
+        self
+    }
+
+    /// The near cache, when reads use one.
+    pub fn near_cache(&self) -> Option<&Arc<NearCache>> {
+        self.near.as_ref()
     }
 
     /// Repairs stale or missing affine copies found by a fallback read. Default: no repair.
@@ -224,7 +252,10 @@ impl Reader {
             _,
         )) = &result
         {
-            self.count(&request.key, served_by, *route);
+            // An answer from the near cache was served by no node: the bill counts store reads.
+            if route.near_cache_age.is_none() {
+                self.count(&request.key, served_by, *route);
+            }
         }
         let outcome = match &result {
             Ok((ReadAnswer::NotModified { .. }, _)) => ReadOutcome::NotModified,
@@ -275,14 +306,40 @@ impl Reader {
         )?;
         let client_floor = floor;
         let floor = floor.max(plan.held_floor());
-        let first = self
-            .consult(&request.key, affine, &plan, client_floor, floor)
-            .await?;
+        let near = self
+            .near_max_age(&plan, &request.copy)
+            .and_then(|max_age| Some((self.near.as_ref()?, max_age)));
+        let (first, near_cache_age, high_water) = match near {
+            Some((near, max_age)) => {
+                let found = self
+                    .consult_near(
+                        near,
+                        &request.key,
+                        affine,
+                        &plan,
+                        client_floor,
+                        floor,
+                        max_age,
+                    )
+                    .await?;
+                (found.consulted, found.age, found.high_water)
+            }
+            None => (
+                self.consult(&request.key, affine, &plan, client_floor, floor)
+                    .await?,
+                None,
+                None,
+            ),
+        };
+        // Below what this instance already served from the copy, the affine copy is not the
+        // answer while a sibling holds more (`near::high_water`).
+        let floor = floor.max(high_water);
         let satisfied = matches!(&first.read.record, Ok(Some(record)) if floor.is_none_or(|floor| record.version >= floor));
         let named = matches!(request.copy, CopyChoice::Named(_));
         let consulted = if satisfied || named || copies == 1 {
             vec![first]
         } else {
+            let siblings_started = Instant::now();
             let siblings = (1..=self.config.fallback_copies.min(copies - 1)).map(|step| {
                 self.consult(
                     &request.key,
@@ -295,6 +352,11 @@ impl Reader {
             let mut all = vec![first];
             for sibling in join_all(siblings).await {
                 all.push(sibling?);
+            }
+            if let Some((near, _)) = near {
+                for sibling in &all[1..] {
+                    self.offer(near, &request.key, sibling, siblings_started);
+                }
             }
             // Every consulted copy is missing: after a family grew, new copies are empty until
             // repaired, so ask copy 0, which exists in every layout, before answering 404.
@@ -318,13 +380,24 @@ impl Reader {
             .first()
             .map(|first| (first.read.served_by.clone(), first.reason));
         let decision = decide(consulted, min_version, request.if_none_match, plan.class);
+        if let Some((near, _)) = near {
+            self.settle_high_water(near, &request.key, affine, high_water, &decision);
+        }
         if let (Some(repairer), Some(write)) = (&self.repairer, repair) {
             if decision.is_ok() {
                 repairer.repair(write);
             }
         }
         let answer = match decision {
-            Ok(Decision::Answer(answer)) => answer,
+            Ok(Decision::Answer(mut answer)) => {
+                let (ReadAnswer::Value { route, .. } | ReadAnswer::NotModified { route, .. }) =
+                    &mut answer;
+                route.near_cache_age = near_cache_age;
+                answer
+            }
+            Ok(Decision::Invalidated { version, .. }) if near_cache_age.is_some() => {
+                return Err(Error::invalidated(version.get()));
+            }
             Ok(Decision::Invalidated {
                 version,
                 copy,
@@ -348,6 +421,7 @@ impl Reader {
                     RouteNote {
                         class: plan.class,
                         reason,
+                        near_cache_age: None,
                     },
                 );
                 return Err(Error::invalidated(version.get()));
@@ -364,6 +438,7 @@ impl Reader {
                         RouteNote {
                             class: plan.class,
                             reason,
+                            near_cache_age: None,
                         },
                     );
                 }
@@ -387,7 +462,9 @@ impl Reader {
         } else {
             Served::Sibling
         };
-        if let Some(client) = client {
+        // A near-cache answer leaves no seen floor: the copy's high-water version keeps every
+        // reader of the copy through this instance from going below it.
+        if let (Some(client), None) = (client, near_cache_age) {
             self.remember(
                 &request.key,
                 client,
@@ -494,22 +571,7 @@ impl Reader {
                 reason
             }
             Target::Primary(reason) => reason,
-            Target::Breach { lag, budget } => {
-                return Err(Error::new(
-                    ErrorKind::StalenessBudgetExceeded,
-                    match lag {
-                        Some(lag) => format!(
-                            "every replica of the copy's owner is {} ms behind, over the class's {} ms budget",
-                            lag.as_millis(),
-                            budget.as_millis()
-                        ),
-                        None => format!(
-                            "no replica of the copy's owner has shown a heartbeat; the class's budget is {} ms",
-                            budget.as_millis()
-                        ),
-                    },
-                ))
-            }
+            Target::Breach { lag, budget } => return Err(breach(lag, budget)),
         };
         let read = self.store.read_copy(&copy_key).await;
         if let Err(err) = &read.record {
@@ -517,6 +579,24 @@ impl Reader {
         }
         Ok(Consulted { copy, read, reason })
     }
+}
+
+/// The error of a read whose class fails over budget: every replica is over it.
+fn breach(lag: Option<Duration>, budget: Duration) -> Error {
+    Error::new(
+        ErrorKind::StalenessBudgetExceeded,
+        match lag {
+            Some(lag) => format!(
+                "every replica of the copy's owner is {} ms behind, over the class's {} ms budget",
+                lag.as_millis(),
+                budget.as_millis()
+            ),
+            None => format!(
+                "no replica of the copy's owner has shown a heartbeat; the class's budget is {} ms",
+                budget.as_millis()
+            ),
+        },
+    )
 }
 
 /// Whether `record` comes after `held` in the copies' order: a higher version, or at an equal
@@ -629,7 +709,11 @@ fn decide(
             ));
         }
     }
-    let route = RouteNote { class, reason };
+    let route = RouteNote {
+        class,
+        reason,
+        near_cache_age: None,
+    };
     match record.payload {
         Payload::Tombstone => Ok(Decision::Invalidated {
             version: record.version,

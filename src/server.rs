@@ -31,6 +31,7 @@ use crate::heal::{
 use crate::http::listener::{ConnectionMetrics, Listener, ListenerMetrics, Role};
 use crate::http::{router, AppParts, AppState, ServerConfig};
 use crate::metrics::Metrics;
+use crate::near::{NearCache, NearMetrics};
 use crate::publish::Publisher;
 use crate::read::Reader;
 use crate::route::{LagMonitor, LagTable, RouteMetrics, Router};
@@ -85,7 +86,17 @@ impl StateParts {
             lag,
             route_metrics.clone(),
         )?);
-        let publisher = Publisher::new(store.clone(), families.clone(), metrics.clone())
+        // The near cache is off on the embedded store: its copies are in this process already.
+        let near = (config.near_cache.enabled && store.kind() != "embedded").then(|| {
+            let near_metrics =
+                metrics.register_with(|registry| NearMetrics::register(registry, router.classes()));
+            Arc::new(NearCache::new(
+                &config.near_cache,
+                near_metrics,
+                tracker.clone(),
+            ))
+        });
+        let mut publisher = Publisher::new(store.clone(), families.clone(), metrics.clone())
             .with_retry_queue(retry_queue.clone())
             .with_layouts(layouts.clone())
             .with_expiry_jitter(config.heal.expiry_jitter_min, config.heal.expiry_jitter_max);
@@ -95,7 +106,7 @@ impl StateParts {
             tracker,
             metrics.clone(),
         );
-        let reader = Reader::new(
+        let mut reader = Reader::new(
             store.clone(),
             families,
             config.read.clone(),
@@ -103,6 +114,10 @@ impl StateParts {
             router,
         )
         .with_repairer(repairer);
+        if let Some(near) = near {
+            publisher = publisher.with_near_cache(near.clone());
+            reader = reader.with_near_cache(near);
+        }
         let state = AppState::new(AppParts {
             publisher,
             reader,

@@ -431,7 +431,7 @@ pub async fn invalidate_key(
         ("Hotsplit-Request" = Option<String>, Header, nullable = false, description = "A request id: after a write carrying it, reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
     ),
     responses(
-        (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By (host:port;role=primary|replica), Hotsplit-Route (class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor), Vary", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By (host:port;role=primary|replica: for a near-cache answer, the node that filled the entry), Hotsplit-Route (class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor, then ;source=near-cache;age_ms=N when answered from the instance's near cache, N the entry's age bound: the source's lag at fill plus its age), Age (near-cache answers only: the age bound in whole seconds), Vary", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 304, description = "Not modified: no consulted copy is newer than the If-None-Match version"),
         (status = 400, description = "invalid_key, missing_client, invalid_copy, invalid_version, invalid_parameter, unknown_class, or class_not_allowed (decides-on-presence on a split family)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "not_found: missing, expired or invalidated; an invalidated key's answer carries Hotsplit-Version (the tombstone's version), a key with no record none", body = super::problem::Problem, content_type = "application/problem+json"),
@@ -551,10 +551,21 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
         .classes()
         .get(route.class)
         .name;
-    if let Ok(value) =
-        HeaderValue::from_str(&format!("class={class};reason={}", route.reason.as_str()))
-    {
+    let route_text = match route.near_cache_age {
+        None => format!("class={class};reason={}", route.reason.as_str()),
+        Some(age) => format!(
+            "class={class};reason={};source=near-cache;age_ms={}",
+            route.reason.as_str(),
+            age.as_millis()
+        ),
+    };
+    if let Ok(value) = HeaderValue::from_str(&route_text) {
         headers.insert(ROUTE, value);
+    }
+    if let Some(age) = route.near_cache_age {
+        // RFC 9111's Age: whole seconds the answer may have spent in a cache, the bound rounded
+        // down.
+        headers.insert(header::AGE, HeaderValue::from(age.as_secs()));
     }
     // The answer depends on the client id, the floor and the read class, so a shared cache
     // must key on all three.
@@ -722,6 +733,25 @@ pub async fn retry_queue(
     }
     let limit = usize::try_from(limit).unwrap_or(10_000);
     Ok(Json(state.inner().heal.retry_queue.view(limit)))
+}
+
+/// The near cache: entries, bytes, hit ratio and the hottest copies by hits.
+#[utoipa::path(
+    get,
+    path = "/v1/near-cache",
+    tag = "operations",
+    responses(
+        (status = 200, description = "The near cache; `enabled` is false (and every figure 0) on the embedded store or with near_cache.enabled = false", body = crate::near::NearCacheView),
+    )
+)]
+pub async fn near_cache(State(state): State<AppState>) -> Json<crate::near::NearCacheView> {
+    Json(
+        state
+            .inner()
+            .reader
+            .near_cache()
+            .map_or_else(crate::near::NearCacheView::off, |near| near.view(20)),
+    )
 }
 
 /// Unknown routes.

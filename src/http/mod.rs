@@ -70,16 +70,26 @@ pub mod paths {
     pub const RETRY_QUEUE: &str = "/v1/retry-queue";
     /// The registered instances.
     pub const INSTANCES: &str = "/v1/instances";
+    /// The near cache.
+    pub const NEAR_CACHE: &str = "/v1/near-cache";
 
     /// The operator views: served to tokens with the `admin` scope (when tokens are
     /// configured). Add a new admin endpoint here.
-    pub(crate) const ADMIN: [&str; 6] = [METRICS, CLASSES, LAG, ROUTING, RETRY_QUEUE, INSTANCES];
+    pub(crate) const ADMIN: [&str; 7] = [
+        METRICS,
+        CLASSES,
+        LAG,
+        ROUTING,
+        RETRY_QUEUE,
+        INSTANCES,
+        NEAR_CACHE,
+    ];
 
     /// The load balancers' probes and the API's own description, which never need a token.
     pub(crate) const OPEN: [&str; 3] = [HEALTHZ, READYZ, OPENAPI];
 
     /// Every template, in the latency table's order.
-    pub(crate) const ROUTES: [&str; 11] = [
+    pub(crate) const ROUTES: [&str; 12] = [
         KEY,
         AFFINITY,
         HEALTHZ,
@@ -91,6 +101,7 @@ pub mod paths {
         ROUTING,
         RETRY_QUEUE,
         INSTANCES,
+        NEAR_CACHE,
     ];
 }
 
@@ -119,6 +130,7 @@ pub fn router(state: AppState) -> Router {
         .route(paths::ROUTING, get(handlers::routing))
         .route(paths::RETRY_QUEUE, get(handlers::retry_queue))
         .route(paths::INSTANCES, get(instances::instances))
+        .route(paths::NEAR_CACHE, get(handlers::near_cache))
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)
         // Layers run outside in, the last added first: request id and latency, then the token

@@ -32,17 +32,18 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         handlers::routing,
         handlers::retry_queue,
         instances::instances,
+        handlers::near_cache,
         handlers::healthz,
         handlers::readyz,
         handlers::metrics,
         serve,
     ),
-    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord)),
+    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::near::NearCacheView, crate::near::HotCopy)),
     modifiers(&Edge),
     tags(
         (name = "keys", description = "Publish, invalidate and read split keys"),
         (name = "routing", description = "Read classes, replica lag and where reads were served"),
-        (name = "operations", description = "Health, readiness, metrics, the retry queue and this document")
+        (name = "operations", description = "Health, readiness, metrics, the retry queue, the near cache and this document")
     )
 )]
 pub struct ApiDoc;

@@ -42,7 +42,19 @@ pub struct ClassDef {
     pub route: Route,
     /// Why this class may or may not be stale.
     pub reason: String,
+    /// The largest age bound a near-cache entry may have to answer a read of this class;
+    /// `None` when the class never reads the near cache.
+    pub near_cache: Option<Duration>,
 }
+
+/// The classes whose near cache is on by default, at [`NEAR_CACHE_DEFAULT_SHARE`] of their
+/// budget.
+const NEAR_CACHE_BY_DEFAULT: [&str; 2] = ["advisory", "re-derivable"];
+
+/// The share of the budget a class in [`NEAR_CACHE_BY_DEFAULT`] gives its near cache when
+/// `near_cache_max_age` is not set: half, so a cached answer plus a replica at the edge of its
+/// budget stays within the budget's order of magnitude, and refreshes are rare.
+const NEAR_CACHE_DEFAULT_SHARE: u32 = 2;
 
 impl ClassDef {
     /// Whether the class decides on presence, which split copies cannot answer consistently.
@@ -66,6 +78,10 @@ pub struct ClassView {
     /// For replica routes, `primary` or `fail`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub on_breach: Option<&'static str>,
+    /// The largest age bound, in milliseconds, of a near-cache answer; absent when the class
+    /// never reads the near cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub near_cache_max_age_ms: Option<u64>,
     /// Families (by prefix, `default` for the default family) whose default class this is.
     pub families: Vec<String>,
     /// Whether the class needs a family with `copies = 1`.
@@ -88,6 +104,7 @@ fn builtins() -> Vec<(&'static str, ClassConfig)> {
                 reason: "shown to people, re-read soon: a value a quarter second old is harmless".into(),
                 staleness_budget: Some(Duration::from_millis(250)),
                 on_breach: Some(OnBreach::Primary),
+                near_cache_max_age: None,
             },
         ),
         (
@@ -97,6 +114,7 @@ fn builtins() -> Vec<(&'static str, ClassConfig)> {
                 reason: "derived from a source of truth and recomputed on change: a value two seconds old only delays a refresh".into(),
                 staleness_budget: Some(Duration::from_secs(2)),
                 on_breach: Some(OnBreach::Primary),
+                near_cache_max_age: None,
             },
         ),
         (
@@ -106,6 +124,7 @@ fn builtins() -> Vec<(&'static str, ClassConfig)> {
                 reason: "a sole-copy record (a claim, an allowance, work done): a lagging replica turns an old value into a wrong decision".into(),
                 staleness_budget: None,
                 on_breach: None,
+                near_cache_max_age: None,
             },
         ),
         (
@@ -115,6 +134,7 @@ fn builtins() -> Vec<(&'static str, ClassConfig)> {
                 reason: "the default: reads the owning primary, as before read classes; name a class to read replicas".into(),
                 staleness_budget: None,
                 on_breach: None,
+                near_cache_max_age: None,
             },
         ),
     ]
@@ -248,10 +268,36 @@ impl ClassDef {
                 "decides-on-presence must route to the primary".into(),
             ));
         }
+        let near_cache = match (route, class.near_cache_max_age) {
+            (_, Some(age)) if age.is_zero() => None,
+            (Route::Primary, Some(_)) => {
+                return Err(invalid(
+                    ".near_cache_max_age",
+                    "a class routed to primaries reads what the primary holds now, so it never reads the near cache".into(),
+                ))
+            }
+            (Route::Primary, None) => None,
+            (Route::Replica { budget, .. }, Some(age)) if age > budget => {
+                return Err(invalid(
+                    ".near_cache_max_age",
+                    format!(
+                        "must be at most the class's staleness_budget ({} ms), got {} ms",
+                        budget.as_millis(),
+                        age.as_millis()
+                    ),
+                ))
+            }
+            (Route::Replica { .. }, Some(age)) => Some(age),
+            (Route::Replica { budget, .. }, None) if NEAR_CACHE_BY_DEFAULT.contains(&name) => {
+                Some(budget / NEAR_CACHE_DEFAULT_SHARE)
+            }
+            (Route::Replica { .. }, None) => None,
+        };
         Ok(ClassDef {
             name: name.to_owned(),
             route,
             reason: reason.to_owned(),
+            near_cache,
         })
     }
 
@@ -274,6 +320,9 @@ impl ClassDef {
             reason: self.reason.clone(),
             staleness_budget_ms,
             on_breach,
+            near_cache_max_age_ms: self
+                .near_cache
+                .map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
             families,
             requires_single_copy: self.requires_single_copy(),
         }
@@ -331,6 +380,24 @@ mod tests {
     }
 
     #[test]
+    fn the_near_cache_is_on_for_advisory_and_re_derivable_within_their_budget() {
+        let table = classes("").unwrap();
+        let near = |table: &Classes, name: &str| table.get(table.by_name(name).unwrap()).near_cache;
+        assert_eq!(near(&table, "advisory"), Some(Duration::from_millis(125)));
+        assert_eq!(near(&table, "re-derivable"), Some(Duration::from_secs(1)));
+        assert_eq!(near(&table, "decides-on-presence"), None);
+        assert_eq!(near(&table, "primary"), None);
+        let table = classes(
+            "[classes.advisory]\nroute = \"replica\"\nreason = \"x\"\nstaleness_budget = \"100ms\"\n[classes.feed]\nroute = \"replica\"\nreason = \"y\"\nstaleness_budget = \"1s\"\n[classes.feed2]\nroute = \"replica\"\nreason = \"y\"\nstaleness_budget = \"1s\"\nnear_cache_max_age = \"1s\"\n[classes.re-derivable]\nroute = \"replica\"\nreason = \"z\"\nstaleness_budget = \"1s\"\nnear_cache_max_age = \"0s\"",
+        )
+        .unwrap();
+        assert_eq!(near(&table, "advisory"), Some(Duration::from_millis(50)));
+        assert_eq!(near(&table, "feed"), None, "off unless configured");
+        assert_eq!(near(&table, "feed2"), Some(Duration::from_secs(1)));
+        assert_eq!(near(&table, "re-derivable"), None, "0s turns it off");
+    }
+
+    #[test]
     fn malformed_classes_name_the_field() {
         let cases = [
             ("[classes.a]\nroute = \"replica\"\nreason = \"x\"", "classes.a.staleness_budget"),
@@ -338,6 +405,9 @@ mod tests {
             ("[classes.a]\nroute = \"primary\"\nreason = \"\"", "classes.a.reason"),
             ("[classes.A]\nroute = \"primary\"\nreason = \"x\"", "classes.A"),
             ("[classes.decides-on-presence]\nroute = \"replica\"\nreason = \"x\"\nstaleness_budget = \"1s\"", "classes.decides-on-presence.route"),
+            ("[classes.decides-on-presence]\nroute = \"primary\"\nreason = \"x\"\nnear_cache_max_age = \"10ms\"", "classes.decides-on-presence.near_cache_max_age"),
+            ("[classes.primary]\nroute = \"primary\"\nreason = \"x\"\nnear_cache_max_age = \"10ms\"", "classes.primary.near_cache_max_age"),
+            ("[classes.a]\nroute = \"replica\"\nreason = \"x\"\nstaleness_budget = \"100ms\"\nnear_cache_max_age = \"101ms\"", "classes.a.near_cache_max_age"),
         ];
         for (text, field) in cases {
             let err = classes(text).unwrap_err();

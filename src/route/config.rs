@@ -44,6 +44,13 @@ pub struct ClassConfig {
     /// For `replica` routes: what happens over budget. Default: `primary`.
     #[serde(default)]
     pub on_breach: Option<OnBreach>,
+    /// The largest age bound (the source's lag at fill + the entry's age) at which a read of
+    /// this class may be answered from the instance's near cache (`[near_cache]`); `"0s"` turns
+    /// the near cache off for the class. Never above `staleness_budget`; refused for `primary`
+    /// routes (they read the primary: nothing may be older). Default: half the budget for
+    /// `advisory` and `re-derivable`, off for every other class.
+    #[serde(default, with = "crate::duration::option")]
+    pub near_cache_max_age: Option<Duration>,
 }
 
 /// Routing: the lag monitor and read-your-writes pins.

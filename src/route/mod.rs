@@ -342,6 +342,17 @@ impl Router {
         })
     }
 
+    /// The current lag of `replica`, a replica of `primary`; `None` when it is not known (no
+    /// heartbeat seen, or not a replica of `primary`).
+    pub fn replica_lag(&self, primary: &NodeLabel, replica: &NodeLabel) -> Option<Duration> {
+        self.lag.with_replicas(primary, |replicas| {
+            replicas
+                .iter()
+                .find(|lag| lag.replica == *replica)
+                .and_then(|lag| self.lag.current(lag))
+        })
+    }
+
     /// Counts one served read.
     pub fn count(&self, class: ReadClass, role: ServedRole, reason: RouteReason) {
         self.metrics.count(class, role, reason);

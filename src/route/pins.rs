@@ -81,7 +81,8 @@ impl<K: Hash + Eq + Clone, V: Copy> Expiring<K, V> {
     fn insert(&mut self, key: K, value: V, until: Instant, now: Instant) {
         self.purge(now);
         self.tick += 1;
-        if let Some((_, old_until, id)) = self.entries.insert(key.clone(), (value, until, self.tick))
+        if let Some((_, old_until, id)) =
+            self.entries.insert(key.clone(), (value, until, self.tick))
         {
             self.expiry.remove(&(old_until, id));
         }

@@ -1,0 +1,628 @@
+//! The read path's use of the near cache: hits, single-flight fills, floors and high-water
+//! versions.
+//!
+//! A read uses the near cache when its class has a near-cache max age, it names no copy (named
+//! copies are for operators, who want what Redis holds) and no request pin sends it to the
+//! primary (a pin has no version an entry could be checked against). Then, for the affine copy:
+//! 1. an entry whose age bound is within the class's max age and whose version meets every
+//!    floor the read carries answers (a hit); a hit past `near_cache.refresh_ahead` of the max
+//!    age also starts a background refresh;
+//! 2. an entry young enough that misses a floor is not used: the copy is read from Redis as
+//!    without a cache (counted as a floor read), and what Redis holds is offered to the cache;
+//! 3. otherwise the read waits for the one fill of the copy from its source (a replica within
+//!    the class's budget, else the primary), started by the first miss and shared by every
+//!    concurrent one; a fill below the copy's high-water version is re-read from the primary.
+//!    A read whose floor (or the high-water version) the fill does not meet reads Redis as
+//!    without a cache.
+//!
+//! The high-water version joins the read's floor for the sibling fallback, so the affine copy
+//! set back (by hand, or by a restart that lost writes) is not served while a sibling holds
+//! more. When no consulted copy reaches it the older version is served, counted as a rollback,
+//! and the copy's entry and record are dropped so later fills take what Redis holds now.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::{BoxFuture, FutureExt};
+
+use super::{breach, Consulted, CopyChoice, Decision, ReadAnswer, Reader};
+use crate::error::Result;
+use crate::key::{CopyKey, Key, Version};
+use crate::near::{Filled, Lookup, NearCache};
+use crate::route::{Plan, PlanRoute, RouteReason, Target};
+use crate::store::{CopyRead, CopyRecord, Role, Store};
+
+/// What the near cache gave a read for its affine copy.
+pub(super) struct NearConsult {
+    /// The affine copy's record, from the cache, a fill or a store read.
+    pub(super) consulted: Consulted,
+    /// The entry's age bound when the answer came from the cache.
+    pub(super) age: Option<Duration>,
+    /// The copy's high-water version when the read began.
+    pub(super) high_water: Option<Version>,
+}
+
+/// Where a fill reads the copy.
+enum FillSource {
+    /// A replica within the class's budget, and its lag when the fill began.
+    Replica {
+        /// The replica.
+        node: crate::store::NodeLabel,
+        /// Its current lag.
+        lag: Duration,
+    },
+    /// The primary, for this reason.
+    Primary(RouteReason),
+}
+
+/// Whether `record` (`None`: the copy is missing) is below `floor`.
+fn below(record: Option<&CopyRecord>, floor: Option<Version>) -> bool {
+    match (record, floor) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(record), Some(floor)) => record.version < floor,
+    }
+}
+
+impl Reader {
+    /// The max age at which this read may be answered from the near cache, `None` when it may
+    /// not be.
+    pub(super) fn near_max_age(&self, plan: &Plan, copy: &CopyChoice) -> Option<Duration> {
+        self.near.as_ref()?;
+        if matches!(copy, CopyChoice::Named(_))
+            || plan.route == PlanRoute::Primary(RouteReason::RequestPin)
+        {
+            return None;
+        }
+        self.router.classes().get(plan.class).near_cache
+    }
+
+    /// Consults the affine copy `copy` of `key` through the near cache (see the module doc).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn consult_near(
+        &self,
+        near: &Arc<NearCache>,
+        key: &Key,
+        copy: u32,
+        plan: &Plan,
+        client_floor: Option<Version>,
+        floor: Option<Version>,
+        max_age: Duration,
+    ) -> Result<NearConsult> {
+        let copy_key = key.copy_key(copy);
+        if let Lookup::Fresh(entry, age) = near.lookup(&copy_key, max_age) {
+            if !below(Some(&entry.record), floor) {
+                near.served(&entry, plan.class, age);
+                if near.refresh_due(age, max_age) {
+                    self.refresh(near, &copy_key, plan);
+                }
+                return Ok(NearConsult {
+                    consulted: Consulted {
+                        copy,
+                        read: CopyRead {
+                            served_by: entry.served_by.clone(),
+                            record: Ok(Some(entry.record.clone())),
+                        },
+                        reason: entry.reason,
+                    },
+                    age: Some(age),
+                    high_water: Some(entry.record.version),
+                });
+            }
+            near.metrics().floor_reads.inc();
+            let high_water = near.high_water(&copy_key);
+            let consulted = self
+                .consult_offered(near, key, copy, plan, client_floor, floor.max(high_water))
+                .await?;
+            return Ok(NearConsult {
+                consulted,
+                age: None,
+                high_water,
+            });
+        }
+        let high_water = near.high_water(&copy_key);
+        let primary = self.store.node_of(&copy_key);
+        let (source, label) = match self.router.target(plan, &primary) {
+            Target::Replica(replica) => {
+                let Some(lag) = self.router.replica_lag(&primary, &replica) else {
+                    // The replica's lag is unknown again (a topology change): no fill.
+                    let consulted = self
+                        .consult_offered(near, key, copy, plan, client_floor, floor.max(high_water))
+                        .await?;
+                    return Ok(NearConsult {
+                        consulted,
+                        age: None,
+                        high_water,
+                    });
+                };
+                (
+                    FillSource::Replica {
+                        node: replica.clone(),
+                        lag,
+                    },
+                    replica,
+                )
+            }
+            Target::Primary(reason) => (FillSource::Primary(reason), primary),
+            Target::Breach { lag, budget } => return Err(breach(lag, budget)),
+        };
+        let (filling, joined) = near.fill(&copy_key, &label, || {
+            fill(
+                self.store.clone(),
+                near.clone(),
+                copy_key.clone(),
+                source,
+                high_water,
+            )
+        });
+        if joined {
+            near.metrics().coalesced.inc();
+        } else {
+            near.metrics().misses.inc();
+        }
+        if let Some(filled) = filling.await {
+            let usable = match &filled.read.record {
+                Ok(record) => !below(record.as_ref(), floor) && !below(record.as_ref(), high_water),
+                // The fill already fell back to the primary: siblings answer next.
+                Err(_) => true,
+            };
+            if usable {
+                return Ok(NearConsult {
+                    consulted: Consulted {
+                        copy,
+                        read: filled.read.clone(),
+                        reason: filled.reason,
+                    },
+                    age: None,
+                    high_water,
+                });
+            }
+        }
+        let consulted = self
+            .consult_offered(near, key, copy, plan, client_floor, floor.max(high_water))
+            .await?;
+        Ok(NearConsult {
+            consulted,
+            age: None,
+            high_water,
+        })
+    }
+
+    /// Consults one copy as without a cache, and offers what it found.
+    async fn consult_offered(
+        &self,
+        near: &Arc<NearCache>,
+        key: &Key,
+        copy: u32,
+        plan: &Plan,
+        client_floor: Option<Version>,
+        floor: Option<Version>,
+    ) -> Result<Consulted> {
+        let started = Instant::now();
+        let consulted = self.consult(key, copy, plan, client_floor, floor).await?;
+        self.offer(near, key, &consulted, started);
+        Ok(consulted)
+    }
+
+    /// Offers what a consult that began at `started` found to the cache: as of `started`, less
+    /// the replica's current lag when a replica served (nothing is offered when that lag is
+    /// unknown).
+    pub(super) fn offer(
+        &self,
+        near: &NearCache,
+        key: &Key,
+        consulted: &Consulted,
+        started: Instant,
+    ) {
+        let Ok(Some(record)) = &consulted.read.record else {
+            return;
+        };
+        let copy_key = key.copy_key(consulted.copy);
+        let as_of = match consulted.read.served_by.role {
+            Role::Replica => {
+                let primary = self.store.node_of(&copy_key);
+                let Some(lag) = self
+                    .router
+                    .replica_lag(&primary, &consulted.read.served_by.node)
+                else {
+                    return;
+                };
+                started.checked_sub(lag).unwrap_or(started)
+            }
+            Role::Primary | Role::Embedded => started,
+        };
+        near.offer(
+            &copy_key,
+            record.clone(),
+            consulted.read.served_by.clone(),
+            consulted.reason,
+            as_of,
+        );
+    }
+
+    /// After a read of the affine copy decided: when the answer is below the copy's high-water
+    /// version (every consulted copy was set back), counts the rollback and drops the copy's
+    /// entry and record, so the next fill takes what the copies hold now.
+    pub(super) fn settle_high_water(
+        &self,
+        near: &NearCache,
+        key: &Key,
+        affine: u32,
+        high_water: Option<Version>,
+        decision: &Result<Decision>,
+    ) {
+        let Some(high_water) = high_water else {
+            return;
+        };
+        let served = match decision {
+            Ok(Decision::Answer(
+                ReadAnswer::Value { version, .. } | ReadAnswer::NotModified { version, .. },
+            ))
+            | Ok(Decision::Invalidated { version, .. }) => Some(*version),
+            Err(err) if err.kind() == crate::ErrorKind::NotFound => None,
+            Err(_) => return,
+        };
+        if served.is_none_or(|served| served < high_water) {
+            let copy_key = key.copy_key(affine);
+            tracing::warn!(copy_key = %copy_key, high_water = %high_water, served = ?served.map(|v| v.get()), "every consulted copy is below the version this instance served: serving the older one (a rollback)");
+            near.forget(&copy_key);
+        }
+    }
+
+    /// Starts a background refresh of `copy_key`'s entry from where `plan` reads it, unless a
+    /// fill of it from there is in flight.
+    fn refresh(&self, near: &Arc<NearCache>, copy_key: &CopyKey, plan: &Plan) {
+        let primary = self.store.node_of(copy_key);
+        let (source, label) = match self.router.target(plan, &primary) {
+            Target::Replica(replica) => match self.router.replica_lag(&primary, &replica) {
+                Some(lag) => (
+                    FillSource::Replica {
+                        node: replica.clone(),
+                        lag,
+                    },
+                    replica,
+                ),
+                None => return,
+            },
+            Target::Primary(reason) => (FillSource::Primary(reason), primary),
+            Target::Breach { .. } => return,
+        };
+        let high_water = near.high_water(copy_key);
+        let (_, joined) = near.fill(copy_key, &label, || {
+            fill(
+                self.store.clone(),
+                near.clone(),
+                copy_key.clone(),
+                source,
+                high_water,
+            )
+        });
+        if !joined {
+            near.metrics().refreshes.inc();
+        }
+    }
+}
+
+/// One fill: reads `copy_key` from `source`; a replica's copy below `high_water` (or failing)
+/// is re-read from the primary. What it finds is offered to `near`, as of the start of the
+/// read that found it less the replica's lag.
+fn fill(
+    store: Arc<dyn Store>,
+    near: Arc<NearCache>,
+    copy_key: CopyKey,
+    source: FillSource,
+    high_water: Option<Version>,
+) -> BoxFuture<'static, Filled> {
+    async move {
+        let started = Instant::now();
+        let (read, reason, as_of) = match source {
+            FillSource::Replica { node, lag } => {
+                let read = store.read_replica_copy(&copy_key, &node).await;
+                match &read.record {
+                    Ok(record) if !below(record.as_ref(), high_water) => (
+                        read,
+                        RouteReason::Class,
+                        started.checked_sub(lag).unwrap_or(started),
+                    ),
+                    Ok(_) => {
+                        near.metrics().below_high_water.inc();
+                        let again = Instant::now();
+                        (
+                            store.read_copy(&copy_key).await,
+                            RouteReason::VersionFloor,
+                            again,
+                        )
+                    }
+                    Err(err) => {
+                        tracing::debug!(copy_key = %copy_key, replica = %node, error = %err, "replica fill failed; reading the primary");
+                        let again = Instant::now();
+                        (
+                            store.read_copy(&copy_key).await,
+                            RouteReason::NoReplica,
+                            again,
+                        )
+                    }
+                }
+            }
+            FillSource::Primary(reason) => (store.read_copy(&copy_key).await, reason, started),
+        };
+        if let Ok(Some(record)) = &read.record {
+            if below(Some(record), high_water) {
+                near.metrics().below_high_water.inc();
+            } else {
+                near.offer(
+                    &copy_key,
+                    record.clone(),
+                    read.served_by.clone(),
+                    reason,
+                    as_of,
+                );
+            }
+        }
+        Filled { read, reason }
+    }
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::metrics::Metrics;
+    use crate::near::{NearCacheConfig, NearMetrics};
+    use crate::publish::{Publisher, VersionChoice};
+    use crate::read::ReadRequest;
+    use crate::route::Router;
+    use crate::store::memory::MemoryStore;
+    use crate::store::now_unix_ms;
+    use crate::ErrorKind;
+
+    const CONFIG: &str = "[[family]]\nprefix = \"p:\"\ncopies = 8\ndefault_class = \"advisory\"\n[classes.advisory]\nroute = \"replica\"\nreason = \"x\"\nstaleness_budget = \"250ms\"\nnear_cache_max_age = \"40ms\"";
+
+    struct Fixture {
+        store: Arc<MemoryStore>,
+        publisher: Publisher,
+        reader: Reader,
+        near: Arc<NearCache>,
+    }
+
+    fn fixture() -> Fixture {
+        let config = Config::from_toml(CONFIG).unwrap();
+        config.validate().unwrap();
+        let families = Arc::new(config.families());
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        let router = Arc::new(Router::for_tests(
+            &config.route,
+            &config.classes,
+            families.clone(),
+        ));
+        let near = Arc::new(NearCache::new(
+            &NearCacheConfig::default(),
+            NearMetrics::detached(router.classes()),
+            TaskTracker::new(),
+        ));
+        Fixture {
+            publisher: Publisher::new(store.clone(), families.clone(), metrics.clone())
+                .with_near_cache(near.clone()),
+            reader: Reader::new(
+                store.clone(),
+                families,
+                config.read.clone(),
+                metrics,
+                router,
+            )
+            .with_near_cache(near.clone()),
+            store,
+            near,
+        }
+    }
+
+    fn key() -> Key {
+        Key::parse("p:1").unwrap()
+    }
+
+    fn v(n: u64) -> Version {
+        Version::new(n).unwrap()
+    }
+
+    fn request(client: &str) -> ReadRequest {
+        ReadRequest {
+            key: key(),
+            copy: CopyChoice::Client(client.into()),
+            min_version: None,
+            if_none_match: None,
+            class: None,
+            request_id: None,
+        }
+    }
+
+    /// The version read and whether the near cache answered.
+    async fn read(fixture: &Fixture, request: &ReadRequest) -> Result<(u64, bool)> {
+        match fixture.reader.read(request).await? {
+            ReadAnswer::Value { version, route, .. }
+            | ReadAnswer::NotModified { version, route, .. } => {
+                Ok((version.get(), route.near_cache_age.is_some()))
+            }
+        }
+    }
+
+    async fn publish(fixture: &Fixture, n: u64) {
+        fixture
+            .publisher
+            .publish(
+                &key(),
+                VersionChoice::Given(v(n)),
+                Bytes::from(format!("value {n}")),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Sets copy `copy` to version `n` by hand, bypassing the compare-and-set.
+    fn set_copy(fixture: &Fixture, copy: u32, n: u64) {
+        fixture.store.overwrite_for_test(
+            &key().copy_key(copy),
+            Some(CopyRecord {
+                version: v(n),
+                payload: crate::store::Payload::Value(Bytes::from(format!("value {n}"))),
+                expire_at_ms: now_unix_ms() + 60_000,
+            }),
+        );
+    }
+
+    /// Waits until the entry of `copy` is older than the class's 40 ms.
+    async fn age_out(fixture: &Fixture, copy: u32) {
+        let copy_key = key().copy_key(copy);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(
+            fixture.near.lookup(&copy_key, Duration::from_millis(40)),
+            Lookup::Fresh(..)
+        ) {
+            assert!(Instant::now() < deadline, "the entry never aged out");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_publish_through_the_instance_is_seen_by_the_next_read_and_the_cache_answers() {
+        let fixture = fixture();
+        publish(&fixture, 5).await;
+        // The publish offered every copy: the first read is already a hit.
+        assert_eq!(read(&fixture, &request("alice")).await.unwrap(), (5, true));
+        let affine = crate::affinity::copy_index("alice", 8);
+        // A change behind the instance's back is not seen within the max age...
+        set_copy(&fixture, affine, 6);
+        assert_eq!(read(&fixture, &request("alice")).await.unwrap(), (5, true));
+        // ...a publish through it is, at once.
+        publish(&fixture, 7).await;
+        assert_eq!(read(&fixture, &request("alice")).await.unwrap(), (7, true));
+        assert!(fixture.near.metrics().hits.get() >= 3);
+    }
+
+    #[tokio::test]
+    async fn a_floor_above_the_entry_reads_the_store_and_raises_the_entry() {
+        let fixture = fixture();
+        publish(&fixture, 5).await;
+        let affine = crate::affinity::copy_index("alice", 8);
+        set_copy(&fixture, affine, 6);
+        let mut floored = request("alice");
+        floored.min_version = Some(v(6));
+        assert_eq!(read(&fixture, &floored).await.unwrap(), (6, false));
+        assert_eq!(fixture.near.metrics().floor_reads.get(), 1);
+        // The store's answer became the entry.
+        assert_eq!(read(&fixture, &request("alice")).await.unwrap(), (6, true));
+        // If-None-Match is a floor too.
+        let mut tagged = request("alice");
+        tagged.if_none_match = Some(v(9));
+        let err = fixture.reader.read(&tagged).await;
+        assert!(
+            matches!(err, Ok(ReadAnswer::NotModified { route, .. }) if route.near_cache_age.is_none())
+        );
+    }
+
+    #[tokio::test]
+    async fn request_pins_named_copies_and_primary_classes_bypass_the_cache() {
+        let fixture = fixture();
+        publish(&fixture, 5).await;
+        fixture
+            .reader
+            .router()
+            .record_write(&key(), v(5), None, Some("req-1"));
+        let mut pinned = request("alice");
+        pinned.request_id = Some("req-1".into());
+        assert_eq!(read(&fixture, &pinned).await.unwrap(), (5, false));
+        let mut named = request("alice");
+        named.copy = CopyChoice::Named(3);
+        assert_eq!(read(&fixture, &named).await.unwrap(), (5, false));
+        let mut primary = request("alice");
+        primary.class = Some("primary".into());
+        assert_eq!(read(&fixture, &primary).await.unwrap(), (5, false));
+        assert_eq!(read(&fixture, &request("alice")).await.unwrap(), (5, true));
+    }
+
+    #[tokio::test]
+    async fn an_invalidation_leaves_a_tombstone_entry_that_an_older_fill_cannot_replace() {
+        let fixture = fixture();
+        publish(&fixture, 5).await;
+        fixture
+            .publisher
+            .invalidate(&key(), VersionChoice::Given(v(6)))
+            .await
+            .unwrap();
+        // A fill that began before the invalidation lands after it, with the old value.
+        let affine = crate::affinity::copy_index("alice", 8);
+        let taken = fixture.near.offer(
+            &key().copy_key(affine),
+            CopyRecord {
+                version: v(5),
+                payload: crate::store::Payload::Value(Bytes::from_static(b"value 5")),
+                expire_at_ms: now_unix_ms() + 60_000,
+            },
+            crate::store::ServedBy::embedded(),
+            RouteReason::Class,
+            Instant::now(),
+        );
+        assert!(!taken);
+        let err = fixture.reader.read(&request("alice")).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound);
+        assert_eq!(err.invalidated_at(), Some(6));
+    }
+
+    #[tokio::test]
+    async fn a_copy_set_back_after_its_entry_aged_out_is_not_served_while_a_sibling_holds_more() {
+        let fixture = fixture();
+        publish(&fixture, 5).await;
+        assert_eq!(read(&fixture, &request("alice")).await.unwrap(), (5, true));
+        let affine = crate::affinity::copy_index("alice", 8);
+        set_copy(&fixture, affine, 4);
+        age_out(&fixture, affine).await;
+        // The refill finds 4, below the 5 this instance served: a sibling's 5 answers.
+        assert_eq!(read(&fixture, &request("alice")).await.unwrap(), (5, false));
+        assert!(fixture.near.metrics().below_high_water.get() >= 1);
+        // Every copy set back (a restart that lost the write). Alice now holds a seen floor
+        // of 5 (her read moved to a sibling), so she is refused rather than sent back; a reader
+        // of the same copy without a floor is served the older version, counted as a
+        // rollback, and the cache starts again from what the copies hold.
+        for copy in 0..8 {
+            set_copy(&fixture, copy, 4);
+        }
+        age_out(&fixture, affine).await;
+        let err = read(&fixture, &request("alice")).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::BelowVersionFloor);
+        let bob = (0..1000)
+            .map(|n| format!("reader-{n}"))
+            .find(|client| crate::affinity::copy_index(client, 8) == affine)
+            .unwrap();
+        age_out(&fixture, affine).await;
+        assert_eq!(read(&fixture, &request(&bob)).await.unwrap(), (4, false));
+        assert_eq!(fixture.near.metrics().rollbacks.get(), 1);
+        // The next read refills the copy's entry, the one after is answered from it.
+        assert_eq!(read(&fixture, &request(&bob)).await.unwrap(), (4, false));
+        assert_eq!(read(&fixture, &request(&bob)).await.unwrap(), (4, true));
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_share_one_fill() {
+        let fixture = Arc::new(fixture());
+        // Written behind the instance's back: nothing is cached.
+        for copy in 0..8 {
+            set_copy(&fixture, copy, 3);
+        }
+        let reads = (0..200).map(|_| {
+            let fixture = fixture.clone();
+            async move { read(&fixture, &request("alice")).await.unwrap() }
+        });
+        let answers = futures_util::future::join_all(reads).await;
+        assert!(answers.iter().all(|(version, _)| *version == 3));
+        let metrics = fixture.near.metrics();
+        assert_eq!(
+            metrics.misses.get() + metrics.coalesced.get() + metrics.hits.get(),
+            200
+        );
+        assert!(metrics.misses.get() <= 2, "{} fills", metrics.misses.get());
+    }
+}
