@@ -205,7 +205,7 @@ pub async fn run(
 
     say("setup: starting hotsplit on the cluster");
     let config = Config::from_toml(&format!(
-        "[store]\ncommand_timeout = \"300ms\"\n[[family]]\nprefix = \"check:\"\ncopies = {}\nttl = \"10m\"\ndefault_class = \"advisory\"\n[[family]]\nprefix = \"claim:\"\ncopies = 1\nttl = \"10m\"\ndefault_class = \"advisory\"\n",
+        "[store]\ncommand_timeout = \"300ms\"\n[[family]]\nprefix = \"check:\"\ncopies = {}\nttl = \"10m\"\ndefault_class = \"advisory\"\n[[family]]\nprefix = \"claim:\"\ncopies = 1\nttl = \"10m\"\ndefault_class = \"advisory\"\n[near_cache]\nenabled = false\n",
         options.copies
     ))?;
     let mut config = config;

@@ -20,6 +20,7 @@ mod http_api;
 mod http_e2e;
 mod listener;
 mod memory;
+mod near_cache;
 mod redis_security;
 mod redis_store;
 mod resize;

@@ -2,6 +2,10 @@
 //! request pins. Each test that injects a fault starts Redis of its own. Where a test asserts
 //! which node served, it also reads the evidence from Redis: data reads are `HMGET`, heartbeat
 //! reads are `GET`, so `INFO commandstats` on a replica tells them apart.
+//!
+//! The near cache is off in these services (`NEAR_CACHE_OFF`): every test here asserts where a
+//! store read was served, and a near-cache answer is served by no node. `near_cache.rs` tests the
+//! cache over the same kinds of replicas.
 
 use std::time::Duration;
 
@@ -134,6 +138,9 @@ pub(crate) async fn wait_for_lag(
     .await;
 }
 
+/// Turns the near cache off: these tests are about where the store read is served.
+pub(crate) const NEAR_CACHE_OFF: &str = "\n[near_cache]\nenabled = false\n";
+
 const CLASSES: &str = r#"
 [classes.strict]
 route = "replica"
@@ -155,6 +162,11 @@ pub(crate) fn standalone_config(group: &PrimaryReplica, extra: &str) -> Config {
         harness::command_timeout_toml()
     );
     config_from_toml(&text)
+}
+
+/// [`standalone_config`] with the near cache off, for the tests of where store reads go.
+fn routing_config(group: &PrimaryReplica, extra: &str) -> Config {
+    standalone_config(group, &format!("{extra}{NEAR_CACHE_OFF}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,7 +240,7 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
     let group = PrimaryReplica::start(1).expect("primary and replica");
     let replica = &group.replicas[0];
     let replica_label = replica.addr();
-    let service = Service::start(standalone_config(&group, "")).await;
+    let service = Service::start(routing_config(&group, "")).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
     let adv_1 = format!("{base}/v1/keys/adv:1?client=a");
@@ -356,8 +368,8 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
 async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     let group = PrimaryReplica::start(1).expect("primary and replica");
     let replica = &group.replicas[0];
-    let service = Service::start(standalone_config(&group, "")).await;
-    let other = Service::start(standalone_config(&group, "")).await;
+    let service = Service::start(routing_config(&group, "")).await;
+    let other = Service::start(routing_config(&group, "")).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
     for key in ["own:1", "own:other"] {
@@ -489,7 +501,7 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
 
 fn cluster_config(cluster: &Cluster) -> Config {
     let text = format!(
-        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n\n[[family]]\nprefix = \"adv:\"\ncopies = 6\ndefault_class = \"advisory\"\n\n[[family]]\nprefix = \"claim:\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\n",
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n\n[[family]]\nprefix = \"adv:\"\ncopies = 6\ndefault_class = \"advisory\"\n\n[[family]]\nprefix = \"claim:\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\n{NEAR_CACHE_OFF}",
         cluster.url(),
         harness::command_timeout_toml()
     );
@@ -626,7 +638,7 @@ async fn measured_lag_max_tracks_a_known_pause() {
     let replica = &group.replicas[0];
     let label = replica.addr();
     let interval_ms = 100.0;
-    let service = Service::start(standalone_config(&group, "")).await;
+    let service = Service::start(routing_config(&group, "")).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
     for pause_ms in [500u64, 1000, 2000] {
@@ -726,7 +738,7 @@ async fn a_configured_replica_that_is_down_does_not_stop_startup() {
     let primary = crate::harness::shared_standalone();
     let dead_port = harness::free_port();
     let text = format!(
-        "[store]\nredis = \"{}\"\nreplicas = [\"redis://127.0.0.1:{dead_port}\"]\ncommand_timeout = \"{}\"\nconnect_timeout = \"500ms\"\n\n[[family]]\nprefix = \"down:\"\ncopies = 2\ndefault_class = \"advisory\"\n",
+        "[store]\nredis = \"{}\"\nreplicas = [\"redis://127.0.0.1:{dead_port}\"]\ncommand_timeout = \"{}\"\nconnect_timeout = \"500ms\"\n\n[[family]]\nprefix = \"down:\"\ncopies = 2\ndefault_class = \"advisory\"\n{NEAR_CACHE_OFF}",
         primary.url(),
         harness::command_timeout_toml()
     );
@@ -755,7 +767,7 @@ async fn a_reader_moved_to_the_primary_by_a_lag_breach_does_not_go_back_on_the_r
     let group = PrimaryReplica::start(1).expect("primary and replica");
     let replica = &group.replicas[0];
     let replica_label = replica.addr();
-    let service = Service::start(standalone_config(&group, "")).await;
+    let service = Service::start(routing_config(&group, "")).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
     // Two readers of the same copy: `a` will be moved to the primary, `b` never is.

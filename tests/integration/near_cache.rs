@@ -1,0 +1,499 @@
+//! The near cache on real Redis: reads answered from memory never go backwards (a copy set back
+//! by hand, a lagging replica), an invalidation racing a read in flight, floors and pins that go
+//! to Redis, decision reads that never use it, expiry, writes through the instance seen at once,
+//! one Redis read for 1,000 concurrent misses (`INFO commandstats`: data reads are `HMGET`), and
+//! the byte bound under a flood of distinct keys.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use hotsplit::metrics::Metrics;
+use hotsplit_devcluster::{self as devcluster, PrimaryReplica, Standalone};
+use serde_json::Value;
+use tower::ServiceExt;
+
+use crate::harness::{
+    self, config_from_toml, get_json, hgetall, metrics_text, poll, publish_expecting, Service,
+};
+use crate::route::{put, read, Read};
+
+/// How many `HMGET`s (copy reads) `port` has served.
+fn hmget_calls(port: u16) -> u64 {
+    let stats = devcluster::cli(port, &["INFO", "commandstats"]).expect("INFO commandstats");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_hmget:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A class with a long replica budget and a short near-cache age, so entries age out fast while
+/// a paused replica stays within budget.
+const LENIENT: &str = "[classes.lenient]\nroute = \"replica\"\nreason = \"test class\"\nstaleness_budget = \"30s\"\nnear_cache_max_age = \"60ms\"\n";
+
+/// A service config on `url`: family `nc:` of `copies` copies read with class `class`, then
+/// `extra`.
+fn config(url: &str, copies: u32, class: &str, extra: &str) -> hotsplit::config::Config {
+    config_from_toml(&format!(
+        "[store]\nredis = \"{url}\"\ncommand_timeout = \"300ms\"\n[[family]]\nprefix = \"nc:\"\ncopies = {copies}\nttl = \"10m\"\ndefault_class = \"{class}\"\n[[family]]\nprefix = \"claim:\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\n{LENIENT}{extra}"
+    ))
+}
+
+fn is_near(read: &Read) -> bool {
+    read.route.contains(";source=near-cache;age_ms=")
+}
+
+/// The value of the sample `name` (no labels) in the metrics text.
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_is_seen_at_once_and_reads_are_answered_from_memory_with_their_age() {
+    let server = harness::shared_standalone();
+    let service = Service::start(config(&server.url(), 4, "advisory", "")).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    publish_expecting(&http, base, "nc:seen", 1, "one", StatusCode::OK).await;
+    let url = format!("{base}/v1/keys/nc:seen?client=alice");
+    let first = harness::get(&http, &url, &[]).await;
+    let age = first
+        .headers()
+        .get("age")
+        .and_then(|age| age.to_str().ok())
+        .map(str::to_owned);
+    let answer = read(&http, &url, &[]).await;
+    assert_eq!(answer.body, "one");
+    assert!(is_near(&answer), "{}", answer.route);
+    assert_eq!(
+        age.as_deref(),
+        Some("0"),
+        "the standard Age header, whole seconds"
+    );
+    publish_expecting(&http, base, "nc:seen", 2, "two", StatusCode::OK).await;
+    let answer = read(&http, &url, &[]).await;
+    assert_eq!(
+        answer.body, "two",
+        "a publish through the instance is seen at once"
+    );
+    assert!(is_near(&answer), "{}", answer.route);
+    let view = get_json(&http, &format!("{base}/v1/near-cache")).await;
+    assert_eq!(view["enabled"], true);
+    assert!(view["hits"].as_u64().unwrap() >= 2, "{view}");
+    assert!(
+        view["hottest"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|hot| hot["copy_key"].as_str().unwrap().starts_with("nc:seen#")),
+        "{view}"
+    );
+    let metrics = metrics_text(&http, base).await;
+    assert!(sample(&metrics, "hotsplit_near_cache_hits_total") >= 2.0);
+    assert!(metrics.contains("hotsplit_near_cache_served_age_seconds_bucket{"));
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_above_the_entry_pins_and_decisions_go_to_redis() {
+    let server = Standalone::start().expect("redis-server");
+    let port = server.node.port();
+    let service = Service::start(config(&server.url(), 4, "advisory", "")).await;
+    let other = Service::start(config(&server.url(), 4, "advisory", "")).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    publish_expecting(&http, base, "nc:floor", 1, "one", StatusCode::OK).await;
+    // Another instance publishes 2: this one's entry still holds 1, within its age.
+    publish_expecting(&http, &other.base, "nc:floor", 2, "two", StatusCode::OK).await;
+    let url = format!("{base}/v1/keys/nc:floor?client=alice");
+    let before = hmget_calls(port);
+    let cached = read(&http, &url, &[]).await;
+    if is_near(&cached) {
+        assert_eq!(cached.body, "one");
+    }
+    // A floor above the entry goes to Redis.
+    let floored = read(&http, &format!("{url}&min_version=2"), &[]).await;
+    assert_eq!(
+        (floored.status, floored.body.as_str()),
+        (StatusCode::OK, "two")
+    );
+    assert!(!is_near(&floored), "{}", floored.route);
+    assert!(hmget_calls(port) > before, "the floor read reached Redis");
+    // A read under a request pin goes to Redis, whatever the entry holds.
+    let pinned_put = put(
+        &http,
+        format!("{base}/v1/keys/nc:floor?version=3"),
+        "three",
+        &[("hotsplit-request", "req-9")],
+    )
+    .await;
+    assert_eq!(pinned_put.status(), StatusCode::OK);
+    let before = hmget_calls(port);
+    let pinned = read(&http, &url, &[("hotsplit-request", "req-9")]).await;
+    assert_eq!(pinned.body, "three");
+    assert!(
+        pinned.route.contains("reason=request-pin"),
+        "{}",
+        pinned.route
+    );
+    assert!(!is_near(&pinned));
+    assert!(hmget_calls(port) > before);
+    // decides-on-presence never reads the near cache: every read is a Redis read.
+    publish_expecting(&http, base, "claim:1", 1, "mine", StatusCode::OK).await;
+    let before = hmget_calls(port);
+    for _ in 0..5 {
+        let decision = read(&http, &format!("{base}/v1/keys/claim:1?client=alice"), &[]).await;
+        assert_eq!(decision.body, "mine");
+        assert!(!is_near(&decision), "{}", decision.route);
+    }
+    assert_eq!(hmget_calls(port) - before, 5);
+    service.stop().await;
+    other.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_set_back_by_hand_after_its_entry_aged_out_is_not_served() {
+    let server = Standalone::start().expect("redis-server");
+    let port = server.node.port();
+    let service = Service::start(config(&server.url(), 4, "lenient", "")).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    publish_expecting(&http, base, "nc:back", 5, "five", StatusCode::OK).await;
+    let copy = harness::affinity(&http, base, "nc:back", "alice").await["copy"]
+        .as_u64()
+        .unwrap();
+    let url = format!("{base}/v1/keys/nc:back?client=alice");
+    let seen = read(&http, &url, &[]).await;
+    assert_eq!((seen.body.as_str(), is_near(&seen)), ("five", true));
+    // Alice's copy goes back to 4 in Redis, behind the compare-and-set, three times (read
+    // repair writes 5 back after each). Each time her entry ages out (60 ms) and refills, the
+    // refill finds 4 and is not served: her reads stay at 5, from a sibling.
+    let copy_key = format!("nc:back#{copy}");
+    for round in 1..=3 {
+        devcluster::cli(port, &["HSET", &copy_key, "ver", "4", "val", "four"]).expect("HSET");
+        assert_eq!(hgetall(port, &copy_key)["ver"], "4");
+        poll(
+            "a refill below the high-water version",
+            Duration::from_secs(10),
+            || async {
+                let answer = read(&http, &url, &[]).await;
+                assert_eq!(answer.body, "five", "went back: {}", answer.route);
+                let metrics = metrics_text(&http, base).await;
+                sample(&metrics, "hotsplit_near_cache_fills_below_high_water_total")
+                    >= f64::from(round)
+            },
+        )
+        .await;
+    }
+    // Another reader of the same copy, with no floor of its own, is not sent back either.
+    let bob = (0..1000)
+        .map(|n| format!("reader-{n}"))
+        .find(|client| hotsplit::affinity::copy_index(client, 4) == copy as u32)
+        .unwrap();
+    let answer = read(&http, &format!("{base}/v1/keys/nc:back?client={bob}"), &[]).await;
+    assert_eq!(answer.body, "five");
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_replica_never_sends_a_cached_reader_back() {
+    let group = PrimaryReplica::start(1).expect("primary and replica");
+    let replica = &group.replicas[0];
+    let text = format!("[store]\nreplicas = [\"{}\"]\n", replica.url());
+    let mut config = config(&group.url(), 2, "lenient", "");
+    let extra: hotsplit::config::Config = hotsplit::config::Config::from_toml(&text).unwrap();
+    config.store.replicas = extra.store.replicas;
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    publish_expecting(&http, base, "nc:lag", 1, "one", StatusCode::OK).await;
+    let url = format!("{base}/v1/keys/nc:lag?client=alice");
+    // The replica serves once it holds 1 and its lag is measured.
+    poll(
+        "a replica fill of version 1",
+        Duration::from_secs(10),
+        || async {
+            let answer = read(&http, &url, &[]).await;
+            answer.body == "one" && answer.served_by.ends_with("role=replica")
+        },
+    )
+    .await;
+    // The replica stops applying the replication stream; within the 30 s budget it stays the
+    // class's source, holding 1.
+    devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "3000", "WRITE"]).expect("CLIENT PAUSE");
+    publish_expecting(&http, base, "nc:lag", 2, "two", StatusCode::OK).await;
+    // For a second, every read says 2: from the entry the publish left, then, after it ages
+    // out, from fills that found 1 on the replica and re-read the primary.
+    let until = std::time::Instant::now() + Duration::from_secs(1);
+    let mut reads = 0;
+    while std::time::Instant::now() < until {
+        let answer = read(&http, &url, &[]).await;
+        assert_eq!(
+            answer.body, "two",
+            "went back: {} {}",
+            answer.served_by, answer.route
+        );
+        reads += 1;
+    }
+    let metrics = metrics_text(&http, base).await;
+    assert!(
+        sample(&metrics, "hotsplit_near_cache_fills_below_high_water_total") >= 1.0,
+        "no fill met the lagging replica in {reads} reads"
+    );
+    devcluster::cli(replica.port(), &["CLIENT", "UNPAUSE"]).expect("CLIENT UNPAUSE");
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_racing_a_read_in_flight_wins() {
+    let group = PrimaryReplica::start(1).expect("primary and replica");
+    let replica = &group.replicas[0];
+    let mut config = config(&group.url(), 2, "lenient", "");
+    config.store.replicas = vec![replica.url()];
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    // Written by another instance: this one holds no entry.
+    let other_config = {
+        let mut other = self::config(&group.url(), 2, "lenient", "");
+        other.store.replicas = vec![replica.url()];
+        other
+    };
+    let other = Service::start(other_config).await;
+    publish_expecting(&http, &other.base, "nc:race", 1, "one", StatusCode::OK).await;
+    poll(
+        "the replica holds version 1",
+        Duration::from_secs(10),
+        || async {
+            hgetall(replica.port(), "nc:race#0")
+                .get("ver")
+                .map(String::as_str)
+                == Some("1")
+                && hgetall(replica.port(), "nc:race#1")
+                    .get("ver")
+                    .map(String::as_str)
+                    == Some("1")
+        },
+    )
+    .await;
+    poll(
+        "the replica's lag is measured",
+        Duration::from_secs(10),
+        || async {
+            let lag = get_json(&http, &format!("{base}/v1/lag")).await;
+            lag[0]["lag_ms"]["now"].is_number()
+        },
+    )
+    .await;
+    // The replica holds every command for 250 ms: the read's fill waits there...
+    devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "250", "ALL"]).expect("CLIENT PAUSE");
+    let url = format!("{base}/v1/keys/nc:race?client=alice");
+    let in_flight = tokio::spawn({
+        let http = http.clone();
+        let url = url.clone();
+        async move { read(&http, &url, &[]).await }
+    });
+    poll("the fill started", Duration::from_secs(5), || async {
+        sample(
+            &metrics_text(&http, &base).await,
+            "hotsplit_near_cache_misses_total",
+        ) >= 1.0
+    })
+    .await;
+    // ...while an invalidation through this instance lands on the primaries.
+    let deleted = http
+        .delete(format!("{base}/v1/keys/nc:race?version=2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::OK);
+    let raced = in_flight.await.unwrap();
+    // The read that began first may answer what the copy held when it began; every read after
+    // the invalidation answered is a 404 at version 2, never the older value.
+    assert!(
+        raced.body == "one" || raced.status == StatusCode::NOT_FOUND,
+        "{} {}",
+        raced.status,
+        raced.body
+    );
+    for _ in 0..20 {
+        let answer = harness::get(&http, &url, &[]).await;
+        assert_eq!(answer.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            answer
+                .headers()
+                .get("hotsplit-version")
+                .unwrap()
+                .to_str()
+                .unwrap(),
+            "2"
+        );
+    }
+    service.stop().await;
+    other.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_past_its_exp_is_not_served() {
+    let server = harness::shared_standalone();
+    let config = config_from_toml(&format!(
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"300ms\"\n[[family]]\nprefix = \"ncx:\"\ncopies = 2\nttl = \"700ms\"\ndefault_class = \"lenient\"\n[classes.lenient]\nroute = \"replica\"\nreason = \"x\"\nstaleness_budget = \"30s\"\nnear_cache_max_age = \"30s\"\n",
+        server.url()
+    ));
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    publish_expecting(&http, base, "ncx:gone", 1, "one", StatusCode::OK).await;
+    let url = format!("{base}/v1/keys/ncx:gone?client=alice");
+    let answer = read(&http, &url, &[]).await;
+    assert_eq!((answer.body.as_str(), is_near(&answer)), ("one", true));
+    let exp: u64 = (0..2)
+        .map(|copy| {
+            hgetall(server.node.port(), &format!("ncx:gone#{copy}"))["exp"]
+                .parse::<u64>()
+                .unwrap()
+        })
+        .max()
+        .unwrap();
+    // Past every copy's exp, with the class accepting 30 s old entries: not served.
+    poll("the clock passes exp", Duration::from_secs(5), || async {
+        hotsplit::store::now_unix_ms() > exp
+    })
+    .await;
+    let answer = read(&http, &url, &[]).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND, "{}", answer.route);
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_misses_on_one_copy_make_one_redis_read() {
+    let server = Standalone::start().expect("redis-server");
+    let port = server.node.port();
+    // An entry that stays young for the whole burst: every read after the fill is a hit, so
+    // any second Redis read would be a second fill.
+    let config = config(
+        &server.url(),
+        4,
+        "patient",
+        "[classes.patient]\nroute = \"replica\"\nreason = \"x\"\nstaleness_budget = \"60s\"\nnear_cache_max_age = \"60s\"\n",
+    );
+    let store = harness::redis_store(&server.url(), Duration::from_secs(2)).await;
+    // The writer is another instance: the reader's cache holds nothing for the key.
+    let writer =
+        hotsplit::server::app_state(&config, store.clone(), Metrics::new()).expect("writer");
+    let writer = hotsplit::http::router(writer);
+    let written = writer
+        .oneshot(
+            Request::put("/v1/keys/nc:herd?version=1")
+                .body(Body::from("herd"))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.status(), StatusCode::OK);
+    let reader = hotsplit::http::router(
+        hotsplit::server::app_state(&config, store, Metrics::new()).expect("reader"),
+    );
+    let before = hmget_calls(port);
+    let reads = (0..1000).map(|_| {
+        let reader = reader.clone();
+        async move {
+            let answer = reader
+                .oneshot(
+                    Request::get("/v1/keys/nc:herd?client=alice")
+                        .body(Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            answer.status()
+        }
+    });
+    let statuses = futures_util::future::join_all(reads).await;
+    assert!(statuses.iter().all(|status| *status == StatusCode::OK));
+    assert_eq!(
+        hmget_calls(port) - before,
+        1,
+        "one Redis read for 1,000 misses"
+    );
+    let view: Value = {
+        let answer = reader
+            .oneshot(Request::get("/v1/near-cache").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let bytes = http_body_util::BodyExt::collect(answer.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    let (misses, coalesced, hits) = (
+        view["misses"].as_u64().unwrap(),
+        view["coalesced"].as_u64().unwrap(),
+        view["hits"].as_u64().unwrap(),
+    );
+    assert_eq!((misses, misses + coalesced + hits), (1, 1000), "{view}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_byte_bound_holds_under_a_flood_of_distinct_keys() {
+    let server = harness::shared_standalone();
+    let max_bytes = 65_536;
+    let config = config(
+        &server.url(),
+        2,
+        "advisory",
+        &format!("[near_cache]\nmax_bytes = {max_bytes}\n"),
+    );
+    let store = harness::redis_store(&server.url(), Duration::from_secs(2)).await;
+    let app = hotsplit::http::router(
+        hotsplit::server::app_state(&config, store, Metrics::new()).expect("state"),
+    );
+    let value = "v".repeat(64);
+    let view = |app: axum::Router| async move {
+        let answer = app
+            .oneshot(Request::get("/v1/near-cache").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let bytes = http_body_util::BodyExt::collect(answer.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        serde_json::from_slice::<Value>(&bytes).unwrap()
+    };
+    for n in 0..1500 {
+        let written = app
+            .clone()
+            .oneshot(
+                Request::put(format!("/v1/keys/nc:flood-{n}?version=1"))
+                    .body(Body::from(value.clone()))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(written.status(), StatusCode::OK);
+        let read = app
+            .clone()
+            .oneshot(
+                Request::get(format!("/v1/keys/nc:flood-{n}?client=c"))
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(read.status(), StatusCode::OK);
+        if n % 100 == 99 {
+            let view = view(app.clone()).await;
+            assert!(view["bytes"].as_u64().unwrap() <= max_bytes, "{view}");
+        }
+    }
+    let view = view(app.clone()).await;
+    assert!(view["entries"].as_u64().unwrap() > 0, "{view}");
+    assert!(view["bytes"].as_u64().unwrap() <= max_bytes, "{view}");
+    assert!(view["high_water_records"].as_u64().unwrap() > 0, "{view}");
+}
