@@ -121,30 +121,16 @@ impl Reader {
             });
         }
         let high_water = near.high_water(&copy_key);
-        let primary = self.store.node_of(&copy_key);
-        let (source, label) = match self.router.target(plan, &primary) {
-            Target::Replica(replica) => {
-                let Some(lag) = self.router.replica_lag(&primary, &replica) else {
-                    // The replica's lag is unknown again (a topology change): no fill.
-                    let consulted = self
-                        .consult_offered(near, key, copy, plan, client_floor, floor.max(high_water))
-                        .await?;
-                    return Ok(NearConsult {
-                        consulted,
-                        age: None,
-                        high_water,
-                    });
-                };
-                (
-                    FillSource::Replica {
-                        node: replica.clone(),
-                        lag,
-                    },
-                    replica,
-                )
-            }
-            Target::Primary(reason) => (FillSource::Primary(reason), primary),
-            Target::Breach { lag, budget } => return Err(breach(lag, budget)),
+        let Some((source, label)) = self.fill_source(plan, &copy_key)? else {
+            // The replica's lag is unknown again (a topology change): no fill.
+            let consulted = self
+                .consult_offered(near, key, copy, plan, client_floor, floor.max(high_water))
+                .await?;
+            return Ok(NearConsult {
+                consulted,
+                age: None,
+                high_water,
+            });
         };
         let (filling, joined) = near.fill(&copy_key, &label, || {
             fill(
@@ -269,23 +255,37 @@ impl Reader {
         }
     }
 
-    /// Starts a background refresh of `copy_key`'s entry from where `plan` reads it, unless a
-    /// fill of it from there is in flight.
-    fn refresh(&self, near: &Arc<NearCache>, copy_key: &CopyKey, plan: &Plan) {
+    /// Where a fill of `copy_key` under `plan` reads, with the source's label: `None` when the
+    /// chosen replica's lag is not known (it left the topology).
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::StalenessBudgetExceeded`] when the class fails over budget.
+    fn fill_source(
+        &self,
+        plan: &Plan,
+        copy_key: &CopyKey,
+    ) -> Result<Option<(FillSource, crate::store::NodeLabel)>> {
         let primary = self.store.node_of(copy_key);
-        let (source, label) = match self.router.target(plan, &primary) {
-            Target::Replica(replica) => match self.router.replica_lag(&primary, &replica) {
-                Some(lag) => (
+        Ok(match self.router.target(plan, &primary) {
+            Target::Replica(replica) => self.router.replica_lag(&primary, &replica).map(|lag| {
+                (
                     FillSource::Replica {
                         node: replica.clone(),
                         lag,
                     },
                     replica,
-                ),
-                None => return,
-            },
-            Target::Primary(reason) => (FillSource::Primary(reason), primary),
-            Target::Breach { .. } => return,
+                )
+            }),
+            Target::Primary(reason) => Some((FillSource::Primary(reason), primary)),
+            Target::Breach { lag, budget } => return Err(breach(lag, budget)),
+        })
+    }
+
+    /// Starts a background refresh of `copy_key`'s entry from where `plan` reads it, unless a
+    /// fill of it from there is in flight.
+    fn refresh(&self, near: &Arc<NearCache>, copy_key: &CopyKey, plan: &Plan) {
+        let Ok(Some((source, label))) = self.fill_source(plan, copy_key) else {
+            return;
         };
         let high_water = near.high_water(copy_key);
         let (_, joined) = near.fill(copy_key, &label, || {

@@ -16,18 +16,7 @@ use tower::ServiceExt;
 use crate::harness::{
     self, config_from_toml, get_json, hgetall, metrics_text, poll, publish_expecting, Service,
 };
-use crate::route::{put, read, Read};
-
-/// How many `HMGET`s (copy reads) `port` has served.
-fn hmget_calls(port: u16) -> u64 {
-    let stats = devcluster::cli(port, &["INFO", "commandstats"]).expect("INFO commandstats");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_hmget:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(0)
-}
+use crate::route::{hmget_calls, put, read, Read};
 
 /// A class with a long replica budget and a short near-cache age, so entries age out fast while
 /// a paused replica stays within budget.

@@ -20,7 +20,7 @@ use crate::harness::{
 };
 
 /// How many `HMGET`s `port` has served.
-fn hmget_calls(port: u16) -> u64 {
+pub(crate) fn hmget_calls(port: u16) -> u64 {
     let stats = devcluster::cli(port, &["INFO", "commandstats"]).expect("INFO commandstats");
     stats
         .lines()
