@@ -26,7 +26,8 @@ const LENIENT: &str = "[classes.lenient]\nroute = \"replica\"\nreason = \"test c
 /// `extra`.
 fn config(url: &str, copies: u32, class: &str, extra: &str) -> hotsplit::config::Config {
     config_from_toml(&format!(
-        "[store]\nredis = \"{url}\"\ncommand_timeout = \"300ms\"\n[[family]]\nprefix = \"nc:\"\ncopies = {copies}\nttl = \"10m\"\ndefault_class = \"{class}\"\n[[family]]\nprefix = \"claim:\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\n{LENIENT}{extra}"
+        "[store]\nredis = \"{url}\"\ncommand_timeout = \"{timeout}\"\n[[family]]\nprefix = \"nc:\"\ncopies = {copies}\nttl = \"10m\"\ndefault_class = \"{class}\"\n[[family]]\nprefix = \"claim:\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\n{LENIENT}{extra}",
+        timeout = harness::command_timeout_toml()
     ))
 }
 
@@ -331,8 +332,9 @@ async fn an_invalidation_racing_a_read_in_flight_wins() {
 async fn an_entry_past_its_exp_is_not_served() {
     let server = harness::shared_standalone();
     let config = config_from_toml(&format!(
-        "[store]\nredis = \"{}\"\ncommand_timeout = \"300ms\"\n[[family]]\nprefix = \"ncx:\"\ncopies = 2\nttl = \"700ms\"\ndefault_class = \"lenient\"\n[classes.lenient]\nroute = \"replica\"\nreason = \"x\"\nstaleness_budget = \"30s\"\nnear_cache_max_age = \"30s\"\n",
-        server.url()
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[[family]]\nprefix = \"ncx:\"\ncopies = 2\nttl = \"700ms\"\ndefault_class = \"lenient\"\n[classes.lenient]\nroute = \"replica\"\nreason = \"x\"\nstaleness_budget = \"30s\"\nnear_cache_max_age = \"30s\"\n",
+        server.url(),
+        harness::command_timeout_toml()
     ));
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
