@@ -26,6 +26,7 @@ pub use crate::auth::AuthConfig;
 pub use crate::family::{DefaultFamilyConfig, FamilyConfig};
 pub use crate::fleet::FleetConfig;
 pub use crate::heal::HealConfig;
+pub use crate::http::config::AdminConfig;
 pub use crate::http::ServerConfig;
 pub use crate::near::NearCacheConfig;
 pub use crate::read::ReadConfig;
@@ -38,6 +39,8 @@ pub use crate::store::StoreConfig;
 pub struct Config {
     /// The HTTP server.
     pub server: ServerConfig,
+    /// The admin listener.
+    pub admin: AdminConfig,
     /// The store: embedded, or Redis.
     pub store: StoreConfig,
     /// The read path.
@@ -101,6 +104,15 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         self.server.validate()?;
         self.check_exposure()?;
+        if self.admin.listen == Some(self.server.listen) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "admin.listen: must differ from server.listen ({})",
+                    self.server.listen
+                ),
+            ));
+        }
         self.store.validate()?;
         if self.read.fallback_copies > MAX_COPIES {
             return Err(Error::new(
@@ -174,22 +186,28 @@ impl Config {
     /// TLS on it (`server.tls_cert_file`) or in front of it (`server.tls_terminated_upstream`),
     /// so a token never crosses a network in clear.
     fn check_exposure(&self) -> Result<()> {
-        let listen = self.server.listen;
-        if listen.ip().is_loopback() {
-            return Ok(());
-        }
-        if self.auth.tokens_file.is_none() {
-            if !self.server.allow_unauthenticated {
+        let listeners = [
+            ("server.listen", Some(self.server.listen)),
+            ("admin.listen", self.admin.listen),
+        ];
+        for (field, listen) in listeners {
+            let Some(listen) = listen else { continue };
+            if listen.ip().is_loopback() {
+                continue;
+            }
+            if self.auth.tokens_file.is_none() {
+                if !self.server.allow_unauthenticated {
+                    return Err(Error::new(
+                        ErrorKind::Config,
+                        format!("server.allow_unauthenticated: {field} {listen} is not a loopback address and no auth.tokens_file is configured, so anyone who reaches the port could write any key; configure auth.tokens_file, listen on 127.0.0.1, or set server.allow_unauthenticated = true"),
+                    ));
+                }
+            } else if self.server.tls_cert_file.is_none() && !self.server.tls_terminated_upstream {
                 return Err(Error::new(
                     ErrorKind::Config,
-                    format!("server.allow_unauthenticated: {listen} is not a loopback address and no auth.tokens_file is configured, so anyone who reaches the port could write any key; configure auth.tokens_file, listen on 127.0.0.1, or set server.allow_unauthenticated = true"),
+                    format!("server.tls_terminated_upstream: {field} {listen} is not a loopback address and has no TLS (server.tls_cert_file), so bearer tokens would cross the network in clear; set server.tls_terminated_upstream = true when TLS ends in a proxy in front of hotsplit"),
                 ));
             }
-        } else if self.server.tls_cert_file.is_none() && !self.server.tls_terminated_upstream {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!("server.tls_terminated_upstream: {listen} is not a loopback address and has no TLS (server.tls_cert_file), so bearer tokens would cross the network in clear; set server.tls_terminated_upstream = true when TLS ends in a proxy in front of hotsplit"),
-            ));
         }
         Ok(())
     }
@@ -381,6 +399,11 @@ mod tests {
                 "server.tls_terminated_upstream",
             ),
             ("[server]\ntls_cert_file = \"c.pem\"", "server.tls_cert_file"),
+            (
+                "[admin]\nlisten = \"10.1.2.3:7071\"",
+                "server.allow_unauthenticated",
+            ),
+            ("[admin]\nlisten = \"127.0.0.1:7070\"", "admin.listen"),
             ("[server]\nlog_level = \"info,=nope\"", "server.log_level"),
         ];
         for (text, field) in cases {

@@ -560,23 +560,19 @@ fn serve(args: ServeArgs) -> ExitCode {
     // Build, then bind, then serve: everything that can fail (the store, its library, the
     // layout records, the spool's lock) fails before the port is taken.
     let result = runtime.block_on(async move {
-        let listen = config.server.listen;
         let service = match Service::build(config).await {
             Ok(service) => service,
             Err(err) => return Err(Startup::Build(err)),
         };
-        let listener = match tokio::net::TcpListener::bind(listen).await {
-            Ok(listener) => listener,
+        let listeners = match service.bind().await {
+            Ok(listeners) => listeners,
             Err(err) => {
                 service.close().await;
-                return Err(Startup::Serve(hotsplit::Error::new(
-                    hotsplit::ErrorKind::Io,
-                    format!("cannot listen on {listen}: {err}"),
-                )));
+                return Err(Startup::Serve(err));
             }
         };
         service
-            .serve(listener, shutdown_signal())
+            .serve_on(listeners, shutdown_signal())
             .await
             .map_err(Startup::Serve)
     });

@@ -14,22 +14,24 @@
 //! draining the retry queue for most of the grace period and logs what it leaves in the spool.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::fleet::{Registrar, Registry};
 use crate::heal::{
     HealHandles, HealthProber, HealthStore, LayoutWatcher, Layouts, Liveness, NodeHealth, Repairer,
     RetryQueue, RetryWorker,
 };
-use crate::http::listener::{ConnectionMetrics, Listener, ListenerMetrics, Role};
-use crate::http::{router, AppParts, AppState, ServerConfig};
+use crate::http::listener::{tls, ConnectionMetrics, Listener, ListenerMetrics, Role};
+use crate::http::{admin_router, data_router, router, AppParts, AppState, ServerConfig};
 use crate::metrics::Metrics;
 use crate::near::{NearCache, NearMetrics};
 use crate::publish::Publisher;
@@ -228,6 +230,18 @@ pub struct Service {
     registry: Arc<Registry>,
     /// The address the registry gives for the API (`fleet.advertise`); `None`: the bound one.
     advertise: Option<String>,
+    /// `[admin] listen`: where the admin routes are served, apart from the data routes.
+    admin_listen: Option<SocketAddr>,
+    /// The listeners' TLS, from `server.tls_cert_file` and `server.tls_key_file`.
+    tls: Option<TlsAcceptor>,
+}
+
+/// The bound sockets a service serves on.
+pub struct Listeners {
+    /// `server.listen`: the data routes, and the admin routes too when `admin` is `None`.
+    pub data: TcpListener,
+    /// `[admin] listen`: the admin routes only.
+    pub admin: Option<TcpListener>,
 }
 
 /// The background tasks of a built service, ready to start.
@@ -269,6 +283,10 @@ impl Service {
             }
             None => {}
         }
+        let tls = match (&config.server.tls_cert_file, &config.server.tls_key_file) {
+            (Some(cert_file), Some(key_file)) => Some(tls::acceptor(cert_file, key_file)?),
+            _ => None,
+        };
         let metrics = Metrics::new();
         let tracker = TaskTracker::new();
         let cancel = CancellationToken::new();
@@ -377,6 +395,8 @@ impl Service {
             metrics: route_metrics,
         };
         Ok(Service {
+            admin_listen: config.admin.listen,
+            tls,
             server: config.server.clone(),
             state,
             retry_queue,
@@ -404,14 +424,60 @@ impl Service {
         self.retry_queue.close().await;
     }
 
-    /// Starts the background tasks and serves HTTP on `listener` until `shutdown` resolves,
-    /// then drains within `server.shutdown_grace`.
+    /// Binds `server.listen`, and `[admin] listen` when it is set.
     ///
     /// # Errors
-    /// [`ErrorKind::Io`] when the listener has no local address.
+    /// [`ErrorKind::Io`] naming the address that cannot be bound.
+    pub async fn bind(&self) -> Result<Listeners> {
+        let data = bind(self.server.listen).await?;
+        let admin = match self.admin_listen {
+            Some(address) => Some(bind(address).await?),
+            None => None,
+        };
+        Ok(Listeners { data, admin })
+    }
+
+    /// Starts the background tasks and serves HTTP on `listener` (and on `[admin] listen`,
+    /// which it binds, when that is set) until `shutdown` resolves, then drains within
+    /// `server.shutdown_grace`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the admin address cannot be bound or a listener has no local
+    /// address.
     pub async fn serve(
         self,
         listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let admin = match self.admin_listen {
+            Some(address) => match bind(address).await {
+                Ok(admin) => Some(admin),
+                Err(err) => {
+                    self.close().await;
+                    return Err(err);
+                }
+            },
+            None => None,
+        };
+        self.serve_on(
+            Listeners {
+                data: listener,
+                admin,
+            },
+            shutdown,
+        )
+        .await
+    }
+
+    /// Starts the background tasks and serves HTTP on `listeners` until `shutdown` resolves,
+    /// then drains within `server.shutdown_grace`. With an admin listener, the data listener
+    /// serves the data routes only and the admin listener the admin routes.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when a listener has no local address.
+    pub async fn serve_on(
+        self,
+        listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<()> {
         let Service {
@@ -423,10 +489,20 @@ impl Service {
             background,
             registry,
             advertise,
+            admin_listen: _,
+            tls,
         } = self;
+        let Listeners {
+            data: listener,
+            admin,
+        } = listeners;
         let grace = server.shutdown_grace;
-        let local = match listener.local_addr() {
-            Ok(local) => local,
+        let addresses = listener.local_addr().and_then(|local| {
+            let admin_local = admin.as_ref().map(TcpListener::local_addr).transpose()?;
+            Ok((local, admin_local))
+        });
+        let (local, admin_local) = match addresses {
+            Ok(addresses) => addresses,
             Err(err) => {
                 spool_owner.close().await;
                 return Err(err.into());
@@ -447,15 +523,37 @@ impl Service {
             .inner()
             .metrics
             .register_with(ConnectionMetrics::register);
+        let data_routes = match &admin {
+            Some(_) => data_router(state.clone()),
+            None => router(state.clone()),
+        };
         let data = Listener::new(
             Role::Data,
             listener,
-            router(state),
+            data_routes,
             &server,
             ListenerMetrics::for_role(&connection_metrics, Role::Data),
+            tls.clone(),
         );
         tracker.spawn(data.run(cancel.clone(), tracker.clone()));
-        tracing::info!(listen = %local, "hotsplit is serving");
+        if let Some(admin) = admin {
+            let admin = Listener::new(
+                Role::Admin,
+                admin,
+                admin_router(state),
+                &server,
+                ListenerMetrics::for_role(&connection_metrics, Role::Admin),
+                tls.clone(),
+            );
+            tracker.spawn(admin.run(cancel.clone(), tracker.clone()));
+        }
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        match admin_local {
+            Some(admin_local) => {
+                tracing::info!(listen = %local, admin = %admin_local, scheme, "hotsplit is serving")
+            }
+            None => tracing::info!(listen = %local, scheme, "hotsplit is serving"),
+        }
 
         // Decide: the caller's shutdown future (signals, or a test's channel) cancels the
         // token.
@@ -497,6 +595,13 @@ pub async fn run(
         .await?
         .serve(listener, shutdown)
         .await
+}
+
+/// A listening socket on `address`.
+async fn bind(address: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(address)
+        .await
+        .map_err(|err| Error::new(ErrorKind::Io, format!("cannot listen on {address}: {err}")))
 }
 
 /// A name unique to this process, for its heartbeat keys: pid and a random suffix.

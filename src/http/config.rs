@@ -1,5 +1,5 @@
 //! The HTTP server's config: `[server]` (listen address, body limit, connection timeouts and
-//! limits, shutdown grace, log line format).
+//! limits, TLS, shutdown grace, log line format) and `[admin]` (the admin listener).
 //!
 //! It sits beside `http`, the server it configures, rather than beside `server`: `server`
 //! builds the service from the whole `Config`, so a sub-config defined there would make
@@ -40,12 +40,6 @@ pub struct ServerConfig {
     /// arrive in clear on a non-loopback listener: the only way to use tokens on such a
     /// listener without `server.tls_cert_file`. Default: `false`.
     pub tls_terminated_upstream: bool,
-    /// PEM certificate chain of TLS on the listeners. Not built in this release yet: setting it
-    /// is a config error, so a listener is never plaintext while the file says TLS. Default:
-    /// none.
-    pub tls_cert_file: Option<PathBuf>,
-    /// PEM private key of `server.tls_cert_file`. Default: none.
-    pub tls_key_file: Option<PathBuf>,
     /// How long a client has to send a request's head (request line and headers), counted from
     /// its first byte: a slowloris client that trickles a header is closed after it. Default:
     /// `10s`.
@@ -69,6 +63,24 @@ pub struct ServerConfig {
     /// The largest request head (request line and headers) accepted, in bytes; a larger one is
     /// answered 431 and its connection closed. At least 1024. Default: `16384`.
     pub max_header_bytes: usize,
+    /// A PEM file with the certificate chain the listeners present; set with
+    /// `server.tls_key_file`, every listener (data and admin) speaks HTTPS only. Default: unset
+    /// (plain HTTP).
+    pub tls_cert_file: Option<PathBuf>,
+    /// A PEM file with the private key of `server.tls_cert_file`. Default: unset.
+    pub tls_key_file: Option<PathBuf>,
+}
+
+/// The admin listener: `[admin]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// A second address serving the admin routes (`/metrics`, `/healthz`, `/readyz`,
+    /// `/v1/retry-queue`, `/v1/lag`, `/v1/routing`, `/v1/classes`, `/v1/instances`); when set,
+    /// the data listener (`server.listen`) answers 404 on them. It has the server's timeouts,
+    /// TLS, and a bound of its own of 128 connections. Default: unset (every route on
+    /// `server.listen`).
+    pub listen: Option<SocketAddr>,
 }
 
 /// How log lines are written.
@@ -132,19 +144,6 @@ impl ServerConfig {
                 .parse::<tracing_subscriber::filter::Targets>()
                 .map_err(|err| Error::new(ErrorKind::Config, format!("server.log_level: {err}")))?;
         }
-        // The listener's TLS is built by the listener work (issue 11); until then a certificate
-        // must not be accepted and silently ignored.
-        for (field, value) in [
-            ("tls_cert_file", &self.tls_cert_file),
-            ("tls_key_file", &self.tls_key_file),
-        ] {
-            if value.is_some() {
-                return Err(Error::new(
-                    ErrorKind::Config,
-                    format!("server.{field}: TLS on the listener is not built in this release; terminate TLS in front of hotsplit and set server.tls_terminated_upstream = true"),
-                ));
-            }
-        }
         let timeouts = [
             ("header_read_timeout", self.header_read_timeout),
             ("body_read_timeout", self.body_read_timeout),
@@ -172,6 +171,21 @@ impl ServerConfig {
                     self.max_header_bytes
                 ),
             ));
+        }
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "server.tls_key_file: required with server.tls_cert_file",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "server.tls_cert_file: required with server.tls_key_file",
+                ))
+            }
+            _ => {}
         }
         Ok(())
     }

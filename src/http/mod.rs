@@ -2,7 +2,9 @@
 //! parse requests into the crate's types, call [`crate::publish`] or [`crate::read`], and render.
 //!
 //! [`router`] builds the [`Router`] apart from serving, so handlers are tested with
-//! `Router::oneshot` and no socket. Handlers return `Result<_, ApiError>` and use `?`; the one
+//! `Router::oneshot` and no socket; [`data_router`] and [`admin_router`] split it between the
+//! data and the admin listener when `[admin] listen` is set. The admin routes are one list,
+//! `admin_routes`. Handlers return `Result<_, ApiError>` and use `?`; the one
 //! place an error becomes an answer is [`problem::ApiError`]'s `IntoResponse`.
 //!
 //! # Layout
@@ -88,6 +90,21 @@ pub mod paths {
     /// The load balancers' probes and the API's own description, which never need a token.
     pub(crate) const OPEN: [&str; 3] = [HEALTHZ, READYZ, OPENAPI];
 
+    /// The routes the admin listener serves when `[admin] listen` is set (the data listener
+    /// then answers 404 on them): the operator views and the load balancers' probes. They are
+    /// what [`super::admin_routes`] registers.
+    pub const ADMIN_LISTENER: [&str; 9] = [
+        HEALTHZ,
+        READYZ,
+        METRICS,
+        CLASSES,
+        LAG,
+        ROUTING,
+        RETRY_QUEUE,
+        INSTANCES,
+        NEAR_CACHE,
+    ];
+
     /// Every template, in the latency table's order.
     pub(crate) const ROUTES: [&str; 12] = [
         KEY,
@@ -105,11 +122,24 @@ pub mod paths {
     ];
 }
 
-/// The full API router.
+/// Every route on one listener: the data routes and the admin routes (no `[admin] listen`).
 pub fn router(state: AppState) -> Router {
-    let inner = state.inner();
-    let latency = LatencyLayer::new(inner.metrics.clone(), inner.retry_after_secs);
-    let max_value_bytes = inner.max_value_bytes;
+    finish(data_routes(&state).merge(admin_routes()), state)
+}
+
+/// The data listener's routes when an admin listener is set: the admin routes answer 404 here.
+pub fn data_router(state: AppState) -> Router {
+    finish(data_routes(&state), state)
+}
+
+/// The admin listener's routes (`[admin] listen`): the admin routes only.
+pub fn admin_router(state: AppState) -> Router {
+    finish(admin_routes(), state)
+}
+
+/// The data routes: keys, affinity, and the OpenAPI document.
+fn data_routes(state: &AppState) -> Router<AppState> {
+    let max_value_bytes = state.inner().max_value_bytes;
     Router::new()
         .route(
             paths::KEY,
@@ -121,16 +151,30 @@ pub fn router(state: AppState) -> Router {
                 .delete(handlers::invalidate_key),
         )
         .route(paths::AFFINITY, get(handlers::affinity))
+        .route(paths::OPENAPI, get(openapi::serve))
+}
+
+/// The admin routes: the one list of them. With `[admin] listen` set they are served on the
+/// admin listener only; without it, beside the data routes. A new operator endpoint is added
+/// here, and to [`paths::ADMIN_LISTENER`] and [`paths::ADMIN`] (its token scope).
+fn admin_routes() -> Router<AppState> {
+    Router::new()
         .route(paths::HEALTHZ, get(handlers::healthz))
         .route(paths::READYZ, get(handlers::readyz))
         .route(paths::METRICS, get(handlers::metrics))
-        .route(paths::OPENAPI, get(openapi::serve))
         .route(paths::CLASSES, get(handlers::classes))
         .route(paths::LAG, get(handlers::lag))
         .route(paths::ROUTING, get(handlers::routing))
         .route(paths::RETRY_QUEUE, get(handlers::retry_queue))
         .route(paths::INSTANCES, get(instances::instances))
         .route(paths::NEAR_CACHE, get(handlers::near_cache))
+}
+
+/// The fallbacks, the latency layer and the state around `routes`.
+fn finish(routes: Router<AppState>, state: AppState) -> Router {
+    let inner = state.inner();
+    let latency = LatencyLayer::new(inner.metrics.clone(), inner.retry_after_secs);
+    routes
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)
         // Layers run outside in, the last added first: request id and latency, then the token
@@ -148,5 +192,33 @@ mod tests {
     #[test]
     fn the_key_prefix_is_the_key_route_before_its_segment() {
         assert_eq!(format!("{}{{key}}", paths::KEY_PREFIX), paths::KEY);
+    }
+
+    #[tokio::test]
+    async fn the_admin_routes_are_served_on_one_listener_and_the_data_routes_on_the_other() {
+        use axum::http::{Request, StatusCode};
+        use tower::ServiceExt;
+
+        let config = crate::config::Config::default();
+        let store = std::sync::Arc::new(crate::store::memory::MemoryStore::new());
+        let state = crate::server::app_state(&config, store, crate::metrics::Metrics::new())
+            .expect("a test state");
+        for path in paths::ROUTES {
+            let uri = path.replace("{key}", "k");
+            let admin = paths::ADMIN_LISTENER.contains(&path);
+            for (router, serves) in [
+                (super::data_router(state.clone()), !admin),
+                (super::admin_router(state.clone()), admin),
+                (super::router(state.clone()), true),
+            ] {
+                let request = Request::get(&uri).body(axum::body::Body::empty()).unwrap();
+                let status = router.oneshot(request).await.unwrap().status();
+                assert_eq!(
+                    status != StatusCode::NOT_FOUND,
+                    serves,
+                    "{uri}: {status} (admin route: {admin})"
+                );
+            }
+        }
     }
 }

@@ -408,3 +408,195 @@ async fn a_body_that_does_not_arrive_is_answered_and_its_connection_closed() {
     .await;
     service.stop().await;
 }
+
+/// A service serving in-process on port-0 listeners (an admin one too when `admin`), built
+/// from `toml`; stopped through the returned sender.
+struct InProcess {
+    /// The data listener's address.
+    data: SocketAddr,
+    /// The admin listener's address.
+    admin: Option<SocketAddr>,
+    /// Dropping or sending it shuts the service down.
+    stop: tokio::sync::oneshot::Sender<()>,
+    /// The service.
+    task: tokio::task::JoinHandle<hotsplit::Result<()>>,
+}
+
+impl InProcess {
+    async fn start(toml: &str, admin: bool) -> InProcess {
+        let config = harness::config_from_toml(toml);
+        let data = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let admin = match admin {
+            true => Some(
+                tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind"),
+            ),
+            false => None,
+        };
+        let addresses = (
+            data.local_addr().expect("address"),
+            admin
+                .as_ref()
+                .map(|admin| admin.local_addr().expect("address")),
+        );
+        let service = hotsplit::server::Service::build(config)
+            .await
+            .expect("build the service");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(service.serve_on(
+            hotsplit::server::Listeners { data, admin },
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        InProcess {
+            data: addresses.0,
+            admin: addresses.1,
+            stop,
+            task,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("the service task")
+            .expect("the service stops cleanly");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_admin_listener_admin_routes_are_served_there_only() {
+    let service = InProcess::start("", true).await;
+    let data = format!("http://{}", service.data);
+    let admin = format!("http://{}", service.admin.expect("an admin listener"));
+    let http = reqwest::Client::new();
+    for path in hotsplit::http::paths::ADMIN_LISTENER {
+        let on_data = harness::get(&http, &format!("{data}{path}"), &[]).await;
+        harness::problem(
+            on_data,
+            reqwest::StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("{path} on the data listener"),
+        )
+        .await;
+        let on_admin = harness::get(&http, &format!("{admin}{path}"), &[]).await;
+        assert_eq!(
+            on_admin.status(),
+            reqwest::StatusCode::OK,
+            "{path} on the admin listener"
+        );
+    }
+    // The data routes stay on the data listener and are 404 on the admin one.
+    harness::publish_succeeds(&http, &data, "k1", 1, "v").await;
+    let read = harness::get(&http, &format!("{data}/v1/keys/k1?client=c"), &[]).await;
+    assert_eq!(read.status(), reqwest::StatusCode::OK);
+    let on_admin = harness::get(&http, &format!("{admin}/v1/keys/k1?client=c"), &[]).await;
+    harness::problem(
+        on_admin,
+        reqwest::StatusCode::NOT_FOUND,
+        "not_found",
+        "a key read on the admin listener",
+    )
+    .await;
+    // Each listener counts its own connections.
+    let metrics = harness::metrics_text(&http, &admin).await;
+    assert!(
+        metrics.contains("hotsplit_http_connections{listener=\"admin\"}"),
+        "{metrics}"
+    );
+    service.stop().await;
+}
+
+/// A CA and a server certificate for 127.0.0.1 it signed, as PEM files in `dir`: (CA
+/// certificate DER, certificate file, key file).
+fn server_certificate(
+    dir: &std::path::Path,
+) -> (rustls::pki_types::CertificateDer<'static>, PathBuf, PathBuf) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
+        KeyUsagePurpose, SanType,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "listener test ca");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key"))
+        .expect("a ca");
+    let key = KeyPair::generate().expect("a key");
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress(Ipv4Addr::LOCALHOST.into()));
+    let cert = params.signed_by(&key, &ca).expect("sign");
+    let cert_file = dir.join("server.pem");
+    let key_file = dir.join("server.key");
+    std::fs::write(&cert_file, cert.pem()).expect("write the certificate");
+    std::fs::write(&key_file, key.serialize_pem()).expect("write the key");
+    (ca.der().clone(), cert_file, key_file)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_listener_serves_https_and_answers_plain_http_with_400() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (ca, cert_file, key_file) = server_certificate(dir.path());
+    let service = InProcess::start(
+        &format!(
+            "[server]\ntls_cert_file = {:?}\ntls_key_file = {:?}\n",
+            cert_file.display().to_string(),
+            key_file.display().to_string()
+        ),
+        true,
+    )
+    .await;
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca).expect("trust the ca");
+    let client = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("tls versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client));
+    // Both listeners speak HTTPS.
+    let admin = service.admin.expect("an admin listener");
+    for (address, path) in [(service.data, "/openapi.json"), (admin, "/healthz")] {
+        let tcp = TcpStream::connect(address).await.expect("connect");
+        let name = rustls::pki_types::ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
+        let mut tls = connector.connect(name, tcp).await.expect("a tls handshake");
+        tls.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .expect("send a request");
+        let mut answer = Vec::new();
+        let _ = tls.read_to_end(&mut answer).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{path}: {answer}");
+    }
+
+    // Plain HTTP gets a clear 400 in the clear, then the connection closes.
+    let mut plain = TcpStream::connect(service.data).await.expect("connect");
+    plain
+        .write_all(b"GET /openapi.json HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+        .await
+        .expect("send a plain request");
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(answer.contains("this port speaks HTTPS"), "{answer}");
+    service.stop().await;
+}

@@ -25,15 +25,18 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::activity::{Activity, Verdict};
 use super::metrics::{ListenerMetrics, Timeout};
 use super::slots::Slot;
-use super::Settings;
+use super::{tls, Settings};
 
 /// What a connection task needs besides its socket.
 pub(super) struct Connection {
@@ -47,16 +50,46 @@ pub(super) struct Connection {
     pub(super) activity: Arc<Activity>,
     /// The listener's slot this connection holds; dropping it frees the slot.
     pub(super) _slot: Slot,
+    /// The TLS acceptor, when the listener speaks HTTPS.
+    pub(super) tls: Option<TlsAcceptor>,
 }
 
 impl Connection {
-    /// Serves HTTP/1 on `io` until the client closes, a timeout passes, or `shutdown` is
-    /// cancelled and the request in progress (if any) is answered.
-    pub(super) async fn serve<S>(self, io: S, shutdown: CancellationToken)
+    /// Serves `stream` (after a TLS handshake on a TLS listener) until the client closes, a
+    /// timeout passes, the listener evicts it, or `shutdown` is cancelled and the request in
+    /// progress (if any) is answered.
+    pub(super) async fn serve(self, stream: TcpStream, shutdown: CancellationToken) {
+        self.metrics.open.inc();
+        match self.tls.clone() {
+            None => self.serve_http(stream, &shutdown).await,
+            Some(acceptor) => {
+                let handshake = tokio::time::timeout(
+                    self.settings.header_read_timeout,
+                    handshake(acceptor, stream),
+                );
+                tokio::select! {
+                    shaken = handshake => match shaken {
+                        Ok(Some(tls)) => self.serve_http(tls, &shutdown).await,
+                        Ok(None) => {}
+                        Err(_) => {
+                            self.metrics.timed_out(Timeout::Handshake);
+                        }
+                    },
+                    () = shutdown.cancelled() => {}
+                    () = self.activity.eviction.notified() => {
+                        self.metrics.evicted.inc();
+                    }
+                }
+            }
+        }
+        self.metrics.open.dec();
+    }
+
+    /// Serves HTTP/1 on `io`.
+    async fn serve_http<S>(&self, io: S, shutdown: &CancellationToken)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        self.metrics.open.inc();
         let activity = self.activity.clone();
         let service = ConnService {
             app: self.app.clone(),
@@ -145,7 +178,31 @@ impl Connection {
         if activity.body_timed_out.load(Ordering::Relaxed) {
             self.metrics.timed_out(Timeout::Body);
         }
-        self.metrics.open.dec();
+    }
+}
+
+/// The TLS handshake on `stream`; `None` when it fails, or when the client speaks plain HTTP
+/// (then it gets a 400 in the clear saying the port speaks HTTPS).
+async fn handshake(acceptor: TlsAcceptor, mut stream: TcpStream) -> Option<TlsStream<TcpStream>> {
+    let mut first = [0u8; 1];
+    if !matches!(stream.peek(&mut first).await, Ok(1)) {
+        return None;
+    }
+    if !tls::opens_handshake(first[0]) {
+        // Read what the client already sent, so closing does not reset the connection before
+        // it reads the answer.
+        let mut sent = [0u8; 4096];
+        while matches!(stream.try_read(&mut sent), Ok(read) if read > 0) {}
+        let _ = stream.write_all(&tls::PLAIN_HTTP).await;
+        let _ = stream.shutdown().await;
+        return None;
+    }
+    match acceptor.accept(stream).await {
+        Ok(tls) => Some(tls),
+        Err(err) => {
+            tracing::debug!(error = %err, "tls handshake failed");
+            None
+        }
     }
 }
 

@@ -19,11 +19,13 @@
 //!   or an eviction, and the request and response body wrappers.
 //! - `metrics`: the connection gauges and counters, per listener.
 //! - `slots`: the connection bound, and the eviction of idle connections at it.
+//! - [`tls`]: the TLS acceptor from `server.tls_cert_file` and `server.tls_key_file`.
 
 mod activity;
 mod conn;
 mod metrics;
 mod slots;
+pub mod tls;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -33,6 +35,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -133,18 +136,21 @@ pub struct Listener {
     slots: Arc<Slots>,
     /// Connection gauges and counters.
     metrics: ListenerMetrics,
+    /// The TLS acceptor, when the listener speaks HTTPS.
+    tls: Option<TlsAcceptor>,
 }
 
 impl Listener {
-    /// A listener serving `app` on `tcp` with `config`'s timeouts and limits: the data
-    /// listener's bound is `server.max_connections`, the admin listener's
-    /// [`ADMIN_MAX_CONNECTIONS`].
+    /// A listener serving `app` on `tcp` with `config`'s timeouts and limits, over TLS when
+    /// `tls` is given: the data listener's bound is `server.max_connections`, the admin
+    /// listener's [`ADMIN_MAX_CONNECTIONS`].
     pub fn new(
         role: Role,
         tcp: TcpListener,
         app: Router,
         config: &ServerConfig,
         metrics: ListenerMetrics,
+        tls: Option<TlsAcceptor>,
     ) -> Listener {
         let bound = match role {
             Role::Data => config.max_connections,
@@ -157,6 +163,7 @@ impl Listener {
             settings: Arc::new(Settings::new(config)),
             slots: Slots::new(bound),
             metrics,
+            tls,
         }
     }
 
@@ -214,6 +221,7 @@ impl Listener {
                 metrics: self.metrics.clone(),
                 activity,
                 _slot: slot,
+                tls: self.tls.clone(),
             };
             connections.spawn(connection.serve(stream, shutdown.clone()));
         }
