@@ -20,7 +20,7 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
 #[openapi(
     info(
         title = "hotsplit",
-        description = "Split copies of hot Redis values with versioned publish and client-affine, monotonic reads. Every route is served on `server.listen` unless `[admin] listen` is set: then /healthz, /readyz, /metrics, /v1/classes, /v1/lag, /v1/routing, /v1/retry-queue and /v1/instances are served on the admin address only (404 on `server.listen`), and the keys, /v1/affinity and this document on `server.listen` only. With `server.tls_cert_file` both listeners speak HTTPS only."
+        description = "Split copies of hot Redis values with versioned publish and client-affine, monotonic reads. Every route is served on `server.listen` unless `[admin] listen` is set: then /healthz, /readyz, /metrics, /v1/classes, /v1/lag, /v1/routing, /v1/retry-queue, /v1/instances and /v1/near-cache are served on the admin address only (404 on `server.listen`), and the keys, /v1/affinity and this document on `server.listen` only. With `server.tls_cert_file` both listeners speak HTTPS only."
     ),
     paths(
         handlers::publish_key,
