@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::{self, Families, MAX_COPIES};
@@ -34,7 +34,7 @@ pub use crate::route::{ClassConfig, RouteConfig};
 pub use crate::store::StoreConfig;
 
 /// The whole configuration.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// The HTTP server.
@@ -210,6 +210,34 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The configuration as TOML, with secrets left out: a Redis URL's password and query
+    /// values are redacted, `HOTSPLIT_REDIS_PASSWORD` is never serialized, and tokens live in
+    /// their own file (which `hotsplit config check` summarises by name). What `config check`
+    /// prints; it parses back into this config.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] if a field cannot be written as TOML (a bug).
+    pub fn redacted_toml(&self) -> Result<String> {
+        let mut shown = self.clone();
+        shown.store.redis = shown
+            .store
+            .redis
+            .as_deref()
+            .map(crate::store::redis::target::redact_url);
+        shown.store.replicas = shown
+            .store
+            .replicas
+            .iter()
+            .map(|url| crate::store::redis::target::redact_url(url))
+            .collect();
+        toml::to_string(&shown).map_err(|err| {
+            Error::new(
+                ErrorKind::Config,
+                format!("cannot write the config as toml: {err}"),
+            )
+        })
     }
 
     /// Whether `serve` answers every caller on a non-loopback address (the startup WARN).
@@ -458,6 +486,21 @@ mod tests {
             let err = Config::from_toml(text).unwrap_err();
             assert!(err.message().contains(field), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn the_redacted_toml_parses_back_and_hides_the_url_password() {
+        let text = include_str!("../hotsplit.example.toml");
+        let mut config = Config::from_toml(text).unwrap();
+        config.store.redis = Some("redis://app:s3cret@10.0.0.1:6379".into());
+        config.store.password = Some(crate::store::redis::Password::new("env-s3cret"));
+        let shown = config.redacted_toml().unwrap();
+        assert!(!shown.contains("s3cret"), "{shown}");
+        let back = Config::from_toml(&shown).unwrap();
+        back.validate().unwrap();
+        assert_eq!(back.families.len(), config.families.len());
+        assert_eq!(back.store.command_timeout, config.store.command_timeout);
+        assert_eq!(back.classes.len(), config.classes.len());
     }
 
     #[test]

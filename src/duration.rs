@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serializer};
 
 /// A duration in whole milliseconds, saturating.
 pub(crate) fn millis(duration: Duration) -> u64 {
@@ -26,16 +26,36 @@ pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
     })
 }
 
+/// Serializes a duration the way a config file writes it (`"250ms"`, `"1m 30s"`), for
+/// `hotsplit config check`.
+pub(crate) fn serialize<S: Serializer>(
+    duration: &Duration,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&humantime::format_duration(*duration).to_string())
+}
+
 /// Serde support for optional humantime durations (a field that is absent is `None`).
 pub(crate) mod option {
     use std::time::Duration;
 
-    use serde::Deserializer;
+    use serde::{Deserializer, Serializer};
 
     /// Deserializes a present humantime duration as `Some`.
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Option<Duration>, D::Error> {
         super::deserialize(deserializer).map(Some)
+    }
+
+    /// Serializes a present duration as [`super::serialize`] does; an absent one is left out.
+    pub(crate) fn serialize<S: Serializer>(
+        duration: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match duration {
+            Some(duration) => super::serialize(duration, serializer),
+            None => serializer.serialize_none(),
+        }
     }
 }

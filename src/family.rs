@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::Key;
@@ -18,7 +18,7 @@ use crate::key::Key;
 pub const MAX_COPIES: u32 = 1024;
 
 /// Who chooses a family's versions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Versioning {
     /// The caller sends `?version=V`, an edit counter from its source of truth.
@@ -39,7 +39,7 @@ impl Versioning {
 }
 
 /// The built-in family that covers every key no prefix matches.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DefaultFamilyConfig {
     /// Copies per key. Default: 1 (unsplit).
@@ -84,7 +84,7 @@ fn default_pin_window() -> Duration {
 }
 
 /// A key family: keys that start with `prefix`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FamilyConfig {
     /// The key prefix; the longest matching prefix wins. Required, non-empty.

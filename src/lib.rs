@@ -21,6 +21,8 @@
 //! - [`auth`]: API bearer tokens with scopes, and the `[auth]` config.
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
+//! - [`reload`]: SIGHUP: what a new config changes live (classes, default classes, tokens, the
+//!   log filter of [`logging`]) and what needs a restart.
 //! - [`wire`]: the API's header and query-parameter names, shared by `http`, `client` and `check`.
 //! - [`client`]: a small HTTP client that reads through the affine copy and remembers floors.
 //! - [`audit`]: `hotsplit audit`, read-only measurement of the skew between live copies.
@@ -45,11 +47,13 @@ pub mod fleet;
 pub mod heal;
 pub mod http;
 pub mod key;
+pub mod logging;
 pub mod metrics;
 pub mod near;
 pub mod probe;
 pub mod publish;
 pub mod read;
+pub mod reload;
 pub mod route;
 pub mod server;
 pub mod store;

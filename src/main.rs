@@ -41,7 +41,21 @@ enum Command {
     Audit(Box<AuditArgs>),
     /// GET a URL once: exit 0 when it answers 2xx in time, 1 otherwise (a container health check).
     Probe(hotsplit::probe::ProbeArgs),
+    /// Work with the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
 }
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate the effective configuration (the file, HOTSPLIT_* variables and flags, as serve
+    /// would run it, the tokens file included) and print it as TOML with secrets redacted: exit
+    /// 0, or 2 with a message naming the field.
+    Check(ServeArgs),
+}
+
+/// The help text on the API token, which has no flag (a flag would show in `ps`).
+const TOKEN_HELP: &str = "Environment:\n  HOTSPLIT_TOKEN  the API bearer token (when --token-file is not given; never printed)";
 
 /// The help text on the Redis password, which has no flag (a flag would show in `ps`).
 const PASSWORD_HELP: &str = "Environment:\n  HOTSPLIT_REDIS_PASSWORD  the Redis password (overrides store.password_file; never printed)";
@@ -119,10 +133,11 @@ struct AuditArgs {
 }
 
 /// The log flags of the commands that log (`serve`, `audit`).
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 struct LogArgs {
     /// The log filter: a default level and target=level pairs (e.g. info, or warn,hotsplit=debug).
-    /// Default: info for serve, warn for audit.
+    /// Default: server.log_level of --config (re-read on SIGHUP), else info, for serve; warn for
+    /// audit.
     #[arg(long = "log", value_name = "FILTER", env = "HOTSPLIT_LOG")]
     filter: Option<String>,
     /// Log lines as text or json (one object a line; a request's lines carry its request_id).
@@ -132,6 +147,7 @@ struct LogArgs {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = TOKEN_HELP)]
 struct CheckArgs {
     /// Total duration of the workload phases (modes and presence), e.g. 60s.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
@@ -151,9 +167,13 @@ struct CheckArgs {
     /// Write report.md, summary.json and the histories (JSON lines) here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// A file holding the bearer token the run's service asks for and every request sends.
+    /// Default: HOTSPLIT_TOKEN, else a random token.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 #[command(after_help = PASSWORD_HELP)]
 struct ServeArgs {
     /// A TOML config file (see hotsplit.example.toml).
@@ -181,6 +201,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check(args),
         Command::Audit(args) => audit(*args),
         Command::Probe(args) => hotsplit::probe::run(&args),
+        Command::Config(ConfigCommand::Check(args)) => config_check(&args),
     }
 }
 
@@ -197,6 +218,8 @@ enum LogStream {
 /// Sets up tracing for one command: the filter from `--log` / `HOTSPLIT_LOG`, else
 /// `default_filter`; lines as `format` says; colours only in text on a terminal.
 ///
+/// Returns the filter, which a reload may replace ([`hotsplit::logging::LogFilter`]).
+///
 /// # Errors
 /// The filter's parse error, for the caller to report (exit status 2).
 fn init_tracing(
@@ -204,18 +227,19 @@ fn init_tracing(
     default_filter: &str,
     format: LogFormat,
     stream: LogStream,
-) -> Result<(), String> {
+) -> Result<hotsplit::logging::LogFilter, String> {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     // `Targets` is a static filter: unlike `EnvFilter`, it keeps no per-span state, so entering
     // and leaving each request's span takes no lock (that lock cost ~18% of HTTP read
-    // throughput at `info`).
-    let filter: tracing_subscriber::filter::Targets = filter
+    // throughput at `info`). `LogFilter` keeps it so, and lets a SIGHUP replace it.
+    let targets: tracing_subscriber::filter::Targets = filter
         .unwrap_or(default_filter)
         .parse()
         .map_err(|err| format!("--log / HOTSPLIT_LOG: {err}"))?;
-    let registry = tracing_subscriber::registry().with(filter);
+    let filter = hotsplit::logging::LogFilter::new(targets);
+    let registry = tracing_subscriber::registry().with(filter.clone());
     let layer = tracing_subscriber::fmt::layer();
     match (format, stream) {
         (LogFormat::Text, LogStream::Stdout) => registry
@@ -243,7 +267,7 @@ fn init_tracing(
             )
             .init(),
     }
-    Ok(())
+    Ok(filter)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
@@ -261,6 +285,13 @@ fn check(args: CheckArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
+    let token = match token_from(args.token_file.as_deref()) {
+        Ok(token) => token,
+        Err(err) => {
+            eprintln!("hotsplit check: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let options = check::run::CheckOptions {
         duration: args.duration,
         seed: args.seed,
@@ -268,6 +299,7 @@ fn check(args: CheckArgs) -> ExitCode {
         readers: args.readers,
         copies: args.copies,
         out: args.out,
+        token,
     };
     let result = runtime.block_on(async move {
         let cancel = tokio_util::sync::CancellationToken::new();
@@ -540,15 +572,22 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(err) = init_tracing(
+    let log_filter = match init_tracing(
         args.log.filter.as_deref(),
-        "info",
+        config
+            .server
+            .log_level
+            .as_deref()
+            .unwrap_or(hotsplit::reload::DEFAULT_LOG_LEVEL),
         args.log.log_format.unwrap_or(config.server.log_format),
         LogStream::Stdout,
     ) {
-        eprintln!("hotsplit: {err}");
-        return ExitCode::from(2);
-    }
+        Ok(filter) => filter,
+        Err(err) => {
+            eprintln!("hotsplit: {err}");
+            return ExitCode::from(2);
+        }
+    };
     if let Err(err) = open_file_limit().and_then(|limit| config.server.check_file_limit(limit)) {
         eprintln!("hotsplit: invalid configuration: {err}");
         return ExitCode::from(2);
@@ -557,11 +596,15 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
+    // SIGHUP re-reads the same file with the same flags and environment over it.
+    let log_overridden = args.log.filter.is_some();
+    let source_args = args.clone();
+    let source: hotsplit::reload::ConfigSource = Box::new(move || load_config(&source_args));
     // Build, then bind, then serve: everything that can fail (the store, its library, the
     // layout records, the spool's lock) fails before the port is taken.
     let result = runtime.block_on(async move {
         let service = match Service::build(config).await {
-            Ok(service) => service,
+            Ok(service) => service.reload_on_hangup(source, Some(log_filter), log_overridden),
             Err(err) => return Err(Startup::Build(err)),
         };
         let listeners = match service.bind().await {
@@ -625,6 +668,53 @@ fn open_file_limit() -> hotsplit::Result<u64> {
     }
 }
 
+/// `hotsplit config check`: what `serve` would run, validated (tokens file and log filter
+/// included) and printed with secrets redacted, as `nutcracker -t` does. Exit 0, or 2.
+fn config_check(args: &ServeArgs) -> ExitCode {
+    let checked = load_config(args).and_then(|config| {
+        let tokens = config.auth.load_tokens()?;
+        if let Some(filter) = &args.log.filter {
+            filter
+                .parse::<tracing_subscriber::filter::Targets>()
+                .map_err(|err| {
+                    hotsplit::Error::new(
+                        hotsplit::ErrorKind::Config,
+                        format!("--log / HOTSPLIT_LOG: {err}"),
+                    )
+                })?;
+        }
+        Ok((config.redacted_toml()?, config, tokens))
+    });
+    let (text, config, tokens) = match checked {
+        Ok(checked) => checked,
+        Err(err) => {
+            eprintln!("hotsplit config check: invalid configuration: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    println!("# The effective configuration: the file, HOTSPLIT_* variables and flags; secrets redacted.");
+    if config.store.password.is_some() {
+        println!("# store: the password comes from HOTSPLIT_REDIS_PASSWORD (not shown).");
+    }
+    if let Some(tokens) = &tokens {
+        let names: Vec<String> = tokens
+            .ids()
+            .map(|id| format!("{} ({})", id.name, id.scopes))
+            .collect();
+        println!(
+            "# auth.tokens_file: {} tokens: {}",
+            tokens.len(),
+            names.join(", ")
+        );
+    }
+    if let Some(filter) = &args.log.filter {
+        println!("# --log / HOTSPLIT_LOG sets the log filter ({filter}) over server.log_level.");
+    }
+    print!("{text}");
+    eprintln!("hotsplit config check: the configuration is valid");
+    ExitCode::SUCCESS
+}
+
 fn load_config(args: &ServeArgs) -> hotsplit::Result<Config> {
     let mut config = match &args.config {
         Some(path) => Config::from_file(path)?,
@@ -649,6 +739,27 @@ fn redis_password_from_env() -> Option<hotsplit::store::redis::Password> {
         .ok()
         .filter(|password| !password.is_empty())
         .map(hotsplit::store::redis::Password::new)
+}
+
+/// The API token from `file` (its content, one trailing newline dropped), else from
+/// `HOTSPLIT_TOKEN` if set and not empty.
+///
+/// # Errors
+/// `--token-file` when the file cannot be read or is empty (the message never holds the token).
+fn token_from(file: Option<&std::path::Path>) -> Result<Option<String>, String> {
+    let Some(file) = file else {
+        return Ok(std::env::var("HOTSPLIT_TOKEN")
+            .ok()
+            .filter(|token| !token.is_empty()));
+    };
+    let text = std::fs::read_to_string(file)
+        .map_err(|err| format!("--token-file: cannot read {}: {err}", file.display()))?;
+    let token = text.strip_suffix('\n').unwrap_or(&text);
+    let token = token.strip_suffix('\r').unwrap_or(token);
+    if token.is_empty() {
+        return Err(format!("--token-file: {} is empty", file.display()));
+    }
+    Ok(Some(token.to_owned()))
 }
 
 /// Resolves on ctrl-c or SIGTERM.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::affinity;
 use crate::error::{Error, ErrorKind, Result};
@@ -37,7 +37,7 @@ use crate::route::{Plan, ReadClass, RouteReason, Router, ServedRole, Target};
 use crate::store::{CopyRead, CopyRecord, CopyWrite, Payload, Role, ServedBy, Store};
 
 /// The read path.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReadConfig {
     /// How many sibling copies a read consults when its affine copy is below the floor, missing

@@ -32,10 +32,12 @@ use crate::heal::{
 };
 use crate::http::listener::{tls, ConnectionMetrics, Listener, ListenerMetrics, Role};
 use crate::http::{admin_router, data_router, router, AppParts, AppState, ServerConfig};
+use crate::logging::LogFilter;
 use crate::metrics::Metrics;
 use crate::near::{NearCache, NearMetrics};
 use crate::publish::Publisher;
 use crate::read::Reader;
+use crate::reload::{ConfigSource, HangupReloader, Reloader};
 use crate::route::{LagMonitor, LagTable, RouteMetrics, Router};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
@@ -90,8 +92,8 @@ impl StateParts {
         )?);
         // The near cache is off on the embedded store: its copies are in this process already.
         let near = (config.near_cache.enabled && store.kind() != "embedded").then(|| {
-            let near_metrics =
-                metrics.register_with(|registry| NearMetrics::register(registry, router.classes()));
+            let near_metrics = metrics
+                .register_with(|registry| NearMetrics::register(registry, &router.classes()));
             Arc::new(NearCache::new(
                 &config.near_cache,
                 near_metrics,
@@ -234,6 +236,10 @@ pub struct Service {
     admin_listen: Option<SocketAddr>,
     /// The listeners' TLS, from `server.tls_cert_file` and `server.tls_key_file`.
     tls: Option<TlsAcceptor>,
+    /// Applies a reloaded config to the running parts (tokens, classes, log filter).
+    reloader: Reloader,
+    /// Where a SIGHUP reads the new config; `None`: SIGHUP is not handled (embedding, tests).
+    config_source: Option<ConfigSource>,
 }
 
 /// The bound sockets a service serves on.
@@ -384,6 +390,12 @@ impl Service {
             }
         };
         state.tokens().store(tokens);
+        let reloader = Reloader::new(
+            config.clone(),
+            state.tokens().clone(),
+            state.router().clone(),
+            &state.metrics(),
+        );
         // The lag monitor always runs: a read may name a replica class on any family, and the
         // lag it finds must be measured, not missing. With no replicas (embedded store, a
         // standalone Redis without configured replicas) it has nothing to do on each tick.
@@ -415,7 +427,26 @@ impl Service {
             },
             registry,
             advertise: config.fleet.advertise.clone(),
+            reloader,
+            config_source: None,
         })
+    }
+
+    /// Reloads on SIGHUP once serving: `source` loads the new config (the binary's loader, with
+    /// its flags and environment), and the reload also sets `log_filter` from
+    /// `server.log_level` unless `log_overridden` (a flag or environment variable chose the
+    /// filter). See [`crate::reload`] for what applies live.
+    pub fn reload_on_hangup(
+        mut self,
+        source: ConfigSource,
+        log_filter: Option<LogFilter>,
+        log_overridden: bool,
+    ) -> Service {
+        if let Some(filter) = log_filter {
+            self.reloader = self.reloader.with_log_filter(filter, log_overridden);
+        }
+        self.config_source = Some(source);
+        self
     }
 
     /// Releases what a built service holds (syncs and unlocks the spool) without serving: for
@@ -491,6 +522,8 @@ impl Service {
             advertise,
             admin_listen: _,
             tls,
+            reloader,
+            config_source,
         } = self;
         let Listeners {
             data: listener,
@@ -519,6 +552,25 @@ impl Service {
         tracker.spawn(background.lag_monitor.run(cancel.clone()));
         registry.set_listen(advertise.unwrap_or_else(|| local.to_string()));
         tracker.spawn(background.registrar.run(cancel.clone()));
+        if let Some(source) = config_source {
+            // Registered here, before the port answers: a SIGHUP that found no handler would
+            // end the process (its default action).
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+                Ok(hangups) => {
+                    tracker.spawn(
+                        HangupReloader {
+                            reloader,
+                            source,
+                            hangups,
+                        }
+                        .run(cancel.clone()),
+                    );
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot listen for SIGHUP; config reload is off")
+                }
+            }
+        }
         let connection_metrics = state
             .inner()
             .metrics

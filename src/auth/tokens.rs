@@ -29,7 +29,7 @@ use crate::error::{Error, ErrorKind, Result};
 const MIN_PLAIN_LEN: usize = 16;
 
 /// One configured token.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 struct Entry {
     /// SHA-256 of the token.
     digest: [u8; 32],
@@ -207,6 +207,11 @@ impl Tokens {
             }),
             None => Verdict::Unknown,
         }
+    }
+
+    /// Whether `other` holds the same tokens with the same scopes and names.
+    pub fn same_as(&self, other: &Tokens) -> bool {
+        self.entries == other.entries
     }
 
     /// How many tokens there are.

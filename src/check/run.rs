@@ -42,6 +42,9 @@ pub struct CheckOptions {
     pub copies: u32,
     /// Where to write the report, the JSON summary and the histories. Default: none.
     pub out: Option<PathBuf>,
+    /// The bearer token the run's service asks for (`[auth] tokens_file` with this token, every
+    /// scope) and every request of the run sends. Default: none, a random one.
+    pub token: Option<String>,
 }
 
 impl Default for CheckOptions {
@@ -53,6 +56,7 @@ impl Default for CheckOptions {
             readers: 8,
             copies: 8,
             out: None,
+            token: None,
         }
     }
 }
@@ -217,6 +221,20 @@ pub async fn run(
         options.seed
     ));
     config.heal.spool_dir = spool.clone();
+    // The service asks for a token, so every request of the run passes the token check too.
+    let token = options
+        .token
+        .clone()
+        .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
+    let tokens_file = spool.with_extension("tokens");
+    std::fs::write(
+        &tokens_file,
+        format!(
+            "{} read,write,admin  # hotsplit check\n",
+            hotsplit::auth::hash_line(&token)
+        ),
+    )?;
+    config.auth.tokens_file = Some(tokens_file.clone());
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let service_stop = CancellationToken::new();
@@ -224,8 +242,16 @@ pub async fn run(
         let stop = service_stop.clone();
         async move { stop.cancelled().await }
     }));
+    let mut authorization = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|_| Error::new(ErrorKind::Config, "the token must be visible ASCII"))?;
+    authorization.set_sensitive(true);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
+        .default_headers(
+            [(reqwest::header::AUTHORIZATION, authorization)]
+                .into_iter()
+                .collect(),
+        )
         .build()
         .map_err(|err| Error::new(ErrorKind::Io, format!("http client: {err}")))?;
     wait_ready(&http, &base).await?;
@@ -268,6 +294,7 @@ pub async fn run(
     let _ = service.await;
     drop(experiment);
     let _ = std::fs::remove_dir_all(&spool);
+    let _ = std::fs::remove_file(&tokens_file);
     let report = CheckReport {
         seed: options.seed,
         modes,

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The HTTP server.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     /// The address to listen on. Default: `127.0.0.1:7070`.
@@ -72,7 +72,7 @@ pub struct ServerConfig {
 }
 
 /// The admin listener: `[admin]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// A second address serving the admin routes (`/metrics`, `/healthz`, `/readyz`,

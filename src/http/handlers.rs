@@ -544,13 +544,8 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
     if let Ok(value) = HeaderValue::from_str(&served_by.to_string()) {
         headers.insert(SERVED_BY, value);
     }
-    let class = &state
-        .inner()
-        .reader
-        .router()
-        .classes()
-        .get(route.class)
-        .name;
+    let classes = state.inner().reader.router().classes();
+    let class = &classes.get(route.class).name;
     let route_text = match route.near_cache_age {
         None => format!("class={class};reason={}", route.reason.as_str()),
         Some(age) => format!(

@@ -100,6 +100,16 @@ impl AppState {
         self.inner.auth.tokens()
     }
 
+    /// The read router (the reloadable class table lives in it).
+    pub fn router(&self) -> &Arc<crate::route::Router> {
+        self.inner.reader.router()
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.inner.metrics.clone()
+    }
+
     pub(crate) fn inner(&self) -> &Inner {
         &self.inner
     }

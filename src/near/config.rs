@@ -1,12 +1,12 @@
 //! The near cache's config: `[near_cache]`. Which classes read it, and how old an answer they
 //! accept, is per class (`classes.<name>.near_cache_max_age`, in `route::config`).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 
 /// The per-instance near cache of copies (`[near_cache]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NearCacheConfig {
     /// Whether reads of a class with a near-cache max age may be answered from memory. The

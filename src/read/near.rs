@@ -402,7 +402,7 @@ mod tests {
         ));
         let near = Arc::new(NearCache::new(
             &NearCacheConfig::default(),
-            NearMetrics::detached(router.classes()),
+            NearMetrics::detached(&router.classes()),
             TaskTracker::new(),
         ));
         Fixture {

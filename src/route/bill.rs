@@ -103,6 +103,8 @@ pub struct RouteMetrics {
     floor_evictions: Counter,
     /// 1 while a node answered its last heartbeat write (primaries) or read (replicas), else 0.
     store_up: Family<NodeLabels, Gauge>,
+    /// Each replica-routed class's staleness budget in seconds; a reload sets it again.
+    budgets: Family<ClassLabels, Gauge<f64, AtomicU64>>,
 }
 
 /// Whether a replica or a primary served.
@@ -184,15 +186,6 @@ impl RouteMetrics {
             Unit::Seconds,
             Family::default(),
         );
-        for (_, def) in classes.iter() {
-            if let Route::Replica { budget, .. } = def.route {
-                budgets
-                    .get_or_create(&ClassLabels {
-                        class: def.name.clone(),
-                    })
-                    .set(budget.as_secs_f64());
-            }
-        }
         let store_up: Family<NodeLabels, Gauge> = register(
             registry,
             "store_up",
@@ -204,13 +197,35 @@ impl RouteMetrics {
             "Client floors (written or seen) evicted from the bounded floor table while their window was still open",
             floor_evictions.clone(),
         );
-        RouteMetrics {
+        let metrics = RouteMetrics {
+            budgets,
             classes: classes.iter().map(|(_, def)| def.name.clone()).collect(),
             reads,
             lag,
             offset_gap,
             floor_evictions,
             store_up,
+        };
+        metrics.set_budgets(classes);
+        metrics
+    }
+
+    /// Sets the staleness budget gauges to `classes` (a class routed to the primary has none).
+    pub fn set_budgets(&self, classes: &Classes) {
+        for (_, def) in classes.iter() {
+            let labels = ClassLabels {
+                class: def.name.clone(),
+            };
+            match def.route {
+                Route::Replica { budget, .. } => {
+                    self.budgets
+                        .get_or_create(&labels)
+                        .set(budget.as_secs_f64());
+                }
+                Route::Primary => {
+                    self.budgets.remove(&labels);
+                }
+            }
         }
     }
 

@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 
 /// Where a read class sends reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RouteTarget {
     /// A replica of the node that owns the copy, within the class's staleness budget.
@@ -20,7 +20,7 @@ pub enum RouteTarget {
 }
 
 /// What a replica-routed read does when the replica is over the class's budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnBreach {
     /// The primary serves (reason `lag-breach`).
@@ -30,7 +30,7 @@ pub enum OnBreach {
 }
 
 /// One read class (`[classes.<name>]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClassConfig {
     /// `replica` or `primary`. Required.
@@ -54,7 +54,7 @@ pub struct ClassConfig {
 }
 
 /// Routing: the lag monitor and read-your-writes pins.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouteConfig {
     /// How often each instance writes its heartbeat on every primary and reads it back on every

@@ -22,6 +22,7 @@ pub mod pins;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -156,15 +157,61 @@ pub struct ReplicaLagView {
     pub within_budget: std::collections::BTreeMap<String, bool>,
 }
 
+/// The part of routing a SIGHUP reload replaces: the class definitions and each family's
+/// default class. The class names, and so every [`ReadClass`] index, never change while the
+/// process runs.
+#[derive(Debug)]
+struct ClassTable {
+    /// Every class.
+    classes: Classes,
+    /// Default class per family prefix (`""` for the default family), in the order of
+    /// [`Families::iter`].
+    defaults: Vec<(String, ReadClass)>,
+}
+
+impl ClassTable {
+    /// The table of `classes` with each family's default class named by `default_class`
+    /// (given a family's prefix).
+    fn new(
+        classes: Classes,
+        families: &Families,
+        default_class: impl Fn(&str) -> Option<String>,
+    ) -> Result<ClassTable> {
+        let mut defaults = Vec::new();
+        for family in families.iter() {
+            let name =
+                default_class(&family.prefix).unwrap_or_else(|| family.default_class.clone());
+            let class = classes.by_name(&name).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Config,
+                    format!("family {:?}: unknown default_class {name:?}", family.name()),
+                )
+            })?;
+            defaults.push((family.prefix.clone(), class));
+        }
+        Ok(ClassTable { classes, defaults })
+    }
+}
+
+/// The class table a read loaded: it dereferences to [`Classes`], and holds them as they were
+/// when loaded even if a reload replaces them meanwhile.
+pub struct ClassesGuard(arc_swap::Guard<Arc<ClassTable>>);
+
+impl std::ops::Deref for ClassesGuard {
+    type Target = Classes;
+
+    fn deref(&self) -> &Classes {
+        &self.0.classes
+    }
+}
+
 /// Decides where reads go. One per service, shared.
 #[derive(Debug)]
 pub struct Router {
-    /// Every class.
-    classes: Classes,
-    /// Per family: its default class, in the order of [`Families::iter`].
+    /// The classes and default classes, swapped whole by a reload and loaded without a lock.
+    table: ArcSwap<ClassTable>,
+    /// The families (their prefixes never change while the process runs).
     families: Arc<Families>,
-    /// Default class per family prefix (`""` for the default family).
-    defaults: Vec<(String, ReadClass)>,
     /// Write floors and request pins.
     pins: Pins,
     /// Replica lag.
@@ -185,24 +232,10 @@ impl Router {
         lag: Arc<LagTable>,
         metrics: Arc<RouteMetrics>,
     ) -> Result<Router> {
-        let mut defaults = Vec::new();
-        for family in families.iter() {
-            let class = classes.by_name(&family.default_class).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Config,
-                    format!(
-                        "family {:?}: unknown default_class {:?}",
-                        family.name(),
-                        family.default_class
-                    ),
-                )
-            })?;
-            defaults.push((family.prefix.clone(), class));
-        }
+        let table = ClassTable::new(classes, &families, |_| None)?;
         Ok(Router {
-            classes,
+            table: ArcSwap::from_pointee(table),
             families,
-            defaults,
             pins: Pins::new(
                 config.max_pins,
                 config.max_floors_per_client,
@@ -240,9 +273,35 @@ impl Router {
         Router::detached(config, Classes::from_config(classes).unwrap(), families).unwrap()
     }
 
-    /// The class table.
-    pub fn classes(&self) -> &Classes {
-        &self.classes
+    /// The class table in force.
+    pub fn classes(&self) -> ClassesGuard {
+        ClassesGuard(self.table.load())
+    }
+
+    /// Replaces the class definitions and the families' default classes (`default_class`
+    /// names a family's class given its prefix, `""` for the default family; `None` keeps
+    /// the family's configured one), and the budget gauges. Reads that start afterwards route
+    /// by the new table.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when `classes` names other classes than the table in force (a
+    /// class added or removed needs a restart: its counters are resolved at startup), or a
+    /// default class is unknown; nothing changes then.
+    pub fn reload_classes(
+        &self,
+        classes: Classes,
+        default_class: impl Fn(&str) -> Option<String>,
+    ) -> Result<()> {
+        if classes.names() != self.classes().names() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "classes: adding or removing a class needs a restart",
+            ));
+        }
+        let table = ClassTable::new(classes, &self.families, default_class)?;
+        self.metrics.set_budgets(&table.classes);
+        self.table.store(Arc::new(table));
+        Ok(())
     }
 
     /// The lag table.
@@ -268,18 +327,20 @@ impl Router {
         request_id: Option<&str>,
     ) -> Result<Plan> {
         let family = self.families.resolve(key);
+        let table = self.table.load();
+        let classes = &table.classes;
         let class = match class {
             Some(name) => {
-                let class = self.classes.by_name(name).ok_or_else(|| {
+                let class = classes.by_name(name).ok_or_else(|| {
                     Error::new(
                         ErrorKind::UnknownClass,
                         format!(
                             "unknown read class {name:?}; known: {}",
-                            self.classes.names().join(", ")
+                            classes.names().join(", ")
                         ),
                     )
                 })?;
-                if family.copies > 1 && self.classes.get(class).requires_single_copy() {
+                if family.copies > 1 && classes.get(class).requires_single_copy() {
                     return Err(Error::new(
                         ErrorKind::ClassNotAllowed,
                         format!(
@@ -291,14 +352,14 @@ impl Router {
                 }
                 class
             }
-            None => self
+            None => table
                 .defaults
                 .iter()
                 .find(|(prefix, _)| *prefix == family.prefix)
                 .map_or(ReadClass(0), |(_, class)| *class),
         };
         let floors = client.map_or_else(Floors::default, |client| self.pins.floors(client, key));
-        let route = match self.classes.get(class).route {
+        let route = match classes.get(class).route {
             Route::Primary => PlanRoute::Primary(RouteReason::Class),
             Route::Replica { .. } if request_id.is_some_and(|id| self.pins.request_pinned(id)) => {
                 PlanRoute::Primary(RouteReason::RequestPin)
@@ -388,13 +449,15 @@ impl Router {
 
     /// The classes with the families that use each by default.
     pub fn classes_view(&self) -> Vec<ClassView> {
-        self.classes
+        let table = self.table.load();
+        table
+            .classes
             .iter()
             .map(|(class, def)| {
                 let families = self
                     .families
                     .iter()
-                    .zip(&self.defaults)
+                    .zip(&table.defaults)
                     .filter(|(_, (_, default))| *default == class)
                     .map(|(family, _)| family.name().to_owned())
                     .collect();
@@ -406,12 +469,13 @@ impl Router {
     /// Every replica's lag and whether each replica class accepts it now.
     pub fn lag_view(&self) -> Vec<ReplicaLagView> {
         let snapshot = self.lag.snapshot();
+        let table = self.table.load();
         let mut lines: Vec<ReplicaLagView> = snapshot
             .values()
             .flatten()
             .map(|replica| {
                 let current = self.lag.current(replica);
-                let within_budget = self
+                let within_budget = table
                     .classes
                     .iter()
                     .filter_map(|(_, def)| match def.route {

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::store::redis::target::{
@@ -16,7 +16,7 @@ use crate::store::redis::target::{
 };
 
 /// The store.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// `redis://host:port` (standalone) or `redis-cluster://host:port[,host:port]` (Cluster);

@@ -18,15 +18,15 @@ use crate::harness;
 use crate::http_api::{call, Answer};
 
 /// A token with each single scope, and one with all three.
-const READER: &str = "reader-token-0123456789";
+pub(crate) const READER: &str = "reader-token-0123456789";
 const WRITER: &str = "writer-token-0123456789";
-const ADMIN: &str = "admin-token-0123456789";
+pub(crate) const ADMIN: &str = "admin-token-0123456789";
 const ALL: &str = "all-scopes-token-0123456789";
 /// A well-formed token no entry holds.
 const STRANGER: &str = "stranger-token-0123456789";
 
 /// The tokens file of these tests: one hashed entry, the rest plain.
-fn tokens_file_text() -> String {
+pub(crate) fn tokens_file_text() -> String {
     format!(
         "# test tokens\n{} read  # reader\nplain:{WRITER} write  # writer\nplain:{ADMIN} admin # admin\nplain:{ALL} read,write,admin # all\n",
         hotsplit::auth::hash_line(READER)
@@ -264,22 +264,26 @@ fn serve_refuses_a_public_address_without_tokens_and_tokens_in_clear() {
 }
 
 /// Starts the binary with `config` on `port` (stdout and stderr into one log file), waits for
-/// `/readyz`, and returns the child and the log's path.
-async fn spawn_with_config(
+/// `/readyz`, and returns the child and the log's path. `log` is `HOTSPLIT_LOG`, if any.
+pub(crate) async fn spawn_with_config(
     dir: &std::path::Path,
     config: &str,
     port: u16,
+    log: Option<&str>,
 ) -> (std::process::Child, std::path::PathBuf) {
     let path = dir.join("hotsplit.toml");
     std::fs::write(&path, config).unwrap();
     let log_path = dir.join("log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut child = harness::serve_command()
-        .arg("--config")
-        .arg(&path)
-        .env("HOTSPLIT_LOG", "debug")
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log))
+    let log_file = std::fs::File::create(&log_path).unwrap();
+    let mut command = harness::serve_command();
+    command.arg("--config").arg(&path);
+    match log {
+        Some(filter) => command.env("HOTSPLIT_LOG", filter),
+        None => command.env_remove("HOTSPLIT_LOG"),
+    };
+    let mut child = command
+        .stdout(Stdio::from(log_file.try_clone().unwrap()))
+        .stderr(Stdio::from(log_file))
         .spawn()
         .expect("start hotsplit");
     harness::wait_ready(&mut child, &format!("http://127.0.0.1:{port}"), || {
@@ -290,7 +294,7 @@ async fn spawn_with_config(
 }
 
 /// SIGTERMs `child`, waits for it, and returns its log.
-fn stop_and_read_log(mut child: std::process::Child, log: &std::path::Path) -> String {
+pub(crate) fn stop_and_read_log(mut child: std::process::Child, log: &std::path::Path) -> String {
     // SAFETY: sending SIGTERM to our own child process.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let status = child.wait().expect("wait");
@@ -315,6 +319,7 @@ async fn a_token_never_appears_in_logs_answers_or_metrics() {
             tokens.display().to_string()
         ),
         port,
+        Some("debug"),
     )
     .await;
     let http = reqwest::Client::new();
@@ -377,6 +382,7 @@ async fn serve_warns_when_it_answers_everyone_on_a_public_address() {
         dir.path(),
         &format!("[server]\nlisten = \"0.0.0.0:{port}\"\nallow_unauthenticated = true\n"),
         port,
+        Some("debug"),
     )
     .await;
     let log = stop_and_read_log(child, &log);

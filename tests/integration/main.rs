@@ -23,6 +23,7 @@ mod memory;
 mod near_cache;
 mod redis_security;
 mod redis_store;
+mod reload;
 mod resize;
 mod route;
 mod spool;
