@@ -199,6 +199,7 @@ impl Fixture {
                         if_none_match: None,
                         class: None,
                         request_id: None,
+                        session: hotsplit::route::Floors::default(),
                     })
                     .collect()
             })

@@ -130,6 +130,7 @@ fn read(c: &mut Criterion) {
             if_none_match: None,
             class: Some(class.to_owned()),
             request_id: None,
+            session: hotsplit::route::Floors::default(),
         };
         group.bench_function(class, |b| {
             b.iter(|| std::hint::black_box(runtime.block_on(reader.read(&request)).expect("read")))

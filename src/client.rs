@@ -2,8 +2,9 @@
 //!
 //! It publishes and invalidates, reads through the client's affine copy, and remembers the
 //! highest version it has seen per key (a tombstone's 404 included), sending it as the
-//! `min_version` floor on the next read. Together that gives monotonic reads and
-//! read-your-writes through any hotsplit instance.
+//! `min_version` floor on the next read. It also echoes the service's session token
+//! (`Hotsplit-Session`): it sends back the last token it received, unchanged. Together that
+//! gives monotonic reads and read-your-writes through any hotsplit instance.
 //!
 //! ```no_run
 //! # async fn demo() -> hotsplit::Result<()> {
@@ -74,6 +75,8 @@ pub struct Client {
     floors: Mutex<HashMap<String, Version>>,
     /// The bearer token sent with every request, if the service asks for one.
     token: Option<String>,
+    /// The last session token the service sent, sent back with every request.
+    session: Mutex<Option<reqwest::header::HeaderValue>>,
 }
 
 impl Client {
@@ -99,6 +102,7 @@ impl Client {
             http: http_client(DEFAULT_TIMEOUT)?,
             floors: Mutex::new(HashMap::new()),
             token: None,
+            session: Mutex::new(None),
         })
     }
 
@@ -135,6 +139,36 @@ impl Client {
             .unwrap_or_else(PoisonError::into_inner)
             .get(key)
             .copied()
+    }
+
+    /// The session token this client sends, if the service gave it one.
+    pub fn session_token(&self) -> Option<String> {
+        self.session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    }
+
+    /// Adds the last session token received, if any, to `request`.
+    fn with_session(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let token = self
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match token {
+            Some(token) => request.header(wire::header::SESSION, token),
+            None => request,
+        }
+    }
+
+    /// Keeps the session token of `response`, when it carries one.
+    fn keep_session(&self, response: &reqwest::Response) {
+        if let Some(token) = response.headers().get(wire::header::SESSION) {
+            *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(token.clone());
+        }
     }
 
     fn raise_floor(&self, key: &str, version: Version) {
@@ -175,7 +209,12 @@ impl Client {
     }
 
     async fn write(&self, key: &str, request: reqwest::RequestBuilder) -> Result<Published> {
-        let response = self.authorized(request).send().await.map_err(unreachable)?;
+        let response = self
+            .authorized(self.with_session(request))
+            .send()
+            .await
+            .map_err(unreachable)?;
+        self.keep_session(&response);
         if !response.status().is_success() {
             return Err(problem(response).await);
         }
@@ -201,7 +240,12 @@ impl Client {
         if let Some(floor) = self.floor(key) {
             request = request.header(wire::header::MIN_VERSION, floor.to_string());
         }
-        let response = self.authorized(request).send().await.map_err(unreachable)?;
+        let response = self
+            .authorized(self.with_session(request))
+            .send()
+            .await
+            .map_err(unreachable)?;
+        self.keep_session(&response);
         match response.status() {
             reqwest::StatusCode::OK => {}
             reqwest::StatusCode::NOT_FOUND => {

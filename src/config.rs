@@ -24,7 +24,7 @@ use crate::route::Classes;
 
 pub use crate::auth::AuthConfig;
 pub use crate::family::{DefaultFamilyConfig, FamilyConfig};
-pub use crate::fleet::FleetConfig;
+pub use crate::fleet::{FleetConfig, SessionConfig};
 pub use crate::heal::HealConfig;
 pub use crate::http::config::AdminConfig;
 pub use crate::http::ServerConfig;
@@ -65,6 +65,8 @@ pub struct Config {
     /// The per-instance near cache (`[near_cache]`); how old an answer each class accepts from
     /// it is `classes.<name>.near_cache_max_age`.
     pub near_cache: NearCacheConfig,
+    /// Session tokens (`Hotsplit-Session`).
+    pub session: SessionConfig,
 }
 
 impl Config {
@@ -128,6 +130,7 @@ impl Config {
         let classes = Classes::from_config(&self.classes)?;
         self.heal.validate()?;
         self.fleet.validate()?;
+        self.session.validate()?;
         family::check_copies_and_ttl(
             "default_family",
             self.default_family.copies,

@@ -33,7 +33,7 @@ use crate::heal::Repairer;
 use crate::key::{CopyKey, Key, Version};
 use crate::metrics::{Metrics, ReadOutcome};
 use crate::near::NearCache;
-use crate::route::{Plan, ReadClass, RouteReason, Router, ServedRole, Target};
+use crate::route::{Floors, Plan, ReadClass, RouteReason, Router, ServedRole, Target};
 use crate::store::{CopyRead, CopyRecord, CopyWrite, Payload, Role, ServedBy, Store};
 
 /// The read path.
@@ -83,6 +83,10 @@ pub struct ReadRequest {
     pub class: Option<String>,
     /// The request id (`Hotsplit-Request`): pinned to primaries after that request wrote.
     pub request_id: Option<String>,
+    /// The floors the client's session token holds for this key (`Hotsplit-Session`): honoured
+    /// exactly as this instance's own memory of the client (a written floor as an own-write
+    /// floor, a served one as a seen floor).
+    pub session: Floors,
 }
 
 /// Where and why a read was served.
@@ -113,6 +117,8 @@ pub enum ReadAnswer {
         served_by: ServedBy,
         /// The class and the routing reason.
         route: RouteNote,
+        /// When the served copy expires, Unix ms: how long a floor at its version lasts.
+        expire_at_ms: u64,
     },
     /// No consulted copy is newer than the `If-None-Match` version.
     NotModified {
@@ -124,6 +130,8 @@ pub enum ReadAnswer {
         served_by: ServedBy,
         /// The class and the routing reason.
         route: RouteNote,
+        /// When the answering copy expires, Unix ms.
+        expire_at_ms: u64,
     },
 }
 
@@ -209,6 +217,11 @@ impl Reader {
     pub fn with_repairer(mut self, repairer: Repairer) -> Reader {
         self.repairer = Some(repairer);
         self
+    }
+
+    /// The key families.
+    pub fn families(&self) -> &Arc<Families> {
+        &self.families
     }
 
     /// The router reads go through.
@@ -298,12 +311,15 @@ impl Reader {
             CopyChoice::Client(client) => Some(client.as_str()),
             CopyChoice::Named(_) => None,
         };
-        let plan = self.router.plan(
+        let mut plan = self.router.plan(
             &request.key,
             request.class.as_deref(),
             client,
             request.request_id.as_deref(),
         )?;
+        // The session token's floors count as this instance's own memory of the client.
+        plan.own_floor = plan.own_floor.max(request.session.written);
+        plan.seen_floor = plan.seen_floor.max(request.session.seen);
         let client_floor = floor;
         let floor = floor.max(plan.held_floor());
         let near = self
@@ -727,6 +743,7 @@ fn decide(
                 copy,
                 served_by,
                 route,
+                expire_at_ms: record.expire_at_ms,
             }))
         }
         Payload::Value(value) => Ok(Decision::Answer(ReadAnswer::Value {
@@ -735,6 +752,7 @@ fn decide(
             copy,
             served_by,
             route,
+            expire_at_ms: record.expire_at_ms,
         })),
     }
 }
@@ -782,6 +800,7 @@ mod tests {
             if_none_match: if_none_match.map(version),
             class: None,
             request_id: None,
+            session: crate::route::Floors::default(),
         }
     }
 

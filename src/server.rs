@@ -25,7 +25,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::fleet::{Registrar, Registry};
+use crate::fleet::session::{SessionKey, SessionMetrics};
+use crate::fleet::{Registrar, Registry, Sessions};
 use crate::heal::{
     HealHandles, HealthProber, HealthStore, LayoutWatcher, Layouts, Liveness, NodeHealth, Repairer,
     RetryQueue, RetryWorker,
@@ -61,6 +62,8 @@ pub struct StateParts {
     pub lag: Arc<LagTable>,
     /// The instance registry `/v1/instances` lists.
     pub registry: Arc<Registry>,
+    /// The deployment's session key (`fleet::session`).
+    pub session_key: SessionKey,
 }
 
 impl StateParts {
@@ -78,7 +81,10 @@ impl StateParts {
             tracker,
             lag,
             registry,
+            session_key,
         } = self;
+        let session_metrics = metrics.register_with(SessionMetrics::register);
+        let sessions = Arc::new(Sessions::new(session_key, &config.session, session_metrics));
         let families = Arc::new(config.families());
         let classes = config.classes()?;
         let route_metrics =
@@ -134,6 +140,7 @@ impl StateParts {
                 layouts,
             },
             registry,
+            sessions,
         });
         Ok((state, route_metrics))
     }
@@ -156,6 +163,13 @@ pub fn app_state(
             instance_name(),
             config.fleet.entry_ttl(),
         )),
+        // One instance: a key of its own.
+        session_key: SessionKey::from_hex(&SessionKey::random_hex()).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Config,
+                "a random session key is not 32 hex digits",
+            )
+        })?,
         store,
         retry_queue: Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
         metrics,
@@ -372,7 +386,15 @@ impl Service {
             instance.clone(),
             config.fleet.entry_ttl(),
         ));
+        let session_key = match deployment_session_key(&*store).await {
+            Ok(key) => key,
+            Err(err) => {
+                retry_queue.close().await;
+                return Err(err);
+            }
+        };
         let wired = StateParts {
+            session_key,
             registry: registry.clone(),
             store: store.clone(),
             metrics,
@@ -654,6 +676,23 @@ async fn bind(address: SocketAddr) -> Result<TcpListener> {
     TcpListener::bind(address)
         .await
         .map_err(|err| Error::new(ErrorKind::Io, format!("cannot listen on {address}: {err}")))
+}
+
+/// The deployment's session key: the one in the store, or a fresh one stored there.
+///
+/// # Errors
+/// As [`Store::session_key`]; [`ErrorKind::Config`] when the stored key is not 32 hex digits.
+async fn deployment_session_key(store: &dyn Store) -> Result<SessionKey> {
+    let text = store.session_key(&SessionKey::random_hex()).await?;
+    SessionKey::from_hex(&text).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Config,
+            format!(
+                "the stored session key {} is not 32 hex digits; delete it and restart",
+                crate::store::registry::SESSION_KEY_KEY
+            ),
+        )
+    })
 }
 
 /// A name unique to this process, for its heartbeat keys: pid and a random suffix.

@@ -33,9 +33,19 @@ pub mod header {
     pub const SERVED_BY: &str = "hotsplit-served-by";
     /// Response: `class=NAME;reason=REASON`.
     pub const ROUTE: &str = "hotsplit-route";
+    /// Request and response: the client's session token, its floors (`fleet::session`).
+    /// Clients store the last one they received and send it back unchanged.
+    pub const SESSION: &str = "hotsplit-session";
     /// Response: the `Vary` value of a read, the request headers the answer depends on (the
-    /// client id, the floor and the read class) in their display spelling.
-    pub const READ_VARY: &str = "Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class";
+    /// client id, the floor, the read class and the session token) in their display spelling.
+    pub const READ_VARY: &str =
+        "Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session";
+}
+
+/// Cookie names.
+pub mod cookie {
+    /// The session token as a cookie (with `session.cookie`), for browser clients.
+    pub const SESSION: &str = "hotsplit_session";
 }
 
 /// Query parameter names.
@@ -65,14 +75,19 @@ mod tests {
     use super::header;
 
     #[test]
-    fn the_read_vary_names_the_client_floor_and_class_headers() {
+    fn the_read_vary_names_the_client_floor_class_and_session_headers() {
         let named: Vec<String> = header::READ_VARY
             .split(", ")
             .map(str::to_ascii_lowercase)
             .collect();
         assert_eq!(
             named,
-            [header::CLIENT, header::MIN_VERSION, header::READ_CLASS]
+            [
+                header::CLIENT,
+                header::MIN_VERSION,
+                header::READ_CLASS,
+                header::SESSION
+            ]
         );
     }
 }

@@ -1,4 +1,5 @@
-//! The fleet's config: `[fleet]` (the instance registry's heartbeat and advertised address).
+//! The fleet's config: `[fleet]` (the instance registry's heartbeat and advertised address) and
+//! `[session]` (session tokens).
 
 use std::time::Duration;
 
@@ -66,6 +67,48 @@ impl FleetConfig {
     }
 }
 
+/// The `[session]` settings: session tokens (`Hotsplit-Session`, `fleet::session`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionConfig {
+    /// The most keys a token keeps floors for (the most recently used), 1..=64: at most
+    /// 1 + 25 × `max_keys` + 8 bytes, 1,079 characters encoded at 32. Default: 32.
+    pub max_keys: usize,
+    /// Also send the token as a cookie (`hotsplit_session`, `HttpOnly; Secure;
+    /// SameSite=Strict; Path=/v1/keys`) and read it from one when no header comes, for browser
+    /// clients. Default: false.
+    pub cookie: bool,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            max_keys: 32,
+            cookie: false,
+        }
+    }
+}
+
+impl SessionConfig {
+    /// Checks every `session.*` field.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=crate::fleet::session::MAX_FLOORS).contains(&self.max_keys) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "session.max_keys: must be in 1..={}, got {}",
+                    crate::fleet::session::MAX_FLOORS,
+                    self.max_keys
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +135,17 @@ mod tests {
             .to_string()
             .contains("fleet.advertise"));
         assert_eq!(FleetConfig::default().entry_ttl(), Duration::from_secs(6));
+        SessionConfig::default().validate().unwrap();
+        for max_keys in [0, 65] {
+            let config = SessionConfig {
+                max_keys,
+                ..SessionConfig::default()
+            };
+            assert!(config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("session.max_keys"));
+        }
     }
 }

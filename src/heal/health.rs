@@ -432,6 +432,10 @@ impl Store for HealthStore {
         self.inner.instances()
     }
 
+    fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>> {
+        self.inner.session_key(candidate)
+    }
+
     fn library_name(&self) -> Option<&'static str> {
         self.inner.library_name()
     }

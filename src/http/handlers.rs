@@ -9,11 +9,14 @@ use serde::{Deserialize, Serialize};
 
 use super::params::{self, KeyPath, StrictQuery};
 use super::problem::{ApiError, Code};
+use super::session::{self, SessionToken};
 use super::AppState;
+use crate::fleet::session::SessionFloor;
 use crate::key::{Key, Version};
 use crate::publish::{PublishReport, PublishStatus, SyncReplicas};
 use crate::read::{CopyChoice, ReadAnswer, ReadRequest};
-use crate::store::NodeLabel;
+use crate::route::Floors;
+use crate::store::{now_unix_ms, NodeLabel};
 use crate::wire;
 
 /// `Hotsplit-Version`, checked at compile time.
@@ -295,11 +298,12 @@ fn publish_status_response(report: PublishReport, status: PublishStatus) -> Resp
         WriteParams,
         ("Hotsplit-Client" = Option<String>, Header, nullable = false, description = "The writer's client id, instead of ?client= (which wins): its reads of this key see at least this version for pin_window. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
         ("Hotsplit-Request" = Option<String>, Header, nullable = false, description = "A request id: later reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
+        ("Hotsplit-Session" = Option<String>, Header, nullable = false, description = "The session token of the last answer this client received (send it back unchanged): its floors hold on any instance. An unknown version, a garbled, oversized or forged token is ignored, never refused"),
     ),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw value"),
     responses(
-        (status = 200, description = "No copy failed; at least one applied or all are current; Hotsplit-Version carries the version written (send it back as min_version for read-your-writes through any instance)", body = PublishReport),
-        (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", body = PublishReport),
+        (status = 200, description = "No copy failed; at least one applied or all are current; Hotsplit-Version carries the version written (send it back as min_version for read-your-writes through any instance)", headers(("Hotsplit-Session" = String, description = "The session token holding this client's floors, this one included: store it and send it back on the next request, to any instance")), body = PublishReport),
+        (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", headers(("Hotsplit-Session" = String, description = "The session token holding this client's floors, this one included: store it and send it back on the next request, to any instance")), body = PublishReport),
         (status = 400, description = "invalid_key (also a malformed percent escape or invalid UTF-8), invalid_version (missing for a caller family, sent to an allocated one) or invalid_parameter (a malformed or repeated parameter, disagreeing header lines, sync_replicas above the replicas known)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "stale_version: nothing applied, a copy holds a newer version; version_conflict: a copy holds this version with a different body (body also carries the report)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 413, description = "value_too_large: the body, or its declared Content-Length (checked before `100 Continue`), is over server.max_value_bytes", body = super::problem::Problem, content_type = "application/problem+json"),
@@ -311,22 +315,63 @@ pub async fn publish_key(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     StrictQuery(params): StrictQuery<WriteParams>,
+    token: SessionToken,
     request: Request,
-) -> Result<Response, ApiError> {
-    let writer = writer(params.client.clone(), request.headers())?;
-    let version = write_version(params.version.as_deref())?;
-    let sync = parse_sync(&params)?;
-    let body = read_value(request, &state).await?;
-    let publisher = &state.inner().publisher;
-    let report = match sync {
-        None => publisher.publish(&key, version.into(), body).await?,
-        Some(sync) => {
-            publisher
-                .publish_synced(&key, version.into(), body, sync)
-                .await?
-        }
+) -> Response {
+    let publish = async {
+        let writer = writer(params.client.clone(), request.headers())?;
+        let version = write_version(params.version.as_deref())?;
+        let sync = parse_sync(&params)?;
+        let body = read_value(request, &state).await?;
+        let publisher = &state.inner().publisher;
+        let report = match sync {
+            None => publisher.publish(&key, version.into(), body).await?,
+            Some(sync) => {
+                publisher
+                    .publish_synced(&key, version.into(), body, sync)
+                    .await?
+            }
+        };
+        Ok::<_, ApiError>((report, writer))
     };
-    Ok(publish_response(report, &state, &key, &writer))
+    let answer = publish.await;
+    write_answer(answer, &state, &key, token)
+}
+
+/// Renders a write's answer (or its error) with the writer's session token, which holds the
+/// version written as an own-write floor when the write was not refused.
+fn write_answer(
+    answer: Result<(PublishReport, Writer), ApiError>,
+    state: &AppState,
+    key: &Key,
+    token: SessionToken,
+) -> Response {
+    let SessionToken { mut session, sent } = token;
+    let sessions = &state.inner().sessions;
+    let mut response = match answer {
+        Ok((report, writer)) => {
+            if !matches!(
+                report.status(),
+                PublishStatus::Stale | PublishStatus::Conflict
+            ) {
+                // A written floor lasts as long as the edit can: the family's TTL from now
+                // bounds every copy's expiry, jittered or a tombstone.
+                let now_ms = now_unix_ms();
+                let ttl = state.inner().reader.families().resolve(key).ttl;
+                let floor = SessionFloor {
+                    key_hash: sessions.key_hash(key),
+                    version: report.version,
+                    expire_at_ms: now_ms.saturating_add(crate::publish::duration_ms(ttl)),
+                    written: true,
+                };
+                sessions.record(&mut session, floor, now_ms);
+            }
+            publish_response(report, state, key, &writer)
+        }
+        Err(err) => err.into_response(),
+    };
+    session::attach(&mut response, sessions, &session, sent);
+    response
 }
 
 /// The `?version=` of a write, when it carries one.
@@ -380,10 +425,11 @@ async fn read_value(request: Request, state: &AppState) -> Result<Bytes, ApiErro
         InvalidateParams,
         ("Hotsplit-Client" = Option<String>, Header, nullable = false, description = "The writer's client id, instead of ?client= (which wins). Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
         ("Hotsplit-Request" = Option<String>, Header, nullable = false, description = "A request id: later reads carrying it go to primaries. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
+        ("Hotsplit-Session" = Option<String>, Header, nullable = false, description = "The session token of the last answer this client received (send it back unchanged): its floors hold on any instance. An unknown version, a garbled, oversized or forged token is ignored, never refused"),
     ),
     responses(
-        (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),
-        (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", body = PublishReport),
+        (status = 200, description = "No copy failed; at least one applied or all are current", headers(("Hotsplit-Session" = String, description = "The session token holding this client's floors, this one included: store it and send it back on the next request, to any instance")), body = PublishReport),
+        (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", headers(("Hotsplit-Session" = String, description = "The session token holding this client's floors, this one included: store it and send it back on the next request, to any instance")), body = PublishReport),
         (status = 400, description = "invalid_key, invalid_version or invalid_parameter (including sync_replicas or sync_timeout_ms, which an invalidation refuses)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "stale_version or version_conflict", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "internal: a bug or an unexpected local failure", body = super::problem::Problem, content_type = "application/problem+json"),
@@ -394,26 +440,31 @@ pub async fn invalidate_key(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     StrictQuery(params): StrictQuery<InvalidateParams>,
+    token: SessionToken,
     headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    if params.sync_replicas.is_some() || params.sync_timeout_ms.is_some() {
-        return Err(ApiError::new(
-            Code::InvalidParameter,
-            format!(
-                "{} and {} are supported on PUT only",
-                wire::query::SYNC_REPLICAS,
-                wire::query::SYNC_TIMEOUT_MS
-            ),
-        ));
-    }
-    let writer = writer(params.client.clone(), &headers)?;
-    let version = write_version(params.version.as_deref())?;
-    let report = state
-        .inner()
-        .publisher
-        .invalidate(&key, version.into())
-        .await?;
-    Ok(publish_response(report, &state, &key, &writer))
+) -> Response {
+    let invalidate = async {
+        if params.sync_replicas.is_some() || params.sync_timeout_ms.is_some() {
+            return Err(ApiError::new(
+                Code::InvalidParameter,
+                format!(
+                    "{} and {} are supported on PUT only",
+                    wire::query::SYNC_REPLICAS,
+                    wire::query::SYNC_TIMEOUT_MS
+                ),
+            ));
+        }
+        let writer = writer(params.client.clone(), &headers)?;
+        let version = write_version(params.version.as_deref())?;
+        let report = state
+            .inner()
+            .publisher
+            .invalidate(&key, version.into())
+            .await?;
+        Ok((report, writer))
+    };
+    let answer = invalidate.await;
+    write_answer(answer, &state, &key, token)
 }
 
 /// Reads a key through the client's affine copy.
@@ -429,6 +480,7 @@ pub async fn invalidate_key(
         ("If-None-Match" = Option<String>, Header, nullable = false, pattern = r"^[\t -~]*$", description = "Entity tags (\"V\", W/\"V\", lists, several lines: the highest counts); a floor too: 304 when no consulted copy is newer"),
         ("Hotsplit-Read-Class" = Option<String>, Header, nullable = false, description = "The read class, instead of ?class= (which wins). Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
         ("Hotsplit-Request" = Option<String>, Header, nullable = false, description = "A request id: after a write carrying it, reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
+        ("Hotsplit-Session" = Option<String>, Header, nullable = false, description = "The session token of the last answer this client received (send it back unchanged): its floors hold on any instance. An unknown version, a garbled, oversized or forged token is ignored, never refused"),
     ),
     responses(
         (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By (host:port;role=primary|replica: for a near-cache answer, the node that filled the entry), Hotsplit-Route (class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor, then ;source=near-cache;age_ms=N when answered from the instance's near cache, N the entry's age bound: the source's lag at fill plus its age), Age (near-cache answers only: the age bound in whole seconds), Vary", body = Vec<u8>, content_type = "application/octet-stream"),
@@ -444,10 +496,52 @@ pub async fn read_key(
     KeyPath(key): KeyPath,
     StrictQuery(params): StrictQuery<ReadParams>,
     headers: ReadHeaders,
-) -> Result<Response, ApiError> {
-    let request = read_request(key, params, headers)?;
-    let answer = state.inner().reader.read(&request).await?;
-    Ok(read_response(answer, &state))
+    token: SessionToken,
+) -> Response {
+    let SessionToken { mut session, sent } = token;
+    let sessions = &state.inner().sessions;
+    let now_ms = now_unix_ms();
+    let key_hash = sessions.key_hash(&key);
+    let floors = session.floors(key_hash, now_ms);
+    let answer = match read_request(key, params, headers) {
+        Ok(mut request) => {
+            request.session = floors;
+            state
+                .inner()
+                .reader
+                .read(&request)
+                .await
+                .map_err(ApiError::from)
+        }
+        Err(err) => Err(err),
+    };
+    let mut response = match answer {
+        Ok(answer) => {
+            // Every version served becomes a floor of the session until the copy expires:
+            // the client's next read, through any instance, does not go below it.
+            let (ReadAnswer::Value {
+                version,
+                expire_at_ms,
+                ..
+            }
+            | ReadAnswer::NotModified {
+                version,
+                expire_at_ms,
+                ..
+            }) = &answer;
+            let floor = SessionFloor {
+                key_hash,
+                version: *version,
+                expire_at_ms: *expire_at_ms,
+                written: false,
+            };
+            sessions.record(&mut session, floor, now_ms);
+            read_response(answer, &state)
+        }
+        Err(err) => err.into_response(),
+    };
+    session::attach(&mut response, sessions, &session, sent);
+    response
 }
 
 /// Puts a read's path, query and headers together: the query's client and class win over the
@@ -491,6 +585,7 @@ fn read_request(
         if_none_match: headers.if_none_match,
         class: params.class.or(headers.read_class),
         request_id: headers.request_id,
+        session: Floors::default(),
     })
 }
 
@@ -502,6 +597,7 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
             copy,
             served_by,
             route,
+            ..
         } => (
             StatusCode::OK,
             Body::from(value),
@@ -515,6 +611,7 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
             copy,
             served_by,
             route,
+            ..
         } => (
             StatusCode::NOT_MODIFIED,
             Body::empty(),

@@ -15,6 +15,7 @@
 //! - `state`: [`AppState`], what the handlers share.
 //! - `auth`: the bearer-token check in front of every route (401, 403), by the route's scope.
 //! - `latency`: the layer around every request: request id and span, latency, `Retry-After`.
+//! - `session`: session tokens (`Hotsplit-Session`) read from requests and put on answers.
 //! - `request_id`: how a request's id is chosen (`X-Request-Id`, `traceparent`, or random).
 //! - `instances`: `GET /v1/instances`, the instance registry.
 //! - `openapi`: the OpenAPI document and the route that serves it; `openapi_edge` adds the
@@ -35,6 +36,7 @@ mod openapi_edge;
 mod params;
 pub mod problem;
 mod request_id;
+mod session;
 mod state;
 
 use axum::extract::DefaultBodyLimit;

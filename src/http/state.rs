@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::auth::AuthLayer;
 use crate::auth::TokenTable;
-use crate::fleet::Registry;
+use crate::fleet::{Registry, Sessions};
 use crate::heal::HealHandles;
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
@@ -41,6 +41,8 @@ pub(crate) struct Inner {
     /// The token check in front of every route, with the table a reload swaps (empty until
     /// [`AppState::tokens`] is given tokens).
     pub(crate) auth: AuthLayer,
+    /// Session tokens: read on every key request, written on its answer.
+    pub(crate) sessions: Arc<Sessions>,
 }
 
 /// The parts an [`AppState`] is made of, by name.
@@ -62,6 +64,8 @@ pub struct AppParts {
     pub heal: HealHandles,
     /// The instance registry, for `/v1/instances`.
     pub registry: Arc<Registry>,
+    /// Session tokens: read on every key request, written on its answer.
+    pub sessions: Arc<Sessions>,
 }
 
 impl AppState {
@@ -76,6 +80,7 @@ impl AppState {
             retry_after,
             heal,
             registry,
+            sessions,
         } = parts;
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         let auth = AuthLayer::new(TokenTable::default(), &metrics);
@@ -90,6 +95,7 @@ impl AppState {
                 heal,
                 registry,
                 auth,
+                sessions,
             }),
         }
     }

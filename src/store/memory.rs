@@ -51,6 +51,8 @@ struct State {
     /// Instance id → (its registry record, lapse time in Unix ms): the registry of the one
     /// process that holds this store.
     instances: HashMap<String, (InstanceRecord, u64)>,
+    /// The session key, once one was asked for.
+    session_key: Option<String>,
 }
 
 /// The embedded store. Cheap operations under one mutex; no await while it is held.
@@ -384,6 +386,15 @@ impl Store for MemoryStore {
             .collect();
         records.sort_by(|a, b| a.id.cmp(&b.id));
         Box::pin(std::future::ready(Ok(records)))
+    }
+
+    fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>> {
+        let key = self
+            .state()
+            .session_key
+            .get_or_insert_with(|| candidate.to_owned())
+            .clone();
+        Box::pin(std::future::ready(Ok(key)))
     }
 
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {

@@ -416,6 +416,14 @@ pub trait Store: Send + Sync + 'static {
     /// As [`Store::read_layout`].
     fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>>;
 
+    /// The deployment's session key (`fleet::session`): the stored one, or `candidate` (32
+    /// hex digits) once stored because none was. Every instance of a deployment gets the same
+    /// key, whichever started first.
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`].
+    fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>>;
+
     /// Deletes copies (removed by shrinking a family), each on its own node, concurrently.
     /// Returns how many existed.
     ///

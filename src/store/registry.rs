@@ -8,13 +8,17 @@
 //! has expired is dropped from the set when the registry is next listed. Both keys carry the hash
 //! tag `{fleet}`, so they live in one slot (one node) of a cluster, and start with `#`, so they
 //! are no user key, copy key or counter key. The embedded store keeps the same records in
-//! memory (a one-instance registry).
+//! memory (a one-instance registry). The deployment's session key lives beside them.
 
 use serde::Serialize;
 
 /// The sorted set of registered instance ids (member: id; score: when the entry lapses, Unix
 /// milliseconds).
 pub const INSTANCES_KEY: &str = "#hotsplit#{fleet}#instances";
+
+/// The deployment's session key (`fleet::session`), 32 hex digits, created by the first
+/// instance to start (`SET NX`) and never expiring.
+pub const SESSION_KEY_KEY: &str = "#hotsplit#{fleet}#session-key";
 
 /// The hash fields of an instance record, in the order [`InstanceRecord::fields`] gives them.
 pub const INSTANCE_FIELDS: [&str; 7] = [
@@ -126,6 +130,7 @@ mod tests {
             key[open + 1..close].to_owned()
         };
         assert_eq!(tag(INSTANCES_KEY), tag(&instance_key("1-a")));
+        assert_eq!(tag(INSTANCES_KEY), tag(SESSION_KEY_KEY));
         assert!(INSTANCES_KEY.starts_with('#') && instance_key("1-a").starts_with('#'));
     }
 }

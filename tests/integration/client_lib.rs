@@ -25,6 +25,15 @@ async fn the_client_carries_its_floor_and_reads_its_own_writes() {
         (b"ten".as_slice(), 10)
     );
     assert_eq!(read.copy, hotsplit::affinity::copy_index("carol", 8));
+    // The client echoes the session token: the service verified the one the read sent.
+    assert!(client.session_token().is_some());
+    let metrics = harness::metrics_text(&reqwest::Client::new(), &service.base).await;
+    assert!(
+        metrics.lines().any(|line| line
+            .starts_with("hotsplit_session_tokens_total{outcome=\"valid\"} ")
+            && !line.ends_with(" 0")),
+        "{metrics}"
+    );
 
     // Roll carol's copy back directly in Redis: the floor keeps her from seeing the older value.
     let copy_key = format!("cl:1#{}", read.copy);

@@ -136,12 +136,17 @@ async fn publish_then_read_through_the_affine_copy() {
         assert_eq!(get.header("hotsplit-served-by"), Some("embedded"));
         assert_eq!(
             get.header("vary"),
-            Some("Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class")
+            Some("Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session")
         );
         assert_eq!(
             get.header("hotsplit-route"),
             Some("class=primary;reason=class")
         );
+        // The answer carries the reader's session token, so no shared cache may keep it.
+        assert!(get
+            .header("hotsplit-session")
+            .is_some_and(|token| !token.is_empty()));
+        assert_eq!(get.header("cache-control"), Some("private"));
     }
 
     // If-None-Match with the current version: 304, no body; with an older one: the body.

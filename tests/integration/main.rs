@@ -26,6 +26,7 @@ mod redis_store;
 mod reload;
 mod resize;
 mod route;
+mod session;
 mod spool;
 mod startup;
 mod telemetry;

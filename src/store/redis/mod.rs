@@ -636,6 +636,10 @@ impl Store for RedisStore {
         Box::pin(self.registered())
     }
 
+    fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>> {
+        Box::pin(self.shared_session_key(candidate))
+    }
+
     fn library_name(&self) -> Option<&'static str> {
         Some(library::LIBRARY_NAME)
     }

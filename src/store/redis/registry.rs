@@ -1,20 +1,46 @@
 //! The instance registry in Redis (`store::registry` says what is kept where): `HSET` and
 //! `PEXPIRE` of the instance's hash and `ZADD` of its id to the index to register; `ZRANGE` of
 //! the index and one `HMGET` per id to list (an id whose hash expired is removed with `ZREM`);
-//! `DEL` and `ZREM` to leave. Every key carries the `{fleet}` hash tag, so in a cluster the
+//! `DEL` and `ZREM` to leave. The deployment's session key is `SET NX`, then `GET`. Every key carries the `{fleet}` hash tag, so in a cluster the
 //! registry is one slot on one node, and the least-privilege ACL needs no command it did not
 //! already grant.
 
 use fred::interfaces::{HashesInterface, KeysInterface, SortedSetsInterface};
-use fred::types::Value;
+use fred::types::{SetOptions, Value};
 use futures_util::future::join_all;
 
 use super::RedisStore;
 use crate::error::{Error, ErrorKind, Result};
-use crate::store::registry::{instance_key, INSTANCES_KEY, INSTANCE_FIELDS};
+use crate::store::registry::{instance_key, INSTANCES_KEY, INSTANCE_FIELDS, SESSION_KEY_KEY};
 use crate::store::{now_unix_ms, valid_live_instance, InstanceRecord};
 
 impl RedisStore {
+    /// Stores `candidate` as the session key unless one is stored, then reads the stored one.
+    /// The body of [`crate::store::Store::session_key`].
+    pub(super) async fn shared_session_key(&self, candidate: &str) -> Result<String> {
+        self.client
+            .set::<Value, _, _>(
+                SESSION_KEY_KEY,
+                candidate,
+                None,
+                Some(SetOptions::NX),
+                false,
+            )
+            .await
+            .map_err(|err| self.fail(format_args!("creation of {SESSION_KEY_KEY}"), &err))?;
+        let stored: Option<String> = self
+            .client
+            .get(SESSION_KEY_KEY)
+            .await
+            .map_err(|err| self.fail(format_args!("read of {SESSION_KEY_KEY}"), &err))?;
+        stored.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("{SESSION_KEY_KEY} vanished right after it was set"),
+            )
+        })
+    }
+
     /// Writes `record` under its key for `ttl_ms` and adds its id to the index. The body of
     /// [`crate::store::Store::register_instance`].
     pub(super) async fn register(&self, record: &InstanceRecord, ttl_ms: u64) -> Result<()> {

@@ -1,0 +1,606 @@
+//! Session tokens: the floors of one client, carried by the client (`Hotsplit-Session`), so
+//! read-your-writes and monotonic reads hold whichever instance serves its next request.
+//!
+//! A token holds the client's floors for its most recently used keys: per key, a hash of the
+//! key, the version it wrote or was served, whether it wrote it, and when the floor expires
+//! (the key's own expiry, so a key that expired and started again at a lower version does not
+//! leave the client at 503 until the token is dropped). Every instance treats a token's floors
+//! exactly as its own memory of that client: a written floor as an own-write floor, a served
+//! one as a seen floor (`route::Plan`).
+//!
+//! # Format, version 1
+//! The header value is the unpadded base64url encoding of:
+//!
+//! | Bytes | Content |
+//! |---|---|
+//! | 1 | format version: `1` |
+//! | 25 × n | n floors, least recently used first: key hash (8), version (8), expiry in Unix ms (8), kind (1: `0` seen, `1` written), integers big-endian |
+//! | 8 | tag: SipHash-2-4 under the deployment's session key of `T` ‖ everything before |
+//!
+//! n is at most [`MAX_FLOORS`] (64), so a token is at most 1,609 bytes, 2,146 characters
+//! encoded; with the default `session.max_keys` of 32 it is at most 809 bytes, 1,079
+//! characters.
+//!
+//! # Keys as hashes, and a tag
+//! Key hashes are SipHash-2-4 of `K` ‖ key under a 128-bit key shared by the deployment (kept
+//! in the store, `#hotsplit#{fleet}#session-key`, created by the first instance to start; the
+//! embedded store draws one per process), truncated to 64 bits. A fixed seed would let anyone
+//! holding a token test guesses of key names offline, and xxh3's seed is no secret either: it
+//! can be solved from one known (key, hash) pair, which every client of the deployment holds
+//! for its own keys. SipHash is a keyed pseudo-random function, so a leaked token says nothing
+//! about the key names in it to someone without the deployment's key. The tag makes a forged or
+//! altered token fail verification, so it is ignored: it cannot raise or lower another key's
+//! floor, and a client can only replay floors hotsplit gave it (which only makes its own reads
+//! stricter). A token is never an error: an absent, garbled, oversized, unverified or
+//! unknown-version token is ignored (and counted, `hotsplit_session_tokens_total{outcome}`), so
+//! a rolling upgrade to a new format never turns into 400s.
+
+use std::hash::Hasher;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use super::SessionConfig;
+use crate::key::{Key, Version};
+use crate::route::Floors;
+
+/// The format version this release writes and reads.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// The most floors a token may hold, whatever `session.max_keys` says: a longer token is
+/// ignored as oversized.
+pub const MAX_FLOORS: usize = 64;
+
+/// Bytes per floor: key hash, version, expiry, kind.
+const FLOOR_BYTES: usize = 25;
+
+/// Bytes of the tag.
+const TAG_BYTES: usize = 8;
+
+/// The longest token accepted, encoded: [`MAX_FLOORS`] floors.
+pub const MAX_TOKEN_CHARS: usize = encoded_len(1 + MAX_FLOORS * FLOOR_BYTES + TAG_BYTES);
+
+/// The length of `bytes` bytes in unpadded base64.
+const fn encoded_len(bytes: usize) -> usize {
+    (bytes * 4).div_ceil(3)
+}
+
+/// The deployment's session key: hashes key names and tags tokens.
+#[derive(Clone)]
+pub struct SessionKey {
+    /// The two SipHash key words.
+    words: (u64, u64),
+}
+
+impl std::fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKey(..)")
+    }
+}
+
+impl SessionKey {
+    /// A key from its stored text form, 32 lowercase hex digits; `None` when it is not that.
+    pub fn from_hex(text: &str) -> Option<SessionKey> {
+        if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let k0 = u64::from_str_radix(&text[..16], 16).ok()?;
+        let k1 = u64::from_str_radix(&text[16..], 16).ok()?;
+        Some(SessionKey { words: (k0, k1) })
+    }
+
+    /// A fresh random key in its text form, 32 lowercase hex digits.
+    pub fn random_hex() -> String {
+        format!(
+            "{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        )
+    }
+
+    // std's SipHasher is deprecated only in favour of the unkeyed DefaultHasher; it is the one
+    // keyed SipHash-2-4 in std, and keyed is the point here.
+    #[allow(deprecated)]
+    fn hasher(&self, domain: u8) -> std::hash::SipHasher {
+        let mut hasher = std::hash::SipHasher::new_with_keys(self.words.0, self.words.1);
+        hasher.write(&[domain]);
+        hasher
+    }
+
+    /// The hash a token stores for `key`.
+    pub fn key_hash(&self, key: &Key) -> u64 {
+        let mut hasher = self.hasher(b'K');
+        hasher.write(key.as_str().as_bytes());
+        hasher.finish()
+    }
+
+    fn tag(&self, body: &[u8]) -> [u8; TAG_BYTES] {
+        let mut hasher = self.hasher(b'T');
+        hasher.write(body);
+        hasher.finish().to_be_bytes()
+    }
+}
+
+/// One floor of a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionFloor {
+    /// The key's hash ([`SessionKey::key_hash`]).
+    pub key_hash: u64,
+    /// The floor.
+    pub version: Version,
+    /// When it expires, Unix ms: the key's expiry.
+    pub expire_at_ms: u64,
+    /// Whether the client wrote this version (an own-write floor) rather than was served it.
+    pub written: bool,
+}
+
+/// A client's floors, least recently used first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Session {
+    /// The floors, least recently used first; at most one per key hash.
+    floors: Vec<SessionFloor>,
+}
+
+/// What an incoming token turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decoded {
+    /// No token was sent.
+    Absent,
+    /// A valid token (its expired floors already dropped).
+    Valid(Session),
+    /// A token of another format version: ignored.
+    UnknownVersion,
+    /// Not base64url, a wrong length, a repeated header, or a floor that makes no sense.
+    Garbled,
+    /// Longer than [`MAX_TOKEN_CHARS`].
+    Oversized,
+    /// Well formed, but its tag does not verify (forged, altered, or from another deployment).
+    Unverified,
+}
+
+impl Decoded {
+    /// The `outcome` label it is counted under; `None` for an absent token.
+    fn outcome(&self) -> Option<&'static str> {
+        match self {
+            Decoded::Absent => None,
+            Decoded::Valid(_) => Some("valid"),
+            Decoded::UnknownVersion => Some("unknown_version"),
+            Decoded::Garbled => Some("garbled"),
+            Decoded::Oversized => Some("oversized"),
+            Decoded::Unverified => Some("unverified"),
+        }
+    }
+
+    /// The session to continue: the token's, or an empty one when it was ignored.
+    pub fn into_session(self) -> Session {
+        match self {
+            Decoded::Valid(session) => session,
+            _ => Session::default(),
+        }
+    }
+}
+
+impl Session {
+    /// The floors held for `key_hash` that have not expired at `now_ms`.
+    pub fn floors(&self, key_hash: u64, now_ms: u64) -> Floors {
+        let mut floors = Floors::default();
+        for floor in &self.floors {
+            if floor.key_hash == key_hash && floor.expire_at_ms > now_ms {
+                if floor.written {
+                    floors.written = floors.written.max(Some(floor.version));
+                } else {
+                    floors.seen = floors.seen.max(Some(floor.version));
+                }
+            }
+        }
+        floors
+    }
+
+    /// Records `floor` as the key's most recent use: a higher version replaces the held one
+    /// (with its expiry and kind), an equal one keeps the later expiry and either kind's
+    /// "written", a lower one keeps the held floor. Expired floors go first; then the least
+    /// recently used beyond `max_floors`.
+    pub fn record(&mut self, floor: SessionFloor, now_ms: u64, max_floors: usize) {
+        self.floors.retain(|held| held.expire_at_ms > now_ms);
+        let merged = match self
+            .floors
+            .iter()
+            .position(|held| held.key_hash == floor.key_hash)
+        {
+            None => floor,
+            Some(at) => {
+                let held = self.floors.remove(at);
+                match held.version.cmp(&floor.version) {
+                    std::cmp::Ordering::Less => floor,
+                    std::cmp::Ordering::Greater => held,
+                    std::cmp::Ordering::Equal => SessionFloor {
+                        expire_at_ms: held.expire_at_ms.max(floor.expire_at_ms),
+                        written: held.written || floor.written,
+                        ..held
+                    },
+                }
+            }
+        };
+        if merged.expire_at_ms > now_ms {
+            self.floors.push(merged);
+        }
+        let max_floors = max_floors.clamp(1, MAX_FLOORS);
+        if self.floors.len() > max_floors {
+            let excess = self.floors.len() - max_floors;
+            self.floors.drain(..excess);
+        }
+    }
+
+    /// Whether it holds no floor.
+    pub fn is_empty(&self) -> bool {
+        self.floors.is_empty()
+    }
+
+    /// How many floors it holds.
+    pub fn len(&self) -> usize {
+        self.floors.len()
+    }
+
+    /// The token text: the unpadded base64url encoding of the format above.
+    pub fn encode(&self, key: &SessionKey) -> String {
+        let mut bytes = Vec::with_capacity(1 + self.floors.len() * FLOOR_BYTES + TAG_BYTES);
+        bytes.push(FORMAT_VERSION);
+        for floor in &self.floors {
+            bytes.extend_from_slice(&floor.key_hash.to_be_bytes());
+            bytes.extend_from_slice(&floor.version.get().to_be_bytes());
+            bytes.extend_from_slice(&floor.expire_at_ms.to_be_bytes());
+            bytes.push(u8::from(floor.written));
+        }
+        let tag = key.tag(&bytes);
+        bytes.extend_from_slice(&tag);
+        base64url::encode(&bytes)
+    }
+
+    /// Reads a token; `lines` are the values of every `Hotsplit-Session` line sent (more than
+    /// one is garbled). Floors expired at `now_ms` are dropped.
+    pub fn decode(lines: &[&[u8]], key: &SessionKey, now_ms: u64) -> Decoded {
+        let text = match lines {
+            [] => return Decoded::Absent,
+            [one] => *one,
+            _ => return Decoded::Garbled,
+        };
+        if text.len() > MAX_TOKEN_CHARS {
+            return Decoded::Oversized;
+        }
+        let Some(bytes) = base64url::decode(text) else {
+            return Decoded::Garbled;
+        };
+        match bytes.first() {
+            None => return Decoded::Garbled,
+            Some(&FORMAT_VERSION) => {}
+            Some(_) => return Decoded::UnknownVersion,
+        }
+        if bytes.len() < 1 + TAG_BYTES || (bytes.len() - 1 - TAG_BYTES) % FLOOR_BYTES != 0 {
+            return Decoded::Garbled;
+        }
+        let (body, tag) = bytes.split_at(bytes.len() - TAG_BYTES);
+        // Not a timing side channel worth closing: the tag is checked once per request and
+        // an attacker learns at most that a guess was wrong, as the ignored token says anyway.
+        if key.tag(body) != tag {
+            return Decoded::Unverified;
+        }
+        let mut session = Session::default();
+        for chunk in body[1..].chunks_exact(FLOOR_BYTES) {
+            let word = |at: usize| {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(&chunk[at..at + 8]);
+                u64::from_be_bytes(word)
+            };
+            let (Ok(version), kind) = (Version::new(word(8)), chunk[24]) else {
+                return Decoded::Garbled;
+            };
+            if kind > 1 || session.floors.iter().any(|held| held.key_hash == word(0)) {
+                return Decoded::Garbled;
+            }
+            let floor = SessionFloor {
+                key_hash: word(0),
+                version,
+                expire_at_ms: word(16),
+                written: kind == 1,
+            };
+            if floor.expire_at_ms > now_ms {
+                session.floors.push(floor);
+            }
+        }
+        Decoded::Valid(session)
+    }
+}
+
+/// What the HTTP layer reads and writes session tokens with: the deployment's key, the bound
+/// on floors, whether a cookie carries the token too, and the counters. Cheap to share.
+#[derive(Debug)]
+pub struct Sessions {
+    /// The deployment's key.
+    key: SessionKey,
+    /// The most floors a token keeps (`session.max_keys`).
+    max_keys: usize,
+    /// Whether the token also travels as a cookie (`session.cookie`).
+    cookie: bool,
+    /// Incoming tokens by outcome.
+    metrics: SessionMetrics,
+}
+
+impl Sessions {
+    /// Tokens under `key`, with `config`'s bound and cookie setting, counted into `metrics`.
+    pub fn new(key: SessionKey, config: &SessionConfig, metrics: SessionMetrics) -> Sessions {
+        Sessions {
+            key,
+            max_keys: config.max_keys,
+            cookie: config.cookie,
+            metrics,
+        }
+    }
+
+    /// The session an incoming token carries (see [`Session::decode`]), counted; an ignored
+    /// token starts an empty session.
+    pub fn incoming(&self, lines: &[&[u8]], now_ms: u64) -> Session {
+        let decoded = Session::decode(lines, &self.key, now_ms);
+        self.metrics.count(&decoded);
+        decoded.into_session()
+    }
+
+    /// The hash `key` has in tokens.
+    pub fn key_hash(&self, key: &Key) -> u64 {
+        self.key.key_hash(key)
+    }
+
+    /// Records a floor in `session` (see [`Session::record`]) within `session.max_keys`.
+    pub fn record(&self, session: &mut Session, floor: SessionFloor, now_ms: u64) {
+        session.record(floor, now_ms, self.max_keys);
+    }
+
+    /// The token text of `session`.
+    pub fn encode(&self, session: &Session) -> String {
+        session.encode(&self.key)
+    }
+
+    /// Whether the token also travels as a cookie.
+    pub fn cookie(&self) -> bool {
+        self.cookie
+    }
+}
+
+/// The label of [`SessionMetrics::tokens`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// The `outcome` labels of `hotsplit_session_tokens_total`, in [`SessionMetrics`] order.
+const OUTCOMES: [&str; 5] = [
+    "valid",
+    "unknown_version",
+    "garbled",
+    "oversized",
+    "unverified",
+];
+
+/// What happened to incoming session tokens: `hotsplit_session_tokens_total{outcome}`, one
+/// counter per outcome resolved at startup (no label lookup per request).
+#[derive(Debug, Clone)]
+pub struct SessionMetrics {
+    /// One counter per entry of [`OUTCOMES`].
+    tokens: [Counter; 5],
+}
+
+impl SessionMetrics {
+    /// Registers the counters in `registry`.
+    pub fn register(registry: &mut Registry) -> SessionMetrics {
+        let family = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "session_tokens",
+            "Incoming Hotsplit-Session tokens by outcome: valid, or ignored as unknown_version, garbled, oversized or unverified",
+            family.clone(),
+        );
+        SessionMetrics {
+            tokens: OUTCOMES.map(|outcome| family.get_or_create(&OutcomeLabel { outcome }).clone()),
+        }
+    }
+
+    /// Counts one incoming token.
+    pub fn count(&self, decoded: &Decoded) {
+        if let Some(outcome) = decoded.outcome() {
+            if let Some(at) = OUTCOMES.iter().position(|known| *known == outcome) {
+                self.tokens[at].inc();
+            }
+        }
+    }
+}
+
+/// Unpadded base64url (RFC 4648 §5), strict: no padding, no whitespace, and unused low bits of
+/// the last character must be zero, so every token has exactly one spelling.
+mod base64url {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+    pub(super) fn encode(bytes: &[u8]) -> String {
+        let mut out = String::with_capacity(super::encoded_len(bytes.len()));
+        for chunk in bytes.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (at, &byte)| n | u32::from(byte) << (16 - 8 * at));
+            for at in 0..=chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * at) & 63) as usize]));
+            }
+        }
+        out
+    }
+
+    fn value(c: u8) -> Option<u32> {
+        match c {
+            b'A'..=b'Z' => Some(u32::from(c - b'A')),
+            b'a'..=b'z' => Some(u32::from(c - b'a') + 26),
+            b'0'..=b'9' => Some(u32::from(c - b'0') + 52),
+            b'-' => Some(62),
+            b'_' => Some(63),
+            _ => None,
+        }
+    }
+
+    pub(super) fn decode(text: &[u8]) -> Option<Vec<u8>> {
+        if text.len() % 4 == 1 {
+            return None;
+        }
+        let mut out = Vec::with_capacity(text.len() * 3 / 4);
+        for chunk in text.chunks(4) {
+            let mut n = 0u32;
+            for (at, &c) in chunk.iter().enumerate() {
+                n |= value(c)? << (18 - 6 * at);
+            }
+            let bytes = chunk.len() - 1;
+            // The bits below the last whole byte must be zero (one spelling per token).
+            if n & ((1 << (24 - 8 * bytes)) - 1) != 0 {
+                return None;
+            }
+            out.extend((0..bytes).map(|at| (n >> (16 - 8 * at)) as u8));
+        }
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> SessionKey {
+        SessionKey::from_hex("000102030405060708090a0b0c0d0e0f").unwrap()
+    }
+
+    fn floor(hash: u64, version: u64, expire_at_ms: u64, written: bool) -> SessionFloor {
+        SessionFloor {
+            key_hash: hash,
+            version: Version::new(version).unwrap(),
+            expire_at_ms,
+            written,
+        }
+    }
+
+    fn decode(text: &str, now_ms: u64) -> Decoded {
+        Session::decode(&[text.as_bytes()], &key(), now_ms)
+    }
+
+    #[test]
+    fn base64url_round_trips_and_has_one_spelling() {
+        for len in 0..40 {
+            let bytes: Vec<u8> = (0..len).map(|n| (n * 37 + 11) as u8).collect();
+            let text = base64url::encode(&bytes);
+            assert_eq!(text.len(), encoded_len(len));
+            assert_eq!(base64url::decode(text.as_bytes()), Some(bytes));
+        }
+        assert_eq!(base64url::encode(b"\xfb\xff"), "-_8");
+        // "-_9" has a non-zero unused bit; "A" is one character short of a byte; "+" and "="
+        // are standard base64, not base64url.
+        for bad in ["-_9", "A", "+w", "AA==", "A A"] {
+            assert_eq!(base64url::decode(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_token_round_trips_and_drops_expired_floors() {
+        let mut session = Session::default();
+        session.record(floor(1, 5, 2_000, true), 1_000, 32);
+        session.record(floor(2, 7, 1_500, false), 1_000, 32);
+        let text = session.encode(&key());
+        assert_eq!(decode(&text, 1_000), Decoded::Valid(session.clone()));
+        let Decoded::Valid(later) = decode(&text, 1_500) else {
+            panic!("valid")
+        };
+        assert_eq!(later.len(), 1);
+        assert_eq!(
+            later.floors(1, 1_500),
+            Floors {
+                written: Version::new(5).ok(),
+                seen: None
+            }
+        );
+        assert_eq!(later.floors(2, 1_500), Floors::default());
+    }
+
+    #[test]
+    fn recording_keeps_the_highest_floor_and_the_most_recent_keys() {
+        let mut session = Session::default();
+        session.record(floor(1, 5, 9_000, false), 0, 2);
+        session.record(floor(1, 3, 9_000, false), 0, 2);
+        assert_eq!(session.floors(1, 0).seen, Version::new(5).ok());
+        session.record(floor(1, 5, 9_500, true), 0, 2);
+        assert_eq!(
+            session.floors(1, 0),
+            Floors {
+                written: Version::new(5).ok(),
+                seen: None
+            }
+        );
+        session.record(floor(2, 1, 9_000, false), 0, 2);
+        session.record(floor(1, 6, 9_000, false), 0, 2);
+        // Key 2 is now the least recently used: a third key pushes it out.
+        session.record(floor(3, 1, 9_000, false), 0, 2);
+        assert_eq!(session.len(), 2);
+        assert_eq!(session.floors(2, 0), Floors::default());
+        assert_eq!(session.floors(1, 0).seen, Version::new(6).ok());
+    }
+
+    #[test]
+    fn ignored_tokens_say_why() {
+        let mut session = Session::default();
+        session.record(floor(1, 5, 2_000, false), 0, 32);
+        let text = session.encode(&key());
+        // Another version byte ("Ag" is byte 2), however long.
+        assert_eq!(decode("Ag", 0), Decoded::UnknownVersion);
+        let mut other = base64url::decode(text.as_bytes()).unwrap();
+        other[0] = 2;
+        assert_eq!(
+            decode(&base64url::encode(&other), 0),
+            Decoded::UnknownVersion
+        );
+        // Garbled: not base64url, empty, a truncated floor, two lines.
+        for bad in ["!!", "", "AQ", &text[..text.len() - 2]] {
+            assert_eq!(decode(bad, 0), Decoded::Garbled, "{bad:?}");
+        }
+        assert_eq!(
+            Session::decode(&[text.as_bytes(), text.as_bytes()], &key(), 0),
+            Decoded::Garbled
+        );
+        // A raised floor (a forgery) or another deployment's key fails the tag.
+        let mut forged = base64url::decode(text.as_bytes()).unwrap();
+        forged[16] ^= 1;
+        assert_eq!(decode(&base64url::encode(&forged), 0), Decoded::Unverified);
+        let other_key = SessionKey::from_hex("ffffffffffffffffffffffffffffffff").unwrap();
+        assert_eq!(
+            Session::decode(&[text.as_bytes()], &other_key, 0),
+            Decoded::Unverified
+        );
+        // Oversized, before any decoding.
+        let long = "A".repeat(MAX_TOKEN_CHARS + 1);
+        assert_eq!(decode(&long, 0), Decoded::Oversized);
+    }
+
+    #[test]
+    fn the_largest_token_fits_the_stated_bound() {
+        let mut session = Session::default();
+        for hash in 0..100 {
+            session.record(floor(hash, u64::MAX, u64::MAX, true), 0, MAX_FLOORS);
+        }
+        assert_eq!(session.len(), MAX_FLOORS);
+        let text = session.encode(&key());
+        assert_eq!(text.len(), MAX_TOKEN_CHARS);
+        assert_eq!(MAX_TOKEN_CHARS, 2_146);
+        assert_eq!(decode(&text, 0), Decoded::Valid(session));
+    }
+
+    #[test]
+    fn key_hashes_depend_on_the_deployment_key() {
+        let name = Key::parse("user:1").unwrap();
+        let other = SessionKey::from_hex("ffffffffffffffffffffffffffffffff").unwrap();
+        assert_ne!(key().key_hash(&name), other.key_hash(&name));
+        assert_eq!(key().key_hash(&name), key().key_hash(&name));
+        assert!(SessionKey::from_hex("xyz").is_none());
+        assert!(SessionKey::from_hex(&SessionKey::random_hex()).is_some());
+    }
+}
