@@ -277,7 +277,8 @@ impl Session {
             Some(&FORMAT_VERSION) => {}
             Some(_) => return Decoded::UnknownVersion,
         }
-        if bytes.len() < 1 + TAG_BYTES || (bytes.len() - 1 - TAG_BYTES) % FLOOR_BYTES != 0 {
+        if bytes.len() < 1 + TAG_BYTES || !(bytes.len() - 1 - TAG_BYTES).is_multiple_of(FLOOR_BYTES)
+        {
             return Decoded::Garbled;
         }
         let (body, tag) = bytes.split_at(bytes.len() - TAG_BYTES);

@@ -30,8 +30,9 @@
 //!
 //! No pin store in Redis is offered: checking one would cost a round trip to a primary on every
 //! read, as much as reading the copy from the primary, which is what the pin avoids. A client
-//! that needs read-your-writes through any instance sends the `Hotsplit-Version` of its write
-//! back as `min_version` instead.
+//! that needs read-your-writes through any instance echoes its session token
+//! (`crate::fleet::session`), whose floors enter the plan like these, or sends the
+//! `Hotsplit-Version` of its write back as `min_version`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
