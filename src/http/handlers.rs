@@ -361,7 +361,7 @@ fn write_answer(
                 let floor = SessionFloor {
                     key_hash: sessions.key_hash(key),
                     version: report.version,
-                    expire_at_ms: now_ms.saturating_add(crate::publish::duration_ms(ttl)),
+                    expire_at_ms: now_ms.saturating_add(crate::duration::millis(ttl)),
                     written: true,
                 };
                 sessions.record(&mut session, floor, now_ms);
