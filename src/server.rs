@@ -164,12 +164,7 @@ pub fn app_state(
             config.fleet.entry_ttl(),
         )),
         // One instance: a key of its own.
-        session_key: SessionKey::from_hex(&SessionKey::random_hex()).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Config,
-                "a random session key is not 32 hex digits",
-            )
-        })?,
+        session_key: SessionKey::random(),
         store,
         retry_queue: Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
         metrics,
@@ -386,13 +381,7 @@ impl Service {
             instance.clone(),
             config.fleet.entry_ttl(),
         ));
-        let session_key = match deployment_session_key(&*store).await {
-            Ok(key) => key,
-            Err(err) => {
-                retry_queue.close().await;
-                return Err(err);
-            }
-        };
+        let session_key = deployment_session_key(&*store).await;
         let wired = StateParts {
             session_key,
             registry: registry.clone(),
@@ -678,20 +667,24 @@ async fn bind(address: SocketAddr) -> Result<TcpListener> {
         .map_err(|err| Error::new(ErrorKind::Io, format!("cannot listen on {address}: {err}")))
 }
 
-/// The deployment's session key: the one in the store, or a fresh one stored there.
-///
-/// # Errors
-/// As [`Store::session_key`]; [`ErrorKind::Config`] when the stored key is not 32 hex digits.
-async fn deployment_session_key(store: &dyn Store) -> Result<SessionKey> {
-    let text = store.session_key(&SessionKey::random_hex()).await?;
-    SessionKey::from_hex(&text).ok_or_else(|| {
-        Error::new(
-            ErrorKind::Config,
+/// The deployment's session key: the one in the store, or a fresh one stored there. When the
+/// store cannot give one (the node that holds it refuses writes or does not answer), a key of
+/// this process's own, with a warning: the service still starts, and its tokens are ignored by
+/// the other instances (and theirs by it) until it restarts.
+async fn deployment_session_key(store: &dyn Store) -> SessionKey {
+    let own = SessionKey::random();
+    let shared = match store.session_key(&own.to_hex()).await {
+        Ok(text) => SessionKey::from_hex(&text).ok_or_else(|| {
             format!(
                 "the stored session key {} is not 32 hex digits; delete it and restart",
                 crate::store::registry::SESSION_KEY_KEY
-            ),
-        )
+            )
+        }),
+        Err(err) => Err(err.to_string()),
+    };
+    shared.unwrap_or_else(|why| {
+        tracing::warn!(error = %why, "no shared session key: this instance's session tokens are ignored by the others until it restarts");
+        own
     })
 }
 

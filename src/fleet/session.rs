@@ -91,13 +91,16 @@ impl SessionKey {
         Some(SessionKey { words: (k0, k1) })
     }
 
-    /// A fresh random key in its text form, 32 lowercase hex digits.
-    pub fn random_hex() -> String {
-        format!(
-            "{:016x}{:016x}",
-            rand::random::<u64>(),
-            rand::random::<u64>()
-        )
+    /// A fresh random key.
+    pub fn random() -> SessionKey {
+        SessionKey {
+            words: (rand::random::<u64>(), rand::random::<u64>()),
+        }
+    }
+
+    /// The stored text form: 32 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        format!("{:016x}{:016x}", self.words.0, self.words.1)
     }
 
     // std's SipHasher is deprecated only in favour of the unkeyed DefaultHasher; it is the one
@@ -602,6 +605,8 @@ mod tests {
         assert_ne!(key().key_hash(&name), other.key_hash(&name));
         assert_eq!(key().key_hash(&name), key().key_hash(&name));
         assert!(SessionKey::from_hex("xyz").is_none());
-        assert!(SessionKey::from_hex(&SessionKey::random_hex()).is_some());
+        let random = SessionKey::random();
+        let parsed = SessionKey::from_hex(&random.to_hex()).unwrap();
+        assert_eq!(parsed.key_hash(&name), random.key_hash(&name));
     }
 }

@@ -1,7 +1,8 @@
 //! The instance registry in Redis (`store::registry` says what is kept where): `HSET` and
 //! `PEXPIRE` of the instance's hash and `ZADD` of its id to the index to register; `ZRANGE` of
 //! the index and one `HMGET` per id to list (an id whose hash expired is removed with `ZREM`);
-//! `DEL` and `ZREM` to leave. The deployment's session key is `SET NX`, then `GET`. Every key carries the `{fleet}` hash tag, so in a cluster the
+//! `DEL` and `ZREM` to leave. The deployment's session key is `GET`, else `SET NX` and `GET`.
+//! Every key carries the `{fleet}` hash tag, so in a cluster the
 //! registry is one slot on one node, and the least-privilege ACL needs no command it did not
 //! already grant.
 
@@ -18,6 +19,16 @@ impl RedisStore {
     /// Stores `candidate` as the session key unless one is stored, then reads the stored one.
     /// The body of [`crate::store::Store::session_key`].
     pub(super) async fn shared_session_key(&self, candidate: &str) -> Result<String> {
+        // Read first: a node that refuses writes (NOREPLICAS, a full disk) still serves the key
+        // every instance but the first finds there.
+        let stored: Option<String> = self
+            .client
+            .get(SESSION_KEY_KEY)
+            .await
+            .map_err(|err| self.fail(format_args!("read of {SESSION_KEY_KEY}"), &err))?;
+        if let Some(stored) = stored {
+            return Ok(stored);
+        }
         self.client
             .set::<Value, _, _>(
                 SESSION_KEY_KEY,
