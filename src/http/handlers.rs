@@ -302,8 +302,8 @@ fn publish_status_response(report: PublishReport, status: PublishStatus) -> Resp
     ),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw value"),
     responses(
-        (status = 200, description = "No copy failed; at least one applied or all are current; Hotsplit-Version carries the version written (send it back as min_version for read-your-writes through any instance)", headers(("Hotsplit-Session" = String, description = "The session token holding this client's floors, this one included: store it and send it back on the next request, to any instance")), body = PublishReport),
-        (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", headers(("Hotsplit-Session" = String, description = "The session token holding this client's floors, this one included: store it and send it back on the next request, to any instance")), body = PublishReport),
+        (status = 200, description = "No copy failed; at least one applied or all are current; Hotsplit-Version carries the version written (send it back as min_version for read-your-writes through any instance)", body = PublishReport),
+        (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", body = PublishReport),
         (status = 400, description = "invalid_key (also a malformed percent escape or invalid UTF-8), invalid_version (missing for a caller family, sent to an allocated one) or invalid_parameter (a malformed or repeated parameter, disagreeing header lines, sync_replicas above the replicas known)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "stale_version: nothing applied, a copy holds a newer version; version_conflict: a copy holds this version with a different body (body also carries the report)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 413, description = "value_too_large: the body, or its declared Content-Length (checked before `100 Continue`), is over server.max_value_bytes", body = super::problem::Problem, content_type = "application/problem+json"),
@@ -428,8 +428,8 @@ async fn read_value(request: Request, state: &AppState) -> Result<Bytes, ApiErro
         ("Hotsplit-Session" = Option<String>, Header, nullable = false, description = "The session token of the last answer this client received (send it back unchanged): its floors hold on any instance. An unknown version, a garbled, oversized or forged token is ignored, never refused"),
     ),
     responses(
-        (status = 200, description = "No copy failed; at least one applied or all are current", headers(("Hotsplit-Session" = String, description = "The session token holding this client's floors, this one included: store it and send it back on the next request, to any instance")), body = PublishReport),
-        (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", headers(("Hotsplit-Session" = String, description = "The session token holding this client's floors, this one included: store it and send it back on the next request, to any instance")), body = PublishReport),
+        (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),
+        (status = 202, description = "Some copy writes failed and every one of them was durably queued for retry (outcome `queued`, count in `queued`)", body = PublishReport),
         (status = 400, description = "invalid_key, invalid_version or invalid_parameter (including sync_replicas or sync_timeout_ms, which an invalidation refuses)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "stale_version or version_conflict", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "internal: a bug or an unexpected local failure", body = super::problem::Problem, content_type = "application/problem+json"),

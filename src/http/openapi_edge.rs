@@ -104,7 +104,21 @@ fn describe(path: &str, method: &Method, operation: &mut Operation) {
     }
 }
 
-/// The `Hotsplit-*`, `ETag` and `Vary` headers of the key operations' answers.
+/// `Hotsplit-Session`, the session token a key operation's answer carries.
+const SESSION_HEADER: (&str, &str, Option<&str>) = (
+    "Hotsplit-Session",
+    "The session token holding this client's floors, this answer's included: keep the last one received and send it back unchanged on the next request, to any instance",
+    Some("^[A-Za-z0-9_-]+$"),
+);
+
+/// `Cache-Control` of an answer that carries a session token.
+const CACHE_CONTROL_HEADER: (&str, &str, Option<&str>) = (
+    "Cache-Control",
+    "private: the answer carries a session token",
+    None,
+);
+
+/// The `Hotsplit-*`, `ETag`, `Vary` and `Cache-Control` headers of the key operations' answers.
 fn data_headers(
     path: &str,
     method: &Method,
@@ -139,20 +153,27 @@ fn data_headers(
             ),
             (
                 "Vary",
-                "Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class",
+                "Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session",
                 None,
             ),
+            SESSION_HEADER,
+            CACHE_CONTROL_HEADER,
         ],
         (&Method::GET, "404") => vec![(
             "Hotsplit-Version",
             "An invalidated key's tombstone version (absent for a key with no record)",
             Some(VERSION),
         )],
-        (&Method::PUT | &Method::DELETE, "200" | "202") => vec![(
-            "Hotsplit-Version",
-            "The version written; send it back as min_version for read-your-writes",
-            Some(VERSION),
-        )],
+        (&Method::PUT | &Method::DELETE, "200" | "202") => vec![
+            (
+                "Hotsplit-Version",
+                "The version written; send it back as min_version for read-your-writes",
+                Some(VERSION),
+            ),
+            SESSION_HEADER,
+            CACHE_CONTROL_HEADER,
+            ("Vary", "Hotsplit-Session", None),
+        ],
         _ => Vec::new(),
     }
 }
