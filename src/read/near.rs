@@ -437,6 +437,7 @@ mod tests {
             if_none_match: None,
             class: None,
             request_id: None,
+            session: crate::route::Floors::default(),
         }
     }
 
