@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::fleet::session::{SessionKey, SessionMetrics};
 use crate::fleet::{Registrar, Registry, Sessions};
 use crate::heal::{
