@@ -68,7 +68,7 @@ impl FleetConfig {
 }
 
 /// The `[session]` settings: session tokens (`Hotsplit-Session`, `fleet::session`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SessionConfig {
     /// The most keys a token keeps floors for (the most recently used), 1..=64: at most
