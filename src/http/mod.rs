@@ -92,20 +92,28 @@ pub mod paths {
     /// The load balancers' probes and the API's own description, which never need a token.
     pub(crate) const OPEN: [&str; 3] = [HEALTHZ, READYZ, OPENAPI];
 
+    /// The load balancers' probes: open to everyone, and served on the admin listener when it is
+    /// set.
+    pub(crate) const PROBES: [&str; 2] = [HEALTHZ, READYZ];
+
     /// The routes the admin listener serves when `[admin] listen` is set (the data listener
-    /// then answers 404 on them): the operator views and the load balancers' probes. They are
-    /// what [`super::admin_routes`] registers.
-    pub const ADMIN_LISTENER: [&str; 9] = [
-        HEALTHZ,
-        READYZ,
-        METRICS,
-        CLASSES,
-        LAG,
-        ROUTING,
-        RETRY_QUEUE,
-        INSTANCES,
-        NEAR_CACHE,
-    ];
+    /// then answers 404 on them): the load balancers' probes, then the operator views. They are
+    /// what [`super::admin_routes`] registers. Built from [`PROBES`] and [`ADMIN`], so a new
+    /// admin endpoint is listed once.
+    pub const ADMIN_LISTENER: [&str; PROBES.len() + ADMIN.len()] = {
+        let mut all = [""; PROBES.len() + ADMIN.len()];
+        let mut i = 0;
+        while i < PROBES.len() {
+            all[i] = PROBES[i];
+            i += 1;
+        }
+        let mut j = 0;
+        while j < ADMIN.len() {
+            all[PROBES.len() + j] = ADMIN[j];
+            j += 1;
+        }
+        all
+    };
 
     /// Every template, in the latency table's order.
     pub(crate) const ROUTES: [&str; 12] = [
@@ -158,7 +166,8 @@ fn data_routes(state: &AppState) -> Router<AppState> {
 
 /// The admin routes: the one list of them. With `[admin] listen` set they are served on the
 /// admin listener only; without it, beside the data routes. A new operator endpoint is added
-/// here, and to [`paths::ADMIN_LISTENER`] and [`paths::ADMIN`] (its token scope).
+/// here and to [`paths::ADMIN`] (which gives it its token scope and its listener); a test
+/// checks that the two agree.
 fn admin_routes() -> Router<AppState> {
     Router::new()
         .route(paths::HEALTHZ, get(handlers::healthz))
