@@ -586,6 +586,7 @@ impl Service {
             .inner()
             .metrics
             .register_with(ConnectionMetrics::register);
+        let drain_state = state.clone();
         let data_routes = match &admin {
             Some(_) => data_router(state.clone()),
             None => router(state.clone()),
@@ -618,12 +619,22 @@ impl Service {
             None => tracing::info!(listen = %local, scheme, "hotsplit is serving"),
         }
 
-        // Decide: the caller's shutdown future (signals, or a test's channel) cancels the
-        // token.
+        // Decide: the caller's shutdown future (signals, or a test's channel) starts the drain:
+        // `/readyz` turns 503 at once, the listeners keep serving for `server.drain_delay` so
+        // load balancers notice, then the token is cancelled and they close.
         let decide = cancel.clone();
+        let drain_delay = server.drain_delay;
         tracker.spawn(async move {
             tokio::select! {
-                () = shutdown => decide.cancel(),
+                () = shutdown => {
+                    drain_state.start_draining();
+                    tracing::info!(drain_delay = ?drain_delay, "draining: /readyz answers 503; the listeners close after the drain delay");
+                    tokio::select! {
+                        () = tokio::time::sleep(drain_delay) => {}
+                        () = decide.cancelled() => {}
+                    }
+                    decide.cancel();
+                }
                 () = decide.cancelled() => {}
             }
         });

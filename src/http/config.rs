@@ -63,6 +63,11 @@ pub struct ServerConfig {
     /// The largest request head (request line and headers) accepted, in bytes; a larger one is
     /// answered 431 and its connection closed. At least 1024. Default: `16384`.
     pub max_header_bytes: usize,
+    /// How long, after SIGTERM or ctrl-c, the listeners keep serving while `/readyz` answers
+    /// 503 (reason `draining`), so load balancers stop sending before the listeners close; then
+    /// in-flight requests drain within `server.shutdown_grace`. May be `0s`. Default: `5s`.
+    #[serde(with = "crate::duration")]
+    pub drain_delay: Duration,
     /// A PEM file with the certificate chain the listeners present; set with
     /// `server.tls_key_file`, every listener (data and admin) speaks HTTPS only. Default: unset
     /// (plain HTTP).
@@ -123,6 +128,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
             max_header_bytes: 16 * 1024,
+            drain_delay: Duration::from_secs(5),
         }
     }
 }

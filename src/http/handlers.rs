@@ -745,17 +745,25 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
     .into_response()
 }
 
-/// The store answers.
+/// Ready: not draining, and the store answers.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = "operations",
     responses(
         (status = 200, description = "Ready", body = StatusBody),
-        (status = 503, description = "unavailable: the store does not answer", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "unavailable: the instance is draining (`reason` `draining`: it is shutting down) or the store does not answer", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, ApiError> {
+    if state.is_draining() {
+        return Err(ApiError::new(
+            Code::Unavailable,
+            "this instance is shutting down; retry on another",
+        )
+        .retry_later()
+        .with_extension(serde_json::json!({ "reason": "draining" })));
+    }
     state.inner().store.ping().await?;
     Ok(Json(StatusBody {
         status: "ready",

@@ -1,6 +1,7 @@
 //! The state every handler shares: the publisher, the reader, the store and the numbers the
 //! answers carry.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +39,8 @@ pub(crate) struct Inner {
     pub(crate) heal: HealHandles,
     /// The instance registry, for `/v1/instances`.
     pub(crate) registry: Arc<Registry>,
+    /// Set when shutdown has begun: `/readyz` answers 503 (reason `draining`) from then on.
+    pub(crate) draining: Arc<AtomicBool>,
     /// The token check in front of every route, with the table a reload swaps (empty until
     /// [`AppState::tokens`] is given tokens).
     pub(crate) auth: AuthLayer,
@@ -96,6 +99,7 @@ impl AppState {
                 registry,
                 auth,
                 sessions,
+                draining: Arc::new(AtomicBool::new(false)),
             }),
         }
     }
@@ -114,6 +118,17 @@ impl AppState {
     /// The metrics registry.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.inner.metrics.clone()
+    }
+
+    /// Marks the instance draining: `/readyz` answers 503 with reason `draining` from now on,
+    /// while every other route still answers (the drain delay before the listeners close).
+    pub fn start_draining(&self) {
+        self.inner.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`AppState::start_draining`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::Relaxed)
     }
 
     pub(crate) fn inner(&self) -> &Inner {

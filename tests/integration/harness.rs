@@ -135,7 +135,10 @@ pub struct Service {
 
 impl Service {
     /// Starts `hotsplit::server::run` on a port-0 listener with `config`.
-    pub async fn start(config: Config) -> Service {
+    pub async fn start(mut config: Config) -> Service {
+        // No drain delay: nothing balances load in front of a test's service, and every stop
+        // would wait it out (`listener::on_sigterm_…` tests the delay on the binary).
+        config.server.drain_delay = Duration::ZERO;
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("local addr"));
         let (stop, stopped) = oneshot::channel::<()>();

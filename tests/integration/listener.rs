@@ -602,3 +602,63 @@ async fn a_tls_listener_serves_https_and_answers_plain_http_with_400() {
     assert!(answer.contains("this port speaks HTTPS"), "{answer}");
     service.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sigterm_readyz_turns_503_before_the_listener_closes_and_in_flight_work_completes() {
+    let mut served = Served::start(
+        "[server]\ndrain_delay = \"2s\"\nbody_read_timeout = \"60s\"\nshutdown_grace = \"30s\"\n",
+    )
+    .await;
+    let base = served.base();
+    let http = reqwest::Client::new();
+    let mut in_flight = busy_connection(served.addr, "drained").await;
+
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(served.child.id() as libc::pid_t, libc::SIGTERM) };
+    // During the drain delay the listener still answers, and /readyz says draining.
+    harness::poll(
+        "/readyz answers 503 draining",
+        Duration::from_secs(10),
+        || {
+            let request = http.get(format!("{base}/readyz")).send();
+            async move {
+                match request.await {
+                    Ok(answer) if answer.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                        answer
+                            .json::<serde_json::Value>()
+                            .await
+                            .is_ok_and(|body| body["reason"] == "draining")
+                    }
+                    _ => false,
+                }
+            }
+        },
+    )
+    .await;
+    // Then the listener closes.
+    harness::poll("the listener closes", Duration::from_secs(20), || {
+        let addr = served.addr;
+        async move { TcpStream::connect(addr).await.is_err() }
+    })
+    .await;
+    // The request in flight since before SIGTERM is still answered.
+    in_flight
+        .write_all(b"0123456789")
+        .await
+        .expect("send the body");
+    let mut answer = Vec::new();
+    let _ = in_flight.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.contains("HTTP/1.1 2"),
+        "the in-flight publish succeeds: {answer}"
+    );
+    let status = served.child.wait().expect("wait for the process");
+    assert!(status.success(), "exit status {status:?}");
+    let log = served.log();
+    let draining = log
+        .find("draining: /readyz answers 503")
+        .expect("a drain line");
+    let complete = log.find("shutdown complete").expect("a shutdown line");
+    assert!(draining < complete, "{log}");
+}
