@@ -5,8 +5,8 @@
 //! to the same target, and measures:
 //! - `hotsplit/N`: one [`Publisher::publish`] of a 512-byte value to a key with N copies, each
 //!   iteration with the next version, so every copy write is an applied compare-and-set
-//!   (`FCALL hotsplit_cas`: a version check, `HSET` and `PEXPIREAT`);
-//! - `fcall_join_all/N`: the same N `FCALL hotsplit_cas` sent directly through the plain client,
+//!   (`FCALL hotsplit_cas_v2`, `store::library::CAS_FUNCTION`: a version check, `HSET` and `PEXPIREAT`);
+//! - `fcall_join_all/N`: the same N `FCALL hotsplit_cas_v2` sent directly through the plain client,
 //!   awaited with `join_all`: what the compare-and-set costs without hotsplit around it;
 //! - `set_join_all/N`: N concurrent `SET`s of the same copy keys and value through one fred
 //!   client, awaited with `join_all`: the floor a fan-out of N writes cannot beat.
@@ -36,6 +36,7 @@ use hotsplit::config::Config;
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::publish::{PublishStatus, Publisher, VersionChoice};
+use hotsplit::store::library::CAS_FUNCTION;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use hotsplit::store::Store;
 use hotsplit_devcluster::{Cluster, ClusterOptions, Standalone};
@@ -189,7 +190,7 @@ fn bench_fan_out(group: &mut BenchmarkGroup<'_, WallTime>, target: &Target, copy
                     let version = fcall_version.fetch_add(1, Ordering::Relaxed).to_string();
                     let calls = copy_keys.iter().map(|copy_key| {
                         target.client.fcall::<fred::types::Value, _, _, _>(
-                            "hotsplit_cas",
+                            CAS_FUNCTION,
                             vec![copy_key.as_str()],
                             vec![
                                 version.as_str().into(),
@@ -202,7 +203,7 @@ fn bench_fan_out(group: &mut BenchmarkGroup<'_, WallTime>, target: &Target, copy
                         )
                     });
                     for result in join_all(calls).await {
-                        result.expect("FCALL hotsplit_cas");
+                        result.expect("FCALL of the compare-and-set");
                     }
                 });
             },

@@ -27,6 +27,7 @@
 //! A value and a tombstone of the same version resolve to the tombstone in both stores.
 
 pub mod config;
+pub mod library;
 pub mod memory;
 pub mod redis;
 pub mod registry;

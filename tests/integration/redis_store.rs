@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
+use hotsplit::store::library::{ALLOC_FUNCTION, CAS_FUNCTION, LAYOUT_FUNCTION};
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use hotsplit::store::{now_unix_ms, CasOutcome, CopyRecord, CopyWrite, Payload, Role, Store};
 use hotsplit::ErrorKind;
@@ -478,7 +479,7 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
             copy_key,
             &[
                 "FCALL",
-                "hotsplit_cas",
+                CAS_FUNCTION,
                 "1",
                 copy_key,
                 bad,
@@ -495,7 +496,7 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
     let bad_calls: [&[&str]; 11] = [
         &[
             "FCALL",
-            "hotsplit_cas",
+            CAS_FUNCTION,
             "1",
             copy_key,
             "1",
@@ -507,7 +508,7 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
         ],
         &[
             "FCALL",
-            "hotsplit_cas",
+            CAS_FUNCTION,
             "1",
             copy_key,
             "1",
@@ -519,7 +520,7 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
         ],
         &[
             "FCALL",
-            "hotsplit_cas",
+            CAS_FUNCTION,
             "1",
             copy_key,
             "1",
@@ -531,7 +532,7 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
         ],
         &[
             "FCALL",
-            "hotsplit_cas",
+            CAS_FUNCTION,
             "1",
             copy_key,
             "1",
@@ -543,7 +544,7 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
         ],
         &[
             "FCALL",
-            "hotsplit_cas",
+            CAS_FUNCTION,
             "1",
             copy_key,
             "1",
@@ -552,19 +553,19 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
             &later,
             &retain,
         ],
-        &["FCALL", "hotsplit_cas", "1", copy_key, "1", "v", "0"],
-        &["FCALL", "hotsplit_alloc", "1", copy_key, "ten", "0"],
-        &["FCALL", "hotsplit_alloc", "1", copy_key, "1000", "-1"],
+        &["FCALL", CAS_FUNCTION, "1", copy_key, "1", "v", "0"],
+        &["FCALL", ALLOC_FUNCTION, "1", copy_key, "ten", "0"],
+        &["FCALL", ALLOC_FUNCTION, "1", copy_key, "1000", "-1"],
         &[
             "FCALL",
-            "hotsplit_alloc",
+            ALLOC_FUNCTION,
             "1",
             copy_key,
             "1000",
             "9223372036854775807",
         ],
-        &["FCALL", "hotsplit_alloc", "1", copy_key, "1000"],
-        &["FCALL", "hotsplit_layout", "1", copy_key, "", "4"],
+        &["FCALL", ALLOC_FUNCTION, "1", copy_key, "1000"],
+        &["FCALL", LAYOUT_FUNCTION, "1", copy_key, "", "4"],
     ];
     for args in bad_calls {
         assert!(

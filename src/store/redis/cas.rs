@@ -1,7 +1,8 @@
-//! The compare-and-set: the per-node `FCALL hotsplit_cas` pipelines of
+//! The compare-and-set: the per-node `FCALL hotsplit_cas_v2` pipelines of
 //! [`Store::write_copies`], the reload (on the failing node only, see `library.rs`) and single
-//! retry after `ERR Function not found`, the version counter (`FCALL hotsplit_alloc`) and the
-//! layout record's compare-and-set (`FCALL hotsplit_layout`).
+//! retry after `ERR Function not found`, the version counter (`FCALL hotsplit_alloc_v2`) and the
+//! layout record's compare-and-set (`FCALL hotsplit_layout_v2`). The function names are the
+//! store's library's ([`crate::store::library`]).
 //!
 //! Versions cross into Lua as canonical decimal strings and are never converted to numbers.
 
@@ -15,8 +16,6 @@ use fred::types::Value;
 use futures_util::future::join_all;
 
 use super::failure::Failure;
-#[cfg(test)]
-use super::library::LIBRARY;
 use super::replies::{parse_cas_reply, parse_layout_reply, parse_live_reply};
 use super::RedisStore;
 use crate::error::{Error, ErrorKind, Result};
@@ -28,18 +27,6 @@ use crate::store::{
     WriteResult,
 };
 
-/// The library's compare-and-set function.
-const CAS_FUNCTION: &str = "hotsplit_cas";
-
-/// The library's version-counter function.
-const ALLOC_FUNCTION: &str = "hotsplit_alloc";
-
-/// The library's layout-record compare-and-set.
-const LAYOUT_FUNCTION: &str = "hotsplit_layout";
-
-/// The library's live-set refresh (join, refresh or leave).
-const LIVE_FUNCTION: &str = "hotsplit_live";
-
 /// The largest floor `hotsplit_alloc` accepts: INCR works on signed 64-bit integers.
 const MAX_COUNTER_FLOOR: u64 = i64::MAX as u64 - 1;
 
@@ -49,7 +36,7 @@ const MAX_COUNTER_FLOOR: u64 = i64::MAX as u64 - 1;
 const MAX_MILLIS: u64 = 999_999_999_999_999_999;
 
 impl RedisStore {
-    /// Writes every copy with `FCALL hotsplit_cas`, one pipeline per owning node, all nodes at
+    /// Writes every copy with `FCALL hotsplit_cas_v2`, one pipeline per owning node, all nodes at
     /// once; after `ERR Function not found`, reloads the library on those nodes and retries those writes
     /// once. The body of [`Store::write_copies`].
     pub(super) async fn cas_copies(&self, writes: &[CopyWrite]) -> Vec<WriteResult> {
@@ -95,7 +82,7 @@ impl RedisStore {
     }
 
     /// The next version of `key` from its counter, `max(counter, floor) + 1`
-    /// (`FCALL hotsplit_alloc`, reloading the library once if it is missing). The body of
+    /// (`FCALL hotsplit_alloc_v2`, reloading the library once if it is missing). The body of
     /// [`Store::allocate_version`].
     pub(super) async fn next_version(&self, key: &Key, ttl_ms: u64, floor: u64) -> Result<Version> {
         let counter = key.counter_key();
@@ -111,7 +98,7 @@ impl RedisStore {
             Value::from(floor.to_string()),
         ];
         let reply = self
-            .fcall_reloading(ALLOC_FUNCTION, &counter, args)
+            .fcall_reloading(self.functions.alloc, &counter, args)
             .await
             .map_err(|err| {
                 self.fail(format_args!("version allocation for {key} on {node}"), &err)
@@ -128,7 +115,7 @@ impl RedisStore {
         })
     }
 
-    /// Sends `FCALL hotsplit_cas` for the writes at `indexes`: one pipeline per owning node
+    /// Sends `FCALL hotsplit_cas_v2` for the writes at `indexes`: one pipeline per owning node
     /// (from `nodes`, aligned with `writes`), every node at once. Returns one reply per index, in
     /// the order of `indexes`.
     async fn cas_per_node(
@@ -195,7 +182,7 @@ impl RedisStore {
             // Queueing only buffers the command in memory; it answers at once.
             let args = cas_args(write, self.version_retention_ms, now_ms);
             let queued = pipeline
-                .fcall::<(), _, _, _>(CAS_FUNCTION, write.copy_key.as_str(), args)
+                .fcall::<(), _, _, _>(self.functions.cas, write.copy_key.as_str(), args)
                 .await;
             queue_errors.push(queued.err());
         }
@@ -228,7 +215,7 @@ impl RedisStore {
             .collect()
     }
 
-    /// Writes the layout record `key` when it holds `expected` (`FCALL hotsplit_layout`). The
+    /// Writes the layout record `key` when it holds `expected` (`FCALL hotsplit_layout_v2`). The
     /// body of [`Store::write_layout`].
     pub(super) async fn swap_layout(
         &self,
@@ -241,14 +228,14 @@ impl RedisStore {
             Value::from(layout.encode()),
         ];
         let reply = self
-            .fcall_reloading(LAYOUT_FUNCTION, &key, args)
+            .fcall_reloading(self.functions.layout, &key, args)
             .await
             .map_err(|err| self.fail(format_args!("write of layout record {key}"), &err))?;
         parse_layout_reply(reply).map_err(|why| self.corrupt(format!("layout record {key}: {why}")))
     }
 
     /// Refreshes (`ttl_ms > 0`) or removes (`ttl_ms == 0`) `member` of the live set `key`
-    /// (`FCALL hotsplit_live`) and returns the other live members' copy counts. The body of
+    /// (`FCALL hotsplit_live_v2`) and returns the other live members' copy counts. The body of
     /// [`Store::join_layout`] and [`Store::leave_layout`].
     pub(super) async fn refresh_live(
         &self,
@@ -258,7 +245,7 @@ impl RedisStore {
     ) -> Result<Vec<u32>> {
         let args = vec![Value::from(member), Value::from(ttl_ms.to_string())];
         let reply = self
-            .fcall_reloading(LIVE_FUNCTION, &key, args)
+            .fcall_reloading(self.functions.live, &key, args)
             .await
             .map_err(|err| self.fail(format_args!("refresh of live set {key}"), &err))?;
         parse_live_reply(reply).map_err(|why| self.corrupt(format!("live set {key}: {why}")))
@@ -304,13 +291,14 @@ impl RedisStore {
             reply.map_err(|err| self.fail(format_args!("write of copy {copy} on {node}"), &err))?;
         parse_cas_reply(reply).map_err(|why| {
             self.corrupt(format!(
-                "unexpected reply to {CAS_FUNCTION} for copy {copy} on {node}: {why}"
+                "unexpected reply to {} for copy {copy} on {node}: {why}",
+                self.functions.cas
             ))
         })
     }
 }
 
-/// The `FCALL hotsplit_cas` arguments of a write: version, payload, tomb, expire_at_ms,
+/// The `FCALL hotsplit_cas_v2` arguments of a write: version, payload, tomb, expire_at_ms,
 /// retain_until_ms (`retention_ms` after the expiry) and now_ms (this instance's clock, the one
 /// that computed the expiry).
 fn cas_args(write: &CopyWrite, retention_ms: u64, now_ms: u64) -> Vec<Value> {
@@ -329,21 +317,4 @@ fn cas_args(write: &CopyWrite, retention_ms: u64, now_ms: u64) -> Vec<Value> {
             .into(),
         now_ms.min(MAX_MILLIS).to_string().into(),
     ]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_library_is_named_and_prefixed() {
-        assert!(LIBRARY.starts_with("#!lua name=hotsplit\n"));
-        for name in [CAS_FUNCTION, ALLOC_FUNCTION, LAYOUT_FUNCTION, LIVE_FUNCTION] {
-            assert!(name.starts_with("hotsplit_"));
-            assert!(
-                LIBRARY.contains(&format!("redis.register_function('{name}'")),
-                "{name}"
-            );
-        }
-    }
 }

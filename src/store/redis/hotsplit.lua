@@ -1,9 +1,12 @@
-#!lua name=hotsplit
+#!lua name=hotsplit_v2
 --[[
-hotsplit's Redis Functions library: the versioned compare-and-set of one copy, and the per-key
-version counter. Loaded with FUNCTION LOAD REPLACE on every primary by src/store/redis/cas.rs,
-which includes this file verbatim. Function names are global across libraries, so every function
-here is prefixed with `hotsplit_`.
+hotsplit's Redis Functions library, version 2: the versioned compare-and-set of one copy, the
+per-key version counter, the layout record's compare-and-set and the live sets. Loaded on every
+primary by src/store/redis/library.rs, which includes this file verbatim (src/store/library.rs).
+Function names are global across libraries, so every function is registered under a name with
+the `hotsplit_` prefix and this version's `_v2` suffix: another release's library registers other
+names, and both run side by side on one cluster. Any change to this file is a new version
+(src/store/library.rs records its SHA-256).
 
 Versions travel as canonical decimal strings (digits only, no leading zero, 1..=2^64-1) and are
 compared as strings: length first, then byte by byte. They are never converted with tonumber:
@@ -282,7 +285,7 @@ local function hotsplit_live(keys, args)
   return others
 end
 
-redis.register_function('hotsplit_cas', hotsplit_cas)
-redis.register_function('hotsplit_layout', hotsplit_layout)
-redis.register_function('hotsplit_alloc', hotsplit_alloc)
-redis.register_function('hotsplit_live', hotsplit_live)
+redis.register_function('hotsplit_cas_v2', hotsplit_cas)
+redis.register_function('hotsplit_layout_v2', hotsplit_layout)
+redis.register_function('hotsplit_alloc_v2', hotsplit_alloc)
+redis.register_function('hotsplit_live_v2', hotsplit_live)

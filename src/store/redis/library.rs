@@ -1,6 +1,10 @@
 //! The function library on each primary: loaded with `FUNCTION LOAD REPLACE` where it is
 //! missing, one primary at a time, at most once per [`RELOAD_INTERVAL`] per primary.
 //!
+//! The library and its functions carry their version in their names (`store::library`), so the
+//! `REPLACE` only ever replaces this version's library, whose source one version names exactly;
+//! the library of another release, and the functions it registers, are left alone.
+//!
 //! The store starts with the primaries that accept the library and records the others in
 //! [`LibraryState`]; their writes fail (`ERR Function not found`, so the publisher queues the
 //! copies) until a later attempt loads it there. Attempts come from three places: the topology
@@ -20,12 +24,6 @@ use super::replicas::server_label;
 use super::RedisStore;
 use crate::error::{Error, Result};
 use crate::store::NodeLabel;
-
-/// The Redis Functions library (`#!lua name=hotsplit`), loaded on every primary.
-pub(super) const LIBRARY: &str = include_str!("hotsplit.lua");
-
-/// The library's name, as its first line declares it (`#!lua name=...`).
-pub(super) const LIBRARY_NAME: &str = "hotsplit";
 
 /// The shortest time between two attempts to load the library on one primary: a primary that
 /// refuses it (`NOREPLICAS`, a paused node) is not asked again by every write that meets it.
@@ -168,13 +166,13 @@ impl RedisStore {
                 let reply = match (&self.standalone_node, server) {
                     (Some(_), _) => {
                         self.client
-                            .function_load::<Value, _>(true, LIBRARY)
+                            .function_load::<Value, _>(true, self.functions.source)
                             .await
                     }
                     (None, Some(server)) => {
                         self.client
                             .with_cluster_node(server)
-                            .function_load::<Value, _>(true, LIBRARY)
+                            .function_load::<Value, _>(true, self.functions.source)
                             .await
                     }
                     // No longer a primary (a failover): its successor has the library through
@@ -186,14 +184,14 @@ impl RedisStore {
                 };
                 let failed = match reply {
                     Ok(_) => {
-                        tracing::info!(node = %node, "loaded the hotsplit function library");
+                        tracing::info!(node = %node, library = self.functions.name, "loaded the hotsplit function library");
                         None
                     }
                     Err(err) => {
                         let failure = Failure::of(&err);
                         let err = self
                             .fail(format_args!("loading the function library on {node}"), &err);
-                        tracing::warn!(node = %node, error = %err, "could not load the hotsplit function library; its copies queue until a retry loads it");
+                        tracing::warn!(node = %node, library = self.functions.name, error = %err, "could not load the hotsplit function library; its copies queue until a retry loads it");
                         Some((failure, err))
                     }
                 };
@@ -239,10 +237,5 @@ mod tests {
         );
         state.record(&a, true, later);
         assert_eq!(state.missing(), vec![b]);
-    }
-
-    #[test]
-    fn the_library_is_named_and_prefixed() {
-        assert!(LIBRARY.starts_with(&format!("#!lua name={LIBRARY_NAME}\n")));
     }
 }

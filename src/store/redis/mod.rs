@@ -5,8 +5,10 @@
 //! hash with the fields `ver`, `val`, `tomb` and `exp`.
 //!
 //! # How it talks to Redis
-//! - **Writes** go through the Redis Functions library in `hotsplit.lua` (`FCALL hotsplit_cas`),
-//!   loaded with `FUNCTION LOAD REPLACE` on every primary that accepts it at connect time; the
+//! - **Writes** go through the Redis Functions library in `hotsplit.lua` (`FCALL
+//!   hotsplit_cas_v2`; the names carry the library's version, `store::library`), loaded with
+//!   `FUNCTION LOAD REPLACE` of this version's library on every primary that accepts it at
+//!   connect time; the
 //!   others are retried in the background, at most once a second each, and their writes fail
 //!   (so their copies queue) meanwhile. Functions replicate and survive failovers, unlike
 //!   `SCRIPT LOAD`. A node that lost its functions (a restart without persistence) answers
@@ -26,7 +28,7 @@
 //!   `INFO commandstats` tells heartbeat reads (`GET`) from data reads (`HMGET`).
 //! - **Synced writes** (`sync_replicas`) go through a second client, write then `WAIT` on each
 //!   node: `WAIT` counts only its own connection's writes, and blocks that connection.
-//! - **Version counters** use `FCALL hotsplit_alloc` (a floor, INCR and a TTL that only grows,
+//! - **Version counters** use `FCALL hotsplit_alloc_v2` (a floor, INCR and a TTL that only grows,
 //!   atomic), not MULTI/EXEC: fred 10 runs a transaction inside its router task after draining
 //!   every connection, so one slow node would stall every command of the client.
 //! - **Audits** (`hotsplit audit`) go through `ReadOnlyNodes`, apart from [`RedisStore`]: one
@@ -39,8 +41,9 @@
 //!   [`Store`] implementation, which delegates to the files below.
 //! - `target.rs`: [`RedisTarget`] and [`RedisOptions`], the URL and `host:port` parsing; no fred.
 //! - `failure.rs`: `Failure`, the classification of fred errors, and `RedisStore::fail`.
-//! - `library.rs`: the function library (`hotsplit.lua` beside it), which primaries lack it,
-//!   and the rate-limited loads on them.
+//! - `library.rs`: the function library (`hotsplit.lua` beside it, named in
+//!   `store::library`), which primaries lack it, the rate-limited loads on them, and the
+//!   listing and deletion of other releases' libraries (`FUNCTION LIST`, `FUNCTION DELETE`).
 //! - `cas.rs`: the per-node compare-and-set pipelines, the reload after
 //!   `ERR Function not found`, and the version counter.
 //! - `replicas.rs`: replica clients, the `CLUSTER SLOTS` replica map and key placement.
@@ -69,6 +72,7 @@ use fred::types::config::{
 use fred::types::{Builder, ConnectHandle, Key as FredKey, Value};
 use futures_util::future::{join_all, BoxFuture};
 
+use super::library::FunctionLibrary;
 use super::{
     layout_key, live_key, live_member, now_unix_ms, CopyRead, CopyWrite, InstanceRecord, Layout,
     LayoutSwap, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
@@ -151,6 +155,9 @@ pub struct RedisStore {
     heartbeat_tags: std::sync::Mutex<std::collections::HashMap<NodeLabel, String>>,
     /// The primaries known to lack the function library, retried in the background.
     library: library::LibraryState,
+    /// The function library this store loads and calls: this release's
+    /// ([`FunctionLibrary::CURRENT`]) unless connected with [`RedisStore::connect_with_library`].
+    functions: FunctionLibrary,
 }
 
 impl fmt::Debug for RedisStore {
@@ -178,7 +185,8 @@ impl Drop for RedisStore {
 impl RedisStore {
     /// Connects to `options.target`, waits for the connection (at most `connect_timeout`, or
     /// one `connect_timeout` per cluster seed plus one: fred tries the seeds in turn) and loads
-    /// the `hotsplit` function library with `FUNCTION LOAD REPLACE` on every primary. A primary
+    /// this release's function library ([`FunctionLibrary::CURRENT`], `hotsplit_v2`) with
+    /// `FUNCTION LOAD REPLACE` on every primary. A primary
     /// that refuses the library does not stop the connection: it is retried in the background
     /// and listed by [`Store::library_missing`].
     ///
@@ -191,6 +199,20 @@ impl RedisStore {
     /// [`ErrorKind::Config`] when a target address is malformed; [`ErrorKind::Unavailable`] when
     /// Redis cannot be reached in time (the message names the URL) or no primary is known.
     pub async fn connect(options: RedisOptions, metrics: Arc<Metrics>) -> Result<RedisStore> {
+        RedisStore::connect_with_library(options, metrics, FunctionLibrary::CURRENT).await
+    }
+
+    /// [`RedisStore::connect`], loading and calling `functions` instead of this release's
+    /// library: what an instance of another release does (the rolling-upgrade test runs the
+    /// previous release's library through it, `tests/integration/upgrade.rs`).
+    ///
+    /// # Errors
+    /// As [`RedisStore::connect`].
+    pub async fn connect_with_library(
+        options: RedisOptions,
+        metrics: Arc<Metrics>,
+        functions: FunctionLibrary,
+    ) -> Result<RedisStore> {
         let url = options.url();
         let config_error =
             |why: String| Error::new(ErrorKind::Config, format!("redis target {url:?}: {why}"));
@@ -313,6 +335,7 @@ impl RedisStore {
             replica_map: std::sync::RwLock::new(None),
             heartbeat_tags: std::sync::Mutex::new(std::collections::HashMap::new()),
             library: library::LibraryState::default(),
+            functions,
         };
         // Start with the primaries that accept the library: the others are retried in the
         // background (`library.rs`), and their copies queue meanwhile.
@@ -641,7 +664,7 @@ impl Store for RedisStore {
     }
 
     fn library_name(&self) -> Option<&'static str> {
-        Some(library::LIBRARY_NAME)
+        Some(self.functions.name)
     }
 
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
