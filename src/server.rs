@@ -26,7 +26,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::fleet::session::{SessionKey, SessionMetrics};
-use crate::fleet::{Registrar, Registry, Sessions};
+use crate::fleet::{LibraryRetirer, Registrar, Registry, RetireMetrics, Sessions};
 use crate::heal::{
     HealHandles, HealthProber, HealthStore, LayoutWatcher, Layouts, Liveness, NodeHealth, Repairer,
     RetryQueue, RetryWorker,
@@ -273,6 +273,8 @@ struct Background {
     lag_monitor: LagMonitor,
     /// Keeps this instance's registry entry alive.
     registrar: Registrar,
+    /// Deletes older releases' function libraries once no registered instance runs them.
+    retirer: LibraryRetirer,
 }
 
 impl Service {
@@ -382,6 +384,8 @@ impl Service {
             config.fleet.entry_ttl(),
         ));
         let session_key = deployment_session_key(&*store).await;
+        let retire_store = store.clone();
+        let retire_metrics = metrics.register_with(RetireMetrics::register);
         let wired = StateParts {
             session_key,
             registry: registry.clone(),
@@ -434,6 +438,13 @@ impl Service {
                 registrar: Registrar {
                     registry: registry.clone(),
                     interval: config.fleet.heartbeat_interval,
+                },
+                retirer: LibraryRetirer {
+                    store: retire_store,
+                    registry: registry.clone(),
+                    interval: config.fleet.retire_interval,
+                    grace: config.fleet.entry_ttl(),
+                    metrics: retire_metrics,
                 },
             },
             registry,
@@ -563,6 +574,7 @@ impl Service {
         tracker.spawn(background.lag_monitor.run(cancel.clone()));
         registry.set_listen(advertise.unwrap_or_else(|| local.to_string()));
         tracker.spawn(background.registrar.run(cancel.clone()));
+        tracker.spawn(background.retirer.run(cancel.clone()));
         if let Some(source) = config_source {
             // Registered here, before the port answers: a SIGHUP that found no handler would
             // end the process (its default action).

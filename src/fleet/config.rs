@@ -19,6 +19,11 @@ pub struct FleetConfig {
     /// The address the registry gives for this instance's API, for instances behind NAT or a
     /// wildcard listen address (`0.0.0.0:7070`). Default: unset (the bound listen address).
     pub advertise: Option<String>,
+    /// How often this instance checks for older releases' Redis function libraries that no
+    /// registered instance runs any more, and deletes those that have stayed unused for three
+    /// heartbeat intervals (`fleet::retire`). Default: `1m`.
+    #[serde(with = "crate::duration")]
+    pub retire_interval: Duration,
 }
 
 impl Default for FleetConfig {
@@ -26,6 +31,7 @@ impl Default for FleetConfig {
         FleetConfig {
             heartbeat_interval: Duration::from_secs(2),
             advertise: None,
+            retire_interval: Duration::from_secs(60),
         }
     }
 }
@@ -49,6 +55,17 @@ impl FleetConfig {
                 format!(
                     "fleet.heartbeat_interval: must be in 100ms..=1h, got {}",
                     humantime::format_duration(self.heartbeat_interval)
+                ),
+            ));
+        }
+        if self.retire_interval < Duration::from_millis(100)
+            || self.retire_interval > Duration::from_secs(3600)
+        {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "fleet.retire_interval: must be in 100ms..=1h, got {}",
+                    humantime::format_duration(self.retire_interval)
                 ),
             ));
         }

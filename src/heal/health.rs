@@ -440,6 +440,14 @@ impl Store for HealthStore {
         self.inner.library_name()
     }
 
+    fn function_libraries(&self) -> BoxFuture<'_, Result<Vec<(String, usize)>>> {
+        self.inner.function_libraries()
+    }
+
+    fn delete_function_library<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<usize>> {
+        self.inner.delete_function_library(name)
+    }
+
     fn scan_keys<'a>(
         &'a self,
         pattern: &'a str,

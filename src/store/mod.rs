@@ -462,6 +462,26 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// The hotsplit function libraries loaded on the store's primaries (`hotsplit`,
+    /// `hotsplit_v<N>`: every release's, this one's included), by name, each with how many
+    /// primaries hold it. Default: none (the embedded store has no library).
+    ///
+    /// # Errors
+    /// A store error when a primary cannot be asked: a partial list could hide a library.
+    fn function_libraries(&self) -> BoxFuture<'_, Result<Vec<(String, usize)>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Deletes the function library `name` (`FUNCTION DELETE`) from every primary that holds
+    /// it, and returns on how many it was deleted. Default: none (no library).
+    ///
+    /// # Errors
+    /// A store error when a primary refuses or does not answer (the others are still asked).
+    fn delete_function_library<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<usize>> {
+        let _ = name;
+        Box::pin(async { Ok(0) })
+    }
+
     /// The nodes reads avoid because they are failing or recovering (`heal::health`), for
     /// `/readyz`. Default: none.
     fn avoided_nodes(&self) -> Vec<NodeLabel> {

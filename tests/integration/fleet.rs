@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use hotsplit::store::library::LIBRARY_NAME;
 use hotsplit::store::registry::{instance_key, INSTANCES_KEY};
 use hotsplit::store::{now_unix_ms, InstanceRecord, Store};
 use hotsplit_devcluster as devcluster;
@@ -53,7 +54,7 @@ async fn registry_two_instances_on_a_cluster_see_each_other_and_a_stopped_one_le
             let entry = find(&listed, id).unwrap_or_else(|| panic!("{id} listed: {listed:?}"));
             assert_eq!(entry["listen"], base.trim_start_matches("http://"));
             assert_eq!(entry["release"], env!("CARGO_PKG_VERSION"));
-            assert_eq!(entry["library"], "hotsplit");
+            assert_eq!(entry["library"], LIBRARY_NAME);
             assert!(entry["started_ms"].as_u64() <= entry["heartbeat_ms"].as_u64());
         }
     }

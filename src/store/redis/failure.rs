@@ -20,6 +20,9 @@ pub(super) enum Failure {
     Cluster,
     /// `ERR Function not found`: the node lost the library.
     FunctionMissing,
+    /// `ERR Library not found`: a `FUNCTION DELETE` of a library the node does not hold
+    /// (another instance deleted it first).
+    LibraryMissing,
     /// `READONLY`: the write reached a replica.
     ReadOnly,
     /// `NOSCRIPT`: a script cache miss.
@@ -48,6 +51,8 @@ impl Failure {
                 let details = err.details();
                 if details.starts_with("ERR Function not found") {
                     Failure::FunctionMissing
+                } else if details.starts_with("ERR Library not found") {
+                    Failure::LibraryMissing
                 } else if details.starts_with("READONLY") {
                     Failure::ReadOnly
                 } else if details.starts_with("NOSCRIPT") {
@@ -85,6 +90,7 @@ impl Failure {
             Failure::Io => "io",
             Failure::Cluster => "cluster",
             Failure::FunctionMissing => "function_missing",
+            Failure::LibraryMissing => "library_missing",
             Failure::ReadOnly => "readonly",
             Failure::NoScript => "noscript",
             Failure::NoPermission => "noperm",
@@ -259,6 +265,11 @@ mod tests {
                 Failure::NoScript,
             ),
             (FredErrorKind::Canceled, "Canceled.", Failure::Canceled),
+            (
+                FredErrorKind::Unknown,
+                "ERR Library not found",
+                Failure::LibraryMissing,
+            ),
             (
                 FredErrorKind::Backpressure,
                 "Max in-flight commands reached.",

@@ -15,14 +15,18 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fred::interfaces::FunctionInterface;
+use fred::clients::{Client, WithOptions};
+use fred::interfaces::{ClientLike, FunctionInterface};
+use fred::types::config::Options;
 use fred::types::Value;
 use futures_util::future::join_all;
 
 use super::failure::Failure;
+use super::replies::parse_library_names;
 use super::replicas::server_label;
 use super::RedisStore;
 use crate::error::{Error, Result};
+use crate::store::library::LibraryVersion;
 use crate::store::NodeLabel;
 
 /// The shortest time between two attempts to load the library on one primary: a primary that
@@ -202,6 +206,92 @@ impl RedisStore {
         join_all(loads).await
     }
 }
+
+impl RedisStore {
+    /// Every primary, each with the client that addresses it.
+    fn primary_clients(&self) -> Result<Vec<(NodeLabel, WithOptions<Client>)>> {
+        match &self.standalone_node {
+            Some(node) => Ok(vec![(
+                node.clone(),
+                self.client.with_options(&Options::default()),
+            )]),
+            None => Ok(self
+                .known_primaries()?
+                .into_iter()
+                .map(|server| {
+                    let label = server_label(&server);
+                    let client = self.client.with_cluster_node(server);
+                    (label, client)
+                })
+                .collect()),
+        }
+    }
+
+    /// `FUNCTION LIST LIBRARYNAME hotsplit*` on every primary at once: each hotsplit library
+    /// (`LibraryVersion::of` knows its name) with how many primaries hold it, by name. The body
+    /// of [`crate::store::Store::function_libraries`].
+    pub(super) async fn list_libraries(&self) -> Result<Vec<(String, usize)>> {
+        let lists = self
+            .primary_clients()?
+            .into_iter()
+            .map(|(node, client)| async move {
+                let reply = client
+                    .function_list::<Value, _>(Some(LIBRARY_PATTERN), false)
+                    .await
+                    .map_err(|err| {
+                        self.fail(format_args!("listing the function libraries on {node}"), &err)
+                    })?;
+                parse_library_names(reply).map_err(|why| {
+                    self.corrupt(format!("the function list of {node}: {why}"))
+                })
+            });
+        let mut held: BTreeMap<String, usize> = BTreeMap::new();
+        for names in join_all(lists).await {
+            for name in names? {
+                if LibraryVersion::of(&name).is_some() {
+                    *held.entry(name).or_default() += 1;
+                }
+            }
+        }
+        Ok(held.into_iter().collect())
+    }
+
+    /// `FUNCTION DELETE name` on every primary at once; a primary that does not hold it
+    /// (`ERR Library not found`) is skipped. Returns on how many it was deleted. The body of
+    /// [`crate::store::Store::delete_function_library`].
+    pub(super) async fn delete_library(&self, name: &str) -> Result<usize> {
+        let deletes = self
+            .primary_clients()?
+            .into_iter()
+            .map(|(node, client)| async move {
+                match client.function_delete::<Value, _>(name).await {
+                    Ok(_) => Ok(true),
+                    Err(err) if Failure::of(&err) == Failure::LibraryMissing => Ok(false),
+                    Err(err) => Err(self.fail(
+                        format_args!("deleting the function library {name} on {node}"),
+                        &err,
+                    )),
+                }
+            });
+        let mut deleted = 0;
+        let mut failed = None;
+        for outcome in join_all(deletes).await {
+            match outcome {
+                Ok(true) => deleted += 1,
+                Ok(false) => {}
+                Err(err) => failed = Some(err),
+            }
+        }
+        match failed {
+            Some(err) => Err(err),
+            None => Ok(deleted),
+        }
+    }
+}
+
+/// The `FUNCTION LIST LIBRARYNAME` pattern that finds every hotsplit library (and possibly
+/// another application's that starts alike, which `LibraryVersion::of` then leaves out).
+const LIBRARY_PATTERN: &str = "hotsplit*";
 
 #[cfg(test)]
 mod tests {

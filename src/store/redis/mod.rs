@@ -667,6 +667,14 @@ impl Store for RedisStore {
         Some(self.functions.name)
     }
 
+    fn function_libraries(&self) -> BoxFuture<'_, Result<Vec<(String, usize)>>> {
+        Box::pin(self.list_libraries())
+    }
+
+    fn delete_function_library<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(self.delete_library(name))
+    }
+
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
             // One DEL per key: in a cluster the copies live in different slots.

@@ -121,6 +121,42 @@ pub(super) fn parse_live_reply(reply: Value) -> std::result::Result<Vec<u32>, St
         .collect()
 }
 
+/// Parses the library names of a `FUNCTION LIST` reply: one entry per library, each a map (RESP3)
+/// or a flat list of field names and values (RESP2) holding `library_name`.
+pub(super) fn parse_library_names(reply: Value) -> std::result::Result<Vec<String>, String> {
+    let entries = match reply {
+        Value::Null => return Ok(Vec::new()),
+        Value::Array(entries) => entries,
+        other => return Err(format!("expected a list of libraries, got {other:?}")),
+    };
+    entries
+        .into_iter()
+        .map(|entry| {
+            let fields: Vec<(Value, Value)> = match entry {
+                Value::Map(map) => map
+                    .inner()
+                    .into_iter()
+                    .map(|(key, value)| (Value::from(key), value))
+                    .collect(),
+                Value::Array(flat) => {
+                    let mut pairs = Vec::with_capacity(flat.len() / 2);
+                    let mut flat = flat.into_iter();
+                    while let (Some(key), Some(value)) = (flat.next(), flat.next()) {
+                        pairs.push((key, value));
+                    }
+                    pairs
+                }
+                other => return Err(format!("a library entry is not a map: {other:?}")),
+            };
+            fields
+                .into_iter()
+                .find(|(key, _)| key.as_str().as_deref() == Some("library_name"))
+                .and_then(|(_, name)| name.as_str().map(|name| name.into_owned()))
+                .ok_or_else(|| "a library entry has no library_name".to_owned())
+        })
+        .collect()
+}
+
 /// Parses `{"applied"|"current"|"stale"|"conflict", version}`.
 pub(super) fn parse_cas_reply(reply: Value) -> std::result::Result<CasOutcome, String> {
     let fields = reply.into_array();
@@ -329,6 +365,43 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
+
+    #[test]
+    fn library_names_are_read_from_resp2_and_resp3_function_lists() {
+        let resp2 = Value::Array(vec![
+            Value::Array(vec![
+                Value::from("library_name"),
+                Value::from("hotsplit"),
+                Value::from("engine"),
+                Value::from("LUA"),
+                Value::from("functions"),
+                Value::Array(Vec::new()),
+            ]),
+            Value::Array(vec![
+                Value::from("library_name"),
+                Value::from("hotsplit_v2"),
+            ]),
+        ]);
+        assert_eq!(
+            parse_library_names(resp2),
+            Ok(vec!["hotsplit".to_owned(), "hotsplit_v2".to_owned()])
+        );
+        let mut map = fred::types::Map::new();
+        map.insert("engine".into(), Value::from("LUA"));
+        map.insert("library_name".into(), Value::from("hotsplit_v3"));
+        assert_eq!(
+            parse_library_names(Value::Array(vec![Value::Map(map)])),
+            Ok(vec!["hotsplit_v3".to_owned()])
+        );
+        assert_eq!(parse_library_names(Value::Array(Vec::new())), Ok(Vec::new()));
+        assert_eq!(parse_library_names(Value::Null), Ok(Vec::new()));
+        assert!(parse_library_names(Value::Array(vec![Value::Array(vec![
+            Value::from("engine"),
+            Value::from("LUA"),
+        ])]))
+        .is_err());
+        assert!(parse_library_names(Value::from("hotsplit")).is_err());
+    }
 
     fn node(host: &str, port: i64) -> Value {
         Value::Array(vec![
