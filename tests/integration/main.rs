@@ -30,4 +30,5 @@ mod session;
 mod spool;
 mod startup;
 mod telemetry;
+mod upgrade;
 mod versions;

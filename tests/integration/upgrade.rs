@@ -1,0 +1,372 @@
+//! Rolling upgrades on real Redis: an instance of the previous release (its function library
+//! `hotsplit`, loaded from `tests/fixtures/hotsplit-v1.lua`, the source that release shipped)
+//! publishing next to an instance of this release (`hotsplit_v2`) on one cluster, both correct;
+//! the previous library deleted only after its instance left the registry; and a layout
+//! mismatch between two running instances reported with the instance and release that wrote the
+//! record.
+//!
+//! The previous release's instance is the library's own publish path and registrar over a
+//! `RedisStore` that calls the previous library's functions
+//! (`RedisStore::connect_with_library`): the previous release differs from this one, as far as
+//! Redis sees it, only in those names.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hotsplit::config::Config;
+use hotsplit::fleet::{Registrar, Registry};
+use hotsplit::key::{Key, Version};
+use hotsplit::metrics::Metrics;
+use hotsplit::publish::{PublishReport, PublishStatus, Publisher, VersionChoice};
+use hotsplit::store::library::{
+    source_digest, FunctionLibrary, LEGACY_LIBRARY_NAME, LIBRARY_NAME, RELEASED,
+};
+use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use hotsplit::store::Store;
+use hotsplit_devcluster::{self as devcluster, Cluster};
+use reqwest::StatusCode;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{
+    command_timeout_toml, config_from_toml, copy_on_owner, get, get_json, metrics_text,
+    own_cluster, poll, publish_expecting, publish_succeeds, served_version, Service,
+    COMMAND_TIMEOUT,
+};
+
+/// The previous release's function library, as that release shipped it.
+const PREVIOUS_SOURCE: &str = include_str!("../fixtures/hotsplit-v1.lua");
+
+/// The family both instances serve: four copies.
+const PREFIX: &str = "up:";
+const COPIES: u32 = 4;
+
+/// The config both instances share; this release's instance checks for unused libraries every
+/// 200 ms, with registry entries that live 600 ms.
+fn config_text(url: &str) -> String {
+    format!(
+        "[[family]]\nprefix = \"{PREFIX}\"\ncopies = {COPIES}\nttl = \"10m\"\n\
+         [store]\nredis = {url:?}\ncommand_timeout = \"{}\"\n\
+         [fleet]\nheartbeat_interval = \"200ms\"\nretire_interval = \"200ms\"\n",
+        command_timeout_toml()
+    )
+}
+
+/// An instance of the previous release: its publisher and its registry entry, over a store
+/// that calls `hotsplit_cas` and the other unversioned functions.
+struct PreviousInstance {
+    /// Its publish path.
+    publisher: Publisher,
+    /// Its id in the registry.
+    id: String,
+    /// Stops its registrar, which then removes its entry.
+    stop: CancellationToken,
+    /// The registrar task.
+    registrar: JoinHandle<()>,
+}
+
+impl PreviousInstance {
+    async fn start(url: &str, config: &Config) -> PreviousInstance {
+        let mut options = RedisOptions::new(RedisTarget::parse(url).expect("parse the url"));
+        options.command_timeout = COMMAND_TIMEOUT;
+        let metrics = Metrics::new();
+        let store: Arc<dyn Store> = Arc::new(
+            RedisStore::connect_with_library(
+                options,
+                metrics.clone(),
+                FunctionLibrary::legacy(PREVIOUS_SOURCE),
+            )
+            .await
+            .expect("connect with the previous library"),
+        );
+        let id = format!("previous-{:08x}", rand::random::<u32>());
+        let registry = Arc::new(Registry::new(
+            store.clone(),
+            id.clone(),
+            Duration::from_millis(600),
+        ));
+        registry.set_listen("127.0.0.1:1".to_owned());
+        let stop = CancellationToken::new();
+        let registrar = tokio::spawn(
+            Registrar {
+                registry,
+                interval: Duration::from_millis(200),
+            }
+            .run(stop.clone()),
+        );
+        let publisher = Publisher::new(store, Arc::new(config.families()), metrics);
+        PreviousInstance {
+            publisher,
+            id,
+            stop,
+            registrar,
+        }
+    }
+
+    async fn publish(&self, key: &str, version: u64, value: &str) -> PublishReport {
+        self.publisher
+            .publish(
+                &Key::parse(key).expect("key"),
+                VersionChoice::Given(Version::new(version).expect("version")),
+                Bytes::from(value.to_owned()),
+            )
+            .await
+            .expect("publish through the previous library")
+    }
+
+    /// Stops the registrar, which removes the entry, and waits for it.
+    async fn leave(self) -> Publisher {
+        self.stop.cancel();
+        self.registrar.await.expect("the registrar ends");
+        self.publisher
+    }
+}
+
+/// The libraries `FUNCTION LIST` shows on `port`.
+fn libraries_on(port: u16) -> Vec<String> {
+    let text = devcluster::cli(port, &["FUNCTION", "LIST"]).expect("FUNCTION LIST");
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .windows(2)
+        .filter(|pair| pair[0] == "library_name")
+        .map(|pair| pair[1].to_owned())
+        .collect()
+}
+
+/// The ports of the cluster's masters.
+fn master_ports(cluster: &Cluster) -> Vec<u16> {
+    cluster
+        .masters()
+        .expect("masters")
+        .iter()
+        .map(|node| node.port())
+        .collect()
+}
+
+/// Whether every master holds library `name`.
+fn on_every_master(cluster: &Cluster, name: &str) -> bool {
+    master_ports(cluster)
+        .into_iter()
+        .all(|port| libraries_on(port).iter().any(|held| held == name))
+}
+
+/// Whether no master holds library `name`.
+fn on_no_master(cluster: &Cluster, name: &str) -> bool {
+    master_ports(cluster)
+        .into_iter()
+        .all(|port| !libraries_on(port).iter().any(|held| held == name))
+}
+
+/// The value of the unlabelled counter `name` in `/metrics` of `base`.
+async fn counter(http: &reqwest::Client, base: &str, name: &str) -> u64 {
+    let text = metrics_text(http, base).await;
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map(|value| value as u64)
+        .unwrap_or_else(|| panic!("{name} in /metrics:\n{text}"))
+}
+
+/// Asserts that every copy of `key` holds `version` with `value` on its master.
+fn every_copy_holds(cluster: &Cluster, key: &str, version: u64, value: &str) {
+    for index in 0..COPIES {
+        let copy_key = format!("{key}#{index}");
+        let copy = copy_on_owner(cluster, &copy_key);
+        assert_eq!(
+            (copy.get("ver").map(String::as_str), copy.get("val").map(String::as_str)),
+            (Some(version.to_string().as_str()), Some(value)),
+            "{copy_key}: {copy:?}"
+        );
+    }
+}
+
+#[test]
+fn the_previous_library_fixture_is_the_released_version_1() {
+    assert_eq!(
+        RELEASED.first().map(|(version, digest)| (*version, *digest)),
+        Some((1, source_digest(PREVIOUS_SOURCE).as_str())),
+        "tests/fixtures/hotsplit-v1.lua is the library the previous release shipped"
+    );
+    assert!(PREVIOUS_SOURCE.starts_with(&format!("#!lua name={LEGACY_LIBRARY_NAME}\n")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_after_its_instance()
+{
+    let cluster = own_cluster().await;
+    let url = cluster.url();
+    let config = config_from_toml(&config_text(&url));
+    let http = reqwest::Client::new();
+
+    // The previous release runs first; then this release starts beside it.
+    let previous = PreviousInstance::start(&url, &config).await;
+    assert!(on_every_master(&cluster, LEGACY_LIBRARY_NAME));
+    let current = Service::start(config.clone()).await;
+    assert!(on_every_master(&cluster, LIBRARY_NAME));
+    assert!(
+        on_every_master(&cluster, LEGACY_LIBRARY_NAME),
+        "loading this release's library left the previous one in place"
+    );
+    // A previous-release instance that restarts now reloads its library with REPLACE: this
+    // release's functions stay.
+    for port in master_ports(&cluster) {
+        devcluster::cli(port, &["FUNCTION", "LOAD", "REPLACE", PREVIOUS_SOURCE])
+            .expect("reload the previous library");
+    }
+    assert!(on_every_master(&cluster, LIBRARY_NAME));
+
+    // Alternate publishes: neither rolls back a copy the other moved forward.
+    let key = "up:side-by-side";
+    let report = previous.publish(key, 1, "previous-1").await;
+    assert_eq!(report.status(), PublishStatus::Done, "{report:?}");
+    publish_succeeds(&http, &current.base, key, 2, "current-2").await;
+    every_copy_holds(&cluster, key, 2, "current-2");
+    let report = previous.publish(key, 1, "previous-1").await;
+    assert_eq!(report.status(), PublishStatus::Stale, "{report:?}");
+    every_copy_holds(&cluster, key, 2, "current-2");
+    let report = previous.publish(key, 3, "previous-3").await;
+    assert_eq!(report.status(), PublishStatus::Done, "{report:?}");
+    publish_expecting(
+        &http,
+        &current.base,
+        key,
+        2,
+        "current-2",
+        StatusCode::CONFLICT,
+    )
+    .await;
+    every_copy_holds(&cluster, key, 3, "previous-3");
+    let answer = get(
+        &http,
+        &format!("{}/v1/keys/{key}?client=reader", current.base),
+        &[],
+    )
+    .await;
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert_eq!(served_version(&answer), 3);
+    assert_eq!(answer.text().await.expect("body"), "previous-3");
+
+    // Racing publishes: the previous release publishes odd versions, this one even ones, at
+    // once; every copy ends at the highest.
+    let raced = "up:raced";
+    for round in 0..20u64 {
+        let odd = 2 * round + 1;
+        let even = 2 * round + 2;
+        let odd_value = format!("v{odd}");
+        let (report, _) = tokio::join!(
+            previous.publish(raced, odd, &odd_value),
+            publish_succeeds_or_stale(&http, &current.base, raced, even),
+        );
+        assert!(
+            matches!(report.status(), PublishStatus::Done | PublishStatus::Stale),
+            "{report:?}"
+        );
+    }
+    every_copy_holds(&cluster, raced, 40, "v40");
+
+    // While the previous instance is registered its library stays, check after check.
+    let instances = get_json(&http, &format!("{}/v1/instances", current.base)).await;
+    let listed = instances["instances"].as_array().expect("instances");
+    assert!(
+        listed
+            .iter()
+            .any(|entry| entry["id"] == previous.id.as_str()
+                && entry["library"] == LEGACY_LIBRARY_NAME),
+        "{instances}"
+    );
+    let checks = counter(&http, &current.base, "hotsplit_function_library_checks_total").await;
+    poll(
+        "five more checks (more than the 600 ms grace)",
+        Duration::from_secs(30),
+        || async {
+            counter(&http, &current.base, "hotsplit_function_library_checks_total").await
+                >= checks + 5
+        },
+    )
+    .await;
+    assert!(on_every_master(&cluster, LEGACY_LIBRARY_NAME));
+    assert_eq!(
+        counter(&http, &current.base, "hotsplit_function_libraries_deleted_total").await,
+        0
+    );
+
+    // The previous instance leaves: its library is deleted from every primary, this one's
+    // stays, and publishing goes on.
+    let previous_publisher = previous.leave().await;
+    poll(
+        "the previous library is deleted everywhere",
+        Duration::from_secs(30),
+        || async { on_no_master(&cluster, LEGACY_LIBRARY_NAME) },
+    )
+    .await;
+    assert!(on_every_master(&cluster, LIBRARY_NAME));
+    assert_eq!(
+        counter(&http, &current.base, "hotsplit_function_libraries_deleted_total").await,
+        1
+    );
+    publish_succeeds(&http, &current.base, key, 4, "current-4").await;
+    every_copy_holds(&cluster, key, 4, "current-4");
+
+    // An instance of the previous release that never registered still publishes: its write
+    // meets `Function not found`, it reloads its library and retries. The retirer sees the
+    // library back with no registered instance running it, and keeps it.
+    let report = previous_publisher
+        .publish(
+            &Key::parse(key).expect("key"),
+            VersionChoice::Given(Version::new(5).expect("version")),
+            Bytes::from_static(b"unregistered-5"),
+        )
+        .await
+        .expect("publish");
+    assert_eq!(report.status(), PublishStatus::Done, "{report:?}");
+    every_copy_holds(&cluster, key, 5, "unregistered-5");
+    poll(
+        "the retirer sees the library come back",
+        Duration::from_secs(30),
+        || async {
+            counter(&http, &current.base, "hotsplit_function_libraries_reappeared_total").await
+                >= 1
+        },
+    )
+    .await;
+    // The primaries its writes reached hold it again, and keep it check after check.
+    let holders: Vec<u16> = master_ports(&cluster)
+        .into_iter()
+        .filter(|&port| libraries_on(port).iter().any(|held| held == LEGACY_LIBRARY_NAME))
+        .collect();
+    assert!(!holders.is_empty());
+    let checks = counter(&http, &current.base, "hotsplit_function_library_checks_total").await;
+    poll("five more checks", Duration::from_secs(30), || async {
+        counter(&http, &current.base, "hotsplit_function_library_checks_total").await >= checks + 5
+    })
+    .await;
+    for port in holders {
+        assert!(
+            libraries_on(port).iter().any(|held| held == LEGACY_LIBRARY_NAME),
+            "the library that came back is kept on {port}"
+        );
+    }
+    assert_eq!(
+        counter(&http, &current.base, "hotsplit_function_libraries_deleted_total").await,
+        1
+    );
+    current.stop().await;
+}
+
+/// Publishes `v<version>` through `base`: applied (2xx), or refused as older than a copy the
+/// other instance already moved forward (409 `stale_version`).
+async fn publish_succeeds_or_stale(http: &reqwest::Client, base: &str, key: &str, version: u64) {
+    let answer = http
+        .put(format!("{base}/v1/keys/{key}?version={version}"))
+        .body(format!("v{version}"))
+        .send()
+        .await
+        .expect("publish");
+    let status = answer.status();
+    assert!(
+        status.is_success() || status == StatusCode::CONFLICT,
+        "publish {key} v{version}: {status}: {}",
+        answer.text().await.unwrap_or_default()
+    );
+}
