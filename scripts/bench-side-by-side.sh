@@ -623,7 +623,7 @@ ${SHARE_ROWS}
 
 ### 4. Publish fan-out on a 3x3 cluster — $PUB_NOTE
 
-| N | hotsplit publish | N concurrent SETs | ratio | N direct FCALL hotsplit_cas | ratio |
+| N | hotsplit publish | N concurrent SETs | ratio | N direct FCALL hotsplit_cas_v2 | ratio |
 |---|---|---|---|---|---|
 ${PUBLISH_ROWS}
 ### Summary: ratios taken in this one run

@@ -267,7 +267,10 @@ mod tests {
         let newer = instance("new", Some("hotsplit_v4"));
         let all = [old.clone(), me.clone(), newer.clone()];
         // v2 is in use; version 1 is unused but waits out the grace; v3 is ours, v4 newer.
-        assert_eq!(retirement.check(start, &held, Some(&all)), Verdict::default());
+        assert_eq!(
+            retirement.check(start, &held, Some(&all)),
+            Verdict::default()
+        );
         assert_eq!(
             retirement.check(start + GRACE, &held, Some(&all)).delete,
             names(&["hotsplit"])
@@ -286,7 +289,9 @@ mod tests {
             .delete
             .is_empty());
         assert_eq!(
-            retirement.check(left + GRACE, &held, Some(&without_old)).delete,
+            retirement
+                .check(left + GRACE, &held, Some(&without_old))
+                .delete,
             names(&["hotsplit_v2"])
         );
         // A newer release's library is never deleted, even unused.
@@ -304,7 +309,10 @@ mod tests {
         let me = [instance("me", Some("hotsplit_v2"))];
         assert!(retirement.check(start, &held, Some(&me)).delete.is_empty());
         // A check that cannot trust the registry starts the wait again.
-        assert!(retirement.check(start + GRACE, &held, None).delete.is_empty());
+        assert!(retirement
+            .check(start + GRACE, &held, None)
+            .delete
+            .is_empty());
         assert!(retirement
             .check(start + GRACE + GRACE / 2, &held, Some(&me))
             .delete

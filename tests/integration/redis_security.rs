@@ -36,7 +36,7 @@ use crate::harness::{self, config_from_toml, poll, publish_expecting, Service};
 // ---------------------------------------------------------------------------------------------
 
 /// The least-privilege user of `hotsplit serve`, without its password (`>...` is appended).
-const SERVE_ACL: &str = "on resetkeys ~*#* ~hotsplit:hb:* resetchannels -@all +fcall +function|load +hmget +hget +hset +pexpireat +pexpire +pttl +incr +get +set +zadd +zrem +zrange +zremrangebyscore +time +del +scan +wait +ping +info +client|id +cluster|info +cluster|slots +cluster|nodes +readonly";
+const SERVE_ACL: &str = "on resetkeys ~*#* ~hotsplit:hb:* resetchannels -@all +fcall +function|load +function|list +function|delete +hmget +hget +hset +pexpireat +pexpire +pttl +incr +get +set +zadd +zrem +zrange +zremrangebyscore +time +del +scan +wait +ping +info +client|id +cluster|info +cluster|slots +cluster|nodes +readonly";
 
 /// The read-only user of `hotsplit audit`, without its password.
 const AUDIT_ACL: &str =
@@ -146,6 +146,9 @@ fn tls_store_lines(ca_file: &Path, client_cert: bool) -> String {
     }
     lines
 }
+
+/// The previous release's function library (`hotsplit`, version 1).
+const PREVIOUS_LIBRARY: &str = include_str!("../fixtures/hotsplit-v1.lua");
 
 /// Families for the tests: `sec:` reads primaries (for repair), `secr:` reads replicas,
 /// `seca:` has allocated versions (the counter function).
@@ -391,8 +394,14 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
     let dir = tempfile::tempdir().expect("dir");
     let password_file = dir.path().join("password");
     std::fs::write(&password_file, format!("{PASSWORD}\n")).expect("password file");
+    // The previous release's function library is on the primary, and nobody runs it: the
+    // service deletes it (FUNCTION LIST, FUNCTION DELETE) after three 100 ms heartbeats.
+    group
+        .primary
+        .cli(&["FUNCTION", "LOAD", "REPLACE", PREVIOUS_LIBRARY])
+        .expect("load the previous library");
     let text = format!(
-        "[store]\nredis = {primary:?}\nreplicas = [{replica_url:?}]\nusername = \"hotsplit\"\npassword_file = {:?}\n{FAMILIES}",
+        "[store]\nredis = {primary:?}\nreplicas = [{replica_url:?}]\nusername = \"hotsplit\"\npassword_file = {:?}\n{FAMILIES}\n[fleet]\nheartbeat_interval = \"100ms\"\nretire_interval = \"100ms\"\n",
         password_file.display().to_string()
     );
     let mut config: Config = config_from_toml(&text);
@@ -459,6 +468,19 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
             view["instances"]
                 .as_array()
                 .is_some_and(|listed| listed.iter().any(|entry| entry["id"] == view["this"]))
+        },
+    )
+    .await;
+    // Retiring the previous release's library (FUNCTION LIST and FUNCTION DELETE).
+    poll(
+        "the unused previous library is deleted",
+        Duration::from_secs(10),
+        || async {
+            let listed = group
+                .primary
+                .cli(&["FUNCTION", "LIST", "LIBRARYNAME", "hotsplit"])
+                .expect("FUNCTION LIST");
+            !listed.lines().any(|line| line == "hotsplit")
         },
     )
     .await;

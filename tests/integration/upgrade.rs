@@ -174,7 +174,10 @@ fn every_copy_holds(cluster: &Cluster, key: &str, version: u64, value: &str) {
         let copy_key = format!("{key}#{index}");
         let copy = copy_on_owner(cluster, &copy_key);
         assert_eq!(
-            (copy.get("ver").map(String::as_str), copy.get("val").map(String::as_str)),
+            (
+                copy.get("ver").map(String::as_str),
+                copy.get("val").map(String::as_str)
+            ),
             (Some(version.to_string().as_str()), Some(value)),
             "{copy_key}: {copy:?}"
         );
@@ -184,7 +187,9 @@ fn every_copy_holds(cluster: &Cluster, key: &str, version: u64, value: &str) {
 #[test]
 fn the_previous_library_fixture_is_the_released_version_1() {
     assert_eq!(
-        RELEASED.first().map(|(version, digest)| (*version, *digest)),
+        RELEASED
+            .first()
+            .map(|(version, digest)| (*version, *digest)),
         Some((1, source_digest(PREVIOUS_SOURCE).as_str())),
         "tests/fixtures/hotsplit-v1.lua is the library the previous release shipped"
     );
@@ -275,19 +280,34 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
                 && entry["library"] == LEGACY_LIBRARY_NAME),
         "{instances}"
     );
-    let checks = counter(&http, &current.base, "hotsplit_function_library_checks_total").await;
+    let checks = counter(
+        &http,
+        &current.base,
+        "hotsplit_function_library_checks_total",
+    )
+    .await;
     poll(
         "five more checks (more than the 600 ms grace)",
         Duration::from_secs(30),
         || async {
-            counter(&http, &current.base, "hotsplit_function_library_checks_total").await
+            counter(
+                &http,
+                &current.base,
+                "hotsplit_function_library_checks_total",
+            )
+            .await
                 >= checks + 5
         },
     )
     .await;
     assert!(on_every_master(&cluster, LEGACY_LIBRARY_NAME));
     assert_eq!(
-        counter(&http, &current.base, "hotsplit_function_libraries_deleted_total").await,
+        counter(
+            &http,
+            &current.base,
+            "hotsplit_function_libraries_deleted_total"
+        )
+        .await,
         0
     );
 
@@ -302,7 +322,12 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
     .await;
     assert!(on_every_master(&cluster, LIBRARY_NAME));
     assert_eq!(
-        counter(&http, &current.base, "hotsplit_function_libraries_deleted_total").await,
+        counter(
+            &http,
+            &current.base,
+            "hotsplit_function_libraries_deleted_total"
+        )
+        .await,
         1
     );
     publish_succeeds(&http, &current.base, key, 4, "current-4").await;
@@ -325,7 +350,12 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
         "the retirer sees the library come back",
         Duration::from_secs(30),
         || async {
-            counter(&http, &current.base, "hotsplit_function_libraries_reappeared_total").await
+            counter(
+                &http,
+                &current.base,
+                "hotsplit_function_libraries_reappeared_total",
+            )
+            .await
                 >= 1
         },
     )
@@ -333,22 +363,44 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
     // The primaries its writes reached hold it again, and keep it check after check.
     let holders: Vec<u16> = master_ports(&cluster)
         .into_iter()
-        .filter(|&port| libraries_on(port).iter().any(|held| held == LEGACY_LIBRARY_NAME))
+        .filter(|&port| {
+            libraries_on(port)
+                .iter()
+                .any(|held| held == LEGACY_LIBRARY_NAME)
+        })
         .collect();
     assert!(!holders.is_empty());
-    let checks = counter(&http, &current.base, "hotsplit_function_library_checks_total").await;
+    let checks = counter(
+        &http,
+        &current.base,
+        "hotsplit_function_library_checks_total",
+    )
+    .await;
     poll("five more checks", Duration::from_secs(30), || async {
-        counter(&http, &current.base, "hotsplit_function_library_checks_total").await >= checks + 5
+        counter(
+            &http,
+            &current.base,
+            "hotsplit_function_library_checks_total",
+        )
+        .await
+            >= checks + 5
     })
     .await;
     for port in holders {
         assert!(
-            libraries_on(port).iter().any(|held| held == LEGACY_LIBRARY_NAME),
+            libraries_on(port)
+                .iter()
+                .any(|held| held == LEGACY_LIBRARY_NAME),
             "the library that came back is kept on {port}"
         );
     }
     assert_eq!(
-        counter(&http, &current.base, "hotsplit_function_libraries_deleted_total").await,
+        counter(
+            &http,
+            &current.base,
+            "hotsplit_function_libraries_deleted_total"
+        )
+        .await,
         1
     );
     current.stop().await;

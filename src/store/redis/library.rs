@@ -22,8 +22,8 @@ use fred::types::Value;
 use futures_util::future::join_all;
 
 use super::failure::Failure;
-use super::replies::parse_library_names;
 use super::replicas::server_label;
+use super::replies::parse_library_names;
 use super::RedisStore;
 use crate::error::{Error, Result};
 use crate::store::library::LibraryVersion;
@@ -239,11 +239,13 @@ impl RedisStore {
                     .function_list::<Value, _>(Some(LIBRARY_PATTERN), false)
                     .await
                     .map_err(|err| {
-                        self.fail(format_args!("listing the function libraries on {node}"), &err)
+                        self.fail(
+                            format_args!("listing the function libraries on {node}"),
+                            &err,
+                        )
                     })?;
-                parse_library_names(reply).map_err(|why| {
-                    self.corrupt(format!("the function list of {node}: {why}"))
-                })
+                parse_library_names(reply)
+                    .map_err(|why| self.corrupt(format!("the function list of {node}: {why}")))
             });
         let mut held: BTreeMap<String, usize> = BTreeMap::new();
         for names in join_all(lists).await {

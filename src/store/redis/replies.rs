@@ -393,7 +393,10 @@ mod tests {
             parse_library_names(Value::Array(vec![Value::Map(map)])),
             Ok(vec!["hotsplit_v3".to_owned()])
         );
-        assert_eq!(parse_library_names(Value::Array(Vec::new())), Ok(Vec::new()));
+        assert_eq!(
+            parse_library_names(Value::Array(Vec::new())),
+            Ok(Vec::new())
+        );
         assert_eq!(parse_library_names(Value::Null), Ok(Vec::new()));
         assert!(parse_library_names(Value::Array(vec![Value::Array(vec![
             Value::from("engine"),
