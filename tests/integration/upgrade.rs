@@ -1,9 +1,7 @@
 //! Rolling upgrades on real Redis: an instance of the previous release (its function library
 //! `hotsplit`, loaded from `tests/fixtures/hotsplit-v1.lua`, the source that release shipped)
 //! publishing next to an instance of this release (`hotsplit_v2`) on one cluster, both correct;
-//! the previous library deleted only after its instance left the registry; and a layout
-//! mismatch between two running instances reported with the instance and release that wrote the
-//! record.
+//! and the previous library deleted only after its instance left the registry.
 //!
 //! The previous release's instance is the library's own publish path and registrar over a
 //! `RedisStore` that calls the previous library's functions
