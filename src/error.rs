@@ -48,6 +48,9 @@ pub enum ErrorKind {
     Unauthorized,
     /// The bearer token lacks the scope the endpoint needs (HTTP 403).
     Forbidden,
+    /// The embedded store holds as many bytes as `store.memory_max_bytes` allows: a publish
+    /// that would grow it is refused whole, before any copy changes.
+    StoreFull,
 }
 
 impl ErrorKind {
@@ -72,6 +75,7 @@ impl ErrorKind {
             ErrorKind::NodeFailing => "node_failing",
             ErrorKind::Unauthorized => "unauthorized",
             ErrorKind::Forbidden => "forbidden",
+            ErrorKind::StoreFull => "store_full",
         }
     }
 }

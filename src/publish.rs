@@ -226,8 +226,9 @@ impl Publisher {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidVersion`] when the version does not fit the family's versioning;
-    /// store errors from allocating a version. Failed copy writes are not errors: they are
-    /// reported per copy, and [`PublishReport::status`] is then `Incomplete`.
+    /// store errors from allocating a version; [`ErrorKind::StoreFull`] when the embedded
+    /// store would pass its memory bound (no copy changed). Failed copy writes are not errors:
+    /// they are reported per copy, and [`PublishReport::status`] is then `Incomplete`.
     pub async fn publish(
         &self,
         key: &Key,
@@ -320,7 +321,7 @@ impl Publisher {
             let version = self.choose_version(key, family, choice, floor).await?;
             let (report, refused_at) = self
                 .write_version(key, family, version, &payload, op, sync)
-                .await;
+                .await?;
             // An allocated version that some copy refused (a newer version stored, or this
             // version with another body) came from a counter behind the copies: it lost
             // increments in a failover, or expired before them. Allocate again above the highest
@@ -341,6 +342,10 @@ impl Publisher {
 
     /// Writes `version` of `payload` to every copy of `key`; returns the report and the highest
     /// version a copy refused this one with (stale or conflict), if any.
+    ///
+    /// # Errors
+    /// [`ErrorKind::StoreFull`] when the embedded store refused the whole batch (nothing
+    /// changed, nothing is queued).
     async fn write_version(
         &self,
         key: &Key,
@@ -349,7 +354,7 @@ impl Publisher {
         payload: &Payload,
         op: WriteOp,
         sync: Option<SyncReplicas>,
-    ) -> (PublishReport, Option<Version>) {
+    ) -> Result<(PublishReport, Option<Version>)> {
         let now_ms = now_unix_ms();
         let ttl_ms = crate::duration::millis(family.ttl);
         let (jitter_min, jitter_max) = self.expiry_jitter;
@@ -385,6 +390,14 @@ impl Publisher {
                 synced.into_iter().unzip()
             }
         };
+        // The embedded store refuses a batch that would pass its memory bound whole: nothing
+        // changed, and a retry could not hold it either, so the publish fails as one.
+        if let Some(full) = results.iter().find_map(|result| match &result.outcome {
+            Err(err) if err.kind() == ErrorKind::StoreFull => Some(err.clone()),
+            _ => None,
+        }) {
+            return Err(full);
+        }
         let mut acks = acks.into_iter();
         if let Some(layouts) = &self.layouts {
             let max_copies = layouts.max_copies(family.name(), family.copies);
@@ -515,7 +528,7 @@ impl Publisher {
                 }
             }
         }
-        (report, refused_at)
+        Ok((report, refused_at))
     }
 
     async fn choose_version(

@@ -200,7 +200,9 @@ impl Connected {
                 tracing::warn!("running on the embedded in-memory store: values live in this process only; set store.redis (or --redis) to use Redis");
                 Ok(Connected::Memory(Arc::new(
                     MemoryStore::new()
-                        .with_version_retention(crate::duration::millis(version_retention)),
+                        .with_version_retention(crate::duration::millis(version_retention))
+                        .with_memory_bound(config.memory_max_bytes())
+                        .with_metrics(metrics),
                 )))
             }
             Some(mut options) => {
@@ -328,7 +330,8 @@ impl Service {
         };
         let layouts = Layouts::reconcile(&*store, &families, &metrics, &liveness).await?;
         let (retry_queue, purger, health_prober) = match connected {
-            // The embedded store never fails a copy write: nothing to spool.
+            // The embedded store never fails a single copy write (a publish past its memory bound
+            // is refused whole, before any copy changes): nothing to spool.
             Connected::Memory(memory) => (
                 Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
                 Some(Purger {

@@ -309,6 +309,7 @@ fn publish_status_response(report: PublishReport, status: PublishStatus) -> Resp
         (status = 413, description = "value_too_large: the body, or its declared Content-Length (checked before `100 Continue`), is over server.max_value_bytes", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "internal: a bug or an unexpected local failure", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "publish_incomplete: some copy failed and was not queued (outcome `dropped`), retry the same version (body also carries the report); or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 507, description = "store_full: the embedded store would pass store.memory_max_bytes; the publish was refused whole and no copy changed (invalidations are still taken)", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn publish_key(

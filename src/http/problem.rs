@@ -58,6 +58,8 @@ pub enum Code {
     Unauthorized,
     /// 403: the bearer token lacks the endpoint's scope.
     Forbidden,
+    /// 507: the embedded store is at `store.memory_max_bytes`; nothing changed.
+    StoreFull,
     /// 500: a bug or an unexpected local failure.
     Internal,
 }
@@ -84,6 +86,7 @@ impl Code {
             Code::Unavailable => "unavailable",
             Code::Unauthorized => "unauthorized",
             Code::Forbidden => "forbidden",
+            Code::StoreFull => "store_full",
             Code::Internal => "internal",
         }
     }
@@ -108,6 +111,7 @@ impl Code {
             | Code::BelowVersionFloor
             | Code::Unavailable
             | Code::StalenessBudgetExceeded => StatusCode::SERVICE_UNAVAILABLE,
+            Code::StoreFull => StatusCode::INSUFFICIENT_STORAGE,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -132,6 +136,7 @@ impl Code {
             Code::Unavailable => "unavailable",
             Code::Unauthorized => "unauthorized",
             Code::Forbidden => "forbidden",
+            Code::StoreFull => "store full",
             Code::Internal => "internal error",
         }
     }
@@ -221,6 +226,12 @@ impl From<Error> for ApiError {
                 }
             }
             ErrorKind::UnknownClass => Code::UnknownClass,
+            ErrorKind::StoreFull => {
+                return ApiError::new(
+                    Code::StoreFull,
+                    "the embedded store is full (store.memory_max_bytes): nothing changed; invalidate keys or wait for copies to expire",
+                )
+            }
             ErrorKind::ClassNotAllowed => Code::ClassNotAllowed,
             ErrorKind::Unauthorized => Code::Unauthorized,
             ErrorKind::Forbidden => Code::Forbidden,

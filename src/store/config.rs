@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::store::memory::DEFAULT_MEMORY_MAX_BYTES;
 use crate::store::redis::target::{
     redact_url, Password, RedisOptions, RedisSecurity, RedisTarget, RedisUrl, TlsOptions,
 };
@@ -62,6 +63,15 @@ pub struct StoreConfig {
     /// A file whose content (one trailing newline dropped) is the password. Default: none; the
     /// `HOTSPLIT_REDIS_PASSWORD` environment variable or the URL may give it instead.
     pub password_file: Option<PathBuf>,
+    /// The most bytes the embedded store holds: each copy's key and value plus 136 bytes of
+    /// per-entry overhead (the measured 218 bytes of memory per copy of a 64-byte value), and
+    /// each version counter. A publish that would pass it is refused whole with 507
+    /// `store_full` before any copy changes; invalidations, and writes that do not grow the
+    /// store, are always accepted. Only for the embedded store (Redis has `maxmemory`): setting
+    /// it with `store.redis` is an error. Default: 1073741824 (1 GiB, about 4.9 million copies
+    /// of 64-byte values), so a runaway publisher cannot take the host's memory while the
+    /// embedded store is used to try hotsplit or in tests.
+    pub memory_max_bytes: Option<u64>,
     /// The password from the `HOTSPLIT_REDIS_PASSWORD` environment variable, set by the
     /// binary; never read from the file. It overrides `password_file`.
     #[serde(skip)]
@@ -81,12 +91,18 @@ impl Default for StoreConfig {
             tls_key_file: None,
             username: None,
             password_file: None,
+            memory_max_bytes: None,
             password: None,
         }
     }
 }
 
 impl StoreConfig {
+    /// `store.memory_max_bytes`, or its default.
+    pub fn memory_max_bytes(&self) -> u64 {
+        self.memory_max_bytes.unwrap_or(DEFAULT_MEMORY_MAX_BYTES)
+    }
+
     /// Checks every `store.*` field.
     ///
     /// # Errors
@@ -100,6 +116,17 @@ impl StoreConfig {
         }
         if self.connect_timeout.is_zero() {
             return invalid("store.connect_timeout".into(), "must be positive".into());
+        }
+        match (self.memory_max_bytes, &self.redis) {
+            (Some(0), _) => {
+                return invalid("store.memory_max_bytes".into(), "must be positive".into())
+            }
+            (Some(_), Some(_)) => return invalid(
+                "store.memory_max_bytes".into(),
+                "bounds the embedded store only; with store.redis, bound Redis with its maxmemory"
+                    .into(),
+            ),
+            _ => {}
         }
         let url = match &self.redis {
             Some(url) => Some(RedisUrl::parse(url).map_err(|err| {
@@ -345,6 +372,15 @@ mod tests {
                 "redis = \"valkey://h:1\"\nreplicas = [\"valkey://r:1\"]",
                 "",
             ),
+            (
+                "memory_max_bytes = 0",
+                "store.memory_max_bytes: must be positive",
+            ),
+            (
+                "redis = \"redis://h:1\"\nmemory_max_bytes = 1000",
+                "store.memory_max_bytes: bounds the embedded store only",
+            ),
+            ("memory_max_bytes = 1000", ""),
         ];
         for (text, expected) in cases {
             let result = store(text).validate();

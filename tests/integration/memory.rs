@@ -1,15 +1,22 @@
 //! Memory that matches its bounds: the RSS of the real binary on the embedded store, per stored
-//! key (issue 10 finding 4: every stored value kept its 8 KiB HTTP read buffer alive). The
-//! measurement is `#[ignore]`d (it publishes 200,000 keys); the unit-level check that a stored
-//! value does not share the request buffer is
-//! `publish::tests::a_stored_value_does_not_share_the_request_buffer`.
+//! key (issue 10 finding 4: every stored value kept its 8 KiB HTTP read buffer alive), beside
+//! the bytes the store counts; and `store.memory_max_bytes`, whose 507 `store_full` refuses a
+//! publish whole while invalidations still go through. The measurement is `#[ignore]`d (it
+//! publishes 200,000 keys); the unit-level check that a stored value does not share the request
+//! buffer is `publish::tests::a_stored_value_does_not_share_the_request_buffer`, and the
+//! store's own accounting is tested in `store::memory::tests`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use axum::http::Method;
+use hotsplit::config::Config;
+use hotsplit::metrics::Metrics;
+use hotsplit::store::memory::{MemoryStore, COPY_OVERHEAD_BYTES};
 use reqwest::StatusCode;
 
 use crate::harness::Binary;
+use crate::http_api::call;
 
 /// The resident set size of process `pid`, in bytes, from `/proc/<pid>/status`.
 fn rss_bytes(pid: u32) -> u64 {
@@ -52,6 +59,20 @@ async fn publish_range(base: &str, from: u64, to: u64) {
     }
 }
 
+/// The bytes the embedded store counts as held (`hotsplit_store_memory_bytes`).
+async fn counted_bytes(base: &str) -> u64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix("hotsplit_store_memory_bytes "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no hotsplit_store_memory_bytes in {text}"))
+}
+
 /// Run with `cargo test --test integration memory:: -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: publishes 200,000 keys to the real binary (about a minute)"]
@@ -66,11 +87,86 @@ async fn memory_rss_per_stored_key_on_the_embedded_store() {
     publish_range(&service.base, 1_000, 1_000 + KEYS).await;
     let after = rss_bytes(pid);
     let per_key = after.saturating_sub(before) as f64 / KEYS as f64;
+    let counted = counted_bytes(&service.base).await as f64 / (KEYS + 1_000) as f64;
     println!(
-        "embedded store, 1 copy per key, 16-byte keys, 64-byte values: RSS {before} -> {after} bytes, {per_key:.0} bytes per key"
+        "embedded store, 1 copy per key, 16-byte keys, 64-byte values: RSS {before} -> {after} bytes, {per_key:.0} bytes per key; the store counts {counted:.0} bytes per key"
     );
     assert!(
         per_key <= 1024.0,
         "{per_key:.0} bytes of RSS per stored key"
     );
+}
+
+/// A store bounded to one publish of `p:1` (8 copies of a 5-byte value) and 100 bytes more.
+fn bounded_app() -> axum::Router {
+    let config = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 8").unwrap();
+    config.validate().unwrap();
+    let one_publish = 8 * (5 + 5 + COPY_OVERHEAD_BYTES);
+    let store = MemoryStore::new().with_memory_bound(one_publish + 100);
+    let state = hotsplit::server::app_state(&config, Arc::new(store), Metrics::new()).unwrap();
+    hotsplit::http::router(state)
+}
+
+/// The version every copy of `key` holds, read one copy at a time (`?copy=`); 0 for none.
+async fn copy_versions(app: &axum::Router, key: &str) -> Vec<u64> {
+    let mut versions = Vec::new();
+    for copy in 0..8 {
+        let answer = call(
+            app,
+            Method::GET,
+            &format!("/v1/keys/{key}?copy={copy}"),
+            &[],
+            b"",
+        )
+        .await;
+        let version = match answer.status {
+            StatusCode::OK => answer.header("hotsplit-version").unwrap().parse().unwrap(),
+            StatusCode::NOT_FOUND => 0,
+            other => panic!("copy {copy} of {key}: {other}"),
+        };
+        versions.push(version);
+    }
+    versions
+}
+
+#[tokio::test]
+async fn a_full_embedded_store_answers_507_changes_no_copy_and_still_invalidates() {
+    let app = bounded_app();
+    let first = call(&app, Method::PUT, "/v1/keys/p:1?version=1", &[], b"hello").await;
+    assert_eq!(first.status, StatusCode::OK);
+
+    // A new key would pass the bound: 507 store_full, and none of its copies exists.
+    let new_key = call(&app, Method::PUT, "/v1/keys/p:2?version=1", &[], b"hello").await;
+    new_key.assert_problem(StatusCode::INSUFFICIENT_STORAGE, "store_full");
+    assert_eq!(copy_versions(&app, "p:2").await, vec![0; 8]);
+
+    // A longer value for p:1 would too: every copy keeps version 1.
+    let longer = call(
+        &app,
+        Method::PUT,
+        "/v1/keys/p:1?version=2",
+        &[],
+        b"hello, a longer value",
+    )
+    .await;
+    longer.assert_problem(StatusCode::INSUFFICIENT_STORAGE, "store_full");
+    assert_eq!(copy_versions(&app, "p:1").await, vec![1; 8]);
+    let read = call(&app, Method::GET, "/v1/keys/p:1?client=c", &[], b"").await;
+    assert_eq!(
+        (read.status, read.body.as_slice()),
+        (StatusCode::OK, &b"hello"[..])
+    );
+
+    // A value of the same size does not grow the store, and an invalidation is always taken,
+    // even of a key with no copy (its tombstones are new records).
+    let same = call(&app, Method::PUT, "/v1/keys/p:1?version=3", &[], b"HELLO").await;
+    assert_eq!(same.status, StatusCode::OK);
+    let invalidate = call(&app, Method::DELETE, "/v1/keys/p:2?version=2", &[], b"").await;
+    assert_eq!(invalidate.status, StatusCode::OK);
+    assert_eq!(invalidate.json()["applied"].as_u64(), Some(8));
+    let invalidate = call(&app, Method::DELETE, "/v1/keys/p:1?version=4", &[], b"").await;
+    assert_eq!(invalidate.status, StatusCode::OK);
+    call(&app, Method::GET, "/v1/keys/p:1?client=c", &[], b"")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not_found");
 }
