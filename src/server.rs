@@ -355,6 +355,9 @@ impl Service {
                     health,
                     store: redis,
                     queue: queue.clone(),
+                    interval: config.heal.probe_interval,
+                    timeout: config.heal.probe_timeout,
+                    misses_to_fail: config.heal.probe_misses,
                 };
                 (queue, None, Some(prober))
             }

@@ -1,5 +1,5 @@
 //! The heal subsystem's config: `[heal]` (retry queue, spool, read repair, expiry jitter,
-//! layout watching).
+//! layout watching, node health probes).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,6 +48,21 @@ pub struct HealConfig {
     /// deleted. Default: `1m`.
     #[serde(with = "crate::duration")]
     pub sweep_interval: Duration,
+    /// How often a health probe (`PING`) goes to every node known to be failing, to see it back,
+    /// and to every healthy primary, to see it fail before a command waits out
+    /// `store.command_timeout` on it. Redis store only. Default: `100ms`.
+    #[serde(with = "crate::duration")]
+    pub probe_interval: Duration,
+    /// How long a health probe may take before it counts as missed: a failing node that answers
+    /// slower stays failing. At most `heal.probe_interval` × 10. Default: `200ms`, well above a
+    /// loopback or LAN round trip, so a loaded host does not take a slow answer for a dead node.
+    #[serde(with = "crate::duration")]
+    pub probe_timeout: Duration,
+    /// How many health probes in a row a healthy primary may miss before it is marked failing
+    /// (its copy writes queue at once, its reads go to sibling copies, an allocation whose
+    /// counter it holds answers 503 at once). 0 probes no healthy primary: only a command
+    /// timeout marks a node failing. Default: 3, so one slow answer is not an outage.
+    pub probe_misses: u32,
 }
 
 impl Default for HealConfig {
@@ -64,6 +79,9 @@ impl Default for HealConfig {
             repair_concurrency: 16,
             layout_interval: Duration::from_secs(5),
             sweep_interval: Duration::from_secs(60),
+            probe_interval: Duration::from_millis(100),
+            probe_timeout: Duration::from_millis(200),
+            probe_misses: 3,
         }
     }
 }
@@ -125,6 +143,57 @@ impl HealConfig {
         if self.sweep_interval.is_zero() {
             return invalid("sweep_interval", "must be positive".into());
         }
+        if self.probe_interval.is_zero() {
+            return invalid("probe_interval", "must be positive".into());
+        }
+        if self.probe_timeout.is_zero() || self.probe_timeout > self.probe_interval * 10 {
+            return invalid(
+                "probe_timeout",
+                "must be positive and at most heal.probe_interval × 10".into(),
+            );
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_settings_are_checked() {
+        HealConfig::default().validate().unwrap();
+        let cases = [
+            (
+                HealConfig {
+                    probe_interval: Duration::ZERO,
+                    ..HealConfig::default()
+                },
+                "heal.probe_interval: must be positive",
+            ),
+            (
+                HealConfig {
+                    probe_timeout: Duration::ZERO,
+                    ..HealConfig::default()
+                },
+                "heal.probe_timeout: must be positive",
+            ),
+            (
+                HealConfig {
+                    probe_timeout: Duration::from_millis(1001),
+                    ..HealConfig::default()
+                },
+                "heal.probe_timeout: must be positive and at most",
+            ),
+        ];
+        for (config, expected) in cases {
+            let err = config.validate().unwrap_err();
+            assert!(err.message().starts_with(expected), "{err}");
+        }
+        let off = HealConfig {
+            probe_misses: 0,
+            ..HealConfig::default()
+        };
+        off.validate().unwrap();
     }
 }

@@ -2,7 +2,10 @@
 //! command timeout for them.
 //!
 //! [`NodeHealth`] owns the state. A node becomes *failing* when a command on it times out
-//! ([`HealthStore`] sees every store result). While it is failing, its copy writes are not sent
+//! ([`HealthStore`] sees every store result), or when it misses `heal.probe_misses` probes in a
+//! row: [`HealthProber`] also sends each healthy primary a `PING` every `heal.probe_interval`,
+//! so a stopped primary is known failing within a few probe intervals even when no command has
+//! waited out `store.command_timeout` on it yet. While it is failing, its copy writes are not sent
 //! (they fail at once with [`ErrorKind::NodeFailing`], so the publisher queues them and reports
 //! `queued` with the error `node_failing`), a version allocation whose counter lives there fails
 //! at once (503 `unavailable`), and reads of its copies fail at once (the reader goes to the
@@ -33,12 +36,6 @@ use crate::store::{
     CopyRead, CopyWrite, InstanceRecord, Layout, LayoutSwap, NodeLabel, ReplicaSet, ServedBy,
     Store, WriteResult,
 };
-
-/// How often [`HealthProber`] looks at the failing and recovering nodes.
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(100);
-
-/// How long a probe's `PING` may take before the node counts as still failing.
-pub const PROBE_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// How long each healthy primary may take to answer the `PING` of `/readyz` while some node is
 /// failing.
@@ -103,11 +100,11 @@ impl NodeHealth {
         (failing, recovering)
     }
 
-    /// Marks `node` failing (a command on it timed out).
-    pub fn mark_failing(&self, node: &NodeLabel) {
+    /// Marks `node` failing; `why` says what showed it (for the log).
+    pub fn mark_failing(&self, node: &NodeLabel, why: &str) {
         let mut nodes = self.write();
         if nodes.insert(node.clone(), Sick::Failing) != Some(Sick::Failing) {
-            tracing::warn!(node = %node, "node marked failing: its copy writes queue at once and reads go to sibling copies until a probe sees it back");
+            tracing::warn!(node = %node, why, "node marked failing: its copy writes queue at once and reads go to sibling copies until a probe sees it back");
         }
         self.unhealthy.store(nodes.len(), Ordering::Release);
     }
@@ -181,7 +178,7 @@ impl HealthStore {
     /// Marks the node failing when `result` is a timeout.
     fn observe<T>(&self, node: &NodeLabel, result: &Result<T>) {
         if matches!(result, Err(err) if err.kind() == ErrorKind::Timeout) {
-            self.health.mark_failing(node);
+            self.health.mark_failing(node, "a command timed out");
         }
     }
 
@@ -504,7 +501,8 @@ impl Store for HealthStore {
     }
 }
 
-/// Probes failing nodes and returns recovered ones to service: the background task of
+/// Probes failing nodes and returns recovered ones to service, and probes healthy primaries to
+/// find a stopped one before any command waits out its timeout: the background task of
 /// [`NodeHealth`].
 pub struct HealthProber {
     /// The table it updates.
@@ -513,36 +511,83 @@ pub struct HealthProber {
     pub store: Arc<dyn Store>,
     /// The retry queue: a recovering node is healthy once it holds nothing for it.
     pub queue: Arc<RetryQueue>,
+    /// How often every failing node and every healthy primary is probed
+    /// (`heal.probe_interval`).
+    pub interval: Duration,
+    /// How long a probe's `PING` may take before it counts as missed (`heal.probe_timeout`).
+    pub timeout: Duration,
+    /// How many probes in a row a healthy primary may miss before it is marked failing; 0
+    /// probes no healthy primary (`heal.probe_misses`).
+    pub misses_to_fail: u32,
 }
 
 impl HealthProber {
     /// Runs until `shutdown` is cancelled.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(PROBE_INTERVAL);
+        let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Healthy primaries → the probes they missed in a row (none: absent).
+        let mut misses: HashMap<NodeLabel, u32> = HashMap::new();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => self.tick().await,
+                _ = ticker.tick() => self.tick(&mut misses).await,
             }
         }
     }
 
-    /// One round: a `PING` to every failing node, at once; a recovering node with nothing
-    /// queued becomes healthy.
-    async fn tick(&self) {
+    /// Whether `node` answers a `PING` within the probe timeout.
+    async fn answers(&self, node: &NodeLabel) -> bool {
+        let started = Instant::now();
+        self.store.ping_node(node, self.timeout).await.is_ok() && started.elapsed() <= self.timeout
+    }
+
+    /// One round: a `PING` to every failing node and every healthy primary, at once; a
+    /// recovering node with nothing queued becomes healthy; a healthy primary that missed
+    /// `misses_to_fail` probes in a row is marked failing.
+    async fn tick(&self, misses: &mut HashMap<NodeLabel, u32>) {
         let (failing, recovering) = self.health.unhealthy();
-        let probes = failing.iter().map(|node| async move {
-            let started = Instant::now();
-            let answered = self.store.ping_node(node, PROBE_TIMEOUT).await.is_ok()
-                && started.elapsed() <= PROBE_TIMEOUT;
-            (node, answered)
-        });
-        for (node, answered) in futures_util::future::join_all(probes).await {
+        let healthy: Vec<NodeLabel> = if self.misses_to_fail == 0 {
+            Vec::new()
+        } else {
+            self.store
+                .topology()
+                .into_iter()
+                .map(|set| set.primary)
+                .filter(|node| !self.health.avoids_reads(node))
+                .collect()
+        };
+        let probes = failing
+            .iter()
+            .map(|node| async move { (node, self.answers(node).await) });
+        let sweeps = healthy
+            .iter()
+            .map(|node| async move { (node, self.answers(node).await) });
+        let (probed, swept) = tokio::join!(
+            futures_util::future::join_all(probes),
+            futures_util::future::join_all(sweeps)
+        );
+        for (node, answered) in probed {
             if answered {
                 self.health.mark_recovering(node);
                 // Its backoff may be long: let the retry worker flush it now.
                 self.queue.retry_now(node);
+            }
+        }
+        // Only the primaries probed this round keep a count: one marked failing, or gone from
+        // the topology, starts again from zero.
+        misses.retain(|node, _| healthy.contains(node));
+        for (node, answered) in swept {
+            if answered {
+                misses.remove(node);
+                continue;
+            }
+            let missed = misses.entry(node.clone()).or_insert(0);
+            *missed += 1;
+            if *missed >= self.misses_to_fail {
+                misses.remove(node);
+                self.health
+                    .mark_failing(node, "it missed its health probes");
             }
         }
         for node in recovering {
@@ -563,7 +608,7 @@ mod tests {
         let node = NodeLabel::new("127.0.0.1:1");
         let other = NodeLabel::new("127.0.0.1:2");
         assert!(!health.is_failing(&node) && !health.avoids_reads(&node));
-        health.mark_failing(&node);
+        health.mark_failing(&node, "a test");
         assert!(health.is_failing(&node) && health.avoids_reads(&node));
         assert!(!health.avoids_reads(&other));
         health.mark_recovering(&node);

@@ -295,3 +295,109 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
     }
     service.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sick_an_allocation_whose_counter_is_on_a_stopped_master_answers_503_at_once() {
+    // No failover during the test: the stopped master keeps its slots.
+    let cluster = tokio::task::spawn_blocking(|| {
+        Cluster::start(ClusterOptions {
+            node_timeout_ms: 60_000,
+            ..ClusterOptions::default()
+        })
+        .expect("start a redis cluster")
+    })
+    .await
+    .unwrap();
+    let mut config = config_with_family(Some(&cluster.url()), "sick:", 16);
+    // A command on the stopped master would wait 30 s: only the health probes can mark it
+    // failing within this test's few-second bounds.
+    config.store.command_timeout = Duration::from_secs(30);
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    // `alloc:` is an allocated family (harness): `alloc:K`'s counter is the key `alloc:K#v`.
+    let victim = owner_port(&cluster, "alloc:0#v");
+    let victim_label = format!("127.0.0.1:{victim}");
+    let elsewhere = (1..64)
+        .map(|k| format!("alloc:{k}"))
+        .find(|key| owner_port(&cluster, &format!("{key}#v")) != victim)
+        .expect("a counter on another master");
+    let put = |key: &str, body: &'static str| {
+        let request = http.put(format!("{base}/v1/keys/{key}")).body(body).send();
+        // Far below the command timeout: an answer that waited on the stopped master fails here.
+        tokio::time::timeout(Duration::from_secs(5), request)
+    };
+    let first = put("alloc:0", "one").await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+
+    cluster
+        .node(victim)
+        .expect("node")
+        .pause()
+        .expect("SIGSTOP");
+    // Until it is marked, /readyz's own PING of the stopped master would wait out the command
+    // timeout too: each look is cut short.
+    poll(
+        "the stopped master misses its health probes and is marked failing",
+        Duration::from_secs(10),
+        || async {
+            let avoided =
+                tokio::time::timeout(Duration::from_millis(500), nodes_avoided(&http, &base));
+            avoided.await.ok() == Some(vec![victim_label.clone()])
+        },
+    )
+    .await;
+
+    // The allocation is not sent to the stopped master: 503 unavailable at once.
+    let refused = put("alloc:0", "two")
+        .await
+        .expect("the allocation answers without waiting out the command timeout")
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert!(refused.headers().contains_key("retry-after"));
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(problem["code"], "unavailable", "{problem}");
+
+    // A counter on a healthy master allocates; any copy on the stopped one is queued at once.
+    let answer = put(&elsewhere, "three")
+        .await
+        .expect("a publish around the stopped master answers at once")
+        .unwrap();
+    assert!(
+        matches!(answer.status(), StatusCode::OK | StatusCode::ACCEPTED),
+        "{}",
+        answer.status()
+    );
+    let report: Value = answer.json().await.unwrap();
+    for line in report["outcomes"].as_array().unwrap() {
+        if line["node"] == victim_label.as_str() {
+            assert_eq!(line["outcome"], "queued", "{line}");
+            assert_eq!(line["error"], "node_failing", "{line}");
+        }
+    }
+
+    cluster
+        .node(victim)
+        .expect("node")
+        .resume()
+        .expect("SIGCONT");
+    poll(
+        "the resumed master takes reads back",
+        Duration::from_secs(30),
+        || async { nodes_avoided(&http, &base).await.is_empty() },
+    )
+    .await;
+    wait_drained(&http, &base).await;
+    let again = put("alloc:0", "four").await.unwrap().unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(
+        read_version(&again),
+        2,
+        "the counter continues after the outage"
+    );
+    service.stop().await;
+}
