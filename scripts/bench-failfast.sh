@@ -39,24 +39,18 @@ for arg in "$@"; do
     esac
 done
 
-knob() {
-    local value=$2
-    [ "$QUICK" != 1 ] || value=$3
-    printf -v "$1" '%s' "${!1:-$value}"
-}
-knob CONNECTIONS 64 64
-knob THREADS 2 2
-knob DURATION 10s 3s
-knob KEYS 64 16
-knob COPIES 8 8
-knob WRITE_PERCENT 10 10
-
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 STARTED_AT=$SECONDS
 BENCH_NAME=bench-failfast
 # shellcheck source=scripts/bench-lib.sh
 source "$ROOT/scripts/bench-lib.sh"
+knob CONNECTIONS 64 64
+knob THREADS 2 2
+knob DURATION 10s 3s
+knob KEYS 64 16
+knob COPIES 8 8
+knob WRITE_PERCENT 10 10
 
 CORES=$(nproc)
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)

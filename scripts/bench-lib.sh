@@ -5,6 +5,14 @@
 # process the script started (by pid) and removes $WORK unless it failed.
 # shellcheck shell=bash
 
+# knob NAME FULL QUICK: keeps NAME when the environment sets it, else the mode's default (QUICK=1:
+# the quick run's).
+knob() {
+    local value=$2
+    [ "$QUICK" != 1 ] || value=$3
+    printf -v "$1" '%s' "${!1:-$value}"
+}
+
 log() { printf '[%s +%ss] %s\n' "$BENCH_NAME" "$((SECONDS - STARTED_AT))" "$*" >&2; }
 die() {
     log "error: $*"

@@ -51,12 +51,13 @@ for arg in "$@"; do
     esac
 done
 
-# knob NAME FULL QUICK: keeps NAME when the environment sets it, else the mode's default.
-knob() {
-    local value=$2
-    [ "$QUICK" != 1 ] || value=$3
-    printf -v "$1" '%s' "${!1:-$value}"
-}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+STARTED_AT=$SECONDS
+BENCH_NAME=bench-side-by-side
+# shellcheck source=scripts/bench-lib.sh
+source "$ROOT/scripts/bench-lib.sh"
 knob CONNECTIONS 64 64
 knob DURATION 10s 2s
 knob THREADS 2 2
@@ -73,15 +74,6 @@ knob SHARE_CLIENT_IDS 1024 256
 knob PUBLISH_ARGS "" "--warm-up-time 0.5 --measurement-time 1 --sample-size 10 --nresamples 10000"
 # The copy counts benches/publish.rs measures on the cluster.
 PUBLISH_COPIES=(1 8 16 32)
-
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-STARTED_AT=$SECONDS
-
-BENCH_NAME=bench-side-by-side
-# shellcheck source=scripts/bench-lib.sh
-source "$ROOT/scripts/bench-lib.sh"
 
 # --- wrk --------------------------------------------------------------------------------------
 # Each wrk thread cycles through a number of client ids (about 20 bytes each), one per request, so

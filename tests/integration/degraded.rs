@@ -298,16 +298,7 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sick_an_allocation_whose_counter_is_on_a_stopped_master_answers_503_at_once() {
-    // No failover during the test: the stopped master keeps its slots.
-    let cluster = tokio::task::spawn_blocking(|| {
-        Cluster::start(ClusterOptions {
-            node_timeout_ms: 60_000,
-            ..ClusterOptions::default()
-        })
-        .expect("start a redis cluster")
-    })
-    .await
-    .unwrap();
+    let cluster = harness::own_cluster_without_failover().await;
     let mut config = config_with_family(Some(&cluster.url()), "sick:", 16);
     // A command on the stopped master would wait 30 s: only the health probes can mark it
     // failing within this test's few-second bounds.
@@ -395,7 +386,7 @@ async fn sick_an_allocation_whose_counter_is_on_a_stopped_master_answers_503_at_
     let again = put("alloc:0", "four").await.unwrap().unwrap();
     assert_eq!(again.status(), StatusCode::OK);
     assert_eq!(
-        read_version(&again),
+        harness::served_version(&again),
         2,
         "the counter continues after the outage"
     );
