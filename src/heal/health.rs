@@ -544,7 +544,8 @@ impl HealthProber {
 
     /// One round: a `PING` to every failing node and every healthy primary, at once; a
     /// recovering node with nothing queued becomes healthy; a healthy primary that missed
-    /// `misses_to_fail` probes in a row is marked failing.
+    /// `misses_to_fail` probes in a row, in rounds where another primary answered, is marked
+    /// failing.
     async fn tick(&self, misses: &mut HashMap<NodeLabel, u32>) {
         let (failing, recovering) = self.health.unhealthy();
         let healthy: Vec<NodeLabel> = if self.misses_to_fail == 0 {
@@ -577,6 +578,13 @@ impl HealthProber {
         // Only the primaries probed this round keep a count: one marked failing, or gone from
         // the topology, starts again from zero.
         misses.retain(|node, _| healthy.contains(node));
+        // A round in which no healthy primary answered says more about this process (a stall
+        // on a loaded host) or its network than about any one node: it counts against none.
+        // One stopped primary among answering ones is what this finds; when every primary
+        // stops answering, command timeouts still mark them.
+        if !swept.iter().any(|(_, answered)| *answered) {
+            return self.settle(recovering);
+        }
         for (node, answered) in swept {
             if answered {
                 misses.remove(node);
@@ -590,6 +598,11 @@ impl HealthProber {
                     .mark_failing(node, "it missed its health probes");
             }
         }
+        self.settle(recovering);
+    }
+
+    /// Marks healthy each recovering node the retry queue holds nothing for.
+    fn settle(&self, recovering: Vec<NodeLabel>) {
         for node in recovering {
             if self.queue.pending_on(&node) == 0 {
                 self.health.mark_healthy(&node);
