@@ -327,13 +327,12 @@ async fn sick_an_allocation_whose_counter_is_on_a_stopped_master_answers_503_at_
         .pause()
         .expect("SIGSTOP");
     // Until it is marked, /readyz's own PING of the stopped master would wait out the command
-    // timeout too: each look is cut short.
+    // timeout too: each look is cut short (once it is marked, /readyz pings only the others).
     poll(
         "the stopped master misses its health probes and is marked failing",
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         || async {
-            let avoided =
-                tokio::time::timeout(Duration::from_millis(500), nodes_avoided(&http, &base));
+            let avoided = tokio::time::timeout(Duration::from_secs(2), nodes_avoided(&http, &base));
             avoided.await.ok() == Some(vec![victim_label.clone()])
         },
     )
