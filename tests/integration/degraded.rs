@@ -150,6 +150,28 @@ async fn nodes_avoided(http: &reqwest::Client, base: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Resumes the stopped master `victim` and waits until it takes reads back (its queued copies
+/// are flushed) and the retry queue is empty.
+async fn resume_and_recover(
+    cluster: &devcluster::Cluster,
+    victim: u16,
+    http: &reqwest::Client,
+    base: &str,
+) {
+    cluster
+        .node(victim)
+        .expect("node")
+        .resume()
+        .expect("SIGCONT");
+    poll(
+        "the victim takes reads back once its queued copies are flushed",
+        Duration::from_secs(30),
+        || async { nodes_avoided(http, base).await.is_empty() },
+    )
+    .await;
+    wait_drained(http, base).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
     // A long node timeout: the paused master is never replaced during the test, so its copies
@@ -257,18 +279,7 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
     }
     assert!(checked > 0, "some client reads a copy on the victim");
 
-    cluster
-        .node(victim)
-        .expect("node")
-        .resume()
-        .expect("SIGCONT");
-    poll(
-        "the victim takes reads back once its queued copies are flushed",
-        Duration::from_secs(30),
-        || async { nodes_avoided(&http, &base).await.is_empty() },
-    )
-    .await;
-    wait_drained(&http, &base).await;
+    resume_and_recover(&cluster, victim, &http, &base).await;
     // Readers keep reading after the recovery, through the victim again.
     let after = reads.load(Ordering::Relaxed);
     poll(
@@ -370,18 +381,7 @@ async fn sick_an_allocation_whose_counter_is_on_a_stopped_master_answers_503_at_
         }
     }
 
-    cluster
-        .node(victim)
-        .expect("node")
-        .resume()
-        .expect("SIGCONT");
-    poll(
-        "the resumed master takes reads back",
-        Duration::from_secs(30),
-        || async { nodes_avoided(&http, &base).await.is_empty() },
-    )
-    .await;
-    wait_drained(&http, &base).await;
+    resume_and_recover(&cluster, victim, &http, &base).await;
     let again = put("alloc:0", "four").await.unwrap().unwrap();
     assert_eq!(again.status(), StatusCode::OK);
     assert_eq!(
