@@ -325,6 +325,7 @@ impl Service {
         let families = Arc::new(config.families());
         let liveness = Liveness {
             instance: instance.clone(),
+            release: crate::fleet::registry::RELEASE.to_owned(),
             interval: config.heal.layout_interval,
             command_timeout: config.store.command_timeout,
         };

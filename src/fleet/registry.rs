@@ -15,6 +15,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
+use crate::heal::layout::LayoutMismatch;
 use crate::store::{now_unix_ms, InstanceRecord, Store};
 
 /// The release this binary runs: the package version.
@@ -39,6 +40,11 @@ pub struct InstancesView {
     pub this: String,
     /// Every registered instance whose entry has not lapsed, by id.
     pub instances: Vec<InstanceRecord>,
+    /// The families whose layout the answering instance sees disagreeing with its own config
+    /// (the recorded copy count differs, or another live instance runs another count), each
+    /// with the instance and release that wrote the record. Empty when every running instance
+    /// agrees.
+    pub layout_mismatches: Vec<LayoutMismatch>,
 }
 
 impl Registry {
@@ -101,7 +107,8 @@ impl Registry {
         self.store.deregister_instance(&id).await
     }
 
-    /// Every registered instance, as `GET /v1/instances` shows them.
+    /// Every registered instance, as `GET /v1/instances` shows them (the handler adds the
+    /// layout mismatches, which the registry does not know).
     ///
     /// # Errors
     /// As [`Store::instances`].
@@ -109,6 +116,7 @@ impl Registry {
         Ok(InstancesView {
             this: self.id(),
             instances: self.store.instances().await?,
+            layout_mismatches: Vec::new(),
         })
     }
 

@@ -33,8 +33,8 @@ use super::RetryQueue;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
 use crate::store::{
-    CopyRead, CopyWrite, InstanceRecord, Layout, LayoutSwap, NodeLabel, ReplicaSet, ServedBy,
-    Store, WriteResult,
+    CopyRead, CopyWrite, InstanceRecord, Layout, LayoutSwap, LayoutWriter, NodeLabel, ReplicaSet,
+    ServedBy, Store, WriteResult,
 };
 
 /// How long each healthy primary may take to answer the `PING` of `/readyz` while some node is
@@ -379,6 +379,21 @@ impl Store for HealthStore {
 
     fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
         self.inner.read_layout(family)
+    }
+
+    fn write_layout_writer<'a>(
+        &'a self,
+        family: &'a str,
+        writer: &'a LayoutWriter,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.inner.write_layout_writer(family, writer)
+    }
+
+    fn read_layout_writer<'a>(
+        &'a self,
+        family: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LayoutWriter>>> {
+        self.inner.read_layout_writer(family)
     }
 
     fn write_layout<'a>(

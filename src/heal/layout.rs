@@ -4,9 +4,13 @@
 //! family are deleted once no instance reads them.
 //!
 //! At startup [`Layouts::reconcile`] joins every family's live set, then reads its record. A
-//! missing record is written; a record with another copy count is logged (WARN) and replaced by
-//! this instance's, which is taken to be the new layout being rolled out; the record keeps the
-//! largest copy count ever recorded (`max_copies`) and changes only by compare-and-set. An
+//! missing record is written; a record with another copy count is logged (WARN, naming the
+//! instance and release that wrote it and whether it still runs) and replaced by this
+//! instance's, which is taken to be the new layout being rolled out; the record keeps the
+//! largest copy count ever recorded (`max_copies`) and changes only by compare-and-set. The
+//! record keeps its `copies:max_copies` format, which every release parses; its writer
+//! ([`LayoutWriter`]: instance, release, copies, when) is kept under a key of its own, written
+//! after each write of the record. An
 //! instance that grows a family past what the live instances write (or past what the last
 //! instance recorded, when none is live) waits until every live instance has seen it and every
 //! publish that had not finishes, then deletes the copies in the grown range, so it never
@@ -14,8 +18,10 @@
 //!
 //! [`LayoutWatcher`] refreshes this instance's live entries and re-reads the records every
 //! `heal.layout_interval`; a record that differs from this instance's config is a *mismatch*
-//! (another instance runs another layout), shown in `/readyz` and as
-//! `hotsplit_layout_mismatch{family}`. Writers write copies `0..max(copies, largest live copy
+//! (another instance runs another layout; the sweep pauses), and so is another live instance
+//! running another copy count (so the instance that wrote the record last reports it too):
+//! logged with the record's writer, shown in `/readyz`, in `/v1/instances`
+//! ([`Layouts::mismatch_view`]) and as `hotsplit_layout_mismatch{family}`. Writers write copies `0..max(copies, largest live copy
 //! count)`.
 //!
 //! Copies removed by a shrink are deleted twice over, so a later growth cannot serve a copy that
@@ -37,17 +43,28 @@ use crate::error::Result;
 use crate::family::{Families, Family};
 use crate::key::{CopyKey, Key, COPY_SEPARATOR};
 use crate::metrics::Metrics;
-use crate::store::{Layout, LayoutSwap, Store};
+use crate::store::{Layout, LayoutSwap, LayoutWriter, Store};
+use serde::Serialize;
 
 /// What this instance knows of one family's layout.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Known {
     /// The configured copy count.
     configured: u32,
     /// The largest copy count recorded; copies at or above `configured` may exist.
     max_copies: u32,
-    /// Whether the last read record disagreed with `configured`.
+    /// Whether the last read record disagreed with `configured` (the sweep pauses meanwhile).
     mismatch: bool,
+    /// Whether a mismatch is reported: the record disagrees, or another live instance runs
+    /// another copy count (then this instance may be the one that wrote the record last).
+    reported: bool,
+    /// The record as last read (or written) by this instance.
+    recorded: Option<Layout>,
+    /// Who wrote the record, as last read (`None`: unknown, or a release before writer
+    /// records).
+    writer: Option<LayoutWriter>,
+    /// The copy counts of the other live instances at the last refresh.
+    live_others: Vec<u32>,
     /// The largest copy count of the other live instances at the last refresh (0: none).
     live_copies: u32,
     /// When `live_copies` was first read or last changed: the sweep waits [`Liveness::settle`]
@@ -62,11 +79,29 @@ pub struct Layouts {
     families: Mutex<BTreeMap<String, Known>>,
 }
 
+/// A family whose layout this instance sees disagreeing with its own: what `/v1/instances`
+/// lists under `layout_mismatches`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct LayoutMismatch {
+    /// The family (its prefix, or `default`).
+    pub family: String,
+    /// This instance's configured copy count.
+    pub configured: u32,
+    /// The copy count in the family's layout record (`None`: no record).
+    pub recorded_copies: Option<u32>,
+    /// Who wrote the record (`None`: a release before writer records wrote it).
+    pub writer: Option<LayoutWriter>,
+    /// The copy counts of the other live instances of the family.
+    pub live_copies: Vec<u32>,
+}
+
 /// How an instance takes part in the families' live sets.
 #[derive(Debug, Clone)]
 pub struct Liveness {
     /// This process's name in the live sets (`<pid>-<random>`), unique per process.
     pub instance: String,
+    /// The release this instance runs, recorded as the writer of the layout records it writes.
+    pub release: String,
     /// How often the live entries are refreshed and the records re-read
     /// (`heal.layout_interval`).
     pub interval: Duration,
@@ -88,6 +123,16 @@ impl Liveness {
     /// publish that started with the old view ends within one command timeout.
     pub fn settle(&self) -> Duration {
         self.interval + self.command_timeout * 2
+    }
+
+    /// This instance as the writer of a record of `copies`, now.
+    fn writer(&self, copies: u32) -> LayoutWriter {
+        LayoutWriter {
+            instance: self.instance.clone(),
+            release: self.release.clone(),
+            copies,
+            written_ms: crate::store::now_unix_ms(),
+        }
     }
 }
 
@@ -151,25 +196,44 @@ impl Layouts {
             // instance's copies; one that read it before is waited for below.
             // A join that fails (the store refuses FCALL) does not stop startup: publishes
             // fail the same way then, and the watcher retries the join every interval.
-            let live = match store
+            let others = match store
                 .join_layout(name, family.copies, &liveness.instance, ttl_ms)
                 .await
             {
-                Ok(others) => others.iter().copied().max(),
+                Ok(others) => others,
                 Err(err) => {
                     tracing::warn!(family = name, error = %err, "cannot join the family's live set: retried every layout interval");
-                    None
+                    Vec::new()
                 }
             };
+            let live = others.iter().copied().max();
             let recorded = store.read_layout(name).await?;
-            let max_copies = record_configured(store, family).await?;
-            metrics.layout_mismatch(name, false);
+            let (max_copies, writer) = record_configured(store, family, liveness).await?;
+            // Another running instance on another copy count: reported here too, not only by
+            // the instance whose record this one replaced.
+            let reported = others.iter().any(|&copies| copies != family.copies);
+            if reported {
+                tracing::warn!(
+                    family = name,
+                    configured = family.copies,
+                    live_copies = ?others,
+                    "layout mismatch between running instances: other live instances run another copy count (a rolling resize, or two configs disagreeing)"
+                );
+            }
+            metrics.layout_mismatch(name, reported);
             layouts.lock().insert(
                 name.to_owned(),
                 Known {
                     configured: family.copies,
                     max_copies,
                     mismatch: false,
+                    reported,
+                    recorded: Some(Layout {
+                        copies: family.copies,
+                        max_copies,
+                    }),
+                    writer,
+                    live_others: others,
                     live_copies: live.unwrap_or(0),
                     live_changed: Instant::now(),
                 },
@@ -221,9 +285,11 @@ impl Layouts {
             .map_or(configured, |known| known.live_copies.max(configured))
     }
 
-    /// Records the other live instances' largest copy count for `family` (0: none).
-    fn observe_live(&self, family: &str, live_copies: u32) {
+    /// Records the other live instances' copy counts for `family`.
+    fn observe_live(&self, family: &str, others: &[u32]) {
+        let live_copies = others.iter().copied().max().unwrap_or(0);
         if let Some(known) = self.lock().get_mut(family) {
+            known.live_others = others.to_vec();
             if known.live_copies != live_copies {
                 tracing::info!(
                     family,
@@ -238,33 +304,74 @@ impl Layouts {
         }
     }
 
-    /// Families whose recorded layout disagrees with this instance's config.
+    /// Families whose layout this instance sees disagreeing with its config: the recorded
+    /// layout differs, or another live instance runs another copy count.
     pub fn mismatches(&self) -> Vec<String> {
         self.lock()
             .iter()
-            .filter(|(_, known)| known.mismatch)
+            .filter(|(_, known)| known.reported)
             .map(|(name, _)| name.clone())
             .collect()
     }
 
-    fn observe(&self, family: &str, recorded: Option<Layout>, metrics: &Metrics) {
+    /// The families of [`Layouts::mismatches`], each with the record, its writer and the other
+    /// live instances' copy counts.
+    pub fn mismatch_view(&self) -> Vec<LayoutMismatch> {
+        self.lock()
+            .iter()
+            .filter(|(_, known)| known.reported)
+            .map(|(name, known)| LayoutMismatch {
+                family: name.clone(),
+                configured: known.configured,
+                recorded_copies: known.recorded.map(|layout| layout.copies),
+                writer: known.writer.clone(),
+                live_copies: known.live_others.clone(),
+            })
+            .collect()
+    }
+
+    /// Records the layout record of `family` as read, with its writer, and reports a mismatch
+    /// (log on a change, the gauge always).
+    fn observe(
+        &self,
+        family: &str,
+        recorded: Option<Layout>,
+        writer: Option<LayoutWriter>,
+        metrics: &Metrics,
+    ) {
         let mut families = self.lock();
         let Some(known) = families.get_mut(family) else {
             return;
         };
         let mismatch = recorded.is_some_and(|layout| layout.copies != known.configured);
-        if mismatch != known.mismatch {
-            if mismatch {
-                tracing::warn!(family, configured = known.configured, recorded = ?recorded.map(|layout| layout.copies), "layout mismatch: another instance recorded a different copy count");
+        let reported = mismatch
+            || known
+                .live_others
+                .iter()
+                .any(|&copies| copies != known.configured);
+        if reported != known.reported {
+            if reported {
+                tracing::warn!(
+                    family,
+                    configured = known.configured,
+                    recorded = ?recorded.map(|layout| layout.copies),
+                    writer = writer.as_ref().map_or("unknown", |writer| writer.instance.as_str()),
+                    writer_release = writer.as_ref().map_or("unknown", |writer| writer.release.as_str()),
+                    live_copies = ?known.live_others,
+                    "layout mismatch between running instances: another instance recorded or runs a different copy count"
+                );
             } else {
                 tracing::info!(family, "layout mismatch resolved");
             }
         }
         known.mismatch = mismatch;
+        known.reported = reported;
+        known.recorded = recorded;
+        known.writer = writer;
         if let Some(layout) = recorded {
             known.max_copies = known.max_copies.max(layout.max_copies);
         }
-        metrics.layout_mismatch(family, mismatch);
+        metrics.layout_mismatch(family, reported);
     }
 }
 
@@ -273,9 +380,16 @@ impl Layouts {
 const RECORD_ATTEMPTS: u32 = 8;
 
 /// Records `family`'s configured copy count with a compare-and-set, keeping the largest copy
-/// count ever recorded (never lowering `max_copies`, whatever another instance wrote meanwhile).
-/// Returns the recorded `max_copies`.
-async fn record_configured(store: &dyn Store, family: &Family) -> Result<u32> {
+/// count ever recorded (never lowering `max_copies`, whatever another instance wrote meanwhile),
+/// and this instance as the record's writer. A record of another copy count is replaced (the
+/// newest start records the layout being rolled out), and the replacement is logged naming the
+/// instance and release that wrote it and whether that instance is still registered. Returns
+/// the recorded `max_copies` and the record's writer.
+async fn record_configured(
+    store: &dyn Store,
+    family: &Family,
+    liveness: &Liveness,
+) -> Result<(u32, Option<LayoutWriter>)> {
     let name = family.name();
     let mut recorded = store.read_layout(name).await?;
     for _ in 0..RECORD_ATTEMPTS {
@@ -284,13 +398,7 @@ async fn record_configured(store: &dyn Store, family: &Family) -> Result<u32> {
         });
         if let Some(recorded) = recorded {
             if recorded.copies != family.copies {
-                tracing::warn!(
-                    family = name,
-                    configured = family.copies,
-                    recorded = recorded.copies,
-                    max_copies,
-                    "family layout changed: recording the configured copy count"
-                );
+                report_replaced(store, family, recorded, max_copies).await;
             }
         }
         let layout = Layout {
@@ -298,10 +406,19 @@ async fn record_configured(store: &dyn Store, family: &Family) -> Result<u32> {
             max_copies,
         };
         if recorded == Some(layout) {
-            return Ok(max_copies);
+            let writer = store.read_layout_writer(name).await.unwrap_or_else(|err| {
+                tracing::debug!(family = name, error = %err, "cannot read the layout record's writer");
+                None
+            });
+            return Ok((max_copies, writer));
         }
         match store.write_layout(name, recorded, layout).await? {
-            LayoutSwap::Applied => return Ok(max_copies),
+            LayoutSwap::Applied => {
+                return Ok((
+                    max_copies,
+                    record_writer(store, name, liveness, family.copies).await,
+                ))
+            }
             // Another instance changed the record in between: decide again from what it wrote.
             LayoutSwap::Changed(current) => recorded = current,
         }
@@ -310,6 +427,49 @@ async fn record_configured(store: &dyn Store, family: &Family) -> Result<u32> {
         crate::error::ErrorKind::Unavailable,
         format!("the layout record of family {name:?} kept changing: {RECORD_ATTEMPTS} compare-and-set attempts failed"),
     ))
+}
+
+/// Logs that this instance replaces `family`'s record of `recorded` copies, naming who wrote it
+/// and whether that instance still runs (is registered).
+async fn report_replaced(store: &dyn Store, family: &Family, recorded: Layout, max_copies: u32) {
+    let name = family.name();
+    let writer = store.read_layout_writer(name).await.ok().flatten();
+    let running = match &writer {
+        Some(writer) => store
+            .instances()
+            .await
+            .ok()
+            .map(|instances| instances.iter().any(|record| record.id == writer.instance)),
+        None => None,
+    };
+    tracing::warn!(
+        family = name,
+        configured = family.copies,
+        recorded = recorded.copies,
+        max_copies,
+        writer = writer.as_ref().map_or("unknown", |writer| writer.instance.as_str()),
+        writer_release = writer.as_ref().map_or("unknown", |writer| writer.release.as_str()),
+        writer_running = ?running,
+        "family layout changed: recording the configured copy count over another instance's"
+    );
+}
+
+/// Records this instance as the writer of `family`'s record of `copies`; a failure is logged
+/// (the record itself is written). Returns the writer recorded.
+async fn record_writer(
+    store: &dyn Store,
+    family: &str,
+    liveness: &Liveness,
+    copies: u32,
+) -> Option<LayoutWriter> {
+    let writer = liveness.writer(copies);
+    match store.write_layout_writer(family, &writer).await {
+        Ok(()) => Some(writer),
+        Err(err) => {
+            tracing::warn!(family, error = %err, "cannot record this instance as the layout record's writer");
+            None
+        }
+    }
 }
 
 /// Refreshes this instance's live entries and re-reads the layout records every
@@ -377,6 +537,17 @@ async fn delete_copies_from(
 }
 
 impl LayoutWatcher {
+    /// Who wrote `family`'s record; `None` when unknown or unreadable (logged).
+    async fn read_writer(&self, family: &str) -> Option<LayoutWriter> {
+        self.store
+            .read_layout_writer(family)
+            .await
+            .unwrap_or_else(|err| {
+                tracing::debug!(family, error = %err, "cannot read the layout record's writer");
+                None
+            })
+    }
+
     /// Runs until `shutdown`. The live entries are refreshed in a loop of their own, so a long
     /// sweep never delays them. They are not removed at shutdown: they lapse after
     /// [`Liveness::ttl`], after the last request this instance served.
@@ -406,16 +577,17 @@ impl LayoutWatcher {
                 .join_layout(name, family.copies, &self.liveness.instance, ttl_ms)
                 .await
             {
-                Ok(others) => self
-                    .layouts
-                    .observe_live(name, others.into_iter().max().unwrap_or(0)),
+                Ok(others) => self.layouts.observe_live(name, &others),
                 // The last view is kept: it can only make publishes write more copies.
                 Err(err) => {
                     tracing::warn!(family = name, error = %err, "cannot refresh this instance's live entry")
                 }
             }
             match self.store.read_layout(name).await {
-                Ok(recorded) => self.layouts.observe(name, recorded, &self.metrics),
+                Ok(recorded) => {
+                    let writer = self.read_writer(name).await;
+                    self.layouts.observe(name, recorded, writer, &self.metrics)
+                }
                 Err(err) => {
                     tracing::debug!(family = name, error = %err, "cannot read the layout record")
                 }
@@ -505,8 +677,12 @@ impl LayoutWatcher {
                 .await?
             {
                 LayoutSwap::Applied => {
+                    let writer =
+                        record_writer(&*self.store, name, &self.liveness, family.copies).await;
                     if let Some(known) = self.layouts.lock().get_mut(name) {
                         known.max_copies = family.copies;
+                        known.recorded = Some(layout);
+                        known.writer = writer;
                     }
                     tracing::info!(
                         family = name,
@@ -516,7 +692,8 @@ impl LayoutWatcher {
                 }
                 LayoutSwap::Changed(current) => {
                     tracing::info!(family = name, recorded = ?current, "the layout record changed during the sweep: kept");
-                    self.layouts.observe(name, current, &self.metrics);
+                    let writer = self.read_writer(name).await;
+                    self.layouts.observe(name, current, writer, &self.metrics);
                 }
             }
         }
@@ -534,6 +711,7 @@ mod tests {
     fn liveness(instance: &str) -> Liveness {
         Liveness {
             instance: instance.to_owned(),
+            release: "0.1.0".to_owned(),
             interval: Duration::from_secs(1),
             command_timeout: Duration::from_millis(1),
         }
@@ -631,12 +809,43 @@ mod tests {
             })
         );
         // The first instance still runs 8 copies: it now sees a mismatch.
-        first.observe("p:", store.read_layout("p:").await.unwrap(), &metrics);
+        let writer = store.read_layout_writer("p:").await.unwrap();
+        assert_eq!(
+            writer
+                .as_ref()
+                .map(|writer| (writer.instance.as_str(), writer.copies)),
+            Some(("b", 4)),
+            "the record names the instance that wrote it"
+        );
+        first.observe(
+            "p:",
+            store.read_layout("p:").await.unwrap(),
+            writer,
+            &metrics,
+        );
         assert_eq!(first.mismatches(), vec!["p:".to_owned()]);
-        assert!(second.mismatches().is_empty());
+        let view = first.mismatch_view();
+        assert_eq!(view.len(), 1);
+        assert_eq!(
+            (
+                view[0].configured,
+                view[0].recorded_copies,
+                view[0].writer.as_ref().map(|w| w.instance.as_str())
+            ),
+            (8, Some(4), Some("b"))
+        );
+        // The second instance, which replaced the record, reports it too: the first is live
+        // on 8 copies.
+        assert_eq!(second.mismatches(), vec!["p:".to_owned()]);
+        assert_eq!(second.mismatch_view()[0].live_copies, vec![8]);
         assert!(metrics
             .render()
             .contains(r#"hotsplit_layout_mismatch{family="p:"} 1"#));
+        // The first stops (its live entry goes): the second's report ends at its next refresh.
+        store.leave_layout("p:", 8, "a").await.unwrap();
+        second.observe_live("p:", &[]);
+        second.observe("p:", store.read_layout("p:").await.unwrap(), None, &metrics);
+        assert!(second.mismatches().is_empty());
     }
 
     #[test]
@@ -745,7 +954,7 @@ mod tests {
         }
         assert!(copy(0).await.record.unwrap().is_some());
         // Both now write twelve copies.
-        small.observe_live("g:", 12);
+        small.observe_live("g:", &[12]);
         assert_eq!(publish(&four, small, 3).await.copies, 12);
         assert_eq!(grown.write_copies("g:", 12), 12);
     }

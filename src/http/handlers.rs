@@ -158,7 +158,8 @@ pub struct StatusBody {
     /// The store kind: `embedded`, `redis` or `redis-cluster`.
     store: &'static str,
     /// `/readyz` only: families whose layout recorded in Redis differs from this instance's
-    /// config (another instance runs another copy count). Absent when there is none.
+    /// config, or that another live instance runs with another copy count
+    /// (`/v1/instances` names who wrote the record). Absent when there is none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     layout_mismatches: Vec<String>,
     /// `/readyz` only: primaries (`host:port`) that lack the function library (they refused

@@ -9,16 +9,19 @@ use super::AppState;
 use crate::fleet::InstancesView;
 
 /// Every registered instance: id, API and admin addresses, release, function library, start
-/// time and last heartbeat.
+/// time and last heartbeat; and the families whose layout the answering instance sees
+/// disagreeing, with who wrote the record.
 #[utoipa::path(
     get,
     path = "/v1/instances",
     tag = "operations",
     responses(
-        (status = 200, description = "Every instance whose registry entry has not lapsed, by id, and the id of the one that answered", body = InstancesView),
+        (status = 200, description = "Every instance whose registry entry has not lapsed, by id, the id of the one that answered, and the layout mismatches it sees", body = InstancesView),
         (status = 503, description = "unavailable: the store does not answer", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn instances(State(state): State<AppState>) -> Result<Json<InstancesView>, ApiError> {
-    Ok(Json(state.inner().registry.view().await?))
+    let mut view = state.inner().registry.view().await?;
+    view.layout_mismatches = state.inner().heal.layouts.mismatch_view();
+    Ok(Json(view))
 }

@@ -26,8 +26,8 @@ use prometheus_client::registry::Unit;
 
 use super::{
     live_member, now_unix_ms, retain_until_ms, valid_live_instance, CasOutcome, CopyRead,
-    CopyRecord, CopyWrite, InstanceRecord, Layout, LayoutSwap, NodeLabel, Payload, ServedBy, Store,
-    WriteResult, DEFAULT_VERSION_RETENTION_MS,
+    CopyRecord, CopyWrite, InstanceRecord, Layout, LayoutSwap, LayoutWriter, NodeLabel, Payload,
+    ServedBy, Store, WriteResult, DEFAULT_VERSION_RETENTION_MS,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -90,6 +90,8 @@ struct State {
     counters: HashMap<String, Counter>,
     /// Family name → recorded layout.
     layouts: HashMap<String, Layout>,
+    /// Family name → who wrote its layout record.
+    layout_writers: HashMap<String, LayoutWriter>,
     /// Family name → live member (`<copies>:<instance>`) → (copies, lapse time in Unix ms).
     live: HashMap<String, HashMap<String, (u32, u64)>>,
     /// Instance id → (its registry record, lapse time in Unix ms): the registry of the one
@@ -527,6 +529,25 @@ impl Store for MemoryStore {
     fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
         let layout = self.state().layouts.get(family).copied();
         Box::pin(std::future::ready(Ok(layout)))
+    }
+
+    fn write_layout_writer<'a>(
+        &'a self,
+        family: &'a str,
+        writer: &'a LayoutWriter,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.state()
+            .layout_writers
+            .insert(family.to_owned(), writer.clone());
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn read_layout_writer<'a>(
+        &'a self,
+        family: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LayoutWriter>>> {
+        let writer = self.state().layout_writers.get(family).cloned();
+        Box::pin(std::future::ready(Ok(writer)))
     }
 
     fn write_layout<'a>(

@@ -353,6 +353,27 @@ pub trait Store: Send + Sync + 'static {
     /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails.
     fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>>;
 
+    /// Records which instance and release wrote `family`'s layout record
+    /// ([`layout_writer_key`]). Called after each write of the record.
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`].
+    fn write_layout_writer<'a>(
+        &'a self,
+        family: &'a str,
+        writer: &'a LayoutWriter,
+    ) -> BoxFuture<'a, Result<()>>;
+
+    /// Reads who wrote `family`'s layout record; `None` when nobody recorded it (a release
+    /// before writer records wrote the layout).
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`].
+    fn read_layout_writer<'a>(
+        &'a self,
+        family: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LayoutWriter>>>;
+
     /// Records `layout` for the family named `family` when the record holds `expected` (`None`:
     /// no record): a compare-and-set, so a concurrent change is never overwritten blindly.
     ///
@@ -542,6 +563,58 @@ pub fn layout_key(family: &str) -> String {
     format!("#hotsplit#layout#{family}")
 }
 
+/// The store key of the record of who wrote a family's layout record (a hash of
+/// [`LAYOUT_WRITER_FIELDS`]). The layout record keeps its `copies:max_copies` text, which every
+/// release parses; its writer is kept apart, so the format never changes. Like [`layout_key`]
+/// it starts with `#`.
+pub fn layout_writer_key(family: &str) -> String {
+    format!("#hotsplit#layout-writer#{family}")
+}
+
+/// The hash fields of a layout writer record, in the order [`LayoutWriter::fields`] gives them.
+pub const LAYOUT_WRITER_FIELDS: [&str; 4] = ["instance", "release", "copies", "written_ms"];
+
+/// Which instance and release last wrote a family's layout record, kept beside it
+/// ([`layout_writer_key`]), so a mismatch names who runs the other layout.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct LayoutWriter {
+    /// The writer's instance id (its name in the registry and the live sets).
+    pub instance: String,
+    /// The release it runs.
+    pub release: String,
+    /// The copy count it recorded.
+    pub copies: u32,
+    /// When it wrote the record, Unix milliseconds (its own clock).
+    pub written_ms: u64,
+}
+
+impl LayoutWriter {
+    /// The record as hash field values, in [`LAYOUT_WRITER_FIELDS`] order.
+    pub fn fields(&self) -> [String; 4] {
+        [
+            self.instance.clone(),
+            self.release.clone(),
+            self.copies.to_string(),
+            self.written_ms.to_string(),
+        ]
+    }
+
+    /// Reads a record back from its field values in [`LAYOUT_WRITER_FIELDS`] order; `None` when
+    /// a field is missing (no record: a release before writer records wrote the layout) or a
+    /// number does not parse.
+    pub fn from_fields(values: &[Option<String>]) -> Option<LayoutWriter> {
+        let [instance, release, copies, written_ms] = values else {
+            return None;
+        };
+        Some(LayoutWriter {
+            instance: instance.clone()?,
+            release: release.clone()?,
+            copies: copies.as_deref()?.parse().ok()?,
+            written_ms: written_ms.as_deref()?.parse().ok()?,
+        })
+    }
+}
+
 /// The store key of the set of instances live in a family (a sorted set: member
 /// `<copies>:<instance>`, score the Unix millisecond at which the entry lapses). Like
 /// [`layout_key`] it starts with `#`.
@@ -578,4 +651,29 @@ pub fn now_unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layout_writer_reads_back_and_a_missing_one_reads_as_none() {
+        let writer = LayoutWriter {
+            instance: "12-abcd".to_owned(),
+            release: "0.2.0".to_owned(),
+            copies: 8,
+            written_ms: 1_700_000_000_000,
+        };
+        let values: Vec<Option<String>> = writer.fields().into_iter().map(Some).collect();
+        assert_eq!(LayoutWriter::from_fields(&values), Some(writer));
+        // No record (a release before writer records), or a damaged one.
+        assert_eq!(LayoutWriter::from_fields(&[None, None, None, None]), None);
+        let mut damaged = values.clone();
+        damaged[2] = Some("many".to_owned());
+        assert_eq!(LayoutWriter::from_fields(&damaged), None);
+        // The writer key is apart from the record, and no user, copy or counter key.
+        assert_ne!(layout_writer_key("p:"), layout_key("p:"));
+        assert!(layout_writer_key("p:").starts_with('#'));
+    }
 }

@@ -1,7 +1,9 @@
 //! Rolling upgrades on real Redis: an instance of the previous release (its function library
 //! `hotsplit`, loaded from `tests/fixtures/hotsplit-v1.lua`, the source that release shipped)
 //! publishing next to an instance of this release (`hotsplit_v2`) on one cluster, both correct;
-//! and the previous library deleted only after its instance left the registry.
+//! the previous library deleted only after its instance left the registry; and a layout
+//! mismatch between two running instances reported by both, with the instance and release that
+//! wrote the record.
 //!
 //! The previous release's instance is the library's own publish path and registrar over a
 //! `RedisStore` that calls the previous library's functions
@@ -419,4 +421,114 @@ async fn publish_succeeds_or_stale(http: &reqwest::Client, base: &str, key: &str
         "publish {key} v{version}: {status}: {}",
         answer.text().await.unwrap_or_default()
     );
+}
+
+/// The config of an instance running `copies` copies of family `prefix` on `url`, refreshing
+/// its live entries and re-reading the records every 200 ms.
+fn layout_config(url: &str, prefix: &str, copies: u32) -> Config {
+    config_from_toml(&format!(
+        "[[family]]\nprefix = \"{prefix}\"\ncopies = {copies}\nttl = \"10m\"\n\
+         [store]\nredis = {url:?}\ncommand_timeout = \"{}\"\n\
+         [heal]\nlayout_interval = \"200ms\"\n\
+         [fleet]\nheartbeat_interval = \"200ms\"\n",
+        command_timeout_toml()
+    ))
+}
+
+/// `GET /v1/instances` of `base`: the answering id and its layout mismatches.
+async fn layout_mismatches(http: &reqwest::Client, base: &str) -> (String, Vec<serde_json::Value>) {
+    let view = get_json(http, &format!("{base}/v1/instances")).await;
+    let this = view["this"].as_str().expect("this").to_owned();
+    let mismatches = view["layout_mismatches"]
+        .as_array()
+        .unwrap_or_else(|| panic!("layout_mismatches in {view}"))
+        .clone();
+    (this, mismatches)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_a_layout_mismatch_between_running_instances_is_reported_with_its_writer() {
+    let cluster = crate::harness::shared_cluster();
+    let url = cluster.url();
+    let prefix = format!("lm{:08x}:", rand::random::<u32>());
+    let http = reqwest::Client::new();
+    let gauge = format!("hotsplit_layout_mismatch{{family=\"{prefix}\"}}");
+
+    // A runs 8 copies; B starts with 4 while A runs and records its layout.
+    let a = Service::start(layout_config(&url, &prefix, 8)).await;
+    let b = Service::start(layout_config(&url, &prefix, 4)).await;
+    let (a_id, _) = layout_mismatches(&http, &a.base).await;
+    let (b_id, from_b) = layout_mismatches(&http, &b.base).await;
+
+    // The record keeps the format the previous release parses; its writer is kept apart.
+    let record_key = hotsplit::store::layout_key(&prefix);
+    let record = devcluster::cli(
+        crate::harness::owner_port(cluster, &record_key),
+        &["GET", &record_key],
+    )
+    .expect("GET the layout record");
+    assert_eq!(record, "4:8");
+    let writer_key = hotsplit::store::layout_writer_key(&prefix);
+    let writer = crate::harness::hgetall(
+        crate::harness::owner_port(cluster, &writer_key),
+        &writer_key,
+    );
+    assert_eq!(writer.get("instance"), Some(&b_id), "{writer:?}");
+    assert_eq!(
+        writer.get("release").map(String::as_str),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    assert_eq!(writer.get("copies").map(String::as_str), Some("4"));
+
+    // B, the last to start, reports the running instance it disagrees with.
+    let entry = from_b
+        .iter()
+        .find(|entry| entry["family"] == prefix.as_str())
+        .unwrap_or_else(|| panic!("B reports {prefix}: {from_b:?}"));
+    assert_eq!(entry["configured"], 4);
+    assert_eq!(entry["recorded_copies"], 4);
+    assert_eq!(entry["live_copies"], serde_json::json!([8]));
+    assert_eq!(entry["writer"]["instance"], b_id.as_str());
+    // A sees the record B wrote, with B's instance and release.
+    poll(
+        "A reports the mismatch",
+        Duration::from_secs(30),
+        || async {
+            let (_, from_a) = layout_mismatches(&http, &a.base).await;
+            from_a.iter().any(|entry| {
+                entry["family"] == prefix.as_str()
+                    && entry["configured"] == 8
+                    && entry["recorded_copies"] == 4
+                    && entry["writer"]["instance"] == b_id.as_str()
+                    && entry["writer"]["release"] == env!("CARGO_PKG_VERSION")
+            })
+        },
+    )
+    .await;
+    for service in [&a, &b] {
+        let metrics = metrics_text(&http, &service.base).await;
+        assert!(
+            metrics.lines().any(|line| line == format!("{gauge} 1")),
+            "{gauge} 1 on {}",
+            service.base
+        );
+    }
+    assert_ne!(a_id, b_id);
+
+    // A stops: once its live entry lapses, B runs alone on the recorded layout and its report
+    // ends.
+    a.stop().await;
+    poll("B's report ends", Duration::from_secs(30), || async {
+        let (_, from_b) = layout_mismatches(&http, &b.base).await;
+        !from_b
+            .iter()
+            .any(|entry| entry["family"] == prefix.as_str())
+    })
+    .await;
+    let metrics = metrics_text(&http, &b.base).await;
+    assert!(
+        metrics.lines().any(|line| line == format!("{gauge} 0")),
+        "{gauge} 0"
+    );
+    b.stop().await;
 }

@@ -75,7 +75,7 @@ use futures_util::future::{join_all, BoxFuture};
 use super::library::FunctionLibrary;
 use super::{
     layout_key, live_key, live_member, now_unix_ms, CopyRead, CopyWrite, InstanceRecord, Layout,
-    LayoutSwap, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
+    LayoutSwap, LayoutWriter, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -632,6 +632,21 @@ impl Store for RedisStore {
 
     fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
         Box::pin(self.replication_offset_of(node))
+    }
+
+    fn write_layout_writer<'a>(
+        &'a self,
+        family: &'a str,
+        writer: &'a LayoutWriter,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.record_layout_writer(family, writer))
+    }
+
+    fn read_layout_writer<'a>(
+        &'a self,
+        family: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LayoutWriter>>> {
+        Box::pin(self.layout_writer(family))
     }
 
     fn write_layout<'a>(

@@ -2,6 +2,8 @@
 //! `PEXPIRE` of the instance's hash and `ZADD` of its id to the index to register; `ZRANGE` of
 //! the index and one `HMGET` per id to list (an id whose hash expired is removed with `ZREM`);
 //! `DEL` and `ZREM` to leave. The deployment's session key is `GET`, else `SET NX` and `GET`.
+//! Beside them, who wrote each family's layout record: `HSET` and `HMGET` of
+//! `#hotsplit#layout-writer#<family>` (`store::layout_writer_key`).
 //! Every key carries the `{fleet}` hash tag, so in a cluster the
 //! registry is one slot on one node, and the least-privilege ACL needs no command it did not
 //! already grant.
@@ -13,9 +15,43 @@ use futures_util::future::join_all;
 use super::RedisStore;
 use crate::error::{Error, ErrorKind, Result};
 use crate::store::registry::{instance_key, INSTANCES_KEY, INSTANCE_FIELDS, SESSION_KEY_KEY};
-use crate::store::{now_unix_ms, valid_live_instance, InstanceRecord};
+use crate::store::{
+    layout_writer_key, now_unix_ms, valid_live_instance, InstanceRecord, LayoutWriter,
+    LAYOUT_WRITER_FIELDS,
+};
 
 impl RedisStore {
+    /// `HSET` of `family`'s layout writer record. The body of
+    /// [`crate::store::Store::write_layout_writer`].
+    pub(super) async fn record_layout_writer(
+        &self,
+        family: &str,
+        writer: &LayoutWriter,
+    ) -> Result<()> {
+        let key = layout_writer_key(family);
+        let fields: Vec<(&str, String)> = LAYOUT_WRITER_FIELDS
+            .into_iter()
+            .zip(writer.fields())
+            .collect();
+        self.client
+            .hset::<Value, _, _>(key.as_str(), fields)
+            .await
+            .map_err(|err| self.fail(format_args!("write of {key}"), &err))?;
+        Ok(())
+    }
+
+    /// `HMGET` of `family`'s layout writer record. The body of
+    /// [`crate::store::Store::read_layout_writer`].
+    pub(super) async fn layout_writer(&self, family: &str) -> Result<Option<LayoutWriter>> {
+        let key = layout_writer_key(family);
+        let values: Vec<Option<String>> = self
+            .client
+            .hmget(key.as_str(), LAYOUT_WRITER_FIELDS.to_vec())
+            .await
+            .map_err(|err| self.fail(format_args!("read of {key}"), &err))?;
+        Ok(LayoutWriter::from_fields(&values))
+    }
+
     /// Stores `candidate` as the session key unless one is stored, then reads the stored one.
     /// The body of [`crate::store::Store::session_key`].
     pub(super) async fn shared_session_key(&self, candidate: &str) -> Result<String> {
