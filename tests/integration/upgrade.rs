@@ -158,6 +158,16 @@ fn on_no_master(cluster: &Cluster, name: &str) -> bool {
         .all(|port| !libraries_on(port).iter().any(|held| held == name))
 }
 
+/// How many replicas hold library `name` (`FUNCTION LOAD` and `FUNCTION DELETE` replicate).
+fn replicas_holding(cluster: &Cluster, name: &str) -> usize {
+    cluster
+        .replicas()
+        .expect("replicas")
+        .iter()
+        .filter(|node| libraries_on(node.port()).iter().any(|held| held == name))
+        .count()
+}
+
 /// The value of the unlabelled counter `name` in `/metrics` of `base`.
 async fn counter(http: &reqwest::Client, base: &str, name: &str) -> u64 {
     let text = metrics_text(http, base).await;
@@ -270,6 +280,15 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
     }
     every_copy_holds(&cluster, raced, 40, "v40");
 
+    // The replicas hold the previous library too (FUNCTION LOAD replicates).
+    let replicas = cluster.replicas().expect("replicas").len();
+    poll(
+        "the replicas hold the previous library",
+        Duration::from_secs(30),
+        || async { replicas_holding(&cluster, LEGACY_LIBRARY_NAME) == replicas },
+    )
+    .await;
+
     // While the previous instance is registered its library stays, check after check.
     let instances = get_json(&http, &format!("{}/v1/instances", current.base)).await;
     let listed = instances["instances"].as_array().expect("instances");
@@ -321,6 +340,12 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
     )
     .await;
     assert!(on_every_master(&cluster, LIBRARY_NAME));
+    poll(
+        "the deletion reaches the replicas",
+        Duration::from_secs(30),
+        || async { replicas_holding(&cluster, LEGACY_LIBRARY_NAME) == 0 },
+    )
+    .await;
     assert_eq!(
         counter(
             &http,
