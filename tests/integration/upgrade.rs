@@ -81,10 +81,12 @@ impl PreviousInstance {
             .expect("connect with the previous library"),
         );
         let id = format!("previous-{:08x}", rand::random::<u32>());
+        // Refreshed every 200 ms, its entry lives 5 s: a test on a loaded machine must not see
+        // it lapse while the instance runs (it is removed at once when it leaves).
         let registry = Arc::new(Registry::new(
             store.clone(),
             id.clone(),
-            Duration::from_millis(600),
+            Duration::from_secs(5),
         ));
         registry.set_listen("127.0.0.1:1".to_owned());
         let stop = CancellationToken::new();
@@ -449,12 +451,13 @@ async fn publish_succeeds_or_stale(http: &reqwest::Client, base: &str, key: &str
 }
 
 /// The config of an instance running `copies` copies of family `prefix` on `url`, refreshing
-/// its live entries and re-reading the records every 200 ms.
+/// its live entries and re-reading the records every second (an entry lives 3 s: long enough
+/// not to lapse under load while its instance runs).
 fn layout_config(url: &str, prefix: &str, copies: u32) -> Config {
     config_from_toml(&format!(
         "[[family]]\nprefix = \"{prefix}\"\ncopies = {copies}\nttl = \"10m\"\n\
          [store]\nredis = {url:?}\ncommand_timeout = \"{}\"\n\
-         [heal]\nlayout_interval = \"200ms\"\n\
+         [heal]\nlayout_interval = \"1s\"\n\
          [fleet]\nheartbeat_interval = \"200ms\"\n",
         command_timeout_toml()
     ))
