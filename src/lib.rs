@@ -21,6 +21,8 @@
 //! - [`auth`]: API bearer tokens with scopes, and the `[auth]` config.
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
+//! - [`status`]: the deployment's live status: each instance's figures, published into the
+//!   store, gathered by `GET /v1/fleet` for the status page (`GET /status`).
 //! - [`reload`]: SIGHUP: what a new config changes live (classes, default classes, tokens, the
 //!   log filter of [`logging`]) and what needs a restart.
 //! - [`wire`]: the API's header and query-parameter names, shared by `http`, `client` and `check`.
@@ -56,6 +58,7 @@ pub mod read;
 pub mod reload;
 pub mod route;
 pub mod server;
+pub mod status;
 pub mod store;
 pub mod wire;
 

@@ -40,6 +40,7 @@ use crate::publish::Publisher;
 use crate::read::Reader;
 use crate::reload::{ConfigSource, HangupReloader, Reloader};
 use crate::route::{LagMonitor, LagTable, RouteMetrics, Router};
+use crate::status::{Sources, StatusPublisher};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::{Store, StoreConfig};
@@ -277,6 +278,8 @@ struct Background {
     registrar: Registrar,
     /// Deletes older releases' function libraries once no registered instance runs them.
     retirer: LibraryRetirer,
+    /// Stores this instance's figures for the other instances' status pages.
+    status_publisher: StatusPublisher,
 }
 
 impl Service {
@@ -428,6 +431,16 @@ impl Service {
             offset_every: 10,
             metrics: route_metrics,
         };
+        let status_publisher = StatusPublisher {
+            sources: Arc::new(Sources::new(
+                &state.inner().reader,
+                state.inner().heal.clone(),
+            )),
+            store: state.inner().store.clone(),
+            id: registry.id(),
+            interval: config.fleet.heartbeat_interval,
+            ttl: config.fleet.entry_ttl(),
+        };
         Ok(Service {
             admin_listen: config.admin.listen,
             tls,
@@ -453,6 +466,7 @@ impl Service {
                     grace: config.fleet.entry_ttl(),
                     metrics: retire_metrics,
                 },
+                status_publisher,
             },
             registry,
             advertise: config.fleet.advertise.clone(),
@@ -582,6 +596,7 @@ impl Service {
         registry.set_listen(advertise.unwrap_or_else(|| local.to_string()));
         tracker.spawn(background.registrar.run(cancel.clone()));
         tracker.spawn(background.retirer.run(cancel.clone()));
+        tracker.spawn(background.status_publisher.run(cancel.clone()));
         if let Some(source) = config_source {
             // Registered here, before the port answers: a SIGHUP that found no handler would
             // end the process (its default action).

@@ -83,6 +83,17 @@ impl Registry {
         self.own().id.clone()
     }
 
+    /// How often the registrar refreshes the entry (`fleet.heartbeat_interval`): the entry
+    /// lives three intervals (`FleetConfig::entry_ttl`).
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.entry_ttl / 3
+    }
+
+    /// This instance's record as it would register now.
+    pub fn record(&self) -> InstanceRecord {
+        self.own().clone()
+    }
+
     /// Writes (or refreshes) this instance's entry with a heartbeat of now.
     ///
     /// # Errors

@@ -448,6 +448,22 @@ impl Store for HealthStore {
         self.inner.session_key(candidate)
     }
 
+    fn publish_status<'a>(
+        &'a self,
+        id: &'a str,
+        summary: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.inner.publish_status(id, summary, ttl_ms)
+    }
+
+    fn instance_statuses<'a>(
+        &'a self,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<String>>>> {
+        self.inner.instance_statuses(ids)
+    }
+
     fn library_name(&self) -> Option<&'static str> {
         self.inner.library_name()
     }

@@ -18,6 +18,8 @@
 //! - `session`: session tokens (`Hotsplit-Session`) read from requests and put on answers.
 //! - `request_id`: how a request's id is chosen (`X-Request-Id`, `traceparent`, or random).
 //! - `instances`: `GET /v1/instances`, the instance registry.
+//! - `status_page`: the live status page (`GET /status`, its script and stylesheet, under a
+//!   strict Content-Security-Policy) and `GET /v1/fleet`, the figures it polls.
 //! - `openapi`: the OpenAPI document and the route that serves it; `openapi_edge` adds the
 //!   security scheme, each operation's scope, the 401/403 answers and the response headers.
 //! - [`paths`]: the route templates.
@@ -38,6 +40,7 @@ pub mod problem;
 mod request_id;
 mod session;
 mod state;
+pub mod status_page;
 
 use axum::extract::DefaultBodyLimit;
 use axum::handler::Handler;
@@ -76,10 +79,18 @@ pub mod paths {
     pub const INSTANCES: &str = "/v1/instances";
     /// The near cache.
     pub const NEAR_CACHE: &str = "/v1/near-cache";
+    /// Every instance with its figures, for the status page.
+    pub const FLEET: &str = "/v1/fleet";
+    /// The live status page.
+    pub const STATUS_PAGE: &str = "/status";
+    /// The status page's script.
+    pub const STATUS_SCRIPT: &str = "/status/status.js";
+    /// The status page's stylesheet.
+    pub const STATUS_STYLE: &str = "/status/status.css";
 
     /// The operator views: served to tokens with the `admin` scope (when tokens are
     /// configured). Add a new admin endpoint here.
-    pub(crate) const ADMIN: [&str; 7] = [
+    pub(crate) const ADMIN: [&str; 11] = [
         METRICS,
         CLASSES,
         LAG,
@@ -87,6 +98,10 @@ pub mod paths {
         RETRY_QUEUE,
         INSTANCES,
         NEAR_CACHE,
+        FLEET,
+        STATUS_PAGE,
+        STATUS_SCRIPT,
+        STATUS_STYLE,
     ];
 
     /// The load balancers' probes and the API's own description, which never need a token.
@@ -116,7 +131,7 @@ pub mod paths {
     };
 
     /// Every template, in the latency table's order.
-    pub(crate) const ROUTES: [&str; 12] = [
+    pub(crate) const ROUTES: [&str; 16] = [
         KEY,
         AFFINITY,
         HEALTHZ,
@@ -129,6 +144,10 @@ pub mod paths {
         RETRY_QUEUE,
         INSTANCES,
         NEAR_CACHE,
+        FLEET,
+        STATUS_PAGE,
+        STATUS_SCRIPT,
+        STATUS_STYLE,
     ];
 }
 
@@ -179,6 +198,10 @@ fn admin_routes() -> Router<AppState> {
         .route(paths::RETRY_QUEUE, get(handlers::retry_queue))
         .route(paths::INSTANCES, get(instances::instances))
         .route(paths::NEAR_CACHE, get(handlers::near_cache))
+        .route(paths::FLEET, get(status_page::fleet))
+        .route(paths::STATUS_PAGE, get(status_page::page))
+        .route(paths::STATUS_SCRIPT, get(status_page::script))
+        .route(paths::STATUS_STYLE, get(status_page::style))
 }
 
 /// The fallbacks, the latency layer and the state around `routes`.

@@ -12,6 +12,7 @@ use super::handlers;
 use super::instances;
 use super::openapi_edge::Edge;
 use super::problem::{Code, Problem};
+use super::status_page;
 use crate::heal::queue::{EntryView, NodeState, NodeView, RetryQueueView};
 use crate::publish::{CopyOutcome, CopyReport, PublishReport};
 
@@ -20,7 +21,7 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
 #[openapi(
     info(
         title = "hotsplit",
-        description = "Split copies of hot Redis values with versioned publish and client-affine, monotonic reads. Every route is served on `server.listen` unless `[admin] listen` is set: then /healthz, /readyz, /metrics, /v1/classes, /v1/lag, /v1/routing, /v1/retry-queue, /v1/instances and /v1/near-cache are served on the admin address only (404 on `server.listen`), and the keys, /v1/affinity and this document on `server.listen` only. With `server.tls_cert_file` both listeners speak HTTPS only."
+        description = "Split copies of hot Redis values with versioned publish and client-affine, monotonic reads. Every route is served on `server.listen` unless `[admin] listen` is set: then /healthz, /readyz, /metrics, /v1/classes, /v1/lag, /v1/routing, /v1/retry-queue, /v1/instances, /v1/near-cache, /v1/fleet and the status page (/status, /status/status.js, /status/status.css) are served on the admin address only (404 on `server.listen`), and the keys, /v1/affinity and this document on `server.listen` only. With `server.tls_cert_file` both listeners speak HTTPS only."
     ),
     paths(
         handlers::publish_key,
@@ -33,17 +34,21 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         handlers::retry_queue,
         instances::instances,
         handlers::near_cache,
+        status_page::fleet,
+        status_page::page,
+        status_page::script,
+        status_page::style,
         handlers::healthz,
         handlers::readyz,
         handlers::metrics,
         serve,
     ),
-    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::heal::layout::LayoutMismatch, crate::store::LayoutWriter, crate::near::NearCacheView, crate::near::HotCopy)),
+    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::heal::layout::LayoutMismatch, crate::store::LayoutWriter, crate::near::NearCacheView, crate::near::HotCopy, crate::status::FleetView, crate::status::FleetMember, crate::status::InstanceStatus, crate::status::ClassBudget, crate::status::FamilyStatus)),
     modifiers(&Edge),
     tags(
         (name = "keys", description = "Publish, invalidate and read split keys"),
         (name = "routing", description = "Read classes, replica lag and where reads were served"),
-        (name = "operations", description = "Health, readiness, metrics, the retry queue, the near cache and this document")
+        (name = "operations", description = "Health, readiness, metrics, the retry queue, the near cache, the instances, the status page and this document")
     )
 )]
 pub struct ApiDoc;

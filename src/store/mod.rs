@@ -446,6 +446,34 @@ pub trait Store: Send + Sync + 'static {
     /// As [`Store::read_layout`].
     fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>>;
 
+    /// Stores instance `id`'s status summary (`crate::status::InstanceStatus` as JSON) for
+    /// `ttl_ms` from now, where the other instances' `GET /v1/fleet` reads it
+    /// (`registry::status_key`). Default: kept nowhere (a store only one instance uses).
+    ///
+    /// # Errors
+    /// As [`Store::register_instance`].
+    fn publish_status<'a>(
+        &'a self,
+        id: &'a str,
+        summary: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        let _ = (id, summary, ttl_ms);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The status summaries stored for `ids`, in order: `None` where none is (it lapsed, or the
+    /// instance runs a release that publishes none). Default: none for any id.
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`].
+    fn instance_statuses<'a>(
+        &'a self,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<String>>>> {
+        Box::pin(async move { Ok(vec![None; ids.len()]) })
+    }
+
     /// Deletes copies (removed by shrinking a family), each on its own node, concurrently.
     /// Returns how many existed.
     ///

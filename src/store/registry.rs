@@ -7,7 +7,9 @@
 //! hash's time to live is what decides whether an instance is registered: a member whose hash
 //! has expired is dropped from the set when the registry is next listed. Both keys carry the hash
 //! tag `{fleet}`, so they live in one slot (one node) of a cluster, and start with `#`, so they
-//! are no user key, copy key or counter key. The embedded store keeps the same records in
+//! are no user key, copy key or counter key. Beside each record, `#hotsplit#{fleet}#status#<id>`
+//! holds the instance's status summary for the status page (`crate::status`), with the same
+//! time to live. The embedded store keeps the same records in
 //! memory (a one-instance registry). The deployment's session key lives beside them.
 
 use serde::Serialize;
@@ -34,6 +36,12 @@ pub const INSTANCE_FIELDS: [&str; 7] = [
 /// The store key of the record of instance `id`.
 pub fn instance_key(id: &str) -> String {
     format!("#hotsplit#{{fleet}}#instance#{id}")
+}
+
+/// The store key of instance `id`'s status summary (`crate::status`): a JSON string the
+/// instance rewrites every heartbeat interval, living as long as its registry entry.
+pub fn status_key(id: &str) -> String {
+    format!("#hotsplit#{{fleet}}#status#{id}")
 }
 
 /// What one instance says about itself in the registry.
@@ -131,6 +139,8 @@ mod tests {
         };
         assert_eq!(tag(INSTANCES_KEY), tag(&instance_key("1-a")));
         assert_eq!(tag(INSTANCES_KEY), tag(SESSION_KEY_KEY));
+        assert_eq!(tag(INSTANCES_KEY), tag(&status_key("1-a")));
         assert!(INSTANCES_KEY.starts_with('#') && instance_key("1-a").starts_with('#'));
+        assert!(status_key("1-a").starts_with('#'));
     }
 }

@@ -678,6 +678,22 @@ impl Store for RedisStore {
         Box::pin(self.shared_session_key(candidate))
     }
 
+    fn publish_status<'a>(
+        &'a self,
+        id: &'a str,
+        summary: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.store_status(id, summary, ttl_ms))
+    }
+
+    fn instance_statuses<'a>(
+        &'a self,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<String>>>> {
+        Box::pin(self.stored_statuses(ids))
+    }
+
     fn library_name(&self) -> Option<&'static str> {
         Some(self.functions.name)
     }

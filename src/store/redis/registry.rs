@@ -4,17 +4,20 @@
 //! `DEL` and `ZREM` to leave. The deployment's session key is `GET`, else `SET NX` and `GET`.
 //! Beside them, who wrote each family's layout record: `HSET` and `HMGET` of
 //! `#hotsplit#layout-writer#<family>` (`store::layout_writer_key`).
+//! An instance's status summary is one `SET PX` per heartbeat, read with one `GET` per id.
 //! Every key carries the `{fleet}` hash tag, so in a cluster the
 //! registry is one slot on one node, and the least-privilege ACL needs no command it did not
 //! already grant.
 
 use fred::interfaces::{HashesInterface, KeysInterface, SortedSetsInterface};
-use fred::types::{SetOptions, Value};
+use fred::types::{Expiration, SetOptions, Value};
 use futures_util::future::join_all;
 
 use super::RedisStore;
 use crate::error::{Error, ErrorKind, Result};
-use crate::store::registry::{instance_key, INSTANCES_KEY, INSTANCE_FIELDS, SESSION_KEY_KEY};
+use crate::store::registry::{
+    instance_key, status_key, INSTANCES_KEY, INSTANCE_FIELDS, SESSION_KEY_KEY,
+};
 use crate::store::{
     layout_writer_key, now_unix_ms, valid_live_instance, InstanceRecord, LayoutWriter,
     LAYOUT_WRITER_FIELDS,
@@ -174,5 +177,43 @@ impl RedisStore {
         }
         records.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(records)
+    }
+
+    /// Stores instance `id`'s status summary for `ttl_ms`. The body of
+    /// [`crate::store::Store::publish_status`].
+    pub(super) async fn store_status(&self, id: &str, summary: &str, ttl_ms: u64) -> Result<()> {
+        if !valid_live_instance(id) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("invalid instance id {id:?}"),
+            ));
+        }
+        let key = status_key(id);
+        let ttl = i64::try_from(ttl_ms.max(1)).unwrap_or(i64::MAX);
+        self.client
+            .set::<Value, _, _>(
+                key.as_str(),
+                summary,
+                Some(Expiration::PX(ttl)),
+                None,
+                false,
+            )
+            .await
+            .map_err(|err| self.fail(format_args!("write of {key}"), &err))?;
+        Ok(())
+    }
+
+    /// Reads the status summaries of `ids`, all at once (one `GET` each: the keys share a slot,
+    /// but the least-privilege ACL grants `GET`, not `MGET`). The body of
+    /// [`crate::store::Store::instance_statuses`].
+    pub(super) async fn stored_statuses(&self, ids: &[String]) -> Result<Vec<Option<String>>> {
+        let reads = ids.iter().map(|id| async move {
+            let key = status_key(id);
+            self.client
+                .get::<Option<String>, _>(key.as_str())
+                .await
+                .map_err(|err| self.fail(format_args!("read of {key}"), &err))
+        });
+        join_all(reads).await.into_iter().collect()
     }
 }
