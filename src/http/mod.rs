@@ -87,10 +87,12 @@ pub mod paths {
     pub const STATUS_SCRIPT: &str = "/status/status.js";
     /// The status page's stylesheet.
     pub const STATUS_STYLE: &str = "/status/status.css";
+    /// The status page's icon.
+    pub const STATUS_ICON: &str = "/status/favicon.svg";
 
     /// The operator views: served to tokens with the `admin` scope (when tokens are
     /// configured). Add a new admin endpoint here.
-    pub(crate) const ADMIN: [&str; 11] = [
+    pub(crate) const ADMIN: [&str; 12] = [
         METRICS,
         CLASSES,
         LAG,
@@ -102,6 +104,7 @@ pub mod paths {
         STATUS_PAGE,
         STATUS_SCRIPT,
         STATUS_STYLE,
+        STATUS_ICON,
     ];
 
     /// The load balancers' probes and the API's own description, which never need a token.
@@ -131,7 +134,7 @@ pub mod paths {
     };
 
     /// Every template, in the latency table's order.
-    pub(crate) const ROUTES: [&str; 16] = [
+    pub(crate) const ROUTES: [&str; 17] = [
         KEY,
         AFFINITY,
         HEALTHZ,
@@ -148,6 +151,7 @@ pub mod paths {
         STATUS_PAGE,
         STATUS_SCRIPT,
         STATUS_STYLE,
+        STATUS_ICON,
     ];
 }
 
@@ -202,6 +206,7 @@ fn admin_routes() -> Router<AppState> {
         .route(paths::STATUS_PAGE, get(status_page::page))
         .route(paths::STATUS_SCRIPT, get(status_page::script))
         .route(paths::STATUS_STYLE, get(status_page::style))
+        .route(paths::STATUS_ICON, get(status_page::icon))
 }
 
 /// The fallbacks, the latency layer and the state around `routes`.

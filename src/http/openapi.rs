@@ -21,7 +21,7 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
 #[openapi(
     info(
         title = "hotsplit",
-        description = "Split copies of hot Redis values with versioned publish and client-affine, monotonic reads. Every route is served on `server.listen` unless `[admin] listen` is set: then /healthz, /readyz, /metrics, /v1/classes, /v1/lag, /v1/routing, /v1/retry-queue, /v1/instances, /v1/near-cache, /v1/fleet and the status page (/status, /status/status.js, /status/status.css) are served on the admin address only (404 on `server.listen`), and the keys, /v1/affinity and this document on `server.listen` only. With `server.tls_cert_file` both listeners speak HTTPS only."
+        description = "Split copies of hot Redis values with versioned publish and client-affine, monotonic reads. Every route is served on `server.listen` unless `[admin] listen` is set: then /healthz, /readyz, /metrics, /v1/classes, /v1/lag, /v1/routing, /v1/retry-queue, /v1/instances, /v1/near-cache, /v1/fleet and the status page (/status, /status/status.js, /status/status.css, /status/favicon.svg) are served on the admin address only (404 on `server.listen`), and the keys, /v1/affinity and this document on `server.listen` only. With `server.tls_cert_file` both listeners speak HTTPS only."
     ),
     paths(
         handlers::publish_key,
@@ -38,6 +38,7 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         status_page::page,
         status_page::script,
         status_page::style,
+        status_page::icon,
         handlers::healthz,
         handlers::readyz,
         handlers::metrics,

@@ -1,5 +1,5 @@
-//! The live status page on the admin routes: `GET /status` (the HTML), its script and its
-//! stylesheet (embedded in the binary with `include_str!`: no build step, no CDN), and
+//! The live status page on the admin routes: `GET /status` (the HTML), its script, its
+//! stylesheet and its icon (embedded in the binary with `include_str!`: no build step, no CDN), and
 //! `GET /v1/fleet`, the JSON the page polls (every instance's figures, `crate::status`).
 //!
 //! Every page answer carries [`CONTENT_SECURITY_POLICY`]: scripts, styles and fetches from
@@ -24,6 +24,8 @@ const PAGE: &str = include_str!("status_page/index.html");
 const SCRIPT: &str = include_str!("status_page/status.js");
 /// Its stylesheet.
 const STYLE: &str = include_str!("status_page/status.css");
+/// Its icon (without one, browsers ask for `/favicon.ico` and log the 404 as an error).
+const ICON: &str = include_str!("status_page/favicon.svg");
 
 /// `body` as `content_type` with the page's security headers.
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -81,6 +83,17 @@ pub async fn style() -> Response {
     asset("text/css; charset=utf-8", STYLE)
 }
 
+/// The status page's icon.
+#[utoipa::path(
+    get,
+    path = "/status/favicon.svg",
+    tag = "operations",
+    responses((status = 200, description = "The status page's icon", body = String, content_type = "image/svg+xml"))
+)]
+pub async fn icon() -> Response {
+    asset("image/svg+xml", ICON)
+}
+
 /// Every registered instance with its figures: retry queue, replica lag against the class
 /// budgets, reads served by primaries by reason, near cache, families and layouts. This
 /// instance's figures are live; the others' are the last each published into the store (every
@@ -108,6 +121,7 @@ mod tests {
         let page = super::PAGE;
         assert!(page.contains(r#"<script src="status/status.js" defer></script>"#));
         assert!(page.contains(r#"<link rel="stylesheet" href="status/status.css">"#));
+        assert!(page.contains(r#"<link rel="icon" href="status/favicon.svg""#));
         assert_eq!(page.matches("<script").count(), 1);
         assert!(!page.contains("<style") && !page.contains("javascript:"));
         assert!(!page.contains("http:") && !page.contains("https:"));

@@ -7,6 +7,7 @@
 mod audit;
 mod auth;
 mod binary;
+mod browser;
 mod check;
 mod client_lib;
 mod conformance;
@@ -29,6 +30,7 @@ mod route;
 mod session;
 mod spool;
 mod startup;
+mod status_page;
 mod telemetry;
 mod upgrade;
 mod versions;
