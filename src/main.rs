@@ -304,8 +304,9 @@ fn check(args: CheckArgs) -> ExitCode {
     let result = runtime.block_on(async move {
         let cancel = tokio_util::sync::CancellationToken::new();
         let on_signal = cancel.clone();
+        let signal = shutdown_signal();
         tokio::spawn(async move {
-            shutdown_signal().await;
+            signal.await;
             eprintln!("hotsplit check: interrupted; stopping and killing the servers it started");
             on_signal.cancel();
         });
@@ -607,6 +608,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             Ok(service) => service.reload_on_hangup(source, Some(log_filter), log_overridden),
             Err(err) => return Err(Startup::Build(err)),
         };
+        // Before the port is taken: a SIGTERM as soon as the port answers must find its handler.
+        let shutdown = shutdown_signal();
         let listeners = match service.bind().await {
             Ok(listeners) => listeners,
             Err(err) => {
@@ -615,7 +618,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             }
         };
         service
-            .serve_on(listeners, shutdown_signal())
+            .serve_on(listeners, shutdown)
             .await
             .map_err(Startup::Serve)
     });
@@ -762,27 +765,40 @@ fn token_from(file: Option<&std::path::Path>) -> Result<Option<String>, String> 
     Ok(Some(token.to_owned()))
 }
 
-/// Resolves on ctrl-c or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %err, "cannot listen for ctrl-c");
-            std::future::pending::<()>().await;
-        }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+/// Resolves on ctrl-c or SIGTERM. Both handlers are installed when this is called, not when the
+/// future is first polled: a signal that finds no handler ends the process with its default
+/// action, so `serve` calls this before it binds, and a SIGTERM that arrives as soon as
+/// `/readyz` answers drains instead of killing. Call it inside the runtime.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{signal, SignalKind};
+    let interrupt = signal(SignalKind::interrupt());
+    let terminate = signal(SignalKind::terminate());
+    async move {
+        let interrupt = async {
+            match interrupt {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot listen for ctrl-c");
+                    std::future::pending::<()>().await;
+                }
             }
-            Err(err) => {
-                tracing::error!(error = %err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
+        };
+        let terminate = async {
+            match terminate {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot listen for SIGTERM");
+                    std::future::pending::<()>().await;
+                }
             }
+        };
+        tokio::select! {
+            () = interrupt => tracing::info!("ctrl-c received"),
+            () = terminate => tracing::info!("SIGTERM received"),
         }
-    };
-    tokio::select! {
-        () = ctrl_c => tracing::info!("ctrl-c received"),
-        () = terminate => tracing::info!("SIGTERM received"),
     }
 }

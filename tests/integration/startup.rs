@@ -177,3 +177,53 @@ async fn startup_a_spool_locked_by_another_instance_exits_1_before_the_port_is_b
     );
     assert!(bound(owner_port));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_a_sigterm_as_soon_as_the_port_accepts_drains_and_exits_0() {
+    // The SIGTERM handler must be in place before the port is bound: a SIGTERM that finds none
+    // ends the process by the signal's default action, with no drain. The moment after the bind
+    // is the narrowest; each round aims a SIGTERM at it.
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..5 {
+        let port = SocketAddr::from(([127, 0, 0, 1], harness::free_port()));
+        let mut serve = Serve::spawn(
+            dir.path(),
+            &format!("early-term-{round}"),
+            &format!("[server]\nlisten = \"{port}\"\ndrain_delay = \"0s\"\n"),
+        );
+        let started = std::time::Instant::now();
+        // A connection to a port nobody holds is refused at once on loopback, so this loop
+        // notices the bind within a connect's round trip.
+        while TcpStream::connect(port).is_err() {
+            assert!(
+                serve.exited().is_none(),
+                "hotsplit exited before binding: {}",
+                serve.stderr()
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "hotsplit did not bind {port} within 30 s"
+            );
+            std::thread::yield_now();
+        }
+        // SAFETY: sending SIGTERM to our own child process.
+        unsafe { libc::kill(serve.child.id() as libc::pid_t, libc::SIGTERM) };
+        let mut status = None;
+        harness::poll(
+            "hotsplit exits after SIGTERM",
+            Duration::from_secs(30),
+            || {
+                status = serve.exited();
+                std::future::ready(status.is_some())
+            },
+        )
+        .await;
+        let status = status.expect("exited");
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "round {round}: a SIGTERM right after the bind must drain and exit 0, not end the process by its default action ({status}): {}",
+            serve.stderr()
+        );
+    }
+}
