@@ -323,7 +323,7 @@ impl Reader {
         let client_floor = floor;
         let floor = floor.max(plan.held_floor());
         let near = self
-            .near_max_age(&plan, &request.copy)
+            .near_max_age(&plan)
             .and_then(|max_age| Some((self.near.as_ref()?, max_age)));
         let (first, near_cache_age, high_water) = match near {
             Some((near, max_age)) => {

@@ -400,6 +400,9 @@ pub struct Staleness {
     pub stale: usize,
     /// For stale reads: how long the returned version had already been superseded.
     pub behind: Percentiles,
+    /// For every read: how long the returned version had already been superseded when the read
+    /// started (0 for a read of the newest acknowledged version).
+    pub every: Percentiles,
 }
 
 /// Staleness: for each read that returned version `v` and started at `s`, the newest version
@@ -416,12 +419,14 @@ pub fn staleness(events: &[Event]) -> Staleness {
     }
     let mut reads = 0;
     let mut behind = Vec::new();
+    let mut every = Vec::new();
     for read in events {
         let Some(version) = read.read_version() else {
             continue;
         };
         reads += 1;
         let Some(list) = acks.get(read.key.as_str()) else {
+            every.push(0);
             continue;
         };
         let superseded_at = list
@@ -429,14 +434,19 @@ pub fn staleness(events: &[Event]) -> Staleness {
             .filter(|(end, newer)| *end <= read.start_us && *newer > version)
             .map(|(end, _)| *end)
             .min();
-        if let Some(since) = superseded_at {
-            behind.push(read.start_us - since);
+        match superseded_at {
+            Some(since) => {
+                behind.push(read.start_us - since);
+                every.push(read.start_us - since);
+            }
+            None => every.push(0),
         }
     }
     Staleness {
         reads,
         stale: behind.len(),
         behind: Percentiles::of(behind),
+        every: Percentiles::of(every),
     }
 }
 
@@ -733,6 +743,9 @@ mod tests {
         assert_eq!((report.reads, report.stale), (3, 1));
         // Version 2 was acknowledged at 105; the read at 300 was 195 µs behind.
         assert_eq!(report.behind.max_ms, 0.195);
+        // Every read counts in `every`: the two fresh ones at 0.
+        assert_eq!((report.every.count, report.every.p50_ms), (3, 0.0));
+        assert_eq!(report.every.max_ms, 0.195);
     }
 
     #[test]

@@ -44,6 +44,9 @@ impl Mode {
 pub struct ModeResult {
     /// The mode.
     pub mode: Mode,
+    /// Whether the service under test answered from its near cache (a second service on the
+    /// same cluster, `[near_cache] enabled = true`).
+    pub near_cache: bool,
     /// Reads that returned a version.
     pub reads: usize,
     /// Reads answered 404 by a tombstone naming its version (`Hotsplit-Version`): the monotonic
@@ -65,6 +68,15 @@ pub struct ModeResult {
     pub stale_reads: usize,
     /// How long the version a stale read returned had already been superseded.
     pub stale_behind: Percentiles,
+    /// The measured staleness of every read that returned a version: how long the version it
+    /// returned had been superseded by an acknowledged write when it started (0 when current).
+    pub staleness: Percentiles,
+    /// The budget of the readers' class (`advisory`), milliseconds: what `staleness` is judged
+    /// against.
+    pub budget_ms: f64,
+    /// Copy reads (`HMGET`) per second Redis served during the phase, every node together
+    /// (the direct sampler's reads included, the same in every row).
+    pub redis_reads_per_s: f64,
     /// Writers' reads of their own key that returned an older version than they had written.
     pub read_your_writes_violations: usize,
     /// Loads from the source of truth caused by misses.
@@ -96,6 +108,15 @@ impl ModeResult {
             outside + self.monotonic_violations_in_loss_windows
         } else {
             outside
+        }
+    }
+
+    /// The mode's name, marked when the near cache answered.
+    pub fn label(&self) -> String {
+        if self.near_cache {
+            format!("{} (near cache)", self.mode.as_str())
+        } else {
+            self.mode.as_str().to_owned()
         }
     }
 
@@ -154,7 +175,7 @@ impl CheckReport {
             if judged > 0 {
                 failures.push(format!(
                     "{} mode broke monotonic reads {judged} times{} ({} same copy, {} across copies, {} replica/primary)",
-                    mode.mode.as_str(),
+                    mode.label(),
                     if mode.mode == Mode::Floor {
                         ""
                     } else {
@@ -168,7 +189,7 @@ impl CheckReport {
             if mode.read_your_writes_violations > 0 {
                 failures.push(format!(
                     "{} mode broke read-your-writes {} times",
-                    mode.mode.as_str(),
+                    mode.label(),
                     mode.read_your_writes_violations
                 ));
             }
@@ -188,16 +209,16 @@ impl CheckReport {
     pub fn markdown(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "## Modes (seed {})\n", self.seed);
-        let _ = writeln!(out, "| mode | verdict | reads | monotonic-read violations | same copy | across copies | replica/primary | in loss windows | read-your-writes violations | stale reads | stale by, p99 (ms) | extra source loads | convergence p99 (ms) | copy rollbacks |");
+        let _ = writeln!(out, "| mode | verdict | reads | monotonic-read violations | same copy | across copies | replica/primary | in loss windows | read-your-writes violations | stale reads | stale by, p99 (ms) | staleness of every read p50 / p99 / max (ms) | class budget (ms) | Redis copy reads/s | extra source loads | convergence p99 (ms) | copy rollbacks |");
         let _ = writeln!(
             out,
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for mode in &self.modes {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {} |",
-                mode.mode.as_str(),
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} / {:.1} / {:.1} | {:.0} | {:.0} | {} | {:.1} | {} |",
+                mode.label(),
                 mode.verdict(),
                 mode.reads,
                 mode.all_monotonic_violations(),
@@ -208,6 +229,11 @@ impl CheckReport {
                 mode.read_your_writes_violations,
                 mode.stale_reads,
                 mode.stale_behind.p99_ms,
+                mode.staleness.p50_ms,
+                mode.staleness.p99_ms,
+                mode.staleness.max_ms,
+                mode.budget_ms,
+                mode.redis_reads_per_s,
                 mode.source_loads,
                 mode.convergence.p99_ms,
                 mode.copy_rollbacks
@@ -241,6 +267,10 @@ pub(super) fn judge(mode: Mode, events: &[Event], loss_windows: &[(u64, u64)]) -
     let staleness = checkers::staleness(events);
     ModeResult {
         mode,
+        near_cache: false,
+        staleness: staleness.every,
+        budget_ms: 250.0,
+        redis_reads_per_s: 0.0,
         reads: staleness.reads,
         invalidated_reads: events
             .iter()

@@ -9,6 +9,12 @@
 //! violations, stale reads, source loads and convergence per mode. A presence experiment asks
 //! "is the claim held?" through the `advisory` and `decides-on-presence` read classes while a
 //! replica's replication is paused, and counts wrong decisions.
+//!
+//! The `affine` and `floor` modes run twice: against the service with its near cache off, and
+//! against a second service on the same cluster with it on (the rows marked "near cache"), each
+//! row with the measured staleness of every read against the readers' class budget and the copy
+//! reads per second Redis served. The presence experiment runs with the cache off: it measures
+//! replica lag, which a cache answering writes through the instance would hide.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -81,6 +87,8 @@ pub(super) struct Experiment {
     pub(super) copies: u32,
     /// How long each phase runs.
     pub(super) phase_length: Duration,
+    /// Appended to each mode's key names, so the near-cache rows write keys of their own.
+    pub(super) key_tag: &'static str,
     /// Cancelled on ctrl-c or SIGTERM: a phase then stops early.
     pub(super) shutdown: CancellationToken,
 }
@@ -235,10 +243,21 @@ pub async fn run(
         ),
     )?;
     config.auth.tokens_file = Some(tokens_file.clone());
+    // The same service with its near cache on, for the near-cache rows; a spool of its own.
+    let mut near_config = config.clone();
+    near_config.near_cache.enabled = true;
+    let near_spool = spool.with_extension("near");
+    near_config.heal.spool_dir = near_spool.clone();
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
+    let near_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let near_base = format!("http://{}", near_listener.local_addr()?);
     let service_stop = CancellationToken::new();
     let service = tokio::spawn(hotsplit::server::run(listener, config, {
+        let stop = service_stop.clone();
+        async move { stop.cancelled().await }
+    }));
+    let near_service = tokio::spawn(hotsplit::server::run(near_listener, near_config, {
         let stop = service_stop.clone();
         async move { stop.cancelled().await }
     }));
@@ -255,10 +274,12 @@ pub async fn run(
         .build()
         .map_err(|err| Error::new(ErrorKind::Io, format!("http client: {err}")))?;
     wait_ready(&http, &base).await?;
+    wait_ready(&http, &near_base).await?;
     say("setup: waiting until hotsplit measures the lag of all three replicas");
     wait_replicas_measured(&http, &base).await?;
+    wait_replicas_measured(&http, &near_base).await?;
 
-    let phases = Mode::ALL.len() as u32 + 1;
+    let phases = (Mode::ALL.len() + NEAR_CACHE_MODES.len()) as u32 + 1;
     let phase_length = (options.duration / phases).max(Duration::from_secs(2));
     let experiment = Experiment {
         http,
@@ -270,19 +291,52 @@ pub async fn run(
         copies: options.copies,
         phase_length,
         shutdown: shutdown.clone(),
+        key_tag: "",
     };
+    let near_experiment = Experiment {
+        http: experiment.http.clone(),
+        base: near_base,
+        cluster: experiment.cluster.clone(),
+        recorder: recorder.clone(),
+        keys: options.keys,
+        readers: options.readers,
+        copies: options.copies,
+        phase_length,
+        shutdown: shutdown.clone(),
+        key_tag: "-near",
+    };
+    let runs = Mode::ALL.into_iter().map(|mode| (mode, &experiment)).chain(
+        NEAR_CACHE_MODES
+            .into_iter()
+            .map(|mode| (mode, &near_experiment)),
+    );
     let mut modes = Vec::new();
-    for (index, mode) in Mode::ALL.into_iter().enumerate() {
+    for (index, (mode, experiment)) in runs.enumerate() {
         if shutdown.is_cancelled() {
             break;
         }
-        say(mode.as_str());
+        let near_cache = !experiment.key_tag.is_empty();
+        let name = format!("{}{}", mode.as_str(), experiment.key_tag);
+        say(&name);
         let mut rng = StdRng::seed_from_u64(options.seed.wrapping_add(index as u64));
+        let reads_before = copy_reads(&experiment.cluster);
+        let phase_started = Instant::now();
         let loss_windows = experiment.run_mode(mode, &mut rng).await;
+        // A node restarted by the faults starts its counts again: its reads since the restart.
+        let reads: u64 = copy_reads(&experiment.cluster)
+            .iter()
+            .zip(&reads_before)
+            .map(|(after, before)| if after >= before { after - before } else { *after })
+            .sum();
+        let reads_per_s = reads as f64 / phase_started.elapsed().as_secs_f64().max(0.001);
         let events = recorder.take();
-        write_history(&options, mode.as_str(), &events)?;
-        modes.push(judge(mode, &events, &loss_windows));
+        write_history(&options, &name, &events)?;
+        let mut result = judge(mode, &events, &loss_windows);
+        result.near_cache = near_cache;
+        result.redis_reads_per_s = reads_per_s;
+        modes.push(result);
     }
+    drop(near_experiment);
     say("presence");
     let presence = experiment.presence().await;
     write_history(&options, "presence", &recorder.take())?;
@@ -292,9 +346,11 @@ pub async fn run(
     let _ = ticker.await;
     service_stop.cancel();
     let _ = service.await;
+    let _ = near_service.await;
     drop(experiment);
     let _ = std::fs::remove_dir_all(&spool);
     let _ = std::fs::remove_file(&tokens_file);
+    let _ = std::fs::remove_dir_all(&near_spool);
     let report = CheckReport {
         seed: options.seed,
         modes,
@@ -307,6 +363,30 @@ pub async fn run(
         std::fs::write(dir.join("summary.json"), summary)?;
     }
     Ok(report)
+}
+
+/// The modes that run a second time against the service with its near cache on.
+const NEAR_CACHE_MODES: [Mode; 2] = [Mode::Affine, Mode::Floor];
+
+/// Copy reads (`HMGET` calls) each node of `cluster` has served so far, in node order; a node
+/// that does not answer counts 0.
+fn copy_reads(cluster: &Cluster) -> Vec<u64> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            node.cli(&["INFO", "commandstats"])
+                .ok()
+                .and_then(|stats| {
+                    stats
+                        .lines()
+                        .find_map(|line| line.strip_prefix("cmdstat_hmget:calls="))
+                        .and_then(|rest| rest.split(',').next())
+                        .and_then(|calls| calls.parse::<u64>().ok())
+                })
+                .unwrap_or(0)
+        })
+        .collect()
 }
 
 /// Polls `ready` every 50 ms until it holds; after `limit`, an error saying `what` did not happen.

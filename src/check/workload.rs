@@ -27,7 +27,7 @@ impl Experiment {
         let phase = self.phase();
         let phase_length = self.phase_length;
         let keys: Vec<String> = (0..self.keys)
-            .map(|k| format!("check:{}:{k}", mode.as_str()))
+            .map(|k| format!("check:{}{}:{k}", mode.as_str(), self.key_tag))
             .collect();
         // The source of truth: each key's current version.
         let source: Arc<Vec<AtomicU64>> =

@@ -1,9 +1,10 @@
 //! The read path's use of the near cache: hits, single-flight fills, floors and high-water
 //! versions.
 //!
-//! A read uses the near cache when its class has a near-cache max age, it names no copy (named
-//! copies are for operators, who want what Redis holds) and no request pin sends it to the
-//! primary (a pin has no version an entry could be checked against). Then, for the affine copy:
+//! A read uses the near cache when its class has a near-cache max age and no request pin sends
+//! it to the primary (a pin has no version an entry could be checked against); a read of a named
+//! copy uses that copy's entry like an affine read (an operator who wants what Redis holds names
+//! the `primary` class). Then, for the affine (or named) copy:
 //! 1. an entry whose age bound is within the class's max age and whose version meets every
 //!    floor the read carries answers (a hit); a hit past `near_cache.refresh_ahead` of the max
 //!    age also starts a background refresh;
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt};
 
-use super::{breach, Consulted, CopyChoice, Decision, ReadAnswer, Reader};
+use super::{breach, Consulted, Decision, ReadAnswer, Reader};
 use crate::error::Result;
 use crate::key::{CopyKey, Key, Version};
 use crate::near::{Filled, Lookup, NearCache};
@@ -67,11 +68,9 @@ fn below(record: Option<&CopyRecord>, floor: Option<Version>) -> bool {
 impl Reader {
     /// The max age at which this read may be answered from the near cache, `None` when it may
     /// not be.
-    pub(super) fn near_max_age(&self, plan: &Plan, copy: &CopyChoice) -> Option<Duration> {
+    pub(super) fn near_max_age(&self, plan: &Plan) -> Option<Duration> {
         self.near.as_ref()?;
-        if matches!(copy, CopyChoice::Named(_))
-            || plan.route == PlanRoute::Primary(RouteReason::RequestPin)
-        {
+        if plan.route == PlanRoute::Primary(RouteReason::RequestPin) {
             return None;
         }
         self.router.classes().get(plan.class).near_cache
@@ -374,7 +373,7 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::near::{NearCacheConfig, NearMetrics};
     use crate::publish::{Publisher, VersionChoice};
-    use crate::read::ReadRequest;
+    use crate::read::{CopyChoice, ReadRequest};
     use crate::route::Router;
     use crate::store::memory::MemoryStore;
     use crate::store::now_unix_ms;
@@ -526,7 +525,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn request_pins_named_copies_and_primary_classes_bypass_the_cache() {
+    async fn request_pins_and_primary_classes_bypass_the_cache_and_named_copies_use_it() {
         let fixture = fixture();
         publish(&fixture, 5).await;
         fixture
@@ -538,7 +537,7 @@ mod tests {
         assert_eq!(read(&fixture, &pinned).await.unwrap(), (5, false));
         let mut named = request("alice");
         named.copy = CopyChoice::Named(3);
-        assert_eq!(read(&fixture, &named).await.unwrap(), (5, false));
+        assert_eq!(read(&fixture, &named).await.unwrap(), (5, true));
         let mut primary = request("alice");
         primary.class = Some("primary".into());
         assert_eq!(read(&fixture, &primary).await.unwrap(), (5, false));

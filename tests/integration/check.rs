@@ -38,7 +38,7 @@ fn short_check(seed: &str) {
             .as_array()
             .unwrap()
             .iter()
-            .find(|mode| mode["mode"] == name)
+            .find(|mode| mode["mode"] == name && mode["near_cache"] == false)
             .unwrap()
             .clone()
     };
@@ -71,6 +71,41 @@ fn short_check(seed: &str) {
     }
     let floor = mode("floor");
     assert_eq!(violations(&floor), 0, "seed {seed}: {floor}");
+    // The same two modes against a service answering from its near cache: judged by the same
+    // rules, with the staleness of every read and Redis's copy reads measured.
+    let near_rows: Vec<Value> = summary["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|mode| mode["near_cache"] == true)
+        .cloned()
+        .collect();
+    let names: Vec<&str> = near_rows
+        .iter()
+        .map(|mode| mode["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["affine", "floor"], "seed {seed}");
+    for row in &near_rows {
+        assert!(row["reads"].as_u64().unwrap() > 0, "seed {seed}: {row}");
+        let outside = violations(row)
+            - row["monotonic_violations_in_loss_windows"]
+                .as_u64()
+                .unwrap();
+        assert_eq!(outside, 0, "seed {seed}: {row}");
+        assert_eq!(
+            row["read_your_writes_violations"].as_u64(),
+            Some(0),
+            "{row}"
+        );
+        assert!(row["staleness"]["count"].as_u64().unwrap() > 0, "{row}");
+        assert!(row["redis_reads_per_s"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    assert_eq!(
+        violations(&near_rows[1]),
+        0,
+        "seed {seed}: {}",
+        near_rows[1]
+    );
     for name in ["random-suffix", "affine", "floor", "delete"] {
         let judged = mode(name);
         assert_eq!(
