@@ -148,8 +148,13 @@ fn data_headers(
             ),
             (
                 "Hotsplit-Route",
-                "class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor",
+                "class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor, then ;source=near-cache;age_ms=N for an answer from the instance's near cache",
                 None,
+            ),
+            (
+                "Age",
+                "Near-cache answers only: the entry's age bound in whole seconds",
+                Some("^[0-9]+$"),
             ),
             (
                 "Vary",
