@@ -326,7 +326,13 @@ pub async fn run(
         let reads: u64 = copy_reads(&experiment.cluster)
             .iter()
             .zip(&reads_before)
-            .map(|(after, before)| if after >= before { after - before } else { *after })
+            .map(|(after, before)| {
+                if after >= before {
+                    after - before
+                } else {
+                    *after
+                }
+            })
             .sum();
         let reads_per_s = reads as f64 / phase_started.elapsed().as_secs_f64().max(0.001);
         let events = recorder.take();
