@@ -1,8 +1,9 @@
 //! The near cache on real Redis: reads answered from memory never go backwards (a copy set back
 //! by hand, a lagging replica), an invalidation racing a read in flight, floors and pins that go
 //! to Redis, decision reads that never use it, expiry, writes through the instance seen at once,
-//! one Redis read for 1,000 concurrent misses (`INFO commandstats`: data reads are `HMGET`), and
-//! the byte bound under a flood of distinct keys.
+//! one Redis read for 1,000 concurrent misses (`INFO commandstats`: data reads are `HMGET`), the
+//! byte bound under a flood of distinct keys, and a SIGHUP that lowers a class's budget below its
+//! near-cache max age (through the binary).
 
 use std::time::Duration;
 
@@ -14,7 +15,8 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 use crate::harness::{
-    self, config_from_toml, get_json, hgetall, metrics_text, poll, publish_expecting, Service,
+    self, config_from_toml, get_json, hgetall, metrics_text, poll, publish_expecting, Binary,
+    Service,
 };
 use crate::route::{hmget_calls, put, read, Read};
 
@@ -487,4 +489,124 @@ async fn the_byte_bound_holds_under_a_flood_of_distinct_keys() {
     assert!(view["entries"].as_u64().unwrap() > 0, "{view}");
     assert!(view["bytes"].as_u64().unwrap() <= max_bytes, "{view}");
     assert!(view["high_water_records"].as_u64().unwrap() > 0, "{view}");
+}
+
+/// The `advisory` class's near-cache max age as `/v1/classes` lists it (`None` when off or
+/// unreadable).
+async fn advisory_near_max_age_ms(http: &reqwest::Client, base: &str) -> Option<u64> {
+    let classes = get_json(http, &format!("{base}/v1/classes")).await;
+    classes
+        .as_array()?
+        .iter()
+        .find(|class| class["name"] == "advisory")?["near_cache_max_age_ms"]
+        .as_u64()
+}
+
+/// The age bound of a near-cache answer (`;age_ms=N` of `Hotsplit-Route`), `None` for an answer
+/// from Redis.
+fn near_age_ms(read: &Read) -> Option<u64> {
+    read.route
+        .split_once(";source=near-cache;age_ms=")?
+        .1
+        .split(';')
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_lowers_the_budget_keeps_every_cached_answer_within_the_new_max_age() {
+    let server = harness::shared_standalone();
+    let dir = tempfile::tempdir().unwrap();
+    // The advisory class with `budget`, its near-cache max age left to the default (half the
+    // budget) or set to `max_age`.
+    let config = |budget: &str, max_age: Option<&str>| {
+        let max_age = max_age
+            .map(|age| format!("near_cache_max_age = \"{age}\"\n"))
+            .unwrap_or_default();
+        format!(
+            "[store]\nredis = \"{url}\"\ncommand_timeout = \"{timeout}\"\n[classes.advisory]\nroute = \"replica\"\nreason = \"shown to people\"\nstaleness_budget = \"{budget}\"\n{max_age}[[family]]\nprefix = \"nr:\"\ncopies = 1\nttl = \"10m\"\ndefault_class = \"advisory\"\n",
+            url = server.url(),
+            timeout = harness::command_timeout_toml()
+        )
+    };
+    let binary = Binary::start(dir.path(), "near-reload", &config("4s", None)).await;
+    let base = binary.base.clone();
+    let path = dir.path().join("near-reload.toml");
+    // `Binary::spawn` wrote its `[server]` section (listen, grace) before the config; a reload
+    // keeps it.
+    let written = std::fs::read_to_string(&path).unwrap();
+    let server_section = &written[..written.find("[store]").unwrap()];
+    let reload = |budget: &str, max_age: Option<&str>| {
+        let text = format!("{server_section}{}", config(budget, max_age));
+        std::fs::write(&path, text).unwrap();
+        // SAFETY: sending SIGHUP to our own child process.
+        unsafe { libc::kill(binary.child.id() as libc::pid_t, libc::SIGHUP) };
+    };
+    let http = reqwest::Client::new();
+    assert_eq!(advisory_near_max_age_ms(&http, &base).await, Some(2_000));
+    publish_expecting(&http, &base, "nr:k", 1, "one", StatusCode::OK).await;
+    let url = format!("{base}/v1/keys/nr:k?client=alice");
+
+    // The entry ages past what the lower budget will allow, still served under the 2 s max age.
+    poll(
+        "a near-cache answer 300 ms old",
+        Duration::from_secs(10),
+        || async { near_age_ms(&read(&http, &url, &[]).await).is_some_and(|age| age >= 300) },
+    )
+    .await;
+
+    // A budget of 200 ms: the default max age follows it down to 100 ms, and from the reload on
+    // no answer from the cache is older than that, the entry filled under the old one included.
+    reload("200ms", None);
+    poll(
+        "the new max age is listed",
+        Duration::from_secs(10),
+        || async { advisory_near_max_age_ms(&http, &base).await == Some(100) },
+    )
+    .await;
+    let mut from_cache = 0;
+    for _ in 0..200 {
+        let answer = read(&http, &url, &[]).await;
+        assert_eq!(
+            (answer.status, answer.body.as_str()),
+            (StatusCode::OK, "one")
+        );
+        if let Some(age) = near_age_ms(&answer) {
+            assert!(
+                age <= 100,
+                "served {age} ms old after the reload: {}",
+                answer.route
+            );
+            from_cache += 1;
+        }
+    }
+    assert!(from_cache > 0, "the cache stays on at the new max age");
+
+    // A max age set above the new budget is a config error: the file is refused whole and the
+    // 100 ms max age stays.
+    reload("100ms", Some("150ms"));
+    let log = dir.path().join("near-reload.log");
+    poll("the reload is refused", Duration::from_secs(10), || async {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("config reload refused"))
+    })
+    .await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let refused = text
+        .lines()
+        .find(|line| line.contains("config reload refused"))
+        .unwrap();
+    assert!(
+        refused.contains("classes.advisory.near_cache_max_age"),
+        "{refused}"
+    );
+    assert_eq!(advisory_near_max_age_ms(&http, &base).await, Some(100));
+    for _ in 0..50 {
+        let answer = read(&http, &url, &[]).await;
+        assert!(
+            near_age_ms(&answer).is_none_or(|age| age <= 100),
+            "{}",
+            answer.route
+        );
+    }
 }
