@@ -22,14 +22,23 @@
 //! ratios. Output, one line each on stdout (`scripts/bench-side-by-side.sh` parses it):
 //! `read/<side>: <reads/s> reads/s …` and `read/ratio/hotsplit_vs_<side>: <ratio> …`.
 //!
+//! Beside the throughput, one task then reads each side `ALLOCATION_READS` times in a row with
+//! the bench's counting allocator on, and prints the heap allocations per read of each side
+//! (the whole process's: fred's connection task and the timers included) as
+//! `read/allocations/<side>: …`, and the size of the future one `Reader::read` is as
+//! `read/future_bytes/hotsplit: …`, beside fred's own `HMGET` future
+//! (`read/future_bytes/fred_hmget: …`). The counter is off during the throughput runs (one relaxed
+//! load per allocation).
+//!
 //! Run with `cargo bench --bench read` (3 rounds of 5 s per side, about a minute), or e.g.
 //! `cargo bench --bench read -- --duration 2s --rounds 1 --concurrency 64 --copies 16
 //! --value-bytes 512 --warm-up 500ms`. Without `--bench` (as `cargo test --benches` runs it) it
 //! does one round of 100 ms per side as a smoke test.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::error::Error;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,6 +71,53 @@ const PLAIN_KEY: &str = "plain:1";
 
 /// The key of the `hotsplit` side.
 const HOT_KEY: &str = "hot:1";
+
+/// How many reads in a row each side makes while its allocations are counted.
+const ALLOCATION_READS: usize = 2_000;
+
+/// Whether the counting allocator counts (only while one task reads in a row).
+static COUNTING: AtomicBool = AtomicBool::new(false);
+
+/// The allocations (and reallocations) counted while `COUNTING` is on.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting allocations while `COUNTING` is on.
+struct CountingAllocator;
+
+// SAFETY: every call is passed on to `System` unchanged; the counter has no effect on memory.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's guarantees are `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's guarantees are `System`'s.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's guarantees are `System`'s.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's guarantees are `System`'s.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 /// What one run measures, from the command line.
 #[derive(Debug, Clone)]
@@ -296,6 +352,26 @@ async fn throughput(
     Ok(reads as f64 / started.elapsed().as_secs_f64())
 }
 
+/// The heap allocations per read of `side`: one task reads `ALLOCATION_READS` times in a row
+/// (after as many uncounted reads) with the counter on.
+async fn allocations_per_read(fixture: &Fixture, side: Side) -> Result<f64, Box<dyn Error>> {
+    for turn in 0..ALLOCATION_READS {
+        fixture.read_once(side, 0, turn).await?;
+    }
+    ALLOCATIONS.store(0, Ordering::Relaxed);
+    COUNTING.store(true, Ordering::Relaxed);
+    let mut result = Ok(());
+    for turn in 0..ALLOCATION_READS {
+        result = fixture.read_once(side, 0, turn).await;
+        if result.is_err() {
+            break;
+        }
+    }
+    COUNTING.store(false, Ordering::Relaxed);
+    result?;
+    Ok(ALLOCATIONS.load(Ordering::Relaxed) as f64 / ALLOCATION_READS as f64)
+}
+
 /// The median of `values` (the mean of the middle two for an even count).
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -332,6 +408,27 @@ fn run() -> Result<(), Box<dyn Error>> {
             }
             eprintln!("{line}");
         }
+        for side in Side::ALL {
+            let allocations = allocations_per_read(&fixture, side).await?;
+            println!(
+                "read/allocations/{}: {allocations:.1} per read (one task, {ALLOCATION_READS} reads in a row, the whole process)",
+                side.name()
+            );
+        }
+        let read = fixture.reader.read(&fixture.requests[0][0]);
+        println!(
+            "read/future_bytes/hotsplit: {} bytes (the future of one Reader::read)",
+            std::mem::size_of_val(&read)
+        );
+        drop(read);
+        let hmget = fixture
+            .client
+            .hmget::<Value, _, _>(fixture.copy_key.as_str(), COPY_FIELDS.to_vec());
+        println!(
+            "read/future_bytes/fred_hmget: {} bytes (the future of one fred HMGET)",
+            std::mem::size_of_val(&hmget)
+        );
+        drop(hmget);
         Ok::<(), Box<dyn Error>>(())
     })?;
     runtime.shutdown_timeout(Duration::from_secs(1));

@@ -5,6 +5,9 @@
 #      both as CONNECTIONS concurrent tasks;
 #   2. the HTTP affine read (wrk, keep-alive) against redis-benchmark GET at the same concurrency,
 #      and against a minimal HTTP->Redis GET proxy (benches/proxy_baseline.rs) under the same wrk;
+#   2b. the near cache's targets (scripts/bench-near.sh): the HTTP read of a hot advisory key
+#      with the near cache on against the static HTTP ceiling, and off against the minimal
+#      proxy; the Redis reads one hot key causes at 10k and 50k reads/s; RSS after a flood;
 #   3. each master's share of a hot key's reads on a 3x3 cluster, unsplit (1 copy) and with
 #      SHARE_COPIES copies, counted by Redis itself (INFO commandstats, cmdstat_hmget);
 #   4. publish to N = 1, 8, 16, 32 copies on a 3x3 cluster against N concurrent SETs and against
@@ -25,6 +28,8 @@
 #   READ_DURATION=5s [1s], READ_WARM_UP=1s [300ms], READ_ROUNDS=3 [1]: the library read bench
 #   SHARE_COPIES=16      copies of the split key in the share run (beside 1 copy)
 #   SHARE_DURATION=5s [2s], SHARE_CLIENT_IDS=1024 [256]: wrk per key of the share run, ids per thread
+#   NEAR_RATES="10000 50000"  fixed read rates of the near cache's Redis-reads run, RATE_DURATION=10s [3s]
+#   FLOOD_KEYS=300000 [50000], FLOOD_DURATION=30s [3s]: the near cache's flood of distinct keys
 #   PUBLISH_ARGS=""      extra criterion arguments of the publish run
 #                        [--warm-up-time 0.5 --measurement-time 1 --sample-size 10 --nresamples 10000]
 #
@@ -239,6 +244,11 @@ PROXY_RPS=$(wrk_field "$WORK/wrk-proxy.txt" rps)
 PROXY_P50=$(wrk_field "$WORK/wrk-proxy.txt" p50)
 PROXY_P99=$(wrk_field "$WORK/wrk-proxy.txt" p99)
 
+# --- 2b. the near cache's targets (scripts/bench-near.sh) ---------------------------------------
+# shellcheck source=scripts/bench-near.sh
+source "$ROOT/scripts/bench-near.sh"
+near_cache_part
+
 # --- 3. each master's share of a hot key's reads on a 3x3 cluster -----------------------------
 start_cluster
 
@@ -364,6 +374,7 @@ Value: $VALUE_BYTES bytes. Concurrency: $CONNECTIONS everywhere. Took $((SECONDS
 - hotsplit RSS after the read load: $RSS_MIB MiB (peak $(mib "$HWM_KB"), idle $(mib "$RSS_IDLE_KB")).
 - hotsplit read outcomes: ${READS:-none}. Non-2xx answers: ${HTTP_BAD:-0}.
 
+${NEAR_SECTION}
 ### 3. Each master's share of a hot key's reads (3x3 cluster, INFO commandstats cmdstat_hmget)
 
 | Master | copies of \`one:1\` | its share of \`one:1\` reads | copies of \`hot:1\` | its share of \`hot:1\` reads |
@@ -386,7 +397,7 @@ ${PUBLISH_ROWS}
 | HTTP affine read vs redis-benchmark GET, $CONNECTIONS connections | $HTTP_RPS req/s | $REDIS_RPS ops/s | ${READ_RATIO}× | ≥ 0.5× — $(verdict "$READ_RATIO" 0.5 ">=") |
 | HTTP affine read vs minimal HTTP→Redis GET proxy | $HTTP_RPS req/s | $PROXY_RPS req/s | $(ratio "$HTTP_RPS" "$PROXY_RPS")× | – |
 | Minimal proxy vs redis-benchmark GET (the HTTP ceiling) | $PROXY_RPS req/s | $REDIS_RPS ops/s | $(ratio "$PROXY_RPS" "$REDIS_RPS")× | – |
-${PUBLISH_SUMMARY}| Hottest master's share of reads, 1 copy, vs an even share | $SHARE1_MAX % | $EVEN_SHARE % | $(ratio "$SHARE1_MAX" "$EVEN_SHARE")× | – |
+${NEAR_SUMMARY}${PUBLISH_SUMMARY}| Hottest master's share of reads, 1 copy, vs an even share | $SHARE1_MAX % | $EVEN_SHARE % | $(ratio "$SHARE1_MAX" "$EVEN_SHARE")× | – |
 | Hottest master's share of reads, $SHARE_COPIES copies, vs an even share | $SHARE16_MAX % | $EVEN_SHARE % | $(ratio "$SHARE16_MAX" "$EVEN_SHARE")× | – |
 | hotsplit RSS after the read load | $RSS_MIB MiB | 64 MiB | $(ratio "$RSS_MIB" 64)× | < 1× — $(verdict "$RSS_MIB" 64 "<=") |
 EOF
