@@ -266,6 +266,8 @@ pub struct Metrics {
     spool_damaged_regions: Counter,
     /// Bytes skipped in them.
     spool_skipped_bytes: Counter,
+    /// The spool writer's group commits (one `fdatasync` each), handed to the spool.
+    spool_syncs: Counter,
     /// 1 when a family's recorded layout differs from this instance's config.
     layout_mismatch: Family<FamilyLabels, Gauge>,
 }
@@ -404,6 +406,11 @@ impl Metrics {
             Unit::Bytes,
             Counter::default(),
         );
+        let spool_syncs: Counter = register(
+            &mut registry,
+            "spool_syncs",
+            "Group commits of the retry spool: each fdatasync that made a batch of appended records durable",
+        );
 
         let layout_mismatch: Family<FamilyLabels, Gauge> = register(
             &mut registry,
@@ -423,6 +430,7 @@ impl Metrics {
             spool_bytes,
             spool_damaged_regions,
             spool_skipped_bytes,
+            spool_syncs,
             registry: std::sync::Mutex::new(registry),
             publish_outcomes,
             invalidate_outcomes,
@@ -510,6 +518,11 @@ impl Metrics {
     pub fn spool_damage(&self, regions: u64, skipped_bytes: u64) {
         self.spool_damaged_regions.inc_by(regions);
         self.spool_skipped_bytes.inc_by(skipped_bytes);
+    }
+
+    /// The counter of the spool's group commits, for the spool's writer to increment.
+    pub(crate) fn spool_syncs(&self) -> Counter {
+        self.spool_syncs.clone()
     }
 
     /// Counts one pending entry replaced by a newer version.

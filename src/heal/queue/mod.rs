@@ -149,7 +149,7 @@ impl RetryQueue {
     ) -> Result<RetryQueue> {
         // The largest record: a value, its key, and up to 1024 (index, expiry) pairs.
         let max_frame = max_value_bytes + 64 * 1024;
-        let (spool, replay) = Spool::open(&config.spool_dir, max_frame)?;
+        let (spool, replay) = Spool::open(&config.spool_dir, max_frame, metrics.spool_syncs())?;
         RetryQueue::with_spool(config, metrics, spool, replay, node_of)
     }
 
