@@ -137,8 +137,46 @@ p_ms() {
         printf "%.2f\n", v * f }' "$WORK/wrk-$1.txt"
 }
 statuses() { awk '/^statuses:/ { $1 = ""; sub(/^ /, ""); print }' "$WORK/wrk-$1.txt"; }
+# scrape NAME: saves hotsplit's /metrics as $WORK/metrics-NAME.txt.
+scrape() { curl -fsS --max-time 5 "$BASE/metrics" >"$WORK/metrics-$1.txt" || die "cannot read /metrics"; }
+# counter_delta FROM TO METRIC: how much METRIC (summed over its labels) grew between two scrapes.
+counter_delta() {
+    awk -v m="$3" 'FNR == 1 { f++ } $1 ~ "^" m "({|$)" { s[f] += $NF } END { printf "%.0f\n", s[2] - s[1] }' \
+        "$WORK/metrics-$1.txt" "$WORK/metrics-$2.txt"
+}
+# method_latency FROM TO METHOD: from hotsplit's request-latency histogram (every route and status
+# of METHOD), between two scrapes: "requests, the bucket holding the p99 (≤ X ms), share over
+# 50 ms". The buckets double (…, 25.6, 51.2, 102.4 ms …), so the p99 is an upper bound.
+method_latency() {
+    awk -v method="$3" '
+        FNR == 1 { f++ }
+        $1 ~ /^hotsplit_http_request_duration_seconds_bucket/ && index($1, "method=\"" method "\"") {
+            le = $1; sub(/.*le="/, "", le); sub(/".*/, "", le)
+            if (le == "+Inf") { all[f] += $NF; next }
+            if (!((le + 0) in seen)) { seen[le + 0] = 1; order[++k] = le + 0 }
+            n[f, le + 0] += $NF
+        }
+        END {
+            count = all[2] - all[1]
+            if (count <= 0) { print "0 requests"; exit }
+            for (i = 2; i <= k; i++) {
+                v = order[i]
+                for (j = i - 1; j >= 1 && order[j] > v; j--) order[j + 1] = order[j]
+                order[j + 1] = v
+            }
+            p99 = sprintf("> %g ms", order[k] * 1000); over = 0
+            for (i = 1; i <= k; i++) {
+                below = n[2, order[i]] - n[1, order[i]]
+                if (p99 ~ /^>/ && below >= 0.99 * count) p99 = sprintf("≤ %g ms", order[i] * 1000)
+                if (order[i] <= 0.0512) over = count - below
+            }
+            printf "%d requests, p99 %s, %.2f %% over 51.2 ms\n", count, p99, 100 * over / count
+        }' "$WORK/metrics-$1.txt" "$WORK/metrics-$2.txt"
+}
 
+scrape before
 load unfaulted "$DURATION"
+scrape unfaulted
 
 # --- the fault ------------------------------------------------------------------------------------
 VICTIM=${MASTER_PORTS[0]}
@@ -156,7 +194,9 @@ done
 log "SIGSTOP of master 127.0.0.1:$VICTIM (pid $VICTIM_PID), which owns $VICTIM_COPIES of $((KEYS * COPIES)) copies"
 kill -STOP "$VICTIM_PID"
 load onset 1s
+scrape onset
 load faulted "$DURATION"
+scrape faulted
 AVOIDED=$(curl -fsS --max-time 5 "$BASE/readyz" | jq -c '.nodes_avoided // []' || echo "?")
 DEPTH_PEAK=$(curl -fsS --max-time 5 "$BASE/v1/retry-queue?limit=0" | jq -r .depth || echo "?")
 kill -CONT "$VICTIM_PID"
@@ -212,4 +252,7 @@ wrk -t$THREADS -c$CONNECTIONS. Stopped: master 127.0.0.1:$VICTIM ($VICTIM_COPIES
 | every copy converged after SIGCONT | $DIVERGED of $KEYS keys diverged; $DROPS copies dropped | $([ "$DIVERGED" = 0 ] && [ "$DROPS" = 0 ] && echo ok || echo MISSED) |
 
 - At the end of the fault: /readyz nodes_avoided $AVOIDED, retry queue depth $DEPTH_PEAK.
+- hotsplit's own latency histogram, unfaulted run: GET $(method_latency before unfaulted GET); PUT $(method_latency before unfaulted PUT).
+- The same while stopped (after the first second): GET $(method_latency onset faulted GET); PUT $(method_latency onset faulted PUT).
+- Spool while stopped: $(counter_delta onset faulted hotsplit_spool_syncs_total) group commits (one fdatasync each) for the publishes answered 202 above, each of which waited for one.
 EOF
