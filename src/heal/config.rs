@@ -59,7 +59,8 @@ pub struct HealConfig {
     #[serde(with = "crate::duration")]
     pub probe_timeout: Duration,
     /// How many health probes in a row a healthy primary may miss, in rounds where another
-    /// primary answered (a round nobody answers is taken for a stall of this process), before
+    /// primary answered (a round nobody answers is taken for a stall of this process; a
+    /// standalone server's round counts unless this process stalled), before
     /// it is marked failing (its copy writes queue at once, its reads go to sibling copies, an allocation whose
     /// counter it holds answers 503 at once). 0 probes no healthy primary: only a command
     /// timeout marks a node failing. Default: 3, so one slow answer is not an outage.

@@ -3,7 +3,8 @@
 //!
 //! [`NodeHealth`] owns the state. A node becomes *failing* when a command on it times out
 //! ([`HealthStore`] sees every store result), or when it misses `heal.probe_misses` probes in a
-//! row: [`HealthProber`] also sends each healthy primary a `PING` every `heal.probe_interval`,
+//! row: [`HealthProber`] also sends each healthy primary (every master of a cluster, or the one
+//! standalone server) a `PING` every `heal.probe_interval`,
 //! so a stopped primary is known failing within a few probe intervals even when no command has
 //! waited out `store.command_timeout` on it yet. While it is failing, its copy writes are not sent
 //! (they fail at once with [`ErrorKind::NodeFailing`], so the publisher queues them and reports
@@ -314,6 +315,10 @@ impl Store for HealthStore {
         self.inner.topology()
     }
 
+    fn primaries(&self) -> Vec<NodeLabel> {
+        self.inner.primaries()
+    }
+
     fn write_copies_synced<'a>(
         &'a self,
         writes: &'a [CopyWrite],
@@ -493,14 +498,25 @@ impl Store for HealthStore {
             // siblings): the others must answer.
             let primaries: Vec<NodeLabel> = self
                 .inner
-                .topology()
+                .primaries()
                 .into_iter()
-                .map(|set| set.primary)
                 .filter(|node| !self.health.is_failing(node))
                 .collect();
             if primaries.is_empty() {
-                // Every primary is failing: the store is down, whatever the probes say later.
-                return self.inner.ping().await;
+                // Every primary is failing (a stopped standalone server, say): the store is down
+                // until a probe sees one answer, and a PING would wait out the command timeout.
+                let (failing, _) = self.health.unhealthy();
+                return Err(Error::new(
+                    ErrorKind::NodeFailing,
+                    format!(
+                        "every primary is failing: {}",
+                        failing
+                            .iter()
+                            .map(NodeLabel::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
             }
             let pings = primaries
                 .iter()
@@ -575,29 +591,39 @@ impl HealthProber {
 
     /// One round: a `PING` to every failing node and every healthy primary, at once; a
     /// recovering node with nothing queued becomes healthy; a healthy primary that missed
-    /// `misses_to_fail` probes in a row, in rounds where another primary answered, is marked
-    /// failing.
+    /// `misses_to_fail` probes in a row, in rounds that count, is marked failing. With several
+    /// primaries a round counts when another primary answered; a lone primary (a standalone
+    /// server) has none to compare with, and its round counts unless a reference timer run
+    /// beside the probes woke late (this process stalled).
     async fn tick(&self, misses: &mut HashMap<NodeLabel, u32>) {
         let (failing, recovering) = self.health.unhealthy();
-        let healthy: Vec<NodeLabel> = if self.misses_to_fail == 0 {
+        let primaries = if self.misses_to_fail == 0 {
             Vec::new()
         } else {
-            self.store
-                .topology()
-                .into_iter()
-                .map(|set| set.primary)
-                .filter(|node| !self.health.avoids_reads(node))
-                .collect()
+            self.store.primaries()
         };
+        let lone_primary = primaries.len() == 1;
+        let healthy: Vec<NodeLabel> = primaries
+            .into_iter()
+            .filter(|node| !self.health.avoids_reads(node))
+            .collect();
         let probes = failing
             .iter()
             .map(|node| async move { (node, self.answers(node).await) });
         let sweeps = healthy
             .iter()
             .map(|node| async move { (node, self.answers(node).await) });
-        let (probed, swept) = tokio::join!(
+        // Half the probe timeout: it wakes late by more than that only when this process (or
+        // its host) did not run for a while, and then a silent primary proves nothing.
+        let reference = async {
+            let started = Instant::now();
+            tokio::time::sleep(self.timeout / 2).await;
+            started.elapsed() > self.timeout
+        };
+        let (probed, swept, stalled) = tokio::join!(
             futures_util::future::join_all(probes),
-            futures_util::future::join_all(sweeps)
+            futures_util::future::join_all(sweeps),
+            reference
         );
         for (node, answered) in probed {
             if answered {
@@ -612,8 +638,14 @@ impl HealthProber {
         // A round in which no healthy primary answered says more about this process (a stall
         // on a loaded host) or its network than about any one node: it counts against none.
         // One stopped primary among answering ones is what this finds; when every primary
-        // stops answering, command timeouts still mark them.
-        if !swept.iter().any(|(_, answered)| *answered) {
+        // stops answering, command timeouts still mark them. A lone primary is judged by the
+        // reference timer instead.
+        let counts = if lone_primary {
+            !stalled
+        } else {
+            swept.iter().any(|(_, answered)| *answered)
+        };
+        if !counts {
             return self.settle(recovering);
         }
         for (node, answered) in swept {

@@ -438,7 +438,9 @@ pub struct Spool {
     commands: mpsc::UnboundedSender<Command>,
     /// The spool file's size in bytes (the end of its last good batch), kept by the writer.
     size: Arc<AtomicU64>,
-    /// The group commits' syncs, counted by the writer (`hotsplit_spool_syncs_total`).
+    /// The group commits' syncs, counted by the writer (`hotsplit_spool_syncs_total`); read
+    /// by tests.
+    #[cfg(test)]
     syncs: Counter,
     /// The directory, for messages.
     dir: PathBuf,
@@ -592,7 +594,10 @@ impl Spool {
             key,
             max_frame,
             size: size.clone(),
+            #[cfg(test)]
             syncs: syncs.clone(),
+            #[cfg(not(test))]
+            syncs,
             dirty: false,
             _lock: lock,
             #[cfg(test)]
@@ -606,6 +611,7 @@ impl Spool {
             Spool {
                 commands,
                 size,
+                #[cfg(test)]
                 syncs,
                 dir: dir.to_owned(),
             },
@@ -687,6 +693,7 @@ impl Spool {
     }
 
     /// How many batches of appends were synced so far (one `fdatasync` each).
+    #[cfg(test)]
     pub(crate) fn syncs(&self) -> u64 {
         self.syncs.get()
     }

@@ -264,6 +264,13 @@ pub trait Store: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Every primary this instance knows: the masters of a cluster, or the one standalone
+    /// server, with or without replicas (the health prober pings each). Default: the primaries
+    /// of [`Store::topology`].
+    fn primaries(&self) -> Vec<NodeLabel> {
+        self.topology().into_iter().map(|set| set.primary).collect()
+    }
+
     /// Applies each write like [`Store::write_copies`], on a connection dedicated to synced
     /// writes, then issues `WAIT replicas timeout_ms` on each written node through that same
     /// connection (WAIT counts only that connection's writes and blocks it). Returns, per write,

@@ -2,7 +2,8 @@
 //! does not stop startup, its copies queue and heal once it accepts the library; a paused seed
 //! among several costs one connect timeout, not the startup. A stopped master is failed fast
 //! around: its copies queue at once (`node_failing`), its reads go to siblings, and no reader
-//! goes back in time across the outage and the recovery.
+//! goes back in time across the outage and the recovery. A stopped standalone primary is probed
+//! and failed fast around the same way.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -389,5 +390,97 @@ async fn sick_an_allocation_whose_counter_is_on_a_stopped_master_answers_503_at_
         2,
         "the counter continues after the outage"
     );
+    service.stop().await;
+}
+
+/// A standalone primary without replicas is probed like a cluster's masters: stopped, it is
+/// marked failing after its missed probes although no command waits out the 30 s command
+/// timeout; a publish then queues every copy at once (`node_failing`), an allocation and a
+/// read answer 503 at once, and after SIGCONT the queued copies heal and it takes reads back.
+/// Fails if the prober skips a lone primary (nothing marks it within the test's bounds), or if
+/// the lone primary's probe rounds never count (no other primary answers beside it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sick_a_stopped_standalone_primary_is_probed_and_failed_fast_around() {
+    let server = tokio::task::spawn_blocking(|| devcluster::Standalone::start().unwrap())
+        .await
+        .unwrap();
+    let port = server.node.port();
+    let mut config = config_with_family(Some(&server.url()), "lone:", 4);
+    config.store.command_timeout = Duration::from_secs(30);
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    publish_expecting(&http, &base, "lone:1", 1, "one", StatusCode::OK).await;
+
+    server.node.pause().expect("SIGSTOP");
+    // Until it is marked, /readyz's own PING of the stopped server waits out the command
+    // timeout (each look is cut short); once it is marked, with no other primary to ping,
+    // /readyz answers 503 at once.
+    poll(
+        "the stopped standalone primary misses its probes and is marked failing",
+        Duration::from_secs(20),
+        || async {
+            let url = format!("{base}/readyz");
+            let answer = tokio::time::timeout(Duration::from_secs(2), get(&http, &url, &[])).await;
+            answer.is_ok_and(|answer| answer.status() == StatusCode::SERVICE_UNAVAILABLE)
+        },
+    )
+    .await;
+
+    // Far below the command timeout: an answer that waited on the stopped server fails here.
+    let at_once = Duration::from_secs(5);
+    let put = |path: &str, body: &'static str| {
+        let request = http.put(format!("{base}/v1/keys/{path}")).body(body).send();
+        tokio::time::timeout(at_once, request)
+    };
+    let answer = put("lone:1?version=2", "two")
+        .await
+        .expect("a publish answers without waiting out the command timeout")
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::ACCEPTED);
+    let report: Value = answer.json().await.unwrap();
+    let lines = report["outcomes"].as_array().unwrap();
+    assert_eq!(lines.len(), 4, "{report}");
+    for line in lines {
+        assert_eq!(line["outcome"], "queued", "{line}");
+        assert_eq!(line["error"], "node_failing", "{line}");
+    }
+    let refused = put("alloc:0", "one")
+        .await
+        .expect("an allocation answers without waiting out the command timeout")
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let read = tokio::time::timeout(
+        at_once,
+        get(&http, &format!("{base}/v1/keys/lone:1?client=t"), &[]),
+    )
+    .await
+    .expect("a read answers without waiting out the command timeout");
+    assert_eq!(read.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    server.node.resume().expect("SIGCONT");
+    // While every primary is failing /readyz is a 503 without `nodes_avoided`: ready again
+    // with none avoided means the server answered the probes and its queue was flushed.
+    poll(
+        "the server takes reads back once its queued copies are flushed",
+        Duration::from_secs(30),
+        || async {
+            let ready = get(&http, &format!("{base}/readyz"), &[]).await;
+            ready.status() == StatusCode::OK
+                && ready.json::<Value>().await.unwrap()["nodes_avoided"].is_null()
+        },
+    )
+    .await;
+    wait_drained(&http, &base).await;
+    for copy in 0..4 {
+        assert_eq!(
+            crate::heal::stored_version(port, &format!("lone:1#{copy}")),
+            2,
+            "copy {copy}"
+        );
+    }
+    let read = get(&http, &format!("{base}/v1/keys/lone:1?client=t"), &[]).await;
+    assert_eq!(read.status(), StatusCode::OK);
+    assert_eq!(harness::served_version(&read), 2);
     service.stop().await;
 }

@@ -516,6 +516,10 @@ impl Store for RedisStore {
         Some(self.placement().node_of(&key.counter_key()))
     }
 
+    fn primaries(&self) -> Vec<NodeLabel> {
+        RedisStore::primaries(self)
+    }
+
     fn ping_node<'a>(
         &'a self,
         node: &'a NodeLabel,
