@@ -2,7 +2,7 @@
 //!
 //! One [`Config`] is made of the sub-configs each subsystem owns, as linkerd's `app::Config` is:
 //! [`ServerConfig`] beside `http`, [`StoreConfig`] beside `store`, [`ReadConfig`] beside
-//! `read`, [`HealConfig`] beside `heal`, [`RouteConfig`] and [`ClassConfig`] beside `route`, and
+//! `read`, [`HealConfig`] and [`ScrubConfig`] beside `heal`, [`RouteConfig`] and [`ClassConfig`] beside `route`, and
 //! the family tables beside `family`. This module reads a TOML file (the binary then layers
 //! command-line flags and `HOTSPLIT_*` environment variables over it), runs each sub-config's
 //! own checks and the checks that span subsystems (a family's default class must exist in the
@@ -25,7 +25,7 @@ use crate::route::Classes;
 pub use crate::auth::AuthConfig;
 pub use crate::family::{DefaultFamilyConfig, FamilyConfig};
 pub use crate::fleet::{FleetConfig, SessionConfig};
-pub use crate::heal::HealConfig;
+pub use crate::heal::{HealConfig, ScrubConfig};
 pub use crate::http::config::AdminConfig;
 pub use crate::http::ServerConfig;
 pub use crate::near::NearCacheConfig;
@@ -47,6 +47,8 @@ pub struct Config {
     pub read: ReadConfig,
     /// Healing: the retry queue, its spool, read repair and expiry jitter.
     pub heal: HealConfig,
+    /// The anti-entropy scrub (Redis store only).
+    pub scrub: ScrubConfig,
     /// The family every key not matched by a prefix belongs to.
     pub default_family: DefaultFamilyConfig,
     /// Key families by prefix; the longest matching prefix wins.
@@ -131,6 +133,7 @@ impl Config {
         self.heal.validate()?;
         self.fleet.validate()?;
         self.session.validate()?;
+        self.scrub.validate()?;
         family::check_copies_and_ttl(
             "default_family",
             self.default_family.copies,
@@ -413,6 +416,7 @@ mod tests {
             ("[heal]\nmax_entries = 0", "heal.max_entries"),
             ("[heal]\nexpiry_jitter_max = 0.1", "heal.expiry_jitter_max"),
             ("[heal]\nbackoff_cap = \"1ms\"", "heal.backoff_cap"),
+            ("[scrub]\ninterval = \"1ms\"", "scrub.interval"),
             (
                 "[store]\nversion_retention = \"1m\"\n[heal]\nexpiry_jitter_min = -0.1",
                 "store.version_retention",

@@ -124,6 +124,16 @@ impl CopyKey {
         CopyKey { full, index }
     }
 
+    /// A stored key read back as a copy: a valid user key, `#` and a canonical decimal index
+    /// (`K#i`). `None` for anything else: a counter `K#v`, `foo#bar`, `K#01`, a layout record.
+    pub fn parse(stored: &str) -> Option<(Key, CopyKey)> {
+        let (base, index) = stored.rsplit_once(COPY_SEPARATOR)?;
+        let index: u32 = index.parse().ok()?;
+        let key = Key::parse(base).ok()?;
+        let copy_key = key.copy_key(index);
+        (copy_key.as_str() == stored).then_some((key, copy_key))
+    }
+
     /// The stored key, `K#i`.
     pub fn as_str(&self) -> &str {
         &self.full

@@ -615,15 +615,6 @@ fn breach(lag: Option<Duration>, budget: Duration) -> Error {
     )
 }
 
-/// Whether `record` comes after `held` in the copies' order: a higher version, or at an equal
-/// version a tombstone after a value (tombstones win ties, as in the compare-and-set).
-fn supersedes(record: &CopyRecord, held: &CopyRecord) -> bool {
-    record.version > held.version
-        || (record.version == held.version
-            && matches!(record.payload, Payload::Tombstone)
-            && matches!(held.payload, Payload::Value(_)))
-}
-
 /// The write that brings the affine copy up to the newest consulted sibling, when the affine copy
 /// answered and is missing or older (a failed read is not repaired: its node is unreachable). A
 /// sibling's tombstone at the affine copy's own version is newer than the affine value, so it is
@@ -642,13 +633,13 @@ fn repair_of(key: &Key, affine: u32, consulted: &[Consulted]) -> Option<CopyWrit
     let mut newest: Option<&CopyRecord> = None;
     for sibling in &consulted[1..] {
         if let Ok(Some(record)) = &sibling.read.record {
-            if newest.is_none_or(|newest| supersedes(record, newest)) {
+            if newest.is_none_or(|newest| record.supersedes(newest)) {
                 newest = Some(record);
             }
         }
     }
     let newest = newest?;
-    if held.is_some_and(|held| !supersedes(newest, held)) {
+    if held.is_some_and(|held| !newest.supersedes(held)) {
         return None;
     }
     Some(CopyWrite {
@@ -695,7 +686,7 @@ fn decide(
             Ok(Some(record)) => {
                 let newer = best
                     .as_ref()
-                    .is_none_or(|(_, _, held, _)| supersedes(&record, held));
+                    .is_none_or(|(_, _, held, _)| record.supersedes(held));
                 if newer {
                     best = Some((copy, read.served_by, record, reason));
                 }

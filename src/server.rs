@@ -29,7 +29,7 @@ use crate::fleet::session::{SessionKey, SessionMetrics};
 use crate::fleet::{LibraryRetirer, Registrar, Registry, RetireMetrics, Sessions};
 use crate::heal::{
     HealHandles, HealthProber, HealthStore, LayoutWatcher, Layouts, Liveness, NodeHealth, Repairer,
-    RetryQueue, RetryWorker,
+    RetryQueue, RetryWorker, ScrubStatus, Scrubber,
 };
 use crate::http::listener::{tls, ConnectionMetrics, Listener, ListenerMetrics, Role};
 use crate::http::{admin_router, data_router, router, AppParts, AppState, ServerConfig};
@@ -65,6 +65,8 @@ pub struct StateParts {
     pub registry: Arc<Registry>,
     /// The deployment's session key (`fleet::session`).
     pub session_key: SessionKey,
+    /// The scrub's figures (registered in `metrics`), for `GET /v1/scrub`.
+    pub scrub: Arc<ScrubStatus>,
 }
 
 impl StateParts {
@@ -83,6 +85,7 @@ impl StateParts {
             lag,
             registry,
             session_key,
+            scrub,
         } = self;
         let session_metrics = metrics.register_with(SessionMetrics::register);
         let sessions = Arc::new(Sessions::new(session_key, &config.session, session_metrics));
@@ -139,6 +142,7 @@ impl StateParts {
             heal: HealHandles {
                 retry_queue,
                 layouts,
+                scrub,
             },
             registry,
             sessions,
@@ -168,6 +172,7 @@ pub fn app_state(
         session_key: SessionKey::random(),
         store,
         retry_queue: Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
+        scrub: Arc::new(ScrubStatus::new(&metrics, false, "")),
         metrics,
         layouts: Layouts::unrecorded(),
         tracker: TaskTracker::new(),
@@ -280,6 +285,9 @@ struct Background {
     retirer: LibraryRetirer,
     /// Stores this instance's figures for the other instances' status pages.
     status_publisher: StatusPublisher,
+    /// Repairs copies missing or behind while it holds the lease; `None` on the embedded
+    /// store or with `scrub.enabled = false`.
+    scrubber: Option<Scrubber>,
 }
 
 impl Service {
@@ -333,6 +341,18 @@ impl Service {
             command_timeout: config.store.command_timeout,
         };
         let layouts = Layouts::reconcile(&*store, &families, &metrics, &liveness).await?;
+        // The scrub runs with Redis only: the embedded store never fails a copy write, so its
+        // copies never fall behind one another.
+        let scrubs = config.scrub.enabled && matches!(connected, Connected::Redis(_));
+        let scrub_status = Arc::new(ScrubStatus::new(&metrics, scrubs, &instance));
+        let scrubber = scrubs.then(|| Scrubber {
+            store: store.clone(),
+            families: families.clone(),
+            layouts: layouts.clone(),
+            status: scrub_status.clone(),
+            config: config.scrub.clone(),
+            instance: liveness.instance.clone(),
+        });
         let (retry_queue, purger, health_prober) = match connected {
             // The embedded store never fails a single copy write (a publish past its memory bound
             // is refused whole, before any copy changes): nothing to spool.
@@ -405,6 +425,7 @@ impl Service {
             layouts,
             tracker: tracker.clone(),
             lag: lag.clone(),
+            scrub: scrub_status,
         }
         .wire(&config);
         let (state, route_metrics) = match wired {
@@ -467,6 +488,7 @@ impl Service {
                     metrics: retire_metrics,
                 },
                 status_publisher,
+                scrubber,
             },
             registry,
             advertise: config.fleet.advertise.clone(),
@@ -597,6 +619,9 @@ impl Service {
         tracker.spawn(background.registrar.run(cancel.clone()));
         tracker.spawn(background.retirer.run(cancel.clone()));
         tracker.spawn(background.status_publisher.run(cancel.clone()));
+        if let Some(scrubber) = background.scrubber {
+            tracker.spawn(scrubber.run(cancel.clone()));
+        }
         if let Some(source) = config_source {
             // Registered here, before the port answers: a SIGHUP that found no handler would
             // end the process (its default action).

@@ -34,8 +34,7 @@ use super::RetryQueue;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
 use crate::store::{
-    CopyRead, CopyWrite, InstanceRecord, Layout, LayoutSwap, LayoutWriter, NodeLabel, ReplicaSet,
-    ServedBy, Store, WriteResult,
+    CopyRead, CopyRecord, CopyWrite, InstanceRecord, KeyPage, Layout, LayoutSwap, LayoutWriter, Lease, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
 };
 
 /// How long each healthy primary may take to answer the `PING` of `/readyz` while some node is
@@ -487,6 +486,44 @@ impl Store for HealthStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<String>>> {
         self.inner.scan_keys(pattern, limit)
+    }
+
+    fn read_copy_stored<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+    ) -> BoxFuture<'a, Result<Option<CopyRecord>>> {
+        Box::pin(async move {
+            let node = self.inner.node_of(copy_key);
+            if self.health.avoids_reads(&node) {
+                return Err(not_sent(&node, &format!("read of copy {copy_key}")));
+            }
+            let record = self.inner.read_copy_stored(copy_key).await;
+            self.observe(&node, &record);
+            record
+        })
+    }
+
+    fn scan_nodes(&self) -> Vec<NodeLabel> {
+        self.inner.scan_nodes()
+    }
+
+    fn scan_page<'a>(
+        &'a self,
+        node: &'a NodeLabel,
+        cursor: u64,
+        pattern: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Result<KeyPage>> {
+        self.inner.scan_page(node, cursor, pattern, count)
+    }
+
+    fn hold_lease<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Lease>> {
+        self.inner.hold_lease(name, holder, ttl_ms)
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<()>> {

@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
 use crate::family::{Families, Family};
-use crate::key::{CopyKey, Key, COPY_SEPARATOR};
+use crate::key::CopyKey;
 use crate::metrics::Metrics;
 use crate::store::{Layout, LayoutSwap, LayoutWriter, Store};
 use serde::Serialize;
@@ -493,7 +493,7 @@ pub struct LayoutWatcher {
 const SWEEP_SCAN_LIMIT: usize = 100_000;
 
 /// Escapes Redis glob metacharacters.
-fn glob_escape(text: &str) -> String {
+pub(super) fn glob_escape(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
     for c in text.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
@@ -520,13 +520,11 @@ async fn delete_copies_from(
     let removed: Vec<CopyKey> = keys
         .iter()
         .filter_map(|stored| {
-            let (base, index) = stored.rsplit_once(COPY_SEPARATOR)?;
-            let index: u32 = index.parse().ok()?;
-            let key = Key::parse(base).ok()?;
+            let (key, copy_key) = CopyKey::parse(stored)?;
+            let index = copy_key.index();
             let ours = families.resolve(&key).name() == name;
             let in_range = index >= from && to.is_none_or(|to| index < to);
-            (ours && in_range && key.copy_key(index).as_str() == stored)
-                .then(|| key.copy_key(index))
+            (ours && in_range).then_some(copy_key)
         })
         .collect();
     let mut deleted = 0;
@@ -705,6 +703,7 @@ impl LayoutWatcher {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::key::Key;
     use crate::store::memory::MemoryStore;
     use crate::store::CopyWrite;
 

@@ -13,6 +13,8 @@
 //! - [`repair`]: read repair of a stale or missing affine copy, off the request path.
 //! - [`layout`]: each family's copy layout recorded in the store, mismatch detection, and the
 //!   deletion of copies removed by a shrink.
+//! - [`scrub`]: anti-entropy: a background walk over the split families' keys that repairs
+//!   copies missing or behind a sibling (one instance at a time, through a lease).
 //! - [`jitter`]: per-copy expiry jitter, so the copies of a hot key do not expire together.
 
 pub mod config;
@@ -20,6 +22,7 @@ pub mod health;
 pub mod layout;
 pub mod queue;
 pub mod repair;
+pub mod scrub;
 pub mod spool;
 pub mod worker;
 
@@ -28,15 +31,19 @@ pub use health::{HealthProber, HealthStore, NodeHealth};
 pub use layout::{LayoutWatcher, Layouts, Liveness};
 pub use queue::{Admission, DropReason, FailedCopy, RetryQueue, RetryQueueView};
 pub use repair::Repairer;
+pub use scrub::{ScrubConfig, ScrubStatus, Scrubber};
 pub use worker::RetryWorker;
 
-/// The healing state the HTTP layer shows: the retry queue and the recorded layouts.
+/// The healing state the HTTP layer shows: the retry queue, the recorded layouts and the
+/// scrub.
 #[derive(Debug, Clone)]
 pub struct HealHandles {
     /// The retry queue, for `GET /v1/retry-queue` and its gauges.
     pub retry_queue: std::sync::Arc<RetryQueue>,
     /// Recorded family layouts, for the mismatches `/readyz` lists.
     pub layouts: std::sync::Arc<Layouts>,
+    /// The scrub's figures, for `GET /v1/scrub`.
+    pub scrub: std::sync::Arc<ScrubStatus>,
 }
 
 /// Per-copy expiry jitter.

@@ -12,6 +12,7 @@
 //! - `params`: the key, query and headers of a request, decoded strictly; repeated header
 //!   lines combined.
 //! - `problem`: [`problem::ApiError`], the problem+json answer, and the error-kind → code map.
+//! - `scrub`: `GET /v1/scrub`, the anti-entropy scrub's view.
 //! - `state`: [`AppState`], what the handlers share.
 //! - `auth`: the bearer-token check in front of every route (401, 403), by the route's scope.
 //! - `latency`: the layer around every request: request id and span, latency, `Retry-After`.
@@ -39,6 +40,7 @@ mod params;
 pub mod problem;
 mod request_id;
 mod session;
+pub mod scrub;
 mod state;
 pub mod status_page;
 
@@ -90,9 +92,12 @@ pub mod paths {
     /// The status page's icon.
     pub const STATUS_ICON: &str = "/status/favicon.svg";
 
+    /// The anti-entropy scrub.
+    pub const SCRUB: &str = "/v1/scrub";
+
     /// The operator views: served to tokens with the `admin` scope (when tokens are
     /// configured). Add a new admin endpoint here.
-    pub(crate) const ADMIN: [&str; 12] = [
+    pub(crate) const ADMIN: [&str; 13] = [
         METRICS,
         CLASSES,
         LAG,
@@ -105,6 +110,7 @@ pub mod paths {
         STATUS_SCRIPT,
         STATUS_STYLE,
         STATUS_ICON,
+        SCRUB,
     ];
 
     /// The load balancers' probes and the API's own description, which never need a token.
@@ -134,7 +140,7 @@ pub mod paths {
     };
 
     /// Every template, in the latency table's order.
-    pub(crate) const ROUTES: [&str; 17] = [
+    pub(crate) const ROUTES: [&str; 18] = [
         KEY,
         AFFINITY,
         HEALTHZ,
@@ -152,6 +158,7 @@ pub mod paths {
         STATUS_SCRIPT,
         STATUS_STYLE,
         STATUS_ICON,
+        SCRUB,
     ];
 }
 
@@ -207,6 +214,7 @@ fn admin_routes() -> Router<AppState> {
         .route(paths::STATUS_SCRIPT, get(status_page::script))
         .route(paths::STATUS_STYLE, get(status_page::style))
         .route(paths::STATUS_ICON, get(status_page::icon))
+        .route(paths::SCRUB, get(scrub::scrub))
 }
 
 /// The fallbacks, the latency layer and the state around `routes`.

@@ -39,17 +39,18 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         status_page::script,
         status_page::style,
         status_page::icon,
+        super::scrub::scrub,
         handlers::healthz,
         handlers::readyz,
         handlers::metrics,
         serve,
     ),
-    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::heal::layout::LayoutMismatch, crate::store::LayoutWriter, crate::near::NearCacheView, crate::near::HotCopy, crate::status::FleetView, crate::status::FleetMember, crate::status::InstanceStatus, crate::status::ClassBudget, crate::status::FamilyStatus)),
+    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::heal::layout::LayoutMismatch, crate::store::LayoutWriter, crate::near::NearCacheView, crate::near::HotCopy, crate::status::FleetView, crate::status::FleetMember, crate::status::InstanceStatus, crate::status::ClassBudget, crate::status::FamilyStatus, crate::heal::scrub::ScrubView, crate::heal::scrub::PassFigures)),
     modifiers(&Edge),
     tags(
         (name = "keys", description = "Publish, invalidate and read split keys"),
         (name = "routing", description = "Read classes, replica lag and where reads were served"),
-        (name = "operations", description = "Health, readiness, metrics, the retry queue, the near cache, the instances, the status page and this document")
+        (name = "operations", description = "Health, readiness, metrics, the retry queue, the near cache, the instances, the status page, the scrub and this document")
     )
 )]
 pub struct ApiDoc;

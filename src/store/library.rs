@@ -4,7 +4,7 @@
 //! Function names are global across libraries in Redis, so two releases can run side by side on
 //! one cluster (a rolling upgrade) only if each release calls functions of its own. The version
 //! is therefore part of every name: library `hotsplit_v2` registers `hotsplit_cas_v2`,
-//! `hotsplit_alloc_v2`, `hotsplit_layout_v2` and `hotsplit_live_v2`. The release before versioned
+//! `hotsplit_alloc_v2`, `hotsplit_layout_v2`, `hotsplit_live_v2` and `hotsplit_lease_v2`. The release before versioned
 //! names ran library `hotsplit` with `hotsplit_cas` …; it counts as version 1
 //! ([`LEGACY_LIBRARY_NAME`]).
 //!
@@ -37,6 +37,9 @@ pub const LAYOUT_FUNCTION: &str = "hotsplit_layout_v2";
 
 /// The refresh of one instance's entry in a family's live set.
 pub const LIVE_FUNCTION: &str = "hotsplit_live_v2";
+
+/// The lease of a fleet-wide job (the scrub's): one holder at a time.
+pub const LEASE_FUNCTION: &str = "hotsplit_lease_v2";
 
 /// The Lua source of [`LIBRARY_NAME`].
 pub const LIBRARY_SOURCE: &str = include_str!("redis/hotsplit.lua");
@@ -76,6 +79,9 @@ pub struct FunctionLibrary {
     pub layout: &'static str,
     /// The live-set refresh.
     pub live: &'static str,
+    /// The lease of fleet-wide jobs; `None` in version 1, which had none (an instance of that
+    /// release never scrubs).
+    pub lease: Option<&'static str>,
 }
 
 impl FunctionLibrary {
@@ -87,6 +93,7 @@ impl FunctionLibrary {
         alloc: ALLOC_FUNCTION,
         layout: LAYOUT_FUNCTION,
         live: LIVE_FUNCTION,
+        lease: Some(LEASE_FUNCTION),
     };
 
     /// The library of the release before versioned names (version 1), over its `source`
@@ -99,12 +106,16 @@ impl FunctionLibrary {
             alloc: "hotsplit_alloc",
             layout: "hotsplit_layout",
             live: "hotsplit_live",
+            lease: None,
         }
     }
 
     /// Every function name, in the order the source registers them.
-    pub fn functions(&self) -> [&'static str; 4] {
+    pub fn functions(&self) -> Vec<&'static str> {
         [self.cas, self.layout, self.alloc, self.live]
+            .into_iter()
+            .chain(self.lease)
+            .collect()
     }
 
     /// The library's version, from its name.

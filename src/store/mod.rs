@@ -115,6 +115,39 @@ pub struct CopyRecord {
     pub expire_at_ms: u64,
 }
 
+impl CopyRecord {
+    /// Whether this record comes after `held` in the copies' order: a higher version, or at an
+    /// equal version a tombstone after a value (tombstones win ties, as in the compare-and-set).
+    /// The expiry plays no part.
+    pub fn supersedes(&self, held: &CopyRecord) -> bool {
+        self.version > held.version
+            || (self.version == held.version
+                && matches!(self.payload, Payload::Tombstone)
+                && matches!(held.payload, Payload::Value(_)))
+    }
+}
+
+/// Who holds a named lease after [`Store::hold_lease`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lease {
+    /// The caller holds it now (taken or renewed), or released it.
+    Held,
+    /// Another holder has it; the caller's call changed nothing.
+    Taken {
+        /// The other holder's name.
+        holder: String,
+    },
+}
+
+/// One page of a scan of a node's keys ([`Store::scan_page`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyPage {
+    /// The cursor of the next page; 0 when the scan of the node is complete.
+    pub next: u64,
+    /// The keys of this page (a scan may return a key more than once).
+    pub keys: Vec<String>,
+}
+
 /// The version and kind of what a copy holds, without the value: what `hotsplit audit` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CopyStamp {
@@ -499,6 +532,66 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<String>>>;
 
+    /// Reads one copy from the node that owns it as stored, a record past its `exp` included
+    /// (which [`Store::read_copy`] reads as missing): the scrub tells a copy that expired on its
+    /// own jitter from one that missed an edit. The default is [`Store::read_copy`]'s record.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`], [`crate::ErrorKind::Timeout`] or
+    /// [`crate::ErrorKind::NodeFailing`] when the read fails.
+    fn read_copy_stored<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+    ) -> BoxFuture<'a, Result<Option<CopyRecord>>> {
+        Box::pin(async move { self.read_copy(copy_key).await.record })
+    }
+
+    /// The nodes a walk over every stored key visits: each primary. The default is the one
+    /// embedded store.
+    fn scan_nodes(&self) -> Vec<NodeLabel> {
+        vec![NodeLabel::embedded()]
+    }
+
+    /// One page of `SCAN cursor MATCH pattern COUNT count` on `node` (one of
+    /// [`Store::scan_nodes`]); cursor 0 starts a walk. The default answers every matching key
+    /// in one page ([`Store::scan_keys`]).
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`]; [`crate::ErrorKind::Unavailable`] for an unknown node.
+    fn scan_page<'a>(
+        &'a self,
+        node: &'a NodeLabel,
+        cursor: u64,
+        pattern: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Result<KeyPage>> {
+        let _ = (node, cursor, count);
+        Box::pin(async move {
+            Ok(KeyPage {
+                next: 0,
+                keys: self.scan_keys(pattern, usize::MAX).await?,
+            })
+        })
+    }
+
+    /// Takes or renews the lease `name` for `holder` (letters, digits, `-`, `_`, `.`; at most
+    /// 64) until `ttl_ms` from now when it is free or already `holder`'s; a `ttl_ms` of 0
+    /// releases it when `holder` has it. Used so one instance at a time runs a fleet-wide job
+    /// (the scrub). The default always answers [`Lease::Held`]: a store only one process uses
+    /// (the embedded one) has no one to share with.
+    ///
+    /// # Errors
+    /// As [`Store::read_layout`]; [`crate::ErrorKind::Config`] for an invalid `holder`.
+    fn hold_lease<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Lease>> {
+        let _ = (name, holder, ttl_ms);
+        Box::pin(async { Ok(Lease::Held) })
+    }
+
     /// Checks that the store answers.
     ///
     /// # Errors
@@ -648,6 +741,12 @@ impl LayoutWriter {
             written_ms: written_ms.as_deref()?.parse().ok()?,
         })
     }
+}
+
+/// The store key of the lease `name` (`#hotsplit#lease#<name>`, a string holding the holder's
+/// name, expiring with the lease). Like [`layout_key`] it starts with `#`.
+pub fn lease_key(name: &str) -> String {
+    format!("#hotsplit#lease#{name}")
 }
 
 /// The store key of the set of instances live in a family (a sorted set: member

@@ -252,7 +252,7 @@ impl RedisStore {
     }
 
     /// Sends one `FCALL`; on `ERR Function not found` reloads the library and retries once.
-    async fn fcall_reloading(
+    pub(super) async fn fcall_reloading(
         &self,
         function: &str,
         key: &str,

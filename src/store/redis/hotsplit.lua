@@ -1,8 +1,9 @@
 #!lua name=hotsplit_v2
 --[[
 hotsplit's Redis Functions library, version 2: the versioned compare-and-set of one copy, the
-per-key version counter, the layout record's compare-and-set and the live sets. Loaded on every
-primary by src/store/redis/library.rs, which includes this file verbatim (src/store/library.rs).
+per-key version counter, the layout record's compare-and-set, the live sets and the lease of
+fleet-wide jobs (the scrub). Loaded on every primary by src/store/redis/library.rs, which
+includes this file verbatim (src/store/library.rs).
 Function names are global across libraries, so every function is registered under a name with
 the `hotsplit_` prefix and this version's `_v2` suffix: another release's library registers other
 names, and both run side by side on one cluster. Any change to this file is a new version
@@ -285,7 +286,46 @@ local function hotsplit_live(keys, args)
   return others
 end
 
+--[[
+hotsplit_lease: KEYS[1] = a lease key (#hotsplit#lease#<name>, a string); ARGV = holder, ttl_ms.
+
+A lease that one instance at a time holds, so a fleet-wide job (the scrub) runs once, not once
+per instance. When the key is absent or holds holder, sets it to holder for ttl_ms (taken or
+renewed) and returns {"held", holder}; a ttl_ms of "0" deletes it instead (released, also
+{"held", holder}). When another holder has it, changes nothing and returns {"taken", other}.
+A holder that stalls past its ttl loses the lease to the next caller; its next renewal then
+answers "taken", so it never takes a lease back from a live holder.
+]]
+local function hotsplit_lease(keys, args)
+  if #keys ~= 1 then
+    return fail('hotsplit_lease', 'expects exactly one key, got', #keys)
+  end
+  if #args ~= 2 then
+    return fail('hotsplit_lease', 'expects 2 arguments (holder, ttl_ms), got', #args)
+  end
+  local key, holder, ttl_ms = keys[1], args[1], args[2]
+  if #holder > 64 or not string.find(holder, '^[%w%-_%.]+$') then
+    return fail('hotsplit_lease', 'holder is not 1..=64 letters, digits, -, _ or .:', holder)
+  end
+  if not is_millis(ttl_ms) or #ttl_ms > 12 then
+    return fail('hotsplit_lease', 'ttl_ms is not a canonical decimal of at most 12 digits:', ttl_ms)
+  end
+  local current = redis.call('GET', key)
+  if current and current ~= holder then
+    return {'taken', current}
+  end
+  if ttl_ms == '0' then
+    if current then
+      redis.call('DEL', key)
+    end
+  else
+    redis.call('SET', key, holder, 'PX', ttl_ms)
+  end
+  return {'held', holder}
+end
+
 redis.register_function('hotsplit_cas_v2', hotsplit_cas)
 redis.register_function('hotsplit_layout_v2', hotsplit_layout)
 redis.register_function('hotsplit_alloc_v2', hotsplit_alloc)
 redis.register_function('hotsplit_live_v2', hotsplit_live)
+redis.register_function('hotsplit_lease_v2', hotsplit_lease)

@@ -31,6 +31,9 @@
 //! - **Version counters** use `FCALL hotsplit_alloc_v2` (a floor, INCR and a TTL that only grows,
 //!   atomic), not MULTI/EXEC: fred 10 runs a transaction inside its router task after draining
 //!   every connection, so one slow node would stall every command of the client.
+//! - **The scrub** walks each primary with `SCAN … MATCH … TYPE hash`, reads copies as stored
+//!   (`HMGET`, a copy past `exp` included), repairs through `hotsplit_cas`, and shares the work
+//!   through a lease (`FCALL hotsplit_lease_v2` on `#hotsplit#lease#scrub`).
 //! - **Audits** (`hotsplit audit`) go through `ReadOnlyNodes`, apart from [`RedisStore`]: one
 //!   centralized client per node (discovered with `CLUSTER NODES` or `INFO replication`) that
 //!   sends only `SCAN … TYPE hash`, `HMGET key ver tomb exp` and `READONLY`, and never loads the
@@ -49,6 +52,8 @@
 //! - `replicas.rs`: replica clients, the `CLUSTER SLOTS` replica map and key placement.
 //! - `heartbeat.rs`: heartbeat writes and reads and their keys.
 //! - `wait.rs`: synced writes, the compare-and-set followed by `WAIT`.
+//! - `scrub.rs`: what the scrub sends: a paged `SCAN` of one primary, the read of a copy as
+//!   stored, and the lease.
 //! - `readonly.rs`: `ReadOnlyNodes` and `NodeClient`, the read-only access used by `audit`.
 //! - `registry.rs`: the instance registry (`store::registry`): register, list, leave.
 //! - `replies.rs`: pure parsers of Redis replies, with their unit tests.
@@ -74,8 +79,7 @@ use futures_util::future::{join_all, BoxFuture};
 
 use super::library::FunctionLibrary;
 use super::{
-    layout_key, live_key, live_member, now_unix_ms, CopyRead, CopyWrite, InstanceRecord, Layout,
-    LayoutSwap, LayoutWriter, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
+    layout_key, live_key, live_member, now_unix_ms, CopyRead, CopyRecord, CopyWrite, InstanceRecord, KeyPage, Layout, LayoutSwap, LayoutWriter, Lease, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -89,6 +93,7 @@ mod readonly;
 mod registry;
 mod replicas;
 mod replies;
+mod scrub;
 pub mod target;
 mod tls;
 mod wait;
@@ -742,40 +747,14 @@ impl Store for RedisStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<String>>> {
         Box::pin(async move {
-            let nodes: Vec<Option<Server>> = match &self.standalone_node {
-                Some(_) => vec![None],
-                None => self.primary_servers().into_iter().map(Some).collect(),
-            };
             let mut keys = Vec::new();
-            for server in nodes {
-                let mut cursor = "0".to_owned();
+            for node in self.scan_node_labels() {
+                let mut cursor = 0;
                 loop {
-                    let page = match &server {
-                        None => {
-                            self.client
-                                .scan_page::<Value, _, _>(cursor.clone(), pattern, Some(1000), None)
-                                .await
-                        }
-                        Some(server) => {
-                            self.client
-                                .with_cluster_node(server.clone())
-                                .scan_page::<Value, _, _>(cursor.clone(), pattern, Some(1000), None)
-                                .await
-                        }
-                    }
-                    .map_err(|err| self.fail(format_args!("scan for {pattern}"), &err))?;
-                    let [next, found] =
-                        <[Value; 2]>::try_from(page.into_array()).map_err(|_| {
-                            self.corrupt(format!("unexpected SCAN reply for {pattern}"))
-                        })?;
-                    keys.extend(
-                        found
-                            .into_array()
-                            .into_iter()
-                            .filter_map(|key| key.as_string()),
-                    );
-                    cursor = next.as_string().unwrap_or_else(|| "0".to_owned());
-                    if cursor == "0" || keys.len() >= limit {
+                    let page = self.scan_page_on(&node, cursor, pattern, 1000).await?;
+                    keys.extend(page.keys);
+                    cursor = page.next;
+                    if cursor == 0 || keys.len() >= limit {
                         break;
                     }
                 }
@@ -786,6 +765,36 @@ impl Store for RedisStore {
             keys.truncate(limit);
             Ok(keys)
         })
+    }
+
+    fn read_copy_stored<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+    ) -> BoxFuture<'a, Result<Option<CopyRecord>>> {
+        Box::pin(self.read_stored(copy_key))
+    }
+
+    fn scan_nodes(&self) -> Vec<NodeLabel> {
+        self.scan_node_labels()
+    }
+
+    fn scan_page<'a>(
+        &'a self,
+        node: &'a NodeLabel,
+        cursor: u64,
+        pattern: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Result<KeyPage>> {
+        Box::pin(self.scan_page_on(node, cursor, pattern, count))
+    }
+
+    fn hold_lease<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Lease>> {
+        Box::pin(self.lease(name, holder, ttl_ms))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<()>> {

@@ -11,7 +11,9 @@ use hotsplit_redis_info::{info_field, ClusterNode};
 
 use super::target::format_address;
 use crate::key::Version;
-use crate::store::{CasOutcome, CopyRecord, CopyStamp, Layout, LayoutSwap, NodeLabel, Payload};
+use crate::store::{
+    CasOutcome, CopyRecord, CopyStamp, Layout, LayoutSwap, Lease, NodeLabel, Payload,
+};
 
 /// Each cluster primary's replicas, `host:port` labels, sorted.
 pub(super) type ReplicaMap = std::collections::HashMap<NodeLabel, Vec<NodeLabel>>;
@@ -155,6 +157,20 @@ pub(super) fn parse_library_names(reply: Value) -> std::result::Result<Vec<Strin
                 .ok_or_else(|| "a library entry has no library_name".to_owned())
         })
         .collect()
+}
+
+/// Parses the lease function's (`hotsplit_lease_v2`) `{"held"|"taken", holder}`.
+pub(super) fn parse_lease_reply(reply: Value) -> std::result::Result<Lease, String> {
+    let [status, holder] = <[Value; 2]>::try_from(reply.into_array())
+        .map_err(|fields| format!("expected 2 fields, got {}", fields.len()))?;
+    let holder = holder
+        .as_string()
+        .ok_or_else(|| format!("the holder is not text: {holder:?}"))?;
+    match status.as_str().as_deref() {
+        Some("held") => Ok(Lease::Held),
+        Some("taken") => Ok(Lease::Taken { holder }),
+        _ => Err(format!("unknown status {status:?}")),
+    }
 }
 
 /// Parses `{"applied"|"current"|"stale"|"conflict", version}`.
@@ -592,6 +608,22 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0
             .unwrap_err();
         assert!(err.contains("replica of 10.0.0.1:7000"), "{err}");
         assert!(parse_info_replicas("role:master\r\nslave0:ip=x,state=online\r\n").is_err());
+    }
+
+    #[test]
+    fn parses_lease_replies() {
+        let reply = |status: &str, holder: &str| {
+            Value::Array(vec![Value::from(status), Value::from(holder)])
+        };
+        assert_eq!(parse_lease_reply(reply("held", "a")).unwrap(), Lease::Held);
+        assert_eq!(
+            parse_lease_reply(reply("taken", "b")).unwrap(),
+            Lease::Taken {
+                holder: "b".to_owned()
+            }
+        );
+        assert!(parse_lease_reply(reply("lost", "b")).is_err());
+        assert!(parse_lease_reply(Value::Null).is_err());
     }
 
     #[test]

@@ -1,0 +1,293 @@
+//! Anti-entropy: a background scrub that walks the split families' keys and repairs any copy
+//! that is missing or behind a sibling, so a copy whose heal was lost (the spool of an
+//! instance that never came back, a master restarted empty, a lossy failover) does not stay
+//! behind until it expires.
+//!
+//! A pass `SCAN`s every primary (`MATCH` on the split families' prefixes, `TYPE hash`), reads
+//! every copy `K#0..N` of each key found, and writes the newest record still served to the
+//! copies that are missing or older, through the same compare-and-set as a publish
+//! ([`crate::store::Store::write_copies`]) with that record's own version, payload and `exp`.
+//! So a repair never moves a copy backwards, a tombstone stays a tombstone, and nothing lives
+//! longer than the newest copy of its edit; a copy past its own `exp` that holds the newest
+//! version is left to expire ([`pass::repairs`]). Only copy keys `K#<digits>` of a valid key
+//! with an index below its family's N are touched; a family whose layout record disagrees with
+//! this instance's config is skipped while it does.
+//!
+//! **One scrubber at a time.** The instances share one lease, `#hotsplit#lease#scrub`
+//! (`FCALL hotsplit_lease_v2`: taken when free, renewed by its holder every third of
+//! `scrub.lease_ttl`, never taken from a live holder). Only the holder scrubs, one pass every
+//! `scrub.interval`, at most `scrub.max_keys_per_second` keys per second; the others try the
+//! lease as often as the holder renews it, so a holder that dies is replaced within about one
+//! `lease_ttl`. The lease saves work, not correctness: two scrubbers at once (a holder that
+//! stalled past its lease) only repeat compare-and-sets, which never move a copy backwards.
+//!
+//! **What it cannot restore**: an edit none of whose copies landed (every copy queued in a
+//! spool that was then lost) is on no copy, so there is nothing to copy; the copies keep the
+//! previous version until the source publishes again or they expire.
+//!
+//! # Layout
+//! - `mod.rs`: [`Scrubber`], the background task (lease, pacing, the walk).
+//! - `pass.rs`: the pure parts: which patterns a pass walks, which keys it checks, which
+//!   repairs a key's copies call for.
+//! - `status.rs`: [`ScrubStatus`] (the metrics and what `GET /v1/scrub` shows).
+//! - `config.rs`: [`ScrubConfig`], `[scrub]`.
+
+pub mod config;
+mod pass;
+pub mod status;
+
+pub use config::ScrubConfig;
+pub use status::{PassFigures, ScrubStatus, ScrubView};
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use tokio_util::sync::CancellationToken;
+
+use crate::family::Families;
+use crate::key::Key;
+use crate::publish::duration_ms;
+use crate::store::{now_unix_ms, CasOutcome, Lease, Store};
+
+use super::layout::Layouts;
+use status::ScrubFailure;
+
+/// The name of the scrub's lease.
+pub const LEASE: &str = "scrub";
+
+/// How many keys one `SCAN` call asks a node for.
+const SCAN_COUNT: u32 = 100;
+
+/// The most keys a pass remembers as checked (a key's copies live on several nodes, so several
+/// nodes' scans find it); past this the memory is cleared, which costs only repeated checks.
+const SEEN_LIMIT: usize = 1_000_000;
+
+/// The background scrub of one instance.
+pub struct Scrubber {
+    /// Where the copies live (through node health, so a failing node costs no timeout).
+    pub store: Arc<dyn Store>,
+    /// The families: which keys are split, and into how many copies.
+    pub families: Arc<Families>,
+    /// The recorded layouts: a family in mismatch is skipped.
+    pub layouts: Arc<Layouts>,
+    /// Counters and the view.
+    pub status: Arc<ScrubStatus>,
+    /// `[scrub]`.
+    pub config: ScrubConfig,
+    /// This instance's name as a lease holder.
+    pub instance: String,
+}
+
+/// Spaces key checks `1 / rate` apart on average.
+struct Pacer {
+    /// The time one key is worth.
+    per_key: Duration,
+    /// When the next key may start.
+    next: tokio::time::Instant,
+}
+
+impl Pacer {
+    /// Waits for the next key's turn.
+    async fn admit(&mut self) {
+        let now = tokio::time::Instant::now();
+        // A pass that fell behind (slow reads) does not burst to catch up.
+        let start = self.next.max(now);
+        self.next = start + self.per_key;
+        tokio::time::sleep_until(start).await;
+    }
+}
+
+/// The lease as a pass sees it: held since the last renewal, or not taken at all (a pass run
+/// directly, in tests).
+struct LeaseClock {
+    /// When the lease must be renewed next; `None`: the pass holds no lease.
+    renew_at: Option<Instant>,
+}
+
+impl Scrubber {
+    /// Runs until `shutdown`: tries the lease every third of `scrub.lease_ttl` and, while it
+    /// holds it, starts a pass every `scrub.interval`. Releases the lease when it stops.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let renewal = self.config.lease_renewal();
+        let mut ticker = tokio::time::interval(renewal);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_pass = Instant::now();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = ticker.tick() => {}
+            }
+            if !self.take_lease().await || Instant::now() < next_pass {
+                continue;
+            }
+            next_pass = Instant::now() + self.config.interval;
+            let mut clock = LeaseClock {
+                renew_at: Some(Instant::now() + renewal),
+            };
+            self.walk(&shutdown, &mut clock).await;
+            ticker.reset();
+        }
+        if self.status.view().holds_lease {
+            // A clean stop hands the lease on at once rather than after its ttl.
+            match self.store.hold_lease(LEASE, &self.instance, 0).await {
+                Ok(_) => self.status.lease(None),
+                Err(err) => tracing::debug!(error = %err, "cannot release the scrub lease"),
+            }
+        }
+    }
+
+    /// Runs one pass now without the lease (for tests and tools): every key, at the configured
+    /// rate, until done or `shutdown`. Returns its figures.
+    pub async fn pass(&self, shutdown: &CancellationToken) -> PassFigures {
+        self.walk(shutdown, &mut LeaseClock { renew_at: None })
+            .await;
+        self.status.view().last.unwrap_or_default()
+    }
+
+    /// Takes or renews the lease; whether this instance holds it.
+    async fn take_lease(&self) -> bool {
+        let ttl_ms = duration_ms(self.config.lease_ttl);
+        match self.store.hold_lease(LEASE, &self.instance, ttl_ms).await {
+            Ok(Lease::Held) => {
+                if !self.status.view().holds_lease {
+                    tracing::info!(instance = %self.instance, "took the scrub lease");
+                }
+                self.status.lease(Some(self.instance.clone()));
+                true
+            }
+            Ok(Lease::Taken { holder }) => {
+                if self.status.view().holds_lease {
+                    tracing::warn!(holder = %holder, "lost the scrub lease");
+                }
+                self.status.lease(Some(holder));
+                false
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot take or renew the scrub lease");
+                self.status.lease(None);
+                false
+            }
+        }
+    }
+
+    /// Renews the lease when due; false when it was lost (the pass stops).
+    async fn keep_lease(&self, clock: &mut LeaseClock) -> bool {
+        match clock.renew_at {
+            Some(at) if Instant::now() >= at => {
+                clock.renew_at = Some(Instant::now() + self.config.lease_renewal());
+                self.take_lease().await
+            }
+            _ => true,
+        }
+    }
+
+    /// One pass over every pattern and node, counted in the status.
+    async fn walk(&self, shutdown: &CancellationToken, clock: &mut LeaseClock) {
+        let started = Instant::now();
+        let paused = self.layouts.mismatches();
+        if !paused.is_empty() {
+            tracing::info!(families = ?paused, "scrub skips families whose layout record disagrees with this instance");
+        }
+        self.status.start(now_unix_ms(), paused.clone());
+        let mut pacer = Pacer {
+            per_key: Duration::from_secs(1) / self.config.max_keys_per_second.max(1),
+            next: tokio::time::Instant::now(),
+        };
+        let mut seen: HashSet<u64> = HashSet::new();
+        let mut complete = true;
+        'walk: for pattern in pass::patterns(&self.families) {
+            for node in self.store.scan_nodes() {
+                let mut cursor = 0;
+                loop {
+                    if shutdown.is_cancelled() || !self.keep_lease(clock).await {
+                        complete = false;
+                        break 'walk;
+                    }
+                    let page = match self.store.scan_page(&node, cursor, &pattern, SCAN_COUNT).await
+                    {
+                        Ok(page) => page,
+                        Err(err) => {
+                            tracing::warn!(node = %node, error = %err, "scrub scan failed: the rest of this node waits for the next pass");
+                            self.status.failed(ScrubFailure::Scan);
+                            complete = false;
+                            break;
+                        }
+                    };
+                    self.status.scanned(page.keys.len() as u64);
+                    for stored in &page.keys {
+                        let Some((key, copies)) =
+                            pass::checked_key(stored, &self.families, &paused)
+                        else {
+                            continue;
+                        };
+                        if seen.len() >= SEEN_LIMIT {
+                            seen.clear();
+                        }
+                        if !seen.insert(xxhash_rust::xxh3::xxh3_64(key.as_str().as_bytes())) {
+                            continue;
+                        }
+                        tokio::select! {
+                            () = shutdown.cancelled() => {
+                                complete = false;
+                                break 'walk;
+                            }
+                            () = pacer.admit() => {}
+                        }
+                        self.check(&key, copies).await;
+                        self.status.tick(started.elapsed());
+                    }
+                    cursor = page.next;
+                    if cursor == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        let duration = started.elapsed();
+        self.status.finish(duration, complete);
+        tracing::debug!(?duration, complete, "scrub pass finished");
+    }
+
+    /// Reads every copy of `key` and repairs those missing or behind.
+    async fn check(&self, key: &Key, copies: u32) {
+        let copy_keys: Vec<_> = (0..copies).map(|index| key.copy_key(index)).collect();
+        let reads = join_all(
+            copy_keys
+                .iter()
+                .map(|copy_key| self.store.read_copy_stored(copy_key)),
+        )
+        .await;
+        self.status.checked();
+        let reads: Vec<_> = reads
+            .into_iter()
+            .map(|read| {
+                read.map_err(|err| {
+                    tracing::debug!(key = %key, error = %err, "scrub read failed");
+                    self.status.failed(ScrubFailure::Read);
+                })
+            })
+            .collect();
+        let planned = pass::repairs(key, &reads, now_unix_ms());
+        if planned.is_empty() {
+            return;
+        }
+        let writes: Vec<_> = planned.iter().map(|(write, _)| write.clone()).collect();
+        let results = self.store.write_copies(&writes).await;
+        for ((write, cause), result) in planned.iter().zip(results) {
+            match result.outcome {
+                Ok(CasOutcome::Applied) => {
+                    tracing::info!(copy_key = %write.copy_key, version = %write.version, cause = cause.as_str(), "scrub repaired a copy");
+                    self.status.repaired(*cause);
+                }
+                // A write or another repair got there first: nothing to do.
+                Ok(CasOutcome::Current | CasOutcome::Stale { .. } | CasOutcome::Conflict { .. }) => {}
+                Err(err) => {
+                    tracing::debug!(copy_key = %write.copy_key, error = %err, "scrub repair failed");
+                    self.status.failed(ScrubFailure::Write);
+                }
+            }
+        }
+    }
+}

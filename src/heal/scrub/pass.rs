@@ -1,0 +1,190 @@
+//! One key's check, as pure functions: which patterns a pass walks, which scanned keys it
+//! checks, and which repairs the copies it read call for ([`repairs`]).
+
+use crate::family::{Families, Family};
+use crate::key::{CopyKey, Key};
+use crate::store::{CopyRecord, CopyWrite};
+
+use super::super::layout::glob_escape;
+use super::status::RepairCause;
+
+/// The `SCAN MATCH` patterns a pass walks: every copy key (`*#*`) when the default family is
+/// split, else each split family's prefix. Families of one copy have nothing to repair.
+pub(super) fn patterns(families: &Families) -> Vec<String> {
+    let split: Vec<&Family> = families.iter().filter(|family| family.copies > 1).collect();
+    if split.iter().any(|family| family.prefix.is_empty()) {
+        return vec!["*#*".to_owned()];
+    }
+    split
+        .iter()
+        .map(|family| format!("{}*#*", glob_escape(&family.prefix)))
+        .collect()
+}
+
+/// The split key a scanned key is a copy of, with its family's copy count, when the scrub
+/// checks it: a copy `K#i` of a valid key, of a split family not in `paused`, with `i` below
+/// the family's copy count. Anything else (`foo#bar`, `K#v`, `K#99` beyond N, a key of a
+/// one-copy family) is left alone.
+pub(super) fn checked_key(
+    stored: &str,
+    families: &Families,
+    paused: &[String],
+) -> Option<(Key, u32)> {
+    let (key, copy_key) = CopyKey::parse(stored)?;
+    let family = families.resolve(&key);
+    let wanted = family.copies > 1
+        && copy_key.index() < family.copies
+        && !paused.iter().any(|name| name == family.name());
+    wanted.then(|| (key, family.copies))
+}
+
+/// The repairs of `key` given what each copy holds as stored (`copies[i]`: `None` when copy
+/// `i` does not exist, `Err(())` when its read failed): every copy that is missing or ordered
+/// before the newest record still served at `now_ms` gets that record, with its own version,
+/// payload and `exp`. A copy past its own `exp` that holds the newest version is left to
+/// expire (the jitter spreads the copies' expiries on purpose), and a copy holding something
+/// newer than every served record is never written. With no served record there is nothing to
+/// copy.
+pub(super) fn repairs(
+    key: &Key,
+    copies: &[Result<Option<CopyRecord>, ()>],
+    now_ms: u64,
+) -> Vec<(CopyWrite, RepairCause)> {
+    let newest = copies
+        .iter()
+        .filter_map(|read| read.as_ref().ok()?.as_ref())
+        .filter(|record| record.expire_at_ms > now_ms)
+        .fold(None::<&CopyRecord>, |newest, record| match newest {
+            Some(newest) if !record.supersedes(newest) => Some(newest),
+            _ => Some(record),
+        });
+    let Some(newest) = newest else {
+        return Vec::new();
+    };
+    copies
+        .iter()
+        .zip(0u32..)
+        .filter_map(|(read, index)| {
+            let cause = match read {
+                Ok(None) => RepairCause::Missing,
+                Ok(Some(held)) if newest.supersedes(held) => RepairCause::Behind,
+                Ok(Some(_)) | Err(()) => return None,
+            };
+            let write = CopyWrite {
+                copy_key: key.copy_key(index),
+                version: newest.version,
+                payload: newest.payload.clone(),
+                expire_at_ms: newest.expire_at_ms,
+            };
+            Some((write, cause))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::key::Version;
+    use crate::store::Payload;
+
+    fn record(version: u64, tombstone: bool, exp: u64) -> Option<CopyRecord> {
+        Some(CopyRecord {
+            version: Version::new(version).unwrap(),
+            payload: if tombstone {
+                Payload::Tombstone
+            } else {
+                Payload::Value(bytes::Bytes::from(format!("v{version}")))
+            },
+            expire_at_ms: exp,
+        })
+    }
+
+    fn planned(copies: &[Result<Option<CopyRecord>, ()>]) -> Vec<(u32, u64, bool, u64, &str)> {
+        let key = Key::parse("hot").unwrap();
+        repairs(&key, copies, 1_000)
+            .into_iter()
+            .map(|(write, cause)| {
+                (
+                    write.copy_key.index(),
+                    write.version.get(),
+                    write.payload == Payload::Tombstone,
+                    write.expire_at_ms,
+                    cause.as_str(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_missing_and_a_behind_copy_get_the_newest_record_with_its_own_expiry() {
+        let copies = [
+            Ok(record(5, false, 2_000)),
+            Ok(None),
+            Ok(record(3, false, 9_000)),
+            Err(()),
+        ];
+        assert_eq!(
+            planned(&copies),
+            vec![(1, 5, false, 2_000, "missing"), (2, 5, false, 2_000, "behind")]
+        );
+    }
+
+    #[test]
+    fn a_tombstone_stays_a_tombstone_and_beats_a_value_of_its_version() {
+        let copies = [
+            Ok(record(5, true, 2_000)),
+            Ok(record(5, false, 3_000)),
+            Ok(None),
+        ];
+        assert_eq!(
+            planned(&copies),
+            vec![(1, 5, true, 2_000, "behind"), (2, 5, true, 2_000, "missing")]
+        );
+    }
+
+    #[test]
+    fn an_expired_copy_of_the_newest_version_is_left_to_expire() {
+        // Copy 1 expired on its own jitter: it is neither refilled nor given a longer life.
+        let copies = [Ok(record(5, false, 2_000)), Ok(record(5, false, 900))];
+        assert!(planned(&copies).is_empty());
+        // An expired copy of an older version missed an edit: it is brought forward.
+        let copies = [Ok(record(5, false, 2_000)), Ok(record(4, false, 900))];
+        assert_eq!(planned(&copies), vec![(1, 5, false, 2_000, "behind")]);
+    }
+
+    #[test]
+    fn nothing_is_copied_when_no_record_is_served_or_a_newer_one_expired() {
+        assert!(planned(&[Ok(record(5, false, 900)), Ok(None)]).is_empty());
+        assert!(planned(&[Ok(None), Err(())]).is_empty());
+        // Copy 0 holds a newer, expired version: the served older record never overwrites it.
+        let copies = [Ok(record(7, false, 900)), Ok(record(5, false, 2_000))];
+        assert!(planned(&copies).is_empty());
+    }
+
+    fn families() -> Families {
+        Config::from_toml(
+            "[default_family]\ncopies = 1\n[[family]]\nprefix = \"hot:\"\ncopies = 4\n[[family]]\nprefix = \"paused:\"\ncopies = 4\n",
+        )
+        .unwrap()
+        .families()
+    }
+
+    #[test]
+    fn only_copies_below_n_of_split_unpaused_families_are_checked() {
+        let families = families();
+        let paused = vec!["paused:".to_owned()];
+        let check = |stored: &str| checked_key(stored, &families, &paused);
+        assert_eq!(
+            check("hot:a#3").map(|(key, n)| (key.as_str().to_owned(), n)),
+            Some(("hot:a".to_owned(), 4))
+        );
+        for ignored in [
+            "hot:a#4", "hot:a#99", "hot:a#v", "hot:a#01", "foo#bar", "cold#0", "paused:a#0",
+            "#hotsplit#layout#hot:",
+        ] {
+            assert_eq!(check(ignored), None, "{ignored}");
+        }
+        assert_eq!(patterns(&families), vec!["paused:*#*", "hot:*#*"]);
+    }
+}

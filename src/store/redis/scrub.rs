@@ -1,0 +1,112 @@
+//! What the anti-entropy scrub sends: a paged `SCAN` of one primary, the read of a copy as
+//! stored (past its `exp` too), and the lease (`FCALL hotsplit_lease_v2`) that lets one instance
+//! at a time scrub. The bodies of [`Store::scan_page`], [`Store::read_copy_stored`] and
+//! [`Store::hold_lease`] for [`RedisStore`].
+//!
+//! [`Store::scan_page`]: crate::store::Store::scan_page
+//! [`Store::read_copy_stored`]: crate::store::Store::read_copy_stored
+//! [`Store::hold_lease`]: crate::store::Store::hold_lease
+
+use fred::interfaces::{HashesInterface, KeysInterface};
+use fred::types::Value;
+
+use super::replies::{parse_copy, parse_lease_reply, parse_scan_page};
+use super::{copy_fields, server_label, RedisStore};
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::CopyKey;
+use crate::store::{lease_key, valid_live_instance, CopyRecord, KeyPage, Lease, NodeLabel};
+
+impl RedisStore {
+    /// The primaries a walk over every key visits: the standalone node, or every primary of
+    /// fred's cached slot map.
+    pub(super) fn scan_node_labels(&self) -> Vec<NodeLabel> {
+        match &self.standalone_node {
+            Some(node) => vec![node.clone()],
+            None => self
+                .primary_servers()
+                .iter()
+                .map(server_label)
+                .collect(),
+        }
+    }
+
+    /// `SCAN cursor MATCH pattern COUNT count TYPE hash` on `node` (copies are hashes, so
+    /// counters and layout records never come back).
+    pub(super) async fn scan_page_on(
+        &self,
+        node: &NodeLabel,
+        cursor: u64,
+        pattern: &str,
+        count: u32,
+    ) -> Result<KeyPage> {
+        let hash = Some(fred::types::scan::ScanType::Hash);
+        let reply = if self.standalone_node.as_ref() == Some(node) {
+            self.client
+                .scan_page::<Value, _, _>(cursor.to_string(), pattern, Some(count), hash)
+                .await
+        } else {
+            let server = self
+                .primary_servers()
+                .into_iter()
+                .find(|server| server_label(server) == *node)
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        format!("scan of {node}: not a known primary"),
+                    )
+                })?;
+            self.client
+                .with_cluster_node(server)
+                .scan_page::<Value, _, _>(cursor.to_string(), pattern, Some(count), hash)
+                .await
+        }
+        .map_err(|err| self.fail(format_args!("scan for {pattern} on {node}"), &err))?;
+        let page = parse_scan_page(reply)
+            .map_err(|why| self.corrupt(format!("scan for {pattern} on {node}: {why}")))?;
+        let next = match page.next {
+            None => 0,
+            Some(next) => next.parse().map_err(|_| {
+                self.corrupt(format!("scan of {node}: cursor {next:?} is not a number"))
+            })?,
+        };
+        Ok(KeyPage {
+            next,
+            keys: page.keys,
+        })
+    }
+
+    /// `HMGET copy ver val tomb exp` on the copy's owner, without hiding a copy past `exp`.
+    pub(super) async fn read_stored(&self, copy_key: &CopyKey) -> Result<Option<CopyRecord>> {
+        let node = self.placement().node_of(copy_key.as_str());
+        let reply = self
+            .client
+            .hmget::<Value, _, _>(copy_key.as_str(), copy_fields())
+            .await
+            .map_err(|err| self.fail(format_args!("read of copy {copy_key} on {node}"), &err))?;
+        parse_copy(reply)
+            .map_err(|why| self.corrupt(format!("copy {copy_key} on {node} is corrupt: {why}")))
+    }
+
+    /// `FCALL` of the library's lease function (`hotsplit_lease_v2`) on the lease `name`.
+    pub(super) async fn lease(&self, name: &str, holder: &str, ttl_ms: u64) -> Result<Lease> {
+        if !valid_live_instance(holder) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("lease holder {holder:?} is not 1..=64 letters, digits, -, _ or ."),
+            ));
+        }
+        let Some(function) = self.functions.lease else {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("function library {} has no lease", self.functions.name),
+            ));
+        };
+        let key = lease_key(name);
+        let args = vec![Value::from(holder), Value::from(ttl_ms.to_string())];
+        let reply = self
+            .fcall_reloading(function, &key, args)
+            .await
+            .map_err(|err| self.fail(format_args!("lease {key}"), &err))?;
+        parse_lease_reply(reply).map_err(|why| self.corrupt(format!("lease {key}: {why}")))
+    }
+}
