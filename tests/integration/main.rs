@@ -27,6 +27,7 @@ mod redis_store;
 mod reload;
 mod resize;
 mod route;
+mod scrub;
 mod session;
 mod spool;
 mod startup;

@@ -108,12 +108,15 @@ struct LeaseClock {
 
 impl Scrubber {
     /// Runs until `shutdown`: tries the lease every third of `scrub.lease_ttl` and, while it
-    /// holds it, starts a pass every `scrub.interval`. Releases the lease when it stops.
+    /// holds it, starts a pass every `scrub.interval` (the first one interval after it
+    /// starts). Releases the lease when it stops.
     pub async fn run(self, shutdown: CancellationToken) {
         let renewal = self.config.lease_renewal();
         let mut ticker = tokio::time::interval(renewal);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut next_pass = Instant::now();
+        // The first pass starts one interval after startup: a fleet that restarts together
+        // does not scrub at once, and a short-lived instance does not scrub at all.
+        let mut next_pass = Instant::now() + self.config.interval;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
