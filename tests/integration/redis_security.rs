@@ -19,7 +19,7 @@ use hotsplit::config::Config;
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{Password, RedisOptions, RedisStore, RedisUrl};
-use hotsplit::store::{now_unix_ms, CopyWrite, Payload, Store};
+use hotsplit::store::{now_unix_ms, CopyWrite, Lease, Payload, Store};
 use hotsplit_devcluster::{
     Cluster, ClusterOptions, PrimaryReplica, RedisNode, ServerOptions, Standalone, TlsFiles,
 };
@@ -486,6 +486,25 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
     .await;
     assert_no_refused_commands(&http, &base).await;
     service.stop().await;
+
+    // The scrub's commands as the least-privilege user: the lease (FCALL hotsplit_lease: GET,
+    // SET, DEL), a SCAN page and a copy read as stored.
+    let store = connect_as(&primary, "hotsplit")
+        .await
+        .expect("least-privilege store");
+    for ttl_ms in [1000, 0] {
+        let lease = store.hold_lease("scrub", "acl-test", ttl_ms).await;
+        assert_eq!(lease.expect("lease call"), Lease::Held, "ttl {ttl_ms}");
+    }
+    let node = store.scan_nodes().remove(0);
+    let page = store
+        .scan_page(&node, 0, &format!("sec:{prefix}least#*"), 100)
+        .await
+        .expect("scan as the least-privilege user");
+    assert!(!page.keys.is_empty(), "{page:?}");
+    let copy_key = Key::parse(&key).expect("key").copy_key(0);
+    let stored = store.read_copy_stored(&copy_key).await;
+    assert!(stored.expect("read as stored").is_some(), "{copy_key}");
 
     // The read-only audit user reads every copy on the primary and the replica.
     let url = primary.replacen("redis://", &format!("redis://audit:{PASSWORD}@"), 1);

@@ -104,7 +104,11 @@ async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries
 
     // By hand: copy 1 behind (version 1), copy 2 deleted, one tombstone copy deleted, and keys
     // the scrub must never touch: not copies, and a copy beyond N.
-    on_owner(&cluster, "sc:a#1", &["HSET", "sc:a#1", "ver", "1", "val", "one"]);
+    on_owner(
+        &cluster,
+        "sc:a#1",
+        &["HSET", "sc:a#1", "ver", "1", "val", "one"],
+    );
     on_owner(&cluster, "sc:a#2", &["DEL", "sc:a#2"]);
     on_owner(&cluster, "sc:gone#3", &["DEL", "sc:gone#3"]);
     let strangers = ["sc:a#9", "sc:x#bar", "sc:a#07"];
@@ -112,10 +116,14 @@ async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries
         on_owner(
             &cluster,
             stranger,
-            &["HSET", stranger, "ver", "1", "val", "old", "tomb", "0", "exp", "1"],
+            &[
+                "HSET", stranger, "ver", "1", "val", "old", "tomb", "0", "exp", "1",
+            ],
         );
     }
-    let passes = scrub_view(&http, base).await["passes"].as_u64().unwrap_or(0);
+    let passes = scrub_view(&http, base).await["passes"]
+        .as_u64()
+        .unwrap_or(0);
 
     poll(
         "the scrub repairs sc:a#1, sc:a#2 and sc:gone#3",
@@ -123,7 +131,9 @@ async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries
         || async {
             version_of(&cluster, "sc:a#1") == Some(2)
                 && version_of(&cluster, "sc:a#2") == Some(2)
-                && copy_on_owner(&cluster, "sc:gone#3").get("tomb").map(String::as_str)
+                && copy_on_owner(&cluster, "sc:gone#3")
+                    .get("tomb")
+                    .map(String::as_str)
                     == Some("1")
         },
     )
@@ -139,7 +149,11 @@ async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries
             .map(|copy| before[copy].0["exp"].clone())
             .collect()
     };
-    for (copy, key) in [("sc:a#1", "sc:a"), ("sc:a#2", "sc:a"), ("sc:gone#3", "sc:gone")] {
+    for (copy, key) in [
+        ("sc:a#1", "sc:a"),
+        ("sc:a#2", "sc:a"),
+        ("sc:gone#3", "sc:gone"),
+    ] {
         let now = copy_on_owner(&cluster, copy);
         assert_eq!(now["ver"], "2", "{copy}: {now:?}");
         assert!(siblings_exp(key).contains(&now["exp"]), "{copy}: {now:?}");
@@ -153,7 +167,12 @@ async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries
     }
     // The tombstoned key stays deleted for every reader.
     for client in 0..16 {
-        let answer = get(&http, &format!("{base}/v1/keys/sc:gone?client=c{client}"), &[]).await;
+        let answer = get(
+            &http,
+            &format!("{base}/v1/keys/sc:gone?client=c{client}"),
+            &[],
+        )
+        .await;
         assert_eq!(answer.status(), StatusCode::NOT_FOUND, "client c{client}");
     }
     for stranger in strangers {
@@ -186,13 +205,17 @@ async fn scrub_lease_has_one_holder_at_a_time_and_passes_on_when_it_stops() {
     let second = Service::start(scrub_config(&cluster.url(), "sl:", 3, "200ms", true)).await;
     publish_succeeds(&http, &first.base, "sl:k", 1, "one").await;
 
-    poll("one instance holds the lease", Duration::from_secs(10), || async {
-        let (a, b) = (
-            scrub_view(&http, &first.base).await,
-            scrub_view(&http, &second.base).await,
-        );
-        a["holds_lease"] != b["holds_lease"] && a["lease_holder"] == b["lease_holder"]
-    })
+    poll(
+        "one instance holds the lease",
+        Duration::from_secs(10),
+        || async {
+            let (a, b) = (
+                scrub_view(&http, &first.base).await,
+                scrub_view(&http, &second.base).await,
+            );
+            a["holds_lease"] != b["holds_lease"] && a["lease_holder"] == b["lease_holder"]
+        },
+    )
     .await;
     let (holder, other) = if scrub_view(&http, &first.base).await["holds_lease"] == true {
         (first, second)
@@ -230,9 +253,16 @@ async fn two_scrubbers_at_once_converge_and_never_roll_a_copy_back() {
     }
     // Break every key: one copy deleted, one set back to version 1.
     for (at, key) in keys.iter().enumerate() {
-        let (gone, behind) = (format!("{key}#{}", at % 4), format!("{key}#{}", (at + 1) % 4));
+        let (gone, behind) = (
+            format!("{key}#{}", at % 4),
+            format!("{key}#{}", (at + 1) % 4),
+        );
         on_owner(&cluster, &gone, &["DEL", &gone]);
-        on_owner(&cluster, &behind, &["HSET", &behind, "ver", "1", "val", "one"]);
+        on_owner(
+            &cluster,
+            &behind,
+            &["HSET", &behind, "ver", "1", "val", "one"],
+        );
     }
 
     // Two scrubbers, each with a store of its own, run passes back to back with no lease,

@@ -59,7 +59,10 @@ impl ScrubConfig {
             );
         }
         if self.max_keys_per_second == 0 {
-            return invalid("max_keys_per_second", "must be at least 1, got 0".to_owned());
+            return invalid(
+                "max_keys_per_second",
+                "must be at least 1, got 0".to_owned(),
+            );
         }
         if self.lease_ttl < Duration::from_millis(300) || self.lease_ttl > Duration::from_secs(3600)
         {

@@ -48,7 +48,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::family::Families;
 use crate::key::Key;
-use crate::publish::duration_ms;
 use crate::store::{now_unix_ms, CasOutcome, Lease, Store};
 
 use super::layout::Layouts;
@@ -151,7 +150,7 @@ impl Scrubber {
 
     /// Takes or renews the lease; whether this instance holds it.
     async fn take_lease(&self) -> bool {
-        let ttl_ms = duration_ms(self.config.lease_ttl);
+        let ttl_ms = u64::try_from(self.config.lease_ttl.as_millis()).unwrap_or(u64::MAX);
         match self.store.hold_lease(LEASE, &self.instance, ttl_ms).await {
             Ok(Lease::Held) => {
                 if !self.status.view().holds_lease {
@@ -208,7 +207,10 @@ impl Scrubber {
                         complete = false;
                         break 'walk;
                     }
-                    let page = match self.store.scan_page(&node, cursor, &pattern, SCAN_COUNT).await
+                    let page = match self
+                        .store
+                        .scan_page(&node, cursor, &pattern, SCAN_COUNT)
+                        .await
                     {
                         Ok(page) => page,
                         Err(err) => {
@@ -285,7 +287,9 @@ impl Scrubber {
                     self.status.repaired(*cause);
                 }
                 // A write or another repair got there first: nothing to do.
-                Ok(CasOutcome::Current | CasOutcome::Stale { .. } | CasOutcome::Conflict { .. }) => {}
+                Ok(
+                    CasOutcome::Current | CasOutcome::Stale { .. } | CasOutcome::Conflict { .. },
+                ) => {}
                 Err(err) => {
                     tracing::debug!(copy_key = %write.copy_key, error = %err, "scrub repair failed");
                     self.status.failed(ScrubFailure::Write);

@@ -35,7 +35,7 @@ pub(super) fn checked_key(
     let wanted = family.copies > 1
         && copy_key.index() < family.copies
         && !paused.iter().any(|name| name == family.name());
-    wanted.then(|| (key, family.copies))
+    wanted.then_some((key, family.copies))
 }
 
 /// The repairs of `key` given what each copy holds as stored (`copies[i]`: `None` when copy
@@ -126,7 +126,10 @@ mod tests {
         ];
         assert_eq!(
             planned(&copies),
-            vec![(1, 5, false, 2_000, "missing"), (2, 5, false, 2_000, "behind")]
+            vec![
+                (1, 5, false, 2_000, "missing"),
+                (2, 5, false, 2_000, "behind")
+            ]
         );
     }
 
@@ -139,7 +142,10 @@ mod tests {
         ];
         assert_eq!(
             planned(&copies),
-            vec![(1, 5, true, 2_000, "behind"), (2, 5, true, 2_000, "missing")]
+            vec![
+                (1, 5, true, 2_000, "behind"),
+                (2, 5, true, 2_000, "missing")
+            ]
         );
     }
 
@@ -180,7 +186,13 @@ mod tests {
             Some(("hot:a".to_owned(), 4))
         );
         for ignored in [
-            "hot:a#4", "hot:a#99", "hot:a#v", "hot:a#01", "foo#bar", "cold#0", "paused:a#0",
+            "hot:a#4",
+            "hot:a#99",
+            "hot:a#v",
+            "hot:a#01",
+            "foo#bar",
+            "cold#0",
+            "paused:a#0",
             "#hotsplit#layout#hot:",
         ] {
             assert_eq!(check(ignored), None, "{ignored}");

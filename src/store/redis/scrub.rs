@@ -22,11 +22,7 @@ impl RedisStore {
     pub(super) fn scan_node_labels(&self) -> Vec<NodeLabel> {
         match &self.standalone_node {
             Some(node) => vec![node.clone()],
-            None => self
-                .primary_servers()
-                .iter()
-                .map(server_label)
-                .collect(),
+            None => self.primary_servers().iter().map(server_label).collect(),
         }
     }
 
