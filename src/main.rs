@@ -1,6 +1,6 @@
 //! The `hotsplit` binary: `serve` loads and validates the config, sets up tracing, builds the
-//! service ([`hotsplit::server::Service::build`]), binds, and serves; or it runs `check` or
-//! `audit`.
+//! service ([`hotsplit::server::Service::build`]), binds, and serves; or it runs `check`,
+//! `audit` or `spool drain` (`spool_cmd`).
 //!
 //! `check` is a module of the binary, not of the library: it starts throwaway Redis servers
 //! with `hotsplit-devcluster`, which the library does not depend on.
@@ -15,6 +15,7 @@ use hotsplit::http::config::LogFormat;
 use hotsplit::server::Service;
 
 mod check;
+mod spool_cmd;
 
 /// mimalloc instead of glibc malloc: the read path allocates small buffers on both tokio workers,
 /// and glibc's arena lock showed up as 13% of the service's CPU under load (docs/PERFORMANCE.md).
@@ -44,6 +45,9 @@ enum Command {
     /// Work with the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Work on a retry spool: `drain DIR` replays a dead instance's spool into the store.
+    #[command(subcommand)]
+    Spool(spool_cmd::SpoolCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -202,6 +206,7 @@ fn main() -> ExitCode {
         Command::Audit(args) => audit(*args),
         Command::Probe(args) => hotsplit::probe::run(&args),
         Command::Config(ConfigCommand::Check(args)) => config_check(&args),
+        Command::Spool(command) => spool_cmd::run(command),
     }
 }
 

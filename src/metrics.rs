@@ -89,6 +89,17 @@ pub enum RetryDrop {
     Spool,
 }
 
+impl RetryDrop {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryDrop::Overflow => "overflow",
+            RetryDrop::Expired => "expired",
+            RetryDrop::Spool => "spool",
+        }
+    }
+}
+
 /// The result of one retried copy write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryResult {
@@ -504,14 +515,21 @@ impl Metrics {
 
     /// Counts one failed copy write dropped unhealed.
     pub fn retry_drop(&self, reason: RetryDrop) {
-        let reason = match reason {
-            RetryDrop::Overflow => "overflow",
-            RetryDrop::Expired => "expired",
-            RetryDrop::Spool => "spool",
-        };
         self.retry_drops
-            .get_or_create(&ReasonLabels { reason })
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
             .inc();
+    }
+
+    /// How many failed copy writes were dropped for `reason` so far (what `spool drain`
+    /// reports).
+    pub fn retry_drops(&self, reason: RetryDrop) -> u64 {
+        self.retry_drops
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .get()
     }
 
     /// Counts the damaged stretches (and their bytes) skipped while replaying the spool.

@@ -10,6 +10,8 @@
 //! - [`health`]: which nodes are failing (fed by store timeouts, cleared by probes once their
 //!   queued entries are flushed), read by the publisher and the reader through [`HealthStore`];
 //!   pending retry versions as read floors.
+//! - [`drain`]: `hotsplit spool drain DIR`, the replay of a dead instance's spool into the
+//!   store.
 //! - [`repair`]: read repair of a stale or missing affine copy, off the request path.
 //! - [`layout`]: each family's copy layout recorded in the store, mismatch detection, and the
 //!   deletion of copies removed by a shrink.
@@ -18,6 +20,7 @@
 //! - [`jitter`]: per-copy expiry jitter, so the copies of a hot key do not expire together.
 
 pub mod config;
+pub mod drain;
 pub mod health;
 pub mod layout;
 pub mod queue;
@@ -27,6 +30,7 @@ pub mod spool;
 pub mod worker;
 
 pub use config::HealConfig;
+pub use drain::{drain_spool, DrainProgress, DrainSummary};
 pub use health::{HealthProber, HealthStore, NodeHealth};
 pub use layout::{LayoutWatcher, Layouts, Liveness};
 pub use queue::{Admission, DropReason, FailedCopy, RetryQueue, RetryQueueView};

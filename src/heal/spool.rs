@@ -430,6 +430,21 @@ impl std::fmt::Debug for Command {
     }
 }
 
+/// Whether another process holds the lock of the spool in `dir` now (a live instance owns
+/// it). A directory without a lock file is not locked. The answer can change at once; opening
+/// the spool takes the lock for real.
+pub fn locked_by_another_process(dir: &Path) -> bool {
+    match File::open(dir.join(LOCK_FILE)) {
+        Ok(lock) => matches!(lock.try_lock(), Err(TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
+}
+
+/// Whether `dir` holds a spool file.
+pub fn exists(dir: &Path) -> bool {
+    dir.join(LOG_FILE).is_file()
+}
+
 /// A handle to the spool's writer thread. Dropping every handle lets the thread finish its
 /// last batch, release the lock and exit.
 #[derive(Debug, Clone)]
