@@ -13,6 +13,7 @@ mod client_lib;
 mod conformance;
 mod degraded;
 mod deploy;
+mod drain;
 mod fleet;
 mod floors;
 mod harness;

@@ -541,16 +541,12 @@ impl Store for RedisStore {
                     if self.standalone_node.is_some() {
                         client.ping::<Value>(None).await
                     } else {
-                        let server = self
-                            .primary_servers()
-                            .into_iter()
-                            .find(|server| server_label(server) == *node)
-                            .ok_or_else(|| {
-                                Error::new(
-                                    ErrorKind::Unavailable,
-                                    format!("{node} is not a known node"),
-                                )
-                            })?;
+                        let server = self.primary_server(node).ok_or_else(|| {
+                            Error::new(
+                                ErrorKind::Unavailable,
+                                format!("{node} is not a known node"),
+                            )
+                        })?;
                         client.with_cluster_node(server).ping::<Value>(None).await
                     }
                 };

@@ -41,16 +41,12 @@ impl RedisStore {
                 .scan_page::<Value, _, _>(cursor.to_string(), pattern, Some(count), hash)
                 .await
         } else {
-            let server = self
-                .primary_servers()
-                .into_iter()
-                .find(|server| server_label(server) == *node)
-                .ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Unavailable,
-                        format!("scan of {node}: not a known primary"),
-                    )
-                })?;
+            let server = self.primary_server(node).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    format!("{node} is not a known primary"),
+                )
+            })?;
             self.client
                 .with_cluster_node(server)
                 .scan_page::<Value, _, _>(cursor.to_string(), pattern, Some(count), hash)
