@@ -150,7 +150,7 @@ impl Scrubber {
 
     /// Takes or renews the lease; whether this instance holds it.
     async fn take_lease(&self) -> bool {
-        let ttl_ms = u64::try_from(self.config.lease_ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttl_ms = crate::duration::millis(self.config.lease_ttl);
         match self.store.hold_lease(LEASE, &self.instance, ttl_ms).await {
             Ok(Lease::Held) => {
                 if !self.status.view().holds_lease {

@@ -279,7 +279,7 @@ impl ScrubStatus {
         self.pass_duration.observe(duration.as_secs_f64());
         let mut state = self.lock();
         if let Some(mut pass) = state.current.take() {
-            pass.duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+            pass.duration_ms = crate::duration::millis(duration);
             pass.complete = complete;
             state.last = Some(pass);
             state.passes += 1;
@@ -289,7 +289,7 @@ impl ScrubStatus {
     /// Shows the running pass's elapsed time.
     pub(super) fn tick(&self, elapsed: std::time::Duration) {
         self.current(|pass| {
-            pass.duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+            pass.duration_ms = crate::duration::millis(elapsed);
         });
     }
 }
