@@ -9,8 +9,8 @@ use std::process::{Command, Output};
 use hotsplit_devcluster as devcluster;
 use serde_json::Value;
 
-use crate::harness::{self, owner_port};
-use crate::heal::{retry_queue, stored_version, Binary};
+use crate::harness::{self, owner_port, Binary};
+use crate::heal::{retry_queue, stored_version};
 
 /// Runs `hotsplit spool drain` with `args`.
 fn drain(args: &[&str]) -> Output {
@@ -43,9 +43,7 @@ fn described(output: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spool_drain_replays_a_dead_instances_spool_and_refuses_a_live_ones() {
-    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
-        .await
-        .expect("start a cluster");
+    let cluster = harness::own_cluster().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let spool = dir.path().join("spool");
     let spool_arg = spool.display().to_string();

@@ -77,7 +77,7 @@ async fn passes_after(http: &reqwest::Client, base: &str, passes: u64, more: u64
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries_and_skips_non_copies(
 ) {
-    let cluster = harness::own_cluster();
+    let cluster = harness::own_cluster().await;
     let http = reqwest::Client::new();
     let service = Service::start(scrub_config(&cluster.url(), "sc:", 4, "300ms", true)).await;
     let base = &service.base;
@@ -199,7 +199,7 @@ async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scrub_lease_has_one_holder_at_a_time_and_passes_on_when_it_stops() {
-    let cluster = harness::own_cluster();
+    let cluster = harness::own_cluster().await;
     let http = reqwest::Client::new();
     let first = Service::start(scrub_config(&cluster.url(), "sl:", 3, "200ms", true)).await;
     let second = Service::start(scrub_config(&cluster.url(), "sl:", 3, "200ms", true)).await;
@@ -241,7 +241,7 @@ async fn scrub_lease_has_one_holder_at_a_time_and_passes_on_when_it_stops() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_scrubbers_at_once_converge_and_never_roll_a_copy_back() {
-    let cluster = Arc::new(harness::own_cluster());
+    let cluster = Arc::new(harness::own_cluster().await);
     let http = reqwest::Client::new();
     let config = scrub_config(&cluster.url(), "s2:", 4, "10m", false);
     let service = Service::start(config.clone()).await;
