@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 
 /// The anti-entropy scrub: a background walk over the split families' keys that repairs any
 /// copy missing or behind a sibling. It runs with the Redis store only.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScrubConfig {
     /// Whether this instance takes part in the scrub (takes the lease when it is free and then
