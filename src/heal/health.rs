@@ -514,7 +514,16 @@ impl Store for HealthStore {
         pattern: &'a str,
         count: u32,
     ) -> BoxFuture<'a, Result<KeyPage>> {
-        self.inner.scan_page(node, cursor, pattern, count)
+        Box::pin(async move {
+            // A failing node's scan would wait out the command timeout: the scrub's walk skips
+            // it until the next pass.
+            if self.health.is_failing(node) {
+                return Err(not_sent(node, &format!("scan for {pattern}")));
+            }
+            let page = self.inner.scan_page(node, cursor, pattern, count).await;
+            self.observe(node, &page);
+            page
+        })
     }
 
     fn hold_lease<'a>(

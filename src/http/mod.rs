@@ -39,8 +39,8 @@ mod openapi_edge;
 mod params;
 pub mod problem;
 mod request_id;
-mod session;
 pub mod scrub;
+mod session;
 mod state;
 pub mod status_page;
 

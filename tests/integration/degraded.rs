@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hotsplit::store::{NodeLabel, Store};
 use hotsplit_devcluster as devcluster;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -483,4 +484,43 @@ async fn sick_a_stopped_standalone_primary_is_probed_and_failed_fast_around() {
     assert_eq!(read.status(), StatusCode::OK);
     assert_eq!(harness::served_version(&read), 2);
     service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn degraded_a_master_stopped_right_after_connect_leaves_the_others_probed() {
+    // The node probes and `/readyz`'s pings go through the lag monitor's own client. When it
+    // was connected on first use, a master stopped before that first use failed the whole
+    // connection (the stopped node never answers the handshake), and with it every ping of the
+    // healthy primaries while the master stayed stopped: `/readyz` answered 503 around a
+    // failing node it is meant to serve around. `connect` now connects it while every primary
+    // answers.
+    let cluster = harness::own_cluster_without_failover().await;
+    let store = harness::redis_store(&cluster.url(), harness::COMMAND_TIMEOUT).await;
+    let masters: Vec<u16> = cluster
+        .masters()
+        .expect("masters")
+        .iter()
+        .map(|node| node.port())
+        .collect();
+    let (victim, healthy) = masters.split_first().expect("three masters");
+    cluster
+        .node(*victim)
+        .expect("node")
+        .pause()
+        .expect("SIGSTOP");
+    for port in healthy {
+        let node = NodeLabel::new(format!("127.0.0.1:{port}"));
+        let answer = store.ping_node(&node, Duration::from_secs(1)).await;
+        assert!(answer.is_ok(), "{node}: {answer:?}");
+    }
+    let stopped = NodeLabel::new(format!("127.0.0.1:{victim}"));
+    assert!(store
+        .ping_node(&stopped, Duration::from_millis(200))
+        .await
+        .is_err());
+    cluster
+        .node(*victim)
+        .expect("node")
+        .resume()
+        .expect("SIGCONT");
 }

@@ -149,8 +149,9 @@ pub struct RedisStore {
     /// its connection and counts only that connection's writes, so it is kept apart from the
     /// shared one.
     sync_client: tokio::sync::OnceCell<(Client, ConnectHandle)>,
-    /// The client of the lag monitor (heartbeat writes, `INFO` on primaries, `CLUSTER SLOTS`),
-    /// connected on first use: a command that names a node that is down makes fred schedule a
+    /// The client of the lag monitor (heartbeat writes, `INFO` on primaries, `CLUSTER SLOTS`)
+    /// and of node probes (`ping_node`), connected in [`RedisStore::connect`]. Apart from the
+    /// data client because a command that names a node that is down makes fred schedule a
     /// reconnection of the whole client, which must never stall the data client.
     monitor_client: tokio::sync::OnceCell<(Client, ConnectHandle)>,
     /// Cluster mode: the slot map last read with `CLUSTER SLOTS` by the topology refresh, for
@@ -356,6 +357,15 @@ impl RedisStore {
         if !missing.is_empty() {
             tracing::warn!(target = %url, loaded, missing = ?missing.iter().map(NodeLabel::to_string).collect::<Vec<_>>(), "started without the function library on some primaries; retrying them in the background");
         }
+        // The monitor client probes failing nodes and pings the healthy ones for `/readyz`, so
+        // it is connected now, while every primary answers. Connected on first use instead, a
+        // node that stalls during that first connection (its handshake never answered) failed
+        // every connection attempt, and with it every probe and readiness ping of the healthy
+        // primaries, for as long as the node stayed stalled. Once connected, fred reconnects
+        // each node on its own. A failure here is retried on first use.
+        if let Err(err) = store.monitor_client().await {
+            tracing::warn!(target = %url, error = %err, "the lag monitor's client is not connected yet; retrying on first use");
+        }
         Ok(store)
     }
 
@@ -368,7 +378,8 @@ impl RedisStore {
         }
     }
 
-    /// The lag monitor's own client, connected on first use.
+    /// The lag monitor's own client, connected in [`RedisStore::connect`] (or, when that failed,
+    /// on first use).
     async fn monitor_client(&self) -> Result<&Client> {
         self.dedicated_client(&self.monitor_client, "the lag monitor's client")
             .await
