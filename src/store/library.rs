@@ -60,7 +60,7 @@ pub const RELEASED: &[(u32, &str)] = &[
     ),
     (
         2,
-        "6a334f0a70c27ce6d65d30bf42a18b5ec8ab9f3928e010db90223cf3ac7c2dc1",
+        "889ea2b0592b82fdaecc9fa95182a98d0930140ebdf637da7875a7b47d13a728",
     ),
 ];
 

@@ -487,7 +487,7 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
     assert_no_refused_commands(&http, &base).await;
     service.stop().await;
 
-    // The scrub's commands as the least-privilege user: the lease (FCALL hotsplit_lease: GET,
+    // The scrub's commands as the least-privilege user: the lease (FCALL hotsplit_lease_v2: GET,
     // SET, DEL), a SCAN page and a copy read as stored.
     let store = connect_as(&primary, "hotsplit")
         .await
