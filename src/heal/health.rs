@@ -34,7 +34,8 @@ use super::RetryQueue;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
 use crate::store::{
-    CopyRead, CopyRecord, CopyWrite, InstanceRecord, KeyPage, Layout, LayoutSwap, LayoutWriter, Lease, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
+    CopyRead, CopyRecord, CopyWrite, InstanceRecord, KeyPage, Layout, LayoutSwap, LayoutWriter,
+    Lease, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
 };
 
 /// How long each healthy primary may take to answer the `PING` of `/readyz` while some node is

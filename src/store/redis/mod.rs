@@ -79,7 +79,9 @@ use futures_util::future::{join_all, BoxFuture};
 
 use super::library::FunctionLibrary;
 use super::{
-    layout_key, live_key, live_member, now_unix_ms, CopyRead, CopyRecord, CopyWrite, InstanceRecord, KeyPage, Layout, LayoutSwap, LayoutWriter, Lease, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
+    layout_key, live_key, live_member, now_unix_ms, CopyRead, CopyRecord, CopyWrite,
+    InstanceRecord, KeyPage, Layout, LayoutSwap, LayoutWriter, Lease, NodeLabel, ReplicaSet,
+    ServedBy, Store, WriteResult,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
