@@ -175,6 +175,11 @@ struct CheckArgs {
     /// Default: HOTSPLIT_TOKEN, else a random token.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// 2: run the fleet experiment instead: two instances, each session round-robin over
+    /// both, and the convergence after the instance holding queued heals is SIGKILLed and its
+    /// spool deleted. --duration is its workload phase.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
+    instances: u32,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -290,6 +295,9 @@ fn check(args: CheckArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
+    if args.instances == 2 {
+        return check_fleet(&runtime, &args);
+    }
     let token = match token_from(args.token_file.as_deref()) {
         Ok(token) => token,
         Err(err) => {
@@ -351,6 +359,52 @@ const EXIT_BEHIND: u8 = 3;
 
 /// Exit status of an audit stopped by ctrl-c or SIGTERM before it finished (one-shot mode).
 const EXIT_INTERRUPTED: u8 = 130;
+
+/// `check --instances 2`: the fleet experiment (`check::fleet`).
+fn check_fleet(runtime: &tokio::runtime::Runtime, args: &CheckArgs) -> ExitCode {
+    let options = check::fleet::FleetOptions {
+        duration: args.duration,
+        seed: args.seed,
+        keys: args.keys,
+        readers: args.readers,
+        copies: args.copies,
+    };
+    let result = runtime.block_on(async move {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let on_signal = cancel.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            on_signal.cancel();
+        });
+        eprintln!("hotsplit check --instances 2: starting a cluster and two instances");
+        check::fleet::run(options, cancel).await
+    });
+    match result {
+        Ok(report) => {
+            println!("{}", report.markdown());
+            if let Some(dir) = &args.out {
+                let written = std::fs::create_dir_all(dir)
+                    .and_then(|()| std::fs::write(dir.join("fleet.md"), report.markdown()));
+                if let Err(err) = written {
+                    eprintln!("hotsplit check: cannot write {}: {err}", dir.display());
+                }
+            }
+            let failures = report.failures();
+            for failure in &failures {
+                println!("FAIL: {failure}");
+            }
+            if failures.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(err) => {
+            eprintln!("hotsplit check: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 fn audit(args: AuditArgs) -> ExitCode {
     if let Err(err) = init_tracing(

@@ -12,12 +12,15 @@
 //! (one mode's writers, readers and sampler), `presence` (the presence experiment), `faults`
 //! (the seeded fault schedule and replica lag), `recorder` (the shared history, requests and
 //! direct copy samples) and [`report`] (the pure figures: judging a history, the report).
+//! [`fleet`] is `--instances 2`: two `hotsplit serve` processes, sessions spread over both,
+//! and the convergence after one is SIGKILLed with its spool deleted.
 //!
 //! This module is part of the `hotsplit` binary, not of the library: it starts servers with
 //! `hotsplit-devcluster`, which the library does not depend on.
 
 pub mod checkers;
 mod faults;
+pub mod fleet;
 pub mod history;
 mod presence;
 mod recorder;

@@ -1,0 +1,496 @@
+//! `hotsplit check --instances 2`: the claims across two instances behind one cluster.
+//!
+//! Two `hotsplit serve` processes (this binary, so one can be SIGKILLed for real) run on a
+//! throwaway 3-master/3-replica cluster. Each session spreads its requests over both instances
+//! round-robin while replicas lag (`faults::lag_replicas`): writers publish, then read back
+//! their own key through the *other* instance; readers read affinely, alternating instances.
+//! The figures: per mode and session-token setting, monotonic-read violations (a session
+//! served an older version than it was served before) and read-your-writes violations (a
+//! writer served an older version than it just wrote). Floors live in the instance that took
+//! the request, so without a session token the other instance may serve a lagging replica's
+//! older copy: the "without" row shows the violation the token removes.
+//!
+//! The convergence scenario: a master refuses `FCALL` (an ACL), so instance A queues the copies
+//! it owns; A is SIGKILLed and its spool directory deleted, the master recovers, and the scrub
+//! (on instance B, once it takes the lease) must bring every copy level. The report says how
+//! long that took.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio_util::sync::CancellationToken;
+
+use super::faults::lag_replicas;
+use super::recorder::{send, Recorder};
+use hotsplit::error::{Error, ErrorKind, Result};
+use hotsplit::wire::query::{CLASS, CLIENT, VERSION};
+use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions};
+
+/// What `--instances 2` runs.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// How long the workload phase runs.
+    pub duration: Duration,
+    /// Seed of the readers' choices and the replica pauses.
+    pub seed: u64,
+    /// Hot keys.
+    pub keys: u32,
+    /// Reader sessions.
+    pub readers: u32,
+    /// Copies per hot key.
+    pub copies: u32,
+}
+
+/// One row of the table: a mode and whether sessions carried the session token.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FleetRow {
+    /// The read mode (`affine`: each session reads with its client id).
+    pub mode: &'static str,
+    /// `without` or `with` the session token.
+    pub token: &'static str,
+    /// `None` when the row could not run (the reason is in `pending`).
+    pub figures: Option<FleetFigures>,
+    /// Why the row did not run.
+    pub pending: Option<&'static str>,
+}
+
+/// The counts of one phase.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FleetFigures {
+    /// Publishes answered 2xx.
+    pub writes: u64,
+    /// Reads answered 200.
+    pub reads: u64,
+    /// Reads served an older version than the session had been served before.
+    pub monotonic_violations: u64,
+    /// Read-backs served an older version than the writer had just written.
+    pub read_your_writes_violations: u64,
+}
+
+/// The convergence scenario's outcome.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FleetConvergence {
+    /// Keys published through the instance that was killed.
+    pub keys: u32,
+    /// Copies it reported queued (their master refused the write).
+    pub queued: u64,
+    /// From the master's recovery (spool already deleted) until every copy of every key held
+    /// the published version; `None` when it did not happen within the limit.
+    pub level_after_ms: Option<u64>,
+    /// The limit waited for.
+    pub limit_ms: u64,
+}
+
+/// The report of `--instances 2`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FleetReport {
+    /// The table.
+    pub rows: Vec<FleetRow>,
+    /// The convergence scenario.
+    pub convergence: FleetConvergence,
+}
+
+impl FleetReport {
+    /// The report as markdown.
+    pub fn markdown(&self) -> String {
+        let mut out = String::from("## Across two instances (each session round-robin over both)\n\n| mode | session token | writes | reads | monotonic-read violations | read-your-writes violations |\n|---|---|---|---|---|---|\n");
+        for row in &self.rows {
+            match (&row.figures, row.pending) {
+                (Some(f), _) => out.push_str(&format!(
+                    "| {} | {} | {} | {} | {} | {} |\n",
+                    row.mode,
+                    row.token,
+                    f.writes,
+                    f.reads,
+                    f.monotonic_violations,
+                    f.read_your_writes_violations
+                )),
+                (None, pending) => out.push_str(&format!(
+                    "| {} | {} | pending: {} | | | |\n",
+                    row.mode,
+                    row.token,
+                    pending.unwrap_or("not run")
+                )),
+            }
+        }
+        let c = &self.convergence;
+        out.push_str(&format!(
+            "\nConvergence: {} keys published through instance A while a master refused FCALL ({} copies queued); A SIGKILLed and its spool directory deleted; the master recovered; ",
+            c.keys, c.queued
+        ));
+        match c.level_after_ms {
+            Some(ms) => out.push_str(&format!(
+                "every copy level after {:.1} s (the scrub on instance B).\n",
+                ms as f64 / 1000.0
+            )),
+            None => out.push_str(&format!(
+                "copies NOT level after {:.1} s.\n",
+                c.limit_ms as f64 / 1000.0
+            )),
+        }
+        out
+    }
+
+    /// What fails the run: copies that never became level. Violations without the token are
+    /// the expected demonstration, not a failure.
+    pub fn failures(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        if self.convergence.level_after_ms.is_none() {
+            failures.push(
+                "the scrub did not bring every copy level after the spool was lost".to_owned(),
+            );
+        }
+        failures
+    }
+}
+
+/// A `hotsplit serve` child process, SIGKILLed when dropped.
+struct Instance {
+    /// The process.
+    child: Child,
+    /// `http://127.0.0.1:P`.
+    base: String,
+    /// Its spool directory.
+    spool: PathBuf,
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn io_error(what: &str, err: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Io, format!("{what}: {err}"))
+}
+
+/// Starts `hotsplit serve` (this executable) on `cluster` with its own port and spool.
+fn spawn_instance(
+    dir: &std::path::Path,
+    name: &str,
+    cluster: &Cluster,
+    copies: u32,
+) -> Result<Instance> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map_err(|err| io_error("cannot find a free port", err))?
+        .port();
+    let spool = dir.join(format!("{name}-spool"));
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nshutdown_grace = \"2s\"\n\
+         [store]\nredis = \"{}\"\ncommand_timeout = \"2s\"\n\
+         [heal]\nspool_dir = \"{}\"\n\
+         [scrub]\ninterval = \"1s\"\nlease_ttl = \"3s\"\n\
+         [[family]]\nprefix = \"fleet:\"\ncopies = {copies}\nttl = \"10m\"\ndefault_class = \"advisory\"\n",
+        cluster.url(),
+        spool.display()
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, config).map_err(|err| io_error("cannot write a config", err))?;
+    let log = std::fs::File::create(dir.join(format!("{name}.log")))
+        .map_err(|err| io_error("cannot create a log", err))?;
+    let err_log = log
+        .try_clone()
+        .map_err(|err| io_error("cannot create a log", err))?;
+    let exe =
+        std::env::current_exe().map_err(|err| io_error("cannot find this executable", err))?;
+    let child = Command::new(exe)
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env_remove("HOTSPLIT_REDIS")
+        .env_remove("HOTSPLIT_LISTEN")
+        .env_remove("HOTSPLIT_CONFIG")
+        .env("HOTSPLIT_LOG", "warn")
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(err_log))
+        .spawn()
+        .map_err(|err| io_error("cannot start hotsplit serve", err))?;
+    Ok(Instance {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+        spool,
+    })
+}
+
+async fn wait_ready(http: &reqwest::Client, base: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = http.get(format!("{base}/readyz")).send().await;
+        if ready.is_ok_and(|answer| answer.status().is_success()) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("{base} did not become ready within 30 s"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs the fleet experiment.
+///
+/// # Errors
+/// [`ErrorKind::Io`] when a server or an instance cannot start; [`ErrorKind::Unavailable`]
+/// when an instance does not become ready.
+pub async fn run(options: FleetOptions, shutdown: CancellationToken) -> Result<FleetReport> {
+    devcluster::redis_server_path().map_err(|err| Error::new(ErrorKind::Io, err.to_string()))?;
+    let cluster = tokio::task::spawn_blocking(|| {
+        Cluster::start(ClusterOptions {
+            extra_args: vec!["--cluster-require-full-coverage".into(), "no".into()],
+            ..ClusterOptions::default()
+        })
+    })
+    .await
+    .map_err(|err| io_error("cluster start task failed", err))?
+    .map_err(|err| io_error("cannot start the redis cluster", err))?;
+    let cluster = Arc::new(cluster);
+    // The run's own directory (configs, logs, spools), removed at the end.
+    let dir = std::env::temp_dir().join(format!(
+        "hotsplit-check-fleet-{}-{}",
+        std::process::id(),
+        options.seed
+    ));
+    std::fs::create_dir_all(&dir).map_err(|err| io_error("cannot make a work directory", err))?;
+    let result = run_in(&dir, &cluster, options, shutdown).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn run_in(
+    dir: &std::path::Path,
+    cluster: &Arc<Cluster>,
+    options: FleetOptions,
+    shutdown: CancellationToken,
+) -> Result<FleetReport> {
+    let mut instances = vec![
+        spawn_instance(dir, "a", cluster, options.copies)?,
+        spawn_instance(dir, "b", cluster, options.copies)?,
+    ];
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|err| io_error("http client", err))?;
+    for instance in &instances {
+        wait_ready(&http, &instance.base).await?;
+    }
+    let bases: Vec<String> = instances.iter().map(|i| i.base.clone()).collect();
+    let figures = phase(&http, &bases, cluster, &options, &shutdown).await;
+    let rows = vec![
+        FleetRow {
+            mode: "affine",
+            token: "without",
+            figures: Some(figures),
+            pending: None,
+        },
+        FleetRow {
+            mode: "affine",
+            token: "with",
+            figures: None,
+            pending: Some("the session token (Hotsplit-Session) is not in this build yet"),
+        },
+    ];
+    let convergence = converge(&http, cluster, &mut instances, options.copies).await?;
+    Ok(FleetReport { rows, convergence })
+}
+
+/// One workload phase over both instances, without a session token.
+async fn phase(
+    http: &reqwest::Client,
+    bases: &[String],
+    cluster: &Arc<Cluster>,
+    options: &FleetOptions,
+    shutdown: &CancellationToken,
+) -> FleetFigures {
+    let stop = shutdown.child_token();
+    let counts: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+    let keys: Vec<String> = (0..options.keys).map(|k| format!("fleet:{k}")).collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (index, key) in keys.iter().enumerate() {
+        let (http, bases, key, counts, stop) = (
+            http.clone(),
+            bases.to_vec(),
+            key.clone(),
+            counts.clone(),
+            stop.clone(),
+        );
+        tasks.spawn(async move {
+            let session = format!("writer-{index}");
+            let mut turn = 0usize;
+            for version in 1u64.. {
+                if stop.is_cancelled() {
+                    break;
+                }
+                let write = send(
+                    http.put(format!(
+                        "{}/v1/keys/{key}?{VERSION}={version}&{CLIENT}={session}",
+                        bases[turn % bases.len()]
+                    ))
+                    .body(format!("v{version}")),
+                )
+                .await;
+                turn += 1;
+                if !(200..300).contains(&write.status) {
+                    continue;
+                }
+                counts[0].fetch_add(1, Ordering::Relaxed);
+                let read = send(http.get(format!(
+                    "{}/v1/keys/{key}?{CLIENT}={session}&{CLASS}=advisory",
+                    bases[turn % bases.len()]
+                )))
+                .await;
+                turn += 1;
+                if read.status == 200 {
+                    counts[1].fetch_add(1, Ordering::Relaxed);
+                    if read.version.is_some_and(|served| served < version) {
+                        counts[3].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+    }
+    let mut rng = StdRng::seed_from_u64(options.seed);
+    for reader in 0..options.readers {
+        let (http, bases, keys, counts, stop) = (
+            http.clone(),
+            bases.to_vec(),
+            keys.clone(),
+            counts.clone(),
+            stop.clone(),
+        );
+        let mut rng = StdRng::seed_from_u64(rng.random());
+        tasks.spawn(async move {
+            let session = format!("reader-{reader}");
+            let mut seen = vec![0u64; keys.len()];
+            let mut turn = 0usize;
+            while !stop.is_cancelled() {
+                let index = rng.random_range(0..keys.len());
+                let read = send(http.get(format!(
+                    "{}/v1/keys/{}?{CLIENT}={session}&{CLASS}=advisory",
+                    bases[turn % bases.len()],
+                    keys[index]
+                )))
+                .await;
+                turn += 1;
+                if let Some(version) = read.version.filter(|_| read.status == 200) {
+                    counts[1].fetch_add(1, Ordering::Relaxed);
+                    if version < seen[index] {
+                        counts[2].fetch_add(1, Ordering::Relaxed);
+                    }
+                    seen[index] = seen[index].max(version);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+    }
+    tasks.spawn(lag_replicas(
+        cluster.clone(),
+        Recorder::new(),
+        stop.clone(),
+        StdRng::seed_from_u64(options.seed.wrapping_add(1)),
+    ));
+    tokio::select! {
+        () = tokio::time::sleep(options.duration) => {}
+        () = stop.cancelled() => {}
+    }
+    stop.cancel();
+    while tasks.join_next().await.is_some() {}
+    FleetFigures {
+        writes: counts[0].load(Ordering::Relaxed),
+        reads: counts[1].load(Ordering::Relaxed),
+        monotonic_violations: counts[2].load(Ordering::Relaxed),
+        read_your_writes_violations: counts[3].load(Ordering::Relaxed),
+    }
+}
+
+/// The longest the convergence scenario waits for the copies to become level.
+const CONVERGENCE_LIMIT: Duration = Duration::from_secs(60);
+
+/// Queues copies on instance A, SIGKILLs it and deletes its spool, then times how long until
+/// every copy holds the published version.
+async fn converge(
+    http: &reqwest::Client,
+    cluster: &Arc<Cluster>,
+    instances: &mut [Instance],
+    copies: u32,
+) -> Result<FleetConvergence> {
+    const KEYS: u32 = 32;
+    let victim = cluster
+        .master_for_key(b"fleet:conv:0#0")
+        .map_err(|err| io_error("cannot read the cluster topology", err))?
+        .ok_or_else(|| Error::new(ErrorKind::Unavailable, "no master owns fleet:conv:0#0"))?
+        .port;
+    let acl = |rule: &str| {
+        devcluster::cli(victim, &["ACL", "SETUSER", "default", rule])
+            .map_err(|err| io_error("cannot change the victim's ACL", err))
+    };
+    acl("-fcall")?;
+    let mut queued = 0;
+    for key in 0..KEYS {
+        let answer = http
+            .put(format!(
+                "{}/v1/keys/fleet:conv:{key}?{VERSION}=1",
+                instances[0].base
+            ))
+            .body("converged")
+            .send()
+            .await
+            .map_err(|err| io_error("publish", err))?;
+        let body: serde_json::Value = answer.json().await.unwrap_or_default();
+        queued += body["outcomes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|line| line["outcome"] == "queued")
+            .count() as u64;
+    }
+    let killed = &mut instances[0];
+    let _ = killed.child.kill();
+    let _ = killed.child.wait();
+    std::fs::remove_dir_all(&killed.spool)
+        .map_err(|err| io_error("cannot delete the spool", err))?;
+    acl("+fcall")?;
+    let started = Instant::now();
+    let cluster_for_poll = cluster.clone();
+    let level_after_ms = loop {
+        let cluster = cluster_for_poll.clone();
+        let level = tokio::task::spawn_blocking(move || all_level(&cluster, KEYS, copies))
+            .await
+            .unwrap_or(false);
+        if level {
+            break Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+        }
+        if started.elapsed() > CONVERGENCE_LIMIT {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    Ok(FleetConvergence {
+        keys: KEYS,
+        queued,
+        level_after_ms,
+        limit_ms: u64::try_from(CONVERGENCE_LIMIT.as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
+/// Whether every copy of `fleet:conv:0..keys` holds version 1 on its master.
+fn all_level(cluster: &Cluster, keys: u32, copies: u32) -> bool {
+    (0..keys).all(|key| {
+        (0..copies).all(|copy| {
+            let copy_key = format!("fleet:conv:{key}#{copy}");
+            let Ok(Some(owner)) = cluster.master_for_key(copy_key.as_bytes()) else {
+                return false;
+            };
+            devcluster::cli(owner.port, &["HGET", &copy_key, "ver"])
+                .is_ok_and(|ver| ver.trim() == "1")
+        })
+    })
+}
