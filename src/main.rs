@@ -176,8 +176,9 @@ struct CheckArgs {
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// 2: run the fleet experiment instead: two instances, each session round-robin over
-    /// both, and the convergence after the instance holding queued heals is SIGKILLed and its
-    /// spool deleted. --duration is its workload phase.
+    /// both, without and with the session token, and the convergence after the instance
+    /// holding queued heals is SIGKILLed and its spool deleted. --duration is its four
+    /// workload rows together; --out gets fleet.md and fleet.json.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
     instances: u32,
 }
@@ -383,8 +384,10 @@ fn check_fleet(runtime: &tokio::runtime::Runtime, args: &CheckArgs) -> ExitCode 
         Ok(report) => {
             println!("{}", report.markdown());
             if let Some(dir) = &args.out {
+                let json = serde_json::to_vec_pretty(&report).unwrap_or_default();
                 let written = std::fs::create_dir_all(dir)
-                    .and_then(|()| std::fs::write(dir.join("fleet.md"), report.markdown()));
+                    .and_then(|()| std::fs::write(dir.join("fleet.md"), report.markdown()))
+                    .and_then(|()| std::fs::write(dir.join("fleet.json"), json));
                 if let Err(err) = written {
                     eprintln!("hotsplit check: cannot write {}: {err}", dir.display());
                 }

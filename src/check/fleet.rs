@@ -3,12 +3,16 @@
 //! Two `hotsplit serve` processes (this binary, so one can be SIGKILLed for real) run on a
 //! throwaway 3-master/3-replica cluster. Each session spreads its requests over both instances
 //! round-robin while replicas lag (`faults::lag_replicas`): writers publish, then read back
-//! their own key through the *other* instance; readers read affinely, alternating instances.
-//! The figures: per mode and session-token setting, monotonic-read violations (a session
-//! served an older version than it was served before) and read-your-writes violations (a
-//! writer served an older version than it just wrote). Floors live in the instance that took
-//! the request, so without a session token the other instance may serve a lagging replica's
-//! older copy: the "without" row shows the violation the token removes.
+//! their own key through the *other* instance; readers alternate instances. Two read modes:
+//! `random-suffix` (each read names a random copy, `?copy=i`) and `affine` (each session reads
+//! with its client id). Each mode runs twice, each time on keys of its own: without and with
+//! the session token (`Hotsplit-Session`: every session sends back the last token it
+//! received, as any HTTP client can). The figures, per mode and token setting: monotonic-read
+//! violations (a session served an older version than it was served before) and
+//! read-your-writes violations (a writer served an older version than it just wrote). Without
+//! the token the floors live only in the instance that took the request, so the other
+//! instance may serve a lagging replica's older copy: the "without" rows show the violations
+//! the token removes, and a "with" row that has any fails the run.
 //!
 //! The convergence scenario: a master refuses `FCALL` (an ACL), so instance A queues the copies
 //! it owns; A is SIGKILLed and its spool directory deleted, the master recovers, and the scrub
@@ -28,13 +32,14 @@ use tokio_util::sync::CancellationToken;
 use super::faults::lag_replicas;
 use super::recorder::{send, Recorder};
 use hotsplit::error::{Error, ErrorKind, Result};
-use hotsplit::wire::query::{CLASS, CLIENT, VERSION};
+use hotsplit::wire::header::SESSION;
+use hotsplit::wire::query::{CLASS, CLIENT, COPY, VERSION};
 use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions};
 
 /// What `--instances 2` runs.
 #[derive(Debug, Clone)]
 pub struct FleetOptions {
-    /// How long the workload phase runs.
+    /// How long the workload phases run, all rows together (each row a quarter).
     pub duration: Duration,
     /// Seed of the readers' choices and the replica pauses.
     pub seed: u64,
@@ -46,17 +51,34 @@ pub struct FleetOptions {
     pub copies: u32,
 }
 
+/// How a session's reads pick a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadMode {
+    /// Each read names a random copy (`?copy=i`).
+    RandomSuffix,
+    /// Each read carries the session's client id (its affine copy).
+    Affine,
+}
+
+impl ReadMode {
+    /// The mode's name in the report, as in the one-instance check.
+    fn as_str(self) -> &'static str {
+        match self {
+            ReadMode::RandomSuffix => "random-suffix",
+            ReadMode::Affine => "affine",
+        }
+    }
+}
+
 /// One row of the table: a mode and whether sessions carried the session token.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct FleetRow {
-    /// The read mode (`affine`: each session reads with its client id).
+    /// The read mode: `random-suffix` or `affine`.
     pub mode: &'static str,
-    /// `without` or `with` the session token.
-    pub token: &'static str,
-    /// `None` when the row could not run (the reason is in `pending`).
-    pub figures: Option<FleetFigures>,
-    /// Why the row did not run.
-    pub pending: Option<&'static str>,
+    /// Whether every session sent back the last session token it received.
+    pub token: bool,
+    /// The counts.
+    pub figures: FleetFigures,
 }
 
 /// The counts of one phase.
@@ -84,6 +106,9 @@ pub struct FleetConvergence {
     pub level_after_ms: Option<u64>,
     /// The limit waited for.
     pub limit_ms: u64,
+    /// Copies the surviving instance's scrub repaired meanwhile
+    /// (`hotsplit_scrub_repairs_total`).
+    pub scrub_repairs: u64,
 }
 
 /// The report of `--instances 2`.
@@ -100,23 +125,16 @@ impl FleetReport {
     pub fn markdown(&self) -> String {
         let mut out = String::from("## Across two instances (each session round-robin over both)\n\n| mode | session token | writes | reads | monotonic-read violations | read-your-writes violations |\n|---|---|---|---|---|---|\n");
         for row in &self.rows {
-            match (&row.figures, row.pending) {
-                (Some(f), _) => out.push_str(&format!(
-                    "| {} | {} | {} | {} | {} | {} |\n",
-                    row.mode,
-                    row.token,
-                    f.writes,
-                    f.reads,
-                    f.monotonic_violations,
-                    f.read_your_writes_violations
-                )),
-                (None, pending) => out.push_str(&format!(
-                    "| {} | {} | pending: {} | | | |\n",
-                    row.mode,
-                    row.token,
-                    pending.unwrap_or("not run")
-                )),
-            }
+            let f = &row.figures;
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} |\n",
+                row.mode,
+                if row.token { "with" } else { "without" },
+                f.writes,
+                f.reads,
+                f.monotonic_violations,
+                f.read_your_writes_violations
+            ));
         }
         let c = &self.convergence;
         out.push_str(&format!(
@@ -125,8 +143,9 @@ impl FleetReport {
         ));
         match c.level_after_ms {
             Some(ms) => out.push_str(&format!(
-                "every copy level after {:.1} s (the scrub on instance B).\n",
-                ms as f64 / 1000.0
+                "every copy level after {:.1} s ({} copies repaired by the scrub on instance B, which first waits for A's lease to lapse).\n",
+                ms as f64 / 1000.0,
+                c.scrub_repairs
             )),
             None => out.push_str(&format!(
                 "copies NOT level after {:.1} s.\n",
@@ -136,14 +155,36 @@ impl FleetReport {
         out
     }
 
-    /// What fails the run: copies that never became level. Violations without the token are
-    /// the expected demonstration, not a failure.
+    /// What fails the run: a violation with the token, a row with the token that served no
+    /// read, or copies that never became level. Violations without the token are the expected
+    /// demonstration, not a failure.
     pub fn failures(&self) -> Vec<String> {
         let mut failures = Vec::new();
-        if self.convergence.level_after_ms.is_none() {
+        for row in self.rows.iter().filter(|row| row.token) {
+            let f = &row.figures;
+            if f.monotonic_violations + f.read_your_writes_violations > 0 {
+                failures.push(format!(
+                    "{} with the session token: {} monotonic-read and {} read-your-writes violations",
+                    row.mode, f.monotonic_violations, f.read_your_writes_violations
+                ));
+            }
+            if f.reads == 0 {
+                failures.push(format!(
+                    "{} with the session token: no read was served",
+                    row.mode
+                ));
+            }
+        }
+        let c = &self.convergence;
+        if c.queued == 0 {
+            failures.push("the convergence scenario queued no copy: it tested nothing".to_owned());
+        }
+        if c.level_after_ms.is_none() {
             failures.push(
                 "the scrub did not bring every copy level after the spool was lost".to_owned(),
             );
+        } else if c.scrub_repairs == 0 {
+            failures.push("the copies became level without a scrub repair".to_owned());
         }
         failures
     }
@@ -282,36 +323,100 @@ async fn run_in(
         wait_ready(&http, &instance.base).await?;
     }
     let bases: Vec<String> = instances.iter().map(|i| i.base.clone()).collect();
-    let figures = phase(&http, &bases, cluster, &options, &shutdown).await;
-    let rows = vec![
-        FleetRow {
-            mode: "affine",
-            token: "without",
-            figures: Some(figures),
-            pending: None,
-        },
-        FleetRow {
-            mode: "affine",
-            token: "with",
-            figures: None,
-            pending: Some("the session token (Hotsplit-Session) is not in this build yet"),
-        },
+    let rows_planned = [
+        (ReadMode::RandomSuffix, false),
+        (ReadMode::RandomSuffix, true),
+        (ReadMode::Affine, false),
+        (ReadMode::Affine, true),
     ];
+    let mut rows = Vec::with_capacity(rows_planned.len());
+    for (number, (mode, token)) in rows_planned.into_iter().enumerate() {
+        let row = Row {
+            mode,
+            token,
+            // Keys of its own: each row's versions start again at 1.
+            prefix: format!("fleet:{number}:"),
+            duration: options.duration / 4,
+        };
+        eprintln!(
+            "hotsplit check --instances 2: {} {} the session token",
+            mode.as_str(),
+            if token { "with" } else { "without" }
+        );
+        let figures = phase(&http, &bases, cluster, &options, &row, &shutdown).await;
+        rows.push(FleetRow {
+            mode: mode.as_str(),
+            token,
+            figures,
+        });
+        if shutdown.is_cancelled() {
+            break;
+        }
+    }
     let convergence = converge(&http, cluster, &mut instances, options.copies).await?;
     Ok(FleetReport { rows, convergence })
 }
 
-/// One workload phase over both instances, without a session token.
+/// What one row runs.
+struct Row {
+    /// How reads pick a copy.
+    mode: ReadMode,
+    /// Whether sessions send back their session token.
+    token: bool,
+    /// The prefix of the row's keys (inside the `fleet:` family).
+    prefix: String,
+    /// How long the row's workload runs.
+    duration: Duration,
+}
+
+/// A session's last token, sent with its next request when the row carries tokens.
+#[derive(Default)]
+struct Session {
+    /// The last `Hotsplit-Session` answered, if any.
+    token: Option<String>,
+}
+
+impl Session {
+    /// `request` with the session's token when `carry` is set.
+    fn attach(&self, carry: bool, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match (&self.token, carry) {
+            (Some(token), true) => request.header(SESSION, token),
+            _ => request,
+        }
+    }
+
+    /// Keeps the token an answer carried.
+    fn keep(&mut self, answer: &super::recorder::Answer) {
+        if let Some(token) = &answer.session {
+            self.token = Some(token.clone());
+        }
+    }
+}
+
+/// The URL of a read of `key` through `base` in `mode`.
+fn read_url(base: &str, key: &str, mode: ReadMode, session: &str, copy: u32) -> String {
+    match mode {
+        ReadMode::RandomSuffix => format!("{base}/v1/keys/{key}?{COPY}={copy}&{CLASS}=advisory"),
+        ReadMode::Affine => format!("{base}/v1/keys/{key}?{CLIENT}={session}&{CLASS}=advisory"),
+    }
+}
+
+/// One workload phase over both instances.
 async fn phase(
     http: &reqwest::Client,
     bases: &[String],
     cluster: &Arc<Cluster>,
     options: &FleetOptions,
+    row: &Row,
     shutdown: &CancellationToken,
 ) -> FleetFigures {
     let stop = shutdown.child_token();
     let counts: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
-    let keys: Vec<String> = (0..options.keys).map(|k| format!("fleet:{k}")).collect();
+    let keys: Vec<String> = (0..options.keys)
+        .map(|k| format!("{}{k}", row.prefix))
+        .collect();
+    let (mode, carry, copies) = (row.mode, row.token, options.copies);
+    let mut rng = StdRng::seed_from_u64(options.seed);
     let mut tasks = tokio::task::JoinSet::new();
     for (index, key) in keys.iter().enumerate() {
         let (http, bases, key, counts, stop) = (
@@ -321,31 +426,45 @@ async fn phase(
             counts.clone(),
             stop.clone(),
         );
+        let mut rng = StdRng::seed_from_u64(rng.random());
         tasks.spawn(async move {
             let session = format!("writer-{index}");
+            let mut held = Session::default();
             let mut turn = 0usize;
             for version in 1u64.. {
                 if stop.is_cancelled() {
                     break;
                 }
                 let write = send(
-                    http.put(format!(
-                        "{}/v1/keys/{key}?{VERSION}={version}&{CLIENT}={session}",
-                        bases[turn % bases.len()]
-                    ))
+                    held.attach(
+                        carry,
+                        http.put(format!(
+                            "{}/v1/keys/{key}?{VERSION}={version}&{CLIENT}={session}",
+                            bases[turn % bases.len()]
+                        )),
+                    )
                     .body(format!("v{version}")),
                 )
                 .await;
+                held.keep(&write);
                 turn += 1;
                 if !(200..300).contains(&write.status) {
                     continue;
                 }
                 counts[0].fetch_add(1, Ordering::Relaxed);
-                let read = send(http.get(format!(
-                    "{}/v1/keys/{key}?{CLIENT}={session}&{CLASS}=advisory",
-                    bases[turn % bases.len()]
-                )))
+                let copy = rng.random_range(0..copies);
+                let read = send(held.attach(
+                    carry,
+                    http.get(read_url(
+                        &bases[turn % bases.len()],
+                        &key,
+                        mode,
+                        &session,
+                        copy,
+                    )),
+                ))
                 .await;
+                held.keep(&read);
                 turn += 1;
                 if read.status == 200 {
                     counts[1].fetch_add(1, Ordering::Relaxed);
@@ -357,7 +476,6 @@ async fn phase(
             }
         });
     }
-    let mut rng = StdRng::seed_from_u64(options.seed);
     for reader in 0..options.readers {
         let (http, bases, keys, counts, stop) = (
             http.clone(),
@@ -369,16 +487,24 @@ async fn phase(
         let mut rng = StdRng::seed_from_u64(rng.random());
         tasks.spawn(async move {
             let session = format!("reader-{reader}");
+            let mut held = Session::default();
             let mut seen = vec![0u64; keys.len()];
             let mut turn = 0usize;
             while !stop.is_cancelled() {
                 let index = rng.random_range(0..keys.len());
-                let read = send(http.get(format!(
-                    "{}/v1/keys/{}?{CLIENT}={session}&{CLASS}=advisory",
-                    bases[turn % bases.len()],
-                    keys[index]
-                )))
+                let copy = rng.random_range(0..copies);
+                let read = send(held.attach(
+                    carry,
+                    http.get(read_url(
+                        &bases[turn % bases.len()],
+                        &keys[index],
+                        mode,
+                        &session,
+                        copy,
+                    )),
+                ))
                 .await;
+                held.keep(&read);
                 turn += 1;
                 if let Some(version) = read.version.filter(|_| read.status == 200) {
                     counts[1].fetch_add(1, Ordering::Relaxed);
@@ -398,7 +524,7 @@ async fn phase(
         StdRng::seed_from_u64(options.seed.wrapping_add(1)),
     ));
     tokio::select! {
-        () = tokio::time::sleep(options.duration) => {}
+        () = tokio::time::sleep(row.duration) => {}
         () = stop.cancelled() => {}
     }
     stop.cancel();
@@ -452,6 +578,8 @@ async fn converge(
             .filter(|line| line["outcome"] == "queued")
             .count() as u64;
     }
+    let survivor = instances[1].base.clone();
+    let repairs_before = scrub_repairs(http, &survivor).await;
     let killed = &mut instances[0];
     let _ = killed.child.kill();
     let _ = killed.child.wait();
@@ -473,12 +601,27 @@ async fn converge(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    let repairs_after = scrub_repairs(http, &survivor).await;
     Ok(FleetConvergence {
         keys: KEYS,
         queued,
         level_after_ms,
         limit_ms: u64::try_from(CONVERGENCE_LIMIT.as_millis()).unwrap_or(u64::MAX),
+        scrub_repairs: repairs_after.saturating_sub(repairs_before),
     })
+}
+
+/// The sum of `hotsplit_scrub_repairs_total` (every cause) in `base`'s `/metrics`; 0 when it
+/// cannot be read.
+async fn scrub_repairs(http: &reqwest::Client, base: &str) -> u64 {
+    let Ok(answer) = http.get(format!("{base}/metrics")).send().await else {
+        return 0;
+    };
+    let text = answer.text().await.unwrap_or_default();
+    text.lines()
+        .filter(|line| line.starts_with("hotsplit_scrub_repairs_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 /// Whether every copy of `fleet:conv:0..keys` holds version 1 on its master.

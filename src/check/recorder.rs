@@ -95,6 +95,8 @@ pub(super) struct Answer {
     pub(super) served_by: Option<String>,
     pub(super) route: Option<String>,
     pub(super) code: Option<String>,
+    /// The session token the answer carried (`Hotsplit-Session`).
+    pub(super) session: Option<String>,
 }
 
 pub(super) async fn send(request: reqwest::RequestBuilder) -> Answer {
@@ -112,6 +114,7 @@ pub(super) async fn send(request: reqwest::RequestBuilder) -> Answer {
             let copy = header(wire::header::COPY).and_then(|text| text.parse().ok());
             let served_by = header(wire::header::SERVED_BY);
             let route = header(wire::header::ROUTE);
+            let session = header(wire::header::SESSION);
             let code = if status >= 400 {
                 response
                     .json::<serde_json::Value>()
@@ -128,6 +131,7 @@ pub(super) async fn send(request: reqwest::RequestBuilder) -> Answer {
                 served_by,
                 route,
                 code,
+                session,
             }
         }
         Err(_) => Answer {
@@ -137,6 +141,7 @@ pub(super) async fn send(request: reqwest::RequestBuilder) -> Answer {
             served_by: None,
             route: None,
             code: Some("transport".into()),
+            session: None,
         },
     }
 }

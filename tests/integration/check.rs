@@ -148,3 +148,59 @@ fn short_check(seed: &str) {
         assert!(out.path().join(name).is_file(), "{name} is written");
     }
 }
+
+/// `check --instances 2`, short: two `hotsplit serve` processes on one throwaway cluster, every
+/// session round-robin over both. With the session token no session goes back in time nor
+/// misses its own write in either mode; the instance holding queued heals is SIGKILLed, its
+/// spool deleted, and the surviving instance's scrub levels every copy.
+#[test]
+fn check_across_two_instances_holds_with_the_token_and_the_scrub_levels_a_lost_spool() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .args([
+            "check",
+            "--instances",
+            "2",
+            "--duration",
+            "12s",
+            "--seed",
+            "5",
+            "--out",
+        ])
+        .arg(out.path())
+        .output()
+        .expect("run hotsplit check --instances 2");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("fleet.json")).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{report}");
+    for row in rows.iter().filter(|row| row["token"] == true) {
+        let figures = &row["figures"];
+        assert!(figures["reads"].as_u64().unwrap() > 0, "{row}");
+        assert!(figures["writes"].as_u64().unwrap() > 0, "{row}");
+        assert_eq!(figures["monotonic_violations"].as_u64(), Some(0), "{row}");
+        assert_eq!(
+            figures["read_your_writes_violations"].as_u64(),
+            Some(0),
+            "{row}"
+        );
+    }
+    let convergence = &report["convergence"];
+    assert!(convergence["queued"].as_u64().unwrap() > 0, "{convergence}");
+    assert!(
+        convergence["level_after_ms"].as_u64().is_some(),
+        "{convergence}"
+    );
+    assert!(
+        convergence["scrub_repairs"].as_u64().unwrap() > 0,
+        "{convergence}"
+    );
+    assert!(out.path().join("fleet.md").is_file());
+}
