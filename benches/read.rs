@@ -256,6 +256,7 @@ impl Fixture {
                         class: None,
                         request_id: None,
                         session: hotsplit::route::Floors::default(),
+                        deadline: None,
                     })
                     .collect()
             })

@@ -131,6 +131,7 @@ fn read(c: &mut Criterion) {
             class: Some(class.to_owned()),
             request_id: None,
             session: hotsplit::route::Floors::default(),
+            deadline: None,
         };
         group.bench_function(class, |b| {
             b.iter(|| std::hint::black_box(runtime.block_on(reader.read(&request)).expect("read")))

@@ -51,6 +51,8 @@ pub enum ErrorKind {
     /// The embedded store holds as many bytes as `store.memory_max_bytes` allows: a publish
     /// that would grow it is refused whole, before any copy changes.
     StoreFull,
+    /// The request's deadline passed before the store answered (see [`crate::deadline`]).
+    DeadlineExceeded,
 }
 
 impl ErrorKind {
@@ -76,6 +78,7 @@ impl ErrorKind {
             ErrorKind::Unauthorized => "unauthorized",
             ErrorKind::Forbidden => "forbidden",
             ErrorKind::StoreFull => "store_full",
+            ErrorKind::DeadlineExceeded => "deadline_exceeded",
         }
     }
 }

@@ -17,6 +17,7 @@
 //!   (`GET /v1/instances`).
 //! - [`near`]: the per-instance near cache of copies, served within each read class's age
 //!   bound, with single-flight fills and high-water records that keep readers monotonic.
+//! - [`deadline`]: the per-request deadline that bounds every store call a request makes.
 //! - [`heal`]: the durable retry queue of failed copy writes, read repair and expiry jitter.
 //! - [`auth`]: API bearer tokens with scopes, and the `[auth]` config.
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
@@ -42,6 +43,7 @@ pub mod audit;
 pub mod auth;
 pub mod client;
 pub mod config;
+pub mod deadline;
 mod duration;
 pub mod error;
 pub mod family;

@@ -5,11 +5,15 @@
 //! and a retry of the same version is idempotent. An invalidation writes a versioned tombstone
 //! the same way, so a late write of an older version cannot resurrect the value.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::future::join_all;
 use serde::Serialize;
+use tokio::time::Instant;
 
+use crate::deadline::{self, Deadline};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::{Families, Family, Versioning};
 use crate::heal::{jitter, Admission, FailedCopy, Layouts, RetryQueue};
@@ -19,6 +23,7 @@ use crate::near::NearCache;
 use crate::route::RouteReason;
 use crate::store::{
     now_unix_ms, CasOutcome, CopyRecord, CopyWrite, NodeLabel, Payload, ServedBy, Store,
+    WriteResult,
 };
 
 /// The outcome of one copy write, as reported to the caller.
@@ -55,8 +60,10 @@ pub struct CopyReport {
     pub node: String,
     /// What happened.
     pub outcome: CopyOutcome,
-    /// For a failed (queued or dropped) write, the error class: `timeout`, `unavailable`, or
-    /// `node_failing` (not sent: the node is known to be failing, see [`crate::heal::health`]).
+    /// For a failed (queued or dropped) write, the error class: `timeout`, `unavailable`,
+    /// `node_failing` (not sent: the node is known to be failing, see [`crate::heal::health`]),
+    /// or `deadline_exceeded` (no answer before the request's deadline; the write may still
+    /// land, see [`crate::deadline`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// With `sync_replicas`: how many replicas of the copy's node acknowledged the write
@@ -235,8 +242,42 @@ impl Publisher {
         version: VersionChoice,
         value: Bytes,
     ) -> Result<PublishReport> {
-        self.write(key, version, owned_value(&value), WriteOp::Publish, None)
-            .await
+        self.write(
+            key,
+            version,
+            owned_value(&value),
+            WriteOp::Publish,
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// Like [`Publisher::publish`] (or [`Publisher::publish_synced`] with `sync`), bounded by
+    /// `deadline`: copies whose node has not answered at [`Deadline::copy_writes_until`] are
+    /// reported failed with the class `deadline_exceeded`, then queued for retry like any failed
+    /// copy (the write may still land; the retry is idempotent).
+    ///
+    /// # Errors
+    /// As [`Publisher::publish_synced`]; [`ErrorKind::DeadlineExceeded`] when the deadline
+    /// passes before any copy write is sent (nothing was written).
+    pub async fn publish_within(
+        &self,
+        key: &Key,
+        version: VersionChoice,
+        value: Bytes,
+        sync: Option<SyncReplicas>,
+        deadline: Deadline,
+    ) -> Result<PublishReport> {
+        self.write(
+            key,
+            version,
+            owned_value(&value),
+            WriteOp::Publish,
+            sync,
+            Some(deadline),
+        )
+        .await
     }
 
     /// Like [`Publisher::publish`], then waits for `sync.replicas` replicas of each written
@@ -258,6 +299,7 @@ impl Publisher {
             owned_value(&value),
             WriteOp::Publish,
             Some(sync),
+            None,
         )
         .await
     }
@@ -267,8 +309,36 @@ impl Publisher {
     /// # Errors
     /// As [`Publisher::publish`].
     pub async fn invalidate(&self, key: &Key, version: VersionChoice) -> Result<PublishReport> {
-        self.write(key, version, Payload::Tombstone, WriteOp::Invalidate, None)
-            .await
+        self.write(
+            key,
+            version,
+            Payload::Tombstone,
+            WriteOp::Invalidate,
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// Like [`Publisher::invalidate`], bounded by `deadline` as [`Publisher::publish_within`].
+    ///
+    /// # Errors
+    /// As [`Publisher::publish_within`].
+    pub async fn invalidate_within(
+        &self,
+        key: &Key,
+        version: VersionChoice,
+        deadline: Deadline,
+    ) -> Result<PublishReport> {
+        self.write(
+            key,
+            version,
+            Payload::Tombstone,
+            WriteOp::Invalidate,
+            None,
+            Some(deadline),
+        )
+        .await
     }
 
     /// Checks `sync` against the replicas known for every copy's node.
@@ -310,17 +380,30 @@ impl Publisher {
         payload: Payload,
         op: WriteOp,
         sync: Option<SyncReplicas>,
+        deadline: Option<Deadline>,
     ) -> Result<PublishReport> {
         let family = self.families.resolve(key);
         if let Some(sync) = sync {
             self.check_sync(key, family.copies, sync)?;
         }
+        let until = deadline.map(|deadline| deadline.copy_writes_until());
         let mut floor = 0;
         let mut allocations = 1;
         loop {
-            let version = self.choose_version(key, family, choice, floor).await?;
+            let choosing = self.choose_version(key, family, choice, floor);
+            let version = match until {
+                None => choosing.await?,
+                Some(until) => tokio::time::timeout_at(until, choosing)
+                    .await
+                    .map_err(|_| deadline::exceeded())??,
+            };
+            // Nothing is sent once the time for copy writes is over (a slow body, or an
+            // allocation that took it): the publish fails whole, and a retry is safe.
+            if until.is_some_and(|until| Instant::now() >= until) {
+                return Err(deadline::exceeded());
+            }
             let (report, refused_at) = self
-                .write_version(key, family, version, &payload, op, sync)
+                .write_version(key, family, version, &payload, op, sync, until)
                 .await?;
             // An allocated version that some copy refused (a newer version stored, or this
             // version with another body) came from a counter behind the copies: it lost
@@ -340,12 +423,14 @@ impl Publisher {
         }
     }
 
-    /// Writes `version` of `payload` to every copy of `key`; returns the report and the highest
-    /// version a copy refused this one with (stale or conflict), if any.
+    /// Writes `version` of `payload` to every copy of `key`, waiting for the copies' nodes until
+    /// `until` at most; returns the report and the highest version a copy refused this one with
+    /// (stale or conflict), if any.
     ///
     /// # Errors
     /// [`ErrorKind::StoreFull`] when the embedded store refused the whole batch (nothing
     /// changed, nothing is queued).
+    #[allow(clippy::too_many_arguments)]
     async fn write_version(
         &self,
         key: &Key,
@@ -354,6 +439,7 @@ impl Publisher {
         payload: &Payload,
         op: WriteOp,
         sync: Option<SyncReplicas>,
+        until: Option<Instant>,
     ) -> Result<(PublishReport, Option<Version>)> {
         let now_ms = now_unix_ms();
         let ttl_ms = crate::duration::millis(family.ttl);
@@ -380,15 +466,9 @@ impl Publisher {
         // The copies an edit applied were at least this new on their primaries from the moment
         // the write began: the age bound of the near-cache entries they become.
         let started = std::time::Instant::now();
-        let (results, acks) = match sync {
-            None => (self.store.write_copies(&writes).await, Vec::new()),
-            Some(sync) => {
-                let synced = self
-                    .store
-                    .write_copies_synced(&writes, sync.replicas, sync.timeout_ms)
-                    .await;
-                synced.into_iter().unzip()
-            }
+        let (results, acks) = match until {
+            None => self.send(&writes, sync).await,
+            Some(until) => self.send_until(&writes, sync, until).await,
         };
         // The embedded store refuses a batch that would pass its memory bound whole: nothing
         // changed, and a retry could not hold it either, so the publish fails as one.
@@ -405,7 +485,14 @@ impl Publisher {
                 let removed: Vec<_> = (write_count..max_copies)
                     .map(|index| key.copy_key(index))
                     .collect();
-                if let Err(err) = self.store.delete_copies(&removed).await {
+                let deleting = self.store.delete_copies(&removed);
+                let deleted = match until {
+                    None => deleting.await,
+                    Some(until) => tokio::time::timeout_at(until, deleting)
+                        .await
+                        .unwrap_or_else(|_| Err(deadline::exceeded())),
+                };
+                if let Err(err) = deleted {
                     tracing::debug!(key = %key, error = %err, "could not delete copies removed by a shrink");
                 }
             }
@@ -489,6 +576,7 @@ impl Publisher {
                     let class = match err.kind() {
                         ErrorKind::Timeout => "timeout",
                         ErrorKind::NodeFailing => "node_failing",
+                        ErrorKind::DeadlineExceeded => "deadline_exceeded",
                         _ => "unavailable",
                     };
                     (CopyOutcome::Failed, Some(class.to_owned()))
@@ -529,6 +617,83 @@ impl Publisher {
             }
         }
         Ok((report, refused_at))
+    }
+
+    /// Sends `writes` (with the replica wait of `sync`), all at once; returns one result and one
+    /// acknowledgement count (only with `sync`) per write, in order.
+    async fn send(
+        &self,
+        writes: &[CopyWrite],
+        sync: Option<SyncReplicas>,
+    ) -> (Vec<WriteResult>, Vec<Option<u32>>) {
+        match sync {
+            None => (self.store.write_copies(writes).await, Vec::new()),
+            Some(sync) => self
+                .store
+                .write_copies_synced(writes, sync.replicas, sync.timeout_ms)
+                .await
+                .into_iter()
+                .unzip(),
+        }
+    }
+
+    /// [`Publisher::send`], waiting for each node's writes until `until` at most: the writes are
+    /// sent as one group per owning node, all groups at once, so a node that does not answer in
+    /// time fails only its own copies (`deadline_exceeded`), and the others keep their outcomes.
+    async fn send_until(
+        &self,
+        writes: &[CopyWrite],
+        sync: Option<SyncReplicas>,
+        until: Instant,
+    ) -> (Vec<WriteResult>, Vec<Option<u32>>) {
+        let mut groups: BTreeMap<NodeLabel, Vec<usize>> = BTreeMap::new();
+        for (at, write) in writes.iter().enumerate() {
+            groups
+                .entry(self.store.node_of(&write.copy_key))
+                .or_default()
+                .push(at);
+        }
+        let sent = join_all(groups.into_iter().map(|(node, positions)| async move {
+            let batch: Vec<CopyWrite> = positions.iter().map(|&at| writes[at].clone()).collect();
+            let answered = tokio::time::timeout_at(until, self.send(&batch, sync)).await;
+            (node, positions, answered.ok())
+        }))
+        .await;
+        let mut results: Vec<Option<WriteResult>> = writes.iter().map(|_| None).collect();
+        let mut acks: Vec<Option<u32>> = writes.iter().map(|_| None).collect();
+        for (node, positions, answered) in sent {
+            match answered {
+                Some((group_results, group_acks)) => {
+                    let mut group_acks = group_acks.into_iter();
+                    for (at, result) in positions.into_iter().zip(group_results) {
+                        results[at] = Some(result);
+                        acks[at] = group_acks.next().flatten();
+                    }
+                }
+                None => {
+                    for at in positions {
+                        results[at] = Some(WriteResult {
+                            node: node.clone(),
+                            outcome: Err(deadline::exceeded()),
+                        });
+                    }
+                }
+            }
+        }
+        let results = results
+            .into_iter()
+            .zip(writes)
+            .map(|(result, write)| {
+                result.unwrap_or_else(|| WriteResult {
+                    node: self.store.node_of(&write.copy_key),
+                    outcome: Err(Error::new(
+                        ErrorKind::Unavailable,
+                        "the store gave no result for this copy",
+                    )),
+                })
+            })
+            .collect();
+        (results, if sync.is_some() { acks } else { Vec::new() })
     }
 
     async fn choose_version(

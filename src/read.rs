@@ -27,6 +27,7 @@ use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
 use crate::affinity;
+use crate::deadline::Deadline;
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::Families;
 use crate::heal::Repairer;
@@ -87,6 +88,10 @@ pub struct ReadRequest {
     /// exactly as this instance's own memory of the client (a written floor as an own-write
     /// floor, a served one as a seen floor).
     pub session: Floors,
+    /// When the read must be answered: every store call it makes is bounded by it, and past it
+    /// the read fails with [`ErrorKind::DeadlineExceeded`]. `None`: only the store's own
+    /// command timeout bounds each call.
+    pub deadline: Option<Deadline>,
 }
 
 /// Where and why a read was served.
@@ -252,9 +257,18 @@ impl Reader {
     /// - [`ErrorKind::BelowVersionFloor`] when no consulted copy reaches the floor;
     /// - [`ErrorKind::UnknownClass`] / [`ErrorKind::ClassNotAllowed`] for a bad class;
     /// - [`ErrorKind::StalenessBudgetExceeded`] when the class fails over budget;
-    /// - [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when no copy could be read.
+    /// - [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when no copy could be read;
+    /// - [`ErrorKind::DeadlineExceeded`] when the request's deadline passed first (the store
+    ///   calls still running are dropped; nothing the read does on the way is left half done:
+    ///   repairs run off the request path, and pins are recorded only once an answer is chosen).
     pub async fn read(&self, request: &ReadRequest) -> Result<ReadAnswer> {
-        let result = self.read_inner(request).await;
+        let result = match request.deadline {
+            None => self.read_inner(request).await,
+            Some(deadline) => deadline
+                .bound(self.read_inner(request))
+                .await
+                .and_then(|read| read),
+        };
         if let Ok((
             ReadAnswer::Value {
                 route, served_by, ..
@@ -277,9 +291,10 @@ impl Reader {
             Err(err) => match err.kind() {
                 ErrorKind::NotFound => ReadOutcome::NotFound,
                 ErrorKind::BelowVersionFloor => ReadOutcome::BelowFloor,
-                ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::NodeFailing => {
-                    ReadOutcome::Unavailable
-                }
+                ErrorKind::Unavailable
+                | ErrorKind::Timeout
+                | ErrorKind::NodeFailing
+                | ErrorKind::DeadlineExceeded => ReadOutcome::Unavailable,
                 _ => return result.map(|(answer, _)| answer),
             },
         };
@@ -792,6 +807,7 @@ mod tests {
             class: None,
             request_id: None,
             session: crate::route::Floors::default(),
+            deadline: None,
         }
     }
 

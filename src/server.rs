@@ -32,7 +32,9 @@ use crate::heal::{
     RetryQueue, RetryWorker, ScrubStatus, Scrubber,
 };
 use crate::http::listener::{tls, ConnectionMetrics, Listener, ListenerMetrics, Role};
-use crate::http::{admin_router, data_router, router, AppParts, AppState, ServerConfig};
+use crate::http::{
+    admin_router, data_router, router, AppParts, AppState, RequestLimits, ServerConfig,
+};
 use crate::logging::LogFilter;
 use crate::metrics::Metrics;
 use crate::near::{NearCache, NearMetrics};
@@ -146,6 +148,7 @@ impl StateParts {
             },
             registry,
             sessions,
+            limits: RequestLimits::from(&config.server),
         });
         Ok((state, route_metrics))
     }

@@ -1,5 +1,6 @@
 //! The HTTP server's config: `[server]` (listen address, body limit, connection timeouts and
-//! limits, TLS, shutdown grace, log line format) and `[admin]` (the admin listener).
+//! limits, the request limits (deadline, in-flight bound, query length), TLS, shutdown grace,
+//! log line format) and `[admin]` (the admin listener).
 //!
 //! It sits beside `http`, the server it configures, rather than beside `server`: `server`
 //! builds the service from the whole `Config`, so a sub-config defined there would make
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::deadline::MAX_BUDGET;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The HTTP server.
@@ -68,6 +70,20 @@ pub struct ServerConfig {
     /// in-flight requests drain within `server.shutdown_grace`. May be `0s`. Default: `5s`.
     #[serde(with = "crate::duration")]
     pub drain_delay: Duration,
+    /// How long a request may take: every store call a read or a publish makes is bounded by
+    /// it. A read past it answers 503 `deadline_exceeded`; a publish stops waiting for copy
+    /// writes shortly before it (a tenth of it, at most 250 ms, is kept for the retry queue's
+    /// spool) and reports the copies that did not answer `queued`. `0s` turns the deadline off
+    /// (only `store.command_timeout` bounds each call). At most `1h`. Default: `5s`.
+    #[serde(with = "crate::duration")]
+    pub request_deadline: Duration,
+    /// How many requests may be in flight at once; more are answered 503 `overloaded` at once,
+    /// before anything is read or written. `/healthz`, `/readyz` and `/metrics` are neither
+    /// counted nor refused. `0` turns the bound off. Default: `1024`.
+    pub max_in_flight: usize,
+    /// The longest accepted query string, in bytes (after `?`, before decoding); a longer one is
+    /// answered 414 `query_too_long`. Default: `4096`.
+    pub max_query_bytes: usize,
     /// A PEM file with the certificate chain the listeners present; set with
     /// `server.tls_key_file`, every listener (data and admin) speaks HTTPS only. Default: unset
     /// (plain HTTP).
@@ -129,6 +145,9 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             max_header_bytes: 16 * 1024,
             drain_delay: Duration::from_secs(5),
+            request_deadline: Duration::from_secs(5),
+            max_in_flight: 1024,
+            max_query_bytes: 4096,
         }
     }
 }
@@ -192,6 +211,21 @@ impl ServerConfig {
                 ))
             }
             _ => {}
+        }
+        if self.request_deadline > MAX_BUDGET {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "server.request_deadline: must be at most {} (or 0s for none)",
+                    humantime::format_duration(MAX_BUDGET)
+                ),
+            ));
+        }
+        if self.max_query_bytes == 0 {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "server.max_query_bytes: must be positive",
+            ));
         }
         Ok(())
     }

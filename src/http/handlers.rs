@@ -4,13 +4,14 @@ use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
 use super::params::{self, KeyPath, StrictQuery};
 use super::problem::{ApiError, Code};
 use super::session::{self, SessionToken};
 use super::AppState;
+use crate::deadline::Deadline;
 use crate::fleet::session::SessionFloor;
 use crate::key::{Key, Version};
 use crate::publish::{PublishReport, PublishStatus, SyncReplicas};
@@ -187,6 +188,8 @@ pub struct ReadHeaders {
     read_class: Option<String>,
     /// `Hotsplit-Request`; its lines agree.
     request_id: Option<String>,
+    /// The request's deadline, put in its extensions by the overload layer.
+    deadline: Option<Deadline>,
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
@@ -208,6 +211,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
             if_none_match: params::if_none_match(headers)?,
             read_class: params::one_identity(None, headers, wire::header::READ_CLASS)?,
             request_id: params::request_id(headers)?,
+            deadline: parts.extensions.get::<Deadline>().copied(),
         })
     }
 }
@@ -320,15 +324,21 @@ pub async fn publish_key(
     token: SessionToken,
     request: Request,
 ) -> Response {
+    let deadline = request.extensions().get::<Deadline>().copied();
     let publish = async {
         let writer = writer(params.client.clone(), request.headers())?;
         let version = write_version(params.version.as_deref())?;
         let sync = parse_sync(&params)?;
         let body = read_value(request, &state).await?;
         let publisher = &state.inner().publisher;
-        let report = match sync {
-            None => publisher.publish(&key, version.into(), body).await?,
-            Some(sync) => {
+        let report = match (deadline, sync) {
+            (Some(deadline), sync) => {
+                publisher
+                    .publish_within(&key, version.into(), body, sync, deadline)
+                    .await?
+            }
+            (None, None) => publisher.publish(&key, version.into(), body).await?,
+            (None, Some(sync)) => {
                 publisher
                     .publish_synced(&key, version.into(), body, sync)
                     .await?
@@ -443,6 +453,7 @@ pub async fn invalidate_key(
     KeyPath(key): KeyPath,
     StrictQuery(params): StrictQuery<InvalidateParams>,
     token: SessionToken,
+    deadline: Option<Extension<Deadline>>,
     headers: HeaderMap,
 ) -> Response {
     let invalidate = async {
@@ -458,11 +469,15 @@ pub async fn invalidate_key(
         }
         let writer = writer(params.client.clone(), &headers)?;
         let version = write_version(params.version.as_deref())?;
-        let report = state
-            .inner()
-            .publisher
-            .invalidate(&key, version.into())
-            .await?;
+        let publisher = &state.inner().publisher;
+        let report = match deadline {
+            Some(Extension(deadline)) => {
+                publisher
+                    .invalidate_within(&key, version.into(), deadline)
+                    .await?
+            }
+            None => publisher.invalidate(&key, version.into()).await?,
+        };
         Ok((report, writer))
     };
     let answer = invalidate.await;
@@ -588,6 +603,7 @@ fn read_request(
         class: params.class.or(headers.read_class),
         request_id: headers.request_id,
         session: Floors::default(),
+        deadline: headers.deadline,
     })
 }
 
@@ -757,7 +773,10 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
         (status = 503, description = "unavailable: the instance is draining (`reason` `draining`: it is shutting down) or the store does not answer", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, ApiError> {
+pub async fn readyz(
+    State(state): State<AppState>,
+    deadline: Option<Extension<Deadline>>,
+) -> Result<Json<StatusBody>, ApiError> {
     if state.is_draining() {
         return Err(ApiError::new(
             Code::Unavailable,
@@ -766,7 +785,11 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<StatusBody>, A
         .retry_later()
         .with_extension(serde_json::json!({ "reason": "draining" })));
     }
-    state.inner().store.ping().await?;
+    let ping = state.inner().store.ping();
+    match deadline {
+        Some(Extension(deadline)) => deadline.bound(ping).await??,
+        None => ping.await?,
+    }
     Ok(Json(StatusBody {
         status: "ready",
         store: state.inner().store.kind(),

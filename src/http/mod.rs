@@ -17,6 +17,7 @@
 //! - `auth`: the bearer-token check in front of every route (401, 403), by the route's scope.
 //! - `latency`: the layer around every request: request id and span, latency, `Retry-After`.
 //! - `session`: session tokens (`Hotsplit-Session`) read from requests and put on answers.
+//! - `overload`: the request limits: query length, in-flight bound (shedding), deadline.
 //! - `request_id`: how a request's id is chosen (`X-Request-Id`, `traceparent`, or random).
 //! - `instances`: `GET /v1/instances`, the instance registry.
 //! - `status_page`: the live status page (`GET /status`, its script and stylesheet, under a
@@ -36,6 +37,7 @@ mod latency;
 pub mod listener;
 pub mod openapi;
 mod openapi_edge;
+mod overload;
 mod params;
 pub mod problem;
 mod request_id;
@@ -51,6 +53,8 @@ use axum::Router;
 
 pub use config::ServerConfig;
 use latency::LatencyLayer;
+use overload::OverloadLayer;
+pub use overload::RequestLimits;
 pub use state::{AppParts, AppState};
 
 /// The route templates, also the `route` label of the latency histogram.
@@ -221,12 +225,16 @@ fn admin_routes() -> Router<AppState> {
 fn finish(routes: Router<AppState>, state: AppState) -> Router {
     let inner = state.inner();
     let latency = LatencyLayer::new(inner.metrics.clone(), inner.retry_after_secs);
+    let overload = OverloadLayer::new(inner.limits.clone());
     routes
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)
         // Layers run outside in, the last added first: request id and latency, then the token
-        // check, then the handler. `layer`, not `route_layer`: unknown paths and wrong methods
-        // get a request id and need a token too (latency is recorded for matched routes only).
+        // check, then the request limits (query length, in-flight bound, deadline), then the
+        // handler. `layer`, not `route_layer`: unknown paths and wrong methods get a request id,
+        // need a token and count against the in-flight bound too (latency is recorded for
+        // matched routes only).
+        .layer(overload)
         .layer(inner.auth.clone())
         .layer(latency)
         .with_state(state)

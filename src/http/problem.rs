@@ -60,6 +60,13 @@ pub enum Code {
     Forbidden,
     /// 507: the embedded store is at `store.memory_max_bytes`; nothing changed.
     StoreFull,
+    /// 503: the request's deadline (`server.request_deadline`) passed before the store answered.
+    DeadlineExceeded,
+    /// 503: more requests than `server.max_in_flight` were in flight; nothing was read or
+    /// written.
+    Overloaded,
+    /// 414: the query string is longer than `server.max_query_bytes`.
+    QueryTooLong,
     /// 500: a bug or an unexpected local failure.
     Internal,
 }
@@ -87,6 +94,9 @@ impl Code {
             Code::Unauthorized => "unauthorized",
             Code::Forbidden => "forbidden",
             Code::StoreFull => "store_full",
+            Code::DeadlineExceeded => "deadline_exceeded",
+            Code::Overloaded => "overloaded",
+            Code::QueryTooLong => "query_too_long",
             Code::Internal => "internal",
         }
     }
@@ -107,9 +117,12 @@ impl Code {
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::Unauthorized => StatusCode::UNAUTHORIZED,
             Code::Forbidden => StatusCode::FORBIDDEN,
+            Code::QueryTooLong => StatusCode::URI_TOO_LONG,
             Code::PublishIncomplete
             | Code::BelowVersionFloor
             | Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Overloaded
             | Code::StalenessBudgetExceeded => StatusCode::SERVICE_UNAVAILABLE,
             Code::StoreFull => StatusCode::INSUFFICIENT_STORAGE,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -137,6 +150,9 @@ impl Code {
             Code::Unauthorized => "unauthorized",
             Code::Forbidden => "forbidden",
             Code::StoreFull => "store full",
+            Code::DeadlineExceeded => "deadline exceeded",
+            Code::Overloaded => "overloaded",
+            Code::QueryTooLong => "query too long",
             Code::Internal => "internal error",
         }
     }
@@ -241,6 +257,13 @@ impl From<Error> for ApiError {
             ErrorKind::BelowVersionFloor => {
                 return ApiError::new(Code::BelowVersionFloor, err.message()).retry_later()
             }
+            ErrorKind::DeadlineExceeded => {
+                return ApiError::new(
+                    Code::DeadlineExceeded,
+                    "the request deadline passed before the store answered; retry later",
+                )
+                .retry_later()
+            }
             ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::NodeFailing => {
                 tracing::warn!(error = %err, "store unavailable");
                 return ApiError::new(Code::Unavailable, "the store did not answer; retry later")
@@ -298,6 +321,9 @@ impl IntoResponse for ApiError {
         if self.retry_later {
             response.extensions_mut().insert(RetryLater);
         }
+        // The layers count some codes by route (`deadline_exceeded`); only error answers pay for
+        // the extension.
+        response.extensions_mut().insert(self.code);
         response
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::auth::AuthLayer;
+use super::overload::{self, RequestLimits};
 use crate::auth::TokenTable;
 use crate::fleet::{Registry, Sessions};
 use crate::heal::HealHandles;
@@ -46,6 +47,8 @@ pub(crate) struct Inner {
     pub(crate) auth: AuthLayer,
     /// Session tokens: read on every key request, written on its answer.
     pub(crate) sessions: Arc<Sessions>,
+    /// The request limits and their counters, for the overload layer.
+    pub(crate) limits: Arc<overload::Shared>,
 }
 
 /// The parts an [`AppState`] is made of, by name.
@@ -69,10 +72,12 @@ pub struct AppParts {
     pub registry: Arc<Registry>,
     /// Session tokens: read on every key request, written on its answer.
     pub sessions: Arc<Sessions>,
+    /// The request limits (`[server]`): deadline, in-flight bound, query length.
+    pub limits: RequestLimits,
 }
 
 impl AppState {
-    /// Bundles the parts the handlers use.
+    /// Bundles the parts the handlers use, and registers the request limits' metrics.
     pub fn new(parts: AppParts) -> AppState {
         let AppParts {
             publisher,
@@ -84,9 +89,11 @@ impl AppState {
             heal,
             registry,
             sessions,
+            limits,
         } = parts;
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         let auth = AuthLayer::new(TokenTable::default(), &metrics);
+        let limits = overload::Shared::new(limits, &metrics);
         AppState {
             inner: Arc::new(Inner {
                 publisher,
@@ -100,6 +107,7 @@ impl AppState {
                 auth,
                 sessions,
                 draining: Arc::new(AtomicBool::new(false)),
+                limits,
             }),
         }
     }

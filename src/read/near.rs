@@ -437,6 +437,7 @@ mod tests {
             class: None,
             request_id: None,
             session: crate::route::Floors::default(),
+            deadline: None,
         }
     }
 

@@ -1,0 +1,301 @@
+//! Request limits at the HTTP edge: the query length limit, the in-flight bound with shedding,
+//! and the per-request deadline every store call of a read or a publish is bounded by.
+//!
+//! [`OverloadLayer`] sits inside the request-id layer (so a refused request still gets its
+//! request id, its latency recorded and its `Retry-After`) and outside the handlers; an
+//! authentication layer goes between the two (request id → auth → shedding → deadline →
+//! handler). It decides before the handler runs, so a shed publish has written nothing.
+//!
+//! The deadline is not a timeout around the handler: the layer puts a [`Deadline`] in the
+//! request's extensions, and the handlers hand it to the read path and the publish path, which
+//! bound their own store calls with it. A publish cut from outside could drop copies it had
+//! decided to queue; a publish that sees its own deadline queues the copies that did not answer
+//! and reports them `queued`. Handlers that make no store call need no deadline.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tower::{Layer, Service};
+
+use super::config::ServerConfig;
+use super::paths::{self, ROUTES};
+use super::problem::{ApiError, Code};
+use crate::deadline::Deadline;
+use crate::metrics::{register, Metrics};
+
+/// The `route` label of a request no template matched, after the templates.
+const UNMATCHED: &str = "unmatched";
+
+/// The routes the in-flight bound neither counts nor refuses: a load balancer's probes and the
+/// scrape must get through an overloaded instance, or it would look dead rather than busy.
+const EXEMPT: [&str; 3] = [paths::HEALTHZ, paths::READYZ, paths::METRICS];
+
+/// The request limits of `[server]`, as the layer applies them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// `server.request_deadline`; `None` when it is `0s`.
+    pub request_deadline: Option<Duration>,
+    /// `server.max_in_flight`; `None` when it is `0`.
+    pub max_in_flight: Option<usize>,
+    /// `server.max_query_bytes`.
+    pub max_query_bytes: usize,
+}
+
+impl From<&ServerConfig> for RequestLimits {
+    fn from(server: &ServerConfig) -> RequestLimits {
+        RequestLimits {
+            request_deadline: Some(server.request_deadline).filter(|budget| !budget.is_zero()),
+            max_in_flight: Some(server.max_in_flight).filter(|bound| *bound > 0),
+            max_query_bytes: server.max_query_bytes,
+        }
+    }
+}
+
+impl Default for RequestLimits {
+    fn default() -> RequestLimits {
+        RequestLimits::from(&ServerConfig::default())
+    }
+}
+
+/// Labels of the per-route limit counters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RouteLabels {
+    /// The matched route template, or `unmatched`.
+    route: &'static str,
+}
+
+/// Applies [`RequestLimits`] to every request; see the module documentation.
+#[derive(Clone)]
+pub(super) struct OverloadLayer {
+    /// The limits and the counters, shared by every route's service.
+    shared: Arc<Shared>,
+}
+
+/// What every route's [`OverloadService`] shares.
+pub(crate) struct Shared {
+    /// The limits.
+    limits: RequestLimits,
+    /// Requests in flight on counted routes. It is the bound's counter as well as the gauge
+    /// (`inc` returns the previous value), so a request costs one atomic add and one subtract:
+    /// unlike a `tokio::sync::Semaphore`, whose release takes its waiters' lock, nothing here
+    /// ever waits.
+    in_flight: Gauge<i64, AtomicI64>,
+    /// Shed requests, indexed by route (as [`ROUTES`], then unmatched).
+    shed: Box<[Counter]>,
+    /// Answers `deadline_exceeded`, indexed as `shed`.
+    deadline_exceeded: Box<[Counter]>,
+}
+
+impl Shared {
+    /// Registers the layer's metrics in `metrics` (once per service: the router may be built
+    /// more than once from one state).
+    pub(crate) fn new(limits: RequestLimits, metrics: &Metrics) -> Arc<Shared> {
+        metrics.register_with(|registry| {
+            let in_flight: Gauge<i64, AtomicI64> = register(
+                registry,
+                "http_requests_in_flight",
+                "HTTP requests being handled on routes the in-flight bound counts (all but /healthz, /readyz and /metrics); 0 when server.max_in_flight is 0",
+            );
+            let shed: Family<RouteLabels, Counter> = register(
+                registry,
+                "http_requests_shed",
+                "HTTP requests refused with 503 overloaded (server.max_in_flight), by route",
+            );
+            let exceeded: Family<RouteLabels, Counter> = register(
+                registry,
+                "http_deadline_exceeded",
+                "HTTP requests answered 503 deadline_exceeded (server.request_deadline), by route",
+            );
+            // Each handle is cloned in its own statement: `get_or_create` returns a read guard.
+            let by_route = |family: &Family<RouteLabels, Counter>| -> Box<[Counter]> {
+                ROUTES
+                    .iter()
+                    .copied()
+                    .chain([UNMATCHED])
+                    .map(|route| {
+                        let counter = family.get_or_create(&RouteLabels { route }).clone();
+                        counter
+                    })
+                    .collect()
+            };
+            Arc::new(Shared {
+                limits,
+                in_flight,
+                shed: by_route(&shed),
+                deadline_exceeded: by_route(&exceeded),
+            })
+        })
+    }
+}
+
+impl OverloadLayer {
+    pub(super) fn new(shared: Arc<Shared>) -> OverloadLayer {
+        OverloadLayer { shared }
+    }
+}
+
+impl<S> Layer<S> for OverloadLayer {
+    type Service = OverloadService<S>;
+
+    fn layer(&self, inner: S) -> OverloadService<S> {
+        OverloadService {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// A route's service wrapped by [`OverloadLayer`].
+#[derive(Clone)]
+pub(super) struct OverloadService<S> {
+    /// The route's service.
+    inner: S,
+    /// The limits and counters.
+    shared: Arc<Shared>,
+}
+
+/// One counted request in flight; dropping it (the answer is ready, or the client went away)
+/// gives the slot back.
+pub(super) struct InFlight(Arc<Shared>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
+}
+
+impl<S> Service<Request> for OverloadService<S>
+where
+    S: Service<Request, Response = Response>,
+    S::Future: Unpin,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = OverloadFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        let limits = &self.shared.limits;
+        let route_path = request
+            .extensions()
+            .get::<MatchedPath>()
+            .map(|path| path.as_str());
+        let route = route_path
+            .and_then(|path| ROUTES.iter().position(|route| *route == path))
+            .unwrap_or(ROUTES.len());
+        let query_bytes = request.uri().query().map_or(0, str::len);
+        if query_bytes > limits.max_query_bytes {
+            return OverloadFuture::answered(ApiError::new(
+                Code::QueryTooLong,
+                format!(
+                    "the query is {query_bytes} bytes long, over the limit of {} (server.max_query_bytes)",
+                    limits.max_query_bytes
+                ),
+            ));
+        }
+        let exempt = route_path.is_some_and(|path| EXEMPT.contains(&path));
+        let in_flight = match limits.max_in_flight {
+            Some(bound) if !exempt => {
+                let before = self.shared.in_flight.inc();
+                let slot = InFlight(self.shared.clone());
+                if usize::try_from(before).is_ok_and(|before| before >= bound) {
+                    drop(slot);
+                    if let Some(counter) = self.shared.shed.get(route) {
+                        counter.inc();
+                    }
+                    return OverloadFuture::answered(
+                        ApiError::new(
+                            Code::Overloaded,
+                            format!(
+                                "{bound} requests are in flight (server.max_in_flight); nothing was read or written, retry later"
+                            ),
+                        )
+                        .retry_later(),
+                    );
+                }
+                Some(slot)
+            }
+            _ => None,
+        };
+        if let Some(budget) = limits.request_deadline {
+            request.extensions_mut().insert(Deadline::after(budget));
+        }
+        OverloadFuture::Routed {
+            inner: self.inner.call(request),
+            shared: self.shared.clone(),
+            route,
+            in_flight,
+        }
+    }
+}
+
+/// The route's future, or an answer given without calling the route.
+pub(super) enum OverloadFuture<F> {
+    /// A refusal, given at once (taken when polled).
+    Answered(Option<Response>),
+    /// The route was called.
+    Routed {
+        /// The route's future (axum's route futures are `Unpin`, so no pin projection).
+        inner: F,
+        /// The counters.
+        shared: Arc<Shared>,
+        /// The route's index in [`ROUTES`], or `ROUTES.len()`.
+        route: usize,
+        /// The request's in-flight slot, held until the answer is ready.
+        in_flight: Option<InFlight>,
+    },
+}
+
+impl<F> OverloadFuture<F> {
+    fn answered(error: ApiError) -> OverloadFuture<F> {
+        OverloadFuture::Answered(Some(error.into_response()))
+    }
+}
+
+impl<F, E> Future for OverloadFuture<F>
+where
+    F: Future<Output = Result<Response, E>> + Unpin,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut *self {
+            OverloadFuture::Answered(answer) => {
+                Poll::Ready(Ok(answer.take().unwrap_or_else(|| {
+                    ApiError::new(Code::Internal, "polled after completion").into_response()
+                })))
+            }
+            OverloadFuture::Routed {
+                inner,
+                shared,
+                route,
+                in_flight,
+            } => {
+                let result = ready!(Pin::new(inner).poll(cx));
+                if let Ok(response) = &result {
+                    if response.extensions().get::<Code>() == Some(&Code::DeadlineExceeded) {
+                        if let Some(counter) = shared.deadline_exceeded.get(*route) {
+                            counter.inc();
+                        }
+                    }
+                }
+                // The slot is given back with the answer, not when the body has been sent.
+                *in_flight = None;
+                Poll::Ready(result)
+            }
+        }
+    }
+}
