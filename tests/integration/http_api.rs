@@ -753,3 +753,30 @@ async fn integers_are_canonical_and_details_are_hotsplits_own() {
         "limit \"x1\" is not canonical decimal: only the digits 0-9 are allowed"
     );
 }
+
+#[tokio::test]
+async fn a_query_over_max_query_bytes_gets_414_query_too_long_on_every_route() {
+    let app = app();
+    // `client=` and 4089 bytes: exactly the default limit of 4096 is accepted.
+    let at_limit = format!("client={}", "a".repeat(4096 - "client=".len()));
+    let read = call(
+        &app,
+        Method::GET,
+        &format!("/v1/keys/p:9?{at_limit}"),
+        &[],
+        b"",
+    )
+    .await;
+    read.assert_problem(StatusCode::NOT_FOUND, "not_found");
+    let over = format!("{at_limit}a");
+    for (method, path) in [
+        (Method::GET, "/v1/keys/p:9"),
+        (Method::PUT, "/v1/keys/p:9"),
+        (Method::GET, "/healthz"),
+        (Method::GET, "/no/such/route"),
+    ] {
+        let answer = call(&app, method.clone(), &format!("{path}?{over}"), &[], b"x").await;
+        answer.assert_problem(StatusCode::URI_TOO_LONG, "query_too_long");
+        assert!(answer.header("x-request-id").is_some(), "{method} {path}");
+    }
+}

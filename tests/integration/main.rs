@@ -23,6 +23,7 @@ mod http_e2e;
 mod listener;
 mod memory;
 mod near_cache;
+mod overload;
 mod redis_security;
 mod redis_store;
 mod reload;

@@ -1,0 +1,247 @@
+//! Request limits on real Redis: the request deadline with a paused master (a read answers
+//! `deadline_exceeded` long before the store's command timeout would; a publish reports the
+//! paused copies `queued`, and they heal after SIGCONT), and the in-flight bound (requests past
+//! it are shed at once, the held ones succeed, a shed publish writes nothing).
+
+use std::time::Duration;
+
+use reqwest::{Response, StatusCode};
+use serde_json::Value;
+
+use crate::harness::{
+    self, config_from_toml, copy_on_owner, get, metrics_text, owner_port, poll, problem,
+    publish_expecting, Service,
+};
+use crate::heal::wait_drained;
+
+/// Far longer than any deadline here: an answer that comes in time came from the deadline.
+const COMMAND_TIMEOUT: &str = "30s";
+
+/// How long the test waits for any one answer: well under the command timeout, well over the
+/// deadlines.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+/// Asserts a problem+json answer with `status`, `code` and a `Retry-After` header.
+async fn retry_later_problem(answer: Response, status: StatusCode, code: &str, what: &str) {
+    assert_eq!(
+        answer.headers()["content-type"],
+        "application/problem+json",
+        "{what}"
+    );
+    assert!(
+        answer.headers().get("retry-after").is_some(),
+        "{what}: {:?}",
+        answer.headers()
+    );
+    problem(answer, status, code, what).await;
+}
+
+/// A request bounded by [`ANSWER_WITHIN`]: it must be answered, not hang.
+async fn answered(what: &str, request: reqwest::RequestBuilder) -> Response {
+    tokio::time::timeout(ANSWER_WITHIN, request.send())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {ANSWER_WITHIN:?}"))
+        .unwrap_or_else(|err| panic!("{what}: {err}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_a_paused_master_costs_a_read_its_deadline_and_a_publish_queues_its_copies() {
+    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
+        .await
+        .unwrap();
+    let mut config = config_from_toml(&format!(
+        "[server]\nrequest_deadline = \"700ms\"\n\
+         [store]\ncommand_timeout = \"{COMMAND_TIMEOUT}\"\n\
+         [[family]]\nprefix = \"one:\"\ncopies = 1\n\
+         [[family]]\nprefix = \"dl:\"\ncopies = 8\n"
+    ));
+    config.store.redis = Some(cluster.url());
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    publish_expecting(&http, base, "one:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, "dl:1", 1, "one", StatusCode::OK).await;
+
+    // Owners are looked up before the pause: the lookup asks the cluster.
+    let victim = owner_port(&cluster, "one:1#0");
+    let on_victim: Vec<bool> = (0..8)
+        .map(|copy| owner_port(&cluster, &format!("dl:1#{copy}")) == victim)
+        .collect();
+    cluster
+        .node(victim)
+        .expect("node")
+        .pause()
+        .expect("SIGSTOP");
+
+    // A read of the one copy, on the paused master: 503 deadline_exceeded, within the test's
+    // bound and so long before the 30 s command timeout.
+    let read = answered(
+        "a read on the paused master",
+        http.get(format!("{base}/v1/keys/one:1?client=c")),
+    )
+    .await;
+    retry_later_problem(
+        read,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "deadline_exceeded",
+        "a read on the paused master",
+    )
+    .await;
+
+    // A publish: the copies on the paused master are queued at the deadline, the others applied.
+    let publish = answered(
+        "a publish with copies on the paused master",
+        http.put(format!("{base}/v1/keys/dl:1?version=2"))
+            .body("two"),
+    )
+    .await;
+    assert_eq!(publish.status(), StatusCode::ACCEPTED);
+    let report: Value = publish.json().await.unwrap();
+    let mut queued = 0;
+    for (line, on_victim) in report["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(&on_victim)
+    {
+        let copy_key = line["copy_key"].as_str().unwrap();
+        if *on_victim {
+            assert_eq!(line["outcome"], "queued", "{copy_key}: {report}");
+            assert_eq!(line["error"], "deadline_exceeded", "{copy_key}: {report}");
+            queued += 1;
+        } else {
+            assert_eq!(line["outcome"], "applied", "{copy_key}: {report}");
+        }
+    }
+    assert!(queued > 0, "some copy of dl:1 lives on the paused master");
+    assert_eq!(report["queued"].as_u64(), Some(queued), "{report}");
+    assert_eq!(report["dropped"].as_u64(), Some(0), "{report}");
+
+    cluster
+        .node(victim)
+        .expect("node")
+        .resume()
+        .expect("SIGCONT");
+    wait_drained(&http, base).await;
+    for copy in 0..8 {
+        let copy_key = format!("dl:1#{copy}");
+        let fields = copy_on_owner(&cluster, &copy_key);
+        assert_eq!(
+            fields.get("ver").map(String::as_str),
+            Some("2"),
+            "{copy_key}"
+        );
+        assert_eq!(
+            fields.get("val").map(String::as_str),
+            Some("two"),
+            "{copy_key}"
+        );
+    }
+    let read = get(&http, &format!("{base}/v1/keys/one:1?client=c"), &[]).await;
+    assert_eq!(read.status(), StatusCode::OK);
+
+    let metrics = metrics_text(&http, base).await;
+    assert!(
+        metrics.contains(r#"hotsplit_http_deadline_exceeded_total{route="/v1/keys/{key}"} 1"#),
+        "{metrics}"
+    );
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_requests_past_the_in_flight_bound_are_shed_at_once_and_the_held_ones_succeed() {
+    const BOUND: usize = 4;
+    let server = tokio::task::spawn_blocking(hotsplit_devcluster::Standalone::start)
+        .await
+        .unwrap()
+        .expect("start redis-server");
+    let mut config = config_from_toml(&format!(
+        "[server]\nmax_in_flight = {BOUND}\nrequest_deadline = \"20s\"\n\
+         [store]\ncommand_timeout = \"{COMMAND_TIMEOUT}\"\n\
+         [[family]]\nprefix = \"shed:\"\ncopies = 1\n"
+    ));
+    config.store.redis = Some(server.url());
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    publish_expecting(&http, &base, "shed:1", 1, "one", StatusCode::OK).await;
+
+    // The paused server holds every read sent to it: BOUND of them fill the bound.
+    server.node.pause().expect("SIGSTOP");
+    let held: Vec<_> = (0..BOUND)
+        .map(|reader| {
+            let http = http.clone();
+            let url = format!("{base}/v1/keys/shed:1?client=held-{reader}");
+            tokio::spawn(async move { answered("a held read", http.get(url)).await })
+        })
+        .collect();
+    poll(
+        "the held reads fill the in-flight bound",
+        ANSWER_WITHIN,
+        || async {
+            metrics_text(&http, &base)
+                .await
+                .contains(&format!("hotsplit_http_requests_in_flight {BOUND}\n"))
+        },
+    )
+    .await;
+
+    // Past the bound: answered at once (the server is still paused), with Retry-After.
+    for reader in 0..3 {
+        let shed = answered(
+            "a read past the bound",
+            http.get(format!("{base}/v1/keys/shed:1?client=extra-{reader}")),
+        )
+        .await;
+        retry_later_problem(
+            shed,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "a read past the bound",
+        )
+        .await;
+    }
+    // A publish past the bound is refused before any copy is written.
+    let shed = answered(
+        "a publish past the bound",
+        http.put(format!("{base}/v1/keys/shed:1?version=2"))
+            .body("two"),
+    )
+    .await;
+    retry_later_problem(
+        shed,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        "a publish past the bound",
+    )
+    .await;
+    // Liveness is exempt.
+    let alive = answered("/healthz", http.get(format!("{base}/healthz"))).await;
+    assert_eq!(alive.status(), StatusCode::OK);
+
+    server.node.resume().expect("SIGCONT");
+    for read in held {
+        let read = read.await.unwrap();
+        assert_eq!(read.status(), StatusCode::OK);
+        assert_eq!(read.text().await.unwrap(), "one");
+    }
+    // The shed publish wrote nothing: the copy still holds version 1.
+    let fields = harness::hgetall(server.node.port(), "shed:1#0");
+    assert_eq!(
+        fields.get("ver").map(String::as_str),
+        Some("1"),
+        "{fields:?}"
+    );
+    let metrics = metrics_text(&http, &base).await;
+    assert!(
+        metrics.contains(r#"hotsplit_http_requests_shed_total{route="/v1/keys/{key}"} 4"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("hotsplit_http_requests_in_flight 0\n"),
+        "{metrics}"
+    );
+    // Under the bound again, a request is served.
+    publish_expecting(&http, &base, "shed:1", 3, "three", StatusCode::OK).await;
+    service.stop().await;
+}
