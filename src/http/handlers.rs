@@ -313,7 +313,7 @@ fn publish_status_response(report: PublishReport, status: PublishStatus) -> Resp
         (status = 409, description = "stale_version: nothing applied, a copy holds a newer version; version_conflict: a copy holds this version with a different body (body also carries the report)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 413, description = "value_too_large: the body, or its declared Content-Length (checked before `100 Continue`), is over server.max_value_bytes", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "internal: a bug or an unexpected local failure", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "publish_incomplete: some copy failed and was not queued (outcome `dropped`), retry the same version (body also carries the report); or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "publish_incomplete: some copy failed and was not queued (outcome `dropped`), retry the same version (body also carries the report); unavailable; or deadline_exceeded: server.request_deadline passed before any copy write was sent (copies sent but unanswered at the deadline are reported queued instead)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 507, description = "store_full: the embedded store would pass store.memory_max_bytes; the publish was refused whole and no copy changed (invalidations are still taken)", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
@@ -445,7 +445,7 @@ async fn read_value(request: Request, state: &AppState) -> Result<Bytes, ApiErro
         (status = 400, description = "invalid_key, invalid_version or invalid_parameter (including sync_replicas or sync_timeout_ms, which an invalidation refuses)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "stale_version or version_conflict", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "internal: a bug or an unexpected local failure", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "publish_incomplete or unavailable", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "publish_incomplete, unavailable, or deadline_exceeded (nothing was sent before server.request_deadline)", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn invalidate_key(
@@ -505,7 +505,7 @@ pub async fn invalidate_key(
         (status = 400, description = "invalid_key, missing_client, invalid_copy, invalid_version, invalid_parameter, unknown_class, or class_not_allowed (decides-on-presence on a split family)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "not_found: missing, expired or invalidated; an invalidated key's answer carries Hotsplit-Version (the tombstone's version), a key with no record none", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "internal: a bug or an unexpected local failure", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "below_version_floor, staleness_budget_exceeded (every replica over the class's budget, on_breach = fail) or unavailable, with Retry-After", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "below_version_floor, staleness_budget_exceeded (every replica over the class's budget, on_breach = fail), unavailable, or deadline_exceeded (the store did not answer within server.request_deadline), with Retry-After", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn read_key(
@@ -770,7 +770,7 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
     tag = "operations",
     responses(
         (status = 200, description = "Ready", body = StatusBody),
-        (status = 503, description = "unavailable: the instance is draining (`reason` `draining`: it is shutting down) or the store does not answer", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "unavailable: the instance is draining (`reason` `draining`: it is shutting down) or the store does not answer; deadline_exceeded: it did not answer within server.request_deadline", body = super::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn readyz(

@@ -6,7 +6,9 @@
 
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use utoipa::OpenApi;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi};
 
 use super::handlers;
 use super::instances;
@@ -45,6 +47,7 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         handlers::metrics,
         serve,
     ),
+    modifiers(&RequestLimitAnswers),
     components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::heal::layout::LayoutMismatch, crate::store::LayoutWriter, crate::near::NearCacheView, crate::near::HotCopy, crate::status::FleetView, crate::status::FleetMember, crate::status::InstanceStatus, crate::status::ClassBudget, crate::status::FamilyStatus, crate::heal::scrub::ScrubView, crate::heal::scrub::PassFigures)),
     modifiers(&Edge),
     tags(
@@ -54,6 +57,59 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
     )
 )]
 pub struct ApiDoc;
+
+/// Adds the answers of the request limits (`http::overload`) to every operation: 414
+/// `query_too_long` everywhere, and 503 `overloaded` on every route the in-flight bound counts.
+/// Written once here rather than on each handler, so a route added later states them too.
+struct RequestLimitAnswers;
+
+impl Modify for RequestLimitAnswers {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        const OVERLOADED: &str = "overloaded: server.max_in_flight requests were in flight; nothing was read or written, with Retry-After";
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let exempt = super::overload::EXEMPT.contains(&path.as_str());
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.delete,
+                &mut item.head,
+                &mut item.post,
+            ];
+            for operation in operations.into_iter().flatten() {
+                add_problem(
+                    operation,
+                    "414",
+                    "query_too_long: the query string is longer than server.max_query_bytes",
+                );
+                if !exempt {
+                    add_problem(operation, "503", OVERLOADED);
+                }
+            }
+        }
+    }
+}
+
+/// Adds a problem+json answer with `status` to `operation`, or appends `description` to the one
+/// it has.
+fn add_problem(operation: &mut Operation, status: &str, description: &str) {
+    let responses = &mut operation.responses.responses;
+    if let Some(RefOr::T(response)) = responses.get_mut(status) {
+        response.description = format!("{}; or {description}", response.description);
+        return;
+    }
+    let problem = ContentBuilder::new()
+        .schema(Some(Ref::from_schema_name("Problem")))
+        .build();
+    responses.insert(
+        status.to_owned(),
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(description)
+                .content(super::problem::PROBLEM_JSON, problem)
+                .build(),
+        ),
+    );
+}
 
 /// The OpenAPI document as pretty JSON, with a trailing newline.
 pub fn openapi_json() -> String {

@@ -38,7 +38,7 @@ const UNMATCHED: &str = "unmatched";
 
 /// The routes the in-flight bound neither counts nor refuses: a load balancer's probes and the
 /// scrape must get through an overloaded instance, or it would look dead rather than busy.
-const EXEMPT: [&str; 3] = [paths::HEALTHZ, paths::READYZ, paths::METRICS];
+pub(super) const EXEMPT: [&str; 3] = [paths::HEALTHZ, paths::READYZ, paths::METRICS];
 
 /// The request limits of `[server]`, as the layer applies them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
