@@ -242,15 +242,7 @@ impl Publisher {
         version: VersionChoice,
         value: Bytes,
     ) -> Result<PublishReport> {
-        self.write(
-            key,
-            version,
-            owned_value(&value),
-            WriteOp::Publish,
-            None,
-            None,
-        )
-        .await
+        self.write_value(key, version, value, None, None).await
     }
 
     /// Like [`Publisher::publish`] (or [`Publisher::publish_synced`] with `sync`), bounded by
@@ -269,15 +261,8 @@ impl Publisher {
         sync: Option<SyncReplicas>,
         deadline: Deadline,
     ) -> Result<PublishReport> {
-        self.write(
-            key,
-            version,
-            owned_value(&value),
-            WriteOp::Publish,
-            sync,
-            Some(deadline),
-        )
-        .await
+        self.write_value(key, version, value, sync, Some(deadline))
+            .await
     }
 
     /// Like [`Publisher::publish`], then waits for `sync.replicas` replicas of each written
@@ -293,15 +278,8 @@ impl Publisher {
         value: Bytes,
         sync: SyncReplicas,
     ) -> Result<PublishReport> {
-        self.write(
-            key,
-            version,
-            owned_value(&value),
-            WriteOp::Publish,
-            Some(sync),
-            None,
-        )
-        .await
+        self.write_value(key, version, value, Some(sync), None)
+            .await
     }
 
     /// Writes a tombstone at `version` to every copy of `key`.
@@ -309,15 +287,7 @@ impl Publisher {
     /// # Errors
     /// As [`Publisher::publish`].
     pub async fn invalidate(&self, key: &Key, version: VersionChoice) -> Result<PublishReport> {
-        self.write(
-            key,
-            version,
-            Payload::Tombstone,
-            WriteOp::Invalidate,
-            None,
-            None,
-        )
-        .await
+        self.write_tombstone(key, version, None).await
     }
 
     /// Like [`Publisher::invalidate`], bounded by `deadline` as [`Publisher::publish_within`].
@@ -330,15 +300,33 @@ impl Publisher {
         version: VersionChoice,
         deadline: Deadline,
     ) -> Result<PublishReport> {
-        self.write(
-            key,
-            version,
-            Payload::Tombstone,
-            WriteOp::Invalidate,
-            None,
-            Some(deadline),
-        )
-        .await
+        self.write_tombstone(key, version, Some(deadline)).await
+    }
+
+    /// Publishes `value`: the body of the `publish*` methods.
+    async fn write_value(
+        &self,
+        key: &Key,
+        version: VersionChoice,
+        value: Bytes,
+        sync: Option<SyncReplicas>,
+        deadline: Option<Deadline>,
+    ) -> Result<PublishReport> {
+        let payload = owned_value(&value);
+        self.write(key, version, payload, WriteOp::Publish, sync, deadline)
+            .await
+    }
+
+    /// Writes a tombstone: the body of the `invalidate*` methods.
+    async fn write_tombstone(
+        &self,
+        key: &Key,
+        version: VersionChoice,
+        deadline: Option<Deadline>,
+    ) -> Result<PublishReport> {
+        let payload = Payload::Tombstone;
+        self.write(key, version, payload, WriteOp::Invalidate, None, deadline)
+            .await
     }
 
     /// Checks `sync` against the replicas known for every copy's node.
