@@ -62,9 +62,8 @@ cargo build --release --quiet --bin hotsplit || die "cargo build --release faile
 # --- the cluster and the service ----------------------------------------------------------------
 start_cluster 60000
 seeds=$(printf '127.0.0.1:%s,' "${MASTER_PORTS[@]}")
-start_hotsplit failfast "redis-cluster://${seeds%,}" "$(family ff: "$COPIES")
-[heal]
-spool_dir = \"$WORK/spool\""
+# start_hotsplit gives the instance a spool of its own under $WORK.
+start_hotsplit failfast "redis-cluster://${seeds%,}" "$(family ff: "$COPIES")"
 HS_PID=$STARTED_PID
 BASE="http://127.0.0.1:$STARTED_PORT"
 log "publishing version 1 of ff:0..ff:$((KEYS - 1))"

@@ -193,16 +193,20 @@ start_redis() {
 }
 
 # --- hotsplit ---------------------------------------------------------------------------------
-# start_hotsplit NAME REDIS_URL FAMILY_TOML: starts the release build of hotsplit over REDIS_URL
-# with the given [[family]] tables on a free port, waits for /readyz, and sets STARTED_PORT and
-# STARTED_PID.
+# start_hotsplit NAME REDIS_URL FAMILY_TOML [SERVER_TOML] [LOG_FILTER]: starts the release build of
+# hotsplit over REDIS_URL (the embedded store when it is empty) with the given [[family]] tables,
+# extra [server] lines and log filter (default info) on a free port, with a spool of its own,
+# waits for /readyz, and sets STARTED_PORT and STARTED_PID.
 start_hotsplit() {
-    local name=$1 redis_url=$2 families=$3 port
+    local name=$1 redis_url=$2 families=$3 server=${4:-} filter=${5:-info} port
     free_port
     port=$FREE_PORT
-    printf '[server]\nlisten = "127.0.0.1:%s"\n\n%s\n' "$port" "$families" >"$WORK/$name.toml"
-    log "starting hotsplit ($name) on 127.0.0.1:$port over $redis_url"
-    "$ROOT/target/release/hotsplit" serve --redis "$redis_url" --listen "127.0.0.1:$port" \
+    printf '[server]\nlisten = "127.0.0.1:%s"\n%s\n[heal]\nspool_dir = "%s"\n\n%s\n' \
+        "$port" "$server" "$WORK/$name-spool" "$families" >"$WORK/$name.toml"
+    local store=(--redis "$redis_url")
+    [ -n "$redis_url" ] || store=()
+    log "starting hotsplit ($name) on 127.0.0.1:$port over ${redis_url:-the embedded store}"
+    HOTSPLIT_LOG=$filter "$ROOT/target/release/hotsplit" serve "${store[@]}" --listen "127.0.0.1:$port" \
         --config "$WORK/$name.toml" >"$WORK/$name.log" 2>&1 &
     STARTED_PID=$!
     STARTED_PORT=$port

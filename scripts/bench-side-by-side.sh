@@ -12,12 +12,17 @@
 #      SHARE_COPIES copies, counted by Redis itself (INFO commandstats, cmdstat_hmget);
 #   4. publish to N = 1, 8, 16, 32 copies on a 3x3 cluster against N concurrent SETs and against
 #      the same N FCALLs sent directly (criterion, benches/publish.rs);
+#   5. the request layers' cost: the HTTP read with the request id's log span (info), the request
+#      deadline and the in-flight bound on (the defaults) against the same read with all three off
+#      (HOTSPLIT_LOG=warn, server.request_deadline = "0s", server.max_in_flight = 0), interleaved
+#      rounds, on a standalone Redis and on the embedded store;
 # plus hotsplit's CPU per request and its memory. See docs/PERFORMANCE.md for what each row means.
 #
-# Usage: scripts/bench-side-by-side.sh [--quick] [--no-publish]
-#   --quick       everything briefly (about 2 minutes after a warm build) to check that the
-#                 script works; its figures are too short to quote. Same as QUICK=1.
-#   --no-publish  skip the criterion publish run (the longest part).
+# Usage: scripts/bench-side-by-side.sh [--quick] [--no-publish] [--layers-only]
+#   --quick        everything briefly (about 2 minutes after a warm build) to check that the
+#                  script works; its figures are too short to quote. Same as QUICK=1.
+#   --no-publish   skip the criterion publish run (the longest part).
+#   --layers-only  run and report only part 5 (about 2.5 minutes after a warm build).
 #
 # Knobs (environment), full-run default [quick-run default]:
 #   CONNECTIONS=64       concurrency of wrk, redis-benchmark and the library read bench's tasks
@@ -30,6 +35,7 @@
 #   SHARE_DURATION=5s [2s], SHARE_CLIENT_IDS=1024 [256]: wrk per key of the share run, ids per thread
 #   NEAR_RATES="10000 50000"  fixed read rates of the near cache's Redis-reads run, RATE_DURATION=10s [3s]
 #   FLOOD_KEYS=300000 [50000], FLOOD_DURATION=30s [3s]: the near cache's flood of distinct keys
+#   LAYER_ROUNDS=3 [1]   interleaved on/off wrk rounds per store in part 5 (medians are reported)
 #   PUBLISH_ARGS=""      extra criterion arguments of the publish run
 #                        [--warm-up-time 0.5 --measurement-time 1 --sample-size 10 --nresamples 10000]
 #
@@ -41,10 +47,12 @@ set -euo pipefail
 
 QUICK=${QUICK:-0}
 RUN_PUBLISH=1
+LAYERS_ONLY=0
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
         --no-publish) RUN_PUBLISH=0 ;;
+        --layers-only) LAYERS_ONLY=1 ;;
         -h | --help)
             sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'
             exit 0
@@ -76,6 +84,7 @@ knob READ_ROUNDS 3 1
 knob SHARE_COPIES 16 16
 knob SHARE_DURATION 5s 2s
 knob SHARE_CLIENT_IDS 1024 256
+knob LAYER_ROUNDS 3 1
 knob PUBLISH_ARGS "" "--warm-up-time 0.5 --measurement-time 1 --sample-size 10 --nresamples 10000"
 # The copy counts benches/publish.rs measures on the cluster.
 PUBLISH_COPIES=(1 8 16 32)
@@ -173,6 +182,73 @@ PROXY_BIN=$(cargo bench --no-run --bench proxy_baseline --bench read --bench pub
     die "cargo bench --no-run failed; see $WORK/build.log"
 [ -x "$PROXY_BIN" ] || die "could not build benches/proxy_baseline.rs; see $WORK/build.log"
 head -c "$VALUE_BYTES" /dev/zero | tr '\0' 'v' >"$WORK/value.bin"
+
+# --- 5. the request layers' cost on the HTTP read path (run first: --layers-only stops after it) ---
+# Two instances over the same store, one with the request id's log span (the default info
+# filter), the request deadline and the in-flight bound (the defaults), one with all three off;
+# wrk alternates between them (the order flips every round), and the medians are compared. Only
+# the instance under wrk is busy. The request id itself is still chosen and echoed by both.
+LAYERS_OFF=$'request_deadline = "0s"\nmax_in_flight = 0'
+median() { sort -n | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'; }
+# layer_rounds NAME REDIS_URL: sets LAYERS_ON and LAYERS_OFF to the median req/s of each instance
+# and LAYERS_ALL to every round's figures.
+layer_rounds() {
+    local name=$1 redis_url=$2 on_pid off_pid on_base off_base round first second
+    start_hotsplit "layers-on-$name" "$redis_url" "$(family hot: "$COPIES")" "" info
+    on_pid=$STARTED_PID on_base="http://127.0.0.1:$STARTED_PORT"
+    start_hotsplit "layers-off-$name" "$redis_url" "$(family hot: "$COPIES")" "$LAYERS_OFF" warn
+    off_pid=$STARTED_PID off_base="http://127.0.0.1:$STARTED_PORT"
+    publish_value "$on_base" hot:1 "$COPIES"
+    # The embedded store is per process: each instance needs the value of its own.
+    [ -n "$redis_url" ] || publish_value "$off_base" hot:1 "$COPIES"
+    : >"$WORK/layers-$name-on" && : >"$WORK/layers-$name-off"
+    for ((round = 1; round <= LAYER_ROUNDS; round++)); do
+        first=on second=off
+        [ $((round % 2)) -eq 1 ] || { first=off second=on; }
+        for side in "$first" "$second"; do
+            local base=$on_base
+            [ "$side" = on ] || base=$off_base
+            run_wrk "$WORK/wrk-layers.txt" "$base" "/v1/keys/hot:1?client=" "$CLIENT_IDS" "$DURATION"
+            [ -z "$(wrk_field "$WORK/wrk-layers.txt" non2xx)" ] ||
+                die "part 5 ($name, $side): non-2xx answers: $(cat "$WORK/wrk-layers.txt")"
+            wrk_field "$WORK/wrk-layers.txt" rps >>"$WORK/layers-$name-$side"
+        done
+    done
+    stop_pids "$on_pid" "$off_pid"
+    LAYERS_ON=$(median <"$WORK/layers-$name-on")
+    LAYERS_OFF_RPS=$(median <"$WORK/layers-$name-off")
+    LAYERS_ALL="on $(paste -sd/ "$WORK/layers-$name-on"), off $(paste -sd/ "$WORK/layers-$name-off")"
+}
+# cost ON OFF: how much lower ON is than OFF, in percent of OFF.
+cost() { awk -v on="$1" -v off="$2" 'BEGIN { if (off + 0 == 0) print "–"; else printf "%.1f", 100 * (off - on) / off }'; }
+log "part 5: request layers on vs off, $LAYER_ROUNDS interleaved round(s) of $DURATION per side and store"
+start_redis layers
+LAYERS_REDIS_PID=$STARTED_PID
+layer_rounds redis "redis://127.0.0.1:$STARTED_PORT"
+L_REDIS_ON=$LAYERS_ON L_REDIS_OFF=$LAYERS_OFF_RPS L_REDIS_ALL=$LAYERS_ALL
+stop_pids "$LAYERS_REDIS_PID"
+layer_rounds embedded ""
+L_EMB_ON=$LAYERS_ON L_EMB_OFF=$LAYERS_OFF_RPS L_EMB_ALL=$LAYERS_ALL
+L_REDIS_COST=$(cost "$L_REDIS_ON" "$L_REDIS_OFF")
+L_EMB_COST=$(cost "$L_EMB_ON" "$L_EMB_OFF")
+LAYERS_REPORT="### 5. The request layers' cost on the HTTP read ($CONNECTIONS connections; wrk -t$THREADS -d$DURATION, medians of $LAYER_ROUNDS interleaved rounds)
+
+On: the request id's \`request\` log span at the default \`info\` filter, \`server.request_deadline\` = 5s and
+\`server.max_in_flight\` = 1024 (the defaults). Off: \`HOTSPLIT_LOG=warn\`, \`request_deadline = \"0s\"\`,
+\`max_in_flight = 0\`. Both choose and echo a request id.
+
+| Store | layers on | layers off | cost | target |
+|---|---|---|---|---|
+| standalone Redis (\`hot:1\`, $COPIES copies) | $L_REDIS_ON req/s | $L_REDIS_OFF req/s | $L_REDIS_COST % | < 5 % — $(verdict "$L_REDIS_COST" 5 "<=") |
+| embedded store | $L_EMB_ON req/s | $L_EMB_OFF req/s | $L_EMB_COST % | – |
+
+- Every round (req/s): Redis $L_REDIS_ALL; embedded $L_EMB_ALL."
+if [ "$LAYERS_ONLY" = 1 ]; then
+    printf '\n## hotsplit side by side — %s, %s, part 5 only%s\n\nCores: %s, shared by everything (no pinning). Load average before the run: %s. Took %s s.\n\n%s\n' \
+        "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -n)" "$([ "$QUICK" != 1 ] || echo ', QUICK (figures too short to quote)')" \
+        "$CORES" "$LOAD_BEFORE" "$((SECONDS - STARTED_AT))" "$LAYERS_REPORT"
+    exit 0
+fi
 
 # --- 1. library read against raw fred GET -------------------------------------------------------
 log "library read bench: $CONNECTIONS tasks, $READ_ROUNDS round(s) of $READ_DURATION per side"
@@ -400,4 +476,7 @@ ${PUBLISH_ROWS}
 ${NEAR_SUMMARY}${PUBLISH_SUMMARY}| Hottest master's share of reads, 1 copy, vs an even share | $SHARE1_MAX % | $EVEN_SHARE % | $(ratio "$SHARE1_MAX" "$EVEN_SHARE")× | – |
 | Hottest master's share of reads, $SHARE_COPIES copies, vs an even share | $SHARE16_MAX % | $EVEN_SHARE % | $(ratio "$SHARE16_MAX" "$EVEN_SHARE")× | – |
 | hotsplit RSS after the read load | $RSS_MIB MiB | 64 MiB | $(ratio "$RSS_MIB" 64)× | < 1× — $(verdict "$RSS_MIB" 64 "<=") |
+| HTTP read with the request layers on vs off (Redis; cost in % of the off figure) | $L_REDIS_ON req/s | $L_REDIS_OFF req/s | $(ratio "$L_REDIS_ON" "$L_REDIS_OFF")× ($L_REDIS_COST % cost) | < 5 % — $(verdict "$L_REDIS_COST" 5 "<=") |
+
+$LAYERS_REPORT
 EOF
