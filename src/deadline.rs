@@ -75,6 +75,21 @@ impl Deadline {
     }
 }
 
+/// Runs `future` (a fallible store call) until `deadline`, or with no bound of its own when
+/// there is none.
+///
+/// # Errors
+/// The future's own error, or [`ErrorKind::DeadlineExceeded`] when the deadline passes first.
+pub async fn within<T, F>(deadline: Option<Deadline>, future: F) -> Result<T>
+where
+    F: Future<Output = Result<T>>,
+{
+    match deadline {
+        Some(deadline) => deadline.bound(future).await?,
+        None => future.await,
+    }
+}
+
 /// The error of a request whose deadline passed before the store answered.
 pub fn exceeded() -> Error {
     Error::new(

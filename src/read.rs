@@ -27,7 +27,7 @@ use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
 use crate::affinity;
-use crate::deadline::Deadline;
+use crate::deadline::{self, Deadline};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::Families;
 use crate::heal::Repairer;
@@ -262,13 +262,7 @@ impl Reader {
     ///   calls still running are dropped; nothing the read does on the way is left half done:
     ///   repairs run off the request path, and pins are recorded only once an answer is chosen).
     pub async fn read(&self, request: &ReadRequest) -> Result<ReadAnswer> {
-        let result = match request.deadline {
-            None => self.read_inner(request).await,
-            Some(deadline) => deadline
-                .bound(self.read_inner(request))
-                .await
-                .and_then(|read| read),
-        };
+        let result = deadline::within(request.deadline, self.read_inner(request)).await;
         if let Ok((
             ReadAnswer::Value {
                 route, served_by, ..

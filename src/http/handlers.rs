@@ -11,7 +11,7 @@ use super::params::{self, KeyPath, StrictQuery};
 use super::problem::{ApiError, Code};
 use super::session::{self, SessionToken};
 use super::AppState;
-use crate::deadline::Deadline;
+use crate::deadline::{self, Deadline};
 use crate::fleet::session::SessionFloor;
 use crate::key::{Key, Version};
 use crate::publish::{PublishReport, PublishStatus, SyncReplicas};
@@ -785,11 +785,8 @@ pub async fn readyz(
         .retry_later()
         .with_extension(serde_json::json!({ "reason": "draining" })));
     }
-    let ping = state.inner().store.ping();
-    match deadline {
-        Some(Extension(deadline)) => deadline.bound(ping).await??,
-        None => ping.await?,
-    }
+    let deadline = deadline.map(|Extension(deadline)| deadline);
+    deadline::within(deadline, state.inner().store.ping()).await?;
     Ok(Json(StatusBody {
         status: "ready",
         store: state.inner().store.kind(),
