@@ -47,9 +47,9 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         handlers::metrics,
         serve,
     ),
-    modifiers(&RequestLimitAnswers),
     components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::heal::layout::LayoutMismatch, crate::store::LayoutWriter, crate::near::NearCacheView, crate::near::HotCopy, crate::status::FleetView, crate::status::FleetMember, crate::status::InstanceStatus, crate::status::ClassBudget, crate::status::FamilyStatus, crate::heal::scrub::ScrubView, crate::heal::scrub::PassFigures)),
-    modifiers(&Edge),
+    // The request limits' answers first, so the edge gives them their headers too.
+    modifiers(&RequestLimitAnswers, &Edge),
     tags(
         (name = "keys", description = "Publish, invalidate and read split keys"),
         (name = "routing", description = "Read classes, replica lag and where reads were served"),
