@@ -46,9 +46,7 @@ async fn answered(what: &str, request: reqwest::RequestBuilder) -> Response {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_a_paused_master_costs_a_read_its_deadline_and_a_publish_queues_its_copies() {
-    let cluster = tokio::task::spawn_blocking(harness::own_cluster)
-        .await
-        .unwrap();
+    let cluster = harness::own_cluster().await;
     let mut config = config_from_toml(&format!(
         "[server]\nrequest_deadline = \"700ms\"\n\
          [store]\ncommand_timeout = \"{COMMAND_TIMEOUT}\"\n\
