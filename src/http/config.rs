@@ -27,7 +27,7 @@ pub struct ServerConfig {
     #[serde(with = "crate::duration")]
     pub shutdown_grace: Duration,
     /// How `serve` writes log lines: `text` or `json` (one JSON object a line, with the
-    /// request's span and its `request_id`). `--log-format` and `HOTSPLIT_LOG_FORMAT` override
+    /// request's `request_id`). `--log-format` and `HOTSPLIT_LOG_FORMAT` override
     /// it. Default: `text`.
     pub log_format: LogFormat,
     /// The log filter: a default level and `target=level` pairs (`info`, `warn,hotsplit=debug`).

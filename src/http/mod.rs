@@ -19,6 +19,7 @@
 //! - `session`: session tokens (`Hotsplit-Session`) read from requests and put on answers.
 //! - `overload`: the request limits: query length, in-flight bound (shedding), deadline.
 //! - `request_id`: how a request's id is chosen (`X-Request-Id`, `traceparent`, or random).
+//! - `request_log`: the request id on every log line of its request ([`RequestIdFormat`]).
 //! - `instances`: `GET /v1/instances`, the instance registry.
 //! - `status_page`: the live status page (`GET /status`, its script and stylesheet, under a
 //!   strict Content-Security-Policy) and `GET /v1/fleet`, the figures it polls.
@@ -41,6 +42,7 @@ mod overload;
 mod params;
 pub mod problem;
 mod request_id;
+mod request_log;
 pub mod scrub;
 mod session;
 mod state;
@@ -55,6 +57,7 @@ pub use config::ServerConfig;
 use latency::LatencyLayer;
 use overload::OverloadLayer;
 pub use overload::RequestLimits;
+pub use request_log::RequestIdFormat;
 pub use state::{AppParts, AppState};
 
 /// The route templates, also the `route` label of the latency histogram.
