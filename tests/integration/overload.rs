@@ -1,7 +1,9 @@
 //! Request limits on real Redis: the request deadline with a paused master (a read answers
 //! `deadline_exceeded` long before the store's command timeout would; a publish reports the
 //! paused copies `queued`, and they heal after SIGCONT), and the in-flight bound (requests past
-//! it are shed at once, the held ones succeed, a shed publish writes nothing).
+//! it are shed at once, the held ones succeed, a shed publish writes nothing, a session token
+//! does not get a request past it). A near-cache fill is bounded by the deadline of every read
+//! that waits for it.
 
 use std::time::Duration;
 
@@ -184,11 +186,13 @@ async fn overload_requests_past_the_in_flight_bound_are_shed_at_once_and_the_hel
     )
     .await;
 
-    // Past the bound: answered at once (the server is still paused), with Retry-After.
+    // Past the bound: answered at once (the server is still paused), with Retry-After; a
+    // session token changes nothing (it is read below the bound, by the handler).
     for reader in 0..3 {
         let shed = answered(
             "a read past the bound",
-            http.get(format!("{base}/v1/keys/shed:1?client=extra-{reader}")),
+            http.get(format!("{base}/v1/keys/shed:1?client=extra-{reader}"))
+                .header("hotsplit-session", "AQAAAA"),
         )
         .await;
         retry_later_problem(
@@ -241,5 +245,84 @@ async fn overload_requests_past_the_in_flight_bound_are_shed_at_once_and_the_hel
     );
     // Under the bound again, a request is served.
     publish_expecting(&http, &base, "shed:1", 3, "three", StatusCode::OK).await;
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_a_near_cache_fill_from_a_paused_node_costs_its_readers_their_deadline() {
+    let server = tokio::task::spawn_blocking(hotsplit_devcluster::Standalone::start)
+        .await
+        .unwrap()
+        .expect("start redis-server");
+    // A replica-routed class with a near cache on a store with no replica: its fills read the
+    // primary, which the test pauses.
+    let mut config = config_from_toml(&format!(
+        "[server]\nrequest_deadline = \"700ms\"\n\
+         [store]\ncommand_timeout = \"{COMMAND_TIMEOUT}\"\n\
+         [[family]]\nprefix = \"ncd:\"\ncopies = 1\ndefault_class = \"cached\"\n\
+         [classes.cached]\nroute = \"replica\"\nreason = \"test class\"\n\
+         staleness_budget = \"30s\"\nnear_cache_max_age = \"30s\"\n"
+    ));
+    config.store.redis = Some(server.url());
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    publish_expecting(&http, &base, "ncd:1", 1, "one", StatusCode::OK).await;
+
+    let url = format!("{base}/v1/keys/ncd:1?client=r0");
+    let first = get(&http, &url, &[]).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    server.node.pause().expect("SIGSTOP");
+
+    // A cached copy is still answered from memory while the node is paused…
+    let cached = answered("a cached read", http.get(&url)).await;
+    assert_eq!(cached.status(), StatusCode::OK);
+    assert_eq!(cached.text().await.unwrap(), "one");
+    // …while a copy with no entry needs a fill: two readers at once share the one fill from
+    // the paused node, and each is cut at its own deadline.
+    let fill_readers: Vec<_> = (0..2)
+        .map(|reader| {
+            let http = http.clone();
+            let url = format!("{base}/v1/keys/ncd:unread?client=r{reader}");
+            tokio::spawn(async move { answered("a read waiting for a fill", http.get(url)).await })
+        })
+        .collect();
+    for read in fill_readers {
+        retry_later_problem(
+            read.await.unwrap(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "deadline_exceeded",
+            "a read waiting for a fill from the paused node",
+        )
+        .await;
+    }
+    server.node.resume().expect("SIGCONT");
+    // Once the node answers, the key is read (a 404: it was never published).
+    let missing = answered(
+        "a read after SIGCONT",
+        http.get(format!("{base}/v1/keys/ncd:unread?client=r0")),
+    )
+    .await;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let metrics = metrics_text(&http, &base).await;
+    assert!(
+        metrics.contains(r#"hotsplit_http_deadline_exceeded_total{route="/v1/keys/{key}"} 2"#),
+        "{metrics}"
+    );
+    // The waits were on near-cache fills: at least one fill started, and the cached read hit.
+    let counter = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        counter("hotsplit_near_cache_misses_total") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        counter("hotsplit_near_cache_hits_total") >= 1.0,
+        "{metrics}"
+    );
     service.stop().await;
 }
