@@ -49,9 +49,13 @@ async fn answered(what: &str, request: reqwest::RequestBuilder) -> Response {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_a_paused_master_costs_a_read_its_deadline_and_a_publish_queues_its_copies() {
     let cluster = harness::own_cluster().await;
+    // No health probes of healthy primaries (`heal.probe_misses = 0`): they would mark the
+    // paused master failing within a few hundred ms, and its copies would then be queued at once
+    // (`node_failing`, tested in `degraded`) instead of at the deadline, which is tested here.
     let mut config = config_from_toml(&format!(
         "[server]\nrequest_deadline = \"700ms\"\n\
          [store]\ncommand_timeout = \"{COMMAND_TIMEOUT}\"\n\
+         [heal]\nprobe_misses = 0\n\
          [[family]]\nprefix = \"one:\"\ncopies = 1\n\
          [[family]]\nprefix = \"dl:\"\ncopies = 8\n"
     ));
