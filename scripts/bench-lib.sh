@@ -195,14 +195,17 @@ start_redis() {
 # --- hotsplit ---------------------------------------------------------------------------------
 # start_hotsplit NAME REDIS_URL FAMILY_TOML [SERVER_TOML] [LOG_FILTER]: starts the release build of
 # hotsplit over REDIS_URL (the embedded store when it is empty) with the given [[family]] tables,
-# extra [server] lines and log filter (default info) on a free port, with a spool of its own,
-# waits for /readyz, and sets STARTED_PORT and STARTED_PID.
+# extra [server] lines and log filter (default info) on a free port, with a spool of its own
+# (unless FAMILY_TOML has a [heal] table), waits for /readyz, and sets STARTED_PORT and STARTED_PID.
 start_hotsplit() {
     local name=$1 redis_url=$2 families=$3 server=${4:-} filter=${5:-info} port
     free_port
     port=$FREE_PORT
-    printf '[server]\nlisten = "127.0.0.1:%s"\n%s\n[heal]\nspool_dir = "%s"\n\n%s\n' \
-        "$port" "$server" "$WORK/$name-spool" "$families" >"$WORK/$name.toml"
+    # A spool of its own, unless FAMILY_TOML brings a [heal] table (two instances cannot share one).
+    local heal=""
+    [[ "$families" == *"[heal]"* ]] || heal=$(printf '[heal]\nspool_dir = "%s"' "$WORK/$name-spool")
+    printf '[server]\nlisten = "127.0.0.1:%s"\n%s\n%s\n\n%s\n' \
+        "$port" "$server" "$heal" "$families" >"$WORK/$name.toml"
     local store=(--redis "$redis_url")
     [ -n "$redis_url" ] || store=()
     log "starting hotsplit ($name) on 127.0.0.1:$port over ${redis_url:-the embedded store}"
