@@ -301,13 +301,22 @@ async fn overload_a_near_cache_fill_from_a_paused_node_costs_its_readers_their_d
         .await;
     }
     server.node.resume().expect("SIGCONT");
-    // Once the node answers, the key is read (a 404: it was never published).
-    let missing = answered(
-        "a read after SIGCONT",
-        http.get(format!("{base}/v1/keys/ncd:unread?client=r0")),
+    // Once the node answers again (and the health probes have seen it back), the key is read: a
+    // 404, since it was never published.
+    poll(
+        "a read after SIGCONT answers 404",
+        ANSWER_WITHIN,
+        || async {
+            answered(
+                "a read after SIGCONT",
+                http.get(format!("{base}/v1/keys/ncd:unread?client=r0")),
+            )
+            .await
+            .status()
+                == StatusCode::NOT_FOUND
+        },
     )
     .await;
-    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     let metrics = metrics_text(&http, &base).await;
     assert!(
         metrics.contains(r#"hotsplit_http_deadline_exceeded_total{route="/v1/keys/{key}"} 2"#),
