@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::family::Families;
 use crate::heal::queue::RetryQueueView;
+use crate::heal::scrub::ScrubView;
 use crate::heal::HealHandles;
 use crate::near::{NearCache, NearCacheView};
 use crate::read::Reader;
@@ -41,6 +42,9 @@ pub struct InstanceStatus {
     pub near_cache: NearCacheView,
     /// The families with their layouts.
     pub families: Vec<FamilyStatus>,
+    /// The anti-entropy scrub on this instance (`GET /v1/scrub`'s view): the lease, passes, and
+    /// the repairs of the running and the last pass.
+    pub scrub: ScrubView,
 }
 
 /// A read class and its budget, as the lag table is judged against it.
@@ -145,6 +149,7 @@ impl Sources {
                 .as_ref()
                 .map_or_else(NearCacheView::off, |near| near.view(HOTTEST_COPIES)),
             families,
+            scrub: self.heal.scrub.view(),
         }
     }
 }

@@ -32,6 +32,7 @@ const SNAPSHOT: &str = r#"(() => {
     instance: e.dataset.instance || null, field: e.dataset.field, text: e.textContent,
     replica: e.dataset.replica || null, class_name: e.dataset.class_name || null,
     family: e.dataset.family || null, reason: e.dataset.reason || null,
+    name: e.dataset.name || null,
   }));
   const handlers = Array.from(document.querySelectorAll("*"))
     .filter((e) => Array.from(e.attributes).some((a) => a.name.startsWith("on"))).length;
@@ -51,6 +52,7 @@ struct Cell {
     class_name: Option<String>,
     family: Option<String>,
     reason: Option<String>,
+    name: Option<String>,
 }
 
 /// What [`SNAPSHOT`] returns.
@@ -100,6 +102,7 @@ impl Snapshot {
                         "class_name" => &cell.class_name,
                         "family" => &cell.family,
                         "reason" => &cell.reason,
+                        "name" => &cell.name,
                         _ => panic!("unknown attribute {key}"),
                     };
                     attribute.as_deref() == Some(value)
@@ -235,6 +238,25 @@ fn assert_rendered_as_given(page: &Snapshot, id: &str) {
             near[figure].to_string(),
             "{field}"
         );
+    }
+    // The scrub's figures: its top-level ones and those of its last pass, as rendered.
+    let scrub = &status["scrub"];
+    for name in ["enabled", "holds_lease", "passes"] {
+        assert_eq!(
+            page.text(id, "scrub-value", Some(("name", name))),
+            scrub[name].to_string(),
+            "scrub {name}"
+        );
+    }
+    if let Some(last) = scrub["last"].as_object() {
+        for figure in ["repaired_missing", "repaired_behind", "keys_checked"] {
+            let name = format!("last.{figure}");
+            assert_eq!(
+                page.text(id, "scrub-value", Some(("name", &name))),
+                last[figure].to_string(),
+                "scrub {name}"
+            );
+        }
     }
     let families: Vec<&str> = status["families"]
         .as_array()

@@ -269,10 +269,23 @@
       if (!status.scrub || typeof status.scrub !== "object") {
         continue;
       }
+      // One level of nesting (the running and the last pass) becomes `pass.figure` lines; a
+      // list (the paused families) is shown joined.
+      const lines = [];
       for (const [name, value] of Object.entries(status.scrub)) {
-        if (value !== null && typeof value === "object") {
-          continue;
+        if (Array.isArray(value)) {
+          lines.push([name, value.join(", ")]);
+        } else if (value !== null && typeof value === "object") {
+          for (const [inner, figure] of Object.entries(value)) {
+            if (figure === null || typeof figure !== "object") {
+              lines.push([name + "." + inner, figure]);
+            }
+          }
+        } else {
+          lines.push([name, value]);
         }
+      }
+      for (const [name, value] of lines) {
         rows.push(row([
           el("td", id, { instance: id, field: "id", class: "key" }),
           el("td", name, { instance: id, field: "scrub-name", name: name }),
