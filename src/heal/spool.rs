@@ -1,6 +1,7 @@
 //! The retry spool: an append-only file that makes accepted queue entries survive a crash.
 //!
-//! This is the only module that knows the on-disk format (and the only user of bincode).
+//! This is the only module that knows the on-disk format; its child `format` holds the frames
+//! and records (and is the only user of bincode).
 //!
 //! # Format 1 (written by this version)
 //! `spool.log` starts with a 32-byte header: the magic `HOTSPOOL`, the format version (u32
@@ -49,7 +50,6 @@
 //! (`flock` on Linux) makes sure one process owns the directory.
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::hash::Hasher;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,10 +57,17 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
-use rand::RngCore;
+
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, ErrorKind, Result};
+
+mod format;
+
+use format::*;
+pub(crate) use format::{
+    encode, encode_enqueue, parse, Damage, FileKey, Record, FORMAT_VERSION, HEADER_LEN,
+};
 
 /// The spool file's name inside the spool directory.
 const LOG_FILE: &str = "spool.log";
@@ -68,340 +75,8 @@ const LOG_FILE: &str = "spool.log";
 const TMP_FILE: &str = "spool.log.tmp";
 /// The lock file's name.
 const LOCK_FILE: &str = "LOCK";
-/// The first bytes of every format-1 file.
-const MAGIC: &[u8; 8] = b"HOTSPOOL";
-/// The format this version writes.
-pub(crate) const FORMAT_VERSION: u32 = 1;
-/// The header's size: magic, version, reserved, key.
-pub(crate) const HEADER_LEN: u64 = 32;
-/// The frame header's size: length, head tag, body tag.
-const FRAME_HEADER_LEN: usize = 16;
-/// Format 0's checksum size at the start of every frame body.
-const FORMAT0_CHECKSUM_LEN: usize = 8;
 /// The most commands one group commit takes from the channel.
 const MAX_BATCH: usize = 8192;
-
-/// One spool record.
-#[derive(Debug, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode)]
-pub(crate) enum Record {
-    /// Failed copy writes of one edit were queued.
-    Enqueue {
-        /// The user key.
-        key: String,
-        /// The edit's version.
-        version: u64,
-        /// Whether the edit is a tombstone.
-        tombstone: bool,
-        /// The value (empty for a tombstone), held once for every queued copy.
-        value: Vec<u8>,
-        /// The queued copies: (copy index, absolute expiry in Unix milliseconds).
-        copies: Vec<(u32, u64)>,
-    },
-    /// A copy no longer needs the entry of this version (it landed, or a newer one did).
-    Complete {
-        /// The copy key, `K#i`.
-        copy_key: String,
-        /// The version that is no longer pending (entries at or below it are done).
-        version: u64,
-        /// Whether the completed entry was a tombstone.
-        tombstone: bool,
-    },
-}
-
-/// The borrowed twin of [`Record::Enqueue`]: encodes to the same bytes without copying the value.
-#[derive(bincode::Encode)]
-enum RecordRef<'a> {
-    Enqueue {
-        key: &'a str,
-        version: u64,
-        tombstone: bool,
-        value: &'a [u8],
-        copies: &'a [(u32, u64)],
-    },
-}
-
-fn encode_error(err: bincode::error::EncodeError) -> Error {
-    Error::new(
-        ErrorKind::Io,
-        format!("cannot encode a spool record: {err}"),
-    )
-}
-
-/// Encodes an enqueue record's payload without copying `value`.
-pub(crate) fn encode_enqueue(
-    key: &str,
-    version: u64,
-    tombstone: bool,
-    value: &[u8],
-    copies: &[(u32, u64)],
-) -> Result<Bytes> {
-    let record = RecordRef::Enqueue {
-        key,
-        version,
-        tombstone,
-        value,
-        copies,
-    };
-    bincode::encode_to_vec(record, bincode::config::standard())
-        .map(Bytes::from)
-        .map_err(encode_error)
-}
-
-/// Encodes any record's payload.
-pub(crate) fn encode(record: &Record) -> Result<Bytes> {
-    bincode::encode_to_vec(record, bincode::config::standard())
-        .map(Bytes::from)
-        .map_err(encode_error)
-}
-
-/// Decodes a whole payload as one record.
-fn decode_record(payload: &[u8]) -> Option<Record> {
-    let (record, used) =
-        bincode::decode_from_slice::<Record, _>(payload, bincode::config::standard()).ok()?;
-    (used == payload.len()).then_some(record)
-}
-
-/// A spool file's secret: the key of its frame tags.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FileKey([u8; 16]);
-
-impl std::fmt::Debug for FileKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("FileKey(..)")
-    }
-}
-
-impl FileKey {
-    /// A fresh random key.
-    fn random() -> FileKey {
-        let mut key = [0u8; 16];
-        rand::rng().fill_bytes(&mut key);
-        FileKey(key)
-    }
-
-    // std's SipHasher is deprecated only in favour of the unkeyed DefaultHasher; it is the one
-    // keyed SipHash-2-4 in std, and keyed is the point here.
-    #[allow(deprecated)]
-    fn hasher(&self) -> std::hash::SipHasher {
-        let (k0, k1) = self.0.split_at(8);
-        let word = |bytes: &[u8]| {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(bytes);
-            u64::from_le_bytes(word)
-        };
-        std::hash::SipHasher::new_with_keys(word(k0), word(k1))
-    }
-
-    fn head_tag(&self, len: u32) -> u32 {
-        let mut hasher = self.hasher();
-        hasher.write(b"H");
-        hasher.write(&len.to_le_bytes());
-        hasher.finish() as u32
-    }
-
-    fn body_tag(&self, payload: &[u8]) -> u64 {
-        let mut hasher = self.hasher();
-        hasher.write(b"B");
-        hasher.write(&(payload.len() as u32).to_le_bytes());
-        hasher.write(payload);
-        hasher.finish()
-    }
-
-    /// The 32-byte header of a file with this key.
-    fn header(&self) -> [u8; HEADER_LEN as usize] {
-        let mut header = [0u8; HEADER_LEN as usize];
-        header[..8].copy_from_slice(MAGIC);
-        header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        header[16..].copy_from_slice(&self.0);
-        header
-    }
-
-    /// Appends one frame holding `payload` to `out`.
-    pub(crate) fn frame_into(&self, payload: &[u8], out: &mut Vec<u8>) {
-        let len = payload.len() as u32;
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(&self.head_tag(len).to_le_bytes());
-        out.extend_from_slice(&self.body_tag(payload).to_le_bytes());
-        out.extend_from_slice(payload);
-    }
-}
-
-/// What recovery found wrong in a file.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Damage {
-    /// Damaged stretches skipped (each held at least one record, or part of one).
-    pub(crate) regions: u64,
-    /// Bytes skipped in them.
-    pub(crate) skipped_bytes: u64,
-}
-
-/// The records read from a file, and what was wrong with it.
-#[derive(Debug, Default)]
-pub(crate) struct Parsed {
-    /// The format the file was written in (0 or 1; 1 for a new file).
-    pub(crate) format: u32,
-    /// The intact records, in order.
-    pub(crate) records: Vec<Record>,
-    /// Damaged stretches, if any.
-    pub(crate) damage: Damage,
-    /// Bytes of a torn final frame (a crash during an append).
-    pub(crate) torn_bytes: u64,
-    /// The file's key (format 1 only).
-    key: Option<FileKey>,
-}
-
-/// Reads a whole spool file's bytes.
-///
-/// # Errors
-/// [`ErrorKind::Io`] when the header names a format this version does not read.
-pub(crate) fn parse(raw: &[u8], max_frame: usize) -> Result<Parsed> {
-    if raw.is_empty() {
-        return Ok(Parsed {
-            format: FORMAT_VERSION,
-            ..Parsed::default()
-        });
-    }
-    if raw.len() >= MAGIC.len() && &raw[..MAGIC.len()] == MAGIC {
-        if raw.len() < HEADER_LEN as usize {
-            // A header torn while the file was created: nothing was ever acknowledged in it.
-            return Ok(Parsed {
-                format: FORMAT_VERSION,
-                torn_bytes: raw.len() as u64,
-                ..Parsed::default()
-            });
-        }
-        let version = u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
-        if version != FORMAT_VERSION {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!(
-                    "spool.log has format version {version}; this hotsplit reads formats 0 and {FORMAT_VERSION}: run the hotsplit that wrote it until its queue drains, or move the file away"
-                ),
-            ));
-        }
-        let mut key = [0u8; 16];
-        key.copy_from_slice(&raw[16..32]);
-        return Ok(parse_v1(raw, FileKey(key), max_frame));
-    }
-    Ok(parse_v0(raw, max_frame))
-}
-
-/// What one format-1 frame at an offset is.
-enum FrameAt {
-    /// An intact frame: its record and its total size.
-    Intact(Record, usize),
-    /// A frame whose head tag matches but whose payload runs past the end of the file.
-    Torn,
-    /// Anything else.
-    Bad,
-}
-
-fn frame_at(raw: &[u8], at: usize, key: FileKey, max_frame: usize) -> FrameAt {
-    let Some(head) = raw.get(at..at + FRAME_HEADER_LEN) else {
-        return FrameAt::Torn;
-    };
-    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-    let head_tag = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-    if len as usize > max_frame || key.head_tag(len) != head_tag {
-        return FrameAt::Bad;
-    }
-    let start = at + FRAME_HEADER_LEN;
-    let Some(payload) = raw.get(start..start + len as usize) else {
-        return FrameAt::Torn;
-    };
-    let mut body_tag = [0u8; 8];
-    body_tag.copy_from_slice(&head[8..16]);
-    if key.body_tag(payload) != u64::from_le_bytes(body_tag) {
-        return FrameAt::Bad;
-    }
-    match decode_record(payload) {
-        Some(record) => FrameAt::Intact(record, FRAME_HEADER_LEN + len as usize),
-        None => FrameAt::Bad,
-    }
-}
-
-fn parse_v1(raw: &[u8], key: FileKey, max_frame: usize) -> Parsed {
-    let mut parsed = Parsed {
-        format: FORMAT_VERSION,
-        key: Some(key),
-        ..Parsed::default()
-    };
-    let mut at = HEADER_LEN as usize;
-    // Where the damaged stretch being skipped began, if one is.
-    let mut damaged_since: Option<usize> = None;
-    while at < raw.len() {
-        match frame_at(raw, at, key, max_frame) {
-            FrameAt::Intact(record, size) => {
-                if let Some(since) = damaged_since.take() {
-                    parsed.damage.regions += 1;
-                    parsed.damage.skipped_bytes += (at - since) as u64;
-                }
-                parsed.records.push(record);
-                at += size;
-            }
-            FrameAt::Torn if damaged_since.is_none() => {
-                parsed.torn_bytes = (raw.len() - at) as u64;
-                at = raw.len();
-            }
-            FrameAt::Torn | FrameAt::Bad => {
-                damaged_since.get_or_insert(at);
-                at += 1;
-            }
-        }
-    }
-    if let Some(since) = damaged_since {
-        parsed.damage.regions += 1;
-        parsed.damage.skipped_bytes += (raw.len() - since) as u64;
-    }
-    parsed
-}
-
-fn parse_v0(raw: &[u8], max_frame: usize) -> Parsed {
-    let mut parsed = Parsed::default();
-    let mut at = 0usize;
-    while at < raw.len() {
-        let Some(head) = raw.get(at..at + 4) else {
-            parsed.torn_bytes = (raw.len() - at) as u64;
-            break;
-        };
-        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        let body = if len > max_frame {
-            None
-        } else {
-            match raw.get(at + 4..at + 4 + len) {
-                Some(body) => Some(body),
-                None => {
-                    parsed.torn_bytes = (raw.len() - at) as u64;
-                    break;
-                }
-            }
-        };
-        let record = body
-            .filter(|body| body.len() >= FORMAT0_CHECKSUM_LEN)
-            .and_then(|body| {
-                let (checksum, rest) = body.split_at(FORMAT0_CHECKSUM_LEN);
-                let mut expected = [0u8; 8];
-                expected.copy_from_slice(checksum);
-                (xxhash_rust::xxh3::xxh3_64(rest) == u64::from_le_bytes(expected))
-                    .then(|| decode_record(rest))
-                    .flatten()
-            });
-        match record {
-            Some(record) => {
-                parsed.records.push(record);
-                at += 4 + len;
-            }
-            None => {
-                // An unkeyed checksum cannot tell a frame from a value that looks like one:
-                // everything from here on is kept aside, not replayed.
-                parsed.damage.regions = 1;
-                parsed.damage.skipped_bytes = (raw.len() - at) as u64;
-                break;
-            }
-        }
-    }
-    parsed
-}
 
 /// Reports the end of one durable append: `Ok` once its batch is synced, or the error that
 /// prevented it. Called on the writer thread.
