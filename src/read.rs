@@ -505,7 +505,8 @@ impl Reader {
 
     /// Leaves the reader a seen floor when its read was served from somewhere its next read may
     /// not go: a sibling instead of its own copy, or a primary while this instance knows
-    /// replicas (for any reason: `lag-breach`, `no-replica`, a floor that sent it there, or a
+    /// replicas or is still discovering them (the startup warm-up) (for any reason:
+    /// `lag-breach`, `lag-unmeasured`, `no-replica`, a floor that sent it there, or a
     /// class that reads primaries, since the reader's next read may use a replica class). The
     /// answer may be newer than what the reader's usual place holds, so the version served (a
     /// tombstone's for a 404) is held as the reader's floor for the family's `pin_window`: its
@@ -531,8 +532,9 @@ impl Reader {
         if plan.held_floor().is_some_and(|held| held >= version) {
             return;
         }
-        let moved =
-            copy != affine || (served_by.role == Role::Primary && self.router.lag().replicated());
+        let lag = self.router.lag();
+        let moved = copy != affine
+            || (served_by.role == Role::Primary && (lag.replicated() || lag.warming()));
         if moved {
             self.router.record_seen(key, version, client);
         }

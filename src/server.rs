@@ -41,7 +41,7 @@ use crate::near::{NearCache, NearMetrics};
 use crate::publish::Publisher;
 use crate::read::Reader;
 use crate::reload::{ConfigSource, HangupReloader, Reloader};
-use crate::route::{LagMonitor, LagTable, RouteMetrics, Router};
+use crate::route::{LagMonitor, LagTable, Route, RouteMetrics, Router, WarmUp, WarmUpWatch};
 use crate::status::{Sources, StatusPublisher};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
@@ -69,6 +69,9 @@ pub struct StateParts {
     pub session_key: SessionKey,
     /// The scrub's figures (registered in `metrics`), for `GET /v1/scrub`.
     pub scrub: Arc<ScrubStatus>,
+    /// The readiness warm-up's bound (`server.readiness_warm_up`), or `None` for no warm-up
+    /// (nothing feeds the lag table).
+    pub warm_up: Option<Duration>,
 }
 
 impl StateParts {
@@ -88,6 +91,7 @@ impl StateParts {
             registry,
             session_key,
             scrub,
+            warm_up,
         } = self;
         let session_metrics = metrics.register_with(SessionMetrics::register);
         let sessions = Arc::new(Sessions::new(session_key, &config.session, session_metrics));
@@ -95,6 +99,13 @@ impl StateParts {
         let classes = config.classes()?;
         let route_metrics =
             Arc::new(metrics.register_with(|registry| RouteMetrics::register(registry, &classes)));
+        let replica_routed = classes
+            .iter()
+            .any(|(_, def)| matches!(def.route, Route::Replica { .. }));
+        let warm_up = Arc::new(match warm_up {
+            Some(bound) => WarmUp::new(store.clone(), lag.clone(), bound, replica_routed),
+            None => WarmUp::ended(store.clone(), lag.clone()),
+        });
         let router = Arc::new(Router::new(
             &config.route,
             classes,
@@ -149,6 +160,7 @@ impl StateParts {
             registry,
             sessions,
             limits: RequestLimits::from(&config.server),
+            warm_up,
         });
         Ok((state, route_metrics))
     }
@@ -183,6 +195,7 @@ pub fn app_state(
             config.route.heartbeat_interval,
             config.route.lag_window,
         )),
+        warm_up: None,
     }
     .wire(config)
     .map(|(state, _)| state)
@@ -429,6 +442,7 @@ impl Service {
             tracker: tracker.clone(),
             lag: lag.clone(),
             scrub: scrub_status,
+            warm_up: Some(config.server.readiness_warm_up),
         }
         .wire(&config);
         let (state, route_metrics) = match wired {
@@ -618,6 +632,12 @@ impl Service {
         tracker.spawn(background.retry_worker.run(cancel.clone()));
         tracker.spawn(background.layout_watcher.run(cancel.clone()));
         tracker.spawn(background.lag_monitor.run(cancel.clone()));
+        tracker.spawn(
+            WarmUpWatch {
+                warm_up: state.warm_up().clone(),
+            }
+            .run(cancel.clone()),
+        );
         registry.set_listen(advertise.unwrap_or_else(|| local.to_string()));
         tracker.spawn(background.registrar.run(cancel.clone()));
         tracker.spawn(background.retirer.run(cancel.clone()));

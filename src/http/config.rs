@@ -70,6 +70,14 @@ pub struct ServerConfig {
     /// in-flight requests drain within `server.shutdown_grace`. May be `0s`. Default: `5s`.
     #[serde(with = "crate::duration")]
     pub drain_delay: Duration,
+    /// How long, at startup, `/readyz` may answer 503 `warming_up` while the replicas that
+    /// replica-routed reads may use are not all discovered and measured (each with a first lag
+    /// sample; until then their reads go to the primary, reason `lag-unmeasured`). After it the
+    /// instance is ready anyway, logs a warning once, and `/readyz` lists what is still
+    /// pending. No wait without replicas (the embedded store, a standalone Redis without
+    /// `store.replicas`). `0s` turns the wait off; at most `1h`. Default: `5s`.
+    #[serde(with = "crate::duration")]
+    pub readiness_warm_up: Duration,
     /// How long a request may take: every store call a read or a publish makes is bounded by
     /// it. A read past it answers 503 `deadline_exceeded`; a publish stops waiting for copy
     /// writes shortly before it (a tenth of it, at most 250 ms, is kept for the retry queue's
@@ -145,6 +153,7 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             max_header_bytes: 16 * 1024,
             drain_delay: Duration::from_secs(5),
+            readiness_warm_up: Duration::from_secs(5),
             request_deadline: Duration::from_secs(5),
             max_in_flight: 1024,
             max_query_bytes: 4096,
@@ -217,6 +226,15 @@ impl ServerConfig {
                 ErrorKind::Config,
                 format!(
                     "server.request_deadline: must be at most {} (or 0s for none)",
+                    humantime::format_duration(MAX_BUDGET)
+                ),
+            ));
+        }
+        if self.readiness_warm_up > MAX_BUDGET {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "server.readiness_warm_up: must be at most {} (or 0s for none)",
                     humantime::format_duration(MAX_BUDGET)
                 ),
             ));

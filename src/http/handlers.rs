@@ -11,13 +11,13 @@ use super::params::{self, KeyPath, StrictQuery};
 use super::problem::{ApiError, Code};
 use super::session::{self, SessionToken};
 use super::AppState;
-use crate::deadline::{self, Deadline};
+use crate::deadline::Deadline;
 use crate::fleet::session::SessionFloor;
 use crate::key::{Key, Version};
 use crate::publish::{PublishReport, PublishStatus, SyncReplicas};
 use crate::read::{CopyChoice, ReadAnswer, ReadRequest};
 use crate::route::Floors;
-use crate::store::{now_unix_ms, NodeLabel};
+use crate::store::now_unix_ms;
 use crate::wire;
 
 /// `Hotsplit-Version`, checked at compile time.
@@ -149,30 +149,6 @@ pub struct AffinityBody {
     copies: u32,
     /// The node that owns the copy.
     node: String,
-}
-
-/// The answer of `/healthz` and `/readyz`.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct StatusBody {
-    /// `ok` or `ready`.
-    status: &'static str,
-    /// The store kind: `embedded`, `redis` or `redis-cluster`.
-    store: &'static str,
-    /// `/readyz` only: families whose layout recorded in Redis differs from this instance's
-    /// config, or that another live instance runs with another copy count
-    /// (`/v1/instances` names who wrote the record). Absent when there is none.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    layout_mismatches: Vec<String>,
-    /// `/readyz` only: primaries (`host:port`) that lack the function library (they refused
-    /// `FUNCTION LOAD` or did not answer); their copies queue until a background retry loads
-    /// it. Absent when there is none.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    library_missing: Vec<String>,
-    /// `/readyz` only: nodes (`host:port`) known to be failing, or back but with queued copies
-    /// not yet flushed: their copy writes are queued at once (`node_failing`) while failing, and
-    /// reads of their copies go to sibling copies until they are flushed. Absent when none.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    nodes_avoided: Vec<String>,
 }
 
 /// The request headers a read uses, taken by reference (axum's `HeaderMap` extractor would
@@ -500,7 +476,7 @@ pub async fn invalidate_key(
         ("Hotsplit-Session" = Option<String>, Header, nullable = false, description = "The session token of the last answer this client received (send it back unchanged): its floors hold on any instance. An unknown version, a garbled, oversized or forged token is ignored, never refused"),
     ),
     responses(
-        (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By (host:port;role=primary|replica: for a near-cache answer, the node that filled the entry), Hotsplit-Route (class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor, then ;source=near-cache;age_ms=N when answered from the instance's near cache, N the entry's age bound: the source's lag at fill plus its age), Age (near-cache answers only: the age bound in whole seconds), Vary", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By (host:port;role=primary|replica: for a near-cache answer, the node that filled the entry), Hotsplit-Route (class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor|lag-unmeasured, then ;source=near-cache;age_ms=N when answered from the instance's near cache, N the entry's age bound: the source's lag at fill plus its age), Age (near-cache answers only: the age bound in whole seconds), Vary", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 304, description = "Not modified: no consulted copy is newer than the If-None-Match version"),
         (status = 400, description = "invalid_key, missing_client, invalid_copy, invalid_version, invalid_parameter, unknown_class, or class_not_allowed (decides-on-presence on a split family)", body = super::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "not_found: missing, expired or invalidated; an invalidated key's answer carries Hotsplit-Version (the tombstone's version), a key with no record none", body = super::problem::Problem, content_type = "application/problem+json"),
@@ -747,64 +723,6 @@ pub async fn affinity(
         copy_key: affinity.copy_key.to_string(),
         copies: affinity.copies,
         node: affinity.node,
-    }))
-}
-
-/// The process is alive.
-#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "Alive", body = StatusBody)))]
-pub async fn healthz(State(state): State<AppState>) -> Response {
-    Json(StatusBody {
-        status: "ok",
-        store: state.inner().store.kind(),
-        layout_mismatches: Vec::new(),
-        library_missing: Vec::new(),
-        nodes_avoided: Vec::new(),
-    })
-    .into_response()
-}
-
-/// Ready: not draining, and the store answers.
-#[utoipa::path(
-    get,
-    path = "/readyz",
-    tag = "operations",
-    responses(
-        (status = 200, description = "Ready", body = StatusBody),
-        (status = 503, description = "unavailable: the instance is draining (`reason` `draining`: it is shutting down) or the store does not answer; deadline_exceeded: it did not answer within server.request_deadline", body = super::problem::Problem, content_type = "application/problem+json"),
-    )
-)]
-pub async fn readyz(
-    State(state): State<AppState>,
-    deadline: Option<Extension<Deadline>>,
-) -> Result<Json<StatusBody>, ApiError> {
-    if state.is_draining() {
-        return Err(ApiError::new(
-            Code::Unavailable,
-            "this instance is shutting down; retry on another",
-        )
-        .retry_later()
-        .with_extension(serde_json::json!({ "reason": "draining" })));
-    }
-    let deadline = deadline.map(|Extension(deadline)| deadline);
-    deadline::within(deadline, state.inner().store.ping()).await?;
-    Ok(Json(StatusBody {
-        status: "ready",
-        store: state.inner().store.kind(),
-        layout_mismatches: state.inner().heal.layouts.mismatches(),
-        library_missing: state
-            .inner()
-            .store
-            .library_missing()
-            .iter()
-            .map(NodeLabel::to_string)
-            .collect(),
-        nodes_avoided: state
-            .inner()
-            .store
-            .avoided_nodes()
-            .iter()
-            .map(NodeLabel::to_string)
-            .collect(),
     }))
 }
 

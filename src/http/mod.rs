@@ -18,6 +18,7 @@
 //! - `latency`: the layer around every request: request id and span, latency, `Retry-After`.
 //! - `session`: session tokens (`Hotsplit-Session`) read from requests and put on answers.
 //! - `overload`: the request limits: query length, in-flight bound (shedding), deadline.
+//! - `probes`: `/healthz` and `/readyz`, and the startup warm-up `/readyz` waits for.
 //! - `request_id`: how a request's id is chosen (`X-Request-Id`, `traceparent`, or random).
 //! - `request_log`: the request id on every log line of its request ([`RequestIdFormat`]).
 //! - `instances`: `GET /v1/instances`, the instance registry.
@@ -40,6 +41,7 @@ pub mod openapi;
 mod openapi_edge;
 mod overload;
 mod params;
+pub mod probes;
 pub mod problem;
 mod request_id;
 mod request_log;
@@ -207,8 +209,8 @@ fn data_routes(state: &AppState) -> Router<AppState> {
 /// checks that the two agree.
 fn admin_routes() -> Router<AppState> {
     Router::new()
-        .route(paths::HEALTHZ, get(handlers::healthz))
-        .route(paths::READYZ, get(handlers::readyz))
+        .route(paths::HEALTHZ, get(probes::healthz))
+        .route(paths::READYZ, get(probes::readyz))
         .route(paths::METRICS, get(handlers::metrics))
         .route(paths::CLASSES, get(handlers::classes))
         .route(paths::LAG, get(handlers::lag))

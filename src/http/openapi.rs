@@ -42,12 +42,12 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         status_page::style,
         status_page::icon,
         super::scrub::scrub,
-        handlers::healthz,
-        handlers::readyz,
+        super::probes::healthz,
+        super::probes::readyz,
         handlers::metrics,
         serve,
     ),
-    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, handlers::StatusBody, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::heal::layout::LayoutMismatch, crate::store::LayoutWriter, crate::near::NearCacheView, crate::near::HotCopy, crate::status::FleetView, crate::status::FleetMember, crate::status::InstanceStatus, crate::status::ClassBudget, crate::status::FamilyStatus, crate::heal::scrub::ScrubView, crate::heal::scrub::PassFigures)),
+    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, super::probes::StatusBody, crate::route::WarmUpPending, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::heal::layout::LayoutMismatch, crate::store::LayoutWriter, crate::near::NearCacheView, crate::near::HotCopy, crate::status::FleetView, crate::status::FleetMember, crate::status::InstanceStatus, crate::status::ClassBudget, crate::status::FamilyStatus, crate::heal::scrub::ScrubView, crate::heal::scrub::PassFigures)),
     // The request limits' answers first, so the edge gives them their headers too.
     modifiers(&RequestLimitAnswers, &Edge),
     tags(

@@ -148,7 +148,7 @@ fn data_headers(
             ),
             (
                 "Hotsplit-Route",
-                "class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor, then ;source=near-cache;age_ms=N for an answer from the instance's near cache",
+                "class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor|lag-unmeasured, then ;source=near-cache;age_ms=N for an answer from the instance's near cache",
                 None,
             ),
             (

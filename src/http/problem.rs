@@ -67,6 +67,9 @@ pub enum Code {
     Overloaded,
     /// 414: the query string is longer than `server.max_query_bytes`.
     QueryTooLong,
+    /// 503 (`/readyz` only): the startup warm-up runs; replicas that replica-routed reads may
+    /// use are not all discovered and measured yet (`server.readiness_warm_up`).
+    WarmingUp,
     /// 500: a bug or an unexpected local failure.
     Internal,
 }
@@ -97,6 +100,7 @@ impl Code {
             Code::DeadlineExceeded => "deadline_exceeded",
             Code::Overloaded => "overloaded",
             Code::QueryTooLong => "query_too_long",
+            Code::WarmingUp => "warming_up",
             Code::Internal => "internal",
         }
     }
@@ -123,6 +127,7 @@ impl Code {
             | Code::Unavailable
             | Code::DeadlineExceeded
             | Code::Overloaded
+            | Code::WarmingUp
             | Code::StalenessBudgetExceeded => StatusCode::SERVICE_UNAVAILABLE,
             Code::StoreFull => StatusCode::INSUFFICIENT_STORAGE,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -153,6 +158,7 @@ impl Code {
             Code::DeadlineExceeded => "deadline exceeded",
             Code::Overloaded => "overloaded",
             Code::QueryTooLong => "query too long",
+            Code::WarmingUp => "warming up",
             Code::Internal => "internal error",
         }
     }

@@ -13,6 +13,7 @@ use crate::heal::HealHandles;
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
 use crate::read::Reader;
+use crate::route::WarmUp;
 use crate::store::Store;
 
 /// Everything a handler needs. Cheap to clone.
@@ -49,6 +50,8 @@ pub(crate) struct Inner {
     pub(crate) sessions: Arc<Sessions>,
     /// The request limits and their counters, for the overload layer.
     pub(crate) limits: Arc<overload::Shared>,
+    /// The startup warm-up `/readyz` waits for.
+    pub(crate) warm_up: Arc<WarmUp>,
 }
 
 /// The parts an [`AppState`] is made of, by name.
@@ -74,6 +77,8 @@ pub struct AppParts {
     pub sessions: Arc<Sessions>,
     /// The request limits (`[server]`): deadline, in-flight bound, query length.
     pub limits: RequestLimits,
+    /// The startup warm-up `/readyz` waits for (replicas discovered and measured).
+    pub warm_up: Arc<WarmUp>,
 }
 
 impl AppState {
@@ -90,6 +95,7 @@ impl AppState {
             registry,
             sessions,
             limits,
+            warm_up,
         } = parts;
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         let auth = AuthLayer::new(TokenTable::default(), &metrics);
@@ -107,6 +113,7 @@ impl AppState {
                 auth,
                 sessions,
                 draining: Arc::new(AtomicBool::new(false)),
+                warm_up,
                 limits,
             }),
         }
@@ -132,6 +139,11 @@ impl AppState {
     /// while every other route still answers (the drain delay before the listeners close).
     pub fn start_draining(&self) {
         self.inner.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// The startup warm-up `/readyz` waits for.
+    pub fn warm_up(&self) -> &Arc<WarmUp> {
+        &self.inner.warm_up
     }
 
     /// Whether [`AppState::start_draining`] was called.

@@ -148,7 +148,7 @@ impl RouteMetrics {
         let reads_family: Family<RouteLabels, Counter> = register(
             registry,
             "route_reads",
-            "Reads by class, served_by (replica, primary) and reason (class, own-write, request-pin, lag-breach, no-replica, version-floor)",
+            "Reads by class, served_by (replica, primary) and reason (class, own-write, request-pin, lag-breach, no-replica, version-floor, lag-unmeasured)",
         );
         let mut reads = Vec::with_capacity(classes.len() * 2 * RouteReason::ALL.len());
         for (_, def) in classes.iter() {

@@ -82,6 +82,9 @@ pub struct LagTable {
     /// refresh leaves a primary without known replicas, its reads still move back to a
     /// replica later, so moved reads keep leaving floors.
     replicated: AtomicBool,
+    /// Set while the startup warm-up runs ([`super::warmup`]): a primary with no replica known
+    /// yet may still get one, so its reads are `lag-unmeasured`, not `no-replica`.
+    warming: AtomicBool,
 }
 
 impl LagTable {
@@ -93,6 +96,7 @@ impl LagTable {
             window,
             by_primary: RwLock::new(Arc::new(HashMap::new())),
             replicated: AtomicBool::new(false),
+            warming: AtomicBool::new(false),
         }
     }
 
@@ -132,6 +136,17 @@ impl LagTable {
     /// read a replica serves.
     pub fn replicated(&self) -> bool {
         self.replicated.load(Ordering::Relaxed)
+    }
+
+    /// Whether the startup warm-up is running (see [`LagTable::set_warming`]).
+    pub fn warming(&self) -> bool {
+        self.warming.load(Ordering::Relaxed)
+    }
+
+    /// Starts or ends the startup warm-up: while it runs, a primary with no replica known is
+    /// routed with reason `lag-unmeasured`.
+    pub fn set_warming(&self, warming: bool) {
+        self.warming.store(warming, Ordering::Relaxed);
     }
 
     /// Replaces the topology, keeping the state of replicas that stay.

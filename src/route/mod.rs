@@ -18,6 +18,7 @@ pub mod config;
 pub mod lag;
 pub mod monitor;
 pub mod pins;
+pub mod warmup;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +37,7 @@ pub use config::{ClassConfig, OnBreach, RouteConfig, RouteTarget};
 pub use lag::{LagFigures, LagTable};
 pub use monitor::LagMonitor;
 pub use pins::{Floors, Pins};
+pub use warmup::{Readiness, WarmUp, WarmUpPending, WarmUpWatch};
 
 /// Why a read was served where it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,17 +54,21 @@ pub enum RouteReason {
     NoReplica,
     /// The reader's `min_version` was above the replica's copy; the primary served.
     VersionFloor,
+    /// The owner's replicas have no lag sample yet (or, during the startup warm-up, none is
+    /// discovered yet): whether one is within budget is not known; the primary served.
+    LagUnmeasured,
 }
 
 impl RouteReason {
     /// Every reason, in counter order.
-    pub const ALL: [RouteReason; 6] = [
+    pub const ALL: [RouteReason; 7] = [
         RouteReason::Class,
         RouteReason::OwnWrite,
         RouteReason::RequestPin,
         RouteReason::LagBreach,
         RouteReason::NoReplica,
         RouteReason::VersionFloor,
+        RouteReason::LagUnmeasured,
     ];
 
     /// The wire spelling, used in `Hotsplit-Route` and metric labels.
@@ -74,6 +80,7 @@ impl RouteReason {
             RouteReason::LagBreach => "lag-breach",
             RouteReason::NoReplica => "no-replica",
             RouteReason::VersionFloor => "version-floor",
+            RouteReason::LagUnmeasured => "lag-unmeasured",
         }
     }
 
@@ -85,6 +92,7 @@ impl RouteReason {
             RouteReason::LagBreach => 3,
             RouteReason::NoReplica => 4,
             RouteReason::VersionFloor => 5,
+            RouteReason::LagUnmeasured => 6,
         }
     }
 }
@@ -382,7 +390,13 @@ impl Router {
         };
         self.lag.with_replicas(primary, |replicas| {
             if replicas.is_empty() {
-                return Target::Primary(RouteReason::NoReplica);
+                // During the startup warm-up a replica may yet be discovered: its lag is not
+                // measured, which is not the same as there being none.
+                return Target::Primary(if self.lag.warming() {
+                    RouteReason::LagUnmeasured
+                } else {
+                    RouteReason::NoReplica
+                });
             }
             let mut best: Option<(Duration, &NodeLabel)> = None;
             for replica in replicas {
@@ -394,6 +408,9 @@ impl Router {
             }
             match best {
                 Some((lag, replica)) if lag <= budget => Target::Replica(replica.clone()),
+                None if on_breach == OnBreach::Primary => {
+                    Target::Primary(RouteReason::LagUnmeasured)
+                }
                 _ if on_breach == OnBreach::Primary => Target::Primary(RouteReason::LagBreach),
                 _ => Target::Breach {
                     lag: best.map(|(lag, _)| lag),
@@ -554,10 +571,10 @@ mod tests {
             primary: primary.clone(),
             replicas: vec![NodeLabel::new("r:1")],
         }]);
-        // No heartbeat seen yet: over budget.
+        // No heartbeat seen yet: the lag is not measured, the primary serves.
         assert_eq!(
             router.target(&plan, &primary),
-            Target::Primary(RouteReason::LagBreach)
+            Target::Primary(RouteReason::LagUnmeasured)
         );
         let replica = router.lag().replicas_of(&primary).unwrap()[0].clone();
         router.lag().record(&replica, Some(router.lag().now_us()));
@@ -565,6 +582,18 @@ mod tests {
             router.target(&plan, &primary),
             Target::Replica(NodeLabel::new("r:1"))
         );
+        // While the startup warm-up runs, a primary with no replica known yet is unmeasured too.
+        let other = NodeLabel::new("p:2");
+        assert_eq!(
+            router.target(&plan, &other),
+            Target::Primary(RouteReason::NoReplica)
+        );
+        router.lag().set_warming(true);
+        assert_eq!(
+            router.target(&plan, &other),
+            Target::Primary(RouteReason::LagUnmeasured)
+        );
+        router.lag().set_warming(false);
         // A write by alice pins her floor; a request id pins its reads to primaries.
         router.record_write(&key, Version::new(7).unwrap(), Some("alice"), Some("req-1"));
         let plan = router.plan(&key, None, Some("alice"), None).unwrap();
