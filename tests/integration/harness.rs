@@ -134,22 +134,10 @@ pub struct Service {
 }
 
 impl Service {
-    /// Starts `hotsplit::server::run` on a port-0 listener with `config`.
-    pub async fn start(mut config: Config) -> Service {
-        // No drain delay: nothing balances load in front of a test's service, and every stop
-        // would wait it out (`listener::on_sigterm_…` tests the delay on the binary).
-        config.server.drain_delay = Duration::ZERO;
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("local addr"));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(hotsplit::server::run(listener, config, async move {
-            let _ = stopped.await;
-        }));
-        let service = Service {
-            base,
-            stop: Some(stop),
-            task: Some(task),
-        };
+    /// Starts `hotsplit::server::run` on a port-0 listener with `config` and waits until it
+    /// answers `/readyz` with 200.
+    pub async fn start(config: Config) -> Service {
+        let service = Service::spawn(config).await;
         let client = reqwest::Client::new();
         poll("the service answers /readyz", READY_WITHIN, || {
             let url = format!("{}/readyz", service.base);
@@ -165,6 +153,25 @@ impl Service {
         })
         .await;
         service
+    }
+
+    /// Starts `hotsplit::server::run` on a port-0 listener with `config`, without waiting for
+    /// anything: for tests of what it answers while it starts.
+    pub async fn spawn(mut config: Config) -> Service {
+        // No drain delay: nothing balances load in front of a test's service, and every stop
+        // would wait it out (`listener::on_sigterm_…` tests the delay on the binary).
+        config.server.drain_delay = Duration::ZERO;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("local addr"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(hotsplit::server::run(listener, config, async move {
+            let _ = stopped.await;
+        }));
+        Service {
+            base,
+            stop: Some(stop),
+            task: Some(task),
+        }
     }
 
     /// Stops the service and waits for it to finish.

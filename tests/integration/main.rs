@@ -37,3 +37,4 @@ mod status_page;
 mod telemetry;
 mod upgrade;
 mod versions;
+mod warm_up;
