@@ -223,7 +223,7 @@ mod tests {
     fn set(primary: &str, replicas: &[&str]) -> ReplicaSet {
         ReplicaSet {
             primary: NodeLabel::new(primary),
-            replicas: replicas.iter().map(|label| NodeLabel::new(label)).collect(),
+            replicas: replicas.iter().copied().map(NodeLabel::new).collect(),
         }
     }
 
