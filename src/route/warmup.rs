@@ -220,6 +220,13 @@ mod tests {
     use super::*;
     use crate::store::NodeLabel;
 
+    fn lag_table() -> Arc<LagTable> {
+        Arc::new(LagTable::new(
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+        ))
+    }
+
     fn set(primary: &str, replicas: &[&str]) -> ReplicaSet {
         ReplicaSet {
             primary: NodeLabel::new(primary),
@@ -260,10 +267,7 @@ mod tests {
     #[test]
     fn the_warm_up_ends_when_nothing_is_pending_or_at_its_bound_and_only_once() {
         let store: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
-        let lag = Arc::new(LagTable::new(
-            Duration::from_millis(100),
-            Duration::from_secs(60),
-        ));
+        let lag = lag_table();
         let start = Instant::now();
         let warm_up = |bound: Duration| {
             lag.set_warming(true);
@@ -312,10 +316,7 @@ mod tests {
     #[test]
     fn the_embedded_store_has_no_warm_up_and_an_ended_one_stays_ended() {
         let store: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
-        let lag = Arc::new(LagTable::new(
-            Duration::from_millis(100),
-            Duration::from_secs(60),
-        ));
+        let lag = lag_table();
         let warm_up = WarmUp::new(store, lag.clone(), Duration::from_secs(60), true);
         assert!(warm_up.has_ended());
         assert!(!lag.warming());
