@@ -9,13 +9,20 @@ use hotsplit_devcluster as devcluster;
 
 use crate::harness::{self, config_with_family, get, hgetall, poll, publish_succeeds, Service};
 
-/// How often the instances refresh their live entries and sweep in these tests.
-const INTERVAL: Duration = Duration::from_millis(100);
+/// How often the instances refresh their live entries in these tests; an entry lapses after
+/// three. At 100 ms, a refresh round (a join, a record read and a writer read per family, one
+/// after the other) outlasted the 300 ms lapse with the suite running at load 18 on 2 cores:
+/// the 4-copy instance saw no live 12-copy instance, wrote 4 copies and deleted the rest of a
+/// key the 12-copy instance was reading.
+const LAYOUT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often the instances sweep in these tests.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 
 fn config(url: &str, prefix: &str, copies: u32) -> Config {
     let mut config = config_with_family(Some(url), prefix, copies);
-    config.heal.layout_interval = INTERVAL;
-    config.heal.sweep_interval = INTERVAL;
+    config.heal.layout_interval = LAYOUT_INTERVAL;
+    config.heal.sweep_interval = SWEEP_INTERVAL;
     config
 }
 
@@ -26,11 +33,11 @@ fn stored_version(port: u16, copy_key: &str) -> Option<u64> {
         .map(|ver| ver.parse().expect("a stored version is a number"))
 }
 
-/// An absence cannot be polled: this waits out a sweep's settle time (the interval plus twice
-/// the command timeout after the live count last changed) and then five sweeps of the
+/// An absence cannot be polled: this waits out a sweep's settle time (the layout interval plus
+/// twice the command timeout after the live count last changed) and then five sweeps of the
 /// instances under test, after which a sweep that was going to delete has deleted.
 async fn several_sweeps() {
-    tokio::time::sleep(INTERVAL + harness::COMMAND_TIMEOUT * 2 + INTERVAL * 5).await;
+    tokio::time::sleep(LAYOUT_INTERVAL + harness::COMMAND_TIMEOUT * 2 + SWEEP_INTERVAL * 5).await;
 }
 
 /// The versions `base` serves for `key` to 64 different clients (so every copy is read).
