@@ -41,7 +41,9 @@ VOLUME ["/var/lib/hotsplit"]
 ENV HOTSPLIT_LISTEN=0.0.0.0:7070
 EXPOSE 7070
 # The image has no curl or shell: the binary probes its own readiness. If you move the listener
-# off port 7070, override the health check too.
+# off port 7070, override the health check too; with TLS on the listener (server.tls_cert_file),
+# probe https://127.0.0.1:7070/readyz with --ca-file naming the CA that signed its certificate
+# (which must name 127.0.0.1).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
     CMD ["/usr/local/bin/hotsplit", "probe", "--timeout", "2s", "http://127.0.0.1:7070/readyz"]
 STOPSIGNAL SIGTERM

@@ -30,6 +30,7 @@
 //! - [`client`]: a small HTTP client that reads through the affine copy and remembers floors.
 //! - [`audit`]: `hotsplit audit`, read-only measurement of the skew between live copies.
 //! - [`probe`]: `hotsplit probe URL`, the container's health check (no curl in the image).
+//! - [`tls`]: the rustls client configuration of every TLS client (Redis connections, `probe`).
 //!
 //! Not in the library: `hotsplit check` (`src/check/`, a module of the binary, `mod check` in
 //! `main.rs`) and the throwaway `redis-server` processes of the tests, the benches and `check`
@@ -62,6 +63,7 @@ pub mod route;
 pub mod server;
 pub mod status;
 pub mod store;
+pub mod tls;
 pub mod wire;
 
 pub use error::{Error, ErrorKind, Result};

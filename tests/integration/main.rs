@@ -35,6 +35,8 @@ mod spool;
 mod startup;
 mod status_page;
 mod telemetry;
+mod tls_pki;
+mod tls_probe;
 mod upgrade;
 mod versions;
 mod warm_up;

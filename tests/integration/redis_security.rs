@@ -3,14 +3,13 @@
 //! `audit` user, users missing one permission), a wrong password and an untrusted CA, and the
 //! same ACL tests on Valkey 8 (`HOTSPLIT_VALKEY_SERVER`, which `scripts/test.sh` provides).
 //!
-//! Certificates are made here with rcgen: a CA, and one node certificate for `127.0.0.1` (IP
-//! SAN) that the servers serve and present on the cluster bus and that clients present for
-//! mutual TLS; a second, unrelated CA is the untrusted one. Hostname verification is never
-//! turned off.
+//! Certificates come from `tls_pki` (rcgen, in-process): a CA, and one node certificate for
+//! `127.0.0.1` (IP SAN) that the servers serve and present on the cluster bus and that clients
+//! present for mutual TLS; a second, unrelated CA is the untrusted one. Hostname verification
+//! is never turned off.
 
 use std::io::Read;
-use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -21,15 +20,12 @@ use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{Password, RedisOptions, RedisStore, RedisUrl};
 use hotsplit::store::{now_unix_ms, CopyWrite, Lease, Payload, Store};
 use hotsplit_devcluster::{
-    Cluster, ClusterOptions, PrimaryReplica, RedisNode, ServerOptions, Standalone, TlsFiles,
-};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose, SanType,
+    Cluster, ClusterOptions, PrimaryReplica, RedisNode, ServerOptions, Standalone,
 };
 use reqwest::StatusCode;
 
 use crate::harness::{self, config_from_toml, poll, publish_expecting, Service};
+use crate::tls_pki::pki;
 
 // ---------------------------------------------------------------------------------------------
 // The ACLs the README documents, verbatim (the README quotes these lines).
@@ -44,69 +40,6 @@ const AUDIT_ACL: &str =
 
 /// Every user's password in these tests (never printed by hotsplit, which a test checks).
 const PASSWORD: &str = "s3cret-Pa55word";
-
-// ---------------------------------------------------------------------------------------------
-// Certificates
-// ---------------------------------------------------------------------------------------------
-
-/// The PEM files of the tests' TLS set-up, in a directory kept for the test binary's life.
-struct Pki {
-    /// The CA, the node certificate (IP SAN 127.0.0.1) and its key.
-    files: TlsFiles,
-    /// A CA that signed nothing here: trusting it alone must fail the handshake.
-    other_ca: PathBuf,
-}
-
-fn pki() -> &'static Pki {
-    static PKI: OnceLock<Pki> = OnceLock::new();
-    PKI.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("hotsplit-pki-")
-            .tempdir()
-            .expect("pki dir")
-            .keep();
-        let ca = certificate_authority("hotsplit test ca");
-        let node_key = KeyPair::generate().expect("node key");
-        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "hotsplit test node");
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let node = params.signed_by(&node_key, &ca).expect("sign the node");
-        let other = certificate_authority("some other ca");
-        let write = |name: &str, text: String| {
-            let path = dir.join(name);
-            std::fs::write(&path, text).expect("write a pem file");
-            path
-        };
-        Pki {
-            files: TlsFiles {
-                ca_file: write("ca.pem", ca.pem()),
-                cert_file: write("node.pem", node.pem()),
-                key_file: write("node.key", node_key.serialize_pem()),
-            },
-            other_ca: write("other-ca.pem", other.pem()),
-        }
-    })
-}
-
-fn certificate_authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().expect("ca key")).expect("ca")
-}
 
 /// A standalone TLS server that accepts clients without a certificate (CA file only).
 fn tls_standalone() -> &'static Standalone {
