@@ -182,6 +182,32 @@ struct CheckArgs {
     /// workload rows together; --out gets fleet.md and fleet.json.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
     instances: u32,
+    /// Run over TLS end to end: PEM file of the CA that signs --tls-cert-file. The cluster's
+    /// nodes then serve clients, replication and the cluster bus over TLS only and require a
+    /// client certificate; hotsplit and the run's own connections present --tls-cert-file and
+    /// verify every node against this CA and the name 127.0.0.1. Default: plain TCP.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert_file", "tls_key_file"])]
+    tls_ca_file: Option<PathBuf>,
+    /// PEM certificate (chain) every node serves and every client presents: signed by
+    /// --tls-ca-file, with the IP address 127.0.0.1 among its subject alternative names, and
+    /// usable for both server and client authentication.
+    #[arg(long, value_name = "FILE", requires = "tls_ca_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, value_name = "FILE", requires = "tls_ca_file")]
+    tls_key_file: Option<PathBuf>,
+}
+
+impl CheckArgs {
+    /// The TLS files of `--tls-ca-file`, `--tls-cert-file` and `--tls-key-file` (clap requires
+    /// all three together); `None` without them.
+    fn tls(&self) -> Option<hotsplit_devcluster::TlsFiles> {
+        Some(hotsplit_devcluster::TlsFiles {
+            ca_file: self.tls_ca_file.clone()?,
+            cert_file: self.tls_cert_file.clone()?,
+            key_file: self.tls_key_file.clone()?,
+        })
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -331,6 +357,7 @@ fn check(args: CheckArgs) -> ExitCode {
         keys: args.keys,
         readers: args.readers,
         copies: args.copies,
+        tls: args.tls(),
         out: args.out,
         token,
     };
@@ -388,6 +415,7 @@ fn check_fleet(runtime: &tokio::runtime::Runtime, args: &CheckArgs) -> ExitCode 
         keys: args.keys,
         readers: args.readers,
         copies: args.copies,
+        tls: args.tls(),
     };
     let result = runtime.block_on(async move {
         let cancel = tokio_util::sync::CancellationToken::new();

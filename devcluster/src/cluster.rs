@@ -222,6 +222,29 @@ impl Cluster {
         self.nodes.iter().find(|node| node.port() == port)
     }
 
+    /// Sends one command to the node on `port` and returns the reply as text, as
+    /// [`cli`](crate::cli) does, but over TLS when the cluster speaks TLS: the call for a port
+    /// read from `CLUSTER NODES` ([`Cluster::topology`]). Uses a 10 s socket timeout.
+    ///
+    /// # Errors
+    /// As for [`cli`](crate::cli).
+    pub fn cli(&self, port: u16, args: &[&str]) -> Result<String> {
+        self.cli_with_timeout(port, args, crate::DEFAULT_COMMAND_TIMEOUT)
+    }
+
+    /// Like [`Cluster::cli`], with `timeout` bounding the connect and every read and write.
+    ///
+    /// # Errors
+    /// As for [`cli_with_timeout`](crate::cli_with_timeout).
+    pub fn cli_with_timeout(&self, port: u16, args: &[&str], timeout: Duration) -> Result<String> {
+        endpoint_cli(&self.endpoint(port), args, timeout)
+    }
+
+    /// The TLS files the nodes serve with; `None` for plain TCP.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
     /// The cluster as the first running node (in start order) that answers within 500 ms sees
     /// it, parsed from `CLUSTER NODES`.
     ///

@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
-use hotsplit_devcluster::{self as devcluster, Cluster};
+use hotsplit_devcluster::Cluster;
 
 use super::history::{Op, Outcome};
 use super::recorder::{event, Recorder};
@@ -60,7 +60,7 @@ pub(super) async fn inject(
         let applied = match fault {
             Fault::StallWrites(hold) => {
                 let millis = hold.as_millis().to_string();
-                devcluster::cli(port, &["CLIENT", "PAUSE", &millis, "WRITE"]).is_ok() && {
+                node.cli(&["CLIENT", "PAUSE", &millis, "WRITE"]).is_ok() && {
                     std::thread::sleep(hold);
                     true
                 }
@@ -133,12 +133,13 @@ pub(super) async fn lag_replicas(
             let replicas = cluster.replicas().ok()?;
             let port = replicas.get(pick % replicas.len().max(1))?.port();
             let start = recorder.now_us();
-            devcluster::cli_with_timeout(
-                port,
-                &["CLIENT", "PAUSE", "200", "WRITE"],
-                Duration::from_millis(200),
-            )
-            .ok()?;
+            cluster
+                .cli_with_timeout(
+                    port,
+                    &["CLIENT", "PAUSE", "200", "WRITE"],
+                    Duration::from_millis(200),
+                )
+                .ok()?;
             let mut record = event(
                 "faults",
                 Op::Fault,

@@ -34,7 +34,7 @@ use super::recorder::{send, Recorder};
 use hotsplit::error::{Error, ErrorKind, Result};
 use hotsplit::wire::header::SESSION;
 use hotsplit::wire::query::{CLASS, CLIENT, COPY, VERSION};
-use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions};
+use hotsplit_devcluster::{Cluster, TlsFiles};
 
 /// What `--instances 2` runs.
 #[derive(Debug, Clone)]
@@ -49,6 +49,8 @@ pub struct FleetOptions {
     pub readers: u32,
     /// Copies per hot key.
     pub copies: u32,
+    /// TLS end to end, as for the one-instance check (`CheckOptions::tls`). Default: none.
+    pub tls: Option<TlsFiles>,
 }
 
 /// How a session's reads pick a copy.
@@ -223,9 +225,18 @@ fn spawn_instance(
         .map_err(|err| io_error("cannot find a free port", err))?
         .port();
     let spool = dir.join(format!("{name}-spool"));
+    // TOML basic strings: `{:?}` of a path's text escapes what TOML escapes.
+    let tls = cluster.tls().map_or_else(String::new, |tls| {
+        format!(
+            "tls_ca_file = {:?}\ntls_cert_file = {:?}\ntls_key_file = {:?}\n",
+            tls.ca_file.display().to_string(),
+            tls.cert_file.display().to_string(),
+            tls.key_file.display().to_string()
+        )
+    });
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\nshutdown_grace = \"2s\"\n\
-         [store]\nredis = \"{}\"\ncommand_timeout = \"2s\"\n\
+         [store]\nredis = \"{}\"\ncommand_timeout = \"2s\"\n{tls}\
          [heal]\nspool_dir = \"{}\"\n\
          [scrub]\ninterval = \"1s\"\nlease_ttl = \"3s\"\n\
          [[family]]\nprefix = \"fleet:\"\ncopies = {copies}\nttl = \"10m\"\ndefault_class = \"advisory\"\n",
@@ -282,17 +293,7 @@ async fn wait_ready(http: &reqwest::Client, base: &str) -> Result<()> {
 /// [`ErrorKind::Io`] when a server or an instance cannot start; [`ErrorKind::Unavailable`]
 /// when an instance does not become ready.
 pub async fn run(options: FleetOptions, shutdown: CancellationToken) -> Result<FleetReport> {
-    devcluster::redis_server_path().map_err(|err| Error::new(ErrorKind::Io, err.to_string()))?;
-    let cluster = tokio::task::spawn_blocking(|| {
-        Cluster::start(ClusterOptions {
-            extra_args: vec!["--cluster-require-full-coverage".into(), "no".into()],
-            ..ClusterOptions::default()
-        })
-    })
-    .await
-    .map_err(|err| io_error("cluster start task failed", err))?
-    .map_err(|err| io_error("cannot start the redis cluster", err))?;
-    let cluster = Arc::new(cluster);
+    let cluster = Arc::new(super::run::start_cluster(options.tls.clone()).await?);
     // The run's own directory (configs, logs, spools), removed at the end.
     let dir = std::env::temp_dir().join(format!(
         "hotsplit-check-fleet-{}-{}",
@@ -555,7 +556,8 @@ async fn converge(
         .ok_or_else(|| Error::new(ErrorKind::Unavailable, "no master owns fleet:conv:0#0"))?
         .port;
     let acl = |rule: &str| {
-        devcluster::cli(victim, &["ACL", "SETUSER", "default", rule])
+        cluster
+            .cli(victim, &["ACL", "SETUSER", "default", rule])
             .map_err(|err| io_error("cannot change the victim's ACL", err))
     };
     acl("-fcall")?;
@@ -632,7 +634,8 @@ fn all_level(cluster: &Cluster, keys: u32, copies: u32) -> bool {
             let Ok(Some(owner)) = cluster.master_for_key(copy_key.as_bytes()) else {
                 return false;
             };
-            devcluster::cli(owner.port, &["HGET", &copy_key, "ver"])
+            cluster
+                .cli(owner.port, &["HGET", &copy_key, "ver"])
                 .is_ok_and(|ver| ver.trim() == "1")
         })
     })

@@ -5,8 +5,6 @@
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use hotsplit_devcluster as devcluster;
-
 use super::history::Op;
 use super::recorder::{event, outcome_of, owner_port, send};
 use super::report::{judge_presence, PresenceResult};
@@ -67,7 +65,7 @@ impl Experiment {
                         let master_id =
                             topology.iter().find(|node| node.port == master)?.id.clone();
                         for replica in cluster.replicas_of(&master_id).ok()? {
-                            let _ = devcluster::cli_with_timeout(
+                            let _ = cluster.cli_with_timeout(
                                 replica.port,
                                 &["CLIENT", "PAUSE", "150", "WRITE"],
                                 Duration::from_millis(200),

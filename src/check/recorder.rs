@@ -190,7 +190,7 @@ pub(super) async fn sample_copies(
                     continue;
                 };
                 let start = recorder.now_us();
-                let Ok(text) = devcluster::cli_with_timeout(
+                let Ok(text) = cluster.cli_with_timeout(
                     port,
                     &["HGET", &copy_key, "ver"],
                     Duration::from_millis(200),

@@ -31,7 +31,7 @@ use super::recorder::Recorder;
 use super::report::{judge, CheckReport, Mode};
 use hotsplit::config::Config;
 use hotsplit::error::{Error, ErrorKind, Result};
-use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions};
+use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions, TlsFiles};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -51,6 +51,10 @@ pub struct CheckOptions {
     /// The bearer token the run's service asks for (`[auth] tokens_file` with this token, every
     /// scope) and every request of the run sends. Default: none, a random one.
     pub token: Option<String>,
+    /// TLS end to end: the cluster's nodes serve clients, replication and the bus with these
+    /// files only, and the service and every connection of the run's own (samples, faults)
+    /// speak TLS with them. Default: none, plain TCP.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for CheckOptions {
@@ -63,6 +67,7 @@ impl Default for CheckOptions {
             copies: 8,
             out: None,
             token: None,
+            tls: None,
         }
     }
 }
@@ -197,23 +202,12 @@ pub async fn run(
             }
         })
     };
-    say("setup: starting a 3-master/3-replica redis cluster");
-    devcluster::redis_server_path().map_err(|err| Error::new(ErrorKind::Io, err.to_string()))?;
-    let cluster = tokio::task::spawn_blocking(|| {
-        Cluster::start(ClusterOptions {
-            extra_args: vec!["--cluster-require-full-coverage".into(), "no".into()],
-            ..ClusterOptions::default()
-        })
-    })
-    .await
-    .map_err(|err| Error::new(ErrorKind::Io, format!("cluster start task failed: {err}")))?
-    .map_err(|err| {
-        Error::new(
-            ErrorKind::Io,
-            format!("cannot start the redis cluster: {err}"),
-        )
-    })?;
-    let cluster = Arc::new(cluster);
+    say(if options.tls.is_some() {
+        "setup: starting a 3-master/3-replica redis cluster over tls"
+    } else {
+        "setup: starting a 3-master/3-replica redis cluster"
+    });
+    let cluster = Arc::new(start_cluster(options.tls.clone()).await?);
 
     say("setup: starting hotsplit on the cluster");
     let config = Config::from_toml(&format!(
@@ -222,6 +216,11 @@ pub async fn run(
     ))?;
     let mut config = config;
     config.store.redis = Some(cluster.url());
+    if let Some(tls) = &options.tls {
+        config.store.tls_ca_file = Some(tls.ca_file.clone());
+        config.store.tls_cert_file = Some(tls.cert_file.clone());
+        config.store.tls_key_file = Some(tls.key_file.clone());
+    }
     // The run's own spool, removed with the run: never a spool another process owns.
     let spool = std::env::temp_dir().join(format!(
         "hotsplit-check-{}-{}",
@@ -369,6 +368,31 @@ pub async fn run(
         std::fs::write(dir.join("summary.json"), summary)?;
     }
     Ok(report)
+}
+
+/// Starts the run's throwaway 3-master/3-replica cluster (`cluster-require-full-coverage no`),
+/// with TLS only when `tls` is given; shared with `--instances 2`.
+///
+/// # Errors
+/// [`ErrorKind::Io`] when `redis-server` is missing (the message says how to install it) or
+/// the cluster does not start (a TLS file that does not serve included).
+pub(super) async fn start_cluster(tls: Option<TlsFiles>) -> Result<Cluster> {
+    devcluster::redis_server_path().map_err(|err| Error::new(ErrorKind::Io, err.to_string()))?;
+    tokio::task::spawn_blocking(|| {
+        Cluster::start(ClusterOptions {
+            extra_args: vec!["--cluster-require-full-coverage".into(), "no".into()],
+            tls,
+            ..ClusterOptions::default()
+        })
+    })
+    .await
+    .map_err(|err| Error::new(ErrorKind::Io, format!("cluster start task failed: {err}")))?
+    .map_err(|err| {
+        Error::new(
+            ErrorKind::Io,
+            format!("cannot start the redis cluster: {err}"),
+        )
+    })
 }
 
 /// The modes that run a second time against the service with its near cache on.
