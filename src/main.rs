@@ -200,13 +200,25 @@ struct CheckArgs {
 
 impl CheckArgs {
     /// The TLS files of `--tls-ca-file`, `--tls-cert-file` and `--tls-key-file` (clap requires
-    /// all three together); `None` without them.
-    fn tls(&self) -> Option<hotsplit_devcluster::TlsFiles> {
-        Some(hotsplit_devcluster::TlsFiles {
-            ca_file: self.tls_ca_file.clone()?,
-            cert_file: self.tls_cert_file.clone()?,
-            key_file: self.tls_key_file.clone()?,
-        })
+    /// all three together), as absolute paths (the servers run in directories of their own);
+    /// `None` without them.
+    ///
+    /// # Errors
+    /// A message naming the flag when a file cannot be found.
+    fn tls(&self) -> Result<Option<hotsplit_devcluster::TlsFiles>, String> {
+        let (Some(ca_file), Some(cert_file), Some(key_file)) =
+            (&self.tls_ca_file, &self.tls_cert_file, &self.tls_key_file)
+        else {
+            return Ok(None);
+        };
+        let absolute = |flag: &str, path: &PathBuf| {
+            std::fs::canonicalize(path).map_err(|err| format!("{flag} {}: {err}", path.display()))
+        };
+        Ok(Some(hotsplit_devcluster::TlsFiles {
+            ca_file: absolute("--tls-ca-file", ca_file)?,
+            cert_file: absolute("--tls-cert-file", cert_file)?,
+            key_file: absolute("--tls-key-file", key_file)?,
+        }))
     }
 }
 
@@ -341,8 +353,15 @@ fn check(args: CheckArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
+    let tls = match args.tls() {
+        Ok(tls) => tls,
+        Err(err) => {
+            eprintln!("hotsplit check: {err}");
+            return ExitCode::from(2);
+        }
+    };
     if args.instances == 2 {
-        return check_fleet(&runtime, &args);
+        return check_fleet(&runtime, &args, tls);
     }
     let token = match token_from(args.token_file.as_deref()) {
         Ok(token) => token,
@@ -357,7 +376,7 @@ fn check(args: CheckArgs) -> ExitCode {
         keys: args.keys,
         readers: args.readers,
         copies: args.copies,
-        tls: args.tls(),
+        tls,
         out: args.out,
         token,
     };
@@ -408,14 +427,18 @@ const EXIT_BEHIND: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
 
 /// `check --instances 2`: the fleet experiment (`check::fleet`).
-fn check_fleet(runtime: &tokio::runtime::Runtime, args: &CheckArgs) -> ExitCode {
+fn check_fleet(
+    runtime: &tokio::runtime::Runtime,
+    args: &CheckArgs,
+    tls: Option<hotsplit_devcluster::TlsFiles>,
+) -> ExitCode {
     let options = check::fleet::FleetOptions {
         duration: args.duration,
         seed: args.seed,
         keys: args.keys,
         readers: args.readers,
         copies: args.copies,
-        tls: args.tls(),
+        tls,
     };
     let result = runtime.block_on(async move {
         let cancel = tokio_util::sync::CancellationToken::new();

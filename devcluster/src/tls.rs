@@ -30,9 +30,15 @@ pub struct TlsFiles {
 
 impl TlsFiles {
     /// The `redis-server` arguments of a TLS node on `port` (its plain port is 0): TLS for
-    /// clients, replication and the cluster bus.
+    /// clients, replication and the cluster bus. The paths are made absolute, because a node
+    /// runs in a directory of its own.
     pub(crate) fn server_args(&self, port: u16) -> Vec<String> {
-        let path = |path: &PathBuf| path.display().to_string();
+        let path = |path: &PathBuf| {
+            std::path::absolute(path)
+                .unwrap_or_else(|_| path.clone())
+                .display()
+                .to_string()
+        };
         vec![
             "--tls-port".into(),
             port.to_string(),
