@@ -1,19 +1,22 @@
 //! The retry spool against real processes and a real full disk: a spool on a 64 KiB tmpfs
 //! fills, space is freed, and every copy answered `queued` heals across a SIGKILL and restart;
 //! a drained queue resets the spool even while the disk is full; a damaged spool written by the
-//! binary loses only the damaged record; a format-0 spool is upgraded.
+//! binary loses only the damaged record; a format-0 spool is upgraded; and an instance
+//! connected to Redis over mutual TLS spools its failed copies, is SIGKILLed, and heals them
+//! from the spool after a restart over TLS.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use hotsplit_devcluster::{self as devcluster, Standalone};
+use hotsplit_devcluster::{self as devcluster, ServerOptions, Standalone, TlsFiles};
 use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::harness::{self, metrics_text, Binary};
 use crate::heal::{pending, retry_queue, stored_version, wait_drained};
+use crate::tls_pki::pki;
 
 /// A tmpfs mounted for one test, unmounted (lazily) when dropped.
 struct Tmpfs {
@@ -222,16 +225,41 @@ async fn spool_a_full_disk_loses_no_queued_copy_and_a_drained_queue_resets_it() 
 /// Starts a standalone server whose copy writes all fail (FCALL refused), and a config for a
 /// `hotsplit serve` with the spool in `spool` and the family `prefix` (4 copies, ten years).
 fn refusing_server(spool: &Path, prefix: &str) -> (Standalone, String) {
-    let server = Standalone::start().unwrap();
+    refusing_server_with(spool, prefix, None)
+}
+
+/// [`refusing_server`], over TLS only with `tls`: the server has no plain port and requires a
+/// client certificate, and the config connects with `rediss://`, the CA and the certificate.
+fn refusing_server_with(
+    spool: &Path,
+    prefix: &str,
+    tls: Option<&TlsFiles>,
+) -> (Standalone, String) {
+    let server = Standalone::start_with_options(&ServerOptions {
+        tls: tls.cloned(),
+        ..ServerOptions::default()
+    })
+    .unwrap();
     // The layout records change only through FCALL hotsplit_layout: write them first, as an
     // earlier start would have left them, so startup needs no FCALL.
     for (family, layout) in [(prefix, "4:4"), ("default", "1:1")] {
         let record = hotsplit::store::layout_key(family);
-        devcluster::cli(server.node.port(), &["SET", &record, layout]).unwrap();
+        server.node.cli(&["SET", &record, layout]).unwrap();
     }
-    devcluster::cli(server.node.port(), &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
+    server
+        .node
+        .cli(&["ACL", "SETUSER", "default", "-fcall"])
+        .unwrap();
+    let tls_lines = tls.map_or_else(String::new, |tls| {
+        format!(
+            "tls_ca_file = {:?}\ntls_cert_file = {:?}\ntls_key_file = {:?}\n",
+            tls.ca_file.display().to_string(),
+            tls.cert_file.display().to_string(),
+            tls.key_file.display().to_string()
+        )
+    });
     let config = format!(
-        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[heal]\nspool_dir = \"{}\"\n\
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n{tls_lines}[heal]\nspool_dir = \"{}\"\n\
          backoff_initial = \"50ms\"\nbackoff_cap = \"200ms\"\n\
          [[family]]\nprefix = \"{prefix}\"\ncopies = 4\nttl = \"3650days\"\n",
         server.url(),
@@ -239,6 +267,80 @@ fn refusing_server(spool: &Path, prefix: &str) -> (Standalone, String) {
         spool.display()
     );
     (server, config)
+}
+
+/// The spool across a restart of a TLS-connected instance (issue 11): the server speaks mutual
+/// TLS only and refuses FCALL (`NOPERM`: a write that fails for real, which a paused master's
+/// buffered command is not), so every copy of three publishes is answered `queued` and written
+/// to the spool. The instance is SIGKILLed, not SIGTERMed: a crash runs none of the shutdown's
+/// last flush and sync, so the restart can only find what each publish made durable before it
+/// answered. A new instance on the same spool, again over TLS, replays every entry; once the
+/// server accepts FCALL the copies heal from the replayed queue to their versions and the
+/// queue depth goes to 0.
+///
+/// Fails if the TLS instance does not queue or spool a failed copy, if the spool loses or
+/// lowers an entry across the crash, or if the replayed entries are not written over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spool_a_tls_connected_instance_heals_its_spooled_copies_after_a_sigkill_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let (server, config) = tokio::task::spawn_blocking({
+        let spool = spool.clone();
+        move || refusing_server_with(&spool, "tlsq:", Some(&pki().files))
+    })
+    .await
+    .unwrap();
+    assert!(server.url().starts_with("rediss://"), "{}", server.url());
+    let http = reqwest::Client::new();
+    let mut first = Binary::start(dir.path(), "tls-first", &config).await;
+    let mut expected = HashMap::new();
+    for n in 1..=3u64 {
+        let (status, body) = put(
+            &http,
+            &first.base,
+            &format!("tlsq:{n}"),
+            n + 20,
+            vec![b't'; 64],
+        )
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        assert_eq!(queued_copies(&body, n + 20, &mut expected), 4, "{body}");
+    }
+    assert_eq!(pending(&http, &first.base).await, expected);
+    first.sigkill();
+    let spooled = std::fs::read(spool.join("spool.log")).unwrap();
+    assert_eq!(&spooled[..8], b"HOTSPOOL", "the spool's format-1 header");
+    assert!(spooled.len() > 32, "records follow the header");
+
+    let second = Binary::start(dir.path(), "tls-second", &config).await;
+    let log = second.log_text();
+    assert!(log.contains("replayed the retry spool"), "{log}");
+    assert!(log.contains("damaged_regions=0"), "{log}");
+    assert_eq!(pending(&http, &second.base).await, expected);
+    for copy_key in expected.keys() {
+        let stored = server.node.cli(&["HGET", copy_key, "ver"]).unwrap();
+        assert_eq!(stored, "", "{copy_key} was written before the fault ended");
+    }
+
+    server
+        .node
+        .cli(&["ACL", "SETUSER", "default", "+fcall"])
+        .unwrap();
+    wait_drained(&http, &second.base).await;
+    for (copy_key, version) in &expected {
+        let stored = server.node.cli(&["HGET", copy_key, "ver"]).unwrap();
+        assert_eq!(stored, version.to_string(), "{copy_key}");
+    }
+    // The exported depth follows the queue to 0.
+    harness::poll(
+        "hotsplit_retry_queue_depth 0",
+        Duration::from_secs(10),
+        || async {
+            let text = metrics_text(&http, &second.base).await;
+            metric(&text, "hotsplit_retry_queue_depth") == Some(0)
+        },
+    )
+    .await;
 }
 
 /// A spool written by the release before format 1 (headerless, format 0: the fixture was
