@@ -16,6 +16,7 @@ use hotsplit::http::RequestIdFormat;
 use hotsplit::server::Service;
 
 mod check;
+use check::cli::CheckArgs;
 mod spool_cmd;
 
 /// mimalloc instead of glibc malloc: the read path allocates small buffers on both tokio workers,
@@ -58,9 +59,6 @@ enum ConfigCommand {
     /// 0, or 2 with a message naming the field.
     Check(ServeArgs),
 }
-
-/// The help text on the API token, which has no flag (a flag would show in `ps`).
-const TOKEN_HELP: &str = "Environment:\n  HOTSPLIT_TOKEN  the API bearer token (when --token-file is not given; never printed)";
 
 /// The help text on the Redis password, which has no flag (a flag would show in `ps`).
 const PASSWORD_HELP: &str = "Environment:\n  HOTSPLIT_REDIS_PASSWORD  the Redis password (overrides store.password_file; never printed)";
@@ -149,77 +147,6 @@ struct LogArgs {
     /// Default: server.log_format of --config, else text.
     #[arg(long, value_name = "FORMAT", env = "HOTSPLIT_LOG_FORMAT", value_parser = clap::value_parser!(LogFormat))]
     log_format: Option<LogFormat>,
-}
-
-#[derive(Debug, clap::Args)]
-#[command(after_help = TOKEN_HELP)]
-struct CheckArgs {
-    /// Total duration of the workload phases (modes and presence), e.g. 60s.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
-    duration: std::time::Duration,
-    /// Seed of the fault schedule and the readers' choices.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Hot keys per mode.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
-    keys: u32,
-    /// Reader sessions per mode.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
-    readers: u32,
-    /// Copies per hot key.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    copies: u32,
-    /// Write report.md, summary.json and the histories (JSON lines) here.
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// A file holding the bearer token the run's service asks for and every request sends.
-    /// Default: HOTSPLIT_TOKEN, else a random token.
-    #[arg(long)]
-    token_file: Option<PathBuf>,
-    /// 2: run the fleet experiment instead: two instances, each session round-robin over
-    /// both, without and with the session token, and the convergence after the instance
-    /// holding queued heals is SIGKILLed and its spool deleted. --duration is its four
-    /// workload rows together; --out gets fleet.md and fleet.json.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
-    instances: u32,
-    /// Run over TLS end to end: PEM file of the CA that signs --tls-cert-file. The cluster's
-    /// nodes then serve clients, replication and the cluster bus over TLS only and require a
-    /// client certificate; hotsplit and the run's own connections present --tls-cert-file and
-    /// verify every node against this CA and the name 127.0.0.1. Default: plain TCP.
-    #[arg(long, value_name = "FILE", requires_all = ["tls_cert_file", "tls_key_file"])]
-    tls_ca_file: Option<PathBuf>,
-    /// PEM certificate (chain) every node serves and every client presents: signed by
-    /// --tls-ca-file, with the IP address 127.0.0.1 among its subject alternative names, and
-    /// usable for both server and client authentication.
-    #[arg(long, value_name = "FILE", requires = "tls_ca_file")]
-    tls_cert_file: Option<PathBuf>,
-    /// PEM private key of --tls-cert-file.
-    #[arg(long, value_name = "FILE", requires = "tls_ca_file")]
-    tls_key_file: Option<PathBuf>,
-}
-
-impl CheckArgs {
-    /// The TLS files of `--tls-ca-file`, `--tls-cert-file` and `--tls-key-file` (clap requires
-    /// all three together), as absolute paths (the servers run in directories of their own);
-    /// `None` without them.
-    ///
-    /// # Errors
-    /// A message naming the flag when a file cannot be found.
-    fn tls(&self) -> Result<Option<hotsplit_devcluster::TlsFiles>, String> {
-        let (Some(ca_file), Some(cert_file), Some(key_file)) =
-            (&self.tls_ca_file, &self.tls_cert_file, &self.tls_key_file)
-        else {
-            return Ok(None);
-        };
-        let absolute = |flag: &str, path: &PathBuf| {
-            std::fs::canonicalize(path).map_err(|err| format!("{flag} {}: {err}", path.display()))
-        };
-        Ok(Some(hotsplit_devcluster::TlsFiles {
-            ca_file: absolute("--tls-ca-file", ca_file)?,
-            cert_file: absolute("--tls-cert-file", cert_file)?,
-            key_file: absolute("--tls-key-file", key_file)?,
-        }))
-    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -353,32 +280,15 @@ fn check(args: CheckArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    let tls = match args.tls() {
-        Ok(tls) => tls,
-        Err(err) => {
-            eprintln!("hotsplit check: {err}");
-            return ExitCode::from(2);
-        }
-    };
     if args.instances == 2 {
-        return check_fleet(&runtime, &args, tls);
+        return check_fleet(&runtime, &args);
     }
-    let token = match token_from(args.token_file.as_deref()) {
-        Ok(token) => token,
+    let options = match args.options() {
+        Ok(options) => options,
         Err(err) => {
             eprintln!("hotsplit check: {err}");
             return ExitCode::from(2);
         }
-    };
-    let options = check::run::CheckOptions {
-        duration: args.duration,
-        seed: args.seed,
-        keys: args.keys,
-        readers: args.readers,
-        copies: args.copies,
-        tls,
-        out: args.out,
-        token,
     };
     let result = runtime.block_on(async move {
         let cancel = tokio_util::sync::CancellationToken::new();
@@ -399,25 +309,7 @@ fn check(args: CheckArgs) -> ExitCode {
         })
         .await
     });
-    match result {
-        Ok(report) => {
-            println!("{}", report.markdown());
-            let failures = report.failures();
-            if failures.is_empty() {
-                println!("PASS: no monotonic-read violation outside loss windows in the affine, floor and delete modes (none at all in floor mode), no read-your-writes violation, no wrong decides-on-presence decision.");
-                ExitCode::SUCCESS
-            } else {
-                for failure in failures {
-                    println!("FAIL: {failure}");
-                }
-                ExitCode::FAILURE
-            }
-        }
-        Err(err) => {
-            eprintln!("hotsplit check: {err}");
-            ExitCode::from(2)
-        }
-    }
+    check::cli::finish(result)
 }
 
 /// Exit status of an audit that found a primary copy behind, with `--fail-on-behind`.
@@ -427,18 +319,13 @@ const EXIT_BEHIND: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
 
 /// `check --instances 2`: the fleet experiment (`check::fleet`).
-fn check_fleet(
-    runtime: &tokio::runtime::Runtime,
-    args: &CheckArgs,
-    tls: Option<hotsplit_devcluster::TlsFiles>,
-) -> ExitCode {
-    let options = check::fleet::FleetOptions {
-        duration: args.duration,
-        seed: args.seed,
-        keys: args.keys,
-        readers: args.readers,
-        copies: args.copies,
-        tls,
+fn check_fleet(runtime: &tokio::runtime::Runtime, args: &CheckArgs) -> ExitCode {
+    let options = match args.fleet_options() {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("hotsplit check: {err}");
+            return ExitCode::from(2);
+        }
     };
     let result = runtime.block_on(async move {
         let cancel = tokio_util::sync::CancellationToken::new();
@@ -450,33 +337,7 @@ fn check_fleet(
         eprintln!("hotsplit check --instances 2: starting a cluster and two instances");
         check::fleet::run(options, cancel).await
     });
-    match result {
-        Ok(report) => {
-            println!("{}", report.markdown());
-            if let Some(dir) = &args.out {
-                let json = serde_json::to_vec_pretty(&report).unwrap_or_default();
-                let written = std::fs::create_dir_all(dir)
-                    .and_then(|()| std::fs::write(dir.join("fleet.md"), report.markdown()))
-                    .and_then(|()| std::fs::write(dir.join("fleet.json"), json));
-                if let Err(err) = written {
-                    eprintln!("hotsplit check: cannot write {}: {err}", dir.display());
-                }
-            }
-            let failures = report.failures();
-            for failure in &failures {
-                println!("FAIL: {failure}");
-            }
-            if failures.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(err) => {
-            eprintln!("hotsplit check: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    check::cli::finish_fleet(result, args.out.as_deref())
 }
 
 fn audit(args: AuditArgs) -> ExitCode {
@@ -874,27 +735,6 @@ fn redis_password_from_env() -> Option<hotsplit::store::redis::Password> {
         .ok()
         .filter(|password| !password.is_empty())
         .map(hotsplit::store::redis::Password::new)
-}
-
-/// The API token from `file` (its content, one trailing newline dropped), else from
-/// `HOTSPLIT_TOKEN` if set and not empty.
-///
-/// # Errors
-/// `--token-file` when the file cannot be read or is empty (the message never holds the token).
-fn token_from(file: Option<&std::path::Path>) -> Result<Option<String>, String> {
-    let Some(file) = file else {
-        return Ok(std::env::var("HOTSPLIT_TOKEN")
-            .ok()
-            .filter(|token| !token.is_empty()));
-    };
-    let text = std::fs::read_to_string(file)
-        .map_err(|err| format!("--token-file: cannot read {}: {err}", file.display()))?;
-    let token = text.strip_suffix('\n').unwrap_or(&text);
-    let token = token.strip_suffix('\r').unwrap_or(token);
-    if token.is_empty() {
-        return Err(format!("--token-file: {} is empty", file.display()));
-    }
-    Ok(Some(token.to_owned()))
 }
 
 /// Resolves on ctrl-c or SIGTERM. Both handlers are installed when this is called, not when the

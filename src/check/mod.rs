@@ -7,7 +7,8 @@
 //! a throwaway cluster) and by unit tests over hand-written histories, which show that each
 //! checker catches what it claims.
 //!
-//! The experiment itself, in the shape of `audit/`: [`run`] (options and orchestration: start
+//! [`cli`] is the command line (flags, the options they make, the printed verdict). The
+//! experiment itself, in the shape of `audit/`: [`run`] (options and orchestration: start
 //! the cluster and the service, run each phase, write the histories and the report), `workload`
 //! (one mode's writers, readers and sampler), `presence` (the presence experiment), `faults`
 //! (the seeded fault schedule and replica lag), `recorder` (the shared history, requests and
@@ -19,6 +20,7 @@
 //! `hotsplit-devcluster`, which the library does not depend on.
 
 pub mod checkers;
+pub mod cli;
 mod faults;
 pub mod fleet;
 pub mod history;
