@@ -252,11 +252,11 @@ pub async fn run(
     let near_listener = TcpListener::bind("127.0.0.1:0").await?;
     let near_base = format!("http://{}", near_listener.local_addr()?);
     let service_stop = CancellationToken::new();
-    let service = tokio::spawn(hotsplit::server::run(listener, config, {
+    let mut service = tokio::spawn(hotsplit::server::run(listener, config, {
         let stop = service_stop.clone();
         async move { stop.cancelled().await }
     }));
-    let near_service = tokio::spawn(hotsplit::server::run(near_listener, near_config, {
+    let mut near_service = tokio::spawn(hotsplit::server::run(near_listener, near_config, {
         let stop = service_stop.clone();
         async move { stop.cancelled().await }
     }));
@@ -272,8 +272,8 @@ pub async fn run(
         )
         .build()
         .map_err(|err| Error::new(ErrorKind::Io, format!("http client: {err}")))?;
-    wait_ready(&http, &base).await?;
-    wait_ready(&http, &near_base).await?;
+    wait_ready(&http, &base, &mut service).await?;
+    wait_ready(&http, &near_base, &mut near_service).await?;
     say("setup: waiting until hotsplit measures the lag of all three replicas");
     wait_replicas_measured(&http, &base).await?;
     wait_replicas_measured(&http, &near_base).await?;
@@ -438,16 +438,54 @@ where
     Ok(())
 }
 
-async fn wait_ready(http: &reqwest::Client, base: &str) -> Result<()> {
-    wait_for(
+/// Polls `base`'s `/readyz` until it answers 2xx; fails at once, with its error, when the
+/// service at `base` (`service`) stops first, e.g. because it could not connect to the cluster,
+/// and after 20 s with the last answer (or why there was none).
+async fn wait_ready(
+    http: &reqwest::Client,
+    base: &str,
+    service: &mut tokio::task::JoinHandle<Result<()>>,
+) -> Result<()> {
+    let last = Mutex::new(String::from("no answer yet"));
+    let waited = wait_for(
         "hotsplit did not become ready on the cluster",
         Duration::from_secs(20),
         || async {
-            let answer = http.get(format!("{base}/readyz")).send().await;
-            answer.is_ok_and(|answer| answer.status().is_success())
+            if service.is_finished() {
+                return true;
+            }
+            let seen = match http.get(format!("{base}/readyz")).send().await {
+                Ok(answer) if answer.status().is_success() => return true,
+                Ok(answer) => {
+                    let status = answer.status();
+                    format!("{status}: {}", answer.text().await.unwrap_or_default())
+                }
+                Err(err) => err.to_string(),
+            };
+            *last.lock().unwrap_or_else(PoisonError::into_inner) = seen;
+            false
         },
     )
-    .await
+    .await;
+    if let Err(err) = waited {
+        let last = last.into_inner().unwrap_or_else(PoisonError::into_inner);
+        return Err(Error::new(
+            err.kind(),
+            format!("{}; the last /readyz: {last}", err.message()),
+        ));
+    }
+    if !service.is_finished() {
+        return Ok(());
+    }
+    let why = match service.await {
+        Ok(Ok(())) => "it stopped without an error".to_owned(),
+        Ok(Err(err)) => err.to_string(),
+        Err(err) => format!("its task failed: {err}"),
+    };
+    Err(Error::new(
+        ErrorKind::Unavailable,
+        format!("hotsplit could not start on the cluster: {why}"),
+    ))
 }
 
 /// Waits until `/v1/lag` lists three replicas with a measured lag within the advisory budget,

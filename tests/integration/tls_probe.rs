@@ -22,9 +22,12 @@ async fn probe(args: Vec<String>) -> (Option<i32>, String) {
     )
 }
 
-/// The arguments of a probe of `url` trusting `ca_file`.
+/// The arguments of a probe of `url` trusting `ca_file`, with a timeout a loaded machine
+/// cannot reach (no assertion here is about time).
 fn with_ca(url: &str, ca_file: &Path) -> Vec<String> {
     vec![
+        "--timeout".to_owned(),
+        "20s".to_owned(),
         "--ca-file".to_owned(),
         ca_file.display().to_string(),
         url.to_owned(),
@@ -58,7 +61,7 @@ async fn probe_verifies_an_https_listener_and_fails_on_an_untrusted_ca_or_a_503(
         || {
             let ready = ready.clone();
             async move {
-                hotsplit::probe::probe(&ready, Duration::from_secs(2), Some(&pki().files.ca_file))
+                hotsplit::probe::probe(&ready, Duration::from_secs(5), Some(&pki().files.ca_file))
                     .await
                     .healthy
             }
@@ -88,12 +91,12 @@ async fn probe_verifies_an_https_listener_and_fails_on_an_untrusted_ca_or_a_503(
     assert!(out.contains("certificate"), "{out}");
     assert_eq!(out.lines().count(), 1, "one line: {out}");
     // Without --ca-file the system's roots are trusted, and none of them signed it.
-    let (code, out) = probe(vec![ready.clone()]).await;
+    let (code, out) = probe(vec!["--timeout".into(), "20s".into(), ready.clone()]).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(out.starts_with("unhealthy: "), "{out}");
     // Plain HTTP to the TLS port is answered 400, which is unhealthy.
     let plain = format!("http://127.0.0.1:{port}/readyz");
-    let (code, out) = probe(vec![plain]).await;
+    let (code, out) = probe(vec!["--timeout".into(), "20s".into(), plain]).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("400"), "{out}");
 
