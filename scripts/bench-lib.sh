@@ -232,6 +232,10 @@ publish_value() {
     [ "$answer" = "200 $VALUE_BYTES" ] || die "a read of $key answered \"$answer\", not \"200 $VALUE_BYTES\""
 }
 
+# The wrk script of every HTTP read run: wrk -s "$WRK_AFFINE_LUA" BASE -- PATH IDS [PAUSE_MS] reads
+# PATH<client id> with IDS client ids per thread, pausing PAUSE_MS after each answer when given.
+WRK_AFFINE_LUA="$ROOT/scripts/wrk-affine.lua"
+
 # wrk_field OUT rps|requests|p50|p99|non2xx
 wrk_field() {
     case "$2" in

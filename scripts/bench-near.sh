@@ -7,8 +7,8 @@
 #   - the same read with the near cache off, against the minimal axum→fred GET proxy (the same
 #     binary's /v1/keys route); target ≥ 0.9×;
 #   - the Redis reads one hot key causes with the cache on, at fixed request rates (NEAR_RATES,
-#     10000 and 50000 reads/s): wrk with a Lua delay() of 8 ms after each answer on rate / 125
-#     connections, so each connection sends at most 125 requests/s; INFO commandstats
+#     10000 and 50000 reads/s): wrk (scripts/wrk-affine.lua) pausing 8 ms after each answer on
+#     rate / 125 connections, so each connection sends at most 125 requests/s; INFO commandstats
 #     (cmdstat_hmget) before and after, against the bound N / (max age − source lag) per second;
 #   - the instance's resident memory after a flood of distinct keys (FLOOD_KEYS keys with 64-byte
 #     values, each read once) against near_cache.max_bytes + 64 MiB.
@@ -27,32 +27,6 @@ NEAR_MAX_AGE_MS=125
 # requests per second (1000 / pause).
 RATE_PAUSE_MS=8
 
-# Each wrk thread cycles through client ids as affine.lua does, and pauses RATE_PAUSE_MS after
-# every answer (wrk's delay() hook), so the rate is set by the connection count.
-cat >"$WORK/rate.lua" <<'EOF'
-local threads = 0
-function setup(thread)
-    thread:set("thread_id", threads)
-    threads = threads + 1
-end
-function init(args)
-    local path, count = args[1], tonumber(args[2])
-    pause = tonumber(args[3])
-    requests = {}
-    for k = 1, count do
-        local client = string.format("client-%02d-%011d", thread_id, k)
-        requests[k] = wrk.format("GET", path .. client)
-    end
-    next_request = 0
-end
-function request()
-    next_request = next_request % #requests + 1
-    return requests[next_request]
-end
-function delay()
-    return pause
-end
-EOF
 # Each wrk thread reads flood:<n> for its own share of n in 1..count (thread t of T takes
 # n ≡ t mod T), each key once, then starts over.
 cat >"$WORK/flood.lua" <<'EOF'
@@ -99,7 +73,7 @@ measure_rate() {
     reads_before=$(near_reads "$base")
     started=$EPOCHREALTIME
     log "wrk -t$THREADS -c$connections -d$RATE_DURATION (delay $RATE_PAUSE_MS ms: at most $rate req/s) on $base/v1/keys/adv:1"
-    bounded 300 wrk -t"$THREADS" -c"$connections" -d"$RATE_DURATION" -s "$WORK/rate.lua" "$base" \
+    bounded 300 wrk -t"$THREADS" -c"$connections" -d"$RATE_DURATION" -s "$WRK_AFFINE_LUA" "$base" \
         -- "/v1/keys/adv:1?client=" "$CLIENT_IDS" "$RATE_PAUSE_MS" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
     seconds=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.3f", b - a}')
     printf '%s %s %s %s %s\n' "$rate" "$(wrk_field "$out" rps)" \

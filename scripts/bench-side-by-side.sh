@@ -18,11 +18,12 @@
 #      rounds, on a standalone Redis and on the embedded store;
 # plus hotsplit's CPU per request and its memory. See docs/PERFORMANCE.md for what each row means.
 #
-# Usage: scripts/bench-side-by-side.sh [--quick] [--no-publish] [--layers-only]
+# Usage: scripts/bench-side-by-side.sh [--quick] [--no-publish] [--layers-only] [--near-only]
 #   --quick        everything briefly (about 2 minutes after a warm build) to check that the
 #                  script works; its figures are too short to quote. Same as QUICK=1.
 #   --no-publish   skip the criterion publish run (the longest part).
 #   --layers-only  run and report only part 5 (about 2.5 minutes after a warm build).
+#   --near-only    run and report only part 2b (about 1.5 minutes after a warm build).
 #
 # Knobs (environment), full-run default [quick-run default]:
 #   CONNECTIONS=64       concurrency of wrk, redis-benchmark and the library read bench's tasks
@@ -48,11 +49,13 @@ set -euo pipefail
 QUICK=${QUICK:-0}
 RUN_PUBLISH=1
 LAYERS_ONLY=0
+NEAR_ONLY=0
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
         --no-publish) RUN_PUBLISH=0 ;;
         --layers-only) LAYERS_ONLY=1 ;;
+        --near-only) NEAR_ONLY=1 ;;
         -h | --help)
             sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'
             exit 0
@@ -90,35 +93,12 @@ knob PUBLISH_ARGS "" "--warm-up-time 0.5 --measurement-time 1 --sample-size 10 -
 PUBLISH_COPIES=(1 8 16 32)
 
 # --- wrk --------------------------------------------------------------------------------------
-# Each wrk thread cycles through a number of client ids (about 20 bytes each), one per request, so
-# the reads spread over every copy as many real clients would. wrk's request() hook cannot tell
-# connections apart, so ids rotate per request rather than being pinned to a connection; the work
-# per request (hash the id, pick the copy, one HMGET) is the same either way.
-cat >"$WORK/affine.lua" <<'EOF'
-local threads = 0
-function setup(thread)
-    thread:set("thread_id", threads)
-    threads = threads + 1
-end
-function init(args)
-    local path, count = args[1], tonumber(args[2])
-    requests = {}
-    for k = 1, count do
-        local client = string.format("client-%02d-%011d", thread_id, k)
-        requests[k] = wrk.format("GET", path .. client)
-    end
-    next_request = 0
-end
-function request()
-    next_request = next_request % #requests + 1
-    return requests[next_request]
-end
-EOF
-# run_wrk OUT BASE PATH IDS DURATION: wrk -tTHREADS -cCONNECTIONS on BASE, requests PATH<client id>.
+# run_wrk OUT BASE PATH IDS DURATION: wrk -tTHREADS -cCONNECTIONS on BASE, requests PATH<client id>
+# for IDS client ids per thread (scripts/wrk-affine.lua).
 run_wrk() {
     local out=$1 base=$2 path=$3 ids=$4 duration=$5
     log "wrk -t$THREADS -c$CONNECTIONS -d$duration against $base$path..."
-    bounded 300 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$duration" --latency -s "$WORK/affine.lua" "$base" \
+    bounded 300 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$duration" --latency -s "$WRK_AFFINE_LUA" "$base" \
         -- "$path" "$ids" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
     grep -q '^Requests/sec:' "$out" || die "no Requests/sec in wrk output: $(cat "$out")"
 }
@@ -182,6 +162,17 @@ PROXY_BIN=$(cargo bench --no-run --bench proxy_baseline --bench read --bench pub
     die "cargo bench --no-run failed; see $WORK/build.log"
 [ -x "$PROXY_BIN" ] || die "could not build benches/proxy_baseline.rs; see $WORK/build.log"
 head -c "$VALUE_BYTES" /dev/zero | tr '\0' 'v' >"$WORK/value.bin"
+
+# --- 2b alone (--near-only) ----------------------------------------------------------------------
+# shellcheck source=scripts/bench-near.sh
+source "$ROOT/scripts/bench-near.sh"
+if [ "$NEAR_ONLY" = 1 ]; then
+    near_cache_part
+    printf '\n## hotsplit side by side — %s, %s, part 2b only%s\n\nCores: %s, shared by everything (no pinning). Load average before the run: %s, after: %s. Took %s s.\n\n| Target | hotsplit | baseline | ratio | goal |\n|---|---|---|---|---|\n%s\n%s\n' \
+        "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -n)" "$([ "$QUICK" != 1 ] || echo ', QUICK (figures too short to quote)')" \
+        "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$((SECONDS - STARTED_AT))" "$NEAR_SUMMARY" "$NEAR_SECTION"
+    exit 0
+fi
 
 # --- 5. the request layers' cost on the HTTP read path (run first: --layers-only stops after it) ---
 # Two instances over the same store, one with the request id's log span (the default info
@@ -321,8 +312,6 @@ PROXY_P50=$(wrk_field "$WORK/wrk-proxy.txt" p50)
 PROXY_P99=$(wrk_field "$WORK/wrk-proxy.txt" p99)
 
 # --- 2b. the near cache's targets (scripts/bench-near.sh) ---------------------------------------
-# shellcheck source=scripts/bench-near.sh
-source "$ROOT/scripts/bench-near.sh"
 near_cache_part
 
 # --- 3. each master's share of a hot key's reads on a 3x3 cluster -----------------------------
