@@ -147,6 +147,8 @@ ratio() {
 }
 # percent PART WHOLE: PART as a percentage of WHOLE, one decimal.
 percent() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 == 0) print "–"; else printf "%.1f", 100 * a / b }'; }
+# mib KB: KB in MiB, one decimal.
+mib() { awk -v k="$1" 'BEGIN {printf "%.1f", k / 1024}'; }
 verdict() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { if (v == "–" || v == "") { print "–"; exit } ok = (op == ">=") ? v >= t : v <= t; print ok ? "ok" : "MISSED" }'; }
 cli() {
     local port=$1

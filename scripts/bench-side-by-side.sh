@@ -387,7 +387,6 @@ median_us() {
 }
 
 # --- report -----------------------------------------------------------------------------------
-mib() { awk -v k="$1" 'BEGIN {printf "%.1f", k / 1024}'; }
 RSS_MIB=$(mib "$RSS_KB")
 READ_RATIO=$(ratio "$HTTP_RPS" "$REDIS_RPS")
 PUBLISH_ROWS="" PUBLISH_SUMMARY=""
