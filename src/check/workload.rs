@@ -19,9 +19,43 @@ use super::report::Mode;
 use super::run::{Experiment, Phase};
 use hotsplit::wire::query::{CLASS, CLIENT, COPY, MIN_VERSION, VERSION};
 
+/// How many phase lengths the `random-suffix` phase may last at most, waiting for its first
+/// monotonic-read violation (see [`wait_for_a_violation`]).
+const CONTROL_STRETCH: u32 = 5;
+
+/// Returns once the phase's history holds a monotonic-read violation, at `until`, or when `stop`
+/// is cancelled. `random-suffix` is the control that shows the checkers catch the flip-flop:
+/// with the suite running at load 17-26 on 2 cores, reads were so slow and so often refused on
+/// the faulted masters (a few hundred in a 2 s phase) that some runs ended before any reader
+/// met a lagging copy. The phase then goes on, with replica lag and no master fault, until one
+/// has; a run where replicas lag and none does within the stretch still shows none.
+async fn wait_for_a_violation(
+    recorder: &super::recorder::Recorder,
+    stop: &tokio_util::sync::CancellationToken,
+    until: Instant,
+) {
+    while Instant::now() < until && !stop.is_cancelled() {
+        let shown = !checkers::monotonic_reads(
+            &recorder
+                .events
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+        .is_empty();
+        if shown {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            () = stop.cancelled() => {}
+        }
+    }
+}
+
 impl Experiment {
     /// Runs one mode's phase: writers, readers, the direct sampler, replica lag and the seeded
-    /// fault schedule for [`Experiment::phase_length`], then heals and samples until every copy
+    /// fault schedule for [`Experiment::phase_length`] (`random-suffix` longer, until its first
+    /// violation: [`wait_for_a_violation`]), then heals and samples until every copy
     /// converged (at most 10 s). Returns the windows in which a fault lost writes.
     pub(super) async fn run_mode(&self, mode: Mode, rng: &mut StdRng) -> Vec<(u64, u64)> {
         let phase = self.phase();
@@ -193,6 +227,10 @@ impl Experiment {
         tokio::select! {
             () = tokio::time::sleep(phase_length.saturating_sub(phase_start.elapsed())) => {}
             () = stop.cancelled() => {}
+        }
+        if mode == Mode::RandomSuffix {
+            let until = phase_start + phase_length * CONTROL_STRETCH;
+            wait_for_a_violation(&recorder, &stop, until).await;
         }
         stop.cancel();
         while tasks.join_next().await.is_some() {}
