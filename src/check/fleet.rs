@@ -200,6 +200,8 @@ struct Instance {
     base: String,
     /// Its spool directory.
     spool: PathBuf,
+    /// Its stdout and stderr, quoted when it does not become ready.
+    log: PathBuf,
 }
 
 impl Drop for Instance {
@@ -245,8 +247,9 @@ fn spawn_instance(
     );
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, config).map_err(|err| io_error("cannot write a config", err))?;
-    let log = std::fs::File::create(dir.join(format!("{name}.log")))
-        .map_err(|err| io_error("cannot create a log", err))?;
+    let log_path = dir.join(format!("{name}.log"));
+    let log =
+        std::fs::File::create(&log_path).map_err(|err| io_error("cannot create a log", err))?;
     let err_log = log
         .try_clone()
         .map_err(|err| io_error("cannot create a log", err))?;
@@ -267,24 +270,53 @@ fn spawn_instance(
         child,
         base: format!("http://127.0.0.1:{port}"),
         spool,
+        log: log_path,
     })
 }
 
-async fn wait_ready(http: &reqwest::Client, base: &str) -> Result<()> {
+/// Polls `instance`'s `/readyz` until it answers 2xx, for at most 30 s. The run's work
+/// directory (and the instance's log in it) is removed when the run ends, so the error says why:
+/// the exit status and the log's last lines when the process exited first, else the last
+/// `/readyz` answer and the log's last lines.
+async fn wait_ready(http: &reqwest::Client, instance: &mut Instance) -> Result<()> {
+    let base = instance.base.clone();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let ready = http.get(format!("{base}/readyz")).send().await;
-        if ready.is_ok_and(|answer| answer.status().is_success()) {
-            return Ok(());
+        let last = match http.get(format!("{base}/readyz")).send().await {
+            Ok(answer) if answer.status().is_success() => return Ok(()),
+            Ok(answer) => {
+                let status = answer.status();
+                format!("{status}: {}", answer.text().await.unwrap_or_default())
+            }
+            Err(err) => format!("no answer: {err}"),
+        };
+        if let Ok(Some(status)) = instance.child.try_wait() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "{base} exited ({status}) before it was ready; its log ends:\n{}",
+                    log_tail(&instance.log)
+                ),
+            ));
         }
         if Instant::now() > deadline {
             return Err(Error::new(
                 ErrorKind::Unavailable,
-                format!("{base} did not become ready within 30 s"),
+                format!(
+                    "{base} did not become ready within 30 s (last /readyz: {last}); its log ends:\n{}",
+                    log_tail(&instance.log)
+                ),
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The last 20 lines of the log at `path` (empty when it cannot be read).
+fn log_tail(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 /// Runs the fleet experiment.
@@ -320,8 +352,8 @@ async fn run_in(
         .timeout(Duration::from_secs(5))
         .build()
         .map_err(|err| io_error("http client", err))?;
-    for instance in &instances {
-        wait_ready(&http, &instance.base).await?;
+    for instance in &mut instances {
+        wait_ready(&http, instance).await?;
     }
     let bases: Vec<String> = instances.iter().map(|i| i.base.clone()).collect();
     let rows_planned = [
