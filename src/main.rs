@@ -280,6 +280,13 @@ fn check(args: CheckArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
+    if let Some(filter) = &args.log {
+        if let Err(err) = init_tracing(Some(filter), "off", LogFormat::default(), LogStream::Stderr)
+        {
+            eprintln!("hotsplit check: {err}");
+            return ExitCode::from(2);
+        }
+    }
     if args.instances == 2 {
         return check_fleet(&runtime, &args);
     }

@@ -95,7 +95,9 @@ enum Failure {
 /// A status line and, for a non-2xx one, the start of its body (empty when it did not arrive
 /// in time).
 struct Answer {
+    /// The status line's code: 2xx is healthy.
     status: StatusCode,
+    /// The start of a refusal's body, repeated in the message because it says why.
     body: Bytes,
 }
 

@@ -60,6 +60,15 @@ pub struct CheckArgs {
     /// PEM private key of --tls-cert-file.
     #[arg(long, value_name = "FILE", requires = "tls_ca_file")]
     pub(crate) tls_key_file: Option<PathBuf>,
+    /// The log filter of the run's in-process services, on stderr (e.g. warn, or
+    /// warn,hotsplit=debug). Default: none, their log lines are not shown.
+    #[arg(
+        long = "log",
+        value_name = "FILTER",
+        env = "HOTSPLIT_LOG",
+        hide_env_values = true
+    )]
+    pub(crate) log: Option<String>,
 }
 
 impl CheckArgs {
