@@ -13,16 +13,17 @@
 #   4. publish to N = 1, 8, 16, 32 copies on a 3x3 cluster against N concurrent SETs and against
 #      the same N FCALLs sent directly (criterion, benches/publish.rs);
 #   5. the request layers' cost: the HTTP read with the request id's log span (info), the request
-#      deadline and the in-flight bound on (the defaults) against the same read with all three off
-#      (HOTSPLIT_LOG=warn, server.request_deadline = "0s", server.max_in_flight = 0), interleaved
-#      rounds, on a standalone Redis and on the embedded store;
+#      deadline and the in-flight bound on (the defaults), with bearer tokens on (a tokens file,
+#      wrk sending a read token), and with both, each against the same read with everything off
+#      (HOTSPLIT_LOG=warn, server.request_deadline = "0s", server.max_in_flight = 0, no tokens),
+#      in rotating rounds, on a standalone Redis and on the embedded store;
 # plus hotsplit's CPU per request and its memory. See docs/PERFORMANCE.md for what each row means.
 #
 # Usage: scripts/bench-side-by-side.sh [--quick] [--no-publish] [--layers-only] [--near-only]
 #   --quick        everything briefly (about 2 minutes after a warm build) to check that the
 #                  script works; its figures are too short to quote. Same as QUICK=1.
 #   --no-publish   skip the criterion publish run (the longest part).
-#   --layers-only  run and report only part 5 (about 2.5 minutes after a warm build).
+#   --layers-only  run and report only part 5 (about 4.5 minutes after a warm build).
 #   --near-only    run and report only part 2b (about 1.5 minutes after a warm build).
 #
 # Knobs (environment), full-run default [quick-run default]:
@@ -36,7 +37,7 @@
 #   SHARE_DURATION=5s [2s], SHARE_CLIENT_IDS=1024 [256]: wrk per key of the share run, ids per thread
 #   NEAR_RATES="10000 50000"  fixed read rates of the near cache's Redis-reads run, RATE_DURATION=10s [3s]
 #   FLOOD_KEYS=300000 [50000], FLOOD_DURATION=30s [3s]: the near cache's flood of distinct keys
-#   LAYER_ROUNDS=3 [1]   interleaved on/off wrk rounds per store in part 5 (medians are reported)
+#   LAYER_ROUNDS=3 [1]   rotating wrk rounds over part 5's four sides per store (medians are reported)
 #   PUBLISH_ARGS=""      extra criterion arguments of the publish run
 #                        [--warm-up-time 0.5 --measurement-time 1 --sample-size 10 --nresamples 10000]
 #
@@ -93,12 +94,14 @@ knob PUBLISH_ARGS "" "--warm-up-time 0.5 --measurement-time 1 --sample-size 10 -
 PUBLISH_COPIES=(1 8 16 32)
 
 # --- wrk --------------------------------------------------------------------------------------
-# run_wrk OUT BASE PATH IDS DURATION: wrk -tTHREADS -cCONNECTIONS on BASE, requests PATH<client id>
-# for IDS client ids per thread (scripts/wrk-affine.lua).
+# run_wrk OUT BASE PATH IDS DURATION [WRK_OPTION...]: wrk -tTHREADS -cCONNECTIONS on BASE, requests
+# PATH<client id> for IDS client ids per thread (scripts/wrk-affine.lua); WRK_OPTIONs (such as
+# -H "Authorization: …") go to wrk, whose script sends them with every request.
 run_wrk() {
     local out=$1 base=$2 path=$3 ids=$4 duration=$5
+    shift 5
     log "wrk -t$THREADS -c$CONNECTIONS -d$duration against $base$path..."
-    bounded 300 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$duration" --latency -s "$WRK_AFFINE_LUA" "$base" \
+    bounded 300 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$duration" --latency "$@" -s "$WRK_AFFINE_LUA" "$base" \
         -- "$path" "$ids" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
     grep -q '^Requests/sec:' "$out" || die "no Requests/sec in wrk output: $(cat "$out")"
 }
@@ -157,10 +160,13 @@ LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 # --- build ------------------------------------------------------------------------------------
 log "building hotsplit and the benches (release)"
 cargo build --release --quiet --bin hotsplit || die "cargo build --release failed"
-PROXY_BIN=$(cargo bench --no-run --bench proxy_baseline --bench read --bench publish --message-format=json 2>"$WORK/build.log" |
-    jq -r 'select(.executable != null and .target.name == "proxy_baseline") | .executable' | tail -n 1) ||
-    die "cargo bench --no-run failed; see $WORK/build.log"
-[ -x "$PROXY_BIN" ] || die "could not build benches/proxy_baseline.rs; see $WORK/build.log"
+# Part 5 alone (--layers-only) needs none of the benches.
+if [ "$LAYERS_ONLY" != 1 ]; then
+    PROXY_BIN=$(cargo bench --no-run --bench proxy_baseline --bench read --bench publish --message-format=json 2>"$WORK/build.log" |
+        jq -r 'select(.executable != null and .target.name == "proxy_baseline") | .executable' | tail -n 1) ||
+        die "cargo bench --no-run failed; see $WORK/build.log"
+    [ -x "$PROXY_BIN" ] || die "could not build benches/proxy_baseline.rs; see $WORK/build.log"
+fi
 head -c "$VALUE_BYTES" /dev/zero | tr '\0' 'v' >"$WORK/value.bin"
 
 # --- 2b alone (--near-only) ----------------------------------------------------------------------
@@ -175,65 +181,96 @@ if [ "$NEAR_ONLY" = 1 ]; then
 fi
 
 # --- 5. the request layers' cost on the HTTP read path (run first: --layers-only stops after it) ---
-# Two instances over the same store, one with the request id's log span (the default info
-# filter), the request deadline and the in-flight bound (the defaults), one with all three off;
-# wrk alternates between them (the order flips every round), and the medians are compared. Only
-# the instance under wrk is busy. The request id itself is still chosen and echoed by both.
+# Four instances over the same store, differing only in the request layers:
+#   off     no request log span (HOTSPLIT_LOG=warn), no request deadline, no in-flight bound, no
+#           tokens;
+#   layers  the request id's log span (the default info filter), the request deadline and the
+#           in-flight bound (the defaults), no tokens;
+#   tokens  [auth] tokens_file (three sha256: entries) and wrk sending the read-scope token, the
+#           other layers off;
+#   all     the layers and the tokens.
+# wrk visits them in turn (the order rotates every round), and each one's median is compared with
+# off's. Only the instance under wrk is busy. Every instance still chooses and echoes a request id.
 LAYERS_OFF=$'request_deadline = "0s"\nmax_in_flight = 0'
+LAYER_SIDES=(off layers tokens all)
+# The tokens file holds sha256: lines only (no secret), as the README advises: a publisher
+# (read,write), a Prometheus (admin) and the reader whose token wrk presents.
+random_token() { head -c 24 /dev/urandom | base64 | tr -d '=+/'; }
+token_line() { printf 'sha256:%s %s  # %s\n' "$(printf %s "$1" | sha256sum | cut -d' ' -f1)" "$2" "$3"; }
+READ_TOKEN=$(random_token)
+WRITE_TOKEN=$(random_token)
+{
+    token_line "$WRITE_TOKEN" read,write publisher
+    token_line "$(random_token)" admin prometheus
+    token_line "$READ_TOKEN" read reader
+} >"$WORK/tokens"
+AUTH_TOML=$(printf '[auth]\ntokens_file = "%s"' "$WORK/tokens")
 median() { sort -n | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'; }
-# layer_rounds NAME REDIS_URL: sets LAYERS_ON and LAYERS_OFF to the median req/s of each instance
-# and LAYERS_ALL to every round's figures.
+declare -A LAYERS_RPS=() LAYERS_ALL=()
+# layer_rounds NAME REDIS_URL: sets LAYERS_RPS[NAME/SIDE] to the median req/s of each side and
+# LAYERS_ALL[NAME] to every round's figures.
 layer_rounds() {
-    local name=$1 redis_url=$2 on_pid off_pid on_base off_base round first second
-    start_hotsplit "layers-on-$name" "$redis_url" "$(family hot: "$COPIES")" "" info
-    on_pid=$STARTED_PID on_base="http://127.0.0.1:$STARTED_PORT"
-    start_hotsplit "layers-off-$name" "$redis_url" "$(family hot: "$COPIES")" "$LAYERS_OFF" warn
-    off_pid=$STARTED_PID off_base="http://127.0.0.1:$STARTED_PORT"
-    publish_value "$on_base" hot:1 "$COPIES"
-    # The embedded store is per process: each instance needs the value of its own.
-    [ -n "$redis_url" ] || publish_value "$off_base" hot:1 "$COPIES"
-    : >"$WORK/layers-$name-on" && : >"$WORK/layers-$name-off"
-    for ((round = 1; round <= LAYER_ROUNDS; round++)); do
-        first=on second=off
-        [ $((round % 2)) -eq 1 ] || { first=off second=on; }
-        for side in "$first" "$second"; do
-            local base=$on_base
-            [ "$side" = on ] || base=$off_base
-            run_wrk "$WORK/wrk-layers.txt" "$base" "/v1/keys/hot:1?client=" "$CLIENT_IDS" "$DURATION"
+    local name=$1 redis_url=$2 side round i server filter families token
+    local -A pid=() base=()
+    for side in "${LAYER_SIDES[@]}"; do
+        server="" filter=info families=$(family hot: "$COPIES") token=""
+        case $side in off | tokens) server=$LAYERS_OFF filter=warn ;; esac
+        case $side in tokens | all) families+=$'\n'"$AUTH_TOML" token=$WRITE_TOKEN ;; esac
+        start_hotsplit "layers-$side-$name" "$redis_url" "$families" "$server" "$filter"
+        pid[$side]=$STARTED_PID base[$side]="http://127.0.0.1:$STARTED_PORT"
+        # The embedded store is per process: each instance needs the value of its own.
+        if [ -z "$redis_url" ] || [ "$side" = off ]; then
+            publish_value "${base[$side]}" hot:1 "$COPIES" "$token"
+        fi
+        : >"$WORK/layers-$name-$side"
+    done
+    for ((round = 0; round < LAYER_ROUNDS; round++)); do
+        for ((i = 0; i < ${#LAYER_SIDES[@]}; i++)); do
+            side=${LAYER_SIDES[(round + i) % ${#LAYER_SIDES[@]}]}
+            local auth=()
+            case $side in tokens | all) auth=(-H "Authorization: Bearer $READ_TOKEN") ;; esac
+            run_wrk "$WORK/wrk-layers.txt" "${base[$side]}" "/v1/keys/hot:1?client=" "$CLIENT_IDS" "$DURATION" "${auth[@]}"
             [ -z "$(wrk_field "$WORK/wrk-layers.txt" non2xx)" ] ||
                 die "part 5 ($name, $side): non-2xx answers: $(cat "$WORK/wrk-layers.txt")"
             wrk_field "$WORK/wrk-layers.txt" rps >>"$WORK/layers-$name-$side"
         done
     done
-    stop_pids "$on_pid" "$off_pid"
-    LAYERS_ON=$(median <"$WORK/layers-$name-on")
-    LAYERS_OFF_RPS=$(median <"$WORK/layers-$name-off")
-    LAYERS_ALL="on $(paste -sd/ "$WORK/layers-$name-on"), off $(paste -sd/ "$WORK/layers-$name-off")"
+    stop_pids "${pid[@]}"
+    LAYERS_ALL[$name]=""
+    for side in "${LAYER_SIDES[@]}"; do
+        LAYERS_RPS[$name/$side]=$(median <"$WORK/layers-$name-$side")
+        LAYERS_ALL[$name]+="${LAYERS_ALL[$name]:+; }$side $(paste -sd/ "$WORK/layers-$name-$side")"
+    done
 }
 # cost ON OFF: how much lower ON is than OFF, in percent of OFF.
 cost() { awk -v on="$1" -v off="$2" 'BEGIN { if (off + 0 == 0) print "–"; else printf "%.1f", 100 * (off - on) / off }'; }
-log "part 5: request layers on vs off, $LAYER_ROUNDS interleaved round(s) of $DURATION per side and store"
+# layer_cell NAME SIDE: SIDE's req/s, its ratio to off and its cost.
+layer_cell() {
+    local on=${LAYERS_RPS[$1/$2]} off=${LAYERS_RPS[$1/off]}
+    printf '%s req/s, %s× (%s %%)' "$on" "$(ratio "$on" "$off")" "$(cost "$on" "$off")"
+}
+log "part 5: request layers and tokens, $LAYER_ROUNDS rotating round(s) of $DURATION per side and store"
 start_redis layers
 LAYERS_REDIS_PID=$STARTED_PID
 layer_rounds redis "redis://127.0.0.1:$STARTED_PORT"
-L_REDIS_ON=$LAYERS_ON L_REDIS_OFF=$LAYERS_OFF_RPS L_REDIS_ALL=$LAYERS_ALL
 stop_pids "$LAYERS_REDIS_PID"
 layer_rounds embedded ""
-L_EMB_ON=$LAYERS_ON L_EMB_OFF=$LAYERS_OFF_RPS L_EMB_ALL=$LAYERS_ALL
+L_REDIS_ON=${LAYERS_RPS[redis/all]} L_REDIS_OFF=${LAYERS_RPS[redis/off]}
 L_REDIS_COST=$(cost "$L_REDIS_ON" "$L_REDIS_OFF")
-L_EMB_COST=$(cost "$L_EMB_ON" "$L_EMB_OFF")
-LAYERS_REPORT="### 5. The request layers' cost on the HTTP read ($CONNECTIONS connections; wrk -t$THREADS -d$DURATION, medians of $LAYER_ROUNDS interleaved rounds)
+LAYERS_REPORT="### 5. The request layers' and tokens' cost on the HTTP read ($CONNECTIONS connections; wrk -t$THREADS -d$DURATION, medians of $LAYER_ROUNDS rotating rounds)
 
-On: the request id's \`request\` log span at the default \`info\` filter, \`server.request_deadline\` = 5s and
-\`server.max_in_flight\` = 1024 (the defaults). Off: \`HOTSPLIT_LOG=warn\`, \`request_deadline = \"0s\"\`,
-\`max_in_flight = 0\`. Both choose and echo a request id.
+Off: \`HOTSPLIT_LOG=warn\`, \`request_deadline = \"0s\"\`, \`max_in_flight = 0\`, no tokens. Layers: the request
+id's \`request\` log span at the default \`info\` filter, \`server.request_deadline\` = 5s and
+\`server.max_in_flight\` = 1024 (the defaults). Tokens: \`[auth] tokens_file\` with three \`sha256:\` entries,
+wrk sending the \`read\` token as \`Authorization: Bearer\`, the layers off. All: layers and tokens. Every
+instance chooses and echoes a request id. Each cell: req/s, the ratio to off, and the cost in % of off.
 
-| Store | layers on | layers off | cost | target |
-|---|---|---|---|---|
-| standalone Redis (\`hot:1\`, $COPIES copies) | $L_REDIS_ON req/s | $L_REDIS_OFF req/s | $L_REDIS_COST % | < 5 % — $(verdict "$L_REDIS_COST" 5 "<=") |
-| embedded store | $L_EMB_ON req/s | $L_EMB_OFF req/s | $L_EMB_COST % | – |
+| Store | all off | layers | tokens | all on, tokens included | target (all on) |
+|---|---|---|---|---|---|
+| standalone Redis (\`hot:1\`, $COPIES copies) | ${LAYERS_RPS[redis/off]} req/s | $(layer_cell redis layers) | $(layer_cell redis tokens) | $(layer_cell redis all) | < 5 % — $(verdict "$L_REDIS_COST" 5 "<=") |
+| embedded store | ${LAYERS_RPS[embedded/off]} req/s | $(layer_cell embedded layers) | $(layer_cell embedded tokens) | $(layer_cell embedded all) | – |
 
-- Every round (req/s): Redis $L_REDIS_ALL; embedded $L_EMB_ALL."
+- Every round (req/s): Redis ${LAYERS_ALL[redis]}; embedded ${LAYERS_ALL[embedded]}."
 if [ "$LAYERS_ONLY" = 1 ]; then
     printf '\n## hotsplit side by side — %s, %s, part 5 only%s\n\nCores: %s, shared by everything (no pinning). Load average before the run: %s. Took %s s.\n\n%s\n' \
         "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -n)" "$([ "$QUICK" != 1 ] || echo ', QUICK (figures too short to quote)')" \
@@ -464,7 +501,7 @@ ${PUBLISH_ROWS}
 ${NEAR_SUMMARY}${PUBLISH_SUMMARY}| Hottest master's share of reads, 1 copy, vs an even share | $SHARE1_MAX % | $EVEN_SHARE % | $(ratio "$SHARE1_MAX" "$EVEN_SHARE")× | – |
 | Hottest master's share of reads, $SHARE_COPIES copies, vs an even share | $SHARE16_MAX % | $EVEN_SHARE % | $(ratio "$SHARE16_MAX" "$EVEN_SHARE")× | – |
 | hotsplit RSS after the read load | $RSS_MIB MiB | 64 MiB | $(ratio "$RSS_MIB" 64)× | < 1× — $(verdict "$RSS_MIB" 64 "<=") |
-| HTTP read with the request layers on vs off (Redis; cost in % of the off figure) | $L_REDIS_ON req/s | $L_REDIS_OFF req/s | $(ratio "$L_REDIS_ON" "$L_REDIS_OFF")× ($L_REDIS_COST % cost) | < 5 % — $(verdict "$L_REDIS_COST" 5 "<=") |
+| HTTP read with every request layer on, tokens included, vs all off (Redis; cost in % of the off figure) | $L_REDIS_ON req/s | $L_REDIS_OFF req/s | $(ratio "$L_REDIS_ON" "$L_REDIS_OFF")× ($L_REDIS_COST % cost) | < 5 % — $(verdict "$L_REDIS_COST" 5 "<=") |
 
 $LAYERS_REPORT
 EOF
