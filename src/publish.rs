@@ -544,6 +544,7 @@ impl Publisher {
                     served_by,
                     RouteReason::Class,
                     started,
+                    None,
                 );
             }
             let counted = match &result.outcome {

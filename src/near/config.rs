@@ -16,10 +16,15 @@ pub struct NearCacheConfig {
     /// overhead per entry; an eighth more is given to the high-water records of evicted
     /// entries. Default: 33554432 (32 MiB).
     pub max_bytes: u64,
-    /// The share of a class's max age after which a hit starts a background refresh of its
-    /// entry (refresh-ahead), so a hot copy is re-read before it ages out; `1.0` turns
-    /// refresh-ahead off. Must be in 0.5..=1.0. Default: 0.9.
-    pub refresh_ahead: f64,
+    /// Refresh-ahead's largest lead, as a share of a class's max age. A hit starts a background
+    /// refresh of its entry once the entry is within one fill time of ageing out (the duration
+    /// of the Redis read that filled it), so the new entry lands as the old one ages out and a
+    /// hot copy's readers do not all wait at expiry; the lead is that fill time capped at this
+    /// share. A copy is then re-read at most once per (max age − source lag − lead): over the
+    /// bound of one read per (max age − source lag) by the fill time alone, at most this share.
+    /// `0.0` turns refresh-ahead off (the first read after expiry waits for the fill). Must be
+    /// in 0.0..=0.25. Default: 0.01.
+    pub refresh_lead_max: f64,
 }
 
 impl Default for NearCacheConfig {
@@ -27,7 +32,7 @@ impl Default for NearCacheConfig {
         NearCacheConfig {
             enabled: true,
             max_bytes: 32 * 1024 * 1024,
-            refresh_ahead: 0.9,
+            refresh_lead_max: 0.01,
         }
     }
 }
@@ -47,12 +52,12 @@ impl NearCacheConfig {
                 ),
             ));
         }
-        if !(0.5..=1.0).contains(&self.refresh_ahead) {
+        if !(0.0..=0.25).contains(&self.refresh_lead_max) {
             return Err(Error::new(
                 ErrorKind::Config,
                 format!(
-                    "near_cache.refresh_ahead: must be in 0.5..=1.0, got {}",
-                    self.refresh_ahead
+                    "near_cache.refresh_lead_max: must be in 0.0..=0.25, got {}",
+                    self.refresh_lead_max
                 ),
             ));
         }

@@ -78,6 +78,11 @@ pub struct Entry {
     /// The copy was at least this new on its primary at this instant: the start of the read
     /// that filled it, minus the source's measured lag.
     pub as_of: Instant,
+    /// How long the Redis read that filled the entry took (zero when not known: an entry a
+    /// write through this instance offered, with no earlier fill of the copy to go by). A
+    /// refresh starts this long before the entry ages out, up to `near_cache.refresh_lead_max`
+    /// of the max age.
+    pub fill_time: Duration,
     /// Reads answered from this copy's entries, carried over when an entry is replaced: the
     /// "hottest copies" of `GET /v1/near-cache`.
     hits: AtomicU64,
@@ -269,8 +274,8 @@ pub struct NearCache {
     flights: Flights,
     /// Where fills run, so they outlive the request that started them and shutdown drains them.
     tracker: TaskTracker,
-    /// The share of a class's max age after which a hit refreshes the entry.
-    refresh_ahead: f64,
+    /// Refresh-ahead's largest lead, as a share of a class's max age (0: no refresh-ahead).
+    refresh_lead_max: f64,
     /// The entries' byte bound.
     max_bytes: u64,
     /// Counters.
@@ -320,7 +325,7 @@ impl NearCache {
             stripe_hasher: DefaultHashBuilder::default(),
             flights: Flights::default(),
             tracker,
-            refresh_ahead: config.refresh_ahead,
+            refresh_lead_max: config.refresh_lead_max,
             max_bytes: config.max_bytes,
             metrics,
         }
@@ -352,10 +357,15 @@ impl NearCache {
         self.metrics.served(class, age.as_secs_f64());
     }
 
-    /// Whether a hit at age bound `age` of a class accepting `max_age` should refresh the entry
-    /// in the background.
-    pub fn refresh_due(&self, age: Duration, max_age: Duration) -> bool {
-        self.refresh_ahead < 1.0 && age >= max_age.mul_f64(self.refresh_ahead)
+    /// Whether a hit of `entry` at age bound `age`, for a class accepting `max_age`, should
+    /// refresh the entry in the background: once the entry is within its lead of ageing out,
+    /// the lead being its own fill time capped at `near_cache.refresh_lead_max` of `max_age`.
+    /// The refresh then lands about when the entry ages out, and the copy is re-read at most
+    /// once per `max_age − lag − lead` (an entry with no known fill time is not refreshed
+    /// ahead: the first read after it ages out fills it).
+    pub fn refresh_due(&self, entry: &Entry, age: Duration, max_age: Duration) -> bool {
+        let lead = entry.fill_time.min(max_age.mul_f64(self.refresh_lead_max));
+        !lead.is_zero() && age.saturating_add(lead) >= max_age
     }
 
     /// The highest version this instance holds or held for `copy_key` whose `exp` has not
@@ -373,9 +383,10 @@ impl NearCache {
             .map(|mark| mark.version)
     }
 
-    /// Offers what a read of `copy_key` found, as of `as_of`: it becomes the entry unless the
-    /// entry held comes after it or it is below the copy's high-water record. Returns whether
-    /// it was taken.
+    /// Offers what a read of `copy_key` found, as of `as_of`, and how long the read took
+    /// (`None` for a write's record: the entry keeps the held entry's fill time): it becomes the
+    /// entry unless the entry held comes after it or it is below the copy's high-water record.
+    /// Returns whether it was taken.
     pub fn offer(
         &self,
         copy_key: &CopyKey,
@@ -383,6 +394,7 @@ impl NearCache {
         served_by: ServedBy,
         reason: RouteReason,
         as_of: Instant,
+        fill_time: Option<Duration>,
     ) -> bool {
         let now_ms = now_unix_ms();
         if record.expire_at_ms <= now_ms {
@@ -398,6 +410,7 @@ impl NearCache {
             served_by,
             reason,
             as_of,
+            fill_time: fill_time.unwrap_or_default(),
             hits: AtomicU64::new(0),
             weight: key.len() as u64 + value_bytes + ENTRY_OVERHEAD,
         };
@@ -409,6 +422,9 @@ impl NearCache {
                     return false;
                 }
                 entry.hits = AtomicU64::new(held.hits.load(Ordering::Relaxed));
+                if fill_time.is_none() {
+                    entry.fill_time = held.fill_time;
+                }
             }
             _ => {
                 if let Some(mark) = self.marks.peek(key) {
@@ -575,6 +591,7 @@ mod tests {
             ServedBy::primary(NodeLabel::new("p:1")),
             RouteReason::Class,
             as_of,
+            Some(Duration::from_millis(1)),
         )
     }
 
@@ -694,6 +711,71 @@ mod tests {
             let key = Key::parse(&format!("cold-{n}")).unwrap().copy_key(0);
             offer(&cache, &key, record(1, Some(value)), now);
         }
+    }
+
+    #[test]
+    fn a_refresh_starts_one_fill_time_before_the_entry_ages_out_capped_by_the_share() {
+        let cache = cache(1 << 20);
+        let max_age = Duration::from_secs(1);
+        let ms = Duration::from_millis;
+        let due = |key: &CopyKey, age: u64| {
+            let Lookup::Fresh(entry, _) = cache.lookup(key, Duration::from_secs(3600)) else {
+                panic!("no entry");
+            };
+            cache.refresh_due(&entry, ms(age), max_age)
+        };
+        let fill = |key: &CopyKey, version: u64, fill_time: Option<Duration>| {
+            cache.offer(
+                key,
+                record(version, Some("v")),
+                ServedBy::primary(NodeLabel::new("p:1")),
+                RouteReason::Class,
+                Instant::now(),
+                fill_time,
+            )
+        };
+        // Filled in 2 ms: refreshed from 998 ms of its 1 s, not before.
+        let quick = Key::parse("quick").unwrap().copy_key(0);
+        assert!(fill(&quick, 1, Some(ms(2))));
+        assert!(!due(&quick, 0));
+        assert!(!due(&quick, 997));
+        assert!(due(&quick, 998));
+        assert!(due(&quick, 1000));
+        // Filled in 50 ms: the lead is capped at 1% of the max age (the default), 10 ms.
+        let slow = Key::parse("slow").unwrap().copy_key(0);
+        assert!(fill(&slow, 1, Some(ms(50))));
+        assert!(!due(&slow, 989));
+        assert!(due(&slow, 990));
+        // An entry a write offered, with no fill before it: no refresh ahead.
+        let written = Key::parse("written").unwrap().copy_key(0);
+        assert!(fill(&written, 1, None));
+        assert!(!due(&written, 999));
+        // A write over a filled entry keeps the fill time it knew.
+        assert!(fill(&quick, 2, None));
+        assert!(!due(&quick, 997));
+        assert!(due(&quick, 998));
+        // A share of 0 turns refresh-ahead off.
+        let classes = Classes::from_config(&Default::default()).unwrap();
+        let off = NearCache::new(
+            &NearCacheConfig {
+                refresh_lead_max: 0.0,
+                ..NearCacheConfig::default()
+            },
+            NearMetrics::detached(&classes),
+            TaskTracker::new(),
+        );
+        assert!(off.offer(
+            &quick,
+            record(1, Some("v")),
+            ServedBy::primary(NodeLabel::new("p:1")),
+            RouteReason::Class,
+            Instant::now(),
+            Some(ms(2)),
+        ));
+        let Lookup::Fresh(entry, _) = off.lookup(&quick, max_age) else {
+            panic!("no entry");
+        };
+        assert!(!off.refresh_due(&entry, max_age, max_age));
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //! copy uses that copy's entry like an affine read (an operator who wants what Redis holds names
 //! the `primary` class). Then, for the affine (or named) copy:
 //! 1. an entry whose age bound is within the class's max age and whose version meets every
-//!    floor the read carries answers (a hit); a hit past `near_cache.refresh_ahead` of the max
-//!    age also starts a background refresh;
+//!    floor the read carries answers (a hit); a hit within one fill time of the max age (up
+//!    to `near_cache.refresh_lead_max` of it) also starts a background refresh;
 //! 2. an entry young enough that misses a floor is not used: the copy is read from Redis as
 //!    without a cache (counted as a floor read), and what Redis holds is offered to the cache;
 //! 3. otherwise the read waits for the one fill of the copy from its source (a replica within
@@ -92,7 +92,7 @@ impl Reader {
         if let Lookup::Fresh(entry, age) = near.lookup(&copy_key, max_age) {
             if !below(Some(&entry.record), floor) {
                 near.served(&entry, plan.class, age);
-                if near.refresh_due(age, max_age) {
+                if near.refresh_due(&entry, age, max_age) {
                     self.refresh(near, &copy_key, plan);
                 }
                 return Ok(NearConsult {
@@ -191,7 +191,7 @@ impl Reader {
 
     /// Offers what a consult that began at `started` found to the cache: as of `started`, less
     /// the replica's current lag when a replica served (nothing is offered when that lag is
-    /// unknown).
+    /// unknown), filled in the time since `started`.
     pub(super) fn offer(
         &self,
         near: &NearCache,
@@ -222,6 +222,7 @@ impl Reader {
             consulted.read.served_by.clone(),
             consulted.reason,
             as_of,
+            Some(started.elapsed()),
         );
     }
 
@@ -314,15 +315,14 @@ fn fill(
 ) -> BoxFuture<'static, Filled> {
     async move {
         let started = Instant::now();
-        let (read, reason, as_of) = match source {
+        // The read that answered, when it began, and the lag of its source.
+        let (read, reason, began, lag) = match source {
             FillSource::Replica { node, lag } => {
                 let read = store.read_replica_copy(&copy_key, &node).await;
                 match &read.record {
-                    Ok(record) if !below(record.as_ref(), high_water) => (
-                        read,
-                        RouteReason::Class,
-                        started.checked_sub(lag).unwrap_or(started),
-                    ),
+                    Ok(record) if !below(record.as_ref(), high_water) => {
+                        (read, RouteReason::Class, started, lag)
+                    }
                     Ok(_) => {
                         near.metrics().below_high_water.inc();
                         let again = Instant::now();
@@ -330,6 +330,7 @@ fn fill(
                             store.read_copy(&copy_key).await,
                             RouteReason::VersionFloor,
                             again,
+                            Duration::ZERO,
                         )
                     }
                     Err(err) => {
@@ -339,12 +340,19 @@ fn fill(
                             store.read_copy(&copy_key).await,
                             RouteReason::NoReplica,
                             again,
+                            Duration::ZERO,
                         )
                     }
                 }
             }
-            FillSource::Primary(reason) => (store.read_copy(&copy_key).await, reason, started),
+            FillSource::Primary(reason) => (
+                store.read_copy(&copy_key).await,
+                reason,
+                started,
+                Duration::ZERO,
+            ),
         };
+        let fill_time = began.elapsed();
         if let Ok(Some(record)) = &read.record {
             if below(Some(record), high_water) {
                 near.metrics().below_high_water.inc();
@@ -354,7 +362,8 @@ fn fill(
                     record.clone(),
                     read.served_by.clone(),
                     reason,
-                    as_of,
+                    began.checked_sub(lag).unwrap_or(began),
+                    Some(fill_time),
                 );
             }
         }
@@ -566,6 +575,7 @@ mod tests {
             crate::store::ServedBy::embedded(),
             RouteReason::Class,
             Instant::now(),
+            Some(Duration::from_millis(1)),
         );
         assert!(!taken);
         let err = fixture.reader.read(&request("alice")).await.unwrap_err();
