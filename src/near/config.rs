@@ -25,6 +25,12 @@ pub struct NearCacheConfig {
     /// `0.0` turns refresh-ahead off (the first read after expiry waits for the fill). Must be
     /// in 0.0..=0.25. Default: 0.01.
     pub refresh_lead_max: f64,
+    /// The previous release's refresh-ahead point (a share of the max age at which a hit
+    /// started a refresh), replaced by `refresh_lead_max`. Accepted and ignored, with a WARN at
+    /// startup, so that a config file of the previous release still starts during a rolling
+    /// upgrade. Default: unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refresh_ahead: Option<f64>,
 }
 
 impl Default for NearCacheConfig {
@@ -33,6 +39,7 @@ impl Default for NearCacheConfig {
             enabled: true,
             max_bytes: 32 * 1024 * 1024,
             refresh_lead_max: 0.01,
+            refresh_ahead: None,
         }
     }
 }
@@ -62,5 +69,26 @@ impl NearCacheConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn the_previous_releases_refresh_ahead_is_accepted_and_changes_nothing() {
+        let config = Config::from_toml("[near_cache]\nrefresh_ahead = 0.9\n").unwrap();
+        assert_eq!(config.near_cache.refresh_ahead, Some(0.9));
+        assert!((config.near_cache.refresh_lead_max - 0.01).abs() < f64::EPSILON);
+        config.validate().unwrap();
+        let wrong = Config::from_toml("[near_cache]\nrefresh_lead_max = 0.5\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(
+            wrong.to_string().contains("near_cache.refresh_lead_max"),
+            "{wrong}"
+        );
     }
 }

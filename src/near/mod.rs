@@ -318,6 +318,13 @@ impl NearCache {
                 metrics: metrics.clone(),
             },
         );
+        if let Some(share) = config.refresh_ahead {
+            tracing::warn!(
+                refresh_ahead = share,
+                refresh_lead_max = config.refresh_lead_max,
+                "near_cache.refresh_ahead is no longer used and is ignored: refresh-ahead starts one fill time before an entry ages out, capped by near_cache.refresh_lead_max; remove the field"
+            );
+        }
         NearCache {
             entries,
             marks,
