@@ -96,7 +96,7 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
     let random = mode("random-suffix");
     assert!(
         violations(&random) > 0,
-        "random suffixes under lagging replicas must break monotonic reads: {random}"
+        "seed {seed}: random suffixes under lagging replicas must break monotonic reads: {random}"
     );
     // Outside loss windows, no judged mode shows a violation of any scope, nor a writer one of
     // its own writes (the exit status says so too; this names the mode).
