@@ -62,12 +62,7 @@ pub fn client_config(
         return Ok(builder.with_no_client_auth());
     };
     let chain = read_certs(cert_file, "tls cert file")?;
-    let key = PrivateKeyDer::from_pem_file(key_file).map_err(|err| {
-        invalid(format!(
-            "tls key file {}: no private key could be read: {err}",
-            key_file.display()
-        ))
-    })?;
+    let key = read_key(key_file, "tls key file")?;
     builder.with_client_auth_cert(chain, key).map_err(|err| {
         invalid(format!(
             "tls cert file {} and key file {} do not make a client certificate: {err}",
@@ -77,8 +72,9 @@ pub fn client_config(
     })
 }
 
-/// Every certificate in the PEM file at `path`; at least one.
-fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>> {
+/// Every certificate in the PEM file at `path`; at least one. `what` names the setting in the
+/// error.
+pub(crate) fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
         .map_err(|err| invalid(format!("{what} {}: cannot read: {err}", path.display())))?;
@@ -89,6 +85,16 @@ fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>> {
         )));
     }
     Ok(certs)
+}
+
+/// The private key in the PEM file at `path`. `what` names the setting in the error.
+pub(crate) fn read_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>> {
+    PrivateKeyDer::from_pem_file(path).map_err(|err| {
+        invalid(format!(
+            "{what} {}: no private key could be read: {err}",
+            path.display()
+        ))
+    })
 }
 
 /// The system's trusted roots (as fred's own `TlsConnector::default_rustls` loads them).

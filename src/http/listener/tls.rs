@@ -5,8 +5,6 @@
 use std::path::Path;
 use std::sync::{Arc, LazyLock};
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -33,26 +31,8 @@ pub(super) static PLAIN_HTTP: LazyLock<Vec<u8>> = LazyLock::new(|| {
 /// [`ErrorKind::Config`] naming the file when one cannot be read, holds no certificate or key,
 /// or the key does not match the certificate.
 pub fn acceptor(cert_file: &Path, key_file: &Path) -> Result<TlsAcceptor> {
-    let chain = CertificateDer::pem_file_iter(cert_file)
-        .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
-        .map_err(|err| {
-            invalid(format!(
-                "server.tls_cert_file {}: cannot read: {err}",
-                cert_file.display()
-            ))
-        })?;
-    if chain.is_empty() {
-        return Err(invalid(format!(
-            "server.tls_cert_file {}: holds no PEM certificate",
-            cert_file.display()
-        )));
-    }
-    let key = PrivateKeyDer::from_pem_file(key_file).map_err(|err| {
-        invalid(format!(
-            "server.tls_key_file {}: no private key could be read: {err}",
-            key_file.display()
-        ))
-    })?;
+    let chain = crate::tls::read_certs(cert_file, "server.tls_cert_file")?;
+    let key = crate::tls::read_key(key_file, "server.tls_key_file")?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
