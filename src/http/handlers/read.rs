@@ -1,0 +1,314 @@
+//! The read route, `GET /v1/keys/{key}`: its query, its headers, and the answer's headers.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::{COPY, ROUTE, SERVED_BY, VERSION};
+use crate::deadline::Deadline;
+use crate::fleet::session::SessionFloor;
+use crate::http::params::{self, KeyPath, StrictQuery};
+use crate::http::problem::{ApiError, Code};
+use crate::http::session::{self, SessionToken};
+use crate::http::AppState;
+use crate::key::{Key, Version};
+use crate::read::{CopyChoice, ReadAnswer, ReadRequest};
+use crate::route::Floors;
+use crate::store::now_unix_ms;
+use crate::wire;
+
+/// Query parameters of `GET /v1/keys/{key}`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReadParams {
+    /// The client id whose affine copy to read (or the `Hotsplit-Client` header, which it wins
+    /// over). Required unless `copy` is sent.
+    #[param(min_length = 1)]
+    client: Option<String>,
+    /// A version floor: a copy below it is never served. Combined with every
+    /// `Hotsplit-Min-Version` value by maximum.
+    #[param(
+        pattern = r"^(?:[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615)$"
+    )]
+    min_version: Option<String>,
+    /// Read one named copy instead of the affine one, for operators and tests: canonical
+    /// decimal, below the family's copy count (at most 1024 copies).
+    #[param(value_type = Option<u32>, minimum = 0, maximum = 1023)]
+    copy: Option<String>,
+    /// The read class (or `Hotsplit-Read-Class`, which it wins over); default: the family's
+    /// `default_class`.
+    #[param(min_length = 1)]
+    class: Option<String>,
+}
+
+/// The request headers a read uses, taken by reference (axum's `HeaderMap` extractor would
+/// clone every header of every read).
+pub struct ReadHeaders {
+    /// `Hotsplit-Client`; its lines agree.
+    client: Option<String>,
+    /// The highest `Hotsplit-Min-Version` over every line and list member.
+    min_version: Option<Version>,
+    /// The highest version among the tags of every `If-None-Match` line.
+    if_none_match: Option<Version>,
+    /// `Hotsplit-Read-Class`; its lines agree.
+    read_class: Option<String>,
+    /// `Hotsplit-Request`; its lines agree.
+    request_id: Option<String>,
+    /// The request's deadline, put in its extensions by the overload layer.
+    deadline: Option<Deadline>,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, ApiError> {
+        let headers = &parts.headers;
+        Ok(ReadHeaders {
+            client: params::one_identity(None, headers, wire::header::CLIENT)?,
+            min_version: params::highest_floor(
+                None,
+                wire::query::MIN_VERSION,
+                headers,
+                wire::header::MIN_VERSION,
+            )?,
+            if_none_match: params::if_none_match(headers)?,
+            read_class: params::one_identity(None, headers, wire::header::READ_CLASS)?,
+            request_id: params::request_id(headers)?,
+            deadline: parts.extensions.get::<Deadline>().copied(),
+        })
+    }
+}
+
+/// Reads a key through the client's affine copy.
+#[utoipa::path(
+    get,
+    path = "/v1/keys/{key}",
+    tag = "keys",
+    params(
+        ("key" = String, Path, description = "1..=512 printable ASCII bytes without '{', '}' or '#', percent-encoded", min_length = 1, max_length = 512, pattern = r##"^[!-"$-z|~]+$"##),
+        ReadParams,
+        ("Hotsplit-Client" = Option<String>, Header, nullable = false, description = "The client id, instead of ?client= (which wins). Repeated lines must be equal, compared whole (an id may contain commas)", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
+        ("Hotsplit-Min-Version" = Option<String>, Header, nullable = false, description = "A version floor. Every line and list member (\"3, 7\") and ?min_version= combine by maximum", pattern = r"^[ \t,]*(?:[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615)(?:[ \t]*,[ \t,]*(?:[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615))*[ \t,]*$"),
+        ("If-None-Match" = Option<String>, Header, nullable = false, pattern = r"^[\t -~]*$", description = "Entity tags (\"V\", W/\"V\", lists, several lines: the highest counts); a floor too: 304 when no consulted copy is newer"),
+        ("Hotsplit-Read-Class" = Option<String>, Header, nullable = false, description = "The read class, instead of ?class= (which wins). Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
+        ("Hotsplit-Request" = Option<String>, Header, nullable = false, description = "A request id: after a write carrying it, reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
+        ("Hotsplit-Session" = Option<String>, Header, nullable = false, description = "The session token of the last answer this client received (send it back unchanged): its floors hold on any instance. An unknown version, a garbled, oversized or forged token is ignored, never refused"),
+    ),
+    responses(
+        (status = 200, description = "The raw value; headers ETag, Hotsplit-Version, Hotsplit-Copy, Hotsplit-Served-By (host:port;role=primary|replica: for a near-cache answer, the node that filled the entry), Hotsplit-Route (class=NAME;reason=class|own-write|request-pin|lag-breach|no-replica|version-floor|lag-unmeasured, then ;source=near-cache;age_ms=N when answered from the instance's near cache, N the entry's age bound: the source's lag at fill plus its age), Age (near-cache answers only: the age bound in whole seconds), Vary", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 304, description = "Not modified: no consulted copy is newer than the If-None-Match version"),
+        (status = 400, description = "invalid_key, missing_client, invalid_copy, invalid_version, invalid_parameter, unknown_class, or class_not_allowed (decides-on-presence on a split family)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "not_found: missing, expired or invalidated; an invalidated key's answer carries Hotsplit-Version (the tombstone's version), a key with no record none", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "internal: a bug or an unexpected local failure", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "below_version_floor, staleness_budget_exceeded (every replica over the class's budget, on_breach = fail), unavailable, or deadline_exceeded (the store did not answer within server.request_deadline), with Retry-After", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn read_key(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    StrictQuery(params): StrictQuery<ReadParams>,
+    headers: ReadHeaders,
+    token: SessionToken,
+) -> Response {
+    let SessionToken { mut session, sent } = token;
+    let sessions = &state.inner().sessions;
+    let now_ms = now_unix_ms();
+    let key_hash = sessions.key_hash(&key);
+    let floors = session.floors(key_hash, now_ms);
+    let answer = match read_request(key, params, headers) {
+        Ok(mut request) => {
+            request.session = floors;
+            state
+                .inner()
+                .reader
+                .read(&request)
+                .await
+                .map_err(ApiError::from)
+        }
+        Err(err) => Err(err),
+    };
+    let mut response = match answer {
+        Ok(answer) => {
+            // Every version served becomes a floor of the session until the copy expires:
+            // the client's next read, through any instance, does not go below it.
+            let (ReadAnswer::Value {
+                version,
+                expire_at_ms,
+                ..
+            }
+            | ReadAnswer::NotModified {
+                version,
+                expire_at_ms,
+                ..
+            }) = &answer;
+            let floor = SessionFloor {
+                key_hash,
+                version: *version,
+                expire_at_ms: *expire_at_ms,
+                written: false,
+            };
+            sessions.record(&mut session, floor, now_ms);
+            read_response(answer, &state)
+        }
+        Err(err) => err.into_response(),
+    };
+    session::attach(&mut response, sessions, &session, sent);
+    response
+}
+
+/// Puts a read's path, query and headers together: the query's client and class win over the
+/// headers'; floors combine by maximum.
+fn read_request(
+    key: Key,
+    params: ReadParams,
+    headers: ReadHeaders,
+) -> Result<ReadRequest, ApiError> {
+    // The client id is moved into the request, not copied.
+    let client = params.client.or(headers.client);
+    let copy = match (&params.copy, client) {
+        (Some(raw), _) => {
+            let index = params::parse_canonical_u64(raw, wire::query::COPY)
+                .and_then(|index| {
+                    u32::try_from(index).map_err(|_| {
+                        format!("{} {index} is larger than any copy index", wire::query::COPY)
+                    })
+                })
+                .map_err(|why| ApiError::new(Code::InvalidCopy, why))?;
+            CopyChoice::Named(index)
+        }
+        (None, Some(client)) if !client.is_empty() => CopyChoice::Client(client),
+        _ => {
+            return Err(ApiError::new(
+                Code::MissingClient,
+                "send ?client=ID or the Hotsplit-Client header: reads without a client id would flip between copies",
+            ))
+        }
+    };
+    let query_floor = params
+        .min_version
+        .as_deref()
+        .map(|raw| params::parse_version(raw, wire::query::MIN_VERSION))
+        .transpose()?;
+    let min_version = query_floor.max(headers.min_version);
+    Ok(ReadRequest {
+        key,
+        copy,
+        min_version,
+        if_none_match: headers.if_none_match,
+        class: params.class.or(headers.read_class),
+        request_id: headers.request_id,
+        session: Floors::default(),
+        deadline: headers.deadline,
+    })
+}
+
+fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
+    let (status, body, version, copy, served_by, route) = match answer {
+        ReadAnswer::Value {
+            value,
+            version,
+            copy,
+            served_by,
+            route,
+            ..
+        } => (
+            StatusCode::OK,
+            Body::from(value),
+            version,
+            copy,
+            served_by,
+            route,
+        ),
+        ReadAnswer::NotModified {
+            version,
+            copy,
+            served_by,
+            route,
+            ..
+        } => (
+            StatusCode::NOT_MODIFIED,
+            Body::empty(),
+            version,
+            copy,
+            served_by,
+            route,
+        ),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    let version_text = version.to_string();
+    if status == StatusCode::OK {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+    }
+    if let Ok(value) = HeaderValue::from_str(&format!("\"{version_text}\"")) {
+        headers.insert(header::ETAG, value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&version_text) {
+        headers.insert(VERSION, value);
+    }
+    headers.insert(COPY, HeaderValue::from(copy));
+    if let Ok(value) = HeaderValue::from_str(&served_by.to_string()) {
+        headers.insert(SERVED_BY, value);
+    }
+    let classes = state.inner().reader.router().classes();
+    let class = &classes.get(route.class).name;
+    let route_text = match route.near_cache_age {
+        None => format!("class={class};reason={}", route.reason.as_str()),
+        Some(age) => format!(
+            "class={class};reason={};source=near-cache;age_ms={}",
+            route.reason.as_str(),
+            age.as_millis()
+        ),
+    };
+    if let Ok(value) = HeaderValue::from_str(&route_text) {
+        headers.insert(ROUTE, value);
+    }
+    if let Some(age) = route.near_cache_age {
+        // RFC 9111's Age: whole seconds the answer may have spent in a cache, the bound rounded
+        // down.
+        headers.insert(header::AGE, HeaderValue::from(age.as_secs()));
+    }
+    // The answer depends on the client id, the floor and the read class, so a shared cache
+    // must key on all three.
+    headers.insert(
+        header::VARY,
+        HeaderValue::from_static(wire::header::READ_VARY),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::handlers::query;
+
+    #[test]
+    fn the_read_parameters_read_the_wire_names() {
+        use wire::query;
+        let read: ReadParams = query(&format!(
+            "{}=a&{}=2&{}=1&{}=advisory",
+            query::CLIENT,
+            query::MIN_VERSION,
+            query::COPY,
+            query::CLASS
+        ));
+        assert_eq!(
+            (read.client, read.min_version, read.copy, read.class),
+            (
+                Some("a".to_owned()),
+                Some("2".to_owned()),
+                Some("1".to_owned()),
+                Some("advisory".to_owned())
+            )
+        );
+    }
+}

@@ -1,0 +1,347 @@
+//! The affine read itself: plan the route, consult the affine copy (through the near cache when
+//! the class has one), fall back to siblings, decide, repair and remember the reader's floor.
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+
+use super::{
+    decide, repair_of, Consulted, CopyChoice, Decision, ReadAnswer, ReadRequest, Reader, RouteNote,
+    Served,
+};
+use crate::affinity;
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::{Key, Version};
+use crate::route::{Plan, RouteReason, ServedRole, Target};
+use crate::store::{Role, ServedBy};
+
+impl Reader {
+    pub(super) async fn read_inner(&self, request: &ReadRequest) -> Result<(ReadAnswer, Served)> {
+        let copies = self.families.resolve(&request.key).copies;
+        let floor = request.min_version.max(request.if_none_match);
+        let affine = match &request.copy {
+            CopyChoice::Named(copy) if *copy >= copies => {
+                return Err(Error::new(
+                    ErrorKind::InvalidCopy,
+                    format!(
+                        "copy {copy} is out of range: {} has {copies} copies (0..{copies})",
+                        request.key
+                    ),
+                ))
+            }
+            CopyChoice::Named(copy) => *copy,
+            CopyChoice::Client(client) if client.is_empty() => {
+                return Err(Error::new(ErrorKind::MissingClient, "client id is empty"))
+            }
+            CopyChoice::Client(client) => affinity::copy_index(client, copies),
+        };
+
+        let client = match &request.copy {
+            CopyChoice::Client(client) => Some(client.as_str()),
+            CopyChoice::Named(_) => None,
+        };
+        let mut plan = self.router.plan(
+            &request.key,
+            request.class.as_deref(),
+            client,
+            request.request_id.as_deref(),
+        )?;
+        // The session token's floors count as this instance's own memory of the client.
+        plan.own_floor = plan.own_floor.max(request.session.written);
+        plan.seen_floor = plan.seen_floor.max(request.session.seen);
+        let client_floor = floor;
+        let floor = floor.max(plan.held_floor());
+        let near = self
+            .near_max_age(&plan)
+            .and_then(|max_age| Some((self.near.as_ref()?, max_age)));
+        let (first, near_cache_age, high_water) = match near {
+            Some((near, max_age)) => {
+                let found = self
+                    .consult_near(
+                        near,
+                        &request.key,
+                        affine,
+                        &plan,
+                        client_floor,
+                        floor,
+                        max_age,
+                    )
+                    .await?;
+                (found.consulted, found.age, found.high_water)
+            }
+            None => (
+                self.consult(&request.key, affine, &plan, client_floor, floor)
+                    .await?,
+                None,
+                None,
+            ),
+        };
+        // Below what this instance already served from the copy, the affine copy is not the
+        // answer while a sibling holds more (`near::high_water`).
+        let floor = floor.max(high_water);
+        let satisfied = matches!(&first.read.record, Ok(Some(record)) if floor.is_none_or(|floor| record.version >= floor));
+        let named = matches!(request.copy, CopyChoice::Named(_));
+        let consulted = if satisfied || named || copies == 1 {
+            vec![first]
+        } else {
+            let siblings_started = Instant::now();
+            let siblings = (1..=self.config.fallback_copies.min(copies - 1)).map(|step| {
+                self.consult(
+                    &request.key,
+                    (affine + step) % copies,
+                    &plan,
+                    client_floor,
+                    floor,
+                )
+            });
+            let mut all = vec![first];
+            for sibling in join_all(siblings).await {
+                all.push(sibling?);
+            }
+            if let Some((near, _)) = near {
+                for sibling in &all[1..] {
+                    self.offer(near, &request.key, sibling, siblings_started);
+                }
+            }
+            // Every consulted copy is missing: after a family grew, new copies are empty until
+            // repaired, so ask copy 0, which exists in every layout, before answering 404.
+            let all_missing = all.iter().all(|c| matches!(c.read.record, Ok(None)));
+            if all_missing && all.iter().all(|c| c.copy != 0) {
+                all.push(
+                    self.consult(&request.key, 0, &plan, client_floor, floor)
+                        .await?,
+                );
+            }
+            all
+        };
+        let repair = self
+            .repairer
+            .as_ref()
+            .and_then(|_| repair_of(&request.key, affine, &consulted));
+        let min_version = request.min_version.max(plan.held_floor());
+        // A read that ends without a value (not found, below the floor) was still served by
+        // someone: the affine copy's node and reason are what the bill counts for it.
+        let first = consulted
+            .first()
+            .map(|first| (first.read.served_by.clone(), first.reason));
+        let decision = decide(consulted, min_version, request.if_none_match, plan.class);
+        if let Some((near, _)) = near {
+            self.settle_high_water(near, &request.key, affine, high_water, &decision);
+        }
+        if let (Some(repairer), Some(write)) = (&self.repairer, repair) {
+            if decision.is_ok() {
+                repairer.repair(write);
+            }
+        }
+        let answer = match decision {
+            Ok(Decision::Answer(mut answer)) => {
+                let (ReadAnswer::Value { route, .. } | ReadAnswer::NotModified { route, .. }) =
+                    &mut answer;
+                route.near_cache_age = near_cache_age;
+                answer
+            }
+            Ok(Decision::Invalidated { version, .. }) if near_cache_age.is_some() => {
+                return Err(Error::invalidated(version.get()));
+            }
+            Ok(Decision::Invalidated {
+                version,
+                copy,
+                served_by,
+                reason,
+            }) => {
+                if let Some(client) = client {
+                    self.remember(
+                        &request.key,
+                        client,
+                        &plan,
+                        affine,
+                        copy,
+                        &served_by,
+                        version,
+                    );
+                }
+                self.count(
+                    &request.key,
+                    &served_by,
+                    RouteNote {
+                        class: plan.class,
+                        reason,
+                        near_cache_age: None,
+                    },
+                );
+                return Err(Error::invalidated(version.get()));
+            }
+            Err(err) => {
+                if let (
+                    ErrorKind::NotFound | ErrorKind::BelowVersionFloor,
+                    Some((served_by, reason)),
+                ) = (err.kind(), first)
+                {
+                    self.count(
+                        &request.key,
+                        &served_by,
+                        RouteNote {
+                            class: plan.class,
+                            reason,
+                            near_cache_age: None,
+                        },
+                    );
+                }
+                return Err(err);
+            }
+        };
+        let (ReadAnswer::Value {
+            copy,
+            version,
+            served_by,
+            ..
+        }
+        | ReadAnswer::NotModified {
+            copy,
+            version,
+            served_by,
+            ..
+        }) = &answer;
+        let served = if *copy == affine {
+            Served::Affine
+        } else {
+            Served::Sibling
+        };
+        // A near-cache answer leaves no seen floor: the copy's high-water version keeps every
+        // reader of the copy through this instance from going below it.
+        if let (Some(client), None) = (client, near_cache_age) {
+            self.remember(
+                &request.key,
+                client,
+                &plan,
+                affine,
+                *copy,
+                served_by,
+                *version,
+            );
+        }
+        Ok((answer, served))
+    }
+
+    /// Leaves the reader a seen floor when its read was served from somewhere its next read may
+    /// not go: a sibling instead of its own copy, or a primary while this instance knows
+    /// replicas or is still discovering them (the startup warm-up) (for any reason:
+    /// `lag-breach`, `lag-unmeasured`, `no-replica`, a floor that sent it there, or a
+    /// class that reads primaries, since the reader's next read may use a replica class). The
+    /// answer may be newer than what the reader's usual place holds, so the version served (a
+    /// tombstone's for a 404) is held as the reader's floor for the family's `pin_window`: its
+    /// next read, back on a replica still behind or on its own copy that missed the write, does
+    /// not go back.
+    ///
+    /// Nothing is recorded when the version is not above the floor the reader already holds:
+    /// every window stays bounded (a reader kept on the primary by its floor does not extend the
+    /// floor forever), and the common path, served where it usually is, only looks the floor up.
+    /// A floor started when a version was first served outlives the replica's lag: a replica
+    /// within its budget holds every version older than the budget.
+    #[allow(clippy::too_many_arguments)]
+    fn remember(
+        &self,
+        key: &Key,
+        client: &str,
+        plan: &Plan,
+        affine: u32,
+        copy: u32,
+        served_by: &ServedBy,
+        version: Version,
+    ) {
+        if plan.held_floor().is_some_and(|held| held >= version) {
+            return;
+        }
+        let lag = self.router.lag();
+        let moved = copy != affine
+            || (served_by.role == Role::Primary && (lag.replicated() || lag.warming()));
+        if moved {
+            self.router.record_seen(key, version, client);
+        }
+    }
+
+    /// Counts a served read in the routing bill and logs where it was served.
+    pub(super) fn count(&self, key: &Key, served_by: &ServedBy, route: RouteNote) {
+        let role = if served_by.role == Role::Replica {
+            ServedRole::Replica
+        } else {
+            ServedRole::Primary
+        };
+        self.router.count(route.class, role, route.reason);
+        tracing::debug!(key = %key, node = %served_by, class = %self.router.classes().get(route.class).name, reason = route.reason.as_str(), "read served");
+    }
+
+    /// Reads one copy where the plan sends it. A replica copy below the floor is re-read from
+    /// the primary (reason `own-write` when the reader's own write floor is what it missed,
+    /// `version-floor` otherwise); a replica that cannot be read hands over to the primary
+    /// (reason `no-replica`).
+    pub(super) async fn consult(
+        &self,
+        key: &Key,
+        copy: u32,
+        plan: &Plan,
+        client_floor: Option<Version>,
+        floor: Option<Version>,
+    ) -> Result<Consulted> {
+        let copy_key = key.copy_key(copy);
+        let primary = self.store.node_of(&copy_key);
+        let reason = match self.router.target(plan, &primary) {
+            Target::Replica(replica) => {
+                let read = self.store.read_replica_copy(&copy_key, &replica).await;
+                // Under a floor, a replica's copy that is below it or missing (the replica may
+                // not have received the key yet) is never the answer: the primary's copy is.
+                let below = |floor: Option<Version>| match &read.record {
+                    Ok(Some(record)) => floor.is_some_and(|floor| record.version < floor),
+                    Ok(None) => floor.is_some(),
+                    Err(_) => false,
+                };
+                let reason = match &read.record {
+                    Err(err) => {
+                        tracing::debug!(copy_key = %copy_key, replica = %replica, error = %err, "replica read failed; reading the primary");
+                        RouteReason::NoReplica
+                    }
+                    Ok(_) if below(floor) => {
+                        if below(plan.own_floor) && !below(client_floor) {
+                            RouteReason::OwnWrite
+                        } else {
+                            RouteReason::VersionFloor
+                        }
+                    }
+                    Ok(_) => {
+                        return Ok(Consulted {
+                            copy,
+                            read,
+                            reason: RouteReason::Class,
+                        })
+                    }
+                };
+                reason
+            }
+            Target::Primary(reason) => reason,
+            Target::Breach { lag, budget } => return Err(breach(lag, budget)),
+        };
+        let read = self.store.read_copy(&copy_key).await;
+        if let Err(err) = &read.record {
+            tracing::debug!(copy_key = %copy_key, served_by = %read.served_by, error = %err, "copy read failed");
+        }
+        Ok(Consulted { copy, read, reason })
+    }
+}
+
+/// The error of a read whose class fails over budget: every replica is over it.
+pub(super) fn breach(lag: Option<Duration>, budget: Duration) -> Error {
+    Error::new(
+        ErrorKind::StalenessBudgetExceeded,
+        match lag {
+            Some(lag) => format!(
+                "every replica of the copy's owner is {} ms behind, over the class's {} ms budget",
+                lag.as_millis(),
+                budget.as_millis()
+            ),
+            None => format!(
+                "no replica of the copy's owner has shown a heartbeat; the class's budget is {} ms",
+                budget.as_millis()
+            ),
+        },
+    )
+}
