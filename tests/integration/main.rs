@@ -4,6 +4,7 @@
 //! test binary (killed by PID when the binary exits); a test that pauses or kills a node starts a
 //! server or cluster of its own.
 
+mod answer_headers;
 mod audit;
 mod auth;
 mod binary;
