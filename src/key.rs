@@ -89,6 +89,42 @@ impl Key {
         CopyKey::new(self, index)
     }
 
+    /// Calls `f` with the text of copy `index`'s key (`K#i`, as [`Key::copy_key`] has it) built
+    /// on the stack: a near-cache hit looks its entry up by it, and needs no owned [`CopyKey`].
+    pub fn with_copy_key_text<R>(&self, index: u32, f: impl FnOnce(&str) -> R) -> R {
+        // The key, the separator and up to 10 digits.
+        let mut buffer = [0u8; MAX_KEY_LEN + 11];
+        let key = self.0.as_bytes();
+        let Some(slot) = buffer.get_mut(..key.len()) else {
+            // Not a validated key's length: the owned copy key says the same.
+            return f(self.copy_key(index).as_str());
+        };
+        slot.copy_from_slice(key);
+        let mut at = key.len();
+        buffer[at] = COPY_SEPARATOR as u8;
+        at += 1;
+        let mut digits = [0u8; 10];
+        let mut count = 0;
+        let mut rest = index;
+        loop {
+            digits[count] = b'0' + (rest % 10) as u8;
+            count += 1;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        for digit in digits[..count].iter().rev() {
+            buffer[at] = *digit;
+            at += 1;
+        }
+        match std::str::from_utf8(&buffer[..at]) {
+            Ok(text) => f(text),
+            // A key is ASCII, so this does not happen; the owned copy key says the same.
+            Err(_) => f(self.copy_key(index).as_str()),
+        }
+    }
+
     /// The key of the per-key version counter used by `versioning = "allocated"` families.
     ///
     /// It ends in `#v`, which no copy key (`#` followed by digits) and no user key can equal.
@@ -255,6 +291,17 @@ mod tests {
         assert_eq!(copy.index(), 7);
         assert_eq!(copy.base(), "post:9");
         assert_eq!(key.counter_key(), "post:9#v");
+    }
+
+    #[test]
+    fn the_copy_key_text_on_the_stack_is_the_copy_keys() {
+        for key in ["post:9", &"k".repeat(MAX_KEY_LEN)] {
+            let key = Key::parse(key).unwrap();
+            for index in [0, 7, 9, 10, 99, 1023, 4_294_967_295] {
+                let owned = key.copy_key(index);
+                key.with_copy_key_text(index, |text| assert_eq!(text, owned.as_str()));
+            }
+        }
     }
 
     #[test]

@@ -350,7 +350,13 @@ impl NearCache {
 
     /// The entry of `copy_key` if a read accepting `max_age` may be answered from it now.
     pub fn lookup(&self, copy_key: &CopyKey, max_age: Duration) -> Lookup {
-        let Some(entry) = self.entries.get(copy_key.as_str()) else {
+        self.lookup_text(copy_key.as_str(), max_age)
+    }
+
+    /// [`NearCache::lookup`] by the copy key's text (`K#i`), for a caller that has no
+    /// [`CopyKey`] at hand.
+    pub fn lookup_text(&self, copy_key: &str, max_age: Duration) -> Lookup {
+        let Some(entry) = self.entries.get(copy_key) else {
             return Lookup::Stale;
         };
         if entry.record.expire_at_ms <= now_unix_ms() {

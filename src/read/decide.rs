@@ -65,7 +65,7 @@ pub(super) enum Decision {
 /// is `BelowVersionFloor` (a tombstone below what the reader holds would say "deleted" to a
 /// reader that has seen a later value).
 pub(super) fn decide(
-    consulted: Vec<Consulted>,
+    consulted: impl IntoIterator<Item = Consulted>,
     min_version: Option<Version>,
     if_none_match: Option<Version>,
     class: ReadClass,

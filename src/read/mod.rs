@@ -265,7 +265,22 @@ impl Reader {
     ///   calls still running are dropped; nothing the read does on the way is left half done:
     ///   repairs run off the request path, and pins are recorded only once an answer is chosen).
     pub async fn read(&self, request: &ReadRequest) -> Result<ReadAnswer> {
-        let result = deadline::within(request.deadline, self.read_inner(request)).await;
+        let result = match self.prepare(request) {
+            Err(err) => Err(err),
+            Ok(prepared) => match self.near_hit(request, &prepared) {
+                Some(hit) => hit,
+                // The rest waits on the store. It is boxed so that the hit path, which
+                // never builds it, does not move a future the size of every store read's
+                // state through each caller's own future.
+                None => {
+                    Box::pin(deadline::within(
+                        request.deadline,
+                        self.read_rest(request, prepared),
+                    ))
+                    .await
+                }
+            },
+        };
         if let Ok((
             ReadAnswer::Value {
                 route, served_by, ..

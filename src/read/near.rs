@@ -76,6 +76,45 @@ impl Reader {
         self.router.classes().get(plan.class).near_cache
     }
 
+    /// The affine copy `copy` of `key` from its near-cache entry, when the entry is young
+    /// enough for `max_age` and meets `floor` (step 1 of the module doc): counted as a hit, and
+    /// a refresh started when one is due. No store call, and the copy's key is built on the
+    /// stack (an owned one only for a refresh). `None` when the read needs the store.
+    pub(super) fn consult_near_hit(
+        &self,
+        near: &Arc<NearCache>,
+        key: &Key,
+        copy: u32,
+        plan: &Plan,
+        floor: Option<Version>,
+        max_age: Duration,
+    ) -> Option<NearConsult> {
+        let Lookup::Fresh(entry, age) =
+            key.with_copy_key_text(copy, |copy_key| near.lookup_text(copy_key, max_age))
+        else {
+            return None;
+        };
+        if below(Some(&entry.record), floor) {
+            return None;
+        }
+        near.served(&entry, plan.class, age);
+        if near.refresh_due(&entry, age, max_age) {
+            self.refresh(near, &key.copy_key(copy), plan);
+        }
+        Some(NearConsult {
+            consulted: Consulted {
+                copy,
+                read: CopyRead {
+                    served_by: entry.served_by.clone(),
+                    record: Ok(Some(entry.record.clone())),
+                },
+                reason: entry.reason,
+            },
+            age: Some(age),
+            high_water: Some(entry.record.version),
+        })
+    }
+
     /// Consults the affine copy `copy` of `key` through the near cache (see the module doc).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn consult_near(

@@ -1,6 +1,7 @@
 //! The affine read itself: plan the route, consult the affine copy (through the near cache when
 //! the class has one), fall back to siblings, decide, repair and remember the reader's floor.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -12,11 +13,31 @@ use super::{
 use crate::affinity;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{Key, Version};
+use crate::near::NearCache;
 use crate::route::{Plan, RouteReason, ServedRole, Target};
 use crate::store::{Role, ServedBy};
 
+/// What a read settles before it consults any copy: which copy, the route, and the floors.
+pub(super) struct Prepared<'a> {
+    /// How many copies the key's family has.
+    copies: u32,
+    /// The affine copy (or the named one).
+    affine: u32,
+    /// The client id of an affine read; `None` for a named copy.
+    client: Option<&'a str>,
+    /// The route, holding the session token's floors too.
+    plan: Plan,
+    /// The floors the request carries itself (`min_version`, `If-None-Match`).
+    client_floor: Option<Version>,
+    /// Every floor: the request's and those held for the client.
+    floor: Option<Version>,
+    /// The near cache and the class's max age, when this read may be answered from memory.
+    near: Option<(&'a Arc<NearCache>, Duration)>,
+}
+
 impl Reader {
-    pub(super) async fn read_inner(&self, request: &ReadRequest) -> Result<(ReadAnswer, Served)> {
+    /// Chooses the copy and plans the route of `request`: no store call, no await.
+    pub(super) fn prepare<'a>(&'a self, request: &'a ReadRequest) -> Result<Prepared<'a>> {
         let copies = self.families.resolve(&request.key).copies;
         let floor = request.min_version.max(request.if_none_match);
         let affine = match &request.copy {
@@ -54,6 +75,59 @@ impl Reader {
         let near = self
             .near_max_age(&plan)
             .and_then(|max_age| Some((self.near.as_ref()?, max_age)));
+        Ok(Prepared {
+            copies,
+            affine,
+            client,
+            plan,
+            client_floor,
+            floor,
+            near,
+        })
+    }
+
+    /// The answer when the affine copy's near-cache entry gives it (see `near::near_hit`):
+    /// decided at once, with no store call and no await. `None` when the read needs the store.
+    pub(super) fn near_hit(
+        &self,
+        request: &ReadRequest,
+        prepared: &Prepared<'_>,
+    ) -> Option<Result<(ReadAnswer, Served)>> {
+        let (near, max_age) = prepared.near?;
+        let found = self.consult_near_hit(
+            near,
+            &request.key,
+            prepared.affine,
+            &prepared.plan,
+            prepared.floor,
+            max_age,
+        )?;
+        // An entry that meets every floor is the whole answer: no sibling is consulted.
+        Some(self.conclude(
+            request,
+            prepared,
+            [found.consulted],
+            found.age,
+            found.high_water,
+        ))
+    }
+
+    /// The read of `request` from the store (through the near cache's fills when it has one),
+    /// after [`Reader::prepare`] and a [`Reader::near_hit`] that did not answer.
+    pub(super) async fn read_rest(
+        &self,
+        request: &ReadRequest,
+        prepared: Prepared<'_>,
+    ) -> Result<(ReadAnswer, Served)> {
+        let Prepared {
+            copies,
+            affine,
+            ref plan,
+            client_floor,
+            floor,
+            near,
+            ..
+        } = prepared;
         let (first, near_cache_age, high_water) = match near {
             Some((near, max_age)) => {
                 let found = self
@@ -61,7 +135,7 @@ impl Reader {
                         near,
                         &request.key,
                         affine,
-                        &plan,
+                        plan,
                         client_floor,
                         floor,
                         max_age,
@@ -70,7 +144,7 @@ impl Reader {
                 (found.consulted, found.age, found.high_water)
             }
             None => (
-                self.consult(&request.key, affine, &plan, client_floor, floor)
+                self.consult(&request.key, affine, plan, client_floor, floor)
                     .await?,
                 None,
                 None,
@@ -81,47 +155,69 @@ impl Reader {
         let floor = floor.max(high_water);
         let satisfied = matches!(&first.read.record, Ok(Some(record)) if floor.is_none_or(|floor| record.version >= floor));
         let named = matches!(request.copy, CopyChoice::Named(_));
-        let consulted = if satisfied || named || copies == 1 {
-            vec![first]
-        } else {
-            let siblings_started = Instant::now();
-            let siblings = (1..=self.config.fallback_copies.min(copies - 1)).map(|step| {
-                self.consult(
-                    &request.key,
-                    (affine + step) % copies,
-                    &plan,
-                    client_floor,
-                    floor,
-                )
-            });
-            let mut all = vec![first];
-            for sibling in join_all(siblings).await {
-                all.push(sibling?);
+        if satisfied || named || copies == 1 {
+            return self.conclude(request, &prepared, [first], near_cache_age, high_water);
+        }
+        let siblings_started = Instant::now();
+        let siblings = (1..=self.config.fallback_copies.min(copies - 1)).map(|step| {
+            self.consult(
+                &request.key,
+                (affine + step) % copies,
+                plan,
+                client_floor,
+                floor,
+            )
+        });
+        let mut all = vec![first];
+        for sibling in join_all(siblings).await {
+            all.push(sibling?);
+        }
+        if let Some((near, _)) = near {
+            for sibling in &all[1..] {
+                self.offer(near, &request.key, sibling, siblings_started);
             }
-            if let Some((near, _)) = near {
-                for sibling in &all[1..] {
-                    self.offer(near, &request.key, sibling, siblings_started);
-                }
-            }
-            // Every consulted copy is missing: after a family grew, new copies are empty until
-            // repaired, so ask copy 0, which exists in every layout, before answering 404.
-            let all_missing = all.iter().all(|c| matches!(c.read.record, Ok(None)));
-            if all_missing && all.iter().all(|c| c.copy != 0) {
-                all.push(
-                    self.consult(&request.key, 0, &plan, client_floor, floor)
-                        .await?,
-                );
-            }
-            all
-        };
+        }
+        // Every consulted copy is missing: after a family grew, new copies are empty until
+        // repaired, so ask copy 0, which exists in every layout, before answering 404.
+        let all_missing = all.iter().all(|c| matches!(c.read.record, Ok(None)));
+        if all_missing && all.iter().all(|c| c.copy != 0) {
+            all.push(
+                self.consult(&request.key, 0, plan, client_floor, floor)
+                    .await?,
+            );
+        }
+        self.conclude(request, &prepared, all, near_cache_age, high_water)
+    }
+
+    /// Decides the read from the copies it consulted (the affine copy first), then repairs,
+    /// settles the near cache's high-water version, counts and remembers, as the answer says.
+    fn conclude<C>(
+        &self,
+        request: &ReadRequest,
+        prepared: &Prepared<'_>,
+        consulted: C,
+        near_cache_age: Option<Duration>,
+        high_water: Option<Version>,
+    ) -> Result<(ReadAnswer, Served)>
+    where
+        C: AsRef<[Consulted]> + IntoIterator<Item = Consulted>,
+    {
+        let Prepared {
+            affine,
+            client,
+            ref plan,
+            near,
+            ..
+        } = *prepared;
         let repair = self
             .repairer
             .as_ref()
-            .and_then(|_| repair_of(&request.key, affine, &consulted));
+            .and_then(|_| repair_of(&request.key, affine, consulted.as_ref()));
         let min_version = request.min_version.max(plan.held_floor());
         // A read that ends without a value (not found, below the floor) was still served by
         // someone: the affine copy's node and reason are what the bill counts for it.
         let first = consulted
+            .as_ref()
             .first()
             .map(|first| (first.read.served_by.clone(), first.reason));
         let decision = decide(consulted, min_version, request.if_none_match, plan.class);
@@ -153,7 +249,7 @@ impl Reader {
                     self.remember(
                         &request.key,
                         client,
-                        &plan,
+                        plan,
                         affine,
                         copy,
                         &served_by,
@@ -213,7 +309,7 @@ impl Reader {
             self.remember(
                 &request.key,
                 client,
-                &plan,
+                plan,
                 affine,
                 *copy,
                 served_by,
