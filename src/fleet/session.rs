@@ -37,6 +37,8 @@
 
 use std::hash::Hasher;
 
+use bytes::Bytes;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -59,8 +61,11 @@ const FLOOR_BYTES: usize = 25;
 /// Bytes of the tag.
 const TAG_BYTES: usize = 8;
 
+/// The longest token accepted, in bytes before encoding: [`MAX_FLOORS`] floors.
+const MAX_TOKEN_BYTES: usize = 1 + MAX_FLOORS * FLOOR_BYTES + TAG_BYTES;
+
 /// The longest token accepted, encoded: [`MAX_FLOORS`] floors.
-pub const MAX_TOKEN_CHARS: usize = encoded_len(1 + MAX_FLOORS * FLOOR_BYTES + TAG_BYTES);
+pub const MAX_TOKEN_CHARS: usize = encoded_len(MAX_TOKEN_BYTES);
 
 /// The length of `bytes` bytes in unpadded base64.
 const fn encoded_len(bytes: usize) -> usize {
@@ -205,17 +210,24 @@ impl Session {
     /// (with its expiry and kind), an equal one keeps the later expiry and either kind's
     /// "written", a lower one keeps the held floor. Expired floors go first; then the least
     /// recently used beyond `max_floors`.
-    pub fn record(&mut self, floor: SessionFloor, now_ms: u64, max_floors: usize) {
+    ///
+    /// Returns whether the floors changed (in content or order): when they did not, the token
+    /// the client sent is still this session's token, byte for byte.
+    pub fn record(&mut self, floor: SessionFloor, now_ms: u64, max_floors: usize) -> bool {
+        let before = self.floors.len();
         self.floors.retain(|held| held.expire_at_ms > now_ms);
-        let merged = match self
+        let mut changed = self.floors.len() != before;
+        let (merged, held) = match self
             .floors
             .iter()
             .position(|held| held.key_hash == floor.key_hash)
         {
-            None => floor,
+            None => (floor, None),
             Some(at) => {
                 let held = self.floors.remove(at);
-                match held.version.cmp(&floor.version) {
+                // It was not the most recently used: it moves to the end.
+                changed |= at != self.floors.len();
+                let merged = match held.version.cmp(&floor.version) {
                     std::cmp::Ordering::Less => floor,
                     std::cmp::Ordering::Greater => held,
                     std::cmp::Ordering::Equal => SessionFloor {
@@ -223,17 +235,23 @@ impl Session {
                         written: held.written || floor.written,
                         ..held
                     },
-                }
+                };
+                (merged, Some(held))
             }
         };
         if merged.expire_at_ms > now_ms {
             self.floors.push(merged);
+            changed |= held != Some(merged);
+        } else {
+            changed |= held.is_some();
         }
         let max_floors = max_floors.clamp(1, MAX_FLOORS);
         if self.floors.len() > max_floors {
             let excess = self.floors.len() - max_floors;
             self.floors.drain(..excess);
+            changed = true;
         }
+        changed
     }
 
     /// Whether it holds no floor.
@@ -248,17 +266,51 @@ impl Session {
 
     /// The token text: the unpadded base64url encoding of the format above.
     pub fn encode(&self, key: &SessionKey) -> String {
-        let mut bytes = Vec::with_capacity(1 + self.floors.len() * FLOOR_BYTES + TAG_BYTES);
-        bytes.push(FORMAT_VERSION);
-        for floor in &self.floors {
-            bytes.extend_from_slice(&floor.key_hash.to_be_bytes());
-            bytes.extend_from_slice(&floor.version.get().to_be_bytes());
-            bytes.extend_from_slice(&floor.expire_at_ms.to_be_bytes());
-            bytes.push(u8::from(floor.written));
+        let mut text = String::with_capacity(encoded_len(self.raw_len()));
+        self.with_raw(key, |raw| base64url::encode_into(raw, &mut text));
+        text
+    }
+
+    /// [`Session::encode`] as shared bytes, in one allocation: what an answer's header takes
+    /// without copying.
+    pub fn encode_bytes(&self, key: &SessionKey) -> Bytes {
+        let mut text = String::with_capacity(encoded_len(self.raw_len()));
+        self.with_raw(key, |raw| base64url::encode_into(raw, &mut text));
+        Bytes::from(text)
+    }
+
+    /// The length of the token's bytes before encoding.
+    fn raw_len(&self) -> usize {
+        1 + self.floors.len() * FLOOR_BYTES + TAG_BYTES
+    }
+
+    /// Calls `f` with the token's bytes (the format above, tagged), built on the stack when the
+    /// session holds at most [`MAX_FLOORS`] floors (it always does: `record` keeps it so).
+    fn with_raw<R>(&self, key: &SessionKey, f: impl FnOnce(&[u8]) -> R) -> R {
+        let mut stack = [0u8; MAX_TOKEN_BYTES];
+        let mut heap = Vec::new();
+        let buffer: &mut [u8] = match stack.get_mut(..self.raw_len()) {
+            Some(buffer) => buffer,
+            None => {
+                heap.resize(self.raw_len(), 0);
+                &mut heap
+            }
+        };
+        buffer[0] = FORMAT_VERSION;
+        for (floor, slot) in self
+            .floors
+            .iter()
+            .zip(buffer[1..].chunks_exact_mut(FLOOR_BYTES))
+        {
+            slot[..8].copy_from_slice(&floor.key_hash.to_be_bytes());
+            slot[8..16].copy_from_slice(&floor.version.get().to_be_bytes());
+            slot[16..24].copy_from_slice(&floor.expire_at_ms.to_be_bytes());
+            slot[24] = u8::from(floor.written);
         }
-        let tag = key.tag(&bytes);
-        bytes.extend_from_slice(&tag);
-        base64url::encode(&bytes)
+        let body = buffer.len() - TAG_BYTES;
+        let tag = key.tag(&buffer[..body]);
+        buffer[body..].copy_from_slice(&tag);
+        f(buffer)
     }
 
     /// Reads a token; `lines` are the values of every `Hotsplit-Session` line sent (more than
@@ -272,9 +324,11 @@ impl Session {
         if text.len() > MAX_TOKEN_CHARS {
             return Decoded::Oversized;
         }
-        let Some(bytes) = base64url::decode(text) else {
+        let mut buffer = [0u8; MAX_TOKEN_BYTES];
+        let Some(length) = base64url::decode_into(text, &mut buffer) else {
             return Decoded::Garbled;
         };
+        let bytes = &buffer[..length];
         match bytes.first() {
             None => return Decoded::Garbled,
             Some(&FORMAT_VERSION) => {}
@@ -345,9 +399,28 @@ impl Sessions {
     /// The session an incoming token carries (see [`Session::decode`]), counted; an ignored
     /// token starts an empty session.
     pub fn incoming(&self, lines: &[&[u8]], now_ms: u64) -> Session {
+        self.incoming_exact(lines, now_ms).0
+    }
+
+    /// [`Sessions::incoming`], and whether the session is exactly the token sent: a valid
+    /// token none of whose floors expired, so [`Sessions::encode`] of the session unchanged
+    /// would give back the token's own text.
+    pub fn incoming_exact(&self, lines: &[&[u8]], now_ms: u64) -> (Session, bool) {
         let decoded = Session::decode(lines, &self.key, now_ms);
         self.metrics.count(&decoded);
-        decoded.into_session()
+        let exact = match (&decoded, lines) {
+            // A valid token is 1 + 25 n + 8 bytes, so its length tells how many floors it
+            // held before the expired ones were dropped.
+            (Decoded::Valid(session), [text]) => {
+                let bytes = text.len() * 3 / 4;
+                bytes
+                    .checked_sub(1 + TAG_BYTES)
+                    .map(|body| body / FLOOR_BYTES)
+                    == Some(session.len())
+            }
+            _ => false,
+        };
+        (decoded.into_session(), exact)
     }
 
     /// The hash `key` has in tokens.
@@ -355,9 +428,15 @@ impl Sessions {
         self.key.key_hash(key)
     }
 
-    /// Records a floor in `session` (see [`Session::record`]) within `session.max_keys`.
-    pub fn record(&self, session: &mut Session, floor: SessionFloor, now_ms: u64) {
-        session.record(floor, now_ms, self.max_keys);
+    /// Records a floor in `session` (see [`Session::record`]) within `session.max_keys`;
+    /// returns whether the session changed.
+    pub fn record(&self, session: &mut Session, floor: SessionFloor, now_ms: u64) -> bool {
+        session.record(floor, now_ms, self.max_keys)
+    }
+
+    /// [`Sessions::encode`] as shared bytes, in one allocation.
+    pub fn encode_bytes(&self, session: &Session) -> Bytes {
+        session.encode_bytes(&self.key)
     }
 
     /// The token text of `session`.
@@ -423,8 +502,15 @@ impl SessionMetrics {
 mod base64url {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
+    #[cfg(test)]
     pub(super) fn encode(bytes: &[u8]) -> String {
         let mut out = String::with_capacity(super::encoded_len(bytes.len()));
+        encode_into(bytes, &mut out);
+        out
+    }
+
+    /// Appends the encoding of `bytes` to `out`.
+    pub(super) fn encode_into(bytes: &[u8], out: &mut String) {
         for chunk in bytes.chunks(3) {
             let n = chunk
                 .iter()
@@ -434,7 +520,6 @@ mod base64url {
                 out.push(char::from(ALPHABET[(n >> (18 - 6 * at) & 63) as usize]));
             }
         }
-        out
     }
 
     fn value(c: u8) -> Option<u32> {
@@ -448,11 +533,21 @@ mod base64url {
         }
     }
 
+    #[cfg(test)]
     pub(super) fn decode(text: &[u8]) -> Option<Vec<u8>> {
+        let mut out = vec![0; text.len() * 3 / 4];
+        let length = decode_into(text, &mut out)?;
+        out.truncate(length);
+        Some(out)
+    }
+
+    /// Decodes `text` into the start of `out`; returns the length decoded. `None` when `text`
+    /// is not strict unpadded base64url, or does not fit in `out`.
+    pub(super) fn decode_into(text: &[u8], out: &mut [u8]) -> Option<usize> {
         if text.len() % 4 == 1 {
             return None;
         }
-        let mut out = Vec::with_capacity(text.len() * 3 / 4);
+        let mut length = 0;
         for chunk in text.chunks(4) {
             let mut n = 0u32;
             for (at, &c) in chunk.iter().enumerate() {
@@ -463,9 +558,12 @@ mod base64url {
             if n & ((1 << (24 - 8 * bytes)) - 1) != 0 {
                 return None;
             }
-            out.extend((0..bytes).map(|at| (n >> (16 - 8 * at)) as u8));
+            for at in 0..bytes {
+                *out.get_mut(length)? = (n >> (16 - 8 * at)) as u8;
+                length += 1;
+            }
         }
-        Some(out)
+        Some(length)
     }
 }
 
@@ -548,6 +646,68 @@ mod tests {
         assert_eq!(session.len(), 2);
         assert_eq!(session.floors(2, 0), Floors::default());
         assert_eq!(session.floors(1, 0).seen, Version::new(6).ok());
+    }
+
+    #[test]
+    fn recording_says_exactly_when_the_token_changes() {
+        // A fixed pseudo-random walk over few keys, versions and expiries, with a small bound:
+        // new keys, equal and lower floors, reorders, expiries and evictions all occur.
+        let mut session = Session::default();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |below: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % below
+        };
+        let (mut changed_seen, mut unchanged_seen) = (0, 0);
+        for step in 0..5_000u64 {
+            let now_ms = step / 10;
+            let recorded = floor(next(4), 1 + next(3), now_ms + 1 + next(40), next(2) == 0);
+            let before = session.encode(&key());
+            let changed = session.record(recorded, now_ms, 3);
+            let after = session.encode(&key());
+            assert_eq!(changed, before != after, "step {step}: {recorded:?}");
+            if changed {
+                changed_seen += 1;
+            } else {
+                unchanged_seen += 1;
+            }
+        }
+        assert!(changed_seen > 100 && unchanged_seen > 100);
+    }
+
+    #[test]
+    fn an_incoming_token_is_exact_until_a_floor_of_it_expires() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let sessions = Sessions::new(
+            key(),
+            &SessionConfig::default(),
+            SessionMetrics::register(&mut registry),
+        );
+        let mut session = Session::default();
+        session.record(floor(1, 5, 2_000, false), 0, 32);
+        session.record(floor(2, 7, 3_000, true), 0, 32);
+        let text = sessions.encode(&session);
+        assert_eq!(
+            sessions.encode_bytes(&session).as_ref(),
+            text.as_bytes(),
+            "one encoding, as text or as shared bytes"
+        );
+        assert_eq!(
+            sessions.incoming_exact(&[text.as_bytes()], 1_000),
+            (session.clone(), true)
+        );
+        let (later, exact) = sessions.incoming_exact(&[text.as_bytes()], 2_000);
+        assert_eq!((later.len(), exact), (1, false), "a floor expired");
+        assert!(!sessions.incoming_exact(&[], 0).1, "no token");
+        assert!(!sessions.incoming_exact(&[b"!!"], 0).1, "a garbled token");
+        assert!(
+            !sessions
+                .incoming_exact(&[text.as_bytes(), text.as_bytes()], 0)
+                .1,
+            "two lines"
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! `Hotsplit-Request`) must be equal as whole lines, never split on commas (an id may contain
 //! one); a query parameter that names the same thing wins over the header, as documented.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use axum::extract::FromRequestParts;
@@ -60,12 +61,20 @@ impl DecodeError {
 /// [`DecodeError::MalformedEscape`] for a `%` without two hex digits after it,
 /// [`DecodeError::NotUtf8`] when the decoded bytes are not UTF-8.
 pub(crate) fn percent_decode(raw: &str, plus_is_space: bool) -> Result<String, DecodeError> {
+    percent_decode_cow(raw, plus_is_space).map(Cow::into_owned)
+}
+
+/// [`percent_decode`], borrowing `raw` when it has nothing to decode.
+///
+/// # Errors
+/// As [`percent_decode`].
+fn percent_decode_cow(raw: &str, plus_is_space: bool) -> Result<Cow<'_, str>, DecodeError> {
     let bytes = raw.as_bytes();
     if !bytes
         .iter()
         .any(|&b| b == b'%' || (plus_is_space && b == b'+'))
     {
-        return Ok(raw.to_owned());
+        return Ok(Cow::Borrowed(raw));
     }
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut at = 0;
@@ -90,7 +99,9 @@ pub(crate) fn percent_decode(raw: &str, plus_is_space: bool) -> Result<String, D
             }
         }
     }
-    String::from_utf8(decoded).map_err(|_| DecodeError::NotUtf8)
+    String::from_utf8(decoded)
+        .map(Cow::Owned)
+        .map_err(|_| DecodeError::NotUtf8)
 }
 
 /// The value of one hexadecimal digit.
@@ -152,8 +163,14 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for StrictQuery<T>
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        let pairs = decode_query(parts.uri.query().unwrap_or_default())?;
-        from_pairs(pairs).map(StrictQuery).map_err(|_| {
+        let query = parts.uri.query().unwrap_or_default();
+        let parsed = if pairs_of(query).nth(FEW_PAIRS).is_none() {
+            check_few_pairs(query)?;
+            from_checked_pairs(query)
+        } else {
+            from_pairs(decode_query(query)?)
+        };
+        parsed.map(StrictQuery).map_err(|_| {
             // Every field is an optional string and duplicates were refused above, so this
             // does not happen; serde's text is not shown either way.
             ApiError::new(
@@ -161,6 +178,88 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for StrictQuery<T>
                 "the query string does not fit this route's parameters",
             )
         })
+    }
+}
+
+/// Up to this many pairs, a query is checked pair by pair in place (names compared with every
+/// earlier one) and read without collecting anything; a longer one goes through
+/// [`decode_query`]'s map, which keeps the check linear.
+const FEW_PAIRS: usize = 8;
+
+/// The raw `(name, value)` pairs of a query string, as [`decode_query`] splits them.
+fn pairs_of(query: &str) -> impl Iterator<Item = (&str, &str)> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+}
+
+/// [`decode_query`]'s checks, in its order, on a query of at most [`FEW_PAIRS`] pairs,
+/// allocating nothing unless a pair is percent-encoded.
+///
+/// # Errors
+/// As [`decode_query`], with the same sentences.
+fn check_few_pairs(query: &str) -> Result<(), ApiError> {
+    let invalid = |why: String| ApiError::new(Code::InvalidParameter, why);
+    for (at, (raw_name, raw_value)) in pairs_of(query).enumerate() {
+        let name = percent_decode_cow(raw_name, true)
+            .map_err(|err| invalid(err.describe("a query parameter name")))?;
+        percent_decode_cow(raw_value, true)
+            .map_err(|err| invalid(err.describe(&format!("query parameter {name:?}"))))?;
+        // Every earlier name decoded without error, or this pair would not be reached.
+        let repeated = pairs_of(query).take(at).any(|(earlier, _)| {
+            percent_decode_cow(earlier, true).is_ok_and(|earlier| earlier == name)
+        });
+        if repeated {
+            return Err(invalid(format!(
+                "query parameter {name:?} is sent more than once; send it once"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Builds `T` from a query [`check_few_pairs`] accepted; names are borrowed when they have
+/// nothing to decode, and each value is owned once, by the field it fills.
+///
+/// # Errors
+/// serde's error, which callers replace with their own sentence.
+fn from_checked_pairs<T: DeserializeOwned>(query: &str) -> Result<T, DeError> {
+    T::deserialize(MapDeserializer::<_, DeError>::new(pairs_of(query).map(
+        |(name, value)| {
+            // Both decoded without error in the check.
+            let name = percent_decode_cow(name, true).unwrap_or_default();
+            let value = percent_decode_cow(value, true).unwrap_or_default();
+            (Name(name), Text(value.into_owned()))
+        },
+    )))
+}
+
+/// A query parameter's decoded name: borrowed from the query when it had nothing to decode.
+struct Name<'a>(Cow<'a, str>);
+
+impl<'de> IntoDeserializer<'de, DeError> for Name<'_> {
+    type Deserializer = Self;
+
+    fn into_deserializer(self) -> Self {
+        self
+    }
+}
+
+impl<'de> Deserializer<'de> for Name<'_> {
+    type Error = DeError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        match self.0 {
+            Cow::Borrowed(name) => visitor.visit_str(name),
+            Cow::Owned(name) => visitor.visit_string(name),
+        }
+    }
+
+    forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier
+        ignored_any
     }
 }
 
@@ -230,23 +329,24 @@ pub(crate) fn decode_query(query: &str) -> Result<BTreeMap<String, String>, ApiE
     Ok(pairs)
 }
 
-/// Every line of header `name`, as text.
+/// Every line of header `name`, as text, once each has been checked (nothing is collected).
 ///
 /// # Errors
 /// `invalid_parameter` when a line is not visible ASCII.
-fn header_lines<'a>(headers: &'a HeaderMap, name: &str) -> Result<Vec<&'a str>, ApiError> {
-    headers
-        .get_all(name)
-        .iter()
-        .map(|value| {
-            value.to_str().map_err(|_| {
-                ApiError::new(
-                    Code::InvalidParameter,
-                    format!("header {name} is not visible ascii"),
-                )
-            })
-        })
-        .collect()
+fn header_lines<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> Result<impl Iterator<Item = &'a str>, ApiError> {
+    let lines = headers.get_all(name);
+    if lines.iter().any(|value| value.to_str().is_err()) {
+        return Err(ApiError::new(
+            Code::InvalidParameter,
+            format!("header {name} is not visible ascii"),
+        ));
+    }
+    Ok(lines
+        .into_iter()
+        .map(|value| value.to_str().unwrap_or_default()))
 }
 
 /// One identity (a client id, a read class, a request id) from the query value and every line
@@ -262,8 +362,7 @@ pub(crate) fn one_identity(
     headers: &HeaderMap,
     name: &str,
 ) -> Result<Option<String>, ApiError> {
-    let lines = header_lines(headers, name)?;
-    let mut lines = lines.into_iter();
+    let mut lines = header_lines(headers, name)?;
     let first = lines.next();
     if first.is_some_and(|line| line.trim().is_empty()) {
         return Err(ApiError::new(
@@ -298,12 +397,11 @@ pub(crate) fn highest_floor(
     let mut floor = query
         .map(|raw| parse_version(raw, query_name))
         .transpose()?;
-    let lines = header_lines(headers, name)?;
-    if lines.is_empty() {
+    let mut lines = header_lines(headers, name)?.peekable();
+    if lines.peek().is_none() {
         return Ok(floor);
     }
     let mut members = lines
-        .iter()
         .flat_map(|line| line.split(','))
         .map(str::trim)
         .filter(|member| !member.is_empty())
@@ -330,7 +428,6 @@ pub(crate) fn highest_floor(
 /// `invalid_parameter` when a line is not visible ASCII.
 pub(crate) fn if_none_match(headers: &HeaderMap) -> Result<Option<Version>, ApiError> {
     Ok(header_lines(headers, header::IF_NONE_MATCH.as_str())?
-        .into_iter()
         .filter_map(parse_if_none_match)
         .max())
 }
@@ -427,6 +524,51 @@ mod tests {
         for bad in ["client=%FF", "client=a%zz", "client=a&client=a", "%FF=1"] {
             let err = decode_query(bad).err().unwrap();
             assert_eq!(err.code(), Code::InvalidParameter, "{bad}");
+        }
+    }
+
+    /// A route's parameters, for [`StrictQuery`]'s two ways of reading a query.
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Probe {
+        a: Option<String>,
+        b: Option<String>,
+    }
+
+    #[tokio::test]
+    async fn a_short_query_read_in_place_answers_as_the_map_does() {
+        let nine = "a=1&c1&c2&c3&c4&c5&c6&c7&c8";
+        let nine_repeated = "a=1&c1&c2&c3&c4&c5&c6&c7&a=2";
+        for query in [
+            "",
+            "a=1",
+            "a=1&b=2",
+            "b=&a",
+            "&&a=1&&b=x+y&&",
+            "a=1&a=2",
+            "a=1&%61=2",
+            "+a=1&%20a=2",
+            "%61=%62",
+            "%E2%82%AC=1&a=%E2%82%AC",
+            "a%zz=1",
+            "a=%zz",
+            "a=%FF",
+            "%FF=1",
+            "a=1&b=%zz&a=2",
+            "a=1&a=2&b=%zz",
+            "c=1&d&c",
+            nine,
+            nine_repeated,
+        ] {
+            let (mut parts, ()) = axum::http::Request::builder()
+                .uri(format!("/p?{query}"))
+                .body(())
+                .unwrap()
+                .into_parts();
+            let in_place = StrictQuery::<Probe>::from_request_parts(&mut parts, &())
+                .await
+                .map(|StrictQuery(probe)| probe);
+            let by_map = decode_query(query).map(|pairs| from_pairs::<Probe>(pairs).unwrap());
+            assert_eq!(format!("{in_place:?}"), format!("{by_map:?}"), "{query:?}");
         }
     }
 

@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 
 use super::AppState;
-use crate::fleet::session::Session;
+use crate::fleet::session::{Session, SessionFloor};
 use crate::fleet::Sessions;
 use crate::store::now_unix_ms;
 use crate::wire;
@@ -25,6 +25,19 @@ pub struct SessionToken {
     /// Whether a token came at all: the answer then carries one back even when it is empty,
     /// so a client drops an ignored or expired token.
     pub sent: bool,
+    /// The `Hotsplit-Session` line as sent, while `session` holds exactly its floors (a valid
+    /// token, none expired, nothing recorded since that changed it): the answer carries it back
+    /// as it came (a token has one spelling) instead of encoding the same token again.
+    as_sent: Option<HeaderValue>,
+}
+
+impl SessionToken {
+    /// Records `floor` in the session (see [`Sessions::record`]).
+    pub fn record(&mut self, sessions: &Sessions, floor: SessionFloor, now_ms: u64) {
+        if sessions.record(&mut self.session, floor, now_ms) {
+            self.as_sent = None;
+        }
+    }
 }
 
 impl axum::extract::FromRequestParts<AppState> for SessionToken {
@@ -35,18 +48,30 @@ impl axum::extract::FromRequestParts<AppState> for SessionToken {
         state: &AppState,
     ) -> Result<Self, Infallible> {
         let sessions = &state.inner().sessions;
-        let mut lines: Vec<&[u8]> = parts
-            .headers
-            .get_all(&SESSION)
-            .iter()
+        let mut values = parts.headers.get_all(&SESSION).iter();
+        // One line is the usual case; more are garbled, and the decoder says so.
+        let (first, second) = (values.next(), values.next());
+        if first.is_none() && !sessions.cookie() {
+            return Ok(SessionToken {
+                session: Session::default(),
+                sent: false,
+                as_sent: None,
+            });
+        }
+        let mut lines: Vec<&[u8]> = first
+            .into_iter()
+            .chain(second)
+            .chain(values)
             .map(HeaderValue::as_bytes)
             .collect();
         if lines.is_empty() && sessions.cookie() {
             lines.extend(cookie_token(&parts.headers));
         }
+        let (session, exact) = sessions.incoming_exact(&lines, now_unix_ms());
         Ok(SessionToken {
             sent: !lines.is_empty(),
-            session: sessions.incoming(&lines, now_unix_ms()),
+            session,
+            as_sent: first.filter(|_| exact && second.is_none()).cloned(),
         })
     }
 }
@@ -64,19 +89,34 @@ fn cookie_token(headers: &HeaderMap) -> Option<&[u8]> {
         })
 }
 
-/// Puts `session`'s token on `response` when it holds a floor or a token came (`sent`), with
+/// Puts the session's token on `response` when it holds a floor or a token came (`sent`), with
 /// `Cache-Control: private` and `Vary: Hotsplit-Session` (and `Cookie`, and a `Set-Cookie`,
 /// when the token travels as a cookie).
-pub fn attach(response: &mut Response, sessions: &Sessions, session: &Session, sent: bool) {
+pub fn attach(response: &mut Response, sessions: &Sessions, token: &SessionToken) {
+    let SessionToken {
+        session,
+        sent,
+        as_sent,
+    } = token;
     if session.is_empty() && !sent {
         return;
     }
-    let token = sessions.encode(session);
-    let headers = response.headers_mut();
-    // The alphabet of a token is base64url: always a valid header value.
-    let Ok(value) = HeaderValue::from_str(&token) else {
-        return;
+    let value = match as_sent {
+        Some(value) => value.clone(),
+        // The alphabet of a token is base64url: always a valid header value.
+        None => match HeaderValue::from_maybe_shared(sessions.encode_bytes(session)) {
+            Ok(value) => value,
+            Err(_) => return,
+        },
     };
+    let cookie = sessions.cookie().then(|| {
+        format!(
+            "{}={}; Path=/v1/keys; HttpOnly; Secure; SameSite=Strict",
+            wire::cookie::SESSION,
+            value.to_str().unwrap_or_default()
+        )
+    });
+    let headers = response.headers_mut();
     headers.insert(SESSION, value);
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("private"));
     let varies = headers.get_all(header::VARY).iter().any(|line| {
@@ -86,12 +126,8 @@ pub fn attach(response: &mut Response, sessions: &Sessions, session: &Session, s
     if !varies {
         headers.append(header::VARY, HeaderValue::from_static("Hotsplit-Session"));
     }
-    if sessions.cookie() {
+    if let Some(cookie) = cookie {
         headers.append(header::VARY, HeaderValue::from_static("Cookie"));
-        let cookie = format!(
-            "{}={token}; Path=/v1/keys; HttpOnly; Secure; SameSite=Strict",
-            wire::cookie::SESSION
-        );
         if let Ok(value) = HeaderValue::from_str(&cookie) {
             headers.append(header::SET_COOKIE, value);
         }

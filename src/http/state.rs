@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::auth::AuthLayer;
+use super::handlers::RouteTexts;
 use super::overload::{self, RequestLimits};
 use crate::auth::TokenTable;
 use crate::fleet::{Registry, Sessions};
@@ -52,6 +53,8 @@ pub(crate) struct Inner {
     pub(crate) limits: Arc<overload::Shared>,
     /// The startup warm-up `/readyz` waits for.
     pub(crate) warm_up: Arc<WarmUp>,
+    /// The read answers' `Hotsplit-Route` texts per class and reason, rendered once.
+    pub(crate) route_texts: RouteTexts,
 }
 
 /// The parts an [`AppState`] is made of, by name.
@@ -100,6 +103,7 @@ impl AppState {
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         let auth = AuthLayer::new(TokenTable::default(), &metrics);
         let limits = overload::Shared::new(limits, &metrics);
+        let route_texts = RouteTexts::new(reader.router());
         AppState {
             inner: Arc::new(Inner {
                 publisher,
@@ -115,6 +119,7 @@ impl AppState {
                 draining: Arc::new(AtomicBool::new(false)),
                 warm_up,
                 limits,
+                route_texts,
             }),
         }
     }

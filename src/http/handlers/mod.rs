@@ -4,8 +4,10 @@
 //! - `read`: `GET /v1/keys/{key}`.
 //! - `write`: `PUT` and `DELETE /v1/keys/{key}`.
 //! - `admin`: the operations and routing routes, and the fallbacks.
+//! - `answer`: the read answer's header values, pre-rendered where they repeat.
 
 mod admin;
+mod answer;
 mod read;
 mod write;
 
@@ -14,6 +16,7 @@ use axum::http::HeaderName;
 use crate::wire;
 
 pub use admin::*;
+pub(crate) use answer::RouteTexts;
 pub use read::*;
 pub use write::*;
 

@@ -2,11 +2,11 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::{COPY, ROUTE, SERVED_BY, VERSION};
+use super::{answer, COPY, ROUTE, SERVED_BY, VERSION};
 use crate::deadline::Deadline;
 use crate::fleet::session::SessionFloor;
 use crate::http::params::{self, KeyPath, StrictQuery};
@@ -18,6 +18,11 @@ use crate::read::{CopyChoice, ReadAnswer, ReadRequest};
 use crate::route::Floors;
 use crate::store::now_unix_ms;
 use crate::wire;
+
+/// The headers a read answer may carry: its own eight, the session's three (`Hotsplit-Session`,
+/// `Cache-Control`, a second `Vary` line counts apart) and the request layers' (`X-Request-Id`,
+/// `Retry-After`), with room to spare.
+const ANSWER_HEADERS: usize = 16;
 
 /// Query parameters of `GET /v1/keys/{key}`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -115,11 +120,11 @@ pub async fn read_key(
     headers: ReadHeaders,
     token: SessionToken,
 ) -> Response {
-    let SessionToken { mut session, sent } = token;
+    let mut token = token;
     let sessions = &state.inner().sessions;
     let now_ms = now_unix_ms();
     let key_hash = sessions.key_hash(&key);
-    let floors = session.floors(key_hash, now_ms);
+    let floors = token.session.floors(key_hash, now_ms);
     let answer = match read_request(key, params, headers) {
         Ok(mut request) => {
             request.session = floors;
@@ -152,12 +157,12 @@ pub async fn read_key(
                 expire_at_ms: *expire_at_ms,
                 written: false,
             };
-            sessions.record(&mut session, floor, now_ms);
+            token.record(sessions, floor, now_ms);
             read_response(answer, &state)
         }
         Err(err) => err.into_response(),
     };
-    session::attach(&mut response, sessions, &session, sent);
+    session::attach(&mut response, sessions, &token);
     response
 }
 
@@ -207,6 +212,8 @@ fn read_request(
     })
 }
 
+/// The read answer: the value (or nothing for a 304) and its headers, in this order (the
+/// session layer adds its own after them).
 fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
     let (status, body, version, copy, served_by, route) = match answer {
         ReadAnswer::Value {
@@ -241,41 +248,36 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
     };
     let mut response = Response::new(body);
     *response.status_mut() = status;
+    // Room for these headers, the session's and the request layers', so the map never grows.
+    *response.headers_mut() = HeaderMap::with_capacity(ANSWER_HEADERS);
     let headers = response.headers_mut();
-    let version_text = version.to_string();
     if status == StatusCode::OK {
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/octet-stream"),
         );
     }
-    if let Ok(value) = HeaderValue::from_str(&format!("\"{version_text}\"")) {
+    if let Some(value) = answer::etag(version) {
         headers.insert(header::ETAG, value);
     }
-    if let Ok(value) = HeaderValue::from_str(&version_text) {
-        headers.insert(VERSION, value);
-    }
-    headers.insert(COPY, HeaderValue::from(copy));
-    if let Ok(value) = HeaderValue::from_str(&served_by.to_string()) {
+    headers.insert(VERSION, answer::version(version));
+    headers.insert(COPY, answer::number(u64::from(copy)));
+    if let Some(value) = answer::served_by(&served_by) {
         headers.insert(SERVED_BY, value);
     }
-    let classes = state.inner().reader.router().classes();
-    let class = &classes.get(route.class).name;
-    let route_text = match route.near_cache_age {
-        None => format!("class={class};reason={}", route.reason.as_str()),
-        Some(age) => format!(
-            "class={class};reason={};source=near-cache;age_ms={}",
-            route.reason.as_str(),
-            age.as_millis()
-        ),
-    };
-    if let Ok(value) = HeaderValue::from_str(&route_text) {
+    let inner = state.inner();
+    if let Some(value) = inner.route_texts.route(
+        inner.reader.router(),
+        route.class,
+        route.reason,
+        route.near_cache_age,
+    ) {
         headers.insert(ROUTE, value);
     }
     if let Some(age) = route.near_cache_age {
         // RFC 9111's Age: whole seconds the answer may have spent in a cache, the bound rounded
         // down.
-        headers.insert(header::AGE, HeaderValue::from(age.as_secs()));
+        headers.insert(header::AGE, answer::number(age.as_secs()));
     }
     // The answer depends on the client id, the floor and the read class, so a shared cache
     // must key on all three.

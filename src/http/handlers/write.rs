@@ -232,7 +232,7 @@ fn write_answer(
     key: &Key,
     token: SessionToken,
 ) -> Response {
-    let SessionToken { mut session, sent } = token;
+    let mut token = token;
     let sessions = &state.inner().sessions;
     let mut response = match answer {
         Ok((report, writer)) => {
@@ -250,13 +250,13 @@ fn write_answer(
                     expire_at_ms: now_ms.saturating_add(crate::duration::millis(ttl)),
                     written: true,
                 };
-                sessions.record(&mut session, floor, now_ms);
+                token.record(sessions, floor, now_ms);
             }
             publish_response(report, state, key, &writer)
         }
         Err(err) => err.into_response(),
     };
-    session::attach(&mut response, sessions, &session, sent);
+    session::attach(&mut response, sessions, &token);
     response
 }
 
