@@ -1,6 +1,7 @@
-//! The HTTP read answered from the near cache, without a socket: hotsplit's whole router (its
-//! request layers, the read handler, the session token, the answer's headers) beside an axum
-//! router that answers the same bytes from memory, each called in a loop as a `tower` service.
+//! The HTTP read answered from the near cache, without a socket: what hotsplit's listener serves
+//! (its request layers, the read handler, the session token, the answer's headers), through the
+//! read route's fast path and through the router, beside an axum router that answers the same
+//! bytes from memory, each called in a loop as a `tower` service.
 //!
 //! What `scripts/bench-near.sh` measures end to end (wrk, hyper, the kernel) is mostly the
 //! socket's cost, shared by both sides; this bench leaves it out, so what is left is what
@@ -11,11 +12,14 @@
 //! over 32 client ids as the wrk script does:
 //! - `static`: `GET /v1/static/{key}` on a router whose one handler returns the value (512
 //!   bytes), as `benches/proxy_baseline.rs`'s static route does;
-//! - `hotsplit`: `GET /v1/keys/adv:1?client=…` on [`hotsplit::http::router`] with the default
-//!   config (request layers on: request id, deadline, in-flight bound) over a throwaway
-//!   `redis-server` ([`hotsplit_devcluster`]); the family `adv:` has 8 copies and the
-//!   `advisory` class, so after the first read of each copy every answer is a near-cache hit
-//!   (checked: the `Hotsplit-Route` header says `source=near-cache`, and the value's length).
+//! - `hotsplit`: `GET /v1/keys/adv:1?client=…` on [`hotsplit::http::app`], as the listener
+//!   serves it (the read route's fast path), with the default config (request layers on:
+//!   request id, deadline, in-flight bound) over a throwaway `redis-server`
+//!   ([`hotsplit_devcluster`]); the family `adv:` has 8 copies and the `advisory` class, so
+//!   after the first read of each copy every answer is a near-cache hit (checked: the
+//!   `Hotsplit-Route` header says `source=near-cache`, and the value's length);
+//! - `router`: the same requests on the same state through [`hotsplit::http::App::router`],
+//!   the path every read took before the fast path.
 //!
 //! The sides take turns, round after round; the output is one line per side on stdout:
 //! `http_hit/<side>: <ns> ns/request, <n> allocations/request`, the median over the rounds, and
@@ -38,6 +42,7 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use hotsplit::config::Config;
+use hotsplit::http::App;
 use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use hotsplit_devcluster::Standalone;
@@ -84,12 +89,20 @@ const VALUE_BYTES: usize = 512;
 /// The client ids each side rotates over, as `scripts/wrk-affine.lua` does per thread.
 const CLIENT_IDS: usize = 32;
 
-/// A side's router and the paths it is asked for.
+/// What a side calls.
+enum Target {
+    /// A router, called as a service.
+    Router(Router),
+    /// hotsplit's listener service.
+    App(App),
+}
+
+/// A side's service and the paths it is asked for.
 struct Side {
-    /// `static` or `hotsplit`.
+    /// `static`, `hotsplit` or `router`.
     name: &'static str,
-    /// The router.
-    app: Router,
+    /// The service.
+    app: Target,
     /// One path per client id.
     paths: Vec<String>,
     /// Whether an answer must say it came from the near cache.
@@ -111,7 +124,10 @@ impl Side {
                 tokio::task::yield_now().await;
             }
             let request = Request::get(&self.paths[turn % self.paths.len()]).body(Body::empty())?;
-            let response = call(&mut self.app, request).await?;
+            let response = match &mut self.app {
+                Target::Router(router) => call(router, request).await?,
+                Target::App(app) => app.call(request).await?,
+            };
             if response.status() != StatusCode::OK {
                 return Err(format!("{}: answered {}", self.name, response.status()).into());
             }
@@ -164,7 +180,7 @@ fn argument(name: &str) -> Option<String> {
 }
 
 /// Builds both sides over `server`.
-async fn sides(server: &Standalone) -> Result<[Side; 2], Box<dyn Error>> {
+async fn sides(server: &Standalone) -> Result<[Side; 3], Box<dyn Error>> {
     let value = Bytes::from(vec![b'v'; VALUE_BYTES]);
     let paths = |prefix: &str| -> Vec<String> {
         (0..CLIENT_IDS)
@@ -193,22 +209,29 @@ async fn sides(server: &Standalone) -> Result<[Side; 2], Box<dyn Error>> {
         .await?,
     );
     let state = hotsplit::server::app_state(&config, store, metrics)?;
-    let mut app = hotsplit::http::router(state);
+    let app = hotsplit::http::app(state);
+    let mut router = app.router().clone();
     let publish = Request::put("/v1/keys/adv:1?version=1").body(Body::from(value))?;
-    let published = call(&mut app, publish).await?;
+    let published = call(&mut router, publish).await?;
     if !published.status().is_success() {
         return Err(format!("publish answered {}", published.status()).into());
     }
     Ok([
         Side {
             name: "static",
-            app: static_app,
+            app: Target::Router(static_app),
             paths: paths("/v1/static/static:1"),
             near: false,
         },
         Side {
             name: "hotsplit",
-            app,
+            app: Target::App(app),
+            paths: paths("/v1/keys/adv:1"),
+            near: true,
+        },
+        Side {
+            name: "router",
+            app: Target::Router(router),
             paths: paths("/v1/keys/adv:1"),
             near: true,
         },
@@ -225,7 +248,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let mut figures: [Vec<(f64, f64)>; 2] = Default::default();
+    let mut figures: [Vec<(f64, f64)>; 3] = Default::default();
     runtime.block_on(async {
         let mut sides = sides(&server).await?;
         for side in &mut sides {
@@ -251,7 +274,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     drop(server);
     let mut medians = Vec::new();
-    for (name, rows) in ["static", "hotsplit"].iter().zip(&figures) {
+    for (name, rows) in ["static", "hotsplit", "router"].iter().zip(&figures) {
         let ns = median(rows.iter().map(|row| row.0).collect());
         let allocations = median(rows.iter().map(|row| row.1).collect());
         println!(
@@ -260,9 +283,11 @@ fn run() -> Result<(), Box<dyn Error>> {
         medians.push(ns);
     }
     println!(
-        "http_hit/ratio: {:.2} (static ÷ hotsplit time per request; hotsplit adds {:.0} ns)",
+        "http_hit/ratio: {:.2} (static ÷ hotsplit time per request; hotsplit adds {:.0} ns; through the router {:.2}, adding {:.0} ns)",
         medians[0] / medians[1],
-        medians[1] - medians[0]
+        medians[1] - medians[0],
+        medians[0] / medians[2],
+        medians[2] - medians[0]
     );
     Ok(())
 }

@@ -32,9 +32,7 @@ use crate::heal::{
     RetryQueue, RetryWorker, ScrubStatus, Scrubber,
 };
 use crate::http::listener::{tls, ConnectionMetrics, Listener, ListenerMetrics, Role};
-use crate::http::{
-    admin_router, data_router, router, AppParts, AppState, RequestLimits, ServerConfig,
-};
+use crate::http::{admin_app, app, data_app, AppParts, AppState, RequestLimits, ServerConfig};
 use crate::logging::LogFilter;
 use crate::metrics::Metrics;
 use crate::near::{NearCache, NearMetrics};
@@ -670,8 +668,8 @@ impl Service {
             .register_with(ConnectionMetrics::register);
         let drain_state = state.clone();
         let data_routes = match &admin {
-            Some(_) => data_router(state.clone()),
-            None => router(state.clone()),
+            Some(_) => data_app(state.clone()),
+            None => app(state.clone()),
         };
         let data = Listener::new(
             Role::Data,
@@ -686,7 +684,7 @@ impl Service {
             let admin = Listener::new(
                 Role::Admin,
                 admin,
-                admin_router(state),
+                admin_app(state),
                 &server,
                 ListenerMetrics::for_role(&connection_metrics, Role::Admin),
                 tls.clone(),

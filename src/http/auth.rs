@@ -19,7 +19,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::Request;
 use axum::http::{header, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -27,6 +27,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tower::{Layer, Service};
 
+use super::matched_route;
 use super::paths;
 use super::problem::{ApiError, Code};
 use crate::auth::{Scope, TokenTable, Verdict};
@@ -144,28 +145,39 @@ pub(crate) struct AuthService<S> {
     layer: AuthLayer,
 }
 
-impl<S> AuthService<S> {
-    /// `None` when `request` may pass, else the refusal.
-    fn refusal(&self, request: &Request) -> Option<Response> {
-        let tokens = self.layer.tokens.load();
+impl AuthLayer {
+    /// The layer around one request already known to be on `route` (a template, `None` when
+    /// no route matched), whose next step is `call`: what [`AuthService`] does, without a
+    /// service per route (the fast path of `GET /v1/keys/{key}`, `super::key_read`).
+    pub(super) fn wrap<F>(
+        &self,
+        request: Request,
+        route: Option<&str>,
+        call: impl FnOnce(Request) -> F,
+    ) -> AuthFuture<F> {
+        match self.refusal(&request, route) {
+            Some(refusal) => AuthFuture::Refused(Some(refusal)),
+            None => AuthFuture::Inner(call(request)),
+        }
+    }
+
+    /// `None` when `request` to `route` may pass, else the refusal.
+    fn refusal(&self, request: &Request, route: Option<&str>) -> Option<Response> {
+        let tokens = self.tokens.load();
         let tokens = tokens.as_deref()?;
-        let route = request
-            .extensions()
-            .get::<MatchedPath>()
-            .map(MatchedPath::as_str);
         let need = need(route, request.method());
         if need == Need::Nothing {
             return None;
         }
         let Some(presented) = bearer(request) else {
-            self.layer.refusals.missing.inc();
+            self.refusals.missing.inc();
             return Some(unauthorized(
                 "send Authorization: Bearer TOKEN",
                 "Bearer realm=\"hotsplit\"",
             ));
         };
         let Verdict::Known(token) = tokens.verify(presented) else {
-            self.layer.refusals.invalid.inc();
+            self.refusals.invalid.inc();
             tracing::debug!("refused: the bearer token matches no configured token");
             return Some(unauthorized(
                 "the bearer token is not valid",
@@ -174,7 +186,7 @@ impl<S> AuthService<S> {
         };
         match need {
             Need::Scope(scope) if !token.scopes.contains(scope) => {
-                self.layer.refusals.scope.inc();
+                self.refusals.scope.inc();
                 tracing::debug!(
                     token = token.name,
                     scope = scope.as_str(),
@@ -245,10 +257,10 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        match self.refusal(&request) {
-            Some(refusal) => AuthFuture::Refused(Some(refusal)),
-            None => AuthFuture::Inner(self.inner.call(request)),
-        }
+        let route = matched_route(&request);
+        let inner = &mut self.inner;
+        self.layer
+            .wrap(request, route, |request| inner.call(request))
     }
 }
 

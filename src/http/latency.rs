@@ -8,12 +8,13 @@ use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::Request;
 use axum::http::{HeaderName, Method};
 use axum::response::Response;
 use prometheus_client::metrics::histogram::Histogram;
 use tower::{Layer, Service};
 
+use super::matched_route;
 use super::paths::ROUTES;
 use super::problem::fill_retry_after;
 use super::request_id::request_id;
@@ -130,34 +131,58 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        let started = Instant::now();
-        let request_id = request_id(request.headers());
-        let id = Id::new(&request_id);
-        let method = match *request.method() {
-            Method::GET => 0,
-            Method::PUT => 1,
-            Method::DELETE => 2,
-            Method::HEAD => 3,
-            _ => 4,
-        };
-        let route = request
-            .extensions()
-            .get::<MatchedPath>()
-            .and_then(|path| ROUTES.iter().position(|route| *route == path.as_str()))
-            .unwrap_or(ROUTES.len());
-        let inner = {
-            let _current = Scope::enter(&id);
-            self.inner.call(request)
-        };
-        LatencyFuture {
-            inner,
-            table: self.table.clone(),
-            started,
-            method,
-            route,
-            request_id,
-            id,
-        }
+        let route = matched_route(&request);
+        let inner = &mut self.inner;
+        start(&self.table, request, route, |request| inner.call(request))
+    }
+}
+
+impl LatencyLayer {
+    /// The layer around one request already known to be on `route` (a template of [`ROUTES`]),
+    /// whose next step is `call`: what [`LatencyService`] does, without a service per route
+    /// (the fast path of `GET /v1/keys/{key}`, `super::key_read`).
+    pub(super) fn wrap<F>(
+        &self,
+        request: Request,
+        route: Option<&'static str>,
+        call: impl FnOnce(Request) -> F,
+    ) -> LatencyFuture<F> {
+        start(&self.table, request, route, call)
+    }
+}
+
+/// Gives `request` its id, calls `call` with the id current, and wraps the future it returns.
+fn start<F>(
+    table: &Arc<LatencyTable>,
+    request: Request,
+    route: Option<&'static str>,
+    call: impl FnOnce(Request) -> F,
+) -> LatencyFuture<F> {
+    let started = Instant::now();
+    let request_id = request_id(request.headers());
+    let id = Id::new(&request_id);
+    let method = match *request.method() {
+        Method::GET => 0,
+        Method::PUT => 1,
+        Method::DELETE => 2,
+        Method::HEAD => 3,
+        _ => 4,
+    };
+    let route = route
+        .and_then(|path| ROUTES.iter().position(|route| *route == path))
+        .unwrap_or(ROUTES.len());
+    let inner = {
+        let _current = Scope::enter(&id);
+        call(request)
+    };
+    LatencyFuture {
+        inner,
+        table: table.clone(),
+        started,
+        method,
+        route,
+        request_id,
+        id,
     }
 }
 

@@ -8,6 +8,10 @@
 //! place an error becomes an answer is [`problem::ApiError`]'s `IntoResponse`.
 //!
 //! # Layout
+//! - `app`: [`App`], what a listener serves: the router, and the read route's fast path in
+//!   front of it ([`app`], [`data_app`], [`admin_app`]).
+//! - `key_read`: the fast path of `GET /v1/keys/{key}`: the request layers and the read handler
+//!   without the router, answering byte for byte what the router answers.
 //! - `handlers`: one function per route, documented for the OpenAPI document.
 //! - `params`: the key, query and headers of a request, decoded strictly; repeated header
 //!   lines combined.
@@ -31,10 +35,12 @@
 //! - [`listener`]: the accept loop and connections: timeouts, the connection bound, the header
 //!   size limit, graceful shutdown.
 
+mod app;
 mod auth;
 pub mod config;
 pub mod handlers;
 pub mod instances;
+mod key_read;
 mod latency;
 pub mod listener;
 pub mod openapi;
@@ -50,12 +56,15 @@ mod session;
 mod state;
 pub mod status_page;
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::handler::Handler;
 use axum::routing::get;
 use axum::Router;
 
+pub use app::{App, AppFuture};
+use auth::AuthLayer;
 pub use config::ServerConfig;
+use key_read::KeyRead;
 use latency::LatencyLayer;
 use overload::OverloadLayer;
 pub use overload::RequestLimits;
@@ -173,17 +182,50 @@ pub mod paths {
 
 /// Every route on one listener: the data routes and the admin routes (no `[admin] listen`).
 pub fn router(state: AppState) -> Router {
-    finish(data_routes(&state).merge(admin_routes()), state)
+    let layers = Layers::new(&state);
+    finish(data_routes(&state).merge(admin_routes()), state, &layers)
 }
 
 /// The data listener's routes when an admin listener is set: the admin routes answer 404 here.
 pub fn data_router(state: AppState) -> Router {
-    finish(data_routes(&state), state)
+    let layers = Layers::new(&state);
+    finish(data_routes(&state), state, &layers)
 }
 
 /// The admin listener's routes (`[admin] listen`): the admin routes only.
 pub fn admin_router(state: AppState) -> Router {
-    finish(admin_routes(), state)
+    let layers = Layers::new(&state);
+    finish(admin_routes(), state, &layers)
+}
+
+/// What a listener serving every route (no `[admin] listen`) serves: [`router`] with the read
+/// route's fast path in front of it.
+pub fn app(state: AppState) -> App {
+    with_key_read(data_routes(&state).merge(admin_routes()), state)
+}
+
+/// What the data listener serves when an admin listener is set: [`data_router`] with the read
+/// route's fast path in front of it.
+pub fn data_app(state: AppState) -> App {
+    with_key_read(data_routes(&state), state)
+}
+
+/// What the admin listener serves: [`admin_router`] (it has no read route, so no fast path).
+pub fn admin_app(state: AppState) -> App {
+    App::new(admin_router(state))
+}
+
+/// `routes`, which include the read route, finished, with the fast path in front of them
+/// sharing their layers.
+fn with_key_read(routes: Router<AppState>, state: AppState) -> App {
+    let layers = Layers::new(&state);
+    let key_read = KeyRead::new(
+        layers.latency.clone(),
+        layers.auth.clone(),
+        layers.overload.clone(),
+        state.clone(),
+    );
+    App::with_key_read(finish(routes, state, &layers), key_read)
 }
 
 /// The data routes: keys, affinity, and the OpenAPI document.
@@ -226,11 +268,30 @@ fn admin_routes() -> Router<AppState> {
         .route(paths::SCRUB, get(scrub::scrub))
 }
 
-/// The fallbacks, the latency layer and the state around `routes`.
-fn finish(routes: Router<AppState>, state: AppState) -> Router {
-    let inner = state.inner();
-    let latency = LatencyLayer::new(inner.metrics.clone(), inner.retry_after_secs);
-    let overload = OverloadLayer::new(inner.limits.clone());
+/// The request layers around every route, built once per listener: the router's routes and
+/// the read route's fast path share them.
+struct Layers {
+    /// Request id, span, latency, `Retry-After`.
+    latency: LatencyLayer,
+    /// The token check.
+    auth: AuthLayer,
+    /// Query length, in-flight bound, deadline.
+    overload: OverloadLayer,
+}
+
+impl Layers {
+    fn new(state: &AppState) -> Layers {
+        let inner = state.inner();
+        Layers {
+            latency: LatencyLayer::new(inner.metrics.clone(), inner.retry_after_secs),
+            auth: inner.auth.clone(),
+            overload: OverloadLayer::new(inner.limits.clone()),
+        }
+    }
+}
+
+/// The fallbacks, the request layers and the state around `routes`.
+fn finish(routes: Router<AppState>, state: AppState, layers: &Layers) -> Router {
     routes
         .fallback(handlers::no_route)
         .method_not_allowed_fallback(handlers::wrong_method)
@@ -238,11 +299,22 @@ fn finish(routes: Router<AppState>, state: AppState) -> Router {
         // check, then the request limits (query length, in-flight bound, deadline), then the
         // handler. `layer`, not `route_layer`: unknown paths and wrong methods get a request id,
         // need a token and count against the in-flight bound too (latency is recorded for
-        // matched routes only).
-        .layer(overload)
-        .layer(inner.auth.clone())
-        .layer(latency)
+        // matched routes only). The read route's fast path (`key_read`) applies the same layers
+        // in the same order.
+        .layer(layers.overload.clone())
+        .layer(layers.auth.clone())
+        .layer(layers.latency.clone())
         .with_state(state)
+}
+
+/// The template of the route `request` matched (one of [`paths::ROUTES`]), from axum's
+/// [`MatchedPath`]; `None` when no route matched.
+fn matched_route(request: &Request) -> Option<&'static str> {
+    let matched = request.extensions().get::<MatchedPath>()?;
+    paths::ROUTES
+        .iter()
+        .copied()
+        .find(|route| *route == matched.as_str())
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -28,6 +28,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tower::{Layer, Service};
 
 use super::config::ServerConfig;
+use super::matched_route;
 use super::paths::{self, ROUTES};
 use super::problem::{ApiError, Code};
 use crate::deadline::Deadline;
@@ -187,58 +188,80 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: Request) -> Self::Future {
-        let limits = &self.shared.limits;
-        let route_path = request
-            .extensions()
-            .get::<MatchedPath>()
-            .map(|path| path.as_str());
-        let route = route_path
-            .and_then(|path| ROUTES.iter().position(|route| *route == path))
-            .unwrap_or(ROUTES.len());
-        let query_bytes = request.uri().query().map_or(0, str::len);
-        if query_bytes > limits.max_query_bytes {
-            return OverloadFuture::answered(ApiError::new(
-                Code::QueryTooLong,
-                format!(
-                    "the query is {query_bytes} bytes long, over the limit of {} (server.max_query_bytes)",
-                    limits.max_query_bytes
-                ),
-            ));
-        }
-        let exempt = route_path.is_some_and(|path| EXEMPT.contains(&path));
-        let in_flight = match limits.max_in_flight {
-            Some(bound) if !exempt => {
-                let before = self.shared.in_flight.inc();
-                let slot = InFlight(self.shared.clone());
-                if usize::try_from(before).is_ok_and(|before| before >= bound) {
-                    drop(slot);
-                    if let Some(counter) = self.shared.shed.get(route) {
-                        counter.inc();
-                    }
-                    return OverloadFuture::answered(
-                        ApiError::new(
-                            Code::Overloaded,
-                            format!(
-                                "{bound} requests are in flight (server.max_in_flight); nothing was read or written, retry later"
-                            ),
-                        )
-                        .retry_later(),
-                    );
+    fn call(&mut self, request: Request) -> Self::Future {
+        let route = matched_route(&request);
+        let inner = &mut self.inner;
+        wrap(&self.shared, request, route, |request| inner.call(request))
+    }
+}
+
+impl OverloadLayer {
+    /// The layer around one request already known to be on `route` (a template of [`ROUTES`],
+    /// `None` when no route matched), whose next step is `call`: what [`OverloadService`] does,
+    /// without a service per route (the fast path of `GET /v1/keys/{key}`, `super::key_read`).
+    pub(super) fn wrap<F>(
+        &self,
+        request: Request,
+        route: Option<&'static str>,
+        call: impl FnOnce(Request) -> F,
+    ) -> OverloadFuture<F> {
+        wrap(&self.shared, request, route, call)
+    }
+}
+
+/// Applies the limits to `request` on `route`; calls `call` unless one refuses it.
+fn wrap<F>(
+    shared: &Arc<Shared>,
+    mut request: Request,
+    route_path: Option<&'static str>,
+    call: impl FnOnce(Request) -> F,
+) -> OverloadFuture<F> {
+    let limits = &shared.limits;
+    let route = route_path
+        .and_then(|path| ROUTES.iter().position(|route| *route == path))
+        .unwrap_or(ROUTES.len());
+    let query_bytes = request.uri().query().map_or(0, str::len);
+    if query_bytes > limits.max_query_bytes {
+        return OverloadFuture::answered(ApiError::new(
+            Code::QueryTooLong,
+            format!(
+                "the query is {query_bytes} bytes long, over the limit of {} (server.max_query_bytes)",
+                limits.max_query_bytes
+            ),
+        ));
+    }
+    let exempt = route_path.is_some_and(|path| EXEMPT.contains(&path));
+    let in_flight = match limits.max_in_flight {
+        Some(bound) if !exempt => {
+            let before = shared.in_flight.inc();
+            let slot = InFlight(shared.clone());
+            if usize::try_from(before).is_ok_and(|before| before >= bound) {
+                drop(slot);
+                if let Some(counter) = shared.shed.get(route) {
+                    counter.inc();
                 }
-                Some(slot)
+                return OverloadFuture::answered(
+                    ApiError::new(
+                        Code::Overloaded,
+                        format!(
+                            "{bound} requests are in flight (server.max_in_flight); nothing was read or written, retry later"
+                        ),
+                    )
+                    .retry_later(),
+                );
             }
-            _ => None,
-        };
-        if let Some(budget) = limits.request_deadline {
-            request.extensions_mut().insert(Deadline::after(budget));
+            Some(slot)
         }
-        OverloadFuture::Routed {
-            inner: self.inner.call(request),
-            shared: self.shared.clone(),
-            route,
-            in_flight,
-        }
+        _ => None,
+    };
+    if let Some(budget) = limits.request_deadline {
+        request.extensions_mut().insert(Deadline::after(budget));
+    }
+    OverloadFuture::Routed {
+        inner: call(request),
+        shared: shared.clone(),
+        route,
+        in_flight,
     }
 }
 

@@ -15,6 +15,7 @@ mod conformance;
 mod degraded;
 mod deploy;
 mod drain;
+mod fast_path;
 mod fleet;
 mod floors;
 mod harness;

@@ -20,7 +20,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body as AxumBody;
-use axum::Router;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::{Request, Response};
@@ -31,17 +30,17 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
 
 use super::activity::{Activity, Verdict};
 use super::metrics::{ListenerMetrics, Timeout};
 use super::slots::Slot;
 use super::{tls, Settings};
+use crate::http::{App, AppFuture};
 
 /// What a connection task needs besides its socket.
 pub(super) struct Connection {
     /// The routes served.
-    pub(super) app: Router,
+    pub(super) app: App,
     /// The timeouts and hyper's settings.
     pub(super) settings: Arc<Settings>,
     /// The listener's connection metrics.
@@ -271,44 +270,70 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     }
 }
 
-/// The request service of one connection: the router, with the request marked busy until its
-/// response body is handed over, and its body under the body-read timeout.
+/// The request service of one connection: the routes, with the request marked busy until its
+/// response body is handed over, and its body (if it has one) under the body-read timeout.
 #[derive(Clone)]
 struct ConnService {
     /// The routes.
-    app: Router,
+    app: App,
     /// The connection's activity.
     activity: Arc<Activity>,
     /// `server.body_read_timeout`.
     body_read_timeout: Duration,
 }
 
-/// The future of one request: the router's answer, its body wrapped in [`TrackedBody`].
-type ResponseFuture =
-    Pin<Box<dyn Future<Output = Result<Response<TrackedBody>, Infallible>> + Send>>;
-
 impl hyper::service::Service<Request<Incoming>> for ConnService {
     type Response = Response<TrackedBody>;
     type Error = Infallible;
-    type Future = ResponseFuture;
+    type Future = ConnFuture;
 
-    fn call(&self, request: Request<Incoming>) -> ResponseFuture {
+    fn call(&self, request: Request<Incoming>) -> ConnFuture {
         self.activity.request_started();
         let guard = RequestGuard(self.activity.clone());
-        let request = request.map(|body| DeadlineBody {
-            inner: body,
-            timeout: self.body_read_timeout,
-            deadline: None,
-            activity: self.activity.clone(),
+        let request = request.map(|body| {
+            if body.is_end_stream() {
+                // No body (a GET): nothing to wait for, so no timer and no wrapper to box.
+                AxumBody::empty()
+            } else {
+                AxumBody::new(DeadlineBody {
+                    inner: body,
+                    timeout: self.body_read_timeout,
+                    deadline: None,
+                    activity: self.activity.clone(),
+                })
+            }
         });
-        let answer = self.app.clone().oneshot(request);
-        Box::pin(async move {
-            let response = answer.await?;
-            Ok(response.map(|body| TrackedBody {
-                inner: body,
-                _guard: guard,
-            }))
-        })
+        ConnFuture {
+            answer: self.app.call(request),
+            guard: Some(guard),
+        }
+    }
+}
+
+/// The future of one request: the routes' answer, its body wrapped in [`TrackedBody`] (a named
+/// type, so hyper's connection polls it in place rather than through a box per request).
+struct ConnFuture {
+    /// The routes' answer.
+    answer: AppFuture,
+    /// Ends the request when dropped; moved into the response body once the answer is ready.
+    guard: Option<RequestGuard>,
+}
+
+impl Future for ConnFuture {
+    type Output = Result<Response<TrackedBody>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let response = match Pin::new(&mut this.answer).poll(cx) {
+            Poll::Ready(Ok(response)) => response,
+            Poll::Ready(Err(never)) => match never {},
+            Poll::Pending => return Poll::Pending,
+        };
+        let guard = this.guard.take();
+        Poll::Ready(Ok(response.map(|body| TrackedBody {
+            inner: body,
+            _guard: guard,
+        })))
     }
 }
 
@@ -324,10 +349,10 @@ impl Drop for RequestGuard {
 
 /// A response body that ends its request when hyper drops it.
 pub(super) struct TrackedBody {
-    /// The router's body.
+    /// The routes' body.
     inner: AxumBody,
-    /// Ends the request on drop.
-    _guard: RequestGuard,
+    /// Ends the request on drop (taken from its [`ConnFuture`], which holds it until then).
+    _guard: Option<RequestGuard>,
 }
 
 impl Body for TrackedBody {

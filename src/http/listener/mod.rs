@@ -30,7 +30,6 @@ pub mod tls;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use tokio::net::{TcpListener, TcpStream};
@@ -43,7 +42,7 @@ use activity::Activity;
 pub use metrics::{ConnectionMetrics, ListenerMetrics};
 use slots::{Admission, Slots};
 
-use super::ServerConfig;
+use super::{App, ServerConfig};
 
 /// The connection bound of the admin listener: enough for a few scrapers and probes, and kept
 /// apart from the data listener's, so a flood of data connections cannot lock out `/metrics`
@@ -129,7 +128,7 @@ pub struct Listener {
     /// The bound socket.
     tcp: TcpListener,
     /// The routes this listener serves.
-    app: Router,
+    app: App,
     /// The timeouts and hyper's settings.
     settings: Arc<Settings>,
     /// The open connections and the bound.
@@ -147,7 +146,7 @@ impl Listener {
     pub fn new(
         role: Role,
         tcp: TcpListener,
-        app: Router,
+        app: App,
         config: &ServerConfig,
         metrics: ListenerMetrics,
         tls: Option<TlsAcceptor>,
