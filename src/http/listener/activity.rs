@@ -42,8 +42,13 @@ pub(super) struct Activity {
     pub(super) body_timed_out: AtomicBool,
     /// Set when the listener chose this connection to make room for a new one.
     evicted: AtomicBool,
-    /// Wakes the connection's task when it is evicted.
-    pub(super) eviction: Notify,
+    /// Set when the listener shuts down (its token was cancelled).
+    shut_down: AtomicBool,
+    /// Wakes the connection's task when it is evicted or the listener shuts down (the flags say
+    /// which). It is the connection's own, so the task's wake-ups take no lock another
+    /// connection takes: a shared token's `cancelled()`, polled on every wake-up of every
+    /// connection, locked two mutexes all of them share.
+    pub(super) signal: Notify,
 }
 
 impl Activity {
@@ -56,7 +61,8 @@ impl Activity {
             head_started_ms: AtomicU64::new(0),
             body_timed_out: AtomicBool::new(false),
             evicted: AtomicBool::new(false),
-            eviction: Notify::new(),
+            shut_down: AtomicBool::new(false),
+            signal: Notify::new(),
         }
     }
 
@@ -86,7 +92,19 @@ impl Activity {
 
     /// Tells the connection's task it was evicted.
     pub(super) fn evict(&self) {
-        self.eviction.notify_one();
+        self.signal.notify_one();
+    }
+
+    /// Tells the connection's task that the listener shuts down: an idle connection closes, a
+    /// request in progress is answered first.
+    pub(super) fn shut_down(&self) {
+        self.shut_down.store(true, Ordering::Release);
+        self.signal.notify_one();
+    }
+
+    /// Whether the listener shut down.
+    pub(super) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
     }
 
     /// Milliseconds from the connection's opening to `at`.

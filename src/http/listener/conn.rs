@@ -8,7 +8,9 @@
 //!
 //! The watchdog is one timer per connection, re-armed when it fires or when a head starts
 //! arriving without ending in the same read: a request whose head arrives whole touches no
-//! timer.
+//! timer. An eviction or the listener's shutdown reaches the connection through its own
+//! [`Activity`] (a flag and a `Notify` no other connection touches), so a wake-up by the socket
+//! takes no lock that the listener's other connections take.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -29,7 +31,6 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
-use tokio_util::sync::CancellationToken;
 
 use super::activity::{Activity, Verdict};
 use super::metrics::{ListenerMetrics, Timeout};
@@ -55,12 +56,12 @@ pub(super) struct Connection {
 
 impl Connection {
     /// Serves `stream` (after a TLS handshake on a TLS listener) until the client closes, a
-    /// timeout passes, the listener evicts it, or `shutdown` is cancelled and the request in
+    /// timeout passes, the listener evicts it, or the listener shuts down and the request in
     /// progress (if any) is answered.
-    pub(super) async fn serve(self, stream: TcpStream, shutdown: CancellationToken) {
+    pub(super) async fn serve(self, stream: TcpStream) {
         self.metrics.open.inc();
         match self.tls.clone() {
-            None => self.serve_http(stream, &shutdown).await,
+            None => self.serve_http(stream).await,
             Some(acceptor) => {
                 let handshake = tokio::time::timeout(
                     self.settings.header_read_timeout,
@@ -68,15 +69,16 @@ impl Connection {
                 );
                 tokio::select! {
                     shaken = handshake => match shaken {
-                        Ok(Some(tls)) => self.serve_http(tls, &shutdown).await,
+                        Ok(Some(tls)) => self.serve_http(tls).await,
                         Ok(None) => {}
                         Err(_) => {
                             self.metrics.timed_out(Timeout::Handshake);
                         }
                     },
-                    () = shutdown.cancelled() => {}
-                    () = self.activity.eviction.notified() => {
-                        self.metrics.evicted.inc();
+                    () = self.activity.signal.notified() => {
+                        if self.activity.was_evicted() {
+                            self.metrics.evicted.inc();
+                        }
                     }
                 }
             }
@@ -84,8 +86,9 @@ impl Connection {
         self.metrics.open.dec();
     }
 
-    /// Serves HTTP/1 on `io`.
-    async fn serve_http<S>(&self, io: S, shutdown: &CancellationToken)
+    /// Serves HTTP/1 on `io` until the client closes, a timeout passes, or the listener evicts
+    /// the connection or shuts down (told through the connection's [`Activity`]).
+    async fn serve_http<S>(&self, io: S)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -101,10 +104,12 @@ impl Connection {
         });
         let connection = self.settings.http.serve_connection(io, service);
         let mut connection = std::pin::pin!(connection);
-        let cancelled = shutdown.cancelled();
-        let mut cancelled = std::pin::pin!(cancelled);
-        let evicted = activity.eviction.notified();
-        let mut evicted = std::pin::pin!(evicted);
+        let signal = activity.signal.notified();
+        let mut signal = std::pin::pin!(signal);
+        // Whether `signal` was polled: once is enough to leave the task's waker with the
+        // connection's `Notify`, and the flags then say what woke it, so a wake-up by the
+        // socket costs two atomic loads here, not a lock.
+        let mut listening = false;
         let watchdog = tokio::time::sleep(self.settings.idle_timeout);
         let mut watchdog = std::pin::pin!(watchdog);
         let mut draining = false;
@@ -116,10 +121,15 @@ impl Connection {
                 if let Poll::Ready(served) = connection.as_mut().poll(cx) {
                     return Poll::Ready(Event::Ended(served));
                 }
-                if !draining && cancelled.as_mut().poll(cx).is_ready() {
+                if !listening {
+                    // Ready only if a signal came before this first poll; its flag says which.
+                    let _ = signal.as_mut().poll(cx);
+                    listening = true;
+                }
+                if !draining && activity.is_shut_down() {
                     return Poll::Ready(Event::ShutDown);
                 }
-                if !draining && evicted.as_mut().poll(cx).is_ready() {
+                if !draining && activity.was_evicted() {
                     return Poll::Ready(Event::Evicted);
                 }
                 // Checked after each poll of the connection, so the usual request, whose

@@ -167,8 +167,8 @@ impl Listener {
     }
 
     /// Accepts connections until `shutdown` is cancelled, serving each on a task of
-    /// `connections`; then drops the listening socket. Each connection task shuts its
-    /// connection down gracefully on the same token.
+    /// `connections`; then drops the listening socket and tells every open connection, through
+    /// its own `Activity`, which shuts it down gracefully.
     pub async fn run(self, shutdown: CancellationToken, connections: TaskTracker) {
         let mut refusals = Throttle::default();
         let mut evictions = Throttle::default();
@@ -222,8 +222,11 @@ impl Listener {
                 _slot: slot,
                 tls: self.tls.clone(),
             };
-            connections.spawn(connection.serve(stream, shutdown.clone()));
+            connections.spawn(connection.serve(stream));
         }
+        // Each connection is told through its own signal, not by watching the token: see
+        // `Activity::signal`. Every connection admitted is in the table until its task ends.
+        self.slots.shut_down_all();
         tracing::debug!(
             listener = self.role.as_str(),
             "stopped accepting connections"

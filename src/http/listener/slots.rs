@@ -104,6 +104,16 @@ impl Slots {
     }
 }
 
+impl Slots {
+    /// Tells every connection held that the listener shuts down.
+    pub(super) fn shut_down_all(&self) {
+        let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        for activity in table.entries.iter().flatten() {
+            activity.shut_down();
+        }
+    }
+}
+
 impl Table {
     /// Marks the longest idle of a sample of connections evicted and returns it; `None` when
     /// every sampled connection has a request in progress.
