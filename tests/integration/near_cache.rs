@@ -1,9 +1,10 @@
 //! The near cache on real Redis: reads answered from memory never go backwards (a copy set back
 //! by hand, a lagging replica), an invalidation racing a read in flight, floors and pins that go
 //! to Redis, decision reads that never use it, expiry, writes through the instance seen at once,
-//! one Redis read for 1,000 concurrent misses (`INFO commandstats`: data reads are `HMGET`), the
-//! byte bound under a flood of distinct keys, and a SIGHUP that lowers a class's budget below its
-//! near-cache max age (through the binary).
+//! a lossy master restart that shows up as one counted rollback, the cache off on the embedded
+//! store, one Redis read for 1,000 concurrent misses (`INFO commandstats`: data reads are
+//! `HMGET`), the byte bound under a flood of distinct keys, and a SIGHUP that lowers a class's
+//! budget below its near-cache max age (through the binary).
 
 use std::time::Duration;
 
@@ -280,6 +281,10 @@ async fn an_invalidation_racing_a_read_in_flight_wins() {
     let replica = &group.replicas[0];
     let mut config = config(&group.url(), 2, "lenient", "");
     config.store.replicas = vec![replica.url()];
+    // The fill waits on a stopped replica until the test resumes it: a command timeout longer
+    // than the test needs, so the fill is never sent to the primary instead.
+    config.store.command_timeout = Duration::from_secs(15);
+    config.server.request_deadline = Duration::from_secs(15);
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
@@ -315,8 +320,10 @@ async fn an_invalidation_racing_a_read_in_flight_wins() {
         },
     )
     .await;
-    // The replica holds every command for 250 ms: the read's fill waits there...
-    devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "250", "ALL"]).expect("CLIENT PAUSE");
+    // The replica is stopped (SIGSTOP) until the test resumes it: the read's fill waits there...
+    // (`CLIENT PAUSE ... ALL` cannot be ended early: Redis 7.0 held the `CLIENT UNPAUSE` of
+    // another connection until the pause ran out.)
+    replica.pause().expect("SIGSTOP the replica");
     let url = format!("{base}/v1/keys/nc:race?client=alice");
     let in_flight = tokio::spawn({
         let http = http.clone();
@@ -337,6 +344,15 @@ async fn an_invalidation_racing_a_read_in_flight_wins() {
         .await
         .unwrap();
     assert_eq!(deleted.status(), StatusCode::OK);
+    // The race is run: the invalidation answered while the read still waited for its fill, whose
+    // answer from the replica can only come after the replica resumes below. (With a 250 ms
+    // `CLIENT PAUSE`, a loaded machine could answer the read before the invalidation, and the
+    // test passed without racing anything.)
+    assert!(
+        !in_flight.is_finished(),
+        "the read answered before the invalidation: nothing raced"
+    );
+    replica.resume().expect("SIGCONT the replica");
     let raced = in_flight.await.unwrap();
     // The read that began first may answer what the copy held when it began; every read after
     // the invalidation answered is a 404 at version 2, never the older value.
@@ -361,6 +377,122 @@ async fn an_invalidation_racing_a_read_in_flight_wins() {
     }
     service.stop().await;
     other.stop().await;
+}
+
+/// A restart of the master that lost the copies' writes, hidden while the entries are young,
+/// shows up once they age out: the reader gets what Redis holds now (nothing: a 404, never a
+/// value other than the one it saw), the rollback is counted once, and the copy's entry and
+/// high-water record are dropped, so the key's versions may start lower again and are cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_restart_that_lost_writes_shows_up_as_one_counted_rollback() {
+    let server = Standalone::start().expect("redis-server");
+    let service = Service::start(config(&server.url(), 4, "lenient", "")).await;
+    let other = Service::start(config(&server.url(), 4, "lenient", "")).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    publish_expecting(&http, base, "nc:lost", 5, "five", StatusCode::OK).await;
+    let url = format!("{base}/v1/keys/nc:lost?client=alice");
+    poll(
+        "alice's read answered from memory",
+        Duration::from_secs(10),
+        || async {
+            let seen = read(&http, &url, &[]).await;
+            assert_eq!(seen.body, "five", "{}", seen.route);
+            is_near(&seen)
+        },
+    )
+    .await;
+    // The master restarts with an empty dataset: the write of 5 is lost.
+    tokio::task::block_in_place(|| {
+        server.node.shutdown_nosave().expect("SHUTDOWN NOSAVE");
+        server.node.restart().expect("restart");
+    });
+    // While the entry is young alice is still answered five; once it ages out, the loss shows.
+    poll(
+        "the lost write shows up as a 404",
+        Duration::from_secs(30),
+        || async {
+            let answer = read(&http, &url, &[]).await;
+            match answer.status {
+                StatusCode::OK => {
+                    assert_eq!(answer.body, "five", "{}", answer.route);
+                    false
+                }
+                StatusCode::NOT_FOUND => true,
+                // The service reconnecting to the restarted server.
+                status if status.is_server_error() => false,
+                status => panic!("{status}: {} {}", answer.body, answer.route),
+            }
+        },
+    )
+    .await;
+    let rollbacks = || async {
+        sample(
+            &metrics_text(&http, base).await,
+            "hotsplit_near_cache_rollbacks_total",
+        )
+    };
+    assert_eq!(rollbacks().await, 1.0, "the rollback is counted");
+    // The key starts again at a lower version, written through the other instance once it has
+    // reconnected too.
+    let other_url = format!("{}/v1/keys/nc:lost?client=alice", other.base);
+    poll(
+        "the other instance reconnected",
+        Duration::from_secs(30),
+        || async { read(&http, &other_url, &[]).await.status == StatusCode::NOT_FOUND },
+    )
+    .await;
+    publish_expecting(&http, &other.base, "nc:lost", 2, "two", StatusCode::OK).await;
+    poll(
+        "two answered from memory",
+        Duration::from_secs(10),
+        || async {
+            let answer = read(&http, &url, &[]).await;
+            assert_eq!(
+                (answer.status, answer.body.as_str()),
+                (StatusCode::OK, "two"),
+                "{}",
+                answer.route
+            );
+            is_near(&answer)
+        },
+    )
+    .await;
+    assert_eq!(
+        rollbacks().await,
+        1.0,
+        "a fill below the dropped record is cached, not counted again"
+    );
+    service.stop().await;
+    other.stop().await;
+}
+
+/// The embedded store is memory already: its reads never use the near cache, though
+/// `[near_cache] enabled` is on by default and the class has a near-cache max age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_near_cache_is_off_on_the_embedded_store() {
+    let service = Service::start(config_from_toml(&format!(
+        "[[family]]\nprefix = \"nc:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"patient\"\n{PATIENT}"
+    )))
+    .await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    publish_expecting(&http, base, "nc:mem", 1, "one", StatusCode::OK).await;
+    for _ in 0..3 {
+        let answer = read(&http, &format!("{base}/v1/keys/nc:mem?client=alice"), &[]).await;
+        assert_eq!(answer.body, "one");
+        assert!(!is_near(&answer), "{}", answer.route);
+        assert!(
+            answer.served_by.contains("embedded"),
+            "{}",
+            answer.served_by
+        );
+    }
+    let view = get_json(&http, &format!("{base}/v1/near-cache")).await;
+    assert_eq!(view["enabled"], false, "{view}");
+    assert_eq!(view["entries"], 0, "{view}");
+    assert_eq!(view["hits"], 0, "{view}");
+    service.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
