@@ -13,7 +13,10 @@
 //! The `affine` and `floor` modes run twice: against the service with its near cache off, and
 //! against a second service on the same cluster with it on (the rows marked "near cache"), each
 //! row with the measured staleness of every read against the readers' class budget and the copy
-//! reads per second Redis served. The presence experiment runs with the cache off: it measures
+//! reads per second Redis served. In the near-cache rows the writers publish (and read their
+//! own writes back) through the first service, so the readers' instance learns of each write
+//! only from Redis, within its near-cache max age: the rows measure that bound, not the writes
+//! through the instance that it would see at once. The presence experiment runs with the cache off: it measures
 //! replica lag, which a cache answering writes through the instance would hide.
 
 use std::path::PathBuf;
@@ -80,6 +83,9 @@ pub(super) struct Experiment {
     pub(super) http: reqwest::Client,
     /// The service's base URL, `http://127.0.0.1:<port>`.
     pub(super) base: String,
+    /// Where the writers publish and read their own writes back: `base`, or in the near-cache
+    /// rows the service with its near cache off (another instance, as far as readers know).
+    pub(super) write_base: String,
     /// The throwaway cluster the service runs on; dropping it kills the servers.
     pub(super) cluster: Arc<Cluster>,
     /// The history every task of a phase appends to.
@@ -106,6 +112,8 @@ pub(super) struct Phase {
     pub(super) http: reqwest::Client,
     /// The service's base URL.
     pub(super) base: String,
+    /// Where the phase's writers publish (see [`Experiment::write_base`]).
+    pub(super) write_base: String,
     /// The throwaway cluster.
     pub(super) cluster: Arc<Cluster>,
     /// The history the phase's tasks append to.
@@ -133,6 +141,7 @@ impl Experiment {
         Phase {
             http: self.http.clone(),
             base: self.base.clone(),
+            write_base: self.write_base.clone(),
             cluster: self.cluster.clone(),
             recorder: self.recorder.clone(),
             stop: self.shutdown.child_token(),
@@ -287,6 +296,7 @@ pub async fn run(
     let phase_length = (options.duration / phases).max(Duration::from_secs(2));
     let experiment = Experiment {
         http,
+        write_base: base.clone(),
         base,
         cluster,
         recorder: recorder.clone(),
@@ -300,6 +310,7 @@ pub async fn run(
     let near_experiment = Experiment {
         http: experiment.http.clone(),
         base: near_base,
+        write_base: experiment.base.clone(),
         cluster: experiment.cluster.clone(),
         recorder: recorder.clone(),
         keys: options.keys,

@@ -69,7 +69,10 @@ impl Experiment {
         let mut tasks = tokio::task::JoinSet::new();
 
         for (index, key) in keys.iter().enumerate() {
-            let (http, base, recorder, stop) = phase.service_handles();
+            // Writers publish through `write_base`: the readers' own service, or in the
+            // near-cache rows the other one.
+            let (http, _, recorder, stop) = phase.service_handles();
+            let base = phase.write_base.clone();
             let (key, source) = (key.clone(), source.clone());
             tasks.spawn(async move {
                 let session = format!("writer-{index}");
@@ -208,6 +211,7 @@ impl Experiment {
             cluster,
             recorder,
             stop,
+            ..
         } = phase;
 
         // The seeded fault schedule, at fixed fractions of the phase.
