@@ -266,17 +266,26 @@ impl Session {
 
     /// The token text: the unpadded base64url encoding of the format above.
     pub fn encode(&self, key: &SessionKey) -> String {
-        let mut text = String::with_capacity(encoded_len(self.raw_len()));
-        self.with_raw(key, |raw| base64url::encode_into(raw, &mut text));
-        text
+        // The alphabet is ASCII, so the bytes are always text.
+        String::from_utf8(self.encode_vec(key)).unwrap_or_default()
     }
 
-    /// [`Session::encode`] as shared bytes, in one allocation: what an answer's header takes
-    /// without copying.
+    /// [`Session::encode`] as shared bytes: what an answer's header takes without copying. A
+    /// one-floor session (a client that sent no token and read one key) is looked up first
+    /// among the one-floor tokens this thread encoded lately: a hot key's answers to such
+    /// clients all carry the same token.
     pub fn encode_bytes(&self, key: &SessionKey) -> Bytes {
-        let mut text = String::with_capacity(encoded_len(self.raw_len()));
+        match self.floors.as_slice() {
+            [floor] => single_floor::token(key, *floor, || Bytes::from(self.encode_vec(key))),
+            _ => Bytes::from(self.encode_vec(key)),
+        }
+    }
+
+    /// The token's text as bytes, in one exactly sized allocation.
+    fn encode_vec(&self, key: &SessionKey) -> Vec<u8> {
+        let mut text = Vec::with_capacity(encoded_len(self.raw_len()));
         self.with_raw(key, |raw| base64url::encode_into(raw, &mut text));
-        Bytes::from(text)
+        text
     }
 
     /// The length of the token's bytes before encoding.
@@ -497,6 +506,58 @@ impl SessionMetrics {
     }
 }
 
+/// The one-floor tokens a thread encoded lately, by the floor's key hash: a client that sends no
+/// token and reads one key gets a one-floor token, and every such client of a hot key gets the
+/// same one (same key, version and expiry), so it is encoded once per thread, not per answer.
+/// The entry holds the deployment key's words too: two services in one process (tests) have
+/// different keys.
+mod single_floor {
+    use std::cell::RefCell;
+
+    use bytes::Bytes;
+
+    use super::{SessionFloor, SessionKey};
+
+    /// Slots, chosen by the key hash's low bits.
+    const SLOTS: usize = 32;
+
+    /// One remembered token: the key's words, the floor, the token.
+    type Slot = Option<((u64, u64), SessionFloor, Bytes)>;
+
+    thread_local! {
+        static TOKENS: RefCell<[Slot; SLOTS]> = const { RefCell::new([const { None }; SLOTS]) };
+    }
+
+    /// The token of the one-floor session `floor` under `key`: remembered, or `encode`d and
+    /// remembered.
+    pub(super) fn token(
+        key: &SessionKey,
+        floor: SessionFloor,
+        encode: impl FnOnce() -> Bytes,
+    ) -> Bytes {
+        let slot = (floor.key_hash as usize) % SLOTS;
+        let found = TOKENS.with(|tokens| {
+            let tokens = tokens.try_borrow().ok()?;
+            match &tokens[slot] {
+                Some((words, held, token)) if *words == key.words && *held == floor => {
+                    Some(token.clone())
+                }
+                _ => None,
+            }
+        });
+        if let Some(token) = found {
+            return token;
+        }
+        let token = encode();
+        TOKENS.with(|tokens| {
+            if let Ok(mut tokens) = tokens.try_borrow_mut() {
+                tokens[slot] = Some((key.words, floor, token.clone()));
+            }
+        });
+        token
+    }
+}
+
 /// Unpadded base64url (RFC 4648 §5), strict: no padding, no whitespace, and unused low bits of
 /// the last character must be zero, so every token has exactly one spelling.
 mod base64url {
@@ -504,20 +565,27 @@ mod base64url {
 
     #[cfg(test)]
     pub(super) fn encode(bytes: &[u8]) -> String {
-        let mut out = String::with_capacity(super::encoded_len(bytes.len()));
+        let mut out = Vec::with_capacity(super::encoded_len(bytes.len()));
         encode_into(bytes, &mut out);
-        out
+        String::from_utf8(out).unwrap()
     }
 
-    /// Appends the encoding of `bytes` to `out`.
-    pub(super) fn encode_into(bytes: &[u8], out: &mut String) {
-        for chunk in bytes.chunks(3) {
-            let n = chunk
+    /// Appends the encoding of `bytes` to `out` (ASCII only).
+    pub(super) fn encode_into(bytes: &[u8], out: &mut Vec<u8>) {
+        let letter = |n: u32, shift: u32| ALPHABET[(n >> shift & 63) as usize];
+        let mut chunks = bytes.chunks_exact(3);
+        for chunk in &mut chunks {
+            let n = u32::from(chunk[0]) << 16 | u32::from(chunk[1]) << 8 | u32::from(chunk[2]);
+            out.extend_from_slice(&[letter(n, 18), letter(n, 12), letter(n, 6), letter(n, 0)]);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let n = rest
                 .iter()
                 .enumerate()
                 .fold(0u32, |n, (at, &byte)| n | u32::from(byte) << (16 - 8 * at));
-            for at in 0..=chunk.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * at) & 63) as usize]));
+            for at in 0..=rest.len() {
+                out.push(letter(n, 18 - 6 * at as u32));
             }
         }
     }
@@ -693,6 +761,31 @@ mod tests {
             sessions.encode_bytes(&session).as_ref(),
             text.as_bytes(),
             "one encoding, as text or as shared bytes"
+        );
+        // One-floor tokens are remembered per thread, under their deployment key: the same
+        // floor under another key is another token, and each stays its own encoding.
+        let other_key = SessionKey::from_hex("ffffffffffffffffffffffffffffffff").unwrap();
+        let mut single = Session::default();
+        single.record(floor(3, 9, 9_000, false), 0, 32);
+        for _ in 0..2 {
+            for key in [key(), other_key.clone()] {
+                assert_eq!(
+                    single.encode_bytes(&key).as_ref(),
+                    single.encode(&key).as_bytes()
+                );
+            }
+        }
+        assert_ne!(single.encode(&key()), single.encode(&other_key));
+        // Another floor in the same slot (key hash 3 + 32) replaces it and is its own token.
+        let mut collides = Session::default();
+        collides.record(floor(35, 9, 9_000, false), 0, 32);
+        assert_eq!(
+            collides.encode_bytes(&key()).as_ref(),
+            collides.encode(&key()).as_bytes()
+        );
+        assert_eq!(
+            single.encode_bytes(&key()).as_ref(),
+            single.encode(&key()).as_bytes()
         );
         assert_eq!(
             sessions.incoming_exact(&[text.as_bytes()], 1_000),

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, HeaderName};
 use serde::de::value::{Error as DeError, MapDeserializer};
 use serde::de::{DeserializeOwned, Deserializer, IntoDeserializer, Visitor};
 use serde::forward_to_deserialize_any;
@@ -181,6 +181,31 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for StrictQuery<T>
     }
 }
 
+/// Calls `f` with every decoded `(name, value)` pair of `query` once it passed
+/// [`decode_query`]'s checks: for a route that reads its few parameters by hand. Names are
+/// unique; their order is the query's for a short query, sorted for a long one.
+///
+/// # Errors
+/// As [`decode_query`], with the same sentences.
+pub(crate) fn query_pairs(
+    query: &str,
+    mut f: impl FnMut(&str, Cow<'_, str>),
+) -> Result<(), ApiError> {
+    if pairs_of(query).nth(FEW_PAIRS).is_some() {
+        for (name, value) in decode_query(query)? {
+            f(&name, Cow::Owned(value));
+        }
+        return Ok(());
+    }
+    check_few_pairs(query)?;
+    for (name, value) in pairs_of(query) {
+        // Both decoded without error in the check.
+        let name = percent_decode_cow(name, true).unwrap_or_default();
+        f(&name, percent_decode_cow(value, true).unwrap_or_default());
+    }
+    Ok(())
+}
+
 /// Up to this many pairs, a query is checked pair by pair in place (names compared with every
 /// earlier one) and read without collecting anything; a longer one goes through
 /// [`decode_query`]'s map, which keeps the check linear.
@@ -329,13 +354,23 @@ pub(crate) fn decode_query(query: &str) -> Result<BTreeMap<String, String>, ApiE
     Ok(pairs)
 }
 
+/// `Hotsplit-Client`.
+pub(crate) const CLIENT: HeaderName = HeaderName::from_static(wire::header::CLIENT);
+/// `Hotsplit-Min-Version`.
+pub(crate) const MIN_VERSION: HeaderName = HeaderName::from_static(wire::header::MIN_VERSION);
+/// `Hotsplit-Read-Class`.
+pub(crate) const READ_CLASS: HeaderName = HeaderName::from_static(wire::header::READ_CLASS);
+/// `Hotsplit-Request`.
+const REQUEST: HeaderName = HeaderName::from_static(wire::header::REQUEST);
+
 /// Every line of header `name`, as text, once each has been checked (nothing is collected).
+/// Names are `HeaderName`s, not text, so a lookup does not parse the name again.
 ///
 /// # Errors
 /// `invalid_parameter` when a line is not visible ASCII.
 fn header_lines<'a>(
     headers: &'a HeaderMap,
-    name: &str,
+    name: &HeaderName,
 ) -> Result<impl Iterator<Item = &'a str>, ApiError> {
     let lines = headers.get_all(name);
     if lines.iter().any(|value| value.to_str().is_err()) {
@@ -360,7 +395,7 @@ fn header_lines<'a>(
 pub(crate) fn one_identity(
     query: Option<String>,
     headers: &HeaderMap,
-    name: &str,
+    name: &HeaderName,
 ) -> Result<Option<String>, ApiError> {
     let mut lines = header_lines(headers, name)?;
     let first = lines.next();
@@ -392,7 +427,7 @@ pub(crate) fn highest_floor(
     query: Option<&str>,
     query_name: &str,
     headers: &HeaderMap,
-    name: &str,
+    name: &HeaderName,
 ) -> Result<Option<Version>, ApiError> {
     let mut floor = query
         .map(|raw| parse_version(raw, query_name))
@@ -413,7 +448,7 @@ pub(crate) fn highest_floor(
         ));
     }
     for member in members {
-        let version = parse_version(member, name)?;
+        let version = parse_version(member, name.as_str())?;
         floor = floor.max(Some(version));
     }
     Ok(floor)
@@ -427,7 +462,7 @@ pub(crate) fn highest_floor(
 /// # Errors
 /// `invalid_parameter` when a line is not visible ASCII.
 pub(crate) fn if_none_match(headers: &HeaderMap) -> Result<Option<Version>, ApiError> {
-    Ok(header_lines(headers, header::IF_NONE_MATCH.as_str())?
+    Ok(header_lines(headers, &header::IF_NONE_MATCH)?
         .filter_map(parse_if_none_match)
         .max())
 }
@@ -461,7 +496,7 @@ pub(crate) fn parse_version(raw: &str, name: &str) -> Result<Version, ApiError> 
 /// # Errors
 /// As [`one_identity`].
 pub(crate) fn request_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    one_identity(None, headers, wire::header::REQUEST)
+    one_identity(None, headers, &REQUEST)
 }
 
 #[cfg(test)]
@@ -582,15 +617,16 @@ mod tests {
 
     #[test]
     fn floors_combine_by_maximum_over_query_lines_and_members() {
-        let name = wire::header::MIN_VERSION;
-        let two_lines = headers(&[(name, "1"), (name, "7, 3")]);
+        let text = wire::header::MIN_VERSION;
+        let name = &MIN_VERSION;
+        let two_lines = headers(&[(text, "1"), (text, "7, 3")]);
         let floor = highest_floor(Some("5"), "min_version", &two_lines, name).unwrap();
         assert_eq!(floor.map(Version::get), Some(7));
         let floor = highest_floor(Some("9"), "min_version", &two_lines, name).unwrap();
         assert_eq!(floor.map(Version::get), Some(9));
         let none = highest_floor(None, "min_version", &HeaderMap::new(), name).unwrap();
         assert_eq!(none, None);
-        let bad = headers(&[(name, "1"), (name, "01")]);
+        let bad = headers(&[(text, "1"), (text, "01")]);
         let err = highest_floor(None, "min_version", &bad, name)
             .err()
             .unwrap();
@@ -602,13 +638,14 @@ mod tests {
 
     #[test]
     fn identities_must_agree_as_whole_lines() {
-        let name = wire::header::CLIENT;
-        let same = headers(&[(name, "a,b"), (name, "a,b")]);
+        let text = wire::header::CLIENT;
+        let name = &CLIENT;
+        let same = headers(&[(text, "a,b"), (text, "a,b")]);
         assert_eq!(
             one_identity(None, &same, name).unwrap(),
             Some("a,b".to_owned())
         );
-        let differ = headers(&[(name, "a,b"), (name, "a")]);
+        let differ = headers(&[(text, "a,b"), (text, "a")]);
         let err = one_identity(None, &differ, name).err().unwrap();
         assert_eq!(err.code(), Code::InvalidParameter);
         // Even when the query names the client, the header's lines must agree.
@@ -616,10 +653,10 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(err.code(), Code::InvalidParameter);
-        let empty = headers(&[(name, "")]);
+        let empty = headers(&[(text, "")]);
         let err = one_identity(None, &empty, name).err().unwrap();
         assert_eq!(err.code(), Code::InvalidParameter);
-        let one = headers(&[(name, "a")]);
+        let one = headers(&[(text, "a")]);
         assert_eq!(
             one_identity(Some("q".to_owned()), &one, name).unwrap(),
             Some("q".to_owned())

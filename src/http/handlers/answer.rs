@@ -9,6 +9,7 @@
 //! into one exactly sized buffer per header, with no intermediate `String`. The bytes are the
 //! ones `format!` gave before: `tests/integration/answer_headers.rs` pins them.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 
 use axum::body::Bytes;
@@ -134,23 +135,77 @@ fn joined(parts: &[&[u8]]) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(Bytes::from(bytes)).ok()
 }
 
-/// `ETag: "V"`.
-pub(super) fn etag(version: Version) -> Option<HeaderValue> {
-    let digits = Decimal::new(u128::from(version.get()));
-    joined(&[b"\"", digits.digits(), b"\""])
+/// Slots of the per-thread memories below, chosen by a hash of what is rendered.
+const SLOTS: usize = 32;
+
+/// A version's `ETag` (`None` if it were not a valid header value) and `Hotsplit-Version`.
+type VersionValues = (Option<HeaderValue>, HeaderValue);
+
+thread_local! {
+    /// The `ETag` and `Hotsplit-Version` values this thread rendered lately, by version: a hot
+    /// key's answers repeat its version, so its values are rendered once per thread and then
+    /// shared (a reference count) rather than rendered per answer.
+    static VERSIONS: RefCell<[Option<(Version, VersionValues)>; SLOTS]> =
+        const { RefCell::new([const { None }; SLOTS]) };
+    /// The `Hotsplit-Served-By` values this thread rendered lately, by node and role.
+    static SERVED_BY: RefCell<[Option<(ServedBy, Option<HeaderValue>)>; SLOTS]> =
+        const { RefCell::new([const { None }; SLOTS]) };
 }
 
-/// `Hotsplit-Version: V`.
-pub(super) fn version(version: Version) -> HeaderValue {
-    HeaderValue::from(version.get())
+/// Looks `key` up in this thread's `memory` at `slot`, or renders it with `render` and keeps it.
+fn remembered<K: PartialEq + Clone, V: Clone>(
+    memory: &'static std::thread::LocalKey<RefCell<[Option<(K, V)>; SLOTS]>>,
+    slot: usize,
+    key: &K,
+    render: impl FnOnce() -> V,
+) -> V {
+    let found = memory.with(|memory| {
+        let memory = memory.try_borrow().ok()?;
+        match &memory[slot % SLOTS] {
+            Some((held, value)) if held == key => Some(value.clone()),
+            _ => None,
+        }
+    });
+    if let Some(value) = found {
+        return value;
+    }
+    let value = render();
+    memory.with(|memory| {
+        if let Ok(mut memory) = memory.try_borrow_mut() {
+            memory[slot % SLOTS] = Some((key.clone(), value.clone()));
+        }
+    });
+    value
 }
 
-/// `Hotsplit-Served-By`: `ServedBy`'s `Display`, rendered into one buffer.
+/// `ETag: "V"` (`None` if it were not a valid header value) and `Hotsplit-Version: V`.
+pub(super) fn version(version: Version) -> VersionValues {
+    remembered(&VERSIONS, version.get() as usize, &version, || {
+        let digits = Decimal::new(u128::from(version.get()));
+        (
+            joined(&[b"\"", digits.digits(), b"\""]),
+            HeaderValue::from(version.get()),
+        )
+    })
+}
+
+/// `Hotsplit-Served-By`: `ServedBy`'s `Display` (`None` if it were not a valid header value).
 pub(super) fn served_by(served_by: &ServedBy) -> Option<HeaderValue> {
-    let mut text = String::with_capacity(served_by.node.as_str().len() + ";role=replica".len());
-    // Writing into a String does not fail.
-    let _ = write!(text, "{served_by}");
-    HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
+    // FNV-1a over the node's label: a slot, not a security boundary.
+    let slot = served_by
+        .node
+        .as_str()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        }) as usize
+        + served_by.role as usize;
+    remembered(&SERVED_BY, slot, served_by, || {
+        let mut text = String::with_capacity(served_by.node.as_str().len() + ";role=replica".len());
+        // Writing into a String does not fail.
+        let _ = write!(text, "{served_by}");
+        HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
+    })
 }
 
 /// The `Hotsplit-Route` values `class=NAME;reason=REASON` of every class and reason, rendered
@@ -232,11 +287,34 @@ mod tests {
     }
 
     #[test]
-    fn versions_render_as_an_etag_and_a_number() {
-        for n in [1, 7, 10, 1_234_567_890_123, u64::MAX] {
-            let v = Version::new(n).unwrap();
-            assert_eq!(etag(v).unwrap().as_bytes(), format!("\"{v}\"").as_bytes());
-            assert_eq!(version(v).as_bytes(), v.to_string().as_bytes());
+    fn versions_render_as_an_etag_and_a_number_remembered_or_not() {
+        // 33 and 1 share a slot: each replaces the other and is rendered anew.
+        for _ in 0..2 {
+            for n in [1, 7, 10, 33, 1, 1_234_567_890_123, u64::MAX] {
+                let v = Version::new(n).unwrap();
+                let (etag, number) = version(v);
+                assert_eq!(etag.unwrap().as_bytes(), format!("\"{v}\"").as_bytes());
+                assert_eq!(number.as_bytes(), v.to_string().as_bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn served_by_renders_as_its_display_remembered_or_not() {
+        use crate::store::NodeLabel;
+        let nodes = [
+            ServedBy::primary(NodeLabel::new("10.0.0.1:6379")),
+            ServedBy::replica(NodeLabel::new("10.0.0.1:6379")),
+            ServedBy::primary(NodeLabel::new("10.0.0.2:6379")),
+            ServedBy::embedded(),
+        ];
+        for _ in 0..2 {
+            for node in &nodes {
+                assert_eq!(
+                    served_by(node).unwrap().as_bytes(),
+                    node.to_string().as_bytes()
+                );
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::{answer, COPY, ROUTE, SERVED_BY, VERSION};
 use crate::deadline::Deadline;
 use crate::fleet::session::SessionFloor;
-use crate::http::params::{self, KeyPath, StrictQuery};
+use crate::http::params::{self, KeyPath};
 use crate::http::problem::{ApiError, Code};
 use crate::http::session::{self, SessionToken};
 use crate::http::AppState;
@@ -19,10 +19,10 @@ use crate::route::Floors;
 use crate::store::now_unix_ms;
 use crate::wire;
 
-/// The headers a read answer may carry: its own eight, the session's three (`Hotsplit-Session`,
-/// `Cache-Control`, a second `Vary` line counts apart) and the request layers' (`X-Request-Id`,
-/// `Retry-After`), with room to spare.
-const ANSWER_HEADERS: usize = 16;
+/// The headers a read answer carries: its own eight at most, the session's two
+/// (`Hotsplit-Session`, `Cache-Control`; a second `Vary` line is kept apart and does not count)
+/// and the request layers' `X-Request-Id`, with one to spare.
+const ANSWER_HEADERS: usize = 12;
 
 /// Query parameters of `GET /v1/keys/{key}`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -46,6 +46,48 @@ pub struct ReadParams {
     /// `default_class`.
     #[param(min_length = 1)]
     class: Option<String>,
+}
+
+impl ReadParams {
+    /// Reads `query` as [`StrictQuery`] would (the same checks and sentences), by hand: the
+    /// four fields are matched by name, with no deserializer in between.
+    ///
+    /// # Errors
+    /// `invalid_parameter` for a malformed escape, text that is not UTF-8, or a repeated name.
+    fn from_query(query: &str) -> Result<ReadParams, ApiError> {
+        let mut params = ReadParams {
+            client: None,
+            min_version: None,
+            copy: None,
+            class: None,
+        };
+        params::query_pairs(query, |name, value| {
+            let field = match name {
+                wire::query::CLIENT => &mut params.client,
+                wire::query::MIN_VERSION => &mut params.min_version,
+                wire::query::COPY => &mut params.copy,
+                wire::query::CLASS => &mut params.class,
+                // Unknown parameters are ignored, as the other routes' are.
+                _ => return,
+            };
+            *field = Some(value.into_owned());
+        })?;
+        Ok(params)
+    }
+}
+
+/// The query of `GET /v1/keys/{key}`, strictly decoded ([`ReadParams::from_query`]).
+pub struct ReadQuery(ReadParams);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, ApiError> {
+        ReadParams::from_query(parts.uri.query().unwrap_or_default()).map(ReadQuery)
+    }
 }
 
 /// The request headers a read uses, taken by reference (axum's `HeaderMap` extractor would
@@ -74,15 +116,15 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
     ) -> Result<Self, ApiError> {
         let headers = &parts.headers;
         Ok(ReadHeaders {
-            client: params::one_identity(None, headers, wire::header::CLIENT)?,
+            client: params::one_identity(None, headers, &params::CLIENT)?,
             min_version: params::highest_floor(
                 None,
                 wire::query::MIN_VERSION,
                 headers,
-                wire::header::MIN_VERSION,
+                &params::MIN_VERSION,
             )?,
             if_none_match: params::if_none_match(headers)?,
-            read_class: params::one_identity(None, headers, wire::header::READ_CLASS)?,
+            read_class: params::one_identity(None, headers, &params::READ_CLASS)?,
             request_id: params::request_id(headers)?,
             deadline: parts.extensions.get::<Deadline>().copied(),
         })
@@ -116,7 +158,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
 pub async fn read_key(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
-    StrictQuery(params): StrictQuery<ReadParams>,
+    ReadQuery(params): ReadQuery,
     headers: ReadHeaders,
     token: SessionToken,
 ) -> Response {
@@ -257,10 +299,11 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
             HeaderValue::from_static("application/octet-stream"),
         );
     }
-    if let Some(value) = answer::etag(version) {
+    let (etag, version) = answer::version(version);
+    if let Some(value) = etag {
         headers.insert(header::ETAG, value);
     }
-    headers.insert(VERSION, answer::version(version));
+    headers.insert(VERSION, version);
     headers.insert(COPY, answer::number(u64::from(copy)));
     if let Some(value) = answer::served_by(&served_by) {
         headers.insert(SERVED_BY, value);
@@ -290,8 +333,37 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use axum::extract::FromRequestParts;
+
     use super::*;
     use crate::http::handlers::query;
+
+    #[tokio::test]
+    async fn the_read_query_read_by_hand_is_the_strict_querys() {
+        for raw in [
+            "",
+            "client=a&min_version=2&copy=1&class=advisory",
+            "class=x&client=a%2Cb&flag&client2=c",
+            "client=a&client=b",
+            "client=a&%63lient=b",
+            "client=%zz",
+            "client=%FF",
+            "copy=1&a1&a2&a3&a4&a5&a6&a7&a8&client=z",
+            "copy=1&a1&a2&a3&a4&a5&a6&a7&a8&copy=2",
+        ] {
+            let (mut parts, ()) = axum::http::Request::builder()
+                .uri(format!("/v1/keys/k?{raw}"))
+                .body(())
+                .unwrap()
+                .into_parts();
+            let strict =
+                crate::http::params::StrictQuery::<ReadParams>::from_request_parts(&mut parts, &())
+                    .await
+                    .map(|crate::http::params::StrictQuery(params)| params);
+            let by_hand = ReadParams::from_query(raw);
+            assert_eq!(format!("{by_hand:?}"), format!("{strict:?}"), "{raw:?}");
+        }
+    }
 
     #[test]
     fn the_read_parameters_read_the_wire_names() {

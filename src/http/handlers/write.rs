@@ -99,7 +99,7 @@ struct Writer {
 }
 
 fn writer(params_client: Option<String>, headers: &HeaderMap) -> Result<Writer, ApiError> {
-    let client = params::one_identity(params_client, headers, wire::header::CLIENT)?;
+    let client = params::one_identity(params_client, headers, &params::CLIENT)?;
     let request_id = params::request_id(headers)?;
     Ok(Writer { client, request_id })
 }
