@@ -4,10 +4,12 @@
 //! `class=NAME;reason=REASON` is one of a fixed set for the life of the process (class names
 //! cannot change without a restart, `Router::reload_classes`), and the copy index and a
 //! near-cache `Age` are small numbers. Those are rendered once, as header values over shared or
-//! static bytes, so putting one on an answer takes a reference count, not a buffer. What depends
-//! on the answer (the version, the node that served, a near-cache entry's `age_ms`) is written
-//! into one exactly sized buffer per header, with no intermediate `String`. The bytes are the
-//! ones `format!` gave before: `tests/integration/answer_headers.rs` pins them.
+//! static bytes, so putting one on an answer takes a reference count, not a buffer. A hot key's
+//! answers also repeat its version and the node that served it: those values are remembered
+//! per thread (a few slots, by version and by node), so they are rendered once per thread, not
+//! per answer. A near-cache entry's `age_ms` changes with every answer and is written into one
+//! exactly sized buffer. The bytes are the ones `format!` gave before:
+//! `tests/integration/answer_headers.rs` pins them.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
