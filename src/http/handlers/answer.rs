@@ -143,20 +143,23 @@ const SLOTS: usize = 32;
 /// A version's `ETag` (`None` if it were not a valid header value) and `Hotsplit-Version`.
 type VersionValues = (Option<HeaderValue>, HeaderValue);
 
+/// A per-thread memory of rendered values: a slot holds one key and its value.
+type Memory<K, V> = RefCell<[Option<(K, V)>; SLOTS]>;
+
 thread_local! {
     /// The `ETag` and `Hotsplit-Version` values this thread rendered lately, by version: a hot
     /// key's answers repeat its version, so its values are rendered once per thread and then
     /// shared (a reference count) rather than rendered per answer.
-    static VERSIONS: RefCell<[Option<(Version, VersionValues)>; SLOTS]> =
+    static VERSIONS: Memory<Version, VersionValues> =
         const { RefCell::new([const { None }; SLOTS]) };
     /// The `Hotsplit-Served-By` values this thread rendered lately, by node and role.
-    static SERVED_BY: RefCell<[Option<(ServedBy, Option<HeaderValue>)>; SLOTS]> =
+    static SERVED_BY: Memory<ServedBy, Option<HeaderValue>> =
         const { RefCell::new([const { None }; SLOTS]) };
 }
 
 /// Looks `key` up in this thread's `memory` at `slot`, or renders it with `render` and keeps it.
 fn remembered<K: PartialEq + Clone, V: Clone>(
-    memory: &'static std::thread::LocalKey<RefCell<[Option<(K, V)>; SLOTS]>>,
+    memory: &'static std::thread::LocalKey<Memory<K, V>>,
     slot: usize,
     key: &K,
     render: impl FnOnce() -> V,
