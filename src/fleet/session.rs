@@ -506,11 +506,13 @@ impl SessionMetrics {
     }
 }
 
-/// The one-floor tokens a thread encoded lately, by the floor's key hash: a client that sends no
-/// token and reads one key gets a one-floor token, and every such client of a hot key gets the
-/// same one (same key, version and expiry), so it is encoded once per thread, not per answer.
-/// The entry holds the deployment key's words too: two services in one process (tests) have
-/// different keys.
+/// The one-floor tokens a thread encoded lately: a client that sends no token and reads one key
+/// gets a one-floor token, and every such client of a hot key's copy gets the same one (same
+/// key, version and copy expiry), so it is encoded once per thread, not per answer. The copies
+/// of one key have the same key hash but their own (jittered) expiries, so entries are placed by
+/// a hash of the whole floor, in sets of a few ways: the copies of a hot key do not push each
+/// other out. An entry holds the deployment key's words too: two services in one process
+/// (tests) have different keys.
 mod single_floor {
     use std::cell::RefCell;
 
@@ -518,14 +520,26 @@ mod single_floor {
 
     use super::{SessionFloor, SessionKey};
 
-    /// Slots, chosen by the key hash's low bits.
-    const SLOTS: usize = 32;
+    /// Entries per set.
+    const WAYS: usize = 4;
+
+    /// Sets, chosen by the floor's hash.
+    const SETS: usize = 16;
 
     /// One remembered token: the key's words, the floor, the token.
     type Slot = Option<((u64, u64), SessionFloor, Bytes)>;
 
     thread_local! {
-        static TOKENS: RefCell<[Slot; SLOTS]> = const { RefCell::new([const { None }; SLOTS]) };
+        static TOKENS: RefCell<[[Slot; WAYS]; SETS]> =
+            const { RefCell::new([const { [const { None }; WAYS] }; SETS]) };
+    }
+
+    /// A hash of `floor` that spreads the copies of one key (same key hash, other expiries).
+    fn mix(floor: &SessionFloor) -> u64 {
+        let mixed = floor.key_hash
+            ^ floor.expire_at_ms.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ floor.version.get().rotate_left(29);
+        mixed.wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ (mixed >> 31)
     }
 
     /// The token of the one-floor session `floor` under `key`: remembered, or `encode`d and
@@ -535,15 +549,16 @@ mod single_floor {
         floor: SessionFloor,
         encode: impl FnOnce() -> Bytes,
     ) -> Bytes {
-        let slot = (floor.key_hash as usize) % SLOTS;
+        let hash = mix(&floor);
+        let set = (hash >> 32) as usize % SETS;
         let found = TOKENS.with(|tokens| {
             let tokens = tokens.try_borrow().ok()?;
-            match &tokens[slot] {
+            tokens[set].iter().find_map(|slot| match slot {
                 Some((words, held, token)) if *words == key.words && *held == floor => {
                     Some(token.clone())
                 }
                 _ => None,
-            }
+            })
         });
         if let Some(token) = found {
             return token;
@@ -551,7 +566,13 @@ mod single_floor {
         let token = encode();
         TOKENS.with(|tokens| {
             if let Ok(mut tokens) = tokens.try_borrow_mut() {
-                tokens[slot] = Some((key.words, floor, token.clone()));
+                let ways = &mut tokens[set];
+                // An empty way first, else one chosen by the hash's low bits.
+                let way = ways
+                    .iter()
+                    .position(Option::is_none)
+                    .unwrap_or(hash as usize % WAYS);
+                ways[way] = Some((key.words, floor, token.clone()));
             }
         });
         token
@@ -776,17 +797,18 @@ mod tests {
             }
         }
         assert_ne!(single.encode(&key()), single.encode(&other_key));
-        // Another floor in the same slot (key hash 3 + 32) replaces it and is its own token.
-        let mut collides = Session::default();
-        collides.record(floor(35, 9, 9_000, false), 0, 32);
-        assert_eq!(
-            collides.encode_bytes(&key()).as_ref(),
-            collides.encode(&key()).as_bytes()
-        );
-        assert_eq!(
-            single.encode_bytes(&key()).as_ref(),
-            single.encode(&key()).as_bytes()
-        );
+        // Many floors of one key (copies: other expiries), more than a set holds, each stay
+        // their own token whether remembered, pushed out or encoded anew.
+        for _ in 0..2 {
+            for expiry in 9_000..9_200 {
+                let mut copy = Session::default();
+                copy.record(floor(3, 9, expiry, false), 0, 32);
+                assert_eq!(
+                    copy.encode_bytes(&key()).as_ref(),
+                    copy.encode(&key()).as_bytes()
+                );
+            }
+        }
         assert_eq!(
             sessions.incoming_exact(&[text.as_bytes()], 1_000),
             (session.clone(), true)
