@@ -137,6 +137,11 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
             "{row}"
         );
         assert!(row["staleness"]["count"].as_u64().unwrap() > 0, "{row}");
+        // The near cache answered some of them, and their staleness is shown apart.
+        assert!(
+            row["near_cache_hit_staleness"]["count"].as_u64().unwrap() > 0,
+            "{row}"
+        );
         assert!(row["redis_reads_per_s"].as_f64().unwrap() > 0.0, "{row}");
     }
     assert_eq!(
