@@ -464,7 +464,13 @@ impl Service {
             store,
             table: lag,
             instance,
-            offset_every: 10,
+            // About once a second, whatever the interval.
+            offset_every: u32::try_from(
+                Duration::from_secs(1).as_micros()
+                    / config.route.heartbeat_interval.as_micros().max(1),
+            )
+            .unwrap_or(u32::MAX)
+            .max(1),
             metrics: route_metrics,
         };
         let status_publisher = StatusPublisher {

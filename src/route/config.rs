@@ -58,7 +58,9 @@ pub struct ClassConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct RouteConfig {
     /// How often each instance writes its heartbeat on every primary and reads it back on every
-    /// replica. Default: `100ms`.
+    /// replica. A replica's current lag counts all the time since its last read, so a healthy
+    /// replica looks up to one interval behind: keep it well under the smallest replica budget
+    /// and near-cache max age. Default: `100ms`.
     #[serde(with = "crate::duration")]
     pub heartbeat_interval: Duration,
     /// The sliding window of lag samples reported per replica. Default: `60s`.
