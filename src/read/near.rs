@@ -29,7 +29,7 @@ use futures_util::future::{BoxFuture, FutureExt};
 use super::{breach, Consulted, Decision, ReadAnswer, Reader};
 use crate::error::Result;
 use crate::key::{CopyKey, Key, Version};
-use crate::near::{Filled, Lookup, NearCache};
+use crate::near::{Entry, Filled, Lookup, NearCache};
 use crate::route::{Plan, PlanRoute, RouteReason, Target};
 use crate::store::{CopyRead, CopyRecord, Role, Store};
 
@@ -97,11 +97,32 @@ impl Reader {
         if below(Some(&entry.record), floor) {
             return None;
         }
-        near.served(&entry, plan.class, age);
-        if near.refresh_due(&entry, age, max_age) {
-            self.refresh(near, &key.copy_key(copy), plan);
+        Some(
+            self.serve_entry(near, &entry, age, copy, plan, max_age, || {
+                key.copy_key(copy)
+            }),
+        )
+    }
+
+    /// Answers the affine copy `copy` from its fresh near-cache `entry`, `age` old: counted as a
+    /// hit, and a refresh of the copy (whose key `copy_key` builds, only then) started when one
+    /// is due.
+    #[allow(clippy::too_many_arguments)]
+    fn serve_entry(
+        &self,
+        near: &Arc<NearCache>,
+        entry: &Entry,
+        age: Duration,
+        copy: u32,
+        plan: &Plan,
+        max_age: Duration,
+        copy_key: impl FnOnce() -> CopyKey,
+    ) -> NearConsult {
+        near.served(entry, plan.class, age);
+        if near.refresh_due(entry, age, max_age) {
+            self.refresh(near, &copy_key(), plan);
         }
-        Some(NearConsult {
+        NearConsult {
             consulted: Consulted {
                 copy,
                 read: CopyRead {
@@ -112,7 +133,7 @@ impl Reader {
             },
             age: Some(age),
             high_water: Some(entry.record.version),
-        })
+        }
     }
 
     /// Consults the affine copy `copy` of `key` through the near cache (see the module doc).
@@ -130,22 +151,9 @@ impl Reader {
         let copy_key = key.copy_key(copy);
         if let Lookup::Fresh(entry, age) = near.lookup(&copy_key, max_age) {
             if !below(Some(&entry.record), floor) {
-                near.served(&entry, plan.class, age);
-                if near.refresh_due(&entry, age, max_age) {
-                    self.refresh(near, &copy_key, plan);
-                }
-                return Ok(NearConsult {
-                    consulted: Consulted {
-                        copy,
-                        read: CopyRead {
-                            served_by: entry.served_by.clone(),
-                            record: Ok(Some(entry.record.clone())),
-                        },
-                        reason: entry.reason,
-                    },
-                    age: Some(age),
-                    high_water: Some(entry.record.version),
-                });
+                return Ok(
+                    self.serve_entry(near, &entry, age, copy, plan, max_age, || copy_key.clone())
+                );
             }
             near.metrics().floor_reads.inc();
             let high_water = near.high_water(&copy_key);
