@@ -37,12 +37,15 @@
 
 use std::hash::Hasher;
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as BASE64URL;
+use base64::Engine;
 use bytes::Bytes;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use siphasher::sip::SipHasher24;
 
 use super::SessionConfig;
 use crate::key::{Key, Version};
@@ -108,11 +111,10 @@ impl SessionKey {
         format!("{:016x}{:016x}", self.words.0, self.words.1)
     }
 
-    // std's SipHasher is deprecated only in favour of the unkeyed DefaultHasher; it is the one
-    // keyed SipHash-2-4 in std, and keyed is the point here.
-    #[allow(deprecated)]
-    fn hasher(&self, domain: u8) -> std::hash::SipHasher {
-        let mut hasher = std::hash::SipHasher::new_with_keys(self.words.0, self.words.1);
+    /// Keyed SipHash-2-4 (the `siphasher` crate: the same output as std's deprecated
+    /// `SipHasher`, so tokens and key hashes of earlier releases stay valid), domain-separated.
+    fn hasher(&self, domain: u8) -> SipHasher24 {
+        let mut hasher = SipHasher24::new_with_keys(self.words.0, self.words.1);
         hasher.write(&[domain]);
         hasher
     }
@@ -283,8 +285,10 @@ impl Session {
 
     /// The token's text as bytes, in one exactly sized allocation.
     fn encode_vec(&self, key: &SessionKey) -> Vec<u8> {
-        let mut text = Vec::with_capacity(encoded_len(self.raw_len()));
-        self.with_raw(key, |raw| base64url::encode_into(raw, &mut text));
+        let mut text = vec![0; encoded_len(self.raw_len())];
+        // The buffer is exactly the encoded length, so the encoding always fits.
+        let length = self.with_raw(key, |raw| BASE64URL.encode_slice(raw, &mut text));
+        text.truncate(length.unwrap_or(0));
         text
     }
 
@@ -334,7 +338,7 @@ impl Session {
             return Decoded::Oversized;
         }
         let mut buffer = [0u8; MAX_TOKEN_BYTES];
-        let Some(length) = base64url::decode_into(text, &mut buffer) else {
+        let Ok(length) = BASE64URL.decode_slice(text, &mut buffer) else {
             return Decoded::Garbled;
         };
         let bytes = &buffer[..length];
@@ -579,86 +583,22 @@ mod single_floor {
     }
 }
 
-/// Unpadded base64url (RFC 4648 §5), strict: no padding, no whitespace, and unused low bits of
-/// the last character must be zero, so every token has exactly one spelling.
-mod base64url {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-
-    #[cfg(test)]
-    pub(super) fn encode(bytes: &[u8]) -> String {
-        let mut out = Vec::with_capacity(super::encoded_len(bytes.len()));
-        encode_into(bytes, &mut out);
-        String::from_utf8(out).unwrap()
-    }
-
-    /// Appends the encoding of `bytes` to `out` (ASCII only).
-    pub(super) fn encode_into(bytes: &[u8], out: &mut Vec<u8>) {
-        let letter = |n: u32, shift: u32| ALPHABET[(n >> shift & 63) as usize];
-        let mut chunks = bytes.chunks_exact(3);
-        for chunk in &mut chunks {
-            let n = u32::from(chunk[0]) << 16 | u32::from(chunk[1]) << 8 | u32::from(chunk[2]);
-            out.extend_from_slice(&[letter(n, 18), letter(n, 12), letter(n, 6), letter(n, 0)]);
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let n = rest
-                .iter()
-                .enumerate()
-                .fold(0u32, |n, (at, &byte)| n | u32::from(byte) << (16 - 8 * at));
-            for at in 0..=rest.len() {
-                out.push(letter(n, 18 - 6 * at as u32));
-            }
-        }
-    }
-
-    fn value(c: u8) -> Option<u32> {
-        match c {
-            b'A'..=b'Z' => Some(u32::from(c - b'A')),
-            b'a'..=b'z' => Some(u32::from(c - b'a') + 26),
-            b'0'..=b'9' => Some(u32::from(c - b'0') + 52),
-            b'-' => Some(62),
-            b'_' => Some(63),
-            _ => None,
-        }
-    }
-
-    #[cfg(test)]
-    pub(super) fn decode(text: &[u8]) -> Option<Vec<u8>> {
-        let mut out = vec![0; text.len() * 3 / 4];
-        let length = decode_into(text, &mut out)?;
-        out.truncate(length);
-        Some(out)
-    }
-
-    /// Decodes `text` into the start of `out`; returns the length decoded. `None` when `text`
-    /// is not strict unpadded base64url, or does not fit in `out`.
-    pub(super) fn decode_into(text: &[u8], out: &mut [u8]) -> Option<usize> {
-        if text.len() % 4 == 1 {
-            return None;
-        }
-        let mut length = 0;
-        for chunk in text.chunks(4) {
-            let mut n = 0u32;
-            for (at, &c) in chunk.iter().enumerate() {
-                n |= value(c)? << (18 - 6 * at);
-            }
-            let bytes = chunk.len() - 1;
-            // The bits below the last whole byte must be zero (one spelling per token).
-            if n & ((1 << (24 - 8 * bytes)) - 1) != 0 {
-                return None;
-            }
-            for at in 0..bytes {
-                *out.get_mut(length)? = (n >> (16 - 8 * at)) as u8;
-                length += 1;
-            }
-        }
-        Some(length)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The token's text encoding, as whole strings and vectors.
+    mod base64url {
+        use super::{Engine, BASE64URL};
+
+        pub(super) fn encode(bytes: &[u8]) -> String {
+            BASE64URL.encode(bytes)
+        }
+
+        pub(super) fn decode(text: &[u8]) -> Option<Vec<u8>> {
+            BASE64URL.decode(text).ok()
+        }
+    }
 
     fn key() -> SessionKey {
         SessionKey::from_hex("000102030405060708090a0b0c0d0e0f").unwrap()

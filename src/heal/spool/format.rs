@@ -6,6 +6,7 @@ use std::hash::Hasher;
 
 use bytes::Bytes;
 use rand::RngCore;
+use siphasher::sip::SipHasher24;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -118,17 +119,16 @@ impl FileKey {
         FileKey(key)
     }
 
-    // std's SipHasher is deprecated only in favour of the unkeyed DefaultHasher; it is the one
-    // keyed SipHash-2-4 in std, and keyed is the point here.
-    #[allow(deprecated)]
-    pub(super) fn hasher(&self) -> std::hash::SipHasher {
+    /// Keyed SipHash-2-4 (the `siphasher` crate: the same output as std's deprecated
+    /// `SipHasher`, so every spool file an earlier release wrote still verifies).
+    pub(super) fn hasher(&self) -> SipHasher24 {
         let (k0, k1) = self.0.split_at(8);
         let word = |bytes: &[u8]| {
             let mut word = [0u8; 8];
             word.copy_from_slice(bytes);
             u64::from_le_bytes(word)
         };
-        std::hash::SipHasher::new_with_keys(word(k0), word(k1))
+        SipHasher24::new_with_keys(word(k0), word(k1))
     }
 
     pub(super) fn head_tag(&self, len: u32) -> u32 {
