@@ -30,8 +30,54 @@
 //! `heal.sweep_interval`, while no mismatch is seen and no live instance has more copies) scans
 //! the family's keys and deletes every copy at or beyond `copies`. A sweep that finds nothing
 //! left to delete lowers the record's `max_copies` to `copies` (by compare-and-set from the
-//! value it read), which ends both. The protocol and why it holds: ARCHITECTURE.md, "A resize
-//! across instances".
+//! value it read), which ends both.
+//!
+//! # The resize protocol, and why it holds
+//!
+//! Instances on two copy counts of one family may run at once (a rolling resize). Each instance
+//! keeps an entry `<copies>:<instance>` in the family's live set `#hotsplit#live#<family>` (a
+//! sorted set scored by when the entry lapses, on the server's clock), refreshed every
+//! `heal.layout_interval` (L) and lapsing after 3 L; `FCALL hotsplit_live` drops lapsed entries,
+//! refreshes its own and returns the others. The protocol: (1) every publish writes copies
+//! `0..max(copies, largest live count it last saw)`, and deletes only from there up to
+//! `max_copies`; (2) the sweep does nothing while a live instance has more copies, nor for L + 2 ×
+//! the command timeout after the largest live count it sees last changed (a publish that read the
+//! larger count, here or on an instance that has not refreshed yet, ends within that time, so no
+//! copy beyond the count lands after the sweep that lowers the record; test:
+//! `heal::layout::tests::the_sweep_deletes_removed_copies_of_its_family_only`), and lowers the
+//! record only by compare-and-set from the value it read (an instance that raised the record
+//! meanwhile wins); (3) an instance joins the live set *before* it reads the record and serves; if
+//! it joined next to live instances with fewer copies (count `m`), it waits L + 2 × the store
+//! command timeout (every live instance re-reads the live set within L plus one call, and a publish
+//! that started with the old view ends within one command timeout), then deletes the family's
+//! copies `m..copies` before it binds, so a copy that missed an edit while only smaller writers ran
+//! is gone (read repair refills it from its newest sibling); with no instance live it deletes
+//! copies from the last recorded count up to the recorded `max_copies` (left by an unfinished
+//! sweep; no wait, nobody writes). Why it holds: a copy `i` is read only by an instance with more
+//! than `i` copies; from the moment that instance's entry is visible to a writer's refresh (at most
+//! L + one call after it joined, which its wait covers) until it lapses (3 L after its last
+//! refresh, after its last read), every writer writes copy `i`, so an edit copy `i` misses is made
+//! before the reader's wait ended, and the copy is deleted after it. Entries are per process, so
+//! one instance stopping never hides another with the same count; they are not removed at shutdown
+//! but lapse, after the last request was served. Tests:
+//! `resize::resize_two_instances_on_different_copy_counts_keep_every_read_copy_current` (12 and 4
+//! copies against one Redis, publishing alternately: every copy the larger one reads holds the
+//! newest version after each publish; the smaller one's sweep waits until the larger one stops),
+//! `resize::resize_shrink_then_grow_within_the_ttl_serves_no_missed_edit`,
+//! `heal::layout::tests::a_growing_instance_deletes_the_grown_copies_after_settling`, and
+//! `conformance::*` (the live set on the embedded store, standalone Redis and a cluster). Not
+//! covered: a failover that loses a fresh live entry (asynchronous replication) hides the instance
+//! until its next refresh, one L; a join refused at startup (no `FCALL`) is logged and retried
+//! every L, and until it succeeds the instance is not seen by the others (its publishes fail the
+//! same way meanwhile); a retry-queue entry for a copy at or beyond every live count can still land
+//! after a grow's deletion.
+//!
+//! Readers that carry floors are never served below them; a read whose consulted copies are all
+//! missing asks copy 0 (present in every layout) before answering 404, and read repair fills the
+//! new copy. Copies removed by a shrink are deleted when their key is published and by the
+//! background sweep, while the recorded `max_copies` exceeds the configured count, so growing again
+//! cannot serve a copy that missed edits. The sweep pauses while the recorded layout differs from
+//! this instance's config or a live instance has more copies (above).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
