@@ -109,7 +109,8 @@ impl StateParts {
             .any(|(_, def)| matches!(def.route, Route::Replica { .. }));
         let warm_up = Arc::new(match warm_up {
             Some(bound) => WarmUp::new(probe.topology.clone(), lag.clone(), bound, replica_routed),
-            None => WarmUp::ended(probe.topology.clone(), lag.clone()),
+            // No warm-up: one that has already ended and never waits.
+            None => WarmUp::new(probe.topology.clone(), lag.clone(), Duration::ZERO, false),
         });
         let router = Arc::new(Router::new(
             &config.route,

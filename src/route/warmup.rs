@@ -143,12 +143,6 @@ impl WarmUp {
         }
     }
 
-    /// A warm-up that has already ended and never waits: for tests and embedding without a
-    /// lag monitor.
-    pub fn ended(store: Arc<dyn TopologyStore>, lag: Arc<LagTable>) -> WarmUp {
-        WarmUp::new(store, lag, Duration::ZERO, false)
-    }
-
     /// What replica-routed reads cannot use yet.
     pub fn pending(&self) -> WarmUpPending {
         if !self.needed {
@@ -191,7 +185,8 @@ impl WarmUp {
     }
 
     /// Whether the warm-up has ended.
-    pub fn has_ended(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_ended(&self) -> bool {
         self.done.load(Ordering::Acquire)
     }
 }

@@ -302,7 +302,7 @@ pub fn layout_writer_key(family: &str) -> String {
 }
 
 /// The hash fields of a layout writer record, in the order [`LayoutWriter::fields`] gives them.
-pub const LAYOUT_WRITER_FIELDS: [&str; 4] = ["instance", "release", "copies", "written_ms"];
+pub(crate) const LAYOUT_WRITER_FIELDS: [&str; 4] = ["instance", "release", "copies", "written_ms"];
 
 /// Which instance and release last wrote a family's layout record, kept beside it
 /// ([`layout_writer_key`]), so a mismatch names who runs the other layout.
@@ -332,7 +332,7 @@ impl LayoutWriter {
     /// Reads a record back from its field values in [`LAYOUT_WRITER_FIELDS`] order; `None` when
     /// a field is missing (no record: a release before writer records wrote the layout) or a
     /// number does not parse.
-    pub fn from_fields(values: &[Option<String>]) -> Option<LayoutWriter> {
+    pub(crate) fn from_fields(values: &[Option<String>]) -> Option<LayoutWriter> {
         let [instance, release, copies, written_ms] = values else {
             return None;
         };
@@ -347,25 +347,25 @@ impl LayoutWriter {
 
 /// The store key of the lease `name` (`#hotsplit#lease#<name>`, a string holding the holder's
 /// name, expiring with the lease). Like [`layout_key`] it starts with `#`.
-pub fn lease_key(name: &str) -> String {
+pub(crate) fn lease_key(name: &str) -> String {
     format!("#hotsplit#lease#{name}")
 }
 
 /// The store key of the set of instances live in a family (a sorted set: member
 /// `<copies>:<instance>`, score the Unix millisecond at which the entry lapses). Like
 /// [`layout_key`] it starts with `#`.
-pub fn live_key(family: &str) -> String {
+pub(crate) fn live_key(family: &str) -> String {
     format!("#hotsplit#live#{family}")
 }
 
 /// The live-set member of an instance with `copies` copies: `<copies>:<instance>`.
-pub fn live_member(copies: u32, instance: &str) -> String {
+pub(crate) fn live_member(copies: u32, instance: &str) -> String {
     format!("{copies}:{instance}")
 }
 
 /// Whether `instance` may name a live-set member: 1..=64 letters, digits, `-`, `_` or `.`
 /// (the Lua library checks the same).
-pub fn valid_live_instance(instance: &str) -> bool {
+pub(crate) fn valid_live_instance(instance: &str) -> bool {
     (1..=64).contains(&instance.len())
         && instance
             .bytes()
@@ -377,7 +377,7 @@ pub const DEFAULT_VERSION_RETENTION_MS: u64 = 3_600_000;
 
 /// When the record of a copy that expires (stops being served) at `expire_at_ms` is deleted:
 /// `retention_ms` later. Until then the compare-and-set refuses older versions.
-pub fn retain_until_ms(expire_at_ms: u64, retention_ms: u64) -> u64 {
+pub(crate) fn retain_until_ms(expire_at_ms: u64, retention_ms: u64) -> u64 {
     expire_at_ms.saturating_add(retention_ms)
 }
 

@@ -146,8 +146,9 @@ impl Scrubber {
         }
     }
 
-    /// Runs one pass now without the lease (for tests and tools): every key, at the configured
+    /// Runs one pass now without the lease (for tests): every key, at the configured
     /// rate, until done or `shutdown`. Returns its figures.
+    #[cfg(any(test, feature = "test-util"))]
     pub async fn pass(&self, shutdown: &CancellationToken) -> PassFigures {
         self.walk(shutdown, &mut LeaseClock { renew_at: None })
             .await;

@@ -44,12 +44,12 @@ pub const COPY_OVERHEAD_BYTES: u64 = 136;
 
 /// What one version counter costs beyond its key's bytes: its map slot (a 40-byte key-and-counter
 /// pair) at the table's average spare capacity and the rounding of the key's block.
-pub const COUNTER_OVERHEAD_BYTES: u64 = 72;
+pub(crate) const COUNTER_OVERHEAD_BYTES: u64 = 72;
 
 /// The default bound of the bytes the embedded store holds: 1 GiB, about 4.9 million copies of
 /// 64-byte values at the measured 218 bytes each. The embedded store is for trying hotsplit and
 /// for tests; the bound keeps a runaway publisher from taking the host's memory.
-pub const DEFAULT_MEMORY_MAX_BYTES: u64 = 1 << 30;
+pub(crate) const DEFAULT_MEMORY_MAX_BYTES: u64 = 1 << 30;
 
 /// The bytes one copy is counted for.
 fn copy_bytes(copy_key: &str, payload: &Payload) -> u64 {
@@ -237,7 +237,7 @@ impl MemoryStore {
     }
 
     /// The bytes the store counts as held (see the module's "memory bound").
-    pub fn memory_bytes(&self) -> u64 {
+    pub(crate) fn memory_bytes(&self) -> u64 {
         self.state().held_bytes
     }
 
@@ -414,7 +414,8 @@ impl MemoryStore {
 
     /// Replaces a copy's record without any compare-and-set, for tests that need to make a copy
     /// stale on purpose (the Redis equivalent is writing the hash directly).
-    pub fn overwrite_for_test(&self, copy_key: &CopyKey, record: Option<CopyRecord>) {
+    #[cfg(test)]
+    pub(crate) fn overwrite_for_test(&self, copy_key: &CopyKey, record: Option<CopyRecord>) {
         let mut state = self.state();
         match record {
             Some(record) => {

@@ -260,7 +260,7 @@ impl Password {
     }
 
     /// The password itself, for the client that sends `AUTH`; never for a message.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
