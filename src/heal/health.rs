@@ -626,4 +626,104 @@ mod tests {
         assert!(!health.avoids_reads(&node));
         assert_eq!(health.unhealthy.load(Ordering::Acquire), 0);
     }
+
+    #[tokio::test]
+    async fn a_command_on_a_failing_node_is_not_sent_and_a_timeout_marks_its_node() {
+        let health = NodeHealth::default();
+        let node = NodeLabel::new("127.0.0.1:1");
+        let timed_out = health
+            .unless_failing(&node, || "a scan".to_owned(), async {
+                Err::<(), _>(Error::new(ErrorKind::Timeout, "timed out"))
+            })
+            .await;
+        assert_eq!(timed_out.unwrap_err().kind(), ErrorKind::Timeout);
+        assert!(health.is_failing(&node), "a timeout marks the node failing");
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        let skipped = health
+            .unless_failing(&node, || "a scan".to_owned(), async {
+                sent.store(true, Ordering::Relaxed);
+                Ok(())
+            })
+            .await;
+        assert_eq!(skipped.unwrap_err().kind(), ErrorKind::NodeFailing);
+        assert!(
+            !sent.load(Ordering::Relaxed),
+            "nothing is sent to a failing node"
+        );
+        assert_eq!(health.avoided_nodes(), vec![node]);
+    }
+
+    #[tokio::test]
+    async fn the_ping_fails_at_once_when_every_primary_is_failing() {
+        /// Two primaries whose pings answer only for the first.
+        struct Two;
+        impl TopologyStore for Two {
+            fn kind(&self) -> &'static str {
+                "redis-cluster"
+            }
+            fn topology(&self) -> Vec<crate::store::ReplicaSet> {
+                Vec::new()
+            }
+            fn primaries(&self) -> Vec<NodeLabel> {
+                vec![NodeLabel::new("a:1"), NodeLabel::new("b:1")]
+            }
+            fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
+                Box::pin(async { Ok(()) })
+            }
+            fn write_heartbeat<'a>(
+                &'a self,
+                _primary: &'a NodeLabel,
+                _instance: &'a str,
+                _stamp_us: u64,
+            ) -> BoxFuture<'a, Result<()>> {
+                Box::pin(async { Ok(()) })
+            }
+            fn read_heartbeat<'a>(
+                &'a self,
+                _replica: &'a NodeLabel,
+                _instance: &'a str,
+            ) -> BoxFuture<'a, Result<Option<u64>>> {
+                Box::pin(async { Ok(None) })
+            }
+            fn replication_offset<'a>(
+                &'a self,
+                _node: &'a NodeLabel,
+            ) -> BoxFuture<'a, Result<u64>> {
+                Box::pin(async { Ok(0) })
+            }
+            fn ping(&self) -> BoxFuture<'_, Result<()>> {
+                // The whole-store ping waits on every primary: the failing one does not answer.
+                Box::pin(async { Err(Error::new(ErrorKind::Timeout, "b:1 timed out")) })
+            }
+            fn ping_node<'a>(
+                &'a self,
+                node: &'a NodeLabel,
+                _timeout: Duration,
+            ) -> BoxFuture<'a, Result<()>> {
+                let answers = node.as_str() == "a:1";
+                Box::pin(async move {
+                    if answers {
+                        Ok(())
+                    } else {
+                        Err(Error::new(ErrorKind::Timeout, "timed out"))
+                    }
+                })
+            }
+        }
+        let health = NodeHealth::default();
+        assert!(
+            health.ping(&Two).await.is_err(),
+            "all healthy: the whole store is pinged"
+        );
+        health.mark_failing(&NodeLabel::new("b:1"), "a test");
+        assert!(
+            health.ping(&Two).await.is_ok(),
+            "the store serves around b:1"
+        );
+        health.mark_failing(&NodeLabel::new("a:1"), "a test");
+        assert_eq!(
+            health.ping(&Two).await.unwrap_err().kind(),
+            ErrorKind::NodeFailing
+        );
+    }
 }

@@ -87,7 +87,7 @@ pub struct FunctionLibrary {
 
 impl FunctionLibrary {
     /// This release's library.
-    pub const CURRENT: FunctionLibrary = FunctionLibrary {
+    pub(crate) const CURRENT: FunctionLibrary = FunctionLibrary {
         name: LIBRARY_NAME,
         source: LIBRARY_SOURCE,
         cas: CAS_FUNCTION,

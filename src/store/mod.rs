@@ -122,7 +122,7 @@ impl CopyRecord {
     /// Whether this record comes after `held` in the copies' order: a higher version, or at an
     /// equal version a tombstone after a value (tombstones win ties, as in the compare-and-set).
     /// The expiry plays no part.
-    pub fn supersedes(&self, held: &CopyRecord) -> bool {
+    pub(crate) fn supersedes(&self, held: &CopyRecord) -> bool {
         self.version > held.version
             || (self.version == held.version
                 && matches!(self.payload, Payload::Tombstone)
@@ -278,7 +278,7 @@ impl Layout {
     }
 
     /// Parses the stored text; `None` when it is not `copies:max_copies`.
-    pub fn decode(text: &str) -> Option<Layout> {
+    pub(crate) fn decode(text: &str) -> Option<Layout> {
         let (copies, max_copies) = text.split_once(':')?;
         Some(Layout {
             copies: copies.parse().ok()?,

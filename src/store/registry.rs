@@ -20,7 +20,7 @@ pub const INSTANCES_KEY: &str = "#hotsplit#{fleet}#instances";
 
 /// The deployment's session key (`fleet::session`), 32 hex digits, created by the first
 /// instance to start (`SET NX`) and never expiring.
-pub const SESSION_KEY_KEY: &str = "#hotsplit#{fleet}#session-key";
+pub(crate) const SESSION_KEY_KEY: &str = "#hotsplit#{fleet}#session-key";
 
 /// The hash fields of an instance record, in the order [`InstanceRecord::fields`] gives them.
 pub(crate) const INSTANCE_FIELDS: [&str; 7] = [

@@ -198,7 +198,7 @@ impl MemoryStore {
 
     /// Keeps each copy's record `retention_ms` past its expiry, so older writes stay `stale`
     /// after the value stopped being served. Default: one hour.
-    pub fn with_version_retention(mut self, retention_ms: u64) -> MemoryStore {
+    pub(crate) fn with_version_retention(mut self, retention_ms: u64) -> MemoryStore {
         self.version_retention_ms = retention_ms;
         self
     }
@@ -212,7 +212,7 @@ impl MemoryStore {
 
     /// Exports the bytes held (`hotsplit_store_memory_bytes`) and the bound
     /// (`hotsplit_store_memory_max_bytes`) in `metrics`.
-    pub fn with_metrics(mut self, metrics: &Metrics) -> MemoryStore {
+    pub(crate) fn with_metrics(mut self, metrics: &Metrics) -> MemoryStore {
         let (held, max) = metrics.register_with(|registry| {
             let held: Gauge = register_with_unit(
                 registry,
@@ -377,7 +377,7 @@ impl MemoryStore {
 
     /// Drops every copy record past its retention and every expired counter; returns how many
     /// entries were removed.
-    pub fn purge_expired(&self) -> usize {
+    pub(crate) fn purge_expired(&self) -> usize {
         let now_ms = now_unix_ms();
         let mut guard = self.state();
         let state = &mut *guard;
