@@ -11,8 +11,9 @@
 //! | [`LibraryStore`] | the function library on each primary | `fleet::retire`, `/readyz`, the lag monitor |
 //!
 //! [`super::redis::RedisStore`] implements every role, one file of `store/redis/` each;
-//! [`super::memory::MemoryStore`] implements every role too, saying in its own impl what a
-//! store inside one process has of each (no replicas, no library, a lease nobody shares).
+//! [`super::memory::MemoryStore`] implements every role but the scrub's, saying in its own
+//! impls what a store inside one process has of each (no replicas, no heartbeats, no library);
+//! the server runs the scrub with Redis only.
 //! `heal::HealthStore` wraps the copy role only. The server builds the store once and hands
 //! each part the roles it uses.
 //!

@@ -1,7 +1,9 @@
 //! What the embedded store has of the roles beyond the copies: the shared records (layouts,
 //! live sets, the registry, the session key) kept in this process, and the shape of a store
 //! that is one process, said here rather than in trait defaults: no replicas, no heartbeats, no
-//! function library, one node to scan, a lease nobody else asks for.
+//! function library. It has no scrub role ([`crate::store::ScrubStore`]): its copies never
+//! fall behind one another (it never fails a copy write), and the server runs the scrub with
+//! Redis only.
 
 use std::time::Duration;
 
@@ -10,9 +12,8 @@ use futures_util::future::BoxFuture;
 use super::{glob_matches, MemoryStore};
 use crate::error::{Error, ErrorKind, Result};
 use crate::store::{
-    live_member, now_unix_ms, valid_live_instance, FleetStore, InstanceRecord, KeyPage, Layout,
-    LayoutStore, LayoutSwap, LayoutWriter, Lease, LibraryStore, NodeLabel, ReplicaSet, ScrubStore,
-    TopologyStore,
+    live_member, now_unix_ms, valid_live_instance, FleetStore, InstanceRecord, Layout, LayoutStore,
+    LayoutSwap, LayoutWriter, LibraryStore, NodeLabel, ReplicaSet, TopologyStore,
 };
 
 impl LayoutStore for MemoryStore {
@@ -178,38 +179,6 @@ impl FleetStore for MemoryStore {
     ) -> BoxFuture<'a, Result<Vec<Option<String>>>> {
         // None is kept (see `publish_status`).
         Box::pin(std::future::ready(Ok(vec![None; ids.len()])))
-    }
-}
-
-impl ScrubStore for MemoryStore {
-    fn scan_nodes(&self) -> Vec<NodeLabel> {
-        vec![NodeLabel::embedded()]
-    }
-
-    fn scan_page<'a>(
-        &'a self,
-        _node: &'a NodeLabel,
-        _cursor: u64,
-        pattern: &'a str,
-        _count: u32,
-    ) -> BoxFuture<'a, Result<KeyPage>> {
-        // Every matching key in one page: the map is in this process, there is no cursor.
-        Box::pin(async move {
-            Ok(KeyPage {
-                next: 0,
-                keys: self.scan_keys(pattern, usize::MAX).await?,
-            })
-        })
-    }
-
-    fn hold_lease<'a>(
-        &'a self,
-        _name: &'a str,
-        _holder: &'a str,
-        _ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Lease>> {
-        // A store only one process uses has no one to share a lease with.
-        Box::pin(std::future::ready(Ok(Lease::Held)))
     }
 }
 

@@ -131,9 +131,9 @@ impl CopyStore for RedisStore {
 }
 
 impl RedisStore {
-    /// Writes every copy with `FCALL hotsplit_cas_v2`, one pipeline per owning node, all nodes at
-    /// once; after `ERR Function not found`, reloads the library on those nodes and retries those writes
-    /// once. The body of [`CopyStore::write_copies`].
+    /// Writes every copy with `FCALL hotsplit_cas_v2`, one pipeline per owning node, all nodes
+    /// at once; after `ERR Function not found`, reloads the library on those nodes and retries
+    /// those writes once. The body of [`CopyStore::write_copies`].
     pub(super) async fn cas_copies(&self, writes: &[CopyWrite]) -> Vec<WriteResult> {
         let placement = self.placement();
         let nodes: Vec<NodeLabel> = writes

@@ -1,11 +1,11 @@
-//! The fleet role ([`FleetStore`]) of the Redis store: the instance registry (`store::registry` says what is kept where): `HSET` and
-//! `PEXPIRE` of the instance's hash and `ZADD` of its id to the index to register; `ZRANGE` of
-//! the index and one `HMGET` per id to list (an id whose hash expired is removed with `ZREM`);
-//! `DEL` and `ZREM` to leave. The deployment's session key is `GET`, else `SET NX` and `GET`.
-//! An instance's status summary is one `SET PX` per heartbeat, read with one `GET` per id.
-//! Every key carries the `{fleet}` hash tag, so in a cluster the
-//! registry is one slot on one node, and the least-privilege ACL needs no command it did not
-//! already grant.
+//! The fleet role ([`FleetStore`]) of the Redis store: the instance registry
+//! (`store::registry` says what is kept where): `HSET` and `PEXPIRE` of the instance's hash and
+//! `ZADD` of its id to the index to register; `ZRANGE` of the index and one `HMGET` per id to
+//! list (an id whose hash expired is removed with `ZREM`); `DEL` and `ZREM` to leave. The
+//! deployment's session key is `GET`, else `SET NX` and `GET`. An instance's status summary is
+//! one `SET PX` per heartbeat, read with one `GET` per id. Every key carries the `{fleet}` hash
+//! tag, so in a cluster the registry is one slot on one node, and the least-privilege ACL needs
+//! no command it did not already grant.
 
 use fred::interfaces::{HashesInterface, KeysInterface, SortedSetsInterface};
 use fred::types::{Expiration, SetOptions, Value};

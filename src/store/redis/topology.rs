@@ -1,8 +1,8 @@
 //! The topology role ([`TopologyStore`]) of the Redis store: its kind, primaries and replicas
 //! (the replica clients and the `CLUSTER SLOTS` map are in `replicas.rs`), the refresh, pings,
-//! and heartbeats: `SET hotsplit:hb:{tag}:<instance> <µs> PX 60000` on each primary (the tag is one
-//! whose slot that primary owns) and `GET` of that key on each replica, so `INFO commandstats`
-//! tells heartbeat reads (`GET`) from data reads (`HMGET`).
+//! and heartbeats: `SET hotsplit:hb:{tag}:<instance> <µs> PX 60000` on each primary (the tag
+//! is one whose slot that primary owns) and `GET` of that key on each replica, so
+//! `INFO commandstats` tells heartbeat reads (`GET`) from data reads (`HMGET`).
 
 use std::time::Duration;
 
