@@ -19,7 +19,7 @@ use crate::heal::layout::LayoutMismatch;
 use crate::store::{now_unix_ms, FleetStore, InstanceRecord};
 
 /// The release this binary runs: the package version.
-pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
+pub(crate) const RELEASE: &str = env!("CARGO_PKG_VERSION");
 
 /// This instance's registry record and the store the registry lives in, shared by the
 /// registrar and the `/v1/instances` handler.
@@ -105,7 +105,7 @@ impl Registry {
     ///
     /// # Errors
     /// As [`FleetStore::register_instance`].
-    pub async fn refresh(&self) -> Result<()> {
+    pub(crate) async fn refresh(&self) -> Result<()> {
         let record = {
             let mut own = self.own();
             own.heartbeat_ms = now_unix_ms();

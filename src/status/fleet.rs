@@ -42,7 +42,7 @@ pub struct FleetMember {
 
 /// The deployment as the status page shows it: every instance `registry` lists, each with its
 /// stored figures from `store`, and this instance's figures from `sources`, live.
-pub async fn fleet_view(
+pub(crate) async fn fleet_view(
     registry: &Registry,
     store: &dyn FleetStore,
     sources: &Sources,

@@ -55,7 +55,7 @@ use super::layout::Layouts;
 use status::ScrubFailure;
 
 /// The name of the scrub's lease.
-pub const LEASE: &str = "scrub";
+pub(crate) const LEASE: &str = "scrub";
 
 /// How many keys one `SCAN` call asks a node for.
 const SCAN_COUNT: u32 = 100;
