@@ -17,7 +17,7 @@ use hotsplit::heal::{FailedCopy, RetryQueue, RetryWorker};
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
-use hotsplit::store::{now_unix_ms, NodeLabel, Payload, Store};
+use hotsplit::store::{now_unix_ms, CopyStore, NodeLabel, Payload};
 use hotsplit_devcluster::Standalone;
 use tokio_util::sync::CancellationToken;
 
@@ -93,7 +93,7 @@ async fn drain(store: Arc<RedisStore>, server: &Standalone, paused: bool) -> (f6
     let worker = tokio::spawn(
         RetryWorker::new(
             queue.clone(),
-            store.clone() as Arc<dyn Store>,
+            store.clone() as Arc<dyn CopyStore>,
             metrics,
             256,
             Duration::from_secs(1),

@@ -38,7 +38,7 @@ use hotsplit::metrics::Metrics;
 use hotsplit::publish::{PublishStatus, Publisher, VersionChoice};
 use hotsplit::store::library::CAS_FUNCTION;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
-use hotsplit::store::Store;
+use hotsplit::store::CopyStore;
 use hotsplit_devcluster::{Cluster, ClusterOptions, Standalone};
 use tokio::runtime::Runtime;
 
@@ -65,7 +65,7 @@ struct Target {
     /// hotsplit's publisher over a [`RedisStore`].
     publisher: Publisher,
     /// The store behind `publisher`, to say where copies live.
-    store: Arc<dyn Store>,
+    store: Arc<dyn CopyStore>,
     /// A plain fred client for the `SET` baseline and for cleaning keys up.
     client: Client,
 }
@@ -89,7 +89,7 @@ impl Target {
         let (store, client) = runtime.block_on(async {
             let mut options = RedisOptions::new(RedisTarget::parse(store_url).expect("store url"));
             options.command_timeout = COMMAND_TIMEOUT;
-            let store: Arc<dyn Store> = Arc::new(
+            let store: Arc<dyn CopyStore> = Arc::new(
                 RedisStore::connect(options, metrics.clone())
                     .await
                     .expect("connect the redis store"),

@@ -11,7 +11,7 @@
 //!
 //! - `gate/lag_check`: [`Router::target`] alone for a planned advisory read: the per-read lag
 //!   check (a read lock, one map lookup, two atomic loads and the clock).
-//! - `gate/redis_read_copy`: one copy read ([`Store::read_copy`], an `HMGET`) from a throwaway
+//! - `gate/redis_read_copy`: one copy read ([`CopyStore::read_copy`], an `HMGET`) from a throwaway
 //!   standalone `redis-server` on loopback: what every served read costs at least. The ratio
 //!   `gate/lag_check / gate/redis_read_copy` is the lag check's share of read throughput.
 //!
@@ -31,7 +31,7 @@ use hotsplit::read::{CopyChoice, ReadRequest, Reader};
 use hotsplit::route::{LagTable, RouteMetrics, Router};
 use hotsplit::store::memory::MemoryStore;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
-use hotsplit::store::{NodeLabel, ReplicaSet, Store};
+use hotsplit::store::{CopyStore, NodeLabel, ReplicaSet};
 use hotsplit_devcluster::Standalone;
 
 const CONFIG: &str = "[[family]]\nprefix = \"p:\"\ncopies = 8\ndefault_class = \"advisory\"";

@@ -1,7 +1,7 @@
 //! Publish and invalidate: fan one edit out to every copy of a key.
 //!
 //! An edit carries a [`Version`]. It is written to all N copies at once with the store's
-//! compare-and-set ([`Store::write_copies`] groups them per node), so a copy only moves forward
+//! compare-and-set ([`CopyStore::write_copies`] groups them per node), so a copy only moves forward
 //! and a retry of the same version is idempotent. An invalidation writes a versioned tombstone
 //! the same way, so a late write of an older version cannot resurrect the value.
 
@@ -22,8 +22,8 @@ use crate::metrics::{CopyWriteOutcome, Metrics, WriteOp};
 use crate::near::NearCache;
 use crate::route::RouteReason;
 use crate::store::{
-    now_unix_ms, CasOutcome, CopyRecord, CopyWrite, NodeLabel, Payload, ServedBy, Store,
-    WriteResult,
+    now_unix_ms, CasOutcome, CopyRecord, CopyStore, CopyWrite, NodeLabel, Payload, ServedBy,
+    TopologyStore, WriteResult,
 };
 
 /// The outcome of one copy write, as reported to the caller.
@@ -169,7 +169,10 @@ impl SyncReplicas {
 /// Publishes and invalidates keys.
 pub struct Publisher {
     /// Where copies live.
-    store: Arc<dyn Store>,
+    store: Arc<dyn CopyStore>,
+    /// Which replicas each node has, for a synced publish; `None`: none known (every
+    /// `sync_replicas` is refused, as on the embedded store).
+    topology: Option<Arc<dyn TopologyStore>>,
     /// Copies, TTL and versioning per key family.
     families: Arc<Families>,
     /// Outcome counters.
@@ -187,9 +190,14 @@ pub struct Publisher {
 
 impl Publisher {
     /// A publisher writing through `store`.
-    pub fn new(store: Arc<dyn Store>, families: Arc<Families>, metrics: Arc<Metrics>) -> Publisher {
+    pub fn new(
+        store: Arc<dyn CopyStore>,
+        families: Arc<Families>,
+        metrics: Arc<Metrics>,
+    ) -> Publisher {
         Publisher {
             store,
+            topology: None,
             families,
             metrics,
             retry_queue: None,
@@ -212,6 +220,13 @@ impl Publisher {
     /// near cache.
     pub fn with_near_cache(mut self, near: Arc<NearCache>) -> Publisher {
         self.near = Some(near);
+        self
+    }
+
+    /// Knows each node's replicas from `topology`, so a synced publish (`sync_replicas`) may ask
+    /// for as many as a copy's node has. Default: none known.
+    pub fn with_topology(mut self, topology: Arc<dyn TopologyStore>) -> Publisher {
+        self.topology = Some(topology);
         self
     }
 
@@ -341,7 +356,10 @@ impl Publisher {
                 ),
             ));
         }
-        let topology = self.store.topology();
+        let topology = self
+            .topology
+            .as_ref()
+            .map_or_else(Vec::new, |topology| topology.topology());
         for index in 0..copies {
             let node = self.store.node_of(&key.copy_key(index));
             let known = topology

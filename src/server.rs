@@ -28,8 +28,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::fleet::session::{SessionKey, SessionMetrics};
 use crate::fleet::{LibraryRetirer, Registrar, Registry, RetireMetrics, Sessions};
 use crate::heal::{
-    HealHandles, HealthProber, HealthStore, LayoutWatcher, Layouts, Liveness, NodeHealth, Repairer,
-    RetryQueue, RetryWorker, ScrubStatus, Scrubber,
+    HealHandles, HealthProber, HealthStore, LayoutStores, LayoutWatcher, Layouts, Liveness,
+    NodeHealth, Repairer, RetryQueue, RetryWorker, ScrubStatus, Scrubber, StoreProbe,
 };
 use crate::http::listener::{tls, ConnectionMetrics, Listener, ListenerMetrics, Role};
 use crate::http::{admin_app, app, data_app, AppParts, AppState, RequestLimits, ServerConfig};
@@ -43,14 +43,19 @@ use crate::route::{LagMonitor, LagTable, Route, RouteMetrics, Router, WarmUp, Wa
 use crate::status::{Sources, StatusPublisher};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
-use crate::store::{Store, StoreConfig};
+use crate::store::{CopyStore, FleetStore, LayoutStore, LibraryStore, StoreConfig, TopologyStore};
 
 /// The parts the HTTP state is wired from, besides the config: [`app_state`] fills them for
 /// tests and embedding, [`Service::build`] with the connected store, the spool-backed queue and
 /// the recorded layouts.
 pub struct StateParts {
-    /// The connected store.
-    pub store: Arc<dyn Store>,
+    /// The copies (through node health with Redis): what the publisher, the reader and read
+    /// repair write and read.
+    pub copies: Arc<dyn CopyStore>,
+    /// The store as readiness, the warm-up and synced publishes see it.
+    pub probe: StoreProbe,
+    /// The fleet's records, for `/v1/fleet`.
+    pub fleet: Arc<dyn FleetStore>,
     /// The registry every part counts into.
     pub metrics: Arc<Metrics>,
     /// Where failed copy writes wait (spool-backed with Redis, in memory otherwise).
@@ -80,7 +85,9 @@ impl StateParts {
     /// [`ErrorKind::Config`] when a read class or a family's default class is invalid.
     pub fn wire(self, config: &Config) -> Result<(AppState, Arc<RouteMetrics>)> {
         let StateParts {
-            store,
+            copies,
+            probe,
+            fleet,
             metrics,
             retry_queue,
             layouts,
@@ -101,8 +108,9 @@ impl StateParts {
             .iter()
             .any(|(_, def)| matches!(def.route, Route::Replica { .. }));
         let warm_up = Arc::new(match warm_up {
-            Some(bound) => WarmUp::new(store.clone(), lag.clone(), bound, replica_routed),
-            None => WarmUp::ended(store.clone(), lag.clone()),
+            Some(bound) => WarmUp::new(probe.topology.clone(), lag.clone(), bound, replica_routed),
+            // No warm-up: one that has already ended and never waits.
+            None => WarmUp::new(probe.topology.clone(), lag.clone(), Duration::ZERO, false),
         });
         let router = Arc::new(Router::new(
             &config.route,
@@ -112,7 +120,7 @@ impl StateParts {
             route_metrics.clone(),
         )?);
         // The near cache is off on the embedded store: its copies are in this process already.
-        let near = (config.near_cache.enabled && store.kind() != "embedded").then(|| {
+        let near = (config.near_cache.enabled && probe.kind() != "embedded").then(|| {
             let near_metrics = metrics
                 .register_with(|registry| NearMetrics::register(registry, &router.classes()));
             Arc::new(NearCache::new(
@@ -121,18 +129,19 @@ impl StateParts {
                 tracker.clone(),
             ))
         });
-        let mut publisher = Publisher::new(store.clone(), families.clone(), metrics.clone())
+        let mut publisher = Publisher::new(copies.clone(), families.clone(), metrics.clone())
+            .with_topology(probe.topology.clone())
             .with_retry_queue(retry_queue.clone())
             .with_layouts(layouts.clone())
             .with_expiry_jitter(config.heal.expiry_jitter_min, config.heal.expiry_jitter_max);
         let repairer = Repairer::new(
-            store.clone(),
+            copies.clone(),
             config.heal.repair_concurrency,
             tracker,
             metrics.clone(),
         );
         let mut reader = Reader::new(
-            store.clone(),
+            copies,
             families,
             config.read.clone(),
             metrics.clone(),
@@ -146,7 +155,8 @@ impl StateParts {
         let state = AppState::new(AppParts {
             publisher,
             reader,
-            store,
+            store: probe,
+            fleet,
             metrics,
             max_value_bytes: config.server.max_value_bytes,
             retry_after: config.read.retry_after,
@@ -164,26 +174,33 @@ impl StateParts {
     }
 }
 
-/// Builds the HTTP state from a validated config and a connected store, with an in-memory
-/// retry queue and read repair on a task tracker of its own, and a lag table no monitor feeds
-/// (replica-routed reads go to the primary, reason `no-replica`): for tests and embedding.
+/// Builds the HTTP state from a validated config and a connected store (every role from it,
+/// without node health), with an in-memory retry queue and read repair on a task tracker of
+/// its own, and a lag table no monitor feeds (replica-routed reads go to the primary, reason
+/// `no-replica`): for tests and embedding.
 ///
 /// # Errors
 /// [`ErrorKind::Config`] when a read class or a family's default class is invalid.
-pub fn app_state(
-    config: &Config,
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-) -> Result<AppState> {
+pub fn app_state<S>(config: &Config, store: Arc<S>, metrics: Arc<Metrics>) -> Result<AppState>
+where
+    S: CopyStore + TopologyStore + LibraryStore + FleetStore,
+{
     StateParts {
         registry: Arc::new(Registry::new(
             store.clone(),
+            store.library_name(),
             instance_name(),
             config.fleet.entry_ttl(),
         )),
         // One instance: a key of its own.
         session_key: SessionKey::random(),
-        store,
+        copies: store.clone(),
+        probe: StoreProbe {
+            topology: store.clone(),
+            library: store.clone(),
+            health: NodeHealth::new(),
+        },
+        fleet: store,
         retry_queue: Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
         scrub: Arc::new(ScrubStatus::new(&metrics, false, "")),
         metrics,
@@ -235,13 +252,41 @@ impl Connected {
         }
     }
 
-    /// The store as the rest of the service uses it.
-    fn store(&self) -> Arc<dyn Store> {
+    /// The roles of the store as the rest of the service uses them: with Redis, the copies
+    /// through node health (`heal::health`), so a node known to be failing costs no command
+    /// timeout.
+    fn roles(&self, health: &Arc<NodeHealth>) -> Roles {
         match self {
-            Connected::Memory(memory) => memory.clone(),
-            Connected::Redis(redis) => redis.clone(),
+            Connected::Memory(memory) => Roles {
+                copies: memory.clone(),
+                layouts: memory.clone(),
+                fleet: memory.clone(),
+                topology: memory.clone(),
+                library: memory.clone(),
+            },
+            Connected::Redis(redis) => Roles {
+                copies: Arc::new(HealthStore::new(redis.clone(), health.clone())),
+                layouts: redis.clone(),
+                fleet: redis.clone(),
+                topology: redis.clone(),
+                library: redis.clone(),
+            },
         }
     }
+}
+
+/// The store's roles, each part given the ones it uses ([`crate::store::roles`]).
+struct Roles {
+    /// The copies, through node health with Redis.
+    copies: Arc<dyn CopyStore>,
+    /// The layout records and live sets.
+    layouts: Arc<dyn LayoutStore>,
+    /// The registry, the session key and status summaries.
+    fleet: Arc<dyn FleetStore>,
+    /// Kind, primaries, replicas, heartbeats, pings.
+    topology: Arc<dyn TopologyStore>,
+    /// The function library.
+    library: Arc<dyn LibraryStore>,
 }
 
 /// A service built from a validated config, with nothing bound and no task started yet.
@@ -339,12 +384,20 @@ impl Service {
 
         let connected =
             Connected::connect(&config.store, config.version_retention(), &metrics).await?;
-        // With Redis, everything above the store sees it through node health: a node known to
-        // be failing costs no command timeout (`heal::health`).
+        // With Redis, the copies are seen through node health: a node known to be failing
+        // costs no command timeout (`heal::health`).
         let health = NodeHealth::new();
-        let store: Arc<dyn Store> = match &connected {
-            Connected::Memory(_) => connected.store(),
-            Connected::Redis(redis) => Arc::new(HealthStore::new(redis.clone(), health.clone())),
+        let Roles {
+            copies,
+            layouts: layout_records,
+            fleet,
+            topology,
+            library,
+        } = connected.roles(&health);
+        let layout_stores = LayoutStores {
+            layouts: layout_records,
+            copies: copies.clone(),
+            fleet: fleet.clone(),
         };
         // Record each family's layout before anything else can fail or start.
         let families = Arc::new(config.families());
@@ -354,13 +407,18 @@ impl Service {
             interval: config.heal.layout_interval,
             command_timeout: config.store.command_timeout,
         };
-        let layouts = Layouts::reconcile(&*store, &families, &metrics, &liveness).await?;
+        let layouts = Layouts::reconcile(&layout_stores, &families, &metrics, &liveness).await?;
         // The scrub runs with Redis only: the embedded store never fails a copy write, so its
         // copies never fall behind one another.
-        let scrubs = config.scrub.enabled && matches!(connected, Connected::Redis(_));
-        let scrub_status = Arc::new(ScrubStatus::new(&metrics, scrubs, &instance));
-        let scrubber = scrubs.then(|| Scrubber {
-            store: store.clone(),
+        let scan = match &connected {
+            Connected::Redis(redis) if config.scrub.enabled => Some(redis.clone()),
+            _ => None,
+        };
+        let scrub_status = Arc::new(ScrubStatus::new(&metrics, scan.is_some(), &instance));
+        let scrubber = scan.map(|scan| Scrubber {
+            copies: copies.clone(),
+            scan,
+            health: health.clone(),
             families: families.clone(),
             layouts: layouts.clone(),
             status: scrub_status.clone(),
@@ -379,7 +437,7 @@ impl Service {
                 None,
             ),
             Connected::Redis(redis) => {
-                let placement = store.clone();
+                let placement = copies.clone();
                 let queue = RetryQueue::open(
                     config.heal.clone(),
                     config.server.max_value_bytes,
@@ -390,7 +448,7 @@ impl Service {
                 let queue = Arc::new(queue);
                 health.attach_queue(queue.clone());
                 let prober = HealthProber {
-                    health,
+                    health: health.clone(),
                     store: redis,
                     queue: queue.clone(),
                     interval: config.heal.probe_interval,
@@ -405,13 +463,13 @@ impl Service {
         let drain_for = config.server.shutdown_grace.mul_f64(0.8);
         let retry_worker = RetryWorker::new(
             retry_queue.clone(),
-            store.clone(),
+            copies.clone(),
             metrics.clone(),
             config.heal.flush_batch,
             drain_for,
         );
         let layout_watcher = LayoutWatcher {
-            store: store.clone(),
+            stores: layout_stores,
             layouts: layouts.clone(),
             families,
             metrics: metrics.clone(),
@@ -423,17 +481,25 @@ impl Service {
             config.route.lag_window,
         ));
         let registry = Arc::new(Registry::new(
-            store.clone(),
+            fleet.clone(),
+            library.library_name(),
             instance.clone(),
             config.fleet.entry_ttl(),
         ));
-        let session_key = deployment_session_key(&*store).await;
-        let retire_store = store.clone();
+        let session_key = deployment_session_key(&*fleet).await;
+        let retire_store = library.clone();
+        let probe = StoreProbe {
+            topology,
+            library,
+            health,
+        };
         let retire_metrics = metrics.register_with(RetireMetrics::register);
         let wired = StateParts {
             session_key,
             registry: registry.clone(),
-            store: store.clone(),
+            copies,
+            probe: probe.clone(),
+            fleet,
             metrics,
             retry_queue: retry_queue.clone(),
             layouts,
@@ -461,7 +527,7 @@ impl Service {
         // lag it finds must be measured, not missing. With no replicas (embedded store, a
         // standalone Redis without configured replicas) it has nothing to do on each tick.
         let lag_monitor = LagMonitor {
-            store,
+            probe,
             table: lag,
             instance,
             // About once a second, whatever the interval.
@@ -478,7 +544,7 @@ impl Service {
                 &state.inner().reader,
                 state.inner().heal.clone(),
             )),
-            store: state.inner().store.clone(),
+            store: state.inner().fleet.clone(),
             id: registry.id(),
             interval: config.fleet.heartbeat_interval,
             ttl: config.fleet.entry_ttl(),
@@ -768,7 +834,7 @@ async fn bind(address: SocketAddr) -> Result<TcpListener> {
 /// store cannot give one (the node that holds it refuses writes or does not answer), a key of
 /// this process's own, with a warning: the service still starts, and its tokens are ignored by
 /// the other instances (and theirs by it) until it restarts.
-async fn deployment_session_key(store: &dyn Store) -> SessionKey {
+async fn deployment_session_key(store: &dyn FleetStore) -> SessionKey {
     let own = SessionKey::random();
     let shared = match store.session_key(&own.to_hex()).await {
         Ok(text) => SessionKey::from_hex(&text).ok_or_else(|| {

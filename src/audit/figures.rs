@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::store::{CopyStamp, NodeLabel};
 
 /// How many keys [`Figures::worst_keys`] lists.
-pub const WORST_KEYS: usize = 10;
+pub(crate) const WORST_KEYS: usize = 10;
 
 /// The role of the node a copy was read on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -229,7 +229,7 @@ impl RoleTally {
 }
 
 /// The nearest-rank percentile `p` (0..=1) of ascending `sorted`; 0 when it is empty.
-pub fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
+pub(crate) fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
@@ -238,7 +238,7 @@ pub fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
 }
 
 /// Computes the figures of `samples` (see the module documentation for the definitions).
-pub fn compute(samples: &[KeySample]) -> Figures {
+pub(crate) fn compute(samples: &[KeySample]) -> Figures {
     let mut primary = RoleTally::default();
     let mut replica = RoleTally::default();
     let mut figures = Figures {

@@ -208,7 +208,7 @@ impl AuditMetrics {
     }
 
     /// Counts a round that failed; the gauges keep the last successful round.
-    pub fn round_failed(&self) {
+    pub(crate) fn round_failed(&self) {
         self.rounds_total
             .get_or_create(&ResultLabels { result: "failed" })
             .inc();

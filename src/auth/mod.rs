@@ -151,11 +151,6 @@ impl TokenTable {
     pub fn load(&self) -> arc_swap::Guard<Option<Arc<Tokens>>> {
         self.current.load()
     }
-
-    /// Whether tokens are configured now.
-    pub fn is_configured(&self) -> bool {
-        self.current.load().is_some()
-    }
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ impl Default for FleetConfig {
 
 impl FleetConfig {
     /// How long a registry entry lives without a refresh: three heartbeat intervals.
-    pub fn entry_ttl(&self) -> Duration {
+    pub(crate) fn entry_ttl(&self) -> Duration {
         self.heartbeat_interval.saturating_mul(3)
     }
 

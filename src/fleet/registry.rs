@@ -16,16 +16,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
 use crate::heal::layout::LayoutMismatch;
-use crate::store::{now_unix_ms, InstanceRecord, Store};
+use crate::store::{now_unix_ms, FleetStore, InstanceRecord};
 
 /// The release this binary runs: the package version.
-pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
+pub(crate) const RELEASE: &str = env!("CARGO_PKG_VERSION");
 
 /// This instance's registry record and the store the registry lives in, shared by the
 /// registrar and the `/v1/instances` handler.
 pub struct Registry {
     /// Where the entries live.
-    store: Arc<dyn Store>,
+    store: Arc<dyn FleetStore>,
     /// This instance's record; the addresses are filled in when the service binds. A std
     /// mutex: it is held only to copy or update the record, never across an await.
     own: Mutex<InstanceRecord>,
@@ -49,15 +49,22 @@ pub struct InstancesView {
 
 impl Registry {
     /// The registry of instance `id` over `store`, started now, with entries that live
-    /// `entry_ttl` without a refresh. Its API address is unknown until [`Registry::set_listen`].
-    pub fn new(store: Arc<dyn Store>, id: String, entry_ttl: Duration) -> Registry {
+    /// `entry_ttl` without a refresh, recording that this instance calls the function library
+    /// `library` ([`crate::store::LibraryStore::library_name`]). Its API address is unknown
+    /// until [`Registry::set_listen`].
+    pub fn new(
+        store: Arc<dyn FleetStore>,
+        library: Option<&str>,
+        id: String,
+        entry_ttl: Duration,
+    ) -> Registry {
         let now_ms = now_unix_ms();
         let own = InstanceRecord {
             id,
             listen: String::new(),
             admin: None,
             release: RELEASE.to_owned(),
-            library: store.library_name().map(str::to_owned),
+            library: library.map(str::to_owned),
             started_ms: now_ms,
             heartbeat_ms: now_ms,
         };
@@ -97,8 +104,8 @@ impl Registry {
     /// Writes (or refreshes) this instance's entry with a heartbeat of now.
     ///
     /// # Errors
-    /// As [`Store::register_instance`].
-    pub async fn refresh(&self) -> Result<()> {
+    /// As [`FleetStore::register_instance`].
+    pub(crate) async fn refresh(&self) -> Result<()> {
         let record = {
             let mut own = self.own();
             own.heartbeat_ms = now_unix_ms();
@@ -112,7 +119,7 @@ impl Registry {
     /// Removes this instance's entry.
     ///
     /// # Errors
-    /// As [`Store::deregister_instance`].
+    /// As [`FleetStore::deregister_instance`].
     pub async fn leave(&self) -> Result<()> {
         let id = self.id();
         self.store.deregister_instance(&id).await
@@ -122,7 +129,7 @@ impl Registry {
     /// layout mismatches, which the registry does not know).
     ///
     /// # Errors
-    /// As [`Store::instances`].
+    /// As [`FleetStore::instances`].
     pub async fn view(&self) -> Result<InstancesView> {
         Ok(InstancesView {
             this: self.id(),
@@ -188,9 +195,10 @@ mod tests {
 
     #[tokio::test]
     async fn the_registrar_registers_refreshes_and_leaves() {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let store: Arc<dyn FleetStore> = Arc::new(MemoryStore::new());
         let registry = Arc::new(Registry::new(
             store.clone(),
+            None,
             "1-a".to_owned(),
             Duration::from_secs(60),
         ));
@@ -225,8 +233,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_entry_not_refreshed_lapses() {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let registry = Registry::new(store, "1-a".to_owned(), Duration::from_millis(1));
+        let store: Arc<dyn FleetStore> = Arc::new(MemoryStore::new());
+        let registry = Registry::new(store, None, "1-a".to_owned(), Duration::from_millis(1));
         registry.refresh().await.unwrap();
         let mut lapsed = false;
         for _ in 0..1000 {

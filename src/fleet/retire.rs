@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::registry::Registry;
 use crate::store::library::LibraryVersion;
-use crate::store::{InstanceRecord, Store};
+use crate::store::{InstanceRecord, LibraryStore};
 
 /// The retirer's counters.
 #[derive(Debug, Clone, Default)]
@@ -164,7 +164,7 @@ impl Retirement {
 /// module documentation for the rule).
 pub struct LibraryRetirer {
     /// Where the libraries and the registry live.
-    pub store: Arc<dyn Store>,
+    pub store: Arc<dyn LibraryStore>,
     /// This instance's registry: its id, and the list of registered instances.
     pub registry: Arc<Registry>,
     /// How often to check (`fleet.retire_interval`).

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use crate::error::Result;
 use crate::metrics::{Metrics, RetryDrop};
-use crate::store::{CasOutcome, NodeLabel, Store};
+use crate::store::{CasOutcome, CopyStore, NodeLabel};
 
 use super::{HealConfig, RetryQueue};
 
@@ -59,7 +59,7 @@ pub struct DrainProgress {
 pub async fn drain_spool(
     config: HealConfig,
     max_value_bytes: usize,
-    store: Arc<dyn Store>,
+    store: Arc<dyn CopyStore>,
     progress: &mut dyn FnMut(&DrainProgress),
 ) -> Result<DrainSummary> {
     let metrics = Metrics::new();

@@ -2,7 +2,7 @@
 //! command timeout for them.
 //!
 //! [`NodeHealth`] owns the state. A node becomes *failing* when a command on it times out
-//! ([`HealthStore`] sees every store result), or when it misses `heal.probe_misses` probes in a
+//! ([`HealthStore`] sees every copy write and read), or when it misses `heal.probe_misses` probes in a
 //! row: [`HealthProber`] also sends each healthy primary (every master of a cluster, or the one
 //! standalone server) a `PING` every `heal.probe_interval`,
 //! so a stopped primary is known failing within a few probe intervals even when no command has
@@ -28,14 +28,15 @@ use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
+
 use tokio_util::sync::CancellationToken;
 
 use super::RetryQueue;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
 use crate::store::{
-    CopyRead, CopyRecord, CopyWrite, InstanceRecord, KeyPage, Layout, LayoutSwap, LayoutWriter,
-    Lease, NodeLabel, ReplicaSet, ServedBy, Store, WriteResult,
+    CopyRead, CopyRecord, CopyStore, CopyWrite, LibraryStore, NodeLabel, ServedBy, TopologyStore,
+    WriteResult,
 };
 
 /// How long each healthy primary may take to answer the `PING` of `/readyz` while some node is
@@ -110,6 +111,83 @@ impl NodeHealth {
         self.unhealthy.store(nodes.len(), Ordering::Release);
     }
 
+    /// Marks `node` failing when `result` is a timeout.
+    fn observe<T>(&self, node: &NodeLabel, result: &Result<T>) {
+        if matches!(result, Err(err) if err.kind() == ErrorKind::Timeout) {
+            self.mark_failing(node, "a command timed out");
+        }
+    }
+
+    /// Runs `command` on `node` unless the node is failing, when it fails at once
+    /// ([`ErrorKind::NodeFailing`], naming `what`) rather than wait out the command timeout; a
+    /// timeout marks the node failing. For commands outside the copy role that
+    /// [`HealthStore`] guards (the scrub's scan).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NodeFailing`] when the node is failing; else `command`'s error.
+    pub async fn unless_failing<T>(
+        &self,
+        node: &NodeLabel,
+        what: impl FnOnce() -> String,
+        command: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        if self.is_failing(node) {
+            return Err(not_sent(node, &what()));
+        }
+        let result = command.await;
+        self.observe(node, &result);
+        result
+    }
+
+    /// The nodes reads avoid because they are failing or recovering, in label order: for
+    /// `/readyz`.
+    pub fn avoided_nodes(&self) -> Vec<NodeLabel> {
+        let (mut failing, recovering) = self.unhealthy();
+        failing.extend(recovering);
+        failing.sort();
+        failing
+    }
+
+    /// Pings the store as this table sees it: every primary while every node is healthy
+    /// ([`TopologyStore::ping`]); otherwise only the primaries that are not failing, each
+    /// within [`READY_PING_TIMEOUT`] (the store serves around a failing node: its copies
+    /// queue, its reads go to the siblings), and at once an error when every primary is
+    /// failing (a PING would wait out the command timeout).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NodeFailing`] when every primary is failing; else the pings' errors.
+    pub async fn ping(&self, store: &dyn TopologyStore) -> Result<()> {
+        if self.unhealthy.load(Ordering::Acquire) == 0 {
+            return store.ping().await;
+        }
+        let primaries: Vec<NodeLabel> = store
+            .primaries()
+            .into_iter()
+            .filter(|node| !self.is_failing(node))
+            .collect();
+        if primaries.is_empty() {
+            let (failing, _) = self.unhealthy();
+            return Err(Error::new(
+                ErrorKind::NodeFailing,
+                format!(
+                    "every primary is failing: {}",
+                    failing
+                        .iter()
+                        .map(NodeLabel::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let pings = primaries
+            .iter()
+            .map(|node| store.ping_node(node, READY_PING_TIMEOUT));
+        futures_util::future::join_all(pings)
+            .await
+            .into_iter()
+            .collect()
+    }
+
     /// A probe saw `node` answer: writes go to it again, reads wait for its queue to drain.
     fn mark_recovering(&self, node: &NodeLabel) {
         let mut nodes = self.write();
@@ -162,25 +240,25 @@ fn not_sent(node: &NodeLabel, what: &str) -> Error {
     )
 }
 
-/// A [`Store`] that consults and feeds [`NodeHealth`] around another store.
+/// The copy role ([`CopyStore`]) of another store, consulting and feeding [`NodeHealth`]:
+/// writes to a failing node and reads of a node reads avoid fail at once, every timeout marks
+/// its node failing, and a read below a copy's queued version is answered as failed.
 pub struct HealthStore {
     /// The store that does the work.
-    inner: Arc<dyn Store>,
+    inner: Arc<dyn CopyStore>,
     /// The health table this wrapper reads and feeds.
     health: Arc<NodeHealth>,
 }
 
 impl HealthStore {
     /// Wraps `inner`; every result it returns feeds `health`.
-    pub fn new(inner: Arc<dyn Store>, health: Arc<NodeHealth>) -> HealthStore {
+    pub fn new(inner: Arc<dyn CopyStore>, health: Arc<NodeHealth>) -> HealthStore {
         HealthStore { inner, health }
     }
 
     /// Marks the node failing when `result` is a timeout.
     fn observe<T>(&self, node: &NodeLabel, result: &Result<T>) {
-        if matches!(result, Err(err) if err.kind() == ErrorKind::Timeout) {
-            self.health.mark_failing(node, "a command timed out");
-        }
+        self.health.observe(node, result);
     }
 
     /// A read of `copy_key` on `node` through `read`, unless reads avoid that node; a record
@@ -220,13 +298,13 @@ impl HealthStore {
     }
 }
 
-impl Store for HealthStore {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
+impl CopyStore for HealthStore {
     fn node_of(&self, copy_key: &CopyKey) -> NodeLabel {
         self.inner.node_of(copy_key)
+    }
+
+    fn counter_node(&self, key: &Key) -> Option<NodeLabel> {
+        self.inner.counter_node(key)
     }
 
     fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>> {
@@ -277,48 +355,6 @@ impl Store for HealthStore {
         })
     }
 
-    fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead> {
-        Box::pin(async move {
-            let node = self.inner.node_of(copy_key);
-            let served_by = ServedBy::primary(node.clone());
-            self.guarded_read(copy_key, node, served_by, self.inner.read_copy(copy_key))
-                .await
-        })
-    }
-
-    fn allocate_version<'a>(
-        &'a self,
-        key: &'a Key,
-        ttl_ms: u64,
-        floor: u64,
-    ) -> BoxFuture<'a, Result<Version>> {
-        Box::pin(async move {
-            let node = self.inner.counter_node(key);
-            if let Some(node) = &node {
-                if self.health.is_failing(node) {
-                    return Err(not_sent(node, &format!("version allocation for {key}")));
-                }
-            }
-            let result = self.inner.allocate_version(key, ttl_ms, floor).await;
-            if let Some(node) = &node {
-                self.observe(node, &result);
-            }
-            result
-        })
-    }
-
-    fn counter_node(&self, key: &Key) -> Option<NodeLabel> {
-        self.inner.counter_node(key)
-    }
-
-    fn topology(&self) -> Vec<ReplicaSet> {
-        self.inner.topology()
-    }
-
-    fn primaries(&self) -> Vec<NodeLabel> {
-        self.inner.primaries()
-    }
-
     fn write_copies_synced<'a>(
         &'a self,
         writes: &'a [CopyWrite],
@@ -337,8 +373,13 @@ impl Store for HealthStore {
         })
     }
 
-    fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
-        self.inner.refresh_topology()
+    fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead> {
+        Box::pin(async move {
+            let node = self.inner.node_of(copy_key);
+            let served_by = ServedBy::primary(node.clone());
+            self.guarded_read(copy_key, node, served_by, self.inner.read_copy(copy_key))
+                .await
+        })
     }
 
     fn read_replica_copy<'a>(
@@ -361,134 +402,6 @@ impl Store for HealthStore {
         })
     }
 
-    fn write_heartbeat<'a>(
-        &'a self,
-        primary: &'a NodeLabel,
-        instance: &'a str,
-        stamp_us: u64,
-    ) -> BoxFuture<'a, Result<()>> {
-        self.inner.write_heartbeat(primary, instance, stamp_us)
-    }
-
-    fn read_heartbeat<'a>(
-        &'a self,
-        replica: &'a NodeLabel,
-        instance: &'a str,
-    ) -> BoxFuture<'a, Result<Option<u64>>> {
-        self.inner.read_heartbeat(replica, instance)
-    }
-
-    fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
-        self.inner.replication_offset(node)
-    }
-
-    fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
-        self.inner.read_layout(family)
-    }
-
-    fn write_layout_writer<'a>(
-        &'a self,
-        family: &'a str,
-        writer: &'a LayoutWriter,
-    ) -> BoxFuture<'a, Result<()>> {
-        self.inner.write_layout_writer(family, writer)
-    }
-
-    fn read_layout_writer<'a>(
-        &'a self,
-        family: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LayoutWriter>>> {
-        self.inner.read_layout_writer(family)
-    }
-
-    fn write_layout<'a>(
-        &'a self,
-        family: &'a str,
-        expected: Option<Layout>,
-        layout: Layout,
-    ) -> BoxFuture<'a, Result<LayoutSwap>> {
-        self.inner.write_layout(family, expected, layout)
-    }
-
-    fn join_layout<'a>(
-        &'a self,
-        family: &'a str,
-        copies: u32,
-        instance: &'a str,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Vec<u32>>> {
-        self.inner.join_layout(family, copies, instance, ttl_ms)
-    }
-
-    fn leave_layout<'a>(
-        &'a self,
-        family: &'a str,
-        copies: u32,
-        instance: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
-        self.inner.leave_layout(family, copies, instance)
-    }
-
-    fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
-        self.inner.delete_copies(copy_keys)
-    }
-
-    fn register_instance<'a>(
-        &'a self,
-        record: &'a InstanceRecord,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<()>> {
-        self.inner.register_instance(record, ttl_ms)
-    }
-
-    fn deregister_instance<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>> {
-        self.inner.deregister_instance(id)
-    }
-
-    fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>> {
-        self.inner.instances()
-    }
-
-    fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>> {
-        self.inner.session_key(candidate)
-    }
-
-    fn publish_status<'a>(
-        &'a self,
-        id: &'a str,
-        summary: &'a str,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<()>> {
-        self.inner.publish_status(id, summary, ttl_ms)
-    }
-
-    fn instance_statuses<'a>(
-        &'a self,
-        ids: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<Option<String>>>> {
-        self.inner.instance_statuses(ids)
-    }
-
-    fn library_name(&self) -> Option<&'static str> {
-        self.inner.library_name()
-    }
-
-    fn function_libraries(&self) -> BoxFuture<'_, Result<Vec<(String, usize)>>> {
-        self.inner.function_libraries()
-    }
-
-    fn delete_function_library<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<usize>> {
-        self.inner.delete_function_library(name)
-    }
-
-    fn scan_keys<'a>(
-        &'a self,
-        pattern: &'a str,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>>> {
-        self.inner.scan_keys(pattern, limit)
-    }
-
     fn read_copy_stored<'a>(
         &'a self,
         copy_key: &'a CopyKey,
@@ -504,94 +417,66 @@ impl Store for HealthStore {
         })
     }
 
-    fn scan_nodes(&self) -> Vec<NodeLabel> {
-        self.inner.scan_nodes()
+    fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
+        self.inner.delete_copies(copy_keys)
     }
 
-    fn scan_page<'a>(
+    fn allocate_version<'a>(
         &'a self,
-        node: &'a NodeLabel,
-        cursor: u64,
-        pattern: &'a str,
-        count: u32,
-    ) -> BoxFuture<'a, Result<KeyPage>> {
-        Box::pin(async move {
-            // A failing node's scan would wait out the command timeout: the scrub's walk skips
-            // it until the next pass.
-            if self.health.is_failing(node) {
-                return Err(not_sent(node, &format!("scan for {pattern}")));
-            }
-            let page = self.inner.scan_page(node, cursor, pattern, count).await;
-            self.observe(node, &page);
-            page
-        })
-    }
-
-    fn hold_lease<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
+        key: &'a Key,
         ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Lease>> {
-        self.inner.hold_lease(name, holder, ttl_ms)
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<()>> {
+        floor: u64,
+    ) -> BoxFuture<'a, Result<Version>> {
         Box::pin(async move {
-            if self.health.unhealthy.load(Ordering::Acquire) == 0 {
-                return self.inner.ping().await;
+            let node = self.inner.counter_node(key);
+            if let Some(node) = &node {
+                if self.health.is_failing(node) {
+                    return Err(not_sent(node, &format!("version allocation for {key}")));
+                }
             }
-            // The store serves around a failing node (its copies queue, its reads go to the
-            // siblings): the others must answer.
-            let primaries: Vec<NodeLabel> = self
-                .inner
-                .primaries()
-                .into_iter()
-                .filter(|node| !self.health.is_failing(node))
-                .collect();
-            if primaries.is_empty() {
-                // Every primary is failing (a stopped standalone server, say): the store is down
-                // until a probe sees one answer, and a PING would wait out the command timeout.
-                let (failing, _) = self.health.unhealthy();
-                return Err(Error::new(
-                    ErrorKind::NodeFailing,
-                    format!(
-                        "every primary is failing: {}",
-                        failing
-                            .iter()
-                            .map(NodeLabel::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                ));
+            let result = self.inner.allocate_version(key, ttl_ms, floor).await;
+            if let Some(node) = &node {
+                self.observe(node, &result);
             }
-            let pings = primaries
-                .iter()
-                .map(|node| self.inner.ping_node(node, READY_PING_TIMEOUT));
-            futures_util::future::join_all(pings)
-                .await
-                .into_iter()
-                .collect()
+            result
         })
     }
+}
 
-    fn ping_node<'a>(
-        &'a self,
-        node: &'a NodeLabel,
-        timeout: Duration,
-    ) -> BoxFuture<'a, Result<()>> {
-        self.inner.ping_node(node, timeout)
+/// The store as `/readyz` and the lag monitor's store-up gauge see it: its kind, a ping through
+/// [`NodeHealth::ping`], the primaries lacking the function library, the nodes reads avoid.
+#[derive(Clone)]
+pub struct StoreProbe {
+    /// The store's shape and pings.
+    pub topology: Arc<dyn TopologyStore>,
+    /// Which primaries lack the function library.
+    pub library: Arc<dyn LibraryStore>,
+    /// Which nodes are failing (a fresh table, every node healthy, on the embedded store).
+    pub health: Arc<NodeHealth>,
+}
+
+impl StoreProbe {
+    /// The store kind: `embedded`, `redis` or `redis-cluster`.
+    pub fn kind(&self) -> &'static str {
+        self.topology.kind()
     }
 
-    fn library_missing(&self) -> Vec<NodeLabel> {
-        self.inner.library_missing()
+    /// Pings the store around its failing nodes ([`NodeHealth::ping`]).
+    ///
+    /// # Errors
+    /// As [`NodeHealth::ping`].
+    pub async fn ping(&self) -> Result<()> {
+        self.health.ping(&*self.topology).await
     }
 
-    fn avoided_nodes(&self) -> Vec<NodeLabel> {
-        let (mut failing, recovering) = self.health.unhealthy();
-        failing.extend(recovering);
-        failing.sort();
-        failing
+    /// The primaries known to lack the function library.
+    pub fn library_missing(&self) -> Vec<NodeLabel> {
+        self.library.library_missing()
+    }
+
+    /// The nodes reads avoid ([`NodeHealth::avoided_nodes`]).
+    pub fn avoided_nodes(&self) -> Vec<NodeLabel> {
+        self.health.avoided_nodes()
     }
 }
 
@@ -601,8 +486,8 @@ impl Store for HealthStore {
 pub struct HealthProber {
     /// The table it updates.
     pub health: Arc<NodeHealth>,
-    /// The store the probes go through (the unwrapped one).
-    pub store: Arc<dyn Store>,
+    /// The store the probes go through.
+    pub store: Arc<dyn TopologyStore>,
     /// The retry queue: a recovering node is healthy once it holds nothing for it.
     pub queue: Arc<RetryQueue>,
     /// How often every failing node and every healthy primary is probed
@@ -740,5 +625,105 @@ mod tests {
         health.mark_healthy(&node);
         assert!(!health.avoids_reads(&node));
         assert_eq!(health.unhealthy.load(Ordering::Acquire), 0);
+    }
+
+    #[tokio::test]
+    async fn a_command_on_a_failing_node_is_not_sent_and_a_timeout_marks_its_node() {
+        let health = NodeHealth::default();
+        let node = NodeLabel::new("127.0.0.1:1");
+        let timed_out = health
+            .unless_failing(&node, || "a scan".to_owned(), async {
+                Err::<(), _>(Error::new(ErrorKind::Timeout, "timed out"))
+            })
+            .await;
+        assert_eq!(timed_out.unwrap_err().kind(), ErrorKind::Timeout);
+        assert!(health.is_failing(&node), "a timeout marks the node failing");
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        let skipped = health
+            .unless_failing(&node, || "a scan".to_owned(), async {
+                sent.store(true, Ordering::Relaxed);
+                Ok(())
+            })
+            .await;
+        assert_eq!(skipped.unwrap_err().kind(), ErrorKind::NodeFailing);
+        assert!(
+            !sent.load(Ordering::Relaxed),
+            "nothing is sent to a failing node"
+        );
+        assert_eq!(health.avoided_nodes(), vec![node]);
+    }
+
+    #[tokio::test]
+    async fn the_ping_fails_at_once_when_every_primary_is_failing() {
+        /// Two primaries whose pings answer only for the first.
+        struct Two;
+        impl TopologyStore for Two {
+            fn kind(&self) -> &'static str {
+                "redis-cluster"
+            }
+            fn topology(&self) -> Vec<crate::store::ReplicaSet> {
+                Vec::new()
+            }
+            fn primaries(&self) -> Vec<NodeLabel> {
+                vec![NodeLabel::new("a:1"), NodeLabel::new("b:1")]
+            }
+            fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
+                Box::pin(async { Ok(()) })
+            }
+            fn write_heartbeat<'a>(
+                &'a self,
+                _primary: &'a NodeLabel,
+                _instance: &'a str,
+                _stamp_us: u64,
+            ) -> BoxFuture<'a, Result<()>> {
+                Box::pin(async { Ok(()) })
+            }
+            fn read_heartbeat<'a>(
+                &'a self,
+                _replica: &'a NodeLabel,
+                _instance: &'a str,
+            ) -> BoxFuture<'a, Result<Option<u64>>> {
+                Box::pin(async { Ok(None) })
+            }
+            fn replication_offset<'a>(
+                &'a self,
+                _node: &'a NodeLabel,
+            ) -> BoxFuture<'a, Result<u64>> {
+                Box::pin(async { Ok(0) })
+            }
+            fn ping(&self) -> BoxFuture<'_, Result<()>> {
+                // The whole-store ping waits on every primary: the failing one does not answer.
+                Box::pin(async { Err(Error::new(ErrorKind::Timeout, "b:1 timed out")) })
+            }
+            fn ping_node<'a>(
+                &'a self,
+                node: &'a NodeLabel,
+                _timeout: Duration,
+            ) -> BoxFuture<'a, Result<()>> {
+                let answers = node.as_str() == "a:1";
+                Box::pin(async move {
+                    if answers {
+                        Ok(())
+                    } else {
+                        Err(Error::new(ErrorKind::Timeout, "timed out"))
+                    }
+                })
+            }
+        }
+        let health = NodeHealth::default();
+        assert!(
+            health.ping(&Two).await.is_err(),
+            "all healthy: the whole store is pinged"
+        );
+        health.mark_failing(&NodeLabel::new("b:1"), "a test");
+        assert!(
+            health.ping(&Two).await.is_ok(),
+            "the store serves around b:1"
+        );
+        health.mark_failing(&NodeLabel::new("a:1"), "a test");
+        assert_eq!(
+            health.ping(&Two).await.unwrap_err().kind(),
+            ErrorKind::NodeFailing
+        );
     }
 }

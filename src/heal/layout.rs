@@ -89,7 +89,7 @@ use crate::error::Result;
 use crate::family::{Families, Family};
 use crate::key::CopyKey;
 use crate::metrics::Metrics;
-use crate::store::{Layout, LayoutSwap, LayoutWriter, Store};
+use crate::store::{CopyStore, FleetStore, Layout, LayoutStore, LayoutSwap, LayoutWriter};
 use serde::Serialize;
 
 /// What this instance knows of one family's layout.
@@ -228,7 +228,7 @@ impl Layouts {
     /// # Errors
     /// Store errors reading or writing a record or a live set, or deleting grown copies.
     pub async fn reconcile(
-        store: &dyn Store,
+        stores: &LayoutStores,
         families: &Families,
         metrics: &Metrics,
         liveness: &Liveness,
@@ -242,7 +242,8 @@ impl Layouts {
             // instance's copies; one that read it before is waited for below.
             // A join that fails (the store refuses FCALL) does not stop startup: publishes
             // fail the same way then, and the watcher retries the join every interval.
-            let others = match store
+            let others = match stores
+                .layouts
                 .join_layout(name, family.copies, &liveness.instance, ttl_ms)
                 .await
             {
@@ -253,8 +254,8 @@ impl Layouts {
                 }
             };
             let live = others.iter().copied().max();
-            let recorded = store.read_layout(name).await?;
-            let (max_copies, writer) = record_configured(store, family, liveness).await?;
+            let recorded = stores.layouts.read_layout(name).await?;
+            let (max_copies, writer) = record_configured(stores, family, liveness).await?;
             // Another running instance on another copy count: reported here too, not only by
             // the instance whose record this one replaced.
             let reported = others.iter().any(|&copies| copies != family.copies);
@@ -299,7 +300,7 @@ impl Layouts {
         }
         for (family, strays) in grown {
             let (deleted, complete) =
-                delete_copies_from(store, families, family, strays.from, Some(strays.to)).await?;
+                delete_copies_from(stores, families, family, strays.from, Some(strays.to)).await?;
             tracing::info!(
                 family = family.name(),
                 from = strays.from,
@@ -432,19 +433,19 @@ const RECORD_ATTEMPTS: u32 = 8;
 /// instance and release that wrote it and whether that instance is still registered. Returns
 /// the recorded `max_copies` and the record's writer.
 async fn record_configured(
-    store: &dyn Store,
+    stores: &LayoutStores,
     family: &Family,
     liveness: &Liveness,
 ) -> Result<(u32, Option<LayoutWriter>)> {
     let name = family.name();
-    let mut recorded = store.read_layout(name).await?;
+    let mut recorded = stores.layouts.read_layout(name).await?;
     for _ in 0..RECORD_ATTEMPTS {
         let max_copies = recorded.map_or(family.copies, |layout| {
             layout.max_copies.max(layout.copies).max(family.copies)
         });
         if let Some(recorded) = recorded {
             if recorded.copies != family.copies {
-                report_replaced(store, family, recorded, max_copies).await;
+                report_replaced(stores, family, recorded, max_copies).await;
             }
         }
         let layout = Layout {
@@ -452,17 +453,17 @@ async fn record_configured(
             max_copies,
         };
         if recorded == Some(layout) {
-            let writer = store.read_layout_writer(name).await.unwrap_or_else(|err| {
+            let writer = stores.layouts.read_layout_writer(name).await.unwrap_or_else(|err| {
                 tracing::debug!(family = name, error = %err, "cannot read the layout record's writer");
                 None
             });
             return Ok((max_copies, writer));
         }
-        match store.write_layout(name, recorded, layout).await? {
+        match stores.layouts.write_layout(name, recorded, layout).await? {
             LayoutSwap::Applied => {
                 return Ok((
                     max_copies,
-                    record_writer(store, name, liveness, family.copies).await,
+                    record_writer(&*stores.layouts, name, liveness, family.copies).await,
                 ))
             }
             // Another instance changed the record in between: decide again from what it wrote.
@@ -477,11 +478,17 @@ async fn record_configured(
 
 /// Logs that this instance replaces `family`'s record of `recorded` copies, naming who wrote it
 /// and whether that instance still runs (is registered).
-async fn report_replaced(store: &dyn Store, family: &Family, recorded: Layout, max_copies: u32) {
+async fn report_replaced(
+    stores: &LayoutStores,
+    family: &Family,
+    recorded: Layout,
+    max_copies: u32,
+) {
     let name = family.name();
-    let writer = store.read_layout_writer(name).await.ok().flatten();
+    let writer = stores.layouts.read_layout_writer(name).await.ok().flatten();
     let running = match &writer {
-        Some(writer) => store
+        Some(writer) => stores
+            .fleet
             .instances()
             .await
             .ok()
@@ -503,7 +510,7 @@ async fn report_replaced(store: &dyn Store, family: &Family, recorded: Layout, m
 /// Records this instance as the writer of `family`'s record of `copies`; a failure is logged
 /// (the record itself is written). Returns the writer recorded.
 async fn record_writer(
-    store: &dyn Store,
+    store: &dyn LayoutStore,
     family: &str,
     liveness: &Liveness,
     copies: u32,
@@ -518,11 +525,33 @@ async fn record_writer(
     }
 }
 
+/// The store roles the layout records and the sweeps use.
+#[derive(Clone)]
+pub struct LayoutStores {
+    /// The layout records, their writers, the live sets, and the scan a sweep starts from.
+    pub layouts: Arc<dyn LayoutStore>,
+    /// The copies a sweep deletes.
+    pub copies: Arc<dyn CopyStore>,
+    /// The registry: whether the writer of a record this instance replaces still runs.
+    pub fleet: Arc<dyn FleetStore>,
+}
+
+impl LayoutStores {
+    /// Every role from one store.
+    pub fn of<S: LayoutStore + CopyStore + FleetStore>(store: &Arc<S>) -> LayoutStores {
+        LayoutStores {
+            layouts: store.clone(),
+            copies: store.clone(),
+            fleet: store.clone(),
+        }
+    }
+}
+
 /// Refreshes this instance's live entries and re-reads the layout records every
 /// `liveness.interval`; sweeps shrunk families every `sweep_interval`.
 pub struct LayoutWatcher {
-    /// Where the records live.
-    pub store: Arc<dyn Store>,
+    /// Where the records live, and the copies a sweep deletes.
+    pub stores: LayoutStores,
     /// The state to update.
     pub layouts: Arc<Layouts>,
     /// The families to watch.
@@ -553,7 +582,7 @@ pub(super) fn glob_escape(text: &str) -> String {
 /// Deletes every stored copy of `family`'s keys with an index in `from..to` (`to: None`: no
 /// upper bound). Returns how many existed, and whether the scan saw every key.
 async fn delete_copies_from(
-    store: &dyn Store,
+    stores: &LayoutStores,
     families: &Families,
     family: &Family,
     from: u32,
@@ -561,7 +590,7 @@ async fn delete_copies_from(
 ) -> Result<(u64, bool)> {
     let name = family.name();
     let pattern = format!("{}*#*", glob_escape(&family.prefix));
-    let keys = store.scan_keys(&pattern, SWEEP_SCAN_LIMIT).await?;
+    let keys = stores.layouts.scan_keys(&pattern, SWEEP_SCAN_LIMIT).await?;
     let complete = keys.len() < SWEEP_SCAN_LIMIT;
     let removed: Vec<CopyKey> = keys
         .iter()
@@ -575,7 +604,7 @@ async fn delete_copies_from(
         .collect();
     let mut deleted = 0;
     for batch in removed.chunks(256) {
-        deleted += store.delete_copies(batch).await?;
+        deleted += stores.copies.delete_copies(batch).await?;
     }
     Ok((deleted, complete))
 }
@@ -583,7 +612,8 @@ async fn delete_copies_from(
 impl LayoutWatcher {
     /// Who wrote `family`'s record; `None` when unknown or unreadable (logged).
     async fn read_writer(&self, family: &str) -> Option<LayoutWriter> {
-        self.store
+        self.stores
+            .layouts
             .read_layout_writer(family)
             .await
             .unwrap_or_else(|err| {
@@ -617,7 +647,8 @@ impl LayoutWatcher {
         for family in self.families.iter() {
             let name = family.name();
             match self
-                .store
+                .stores
+                .layouts
                 .join_layout(name, family.copies, &self.liveness.instance, ttl_ms)
                 .await
             {
@@ -627,7 +658,7 @@ impl LayoutWatcher {
                     tracing::warn!(family = name, error = %err, "cannot refresh this instance's live entry")
                 }
             }
-            match self.store.read_layout(name).await {
+            match self.stores.layouts.read_layout(name).await {
                 Ok(recorded) => {
                     let writer = self.read_writer(name).await;
                     self.layouts.observe(name, recorded, writer, &self.metrics)
@@ -701,7 +732,7 @@ impl LayoutWatcher {
             return Ok(());
         }
         let (deleted, complete) =
-            delete_copies_from(&*self.store, &self.families, family, family.copies, None).await?;
+            delete_copies_from(&self.stores, &self.families, family, family.copies, None).await?;
         if deleted > 0 {
             tracing::info!(family = name, deleted, "swept copies removed by a shrink");
         } else if complete {
@@ -716,13 +747,15 @@ impl LayoutWatcher {
                 max_copies: family.copies,
             };
             match self
-                .store
+                .stores
+                .layouts
                 .write_layout(name, Some(expected), layout)
                 .await?
             {
                 LayoutSwap::Applied => {
                     let writer =
-                        record_writer(&*self.store, name, &self.liveness, family.copies).await;
+                        record_writer(&*self.stores.layouts, name, &self.liveness, family.copies)
+                            .await;
                     if let Some(known) = self.layouts.lock().get_mut(name) {
                         known.max_copies = family.copies;
                         known.recorded = Some(layout);
@@ -776,9 +809,14 @@ mod tests {
             Arc::new(twelve.clone()),
             metrics.clone(),
         );
-        Layouts::reconcile(&*store, &twelve, &metrics, &liveness("twelve"))
-            .await
-            .unwrap();
+        Layouts::reconcile(
+            &LayoutStores::of(&store),
+            &twelve,
+            &metrics,
+            &liveness("twelve"),
+        )
+        .await
+        .unwrap();
         for key in ["p*1", "p*x1"] {
             publisher
                 .publish(
@@ -789,12 +827,17 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let layouts = Layouts::reconcile(&*store, &four, &metrics, &liveness("four"))
-            .await
-            .unwrap();
+        let layouts = Layouts::reconcile(
+            &LayoutStores::of(&store),
+            &four,
+            &metrics,
+            &liveness("four"),
+        )
+        .await
+        .unwrap();
         // A settle time no test run outlasts: a sweep "now" is deferred, one at `settled` is not.
         let watcher = LayoutWatcher {
-            store: store.clone(),
+            stores: LayoutStores::of(&store),
             layouts: layouts.clone(),
             families: four.clone(),
             metrics,
@@ -830,7 +873,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_resize_is_recorded_and_a_mismatch_seen() {
-        let store = MemoryStore::new();
+        let store = Arc::new(MemoryStore::new());
         let metrics = Metrics::new();
         let eight = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 8")
             .unwrap()
@@ -838,11 +881,11 @@ mod tests {
         let four = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 4")
             .unwrap()
             .families();
-        let first = Layouts::reconcile(&store, &eight, &metrics, &liveness("a"))
+        let first = Layouts::reconcile(&LayoutStores::of(&store), &eight, &metrics, &liveness("a"))
             .await
             .unwrap();
         assert_eq!(first.max_copies("p:", 8), 8);
-        let second = Layouts::reconcile(&store, &four, &metrics, &liveness("b"))
+        let second = Layouts::reconcile(&LayoutStores::of(&store), &four, &metrics, &liveness("b"))
             .await
             .unwrap();
         assert_eq!(second.max_copies("p:", 4), 8);
@@ -935,9 +978,14 @@ mod tests {
                 .families()
         };
         let (four, twelve) = (families(4), families(12));
-        Layouts::reconcile(&*store, &twelve, &metrics, &liveness("old"))
-            .await
-            .unwrap();
+        Layouts::reconcile(
+            &LayoutStores::of(&store),
+            &twelve,
+            &metrics,
+            &liveness("old"),
+        )
+        .await
+        .unwrap();
         let publish = |families: &Families, layouts: Arc<Layouts>, version| {
             let publisher = crate::publish::Publisher::new(
                 store.clone(),
@@ -962,9 +1010,14 @@ mod tests {
         // The twelve-copy writer is gone; a four-copy instance shrinks, and a stale copy 7
         // survives (as after a failed delete).
         store.leave_layout("g:", 12, "old").await.unwrap();
-        let small = Layouts::reconcile(&*store, &four, &metrics, &liveness("small"))
-            .await
-            .unwrap();
+        let small = Layouts::reconcile(
+            &LayoutStores::of(&store),
+            &four,
+            &metrics,
+            &liveness("small"),
+        )
+        .await
+        .unwrap();
         let report = publish(&four, small.clone(), 2).await;
         assert_eq!(report.copies, 4);
         store
@@ -980,7 +1033,7 @@ mod tests {
             interval: Duration::from_millis(10),
             ..liveness("new")
         };
-        let grown = Layouts::reconcile(&*store, &twelve, &metrics, &quick)
+        let grown = Layouts::reconcile(&LayoutStores::of(&store), &twelve, &metrics, &quick)
             .await
             .unwrap();
         let copy = |index| {

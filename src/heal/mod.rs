@@ -31,8 +31,8 @@ pub mod worker;
 
 pub use config::HealConfig;
 pub use drain::{drain_spool, DrainProgress, DrainSummary};
-pub use health::{HealthProber, HealthStore, NodeHealth};
-pub use layout::{LayoutWatcher, Layouts, Liveness};
+pub use health::{HealthProber, HealthStore, NodeHealth, StoreProbe};
+pub use layout::{LayoutStores, LayoutWatcher, Layouts, Liveness};
 pub use queue::{Admission, DropReason, FailedCopy, RetryQueue, RetryQueueView};
 pub use repair::Repairer;
 pub use scrub::{ScrubConfig, ScrubStatus, Scrubber};

@@ -12,12 +12,12 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::metrics::{Metrics, RepairResult};
-use crate::store::{CasOutcome, CopyWrite, Store};
+use crate::store::{CasOutcome, CopyStore, CopyWrite};
 
 /// Schedules read repairs. Cheap to share behind the reader.
 pub struct Repairer {
     /// Where the copies live.
-    store: Arc<dyn Store>,
+    store: Arc<dyn CopyStore>,
     /// Bounds the repairs running at once.
     permits: Arc<Semaphore>,
     /// Tracks the repair tasks, so shutdown waits for them.
@@ -29,7 +29,7 @@ pub struct Repairer {
 impl Repairer {
     /// A repairer running at most `concurrency` repairs at once on `tracker`.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn CopyStore>,
         concurrency: usize,
         tracker: TaskTracker,
         metrics: Arc<Metrics>,

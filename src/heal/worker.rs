@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::queue::RetryQueue;
 use crate::metrics::{Metrics, RetryResult};
-use crate::store::{CasOutcome, NodeLabel, Store};
+use crate::store::{CasOutcome, CopyStore, NodeLabel};
 
 /// Retries queued copy writes until shutdown. Spawn [`RetryWorker::run`] on the server's
 /// task tracker.
@@ -22,7 +22,7 @@ pub struct RetryWorker {
     /// The queue to drain.
     queue: Arc<RetryQueue>,
     /// Where the copies live.
-    store: Arc<dyn Store>,
+    store: Arc<dyn CopyStore>,
     /// Attempt counters.
     metrics: Arc<Metrics>,
     /// Entries per flush batch.
@@ -35,7 +35,7 @@ impl RetryWorker {
     /// A worker draining `queue` into `store`; at shutdown it keeps draining for `drain_for`.
     pub fn new(
         queue: Arc<RetryQueue>,
-        store: Arc<dyn Store>,
+        store: Arc<dyn CopyStore>,
         metrics: Arc<Metrics>,
         flush_batch: usize,
         drain_for: Duration,

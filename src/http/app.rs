@@ -51,7 +51,8 @@ impl App {
         &self.router
     }
 
-    /// Whether `request` goes the fast path.
+    /// Whether `request` goes the fast path (for the tests that compare both paths).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn takes_fast_path<B>(&self, request: &Request<B>) -> bool {
         self.key_read.is_some() && KeyRead::takes(request.method(), request.uri().path())
     }

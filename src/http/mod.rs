@@ -142,6 +142,7 @@ pub mod paths {
     /// then answers 404 on them): the load balancers' probes, then the operator views. They are
     /// what [`super::admin_routes`] registers. Built from [`PROBES`] and [`ADMIN`], so a new
     /// admin endpoint is listed once.
+    #[cfg(any(test, feature = "test-util"))]
     pub const ADMIN_LISTENER: [&str; PROBES.len() + ADMIN.len()] = {
         let mut all = [""; PROBES.len() + ADMIN.len()];
         let mut i = 0;

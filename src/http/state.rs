@@ -10,12 +10,12 @@ use super::handlers::RouteTexts;
 use super::overload::{self, RequestLimits};
 use crate::auth::TokenTable;
 use crate::fleet::{Registry, Sessions};
-use crate::heal::HealHandles;
+use crate::heal::{HealHandles, StoreProbe};
 use crate::metrics::Metrics;
 use crate::publish::Publisher;
 use crate::read::Reader;
 use crate::route::WarmUp;
-use crate::store::Store;
+use crate::store::FleetStore;
 
 /// Everything a handler needs. Cheap to clone.
 #[derive(Clone)]
@@ -30,8 +30,10 @@ pub(crate) struct Inner {
     pub(crate) publisher: Publisher,
     /// Serves affine reads.
     pub(crate) reader: Reader,
-    /// The store, for readiness checks.
-    pub(crate) store: Arc<dyn Store>,
+    /// The store as readiness checks see it.
+    pub(crate) store: StoreProbe,
+    /// The fleet's records, for `/v1/fleet`.
+    pub(crate) fleet: Arc<dyn FleetStore>,
     /// Metrics to render and to count into.
     pub(crate) metrics: Arc<Metrics>,
     /// The body limit, in bytes, reported in `value_too_large` answers.
@@ -63,8 +65,10 @@ pub struct AppParts {
     pub publisher: Publisher,
     /// Serves affine reads.
     pub reader: Reader,
-    /// The store, for readiness checks.
-    pub store: Arc<dyn Store>,
+    /// The store as readiness checks see it.
+    pub store: StoreProbe,
+    /// The fleet's records, for `/v1/fleet`.
+    pub fleet: Arc<dyn FleetStore>,
     /// Metrics to render and to count into.
     pub metrics: Arc<Metrics>,
     /// The body limit, in bytes, reported in `value_too_large` answers.
@@ -91,6 +95,7 @@ impl AppState {
             publisher,
             reader,
             store,
+            fleet,
             metrics,
             max_value_bytes,
             retry_after,
@@ -109,6 +114,7 @@ impl AppState {
                 publisher,
                 reader,
                 store,
+                fleet,
                 metrics,
                 max_value_bytes,
                 retry_after_secs,

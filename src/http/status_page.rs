@@ -108,7 +108,7 @@ pub async fn fleet(State(state): State<AppState>) -> Json<FleetView> {
     let inner = state.inner();
     let sources = Sources::new(&inner.reader, inner.heal.clone());
     let interval_ms = crate::duration::millis(inner.registry.heartbeat_interval());
-    Json(fleet_view(&inner.registry, &*inner.store, &sources, interval_ms).await)
+    Json(fleet_view(&inner.registry, &*inner.fleet, &sources, interval_ms).await)
 }
 
 #[cfg(test)]

@@ -172,8 +172,9 @@ impl NearMetrics {
         }
     }
 
-    /// Metrics registered nowhere: for tests and tools.
-    pub fn detached(classes: &Classes) -> NearMetrics {
+    /// Metrics registered nowhere: for unit tests.
+    #[cfg(test)]
+    pub(crate) fn detached(classes: &Classes) -> NearMetrics {
         NearMetrics::register(&mut Registry::default(), classes)
     }
 

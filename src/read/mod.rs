@@ -36,7 +36,7 @@ use crate::key::{CopyKey, Key, Version};
 use crate::metrics::{Metrics, ReadOutcome};
 use crate::near::NearCache;
 use crate::route::{Floors, ReadClass, RouteReason, Router};
-use crate::store::{CopyRead, ServedBy, Store};
+use crate::store::{CopyRead, CopyStore, ServedBy};
 use decide::{decide, repair_of, Decision};
 use path::breach;
 
@@ -159,7 +159,7 @@ pub struct Affinity {
 /// Serves affine reads.
 pub struct Reader {
     /// Where copies live.
-    store: Arc<dyn Store>,
+    store: Arc<dyn CopyStore>,
     /// Copies per key family.
     families: Arc<Families>,
     /// Fallback width.
@@ -192,7 +192,7 @@ struct Consulted {
 impl Reader {
     /// A reader over `store`.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn CopyStore>,
         families: Arc<Families>,
         config: ReadConfig,
         metrics: Arc<Metrics>,

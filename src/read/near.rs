@@ -31,7 +31,7 @@ use crate::error::Result;
 use crate::key::{CopyKey, Key, Version};
 use crate::near::{Entry, Filled, Lookup, NearCache};
 use crate::route::{Plan, PlanRoute, RouteReason, Target};
-use crate::store::{CopyRead, CopyRecord, Role, Store};
+use crate::store::{CopyRead, CopyRecord, CopyStore, Role};
 
 /// What the near cache gave a read for its affine copy.
 pub(super) struct NearConsult {
@@ -354,7 +354,7 @@ impl Reader {
 /// is re-read from the primary. What it finds is offered to `near`, as of the start of the
 /// read that found it less the replica's lag.
 fn fill(
-    store: Arc<dyn Store>,
+    store: Arc<dyn CopyStore>,
     near: Arc<NearCache>,
     copy_key: CopyKey,
     source: FillSource,

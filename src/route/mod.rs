@@ -256,12 +256,13 @@ impl Router {
     }
 
     /// A router with a lag table of its own (no monitor feeds it, so every replica-routed read
-    /// goes to the primary with reason `no-replica`) and counters registered nowhere: for
-    /// benchmarks, tools and tests.
+    /// goes to the primary with reason `no-replica`) and counters registered nowhere: for unit
+    /// tests.
     ///
     /// # Errors
     /// As [`Router::new`].
-    pub fn detached(
+    #[cfg(test)]
+    pub(crate) fn detached(
         config: &RouteConfig,
         classes: Classes,
         families: Arc<Families>,

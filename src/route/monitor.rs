@@ -13,12 +13,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::bill::RouteMetrics;
 use super::lag::LagTable;
-use crate::store::{NodeLabel, ReplicaSet, Store};
+use crate::heal::StoreProbe;
+use crate::store::{NodeLabel, ReplicaSet};
 
 /// Writes heartbeats on every primary and reads them on every replica, forever.
 pub struct LagMonitor {
-    /// Where heartbeats go.
-    pub store: Arc<dyn Store>,
+    /// Where heartbeats go (`probe.topology`), with the ping, around failing nodes, that the
+    /// store-up gauge follows while no node is known, and the primaries lacking the library.
+    pub probe: StoreProbe,
     /// Where lag is recorded.
     pub table: Arc<LagTable>,
     /// This instance's heartbeat name (unique per process).
@@ -45,13 +47,13 @@ impl LagMonitor {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                refreshed = self.store.refresh_topology() => {
+                refreshed = self.probe.topology.refresh_topology() => {
                     if let Err(err) = refreshed {
                         tracing::debug!(error = %err, "topology refresh failed");
                     }
                 }
             }
-            let sets = self.store.topology();
+            let sets = self.probe.topology.topology();
             // Also look again soon while some replica has shown no heartbeat: it may have no
             // client yet (it was down when this instance started).
             let unseen = self
@@ -63,7 +65,7 @@ impl LagMonitor {
             let missing = unseen
                 || sets.is_empty()
                 || sets.iter().any(|set| set.replicas.is_empty())
-                || !self.store.library_missing().is_empty();
+                || !self.probe.library_missing().is_empty();
             let every = if missing {
                 Duration::from_secs(1)
             } else {
@@ -86,7 +88,7 @@ impl LagMonitor {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            let sets = self.store.topology();
+            let sets = self.probe.topology.topology();
             self.table.set_topology(&sets);
             // Heartbeats go to every primary even before replicas are known: Redis leaves a
             // replica out of CLUSTER SLOTS until it has replicated some data.
@@ -96,12 +98,12 @@ impl LagMonitor {
                 let bound = self.table.interval().max(Duration::from_millis(5));
                 let up = tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    pinged = tokio::time::timeout(bound, self.store.ping()) => {
+                    pinged = tokio::time::timeout(bound, self.probe.ping()) => {
                         matches!(pinged, Ok(Ok(())))
                     }
                 };
                 self.metrics
-                    .store_up(&NodeLabel::new(self.store.kind()), "primary", up);
+                    .store_up(&NodeLabel::new(self.probe.kind()), "primary", up);
                 continue;
             }
             tokio::select! {
@@ -119,7 +121,8 @@ impl LagMonitor {
         let writes = sets.iter().map(|set| async move {
             let written = tokio::time::timeout(
                 bound,
-                self.store
+                self.probe
+                    .topology
                     .write_heartbeat(&set.primary, &self.instance, stamp),
             )
             .await;
@@ -134,7 +137,9 @@ impl LagMonitor {
         let reads = table.values().flatten().map(|lag| async move {
             let read = tokio::time::timeout(
                 bound,
-                self.store.read_heartbeat(&lag.replica, &self.instance),
+                self.probe
+                    .topology
+                    .read_heartbeat(&lag.replica, &self.instance),
             )
             .await;
             let stamp = match read {
@@ -155,8 +160,18 @@ impl LagMonitor {
             self.table.record(lag, stamp);
             if offsets {
                 let gap = tokio::time::timeout(bound, async {
-                    let primary = self.store.replication_offset(&lag.primary).await.ok()?;
-                    let replica = self.store.replication_offset(&lag.replica).await.ok()?;
+                    let primary = self
+                        .probe
+                        .topology
+                        .replication_offset(&lag.primary)
+                        .await
+                        .ok()?;
+                    let replica = self
+                        .probe
+                        .topology
+                        .replication_offset(&lag.replica)
+                        .await
+                        .ok()?;
                     Some(primary.saturating_sub(replica))
                 })
                 .await

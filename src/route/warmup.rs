@@ -26,7 +26,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::lag::LagTable;
-use crate::store::{ReplicaSet, Store};
+use crate::store::{ReplicaSet, TopologyStore};
 
 /// How often [`WarmUpWatch`] looks again: half the default heartbeat interval, so the warm-up
 /// ends soon after the sample it waited for.
@@ -103,7 +103,7 @@ pub enum Readiness {
 /// The warm-up's state, shared by `/readyz` and [`WarmUpWatch`].
 pub struct WarmUp {
     /// Where the topology comes from.
-    store: Arc<dyn Store>,
+    store: Arc<dyn TopologyStore>,
     /// The lag table the monitor feeds (and whose `warming` flag this clears).
     lag: Arc<LagTable>,
     /// A cluster needs discovered replicas; a standalone primary's are configured.
@@ -122,7 +122,7 @@ impl WarmUp {
     /// and `store` may have replicas; otherwise one that has already ended. Sets the lag
     /// table's `warming` flag while it runs.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn TopologyStore>,
         lag: Arc<LagTable>,
         bound: Duration,
         replica_routed: bool,
@@ -141,12 +141,6 @@ impl WarmUp {
             until: Instant::now() + bound,
             done: AtomicBool::new(!warming),
         }
-    }
-
-    /// A warm-up that has already ended and never waits: for tests and embedding without a
-    /// lag monitor.
-    pub fn ended(store: Arc<dyn Store>, lag: Arc<LagTable>) -> WarmUp {
-        WarmUp::new(store, lag, Duration::ZERO, false)
     }
 
     /// What replica-routed reads cannot use yet.
@@ -191,7 +185,8 @@ impl WarmUp {
     }
 
     /// Whether the warm-up has ended.
-    pub fn has_ended(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_ended(&self) -> bool {
         self.done.load(Ordering::Acquire)
     }
 }
@@ -266,7 +261,7 @@ mod tests {
 
     #[test]
     fn the_warm_up_ends_when_nothing_is_pending_or_at_its_bound_and_only_once() {
-        let store: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
+        let store: Arc<dyn TopologyStore> = Arc::new(crate::store::memory::MemoryStore::new());
         let lag = lag_table();
         let start = Instant::now();
         let warm_up = |bound: Duration| {
@@ -315,7 +310,7 @@ mod tests {
 
     #[test]
     fn the_embedded_store_has_no_warm_up_and_an_ended_one_stays_ended() {
-        let store: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
+        let store: Arc<dyn TopologyStore> = Arc::new(crate::store::memory::MemoryStore::new());
         let lag = lag_table();
         let warm_up = WarmUp::new(store, lag.clone(), Duration::from_secs(60), true);
         assert!(warm_up.has_ended());

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::{InstanceStatus, Sources};
 use crate::fleet::Registry;
-use crate::store::{now_unix_ms, InstanceRecord, Store};
+use crate::store::{now_unix_ms, FleetStore, InstanceRecord};
 
 /// What `GET /v1/fleet` answers.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -42,9 +42,9 @@ pub struct FleetMember {
 
 /// The deployment as the status page shows it: every instance `registry` lists, each with its
 /// stored figures from `store`, and this instance's figures from `sources`, live.
-pub async fn fleet_view(
+pub(crate) async fn fleet_view(
     registry: &Registry,
-    store: &dyn Store,
+    store: &dyn FleetStore,
     sources: &Sources,
     interval_ms: u64,
 ) -> FleetView {

@@ -26,6 +26,7 @@ mod fleet;
 mod publisher;
 mod sample;
 
-pub use fleet::{fleet_view, FleetMember, FleetView};
+pub(crate) use fleet::fleet_view;
+pub use fleet::{FleetMember, FleetView};
 pub use publisher::StatusPublisher;
 pub use sample::{ClassBudget, FamilyStatus, InstanceStatus, Sources};

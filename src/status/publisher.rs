@@ -8,14 +8,14 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Sources;
-use crate::store::Store;
+use crate::store::FleetStore;
 
 /// Publishes this instance's [`super::InstanceStatus`] into the store on a timer.
 pub struct StatusPublisher {
     /// Where the figures come from.
     pub sources: Arc<Sources>,
-    /// Where they are stored (`Store::publish_status`).
-    pub store: Arc<dyn Store>,
+    /// Where they are stored (`FleetStore::publish_status`).
+    pub store: Arc<dyn FleetStore>,
     /// This instance's registry id.
     pub id: String,
     /// How often (`fleet.heartbeat_interval`).

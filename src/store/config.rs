@@ -99,7 +99,7 @@ impl Default for StoreConfig {
 
 impl StoreConfig {
     /// `store.memory_max_bytes`, or its default.
-    pub fn memory_max_bytes(&self) -> u64 {
+    pub(crate) fn memory_max_bytes(&self) -> u64 {
         self.memory_max_bytes.unwrap_or(DEFAULT_MEMORY_MAX_BYTES)
     }
 

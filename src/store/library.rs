@@ -21,7 +21,7 @@
 use std::fmt;
 
 /// The version of the function library this release runs.
-pub const LIBRARY_VERSION: u32 = 2;
+pub(crate) const LIBRARY_VERSION: u32 = 2;
 
 /// The library this release loads (`#!lua name=hotsplit_v2`).
 pub const LIBRARY_NAME: &str = "hotsplit_v2";
@@ -36,13 +36,13 @@ pub const ALLOC_FUNCTION: &str = "hotsplit_alloc_v2";
 pub const LAYOUT_FUNCTION: &str = "hotsplit_layout_v2";
 
 /// The refresh of one instance's entry in a family's live set.
-pub const LIVE_FUNCTION: &str = "hotsplit_live_v2";
+pub(crate) const LIVE_FUNCTION: &str = "hotsplit_live_v2";
 
 /// The lease of a fleet-wide job (the scrub's): one holder at a time.
-pub const LEASE_FUNCTION: &str = "hotsplit_lease_v2";
+pub(crate) const LEASE_FUNCTION: &str = "hotsplit_lease_v2";
 
 /// The Lua source of [`LIBRARY_NAME`].
-pub const LIBRARY_SOURCE: &str = include_str!("redis/hotsplit.lua");
+pub(crate) const LIBRARY_SOURCE: &str = include_str!("redis/hotsplit.lua");
 
 /// The library of the release before versioned names (version 1): its functions were
 /// `hotsplit_cas`, `hotsplit_alloc`, `hotsplit_layout` and `hotsplit_live`.
@@ -53,6 +53,7 @@ pub const LEGACY_LIBRARY_NAME: &str = "hotsplit";
 /// Never edit a recorded digest: a changed source is a new version (append it, bump
 /// [`LIBRARY_VERSION`] and rename the library and its functions). Version 1's source is kept as
 /// `tests/fixtures/hotsplit-v1.lua`, which the rolling-upgrade test loads.
+#[cfg(any(test, feature = "test-util"))]
 pub const RELEASED: &[(u32, &str)] = &[
     (
         1,
@@ -86,7 +87,7 @@ pub struct FunctionLibrary {
 
 impl FunctionLibrary {
     /// This release's library.
-    pub const CURRENT: FunctionLibrary = FunctionLibrary {
+    pub(crate) const CURRENT: FunctionLibrary = FunctionLibrary {
         name: LIBRARY_NAME,
         source: LIBRARY_SOURCE,
         cas: CAS_FUNCTION,
@@ -111,7 +112,8 @@ impl FunctionLibrary {
     }
 
     /// Every function name, in the order the source registers them.
-    pub fn functions(&self) -> Vec<&'static str> {
+    #[cfg(test)]
+    pub(crate) fn functions(&self) -> Vec<&'static str> {
         [self.cas, self.layout, self.alloc, self.live]
             .into_iter()
             .chain(self.lease)
@@ -169,6 +171,7 @@ impl fmt::Display for LibraryVersion {
 }
 
 /// The SHA-256 of `source`, in lowercase hex: what [`RELEASED`] records.
+#[cfg(any(test, feature = "test-util"))]
 pub fn source_digest(source: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, source.as_bytes())
         .as_ref()

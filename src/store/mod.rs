@@ -1,9 +1,11 @@
 //! Storage of copies: the one place that holds values.
 //!
-//! [`Store`] is the small trait the rest of the crate speaks to. It has two implementations:
-//! [`memory::MemoryStore`], the embedded default for trying hotsplit and for unit tests, and
-//! [`redis::RedisStore`], the only module in the crate that talks to Redis (through fred). Both
-//! apply the same versioned compare-and-set, so a copy only ever moves forward:
+//! The rest of the crate speaks to the store through small traits, one per role ([`roles`]:
+//! [`CopyStore`], [`LayoutStore`], [`FleetStore`], [`ScrubStore`], [`TopologyStore`],
+//! [`LibraryStore`]). They have two implementations: [`memory::MemoryStore`], the embedded
+//! default for trying hotsplit and for unit tests, and [`redis::RedisStore`], the only module in
+//! the crate that talks to Redis (through fred). Both apply the same versioned compare-and-set,
+//! so a copy only ever moves forward:
 //!
 //! - a write whose version is greater than the stored one is `applied`;
 //! - a write whose version equals the stored one is `current` (retries are idempotent), except
@@ -31,18 +33,19 @@ pub mod library;
 pub mod memory;
 pub mod redis;
 pub mod registry;
+pub mod roles;
 
 pub use config::StoreConfig;
 pub use registry::InstanceRecord;
+pub use roles::{CopyStore, FleetStore, LayoutStore, LibraryStore, ScrubStore, TopologyStore};
 
 use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 
 use crate::error::Result;
-use crate::key::{CopyKey, Key, Version};
+use crate::key::{CopyKey, Version};
 
 /// What one copy write carries: a value, or a tombstone that blocks older writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +89,7 @@ pub enum CasOutcome {
     },
 }
 
-/// The result of a compare-and-set of a layout record ([`Store::write_layout`]).
+/// The result of a compare-and-set of a layout record ([`LayoutStore::write_layout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayoutSwap {
     /// The record held the expected layout and now holds the new one.
@@ -119,7 +122,7 @@ impl CopyRecord {
     /// Whether this record comes after `held` in the copies' order: a higher version, or at an
     /// equal version a tombstone after a value (tombstones win ties, as in the compare-and-set).
     /// The expiry plays no part.
-    pub fn supersedes(&self, held: &CopyRecord) -> bool {
+    pub(crate) fn supersedes(&self, held: &CopyRecord) -> bool {
         self.version > held.version
             || (self.version == held.version
                 && matches!(self.payload, Payload::Tombstone)
@@ -127,7 +130,7 @@ impl CopyRecord {
     }
 }
 
-/// Who holds a named lease after [`Store::hold_lease`].
+/// Who holds a named lease after [`ScrubStore::hold_lease`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lease {
     /// The caller holds it now (taken or renewed), or released it.
@@ -139,7 +142,7 @@ pub enum Lease {
     },
 }
 
-/// One page of a scan of a node's keys ([`Store::scan_page`]).
+/// One page of a scan of a node's keys ([`ScrubStore::scan_page`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyPage {
     /// The cursor of the next page; 0 when the scan of the node is complete.
@@ -258,407 +261,6 @@ impl fmt::Display for ServedBy {
     }
 }
 
-/// The storage interface every part of hotsplit uses.
-///
-/// Methods return boxed futures so the service can hold an `Arc<dyn Store>` and pick the store
-/// at startup.
-pub trait Store: Send + Sync + 'static {
-    /// A short description for logs and `/readyz`: `embedded`, `redis` or `redis-cluster`.
-    fn kind(&self) -> &'static str;
-
-    /// The node that owns `copy_key` as far as this instance knows.
-    fn node_of(&self, copy_key: &CopyKey) -> NodeLabel;
-
-    /// Applies each write with the versioned compare-and-set, concurrently, and returns one
-    /// result per write in the same order. A failure of one write never fails the others.
-    fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>>;
-
-    /// Reads one copy from the node that owns it.
-    fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead>;
-
-    /// Allocates the next version of `key` from its per-key counter: `max(counter, floor) + 1`.
-    /// The counter lives at least `ttl_ms` after this call, and its time to live only grows.
-    /// `floor` is 0, or the highest version the copies reported after a refused publish, so a
-    /// counter that lost increments or expired early continues above every version in use.
-    ///
-    /// # Errors
-    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails;
-    /// [`crate::ErrorKind::InvalidVersion`] when the counter is exhausted (2^63 - 1).
-    fn allocate_version<'a>(
-        &'a self,
-        key: &'a Key,
-        ttl_ms: u64,
-        floor: u64,
-    ) -> BoxFuture<'a, Result<Version>>;
-
-    /// Every primary with the replicas known for it: discovered in Cluster mode, configured
-    /// for a standalone primary. Default: none (the embedded store has no replicas).
-    fn topology(&self) -> Vec<ReplicaSet> {
-        Vec::new()
-    }
-
-    /// Every primary this instance knows: the masters of a cluster, or the one standalone
-    /// server, with or without replicas (the health prober pings each). Default: the primaries
-    /// of [`Store::topology`].
-    fn primaries(&self) -> Vec<NodeLabel> {
-        self.topology().into_iter().map(|set| set.primary).collect()
-    }
-
-    /// Applies each write like [`Store::write_copies`], on a connection dedicated to synced
-    /// writes, then issues `WAIT replicas timeout_ms` on each written node through that same
-    /// connection (WAIT counts only that connection's writes and blocks it). Returns, per write,
-    /// its result and the acknowledged replica count (`None` when the write or the wait
-    /// failed). The default writes and reports no acknowledgement.
-    fn write_copies_synced<'a>(
-        &'a self,
-        writes: &'a [CopyWrite],
-        replicas: u32,
-        timeout_ms: u64,
-    ) -> BoxFuture<'a, Vec<(WriteResult, Option<u32>)>> {
-        let _ = (replicas, timeout_ms);
-        Box::pin(async move {
-            self.write_copies(writes)
-                .await
-                .into_iter()
-                .map(|result| (result, None))
-                .collect()
-        })
-    }
-
-    /// Refreshes the topology from the servers (Cluster mode: `CLUSTER SLOTS` and fred's
-    /// replica routing), for a cluster whose replicas joined after this instance connected.
-    /// The default does nothing.
-    ///
-    /// # Errors
-    /// [`crate::ErrorKind::Unavailable`] when the refresh fails.
-    fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    /// Reads one copy from `replica`, a replica of the copy's owner. The default reads the
-    /// primary (for stores without replicas).
-    fn read_replica_copy<'a>(
-        &'a self,
-        copy_key: &'a CopyKey,
-        replica: &'a NodeLabel,
-    ) -> BoxFuture<'a, CopyRead> {
-        let _ = replica;
-        self.read_copy(copy_key)
-    }
-
-    /// Writes this instance's heartbeat `stamp_us` on `primary`, under a key whose slot that
-    /// primary owns. The default does nothing.
-    ///
-    /// # Errors
-    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the write fails.
-    fn write_heartbeat<'a>(
-        &'a self,
-        primary: &'a NodeLabel,
-        instance: &'a str,
-        stamp_us: u64,
-    ) -> BoxFuture<'a, Result<()>> {
-        let _ = (primary, instance, stamp_us);
-        Box::pin(async { Ok(()) })
-    }
-
-    /// Reads this instance's heartbeat on `replica`: `None` when it holds none yet.
-    ///
-    /// # Errors
-    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the read fails.
-    fn read_heartbeat<'a>(
-        &'a self,
-        replica: &'a NodeLabel,
-        instance: &'a str,
-    ) -> BoxFuture<'a, Result<Option<u64>>> {
-        let _ = (replica, instance);
-        Box::pin(async { Ok(None) })
-    }
-
-    /// The replication offset of `node`: `master_repl_offset` on a primary, `slave_repl_offset`
-    /// read on a replica itself.
-    ///
-    /// # Errors
-    /// [`crate::ErrorKind::Unavailable`] when the node is unknown or does not answer.
-    fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
-        Box::pin(async move {
-            Err(crate::Error::new(
-                crate::ErrorKind::Unavailable,
-                format!("{node} has no replication offset"),
-            ))
-        })
-    }
-    /// Reads the layout recorded for the family named `family` (its prefix, or `default`).
-    ///
-    /// # Errors
-    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails.
-    fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>>;
-
-    /// Records which instance and release wrote `family`'s layout record
-    /// ([`layout_writer_key`]). Called after each write of the record.
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`].
-    fn write_layout_writer<'a>(
-        &'a self,
-        family: &'a str,
-        writer: &'a LayoutWriter,
-    ) -> BoxFuture<'a, Result<()>>;
-
-    /// Reads who wrote `family`'s layout record; `None` when nobody recorded it (a release
-    /// before writer records wrote the layout).
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`].
-    fn read_layout_writer<'a>(
-        &'a self,
-        family: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LayoutWriter>>>;
-
-    /// Records `layout` for the family named `family` when the record holds `expected` (`None`:
-    /// no record): a compare-and-set, so a concurrent change is never overwritten blindly.
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`].
-    fn write_layout<'a>(
-        &'a self,
-        family: &'a str,
-        expected: Option<Layout>,
-        layout: Layout,
-    ) -> BoxFuture<'a, Result<LayoutSwap>>;
-
-    /// Marks this instance live in the family named `family` with `copies` copies until
-    /// `ttl_ms` from the store's clock (a join or a refresh), drops the members whose time ran
-    /// out, and returns the copy counts of the other live instances. `instance` names this
-    /// process (letters, digits, `-`, `_`, `.`), so instances with the same copy count stay
-    /// apart and one leaving never hides another.
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`]; [`crate::ErrorKind::Config`] for an invalid `instance`.
-    fn join_layout<'a>(
-        &'a self,
-        family: &'a str,
-        copies: u32,
-        instance: &'a str,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Vec<u32>>>;
-
-    /// Removes this instance's live entry from the family named `family` (at shutdown).
-    ///
-    /// # Errors
-    /// As [`Store::join_layout`].
-    fn leave_layout<'a>(
-        &'a self,
-        family: &'a str,
-        copies: u32,
-        instance: &'a str,
-    ) -> BoxFuture<'a, Result<()>>;
-
-    /// Registers `record` in the instance registry, or refreshes it, for `ttl_ms` from now
-    /// (`store::registry`): the entry lapses unless it is refreshed within that time.
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`]; [`crate::ErrorKind::Config`] for an invalid instance id (see
-    /// [`valid_live_instance`]).
-    fn register_instance<'a>(
-        &'a self,
-        record: &'a InstanceRecord,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<()>>;
-
-    /// Removes instance `id` from the registry (at shutdown).
-    ///
-    /// # Errors
-    /// As [`Store::register_instance`].
-    fn deregister_instance<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>>;
-
-    /// Every registered instance whose entry has not lapsed, ordered by id. Entries found
-    /// lapsed are dropped from the registry's index on the way.
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`].
-    fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>>;
-
-    /// The deployment's session key (`fleet::session`): the stored one, or `candidate` (32
-    /// hex digits) once stored because none was. Every instance of a deployment gets the same
-    /// key, whichever started first.
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`].
-    fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>>;
-
-    /// Stores instance `id`'s status summary (`crate::status::InstanceStatus` as JSON) for
-    /// `ttl_ms` from now, where the other instances' `GET /v1/fleet` reads it
-    /// (`registry::status_key`). Default: kept nowhere (a store only one instance uses).
-    ///
-    /// # Errors
-    /// As [`Store::register_instance`].
-    fn publish_status<'a>(
-        &'a self,
-        id: &'a str,
-        summary: &'a str,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<()>> {
-        let _ = (id, summary, ttl_ms);
-        Box::pin(async { Ok(()) })
-    }
-
-    /// The status summaries stored for `ids`, in order: `None` where none is (it lapsed, or the
-    /// instance runs a release that publishes none). Default: none for any id.
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`].
-    fn instance_statuses<'a>(
-        &'a self,
-        ids: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<Option<String>>>> {
-        Box::pin(async move { Ok(vec![None; ids.len()]) })
-    }
-
-    /// Deletes copies (removed by shrinking a family), each on its own node, concurrently.
-    /// Returns how many existed.
-    ///
-    /// # Errors
-    /// The first failure; the other deletes still run.
-    fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>>;
-
-    /// Lists up to `limit` stored keys matching the glob `pattern` on every primary (SCAN),
-    /// for the sweep of copies removed by a shrink.
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`].
-    fn scan_keys<'a>(
-        &'a self,
-        pattern: &'a str,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>>>;
-
-    /// Reads one copy from the node that owns it as stored, a record past its `exp` included
-    /// (which [`Store::read_copy`] reads as missing): the scrub tells a copy that expired on its
-    /// own jitter from one that missed an edit. The default is [`Store::read_copy`]'s record.
-    ///
-    /// # Errors
-    /// [`crate::ErrorKind::Unavailable`], [`crate::ErrorKind::Timeout`] or
-    /// [`crate::ErrorKind::NodeFailing`] when the read fails.
-    fn read_copy_stored<'a>(
-        &'a self,
-        copy_key: &'a CopyKey,
-    ) -> BoxFuture<'a, Result<Option<CopyRecord>>> {
-        Box::pin(async move { self.read_copy(copy_key).await.record })
-    }
-
-    /// The nodes a walk over every stored key visits: each primary. The default is the one
-    /// embedded store.
-    fn scan_nodes(&self) -> Vec<NodeLabel> {
-        vec![NodeLabel::embedded()]
-    }
-
-    /// One page of `SCAN cursor MATCH pattern COUNT count` on `node` (one of
-    /// [`Store::scan_nodes`]); cursor 0 starts a walk. The default answers every matching key
-    /// in one page ([`Store::scan_keys`]).
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`]; [`crate::ErrorKind::Unavailable`] for an unknown node.
-    fn scan_page<'a>(
-        &'a self,
-        node: &'a NodeLabel,
-        cursor: u64,
-        pattern: &'a str,
-        count: u32,
-    ) -> BoxFuture<'a, Result<KeyPage>> {
-        let _ = (node, cursor, count);
-        Box::pin(async move {
-            Ok(KeyPage {
-                next: 0,
-                keys: self.scan_keys(pattern, usize::MAX).await?,
-            })
-        })
-    }
-
-    /// Takes or renews the lease `name` for `holder` (letters, digits, `-`, `_`, `.`; at most
-    /// 64) until `ttl_ms` from now when it is free or already `holder`'s; a `ttl_ms` of 0
-    /// releases it when `holder` has it. Used so one instance at a time runs a fleet-wide job
-    /// (the scrub). The default always answers [`Lease::Held`]: a store only one process uses
-    /// (the embedded one) has no one to share with.
-    ///
-    /// # Errors
-    /// As [`Store::read_layout`]; [`crate::ErrorKind::Config`] for an invalid `holder`.
-    fn hold_lease<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Lease>> {
-        let _ = (name, holder, ttl_ms);
-        Box::pin(async { Ok(Lease::Held) })
-    }
-
-    /// Checks that the store answers.
-    ///
-    /// # Errors
-    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when it does not.
-    fn ping(&self) -> BoxFuture<'_, Result<()>>;
-
-    /// The primaries known to lack the store's function library (they refused it or did not
-    /// answer; their writes fail until a background retry loads it), for `/readyz`. Default:
-    /// none.
-    fn library_missing(&self) -> Vec<NodeLabel> {
-        Vec::new()
-    }
-
-    /// The name of the function library this instance loads into the store, for the instance
-    /// registry. Default: none (the embedded store has no library).
-    fn library_name(&self) -> Option<&'static str> {
-        None
-    }
-
-    /// The hotsplit function libraries loaded on the store's primaries (`hotsplit`,
-    /// `hotsplit_v<N>`: every release's, this one's included), by name, each with how many
-    /// primaries hold it. Default: none (the embedded store has no library).
-    ///
-    /// # Errors
-    /// A store error when a primary cannot be asked: a partial list could hide a library.
-    fn function_libraries(&self) -> BoxFuture<'_, Result<Vec<(String, usize)>>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-
-    /// Deletes the function library `name` (`FUNCTION DELETE`) from every primary that holds
-    /// it, and returns on how many it was deleted. Default: none (no library).
-    ///
-    /// # Errors
-    /// A store error when a primary refuses or does not answer (the others are still asked).
-    fn delete_function_library<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<usize>> {
-        let _ = name;
-        Box::pin(async { Ok(0) })
-    }
-
-    /// The nodes reads avoid because they are failing or recovering (`heal::health`), for
-    /// `/readyz`. Default: none.
-    fn avoided_nodes(&self) -> Vec<NodeLabel> {
-        Vec::new()
-    }
-
-    /// The node that holds `key`'s version counter, when the store has nodes. Default: none.
-    fn counter_node(&self, key: &Key) -> Option<NodeLabel> {
-        let _ = key;
-        None
-    }
-
-    /// Sends one `PING` to `node` (a primary or a replica), bounded by `timeout`: the probe
-    /// that tells when a failing node is back. The default pings the whole store.
-    ///
-    /// # Errors
-    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when it does not
-    /// answer in time.
-    fn ping_node<'a>(
-        &'a self,
-        node: &'a NodeLabel,
-        timeout: std::time::Duration,
-    ) -> BoxFuture<'a, Result<()>> {
-        let _ = (node, timeout);
-        self.ping()
-    }
-}
-
 /// A family's copy layout as recorded in the store, shared by every instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
@@ -676,7 +278,7 @@ impl Layout {
     }
 
     /// Parses the stored text; `None` when it is not `copies:max_copies`.
-    pub fn decode(text: &str) -> Option<Layout> {
+    pub(crate) fn decode(text: &str) -> Option<Layout> {
         let (copies, max_copies) = text.split_once(':')?;
         Some(Layout {
             copies: copies.parse().ok()?,
@@ -700,7 +302,7 @@ pub fn layout_writer_key(family: &str) -> String {
 }
 
 /// The hash fields of a layout writer record, in the order [`LayoutWriter::fields`] gives them.
-pub const LAYOUT_WRITER_FIELDS: [&str; 4] = ["instance", "release", "copies", "written_ms"];
+pub(crate) const LAYOUT_WRITER_FIELDS: [&str; 4] = ["instance", "release", "copies", "written_ms"];
 
 /// Which instance and release last wrote a family's layout record, kept beside it
 /// ([`layout_writer_key`]), so a mismatch names who runs the other layout.
@@ -730,7 +332,7 @@ impl LayoutWriter {
     /// Reads a record back from its field values in [`LAYOUT_WRITER_FIELDS`] order; `None` when
     /// a field is missing (no record: a release before writer records wrote the layout) or a
     /// number does not parse.
-    pub fn from_fields(values: &[Option<String>]) -> Option<LayoutWriter> {
+    pub(crate) fn from_fields(values: &[Option<String>]) -> Option<LayoutWriter> {
         let [instance, release, copies, written_ms] = values else {
             return None;
         };
@@ -745,25 +347,25 @@ impl LayoutWriter {
 
 /// The store key of the lease `name` (`#hotsplit#lease#<name>`, a string holding the holder's
 /// name, expiring with the lease). Like [`layout_key`] it starts with `#`.
-pub fn lease_key(name: &str) -> String {
+pub(crate) fn lease_key(name: &str) -> String {
     format!("#hotsplit#lease#{name}")
 }
 
 /// The store key of the set of instances live in a family (a sorted set: member
 /// `<copies>:<instance>`, score the Unix millisecond at which the entry lapses). Like
 /// [`layout_key`] it starts with `#`.
-pub fn live_key(family: &str) -> String {
+pub(crate) fn live_key(family: &str) -> String {
     format!("#hotsplit#live#{family}")
 }
 
 /// The live-set member of an instance with `copies` copies: `<copies>:<instance>`.
-pub fn live_member(copies: u32, instance: &str) -> String {
+pub(crate) fn live_member(copies: u32, instance: &str) -> String {
     format!("{copies}:{instance}")
 }
 
 /// Whether `instance` may name a live-set member: 1..=64 letters, digits, `-`, `_` or `.`
 /// (the Lua library checks the same).
-pub fn valid_live_instance(instance: &str) -> bool {
+pub(crate) fn valid_live_instance(instance: &str) -> bool {
     (1..=64).contains(&instance.len())
         && instance
             .bytes()
@@ -775,7 +377,7 @@ pub const DEFAULT_VERSION_RETENTION_MS: u64 = 3_600_000;
 
 /// When the record of a copy that expires (stops being served) at `expire_at_ms` is deleted:
 /// `retention_ms` later. Until then the compare-and-set refuses older versions.
-pub fn retain_until_ms(expire_at_ms: u64, retention_ms: u64) -> u64 {
+pub(crate) fn retain_until_ms(expire_at_ms: u64, retention_ms: u64) -> u64 {
     expire_at_ms.saturating_add(retention_ms)
 }
 

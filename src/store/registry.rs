@@ -20,10 +20,10 @@ pub const INSTANCES_KEY: &str = "#hotsplit#{fleet}#instances";
 
 /// The deployment's session key (`fleet::session`), 32 hex digits, created by the first
 /// instance to start (`SET NX`) and never expiring.
-pub const SESSION_KEY_KEY: &str = "#hotsplit#{fleet}#session-key";
+pub(crate) const SESSION_KEY_KEY: &str = "#hotsplit#{fleet}#session-key";
 
 /// The hash fields of an instance record, in the order [`InstanceRecord::fields`] gives them.
-pub const INSTANCE_FIELDS: [&str; 7] = [
+pub(crate) const INSTANCE_FIELDS: [&str; 7] = [
     "id",
     "listen",
     "admin",
@@ -40,7 +40,7 @@ pub fn instance_key(id: &str) -> String {
 
 /// The store key of instance `id`'s status summary (`crate::status`): a JSON string the
 /// instance rewrites every heartbeat interval, living as long as its registry entry.
-pub fn status_key(id: &str) -> String {
+pub(crate) fn status_key(id: &str) -> String {
     format!("#hotsplit#{{fleet}}#status#{id}")
 }
 
@@ -80,7 +80,7 @@ impl InstanceRecord {
 
     /// Reads a record back from its field values in [`INSTANCE_FIELDS`] order; `None` when a
     /// field is missing (an expired hash reads as all missing) or a number does not parse.
-    pub fn from_fields(values: &[Option<String>]) -> Option<InstanceRecord> {
+    pub(crate) fn from_fields(values: &[Option<String>]) -> Option<InstanceRecord> {
         let [id, listen, admin, release, library, started, heartbeat] = values else {
             return None;
         };

@@ -9,7 +9,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use hotsplit::key::{Key, Version};
 use hotsplit::store::memory::MemoryStore;
-use hotsplit::store::{now_unix_ms, CasOutcome, CopyWrite, Payload, Store};
+use hotsplit::store::{
+    now_unix_ms, CasOutcome, CopyStore, CopyWrite, LayoutStore, Payload, TopologyStore,
+};
 
 use crate::harness;
 
@@ -30,7 +32,7 @@ fn value(text: &str) -> Payload {
     Payload::Value(Bytes::copy_from_slice(text.as_bytes()))
 }
 
-async fn write_one(store: &dyn Store, write: CopyWrite) -> CasOutcome {
+async fn write_one(store: &dyn CopyStore, write: CopyWrite) -> CasOutcome {
     let results = store.write_copies(std::slice::from_ref(&write)).await;
     assert_eq!(results.len(), 1);
     results
@@ -41,7 +43,11 @@ async fn write_one(store: &dyn Store, write: CopyWrite) -> CasOutcome {
         .expect("write succeeds")
 }
 
-async fn read_one(store: &dyn Store, key: &Key, copy: u32) -> Option<hotsplit::store::CopyRecord> {
+async fn read_one(
+    store: &dyn CopyStore,
+    key: &Key,
+    copy: u32,
+) -> Option<hotsplit::store::CopyRecord> {
     store
         .read_copy(&key.copy_key(copy))
         .await
@@ -50,7 +56,7 @@ async fn read_one(store: &dyn Store, key: &Key, copy: u32) -> Option<hotsplit::s
 }
 
 /// Runs every conformance check against `store`, with keys under `prefix`.
-async fn suite(store: Arc<dyn Store>, prefix: &str) {
+async fn suite<S: CopyStore + LayoutStore + TopologyStore>(store: Arc<S>, prefix: &str) {
     let later = now_unix_ms() + 600_000;
     let key = Key::parse(&format!("{prefix}:basic")).unwrap();
 

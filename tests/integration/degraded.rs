@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hotsplit::store::{NodeLabel, Store};
+use hotsplit::store::{NodeLabel, TopologyStore};
 use hotsplit_devcluster as devcluster;
 use reqwest::StatusCode;
 use serde_json::Value;

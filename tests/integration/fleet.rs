@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hotsplit::store::library::LIBRARY_NAME;
 use hotsplit::store::registry::{instance_key, INSTANCES_KEY};
-use hotsplit::store::{now_unix_ms, InstanceRecord, Store};
+use hotsplit::store::{now_unix_ms, FleetStore, InstanceRecord};
 use hotsplit_devcluster as devcluster;
 use serde_json::Value;
 

@@ -13,7 +13,7 @@ use hotsplit::config::HealConfig;
 use hotsplit::heal::{FailedCopy, RetryQueue, RetryWorker};
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
-use hotsplit::store::{now_unix_ms, CasOutcome, CopyWrite, Payload, Store};
+use hotsplit::store::{now_unix_ms, CasOutcome, CopyStore, CopyWrite, Payload};
 use hotsplit_devcluster::{self as devcluster, Cluster, Standalone};
 use reqwest::StatusCode;
 use serde_json::Value;

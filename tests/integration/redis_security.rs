@@ -18,7 +18,7 @@ use hotsplit::config::Config;
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{Password, RedisOptions, RedisStore, RedisUrl};
-use hotsplit::store::{now_unix_ms, CopyWrite, Lease, Payload, Store};
+use hotsplit::store::{now_unix_ms, CopyStore, CopyWrite, Lease, Payload, ScrubStore};
 use hotsplit_devcluster::{
     Cluster, ClusterOptions, PrimaryReplica, RedisNode, ServerOptions, Standalone,
 };
@@ -465,7 +465,8 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         .expect_err("noload cannot start");
     assert!(err.message().contains("'function|load'"), "{err}");
     // A user without FCALL starts, and its writes fail naming the permission.
-    let store: Arc<dyn Store> = Arc::new(connect_as(&primary, "nofcall").await.expect("nofcall"));
+    let store: Arc<dyn CopyStore> =
+        Arc::new(connect_as(&primary, "nofcall").await.expect("nofcall"));
     let key = Key::parse(&format!("sec:{prefix}nofcall")).expect("key");
     let write = CopyWrite {
         copy_key: key.copy_key(0),

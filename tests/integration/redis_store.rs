@@ -13,7 +13,9 @@ use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::store::library::{ALLOC_FUNCTION, CAS_FUNCTION, LAYOUT_FUNCTION};
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
-use hotsplit::store::{now_unix_ms, CasOutcome, CopyRecord, CopyWrite, Payload, Role, Store};
+use hotsplit::store::{
+    now_unix_ms, CasOutcome, CopyRecord, CopyStore, CopyWrite, Payload, Role, TopologyStore,
+};
 use hotsplit::ErrorKind;
 use hotsplit_devcluster::{self as devcluster, Cluster, Standalone};
 use rand::Rng;
@@ -94,7 +96,7 @@ fn writes(key: &Key, copies: u32, n: u64, payload: &Payload, expire_at_ms: u64) 
 }
 
 /// Writes every copy and returns the outcomes, panicking on any failed write.
-async fn write_all(store: &dyn Store, writes: &[CopyWrite]) -> Vec<CasOutcome> {
+async fn write_all(store: &dyn CopyStore, writes: &[CopyWrite]) -> Vec<CasOutcome> {
     store
         .write_copies(writes)
         .await

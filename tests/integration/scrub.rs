@@ -10,9 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hotsplit::config::Config;
-use hotsplit::heal::{Layouts, ScrubStatus, Scrubber};
+use hotsplit::heal::{Layouts, NodeHealth, ScrubStatus, Scrubber};
 use hotsplit::metrics::Metrics;
-use hotsplit::store::Store;
 use hotsplit_devcluster::{self as devcluster, Cluster};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -272,9 +271,11 @@ async fn two_scrubbers_at_once_converge_and_never_roll_a_copy_back() {
         let url = cluster.url();
         let instance = instance.to_owned();
         async move {
-            let store: Arc<dyn Store> = harness::redis_store(&url, Duration::from_secs(2)).await;
+            let store = harness::redis_store(&url, Duration::from_secs(2)).await;
             Scrubber {
-                store,
+                copies: store.clone(),
+                scan: store,
+                health: NodeHealth::new(),
                 families: Arc::new(config.families()),
                 layouts: Layouts::unrecorded(),
                 status: Arc::new(ScrubStatus::new(&Metrics::new(), true, &instance)),

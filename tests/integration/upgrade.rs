@@ -23,7 +23,7 @@ use hotsplit::store::library::{
     source_digest, FunctionLibrary, LEGACY_LIBRARY_NAME, LIBRARY_NAME, RELEASED,
 };
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
-use hotsplit::store::Store;
+use hotsplit::store::LibraryStore;
 use hotsplit_devcluster::{self as devcluster, Cluster};
 use reqwest::StatusCode;
 use tokio::task::JoinHandle;
@@ -71,7 +71,7 @@ impl PreviousInstance {
         let mut options = RedisOptions::new(RedisTarget::parse(url).expect("parse the url"));
         options.command_timeout = COMMAND_TIMEOUT;
         let metrics = Metrics::new();
-        let store: Arc<dyn Store> = Arc::new(
+        let store = Arc::new(
             RedisStore::connect_with_library(
                 options,
                 metrics.clone(),
@@ -85,6 +85,7 @@ impl PreviousInstance {
         // it lapse while the instance runs (it is removed at once when it leaves).
         let registry = Arc::new(Registry::new(
             store.clone(),
+            store.library_name(),
             id.clone(),
             Duration::from_secs(5),
         ));

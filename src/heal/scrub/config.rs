@@ -75,7 +75,7 @@ impl ScrubConfig {
     }
 
     /// How often the lease is renewed by its holder and tried by the others.
-    pub fn lease_renewal(&self) -> Duration {
+    pub(crate) fn lease_renewal(&self) -> Duration {
         self.lease_ttl / 3
     }
 }

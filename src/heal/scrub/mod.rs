@@ -6,7 +6,7 @@
 //! A pass `SCAN`s every primary (`MATCH` on the split families' prefixes, `TYPE hash`), reads
 //! every copy `K#0..N` of each key found, and writes the newest record still served to the
 //! copies that are missing or older, through the same compare-and-set as a publish
-//! ([`crate::store::Store::write_copies`]) with that record's own version, payload and `exp`.
+//! ([`crate::store::CopyStore::write_copies`]) with that record's own version, payload and `exp`.
 //! So a repair never moves a copy backwards, a tombstone stays a tombstone, and nothing lives
 //! longer than the newest copy of its edit; a copy past its own `exp` that holds the newest
 //! version is left to expire ([`pass::repairs`]). Only copy keys `K#<digits>` of a valid key
@@ -48,13 +48,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::family::Families;
 use crate::key::Key;
-use crate::store::{now_unix_ms, CasOutcome, Lease, Store};
+use crate::store::{now_unix_ms, CasOutcome, CopyStore, Lease, ScrubStore};
 
+use super::health::NodeHealth;
 use super::layout::Layouts;
 use status::ScrubFailure;
 
 /// The name of the scrub's lease.
-pub const LEASE: &str = "scrub";
+pub(crate) const LEASE: &str = "scrub";
 
 /// How many keys one `SCAN` call asks a node for.
 const SCAN_COUNT: u32 = 100;
@@ -66,7 +67,12 @@ const SEEN_LIMIT: usize = 1_000_000;
 /// The background scrub of one instance.
 pub struct Scrubber {
     /// Where the copies live (through node health, so a failing node costs no timeout).
-    pub store: Arc<dyn Store>,
+    pub copies: Arc<dyn CopyStore>,
+    /// The walk over every primary's keys, and the lease.
+    pub scan: Arc<dyn ScrubStore>,
+    /// Which nodes are failing: a failing node's scan would wait out the command timeout, so
+    /// the walk skips it until the next pass (and a scan that times out marks it failing).
+    pub health: Arc<NodeHealth>,
     /// The families: which keys are split, and into how many copies.
     pub families: Arc<Families>,
     /// The recorded layouts: a family in mismatch is skipped.
@@ -133,15 +139,16 @@ impl Scrubber {
         }
         if self.status.view().holds_lease {
             // A clean stop hands the lease on at once rather than after its ttl.
-            match self.store.hold_lease(LEASE, &self.instance, 0).await {
+            match self.scan.hold_lease(LEASE, &self.instance, 0).await {
                 Ok(_) => self.status.lease(None),
                 Err(err) => tracing::debug!(error = %err, "cannot release the scrub lease"),
             }
         }
     }
 
-    /// Runs one pass now without the lease (for tests and tools): every key, at the configured
+    /// Runs one pass now without the lease (for tests): every key, at the configured
     /// rate, until done or `shutdown`. Returns its figures.
+    #[cfg(any(test, feature = "test-util"))]
     pub async fn pass(&self, shutdown: &CancellationToken) -> PassFigures {
         self.walk(shutdown, &mut LeaseClock { renew_at: None })
             .await;
@@ -151,7 +158,7 @@ impl Scrubber {
     /// Takes or renews the lease; whether this instance holds it.
     async fn take_lease(&self) -> bool {
         let ttl_ms = crate::duration::millis(self.config.lease_ttl);
-        match self.store.hold_lease(LEASE, &self.instance, ttl_ms).await {
+        match self.scan.hold_lease(LEASE, &self.instance, ttl_ms).await {
             Ok(Lease::Held) => {
                 if !self.status.view().holds_lease {
                     tracing::info!(instance = %self.instance, "took the scrub lease");
@@ -200,7 +207,7 @@ impl Scrubber {
         let mut seen: HashSet<u64> = HashSet::new();
         let mut complete = true;
         'walk: for pattern in pass::patterns(&self.families) {
-            for node in self.store.scan_nodes() {
+            for node in self.scan.scan_nodes() {
                 let mut cursor = 0;
                 loop {
                     if shutdown.is_cancelled() || !self.keep_lease(clock).await {
@@ -208,8 +215,12 @@ impl Scrubber {
                         break 'walk;
                     }
                     let page = match self
-                        .store
-                        .scan_page(&node, cursor, &pattern, SCAN_COUNT)
+                        .health
+                        .unless_failing(
+                            &node,
+                            || format!("scan for {pattern}"),
+                            self.scan.scan_page(&node, cursor, &pattern, SCAN_COUNT),
+                        )
                         .await
                     {
                         Ok(page) => page,
@@ -261,7 +272,7 @@ impl Scrubber {
         let reads = join_all(
             copy_keys
                 .iter()
-                .map(|copy_key| self.store.read_copy_stored(copy_key)),
+                .map(|copy_key| self.copies.read_copy_stored(copy_key)),
         )
         .await;
         self.status.checked();
@@ -279,7 +290,7 @@ impl Scrubber {
             return;
         }
         let writes: Vec<_> = planned.iter().map(|(write, _)| write.clone()).collect();
-        let results = self.store.write_copies(&writes).await;
+        let results = self.copies.write_copies(&writes).await;
         for ((write, cause), result) in planned.iter().zip(results) {
             match result.outcome {
                 Ok(CasOutcome::Applied) => {

@@ -1,4 +1,5 @@
-//! The function library on each primary: loaded with `FUNCTION LOAD REPLACE` where it is
+//! The library role ([`LibraryStore`]) of the Redis store: the function library on each
+//! primary, loaded with `FUNCTION LOAD REPLACE` where it is
 //! missing, one primary at a time, at most once per [`RELOAD_INTERVAL`] per primary.
 //!
 //! The library and its functions carry their version in their names (`store::library`), so the
@@ -19,7 +20,7 @@ use fred::clients::{Client, WithOptions};
 use fred::interfaces::{ClientLike, FunctionInterface};
 use fred::types::config::Options;
 use fred::types::Value;
-use futures_util::future::join_all;
+use futures_util::future::{join_all, BoxFuture};
 
 use super::failure::Failure;
 use super::replicas::server_label;
@@ -27,7 +28,7 @@ use super::replies::parse_library_names;
 use super::RedisStore;
 use crate::error::{Error, Result};
 use crate::store::library::LibraryVersion;
-use crate::store::NodeLabel;
+use crate::store::{LibraryStore, NodeLabel};
 
 /// The shortest time between two attempts to load the library on one primary: a primary that
 /// refuses it (`NOREPLICAS`, a paused node) is not asked again by every write that meets it.
@@ -91,6 +92,24 @@ impl LibraryState {
     }
 }
 
+impl LibraryStore for RedisStore {
+    fn library_missing(&self) -> Vec<NodeLabel> {
+        self.library.missing()
+    }
+
+    fn library_name(&self) -> Option<&'static str> {
+        Some(self.functions.name)
+    }
+
+    fn function_libraries(&self) -> BoxFuture<'_, Result<Vec<(String, usize)>>> {
+        Box::pin(self.list_libraries())
+    }
+
+    fn delete_function_library<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(self.delete_library(name))
+    }
+}
+
 impl RedisStore {
     /// Loads the library on every primary this instance knows, concurrently, and records the
     /// primaries that refused or did not answer as missing it. Returns how many accepted it.
@@ -143,11 +162,6 @@ impl RedisStore {
         }
         let due = self.library.take_due(nodes, Instant::now());
         self.load_library_on(&due).await;
-    }
-
-    /// The primaries known to lack the library.
-    pub(super) fn library_missing(&self) -> Vec<NodeLabel> {
-        self.library.missing()
     }
 
     /// Sends `FUNCTION LOAD REPLACE` to each of `nodes`, one command per node, concurrently,
@@ -229,8 +243,8 @@ impl RedisStore {
 
     /// `FUNCTION LIST LIBRARYNAME hotsplit*` on every primary at once: each hotsplit library
     /// (`LibraryVersion::of` knows its name) with how many primaries hold it, by name. The body
-    /// of [`crate::store::Store::function_libraries`].
-    pub(super) async fn list_libraries(&self) -> Result<Vec<(String, usize)>> {
+    /// of [`LibraryStore::function_libraries`].
+    async fn list_libraries(&self) -> Result<Vec<(String, usize)>> {
         let lists = self
             .primary_clients()?
             .into_iter()
@@ -260,8 +274,8 @@ impl RedisStore {
 
     /// `FUNCTION DELETE name` on every primary at once; a primary that does not hold it
     /// (`ERR Library not found`) is skipped. Returns on how many it was deleted. The body of
-    /// [`crate::store::Store::delete_function_library`].
-    pub(super) async fn delete_library(&self, name: &str) -> Result<usize> {
+    /// [`LibraryStore::delete_function_library`].
+    async fn delete_library(&self, name: &str) -> Result<usize> {
         let deletes = self
             .primary_clients()?
             .into_iter()

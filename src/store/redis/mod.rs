@@ -14,7 +14,7 @@
 //!   `SCRIPT LOAD`. A node that lost its functions (a restart without persistence) answers
 //!   `ERR Function not found`: the store reloads the library on that node only and retries
 //!   those writes once.
-//! - **Fan-out**: [`Store::write_copies`] groups the writes by owning node (fred's cached slot
+//! - **Fan-out**: [`CopyStore::write_copies`] groups the writes by owning node (fred's cached slot
 //!   map) and sends each group as one fred pipeline, all nodes at once: one round trip, not N.
 //!   fred routes each pipelined command by its own key and gives one timeout to the whole
 //!   pipeline, so one pipeline per node means a paused node fails only the copies it owns, each
@@ -40,22 +40,27 @@
 //!   function library, so an audit cannot write.
 //!
 //! # Layout
-//! - `mod.rs`: [`RedisStore`] (the client, [`RedisStore::connect`], its `Drop`) and the
-//!   [`Store`] implementation, which delegates to the files below.
-//! - `target.rs`: [`RedisTarget`] and [`RedisOptions`], the URL and `host:port` parsing; no fred.
-//! - `failure.rs`: `Failure`, the classification of fred errors, and `RedisStore::fail`.
-//! - `library.rs`: the function library (`hotsplit.lua` beside it, named in
+//! Each role of [`crate::store::roles`] is implemented in one file:
+//! - `copies.rs`: [`CopyStore`]: placement, the per-node compare-and-set pipelines, the reload
+//!   after `ERR Function not found`, copy reads and deletes, and the version counter.
+//! - `layouts.rs`: [`crate::store::LayoutStore`]: layout records, their writers, the live sets.
+//! - `registry.rs`: [`crate::store::FleetStore`]: the instance registry (`store::registry`),
+//!   the session key, status summaries.
+//! - `scrub.rs`: [`crate::store::ScrubStore`]: a paged `SCAN` of one primary, and the lease.
+//! - `topology.rs`: [`TopologyStore`]: kind, primaries and replicas, the refresh, pings,
+//!   heartbeat writes and reads and their keys.
+//! - `library.rs`: [`LibraryStore`]: the function library (`hotsplit.lua` beside it, named in
 //!   `store::library`), which primaries lack it, the rate-limited loads on them, and the
 //!   listing and deletion of other releases' libraries (`FUNCTION LIST`, `FUNCTION DELETE`).
-//! - `cas.rs`: the per-node compare-and-set pipelines, the reload after
-//!   `ERR Function not found`, and the version counter.
-//! - `replicas.rs`: replica clients, the `CLUSTER SLOTS` replica map and key placement.
-//! - `heartbeat.rs`: heartbeat writes and reads and their keys.
-//! - `wait.rs`: synced writes, the compare-and-set followed by `WAIT`.
-//! - `scrub.rs`: what the scrub sends: a paged `SCAN` of one primary, the read of a copy as
-//!   stored, and the lease.
+//!
+//! Beside them, what the roles share:
+//! - `mod.rs`: [`RedisStore`] (the client, [`RedisStore::connect`], its `Drop`).
+//! - `target.rs`: [`RedisTarget`] and [`RedisOptions`], the URL and `host:port` parsing; no fred.
+//! - `failure.rs`: `Failure`, the classification of fred errors, and `RedisStore::fail`.
+//! - `replicas.rs`: replica clients, the `CLUSTER SLOTS` replica map, key placement, replica
+//!   reads and replication offsets.
+//! - `wait.rs`: synced writes (of the copy role), the compare-and-set followed by `WAIT`.
 //! - `readonly.rs`: `ReadOnlyNodes` and `NodeClient`, the read-only access used by `audit`.
-//! - `registry.rs`: the instance registry (`store::registry`): register, list, leave.
 //! - `replies.rs`: pure parsers of Redis replies, with their unit tests.
 //!
 //! # Invariants
@@ -70,26 +75,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, HashesInterface, KeysInterface};
+use fred::interfaces::ClientLike;
 use fred::types::config::{
     ClusterDiscoveryPolicy, Config, ReconnectError, ReconnectPolicy, Server, ServerConfig,
 };
-use fred::types::{Builder, ConnectHandle, Key as FredKey, Value};
-use futures_util::future::{join_all, BoxFuture};
+use fred::types::{Builder, ConnectHandle, Key as FredKey};
 
 use super::library::FunctionLibrary;
-use super::{
-    layout_key, live_key, live_member, now_unix_ms, CopyRead, CopyRecord, CopyWrite,
-    InstanceRecord, KeyPage, Layout, LayoutSwap, LayoutWriter, Lease, NodeLabel, ReplicaSet,
-    ServedBy, Store, WriteResult,
-};
+#[cfg(doc)]
+use super::CopyStore;
+#[cfg(doc)]
+use super::TopologyStore;
+use super::{LibraryStore, NodeLabel};
 use crate::error::{Error, ErrorKind, Result};
-use crate::key::{CopyKey, Key, Version};
 use crate::metrics::Metrics;
 
-mod cas;
+mod copies;
 mod failure;
-mod heartbeat;
+mod layouts;
 mod library;
 mod readonly;
 mod registry;
@@ -98,12 +101,12 @@ mod replies;
 mod scrub;
 pub mod target;
 mod tls;
+mod topology;
 mod wait;
 
 use failure::Failure;
 pub(crate) use readonly::ReadOnlyNodes;
 use replicas::{connect_replica, server_label, ReplicaClient};
-use replies::parse_served_copy;
 use replies::ReplicaMap;
 use target::{format_address, parse_address};
 pub use target::{Password, RedisOptions, RedisSecurity, RedisTarget, RedisUrl, TlsOptions};
@@ -121,14 +124,15 @@ fn copy_fields() -> Vec<FredKey> {
 /// timeout fired.
 const QUIT_AFTER_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// The Redis-backed [`Store`]. Create it with [`RedisStore::connect`]; share it as
-/// `Arc<dyn Store>`.
+/// The Redis-backed store, every role of [`crate::store::roles`]. Create it with
+/// [`RedisStore::connect`]; share one `Arc<RedisStore>` as the role objects each part uses
+/// (`Arc<dyn CopyStore>`, `Arc<dyn TopologyStore>`, …).
 pub struct RedisStore {
     /// The fred client; it multiplexes every command over one connection per node.
     client: Client,
     /// The task that drives fred's connections; aborted when the store is dropped.
     connection_task: ConnectHandle,
-    /// What was configured, for messages and [`Store::kind`].
+    /// What was configured, for messages and [`TopologyStore::kind`].
     target: RedisTarget,
     /// The configured server's label in standalone mode; `None` for a cluster.
     standalone_node: Option<NodeLabel>,
@@ -140,7 +144,7 @@ pub struct RedisStore {
     /// Where store errors are counted.
     metrics: Arc<Metrics>,
     /// One client per replica: the configured ones of a standalone primary, or, in Cluster
-    /// mode, every replica in the slot map (kept in step by [`Store::refresh_topology`]).
+    /// mode, every replica in the slot map (kept in step by [`TopologyStore::refresh_topology`]).
     /// Never locked across an await.
     replica_clients: std::sync::RwLock<Vec<Arc<ReplicaClient>>>,
     /// The configured replicas of a standalone primary (empty in Cluster mode).
@@ -196,7 +200,7 @@ impl RedisStore {
     /// this release's function library ([`FunctionLibrary::CURRENT`], `hotsplit_v2`) with
     /// `FUNCTION LOAD REPLACE` on every primary. A primary
     /// that refuses the library does not stop the connection: it is retried in the background
-    /// and listed by [`Store::library_missing`].
+    /// and listed by [`LibraryStore::library_missing`].
     ///
     /// Every command the store sends afterwards is bounded by `command_timeout`. A node that
     /// drops its connection is reconnected with exponential backoff (100 ms to 2 s, forever);
@@ -371,15 +375,6 @@ impl RedisStore {
         Ok(store)
     }
 
-    /// The primaries as far as this instance knows: every master of the cluster, or the one
-    /// server.
-    pub fn primaries(&self) -> Vec<NodeLabel> {
-        match &self.standalone_node {
-            Some(node) => vec![node.clone()],
-            None => self.primary_servers().iter().map(server_label).collect(),
-        }
-    }
-
     /// The lag monitor's own client, connected in [`RedisStore::connect`] (or, when that failed,
     /// on first use).
     async fn monitor_client(&self) -> Result<&Client> {
@@ -460,374 +455,4 @@ fn client_builder_without_reconnects(
         });
     tls::secure(&mut builder, &options.security)?;
     Ok(builder)
-}
-
-impl Store for RedisStore {
-    fn kind(&self) -> &'static str {
-        self.target.kind()
-    }
-
-    fn node_of(&self, copy_key: &CopyKey) -> NodeLabel {
-        self.placement().node_of(copy_key.as_str())
-    }
-
-    fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>> {
-        Box::pin(self.cas_copies(writes))
-    }
-
-    fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead> {
-        Box::pin(async move {
-            let node = self.placement().node_of(copy_key.as_str());
-            let record = match self
-                .client
-                .hmget::<Value, _, _>(copy_key.as_str(), copy_fields())
-                .await
-            {
-                Ok(reply) => parse_served_copy(reply, now_unix_ms()).map_err(|why| {
-                    self.corrupt(format!("copy {copy_key} on {node} is corrupt: {why}"))
-                }),
-                Err(err) => Err(self.fail(format_args!("read of copy {copy_key} on {node}"), &err)),
-            };
-            CopyRead {
-                served_by: ServedBy::primary(node),
-                record,
-            }
-        })
-    }
-
-    fn allocate_version<'a>(
-        &'a self,
-        key: &'a Key,
-        ttl_ms: u64,
-        floor: u64,
-    ) -> BoxFuture<'a, Result<Version>> {
-        Box::pin(self.next_version(key, ttl_ms, floor))
-    }
-
-    fn topology(&self) -> Vec<ReplicaSet> {
-        self.replica_sets()
-    }
-
-    fn write_copies_synced<'a>(
-        &'a self,
-        writes: &'a [CopyWrite],
-        replicas: u32,
-        timeout_ms: u64,
-    ) -> BoxFuture<'a, Vec<(WriteResult, Option<u32>)>> {
-        Box::pin(self.cas_copies_synced(writes, replicas, timeout_ms))
-    }
-
-    fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            // The background retry of primaries that lack the library rides on the refresh,
-            // which runs every second while one does (see `LagMonitor`).
-            self.reload_missing_library().await;
-            self.refresh_replicas().await
-        })
-    }
-
-    fn library_missing(&self) -> Vec<NodeLabel> {
-        RedisStore::library_missing(self)
-    }
-
-    fn counter_node(&self, key: &Key) -> Option<NodeLabel> {
-        Some(self.placement().node_of(&key.counter_key()))
-    }
-
-    fn primaries(&self) -> Vec<NodeLabel> {
-        RedisStore::primaries(self)
-    }
-
-    fn ping_node<'a>(
-        &'a self,
-        node: &'a NodeLabel,
-        timeout: Duration,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            let ping = async {
-                // A replica through its own client; a primary through the lag monitor's client,
-                // so a probe of a paused node never stalls the data client.
-                let reply = if let Some(replica) = self.replica_client(node) {
-                    replica.node.client.ping::<Value>(None).await
-                } else {
-                    let client = self.monitor_client().await?;
-                    if self.standalone_node.is_some() {
-                        client.ping::<Value>(None).await
-                    } else {
-                        let server = self.primary_server(node).ok_or_else(|| {
-                            Error::new(
-                                ErrorKind::Unavailable,
-                                format!("{node} is not a known node"),
-                            )
-                        })?;
-                        client.with_cluster_node(server).ping::<Value>(None).await
-                    }
-                };
-                reply
-                    .map(drop)
-                    .map_err(|err| self.fail(format_args!("probe of {node}"), &err))
-            };
-            tokio::time::timeout(timeout, ping)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::new(
-                        ErrorKind::Timeout,
-                        format!("probe of {node} timed out after {} ms", timeout.as_millis()),
-                    ))
-                })
-        })
-    }
-
-    fn read_replica_copy<'a>(
-        &'a self,
-        copy_key: &'a CopyKey,
-        replica: &'a NodeLabel,
-    ) -> BoxFuture<'a, CopyRead> {
-        Box::pin(self.read_copy_on_replica(copy_key, replica))
-    }
-
-    fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
-        Box::pin(async move {
-            let key = layout_key(family);
-            let text: Option<String> = self
-                .client
-                .get(key.as_str())
-                .await
-                .map_err(|err| self.fail(format_args!("read of layout record {key}"), &err))?;
-            match text {
-                None => Ok(None),
-                Some(text) => Layout::decode(&text).map(Some).ok_or_else(|| {
-                    self.corrupt(format!("layout record {key} is corrupt: {text:?}"))
-                }),
-            }
-        })
-    }
-
-    fn join_layout<'a>(
-        &'a self,
-        family: &'a str,
-        copies: u32,
-        instance: &'a str,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Vec<u32>>> {
-        // A ttl of 0 would remove the member: a join always lasts at least a millisecond.
-        Box::pin(self.refresh_live(
-            live_key(family),
-            live_member(copies, instance),
-            ttl_ms.max(1),
-        ))
-    }
-
-    fn leave_layout<'a>(
-        &'a self,
-        family: &'a str,
-        copies: u32,
-        instance: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            self.refresh_live(live_key(family), live_member(copies, instance), 0)
-                .await
-                .map(drop)
-        })
-    }
-
-    fn write_heartbeat<'a>(
-        &'a self,
-        primary: &'a NodeLabel,
-        instance: &'a str,
-        stamp_us: u64,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.heartbeat_write(primary, instance, stamp_us))
-    }
-
-    fn read_heartbeat<'a>(
-        &'a self,
-        replica: &'a NodeLabel,
-        instance: &'a str,
-    ) -> BoxFuture<'a, Result<Option<u64>>> {
-        Box::pin(self.heartbeat_read(replica, instance))
-    }
-
-    fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
-        Box::pin(self.replication_offset_of(node))
-    }
-
-    fn write_layout_writer<'a>(
-        &'a self,
-        family: &'a str,
-        writer: &'a LayoutWriter,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.record_layout_writer(family, writer))
-    }
-
-    fn read_layout_writer<'a>(
-        &'a self,
-        family: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LayoutWriter>>> {
-        Box::pin(self.layout_writer(family))
-    }
-
-    fn write_layout<'a>(
-        &'a self,
-        family: &'a str,
-        expected: Option<Layout>,
-        layout: Layout,
-    ) -> BoxFuture<'a, Result<LayoutSwap>> {
-        Box::pin(self.swap_layout(layout_key(family), expected, layout))
-    }
-
-    fn register_instance<'a>(
-        &'a self,
-        record: &'a InstanceRecord,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.register(record, ttl_ms))
-    }
-
-    fn deregister_instance<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.deregister(id))
-    }
-
-    fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>> {
-        Box::pin(self.registered())
-    }
-
-    fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>> {
-        Box::pin(self.shared_session_key(candidate))
-    }
-
-    fn publish_status<'a>(
-        &'a self,
-        id: &'a str,
-        summary: &'a str,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.store_status(id, summary, ttl_ms))
-    }
-
-    fn instance_statuses<'a>(
-        &'a self,
-        ids: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<Option<String>>>> {
-        Box::pin(self.stored_statuses(ids))
-    }
-
-    fn library_name(&self) -> Option<&'static str> {
-        Some(self.functions.name)
-    }
-
-    fn function_libraries(&self) -> BoxFuture<'_, Result<Vec<(String, usize)>>> {
-        Box::pin(self.list_libraries())
-    }
-
-    fn delete_function_library<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<usize>> {
-        Box::pin(self.delete_library(name))
-    }
-
-    fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
-        Box::pin(async move {
-            // One DEL per key: in a cluster the copies live in different slots.
-            let deletes = copy_keys.iter().map(|copy_key| async move {
-                self.client
-                    .del::<u64, _>(copy_key.as_str())
-                    .await
-                    .map_err(|err| self.fail(format_args!("delete of copy {copy_key}"), &err))
-            });
-            let mut removed = 0;
-            let mut first_error = None;
-            for result in join_all(deletes).await {
-                match result {
-                    Ok(count) => removed += count,
-                    Err(err) => {
-                        first_error.get_or_insert(err);
-                    }
-                }
-            }
-            match first_error {
-                Some(err) => Err(err),
-                None => Ok(removed),
-            }
-        })
-    }
-
-    fn scan_keys<'a>(
-        &'a self,
-        pattern: &'a str,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>>> {
-        Box::pin(async move {
-            let mut keys = Vec::new();
-            for node in self.scan_node_labels() {
-                let mut cursor = 0;
-                loop {
-                    let page = self.scan_page_on(&node, cursor, pattern, 1000).await?;
-                    keys.extend(page.keys);
-                    cursor = page.next;
-                    if cursor == 0 || keys.len() >= limit {
-                        break;
-                    }
-                }
-                if keys.len() >= limit {
-                    break;
-                }
-            }
-            keys.truncate(limit);
-            Ok(keys)
-        })
-    }
-
-    fn read_copy_stored<'a>(
-        &'a self,
-        copy_key: &'a CopyKey,
-    ) -> BoxFuture<'a, Result<Option<CopyRecord>>> {
-        Box::pin(self.read_stored(copy_key))
-    }
-
-    fn scan_nodes(&self) -> Vec<NodeLabel> {
-        self.scan_node_labels()
-    }
-
-    fn scan_page<'a>(
-        &'a self,
-        node: &'a NodeLabel,
-        cursor: u64,
-        pattern: &'a str,
-        count: u32,
-    ) -> BoxFuture<'a, Result<KeyPage>> {
-        Box::pin(self.scan_page_on(node, cursor, pattern, count))
-    }
-
-    fn hold_lease<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Lease>> {
-        Box::pin(self.lease(name, holder, ttl_ms))
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            if let Some(node) = &self.standalone_node {
-                return self
-                    .client
-                    .ping::<Value>(None)
-                    .await
-                    .map(drop)
-                    .map_err(|err| self.fail(format_args!("ping of {node}"), &err));
-            }
-            let primaries = self.known_primaries()?;
-            let pings = primaries.iter().map(|server| async move {
-                self.client
-                    .with_cluster_node(server.clone())
-                    .ping::<Value>(None)
-                    .await
-                    .map(drop)
-                    .map_err(|err| {
-                        self.fail(format_args!("ping of {}", server_label(server)), &err)
-                    })
-            });
-            join_all(pings).await.into_iter().collect()
-        })
-    }
 }

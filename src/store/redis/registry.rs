@@ -1,63 +1,65 @@
-//! The instance registry in Redis (`store::registry` says what is kept where): `HSET` and
-//! `PEXPIRE` of the instance's hash and `ZADD` of its id to the index to register; `ZRANGE` of
-//! the index and one `HMGET` per id to list (an id whose hash expired is removed with `ZREM`);
-//! `DEL` and `ZREM` to leave. The deployment's session key is `GET`, else `SET NX` and `GET`.
-//! Beside them, who wrote each family's layout record: `HSET` and `HMGET` of
-//! `#hotsplit#layout-writer#<family>` (`store::layout_writer_key`).
-//! An instance's status summary is one `SET PX` per heartbeat, read with one `GET` per id.
-//! Every key carries the `{fleet}` hash tag, so in a cluster the
-//! registry is one slot on one node, and the least-privilege ACL needs no command it did not
-//! already grant.
+//! The fleet role ([`FleetStore`]) of the Redis store: the instance registry
+//! (`store::registry` says what is kept where): `HSET` and `PEXPIRE` of the instance's hash and
+//! `ZADD` of its id to the index to register; `ZRANGE` of the index and one `HMGET` per id to
+//! list (an id whose hash expired is removed with `ZREM`); `DEL` and `ZREM` to leave. The
+//! deployment's session key is `GET`, else `SET NX` and `GET`. An instance's status summary is
+//! one `SET PX` per heartbeat, read with one `GET` per id. Every key carries the `{fleet}` hash
+//! tag, so in a cluster the registry is one slot on one node, and the least-privilege ACL needs
+//! no command it did not already grant.
 
 use fred::interfaces::{HashesInterface, KeysInterface, SortedSetsInterface};
 use fred::types::{Expiration, SetOptions, Value};
-use futures_util::future::join_all;
+use futures_util::future::{join_all, BoxFuture};
 
 use super::RedisStore;
 use crate::error::{Error, ErrorKind, Result};
 use crate::store::registry::{
     instance_key, status_key, INSTANCES_KEY, INSTANCE_FIELDS, SESSION_KEY_KEY,
 };
-use crate::store::{
-    layout_writer_key, now_unix_ms, valid_live_instance, InstanceRecord, LayoutWriter,
-    LAYOUT_WRITER_FIELDS,
-};
+use crate::store::{now_unix_ms, valid_live_instance, FleetStore, InstanceRecord};
+
+impl FleetStore for RedisStore {
+    fn register_instance<'a>(
+        &'a self,
+        record: &'a InstanceRecord,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.register(record, ttl_ms))
+    }
+
+    fn deregister_instance<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.deregister(id))
+    }
+
+    fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>> {
+        Box::pin(self.registered())
+    }
+
+    fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>> {
+        Box::pin(self.shared_session_key(candidate))
+    }
+
+    fn publish_status<'a>(
+        &'a self,
+        id: &'a str,
+        summary: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.store_status(id, summary, ttl_ms))
+    }
+
+    fn instance_statuses<'a>(
+        &'a self,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<String>>>> {
+        Box::pin(self.stored_statuses(ids))
+    }
+}
 
 impl RedisStore {
-    /// `HSET` of `family`'s layout writer record. The body of
-    /// [`crate::store::Store::write_layout_writer`].
-    pub(super) async fn record_layout_writer(
-        &self,
-        family: &str,
-        writer: &LayoutWriter,
-    ) -> Result<()> {
-        let key = layout_writer_key(family);
-        let fields: Vec<(&str, String)> = LAYOUT_WRITER_FIELDS
-            .into_iter()
-            .zip(writer.fields())
-            .collect();
-        self.client
-            .hset::<Value, _, _>(key.as_str(), fields)
-            .await
-            .map_err(|err| self.fail(format_args!("write of {key}"), &err))?;
-        Ok(())
-    }
-
-    /// `HMGET` of `family`'s layout writer record. The body of
-    /// [`crate::store::Store::read_layout_writer`].
-    pub(super) async fn layout_writer(&self, family: &str) -> Result<Option<LayoutWriter>> {
-        let key = layout_writer_key(family);
-        let values: Vec<Option<String>> = self
-            .client
-            .hmget(key.as_str(), LAYOUT_WRITER_FIELDS.to_vec())
-            .await
-            .map_err(|err| self.fail(format_args!("read of {key}"), &err))?;
-        Ok(LayoutWriter::from_fields(&values))
-    }
-
     /// Stores `candidate` as the session key unless one is stored, then reads the stored one.
-    /// The body of [`crate::store::Store::session_key`].
-    pub(super) async fn shared_session_key(&self, candidate: &str) -> Result<String> {
+    /// The body of [`FleetStore::session_key`].
+    async fn shared_session_key(&self, candidate: &str) -> Result<String> {
         // Read first: a node that refuses writes (NOREPLICAS, a full disk) still serves the key
         // every instance but the first finds there.
         let stored: Option<String> = self
@@ -92,8 +94,8 @@ impl RedisStore {
     }
 
     /// Writes `record` under its key for `ttl_ms` and adds its id to the index. The body of
-    /// [`crate::store::Store::register_instance`].
-    pub(super) async fn register(&self, record: &InstanceRecord, ttl_ms: u64) -> Result<()> {
+    /// [`FleetStore::register_instance`].
+    async fn register(&self, record: &InstanceRecord, ttl_ms: u64) -> Result<()> {
         if !valid_live_instance(&record.id) {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -128,8 +130,8 @@ impl RedisStore {
     }
 
     /// Deletes instance `id`'s hash and its index entry. The body of
-    /// [`crate::store::Store::deregister_instance`].
-    pub(super) async fn deregister(&self, id: &str) -> Result<()> {
+    /// [`FleetStore::deregister_instance`].
+    async fn deregister(&self, id: &str) -> Result<()> {
         let key = instance_key(id);
         self.client
             .del::<Value, _>(key.as_str())
@@ -143,8 +145,8 @@ impl RedisStore {
     }
 
     /// Reads every indexed instance's hash; ids whose hash has expired leave the index. The
-    /// body of [`crate::store::Store::instances`].
-    pub(super) async fn registered(&self) -> Result<Vec<InstanceRecord>> {
+    /// body of [`FleetStore::instances`].
+    async fn registered(&self) -> Result<Vec<InstanceRecord>> {
         let ids: Vec<String> = self
             .client
             .zrange(INSTANCES_KEY, 0, -1, None, false, None, false)
@@ -180,8 +182,8 @@ impl RedisStore {
     }
 
     /// Stores instance `id`'s status summary for `ttl_ms`. The body of
-    /// [`crate::store::Store::publish_status`].
-    pub(super) async fn store_status(&self, id: &str, summary: &str, ttl_ms: u64) -> Result<()> {
+    /// [`FleetStore::publish_status`].
+    async fn store_status(&self, id: &str, summary: &str, ttl_ms: u64) -> Result<()> {
         if !valid_live_instance(id) {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -205,8 +207,8 @@ impl RedisStore {
 
     /// Reads the status summaries of `ids`, all at once (one `GET` each: the keys share a slot,
     /// but the least-privilege ACL grants `GET`, not `MGET`). The body of
-    /// [`crate::store::Store::instance_statuses`].
-    pub(super) async fn stored_statuses(&self, ids: &[String]) -> Result<Vec<Option<String>>> {
+    /// [`FleetStore::instance_statuses`].
+    async fn stored_statuses(&self, ids: &[String]) -> Result<Vec<Option<String>>> {
         let reads = ids.iter().map(|id| async move {
             let key = status_key(id);
             self.client

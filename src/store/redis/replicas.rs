@@ -18,8 +18,6 @@ use super::{client_builder, copy_fields, RedisStore};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::CopyKey;
 use crate::metrics::Metrics;
-#[cfg(doc)]
-use crate::store::Store;
 use crate::store::{now_unix_ms, CopyRead, NodeLabel, ReplicaSet, ServedBy};
 
 /// Where keys live, captured once per operation.
@@ -68,7 +66,7 @@ pub(super) struct ReplicaClient {
 impl RedisStore {
     /// Every primary with its replicas: the configured ones of a standalone primary, or the
     /// cluster's from fred's slot map and this store's replica map. The body of
-    /// [`Store::topology`].
+    /// [`crate::store::TopologyStore::topology`].
     pub(super) fn replica_sets(&self) -> Vec<ReplicaSet> {
         if let Some(node) = &self.standalone_node {
             if self.standalone_replicas.is_empty() {
@@ -96,7 +94,7 @@ impl RedisStore {
     }
 
     /// Reads the replica map (Cluster mode) and connects or drops replica clients to match.
-    /// The body of [`Store::refresh_topology`].
+    /// The body of [`crate::store::TopologyStore::refresh_topology`].
     pub(super) async fn refresh_replicas(&self) -> Result<()> {
         if self.standalone_node.is_some() {
             self.sync_replica_clients().await;
@@ -108,7 +106,7 @@ impl RedisStore {
     }
 
     /// Reads a copy on the named replica through its own client: a failure is an error, never
-    /// a primary read. The body of [`Store::read_replica_copy`].
+    /// a primary read. The body of [`crate::store::CopyStore::read_replica_copy`].
     pub(super) async fn read_copy_on_replica(
         &self,
         copy_key: &CopyKey,
@@ -147,7 +145,7 @@ impl RedisStore {
     }
 
     /// The replication offset of `node` from `INFO replication`: `master_repl_offset` on a
-    /// primary, `slave_repl_offset` on a replica. The body of [`Store::replication_offset`].
+    /// primary, `slave_repl_offset` on a replica. The body of [`crate::store::TopologyStore::replication_offset`].
     pub(super) async fn replication_offset_of(&self, node: &NodeLabel) -> Result<u64> {
         let kind = Some(fred::types::InfoKind::Replication);
         let monitor = self.monitor_client().await?;
@@ -247,7 +245,7 @@ impl RedisStore {
     }
 
     /// The replicas of `primary` in the slot map this store read itself (`CLUSTER SLOTS`, see
-    /// [`Store::refresh_topology`]); none before the first read.
+    /// [`crate::store::TopologyStore::refresh_topology`]); none before the first read.
     fn cluster_replicas(&self, primary: &Server) -> Vec<NodeLabel> {
         self.replica_map
             .read()

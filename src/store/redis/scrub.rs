@@ -1,20 +1,41 @@
-//! What the anti-entropy scrub sends: a paged `SCAN` of one primary, the read of a copy as
-//! stored (past its `exp` too), and the lease (`FCALL hotsplit_lease_v2`) that lets one instance
-//! at a time scrub. The bodies of [`Store::scan_page`], [`Store::read_copy_stored`] and
-//! [`Store::hold_lease`] for [`RedisStore`].
-//!
-//! [`Store::scan_page`]: crate::store::Store::scan_page
-//! [`Store::read_copy_stored`]: crate::store::Store::read_copy_stored
-//! [`Store::hold_lease`]: crate::store::Store::hold_lease
+//! The scrub role ([`ScrubStore`]) of the Redis store: a paged `SCAN` of one primary (also
+//! the walk of [`crate::store::LayoutStore::scan_keys`]), and the lease
+//! (`FCALL hotsplit_lease_v2`) that lets one instance at a time scrub. The read of a copy as
+//! stored is the copy role's (`copies.rs`).
 
-use fred::interfaces::{HashesInterface, KeysInterface};
+use fred::interfaces::KeysInterface;
 use fred::types::Value;
+use futures_util::future::BoxFuture;
 
-use super::replies::{parse_copy, parse_lease_reply, parse_scan_page};
-use super::{copy_fields, server_label, RedisStore};
+use super::replies::{parse_lease_reply, parse_scan_page};
+use super::{server_label, RedisStore};
 use crate::error::{Error, ErrorKind, Result};
-use crate::key::CopyKey;
-use crate::store::{lease_key, valid_live_instance, CopyRecord, KeyPage, Lease, NodeLabel};
+use crate::store::{lease_key, valid_live_instance, KeyPage, Lease, NodeLabel, ScrubStore};
+
+impl ScrubStore for RedisStore {
+    fn scan_nodes(&self) -> Vec<NodeLabel> {
+        self.scan_node_labels()
+    }
+
+    fn scan_page<'a>(
+        &'a self,
+        node: &'a NodeLabel,
+        cursor: u64,
+        pattern: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Result<KeyPage>> {
+        Box::pin(self.scan_page_on(node, cursor, pattern, count))
+    }
+
+    fn hold_lease<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Lease>> {
+        Box::pin(self.lease(name, holder, ttl_ms))
+    }
+}
 
 impl RedisStore {
     /// The primaries a walk over every key visits: the standalone node, or every primary of
@@ -67,20 +88,8 @@ impl RedisStore {
         })
     }
 
-    /// `HMGET copy ver val tomb exp` on the copy's owner, without hiding a copy past `exp`.
-    pub(super) async fn read_stored(&self, copy_key: &CopyKey) -> Result<Option<CopyRecord>> {
-        let node = self.placement().node_of(copy_key.as_str());
-        let reply = self
-            .client
-            .hmget::<Value, _, _>(copy_key.as_str(), copy_fields())
-            .await
-            .map_err(|err| self.fail(format_args!("read of copy {copy_key} on {node}"), &err))?;
-        parse_copy(reply)
-            .map_err(|why| self.corrupt(format!("copy {copy_key} on {node} is corrupt: {why}")))
-    }
-
     /// `FCALL` of the library's lease function (`hotsplit_lease_v2`) on the lease `name`.
-    pub(super) async fn lease(&self, name: &str, holder: &str, ttl_ms: u64) -> Result<Lease> {
+    async fn lease(&self, name: &str, holder: &str, ttl_ms: u64) -> Result<Lease> {
         if !valid_live_instance(holder) {
             return Err(Error::new(
                 ErrorKind::Config,

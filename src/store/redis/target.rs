@@ -208,7 +208,7 @@ fn percent_decode(text: &str) -> std::result::Result<String, String> {
 ///
 /// It errs on the side of hiding: everything before the last `@` of the part after the scheme
 /// is user information, so a password containing `/`, `?`, `#` or `@` is hidden too.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(at) => url.split_at(at + 3),
         None => ("", url),
@@ -260,7 +260,7 @@ impl Password {
     }
 
     /// The password itself, for the client that sends `AUTH`; never for a message.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -298,7 +298,7 @@ pub struct RedisSecurity {
 
 impl RedisSecurity {
     /// The scheme prefix of URLs shown in messages: `rediss` with TLS, `redis` without.
-    pub fn scheme(&self, target: &RedisTarget) -> &'static str {
+    pub(crate) fn scheme(&self, target: &RedisTarget) -> &'static str {
         match (target, self.tls.is_some()) {
             (RedisTarget::Standalone(_), false) => "redis",
             (RedisTarget::Standalone(_), true) => "rediss",
@@ -412,10 +412,10 @@ pub struct RedisOptions {
 
 impl RedisOptions {
     /// The default [`RedisOptions::command_timeout`].
-    pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+    pub(crate) const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
 
     /// The default [`RedisOptions::connect_timeout`].
-    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+    pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
     /// Options for `target` with every other field at its default.
     pub fn new(target: RedisTarget) -> RedisOptions {

@@ -12,14 +12,12 @@ use futures_util::future::join_all;
 
 use super::RedisStore;
 use crate::error::{Error, ErrorKind, Result};
-#[cfg(doc)]
-use crate::store::Store;
 use crate::store::{CopyWrite, NodeLabel, WriteResult};
 
 impl RedisStore {
     /// Writes every copy through the synced-write client, one pipeline per owning node, then
     /// `WAIT`s on each node for `replicas` within `timeout_ms`. The body of
-    /// [`Store::write_copies_synced`].
+    /// [`crate::store::CopyStore::write_copies_synced`].
     pub(super) async fn cas_copies_synced(
         &self,
         writes: &[CopyWrite],

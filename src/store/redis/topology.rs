@@ -1,17 +1,20 @@
-//! Heartbeats: `SET hotsplit:hb:{tag}:<instance> <µs> PX 60000` on each primary (the tag is one
-//! whose slot that primary owns) and `GET` of that key on each replica, so `INFO commandstats`
-//! tells heartbeat reads (`GET`) from data reads (`HMGET`).
+//! The topology role ([`TopologyStore`]) of the Redis store: its kind, primaries and replicas
+//! (the replica clients and the `CLUSTER SLOTS` map are in `replicas.rs`), the refresh, pings,
+//! and heartbeats: `SET hotsplit:hb:{tag}:<instance> <µs> PX 60000` on each primary (the tag
+//! is one whose slot that primary owns) and `GET` of that key on each replica, so
+//! `INFO commandstats` tells heartbeat reads (`GET`) from data reads (`HMGET`).
+
+use std::time::Duration;
 
 use fred::interfaces::{ClientLike, ClusterInterface, KeysInterface};
 use fred::types::config::Server;
 use fred::types::{ClusterHash, CustomCommand, Value};
+use futures_util::future::{join_all, BoxFuture};
 
 use super::replicas::server_label;
 use super::RedisStore;
 use crate::error::{Error, ErrorKind, Result};
-use crate::store::NodeLabel;
-#[cfg(doc)]
-use crate::store::Store;
+use crate::store::{NodeLabel, ReplicaSet, TopologyStore};
 
 /// How long heartbeat keys live after their last write.
 const HEARTBEAT_TTL_MS: i64 = 60_000;
@@ -25,10 +28,122 @@ fn heartbeat_key(tag: &str, instance: &str) -> String {
     }
 }
 
+impl TopologyStore for RedisStore {
+    fn kind(&self) -> &'static str {
+        self.target.kind()
+    }
+
+    fn topology(&self) -> Vec<ReplicaSet> {
+        self.replica_sets()
+    }
+
+    fn primaries(&self) -> Vec<NodeLabel> {
+        match &self.standalone_node {
+            Some(node) => vec![node.clone()],
+            None => self.primary_servers().iter().map(server_label).collect(),
+        }
+    }
+
+    fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            // The background retry of primaries that lack the library rides on the refresh,
+            // which runs every second while one does (see `LagMonitor`).
+            self.reload_missing_library().await;
+            self.refresh_replicas().await
+        })
+    }
+
+    fn write_heartbeat<'a>(
+        &'a self,
+        primary: &'a NodeLabel,
+        instance: &'a str,
+        stamp_us: u64,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.heartbeat_write(primary, instance, stamp_us))
+    }
+
+    fn read_heartbeat<'a>(
+        &'a self,
+        replica: &'a NodeLabel,
+        instance: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u64>>> {
+        Box::pin(self.heartbeat_read(replica, instance))
+    }
+
+    fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(self.replication_offset_of(node))
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if let Some(node) = &self.standalone_node {
+                return self
+                    .client
+                    .ping::<Value>(None)
+                    .await
+                    .map(drop)
+                    .map_err(|err| self.fail(format_args!("ping of {node}"), &err));
+            }
+            let primaries = self.known_primaries()?;
+            let pings = primaries.iter().map(|server| async move {
+                self.client
+                    .with_cluster_node(server.clone())
+                    .ping::<Value>(None)
+                    .await
+                    .map(drop)
+                    .map_err(|err| {
+                        self.fail(format_args!("ping of {}", server_label(server)), &err)
+                    })
+            });
+            join_all(pings).await.into_iter().collect()
+        })
+    }
+
+    fn ping_node<'a>(
+        &'a self,
+        node: &'a NodeLabel,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let ping = async {
+                // A replica through its own client; a primary through the lag monitor's client,
+                // so a probe of a paused node never stalls the data client.
+                let reply = if let Some(replica) = self.replica_client(node) {
+                    replica.node.client.ping::<Value>(None).await
+                } else {
+                    let client = self.monitor_client().await?;
+                    if self.standalone_node.is_some() {
+                        client.ping::<Value>(None).await
+                    } else {
+                        let server = self.primary_server(node).ok_or_else(|| {
+                            Error::new(
+                                ErrorKind::Unavailable,
+                                format!("{node} is not a known node"),
+                            )
+                        })?;
+                        client.with_cluster_node(server).ping::<Value>(None).await
+                    }
+                };
+                reply
+                    .map(drop)
+                    .map_err(|err| self.fail(format_args!("probe of {node}"), &err))
+            };
+            tokio::time::timeout(timeout, ping)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::Timeout,
+                        format!("probe of {node} timed out after {} ms", timeout.as_millis()),
+                    ))
+                })
+        })
+    }
+}
+
 impl RedisStore {
     /// Writes this instance's heartbeat on `primary` through the monitor client. The body of
-    /// [`Store::write_heartbeat`].
-    pub(super) async fn heartbeat_write(
+    /// [`TopologyStore::write_heartbeat`].
+    async fn heartbeat_write(
         &self,
         primary: &NodeLabel,
         instance: &str,
@@ -66,12 +181,8 @@ impl RedisStore {
     }
 
     /// Reads this instance's heartbeat on `replica` through the replica's own client. The body
-    /// of [`Store::read_heartbeat`].
-    pub(super) async fn heartbeat_read(
-        &self,
-        replica: &NodeLabel,
-        instance: &str,
-    ) -> Result<Option<u64>> {
+    /// of [`TopologyStore::read_heartbeat`].
+    async fn heartbeat_read(&self, replica: &NodeLabel, instance: &str) -> Result<Option<u64>> {
         let client = self.replica_client(replica).ok_or_else(|| {
             Error::new(ErrorKind::Unavailable, format!("{replica} has no client"))
         })?;

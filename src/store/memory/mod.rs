@@ -24,10 +24,12 @@ use futures_util::future::BoxFuture;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Unit;
 
+mod records;
+
 use super::{
-    live_member, now_unix_ms, retain_until_ms, valid_live_instance, CasOutcome, CopyRead,
-    CopyRecord, CopyWrite, InstanceRecord, Layout, LayoutSwap, LayoutWriter, NodeLabel, Payload,
-    ServedBy, Store, WriteResult, DEFAULT_VERSION_RETENTION_MS,
+    now_unix_ms, retain_until_ms, CasOutcome, CopyRead, CopyRecord, CopyStore, CopyWrite,
+    InstanceRecord, Layout, LayoutWriter, NodeLabel, Payload, ServedBy, WriteResult,
+    DEFAULT_VERSION_RETENTION_MS,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{CopyKey, Key, Version};
@@ -42,12 +44,12 @@ pub const COPY_OVERHEAD_BYTES: u64 = 136;
 
 /// What one version counter costs beyond its key's bytes: its map slot (a 40-byte key-and-counter
 /// pair) at the table's average spare capacity and the rounding of the key's block.
-pub const COUNTER_OVERHEAD_BYTES: u64 = 72;
+pub(crate) const COUNTER_OVERHEAD_BYTES: u64 = 72;
 
 /// The default bound of the bytes the embedded store holds: 1 GiB, about 4.9 million copies of
 /// 64-byte values at the measured 218 bytes each. The embedded store is for trying hotsplit and
 /// for tests; the bound keeps a runaway publisher from taking the host's memory.
-pub const DEFAULT_MEMORY_MAX_BYTES: u64 = 1 << 30;
+pub(crate) const DEFAULT_MEMORY_MAX_BYTES: u64 = 1 << 30;
 
 /// The bytes one copy is counted for.
 fn copy_bytes(copy_key: &str, payload: &Payload) -> u64 {
@@ -196,7 +198,7 @@ impl MemoryStore {
 
     /// Keeps each copy's record `retention_ms` past its expiry, so older writes stay `stale`
     /// after the value stopped being served. Default: one hour.
-    pub fn with_version_retention(mut self, retention_ms: u64) -> MemoryStore {
+    pub(crate) fn with_version_retention(mut self, retention_ms: u64) -> MemoryStore {
         self.version_retention_ms = retention_ms;
         self
     }
@@ -210,7 +212,7 @@ impl MemoryStore {
 
     /// Exports the bytes held (`hotsplit_store_memory_bytes`) and the bound
     /// (`hotsplit_store_memory_max_bytes`) in `metrics`.
-    pub fn with_metrics(mut self, metrics: &Metrics) -> MemoryStore {
+    pub(crate) fn with_metrics(mut self, metrics: &Metrics) -> MemoryStore {
         let (held, max) = metrics.register_with(|registry| {
             let held: Gauge = register_with_unit(
                 registry,
@@ -235,7 +237,7 @@ impl MemoryStore {
     }
 
     /// The bytes the store counts as held (see the module's "memory bound").
-    pub fn memory_bytes(&self) -> u64 {
+    pub(crate) fn memory_bytes(&self) -> u64 {
         self.state().held_bytes
     }
 
@@ -375,7 +377,7 @@ impl MemoryStore {
 
     /// Drops every copy record past its retention and every expired counter; returns how many
     /// entries were removed.
-    pub fn purge_expired(&self) -> usize {
+    pub(crate) fn purge_expired(&self) -> usize {
         let now_ms = now_unix_ms();
         let mut guard = self.state();
         let state = &mut *guard;
@@ -412,7 +414,8 @@ impl MemoryStore {
 
     /// Replaces a copy's record without any compare-and-set, for tests that need to make a copy
     /// stale on purpose (the Redis equivalent is writing the hash directly).
-    pub fn overwrite_for_test(&self, copy_key: &CopyKey, record: Option<CopyRecord>) {
+    #[cfg(test)]
+    pub(crate) fn overwrite_for_test(&self, copy_key: &CopyKey, record: Option<CopyRecord>) {
         let mut state = self.state();
         match record {
             Some(record) => {
@@ -460,11 +463,7 @@ fn glob_matches(pattern: &[u8], text: &[u8]) -> bool {
     }
 }
 
-impl Store for MemoryStore {
-    fn kind(&self) -> &'static str {
-        "embedded"
-    }
-
+impl CopyStore for MemoryStore {
     fn node_of(&self, _copy_key: &CopyKey) -> NodeLabel {
         NodeLabel::embedded()
     }
@@ -526,134 +525,6 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(result))
     }
 
-    fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
-        let layout = self.state().layouts.get(family).copied();
-        Box::pin(std::future::ready(Ok(layout)))
-    }
-
-    fn write_layout_writer<'a>(
-        &'a self,
-        family: &'a str,
-        writer: &'a LayoutWriter,
-    ) -> BoxFuture<'a, Result<()>> {
-        self.state()
-            .layout_writers
-            .insert(family.to_owned(), writer.clone());
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn read_layout_writer<'a>(
-        &'a self,
-        family: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LayoutWriter>>> {
-        let writer = self.state().layout_writers.get(family).cloned();
-        Box::pin(std::future::ready(Ok(writer)))
-    }
-
-    fn write_layout<'a>(
-        &'a self,
-        family: &'a str,
-        expected: Option<Layout>,
-        layout: Layout,
-    ) -> BoxFuture<'a, Result<LayoutSwap>> {
-        let mut state = self.state();
-        let current = state.layouts.get(family).copied();
-        let swap = if current == expected {
-            state.layouts.insert(family.to_owned(), layout);
-            LayoutSwap::Applied
-        } else {
-            LayoutSwap::Changed(current)
-        };
-        Box::pin(std::future::ready(Ok(swap)))
-    }
-
-    fn join_layout<'a>(
-        &'a self,
-        family: &'a str,
-        copies: u32,
-        instance: &'a str,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Vec<u32>>> {
-        if !valid_live_instance(instance) {
-            return Box::pin(std::future::ready(Err(Error::new(
-                ErrorKind::Config,
-                format!("invalid live-set instance name {instance:?}"),
-            ))));
-        }
-        // Like the Lua library: lapsed members go first, then this one is (re)added.
-        let now_ms = now_unix_ms();
-        let mut state = self.state();
-        let live = state.live.entry(family.to_owned()).or_default();
-        live.retain(|_, (_, lapse_ms)| *lapse_ms > now_ms);
-        let own = live_member(copies, instance);
-        live.insert(own.clone(), (copies, now_ms.saturating_add(ttl_ms)));
-        let others = live
-            .iter()
-            .filter(|(name, _)| **name != own)
-            .map(|(_, (copies, _))| *copies)
-            .collect();
-        Box::pin(std::future::ready(Ok(others)))
-    }
-
-    fn leave_layout<'a>(
-        &'a self,
-        family: &'a str,
-        copies: u32,
-        instance: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
-        if let Some(live) = self.state().live.get_mut(family) {
-            live.remove(&live_member(copies, instance));
-        }
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn register_instance<'a>(
-        &'a self,
-        record: &'a InstanceRecord,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<()>> {
-        if !valid_live_instance(&record.id) {
-            return Box::pin(std::future::ready(Err(Error::new(
-                ErrorKind::Config,
-                format!("invalid instance id {:?}", record.id),
-            ))));
-        }
-        let lapse_ms = now_unix_ms().saturating_add(ttl_ms);
-        self.state()
-            .instances
-            .insert(record.id.clone(), (record.clone(), lapse_ms));
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn deregister_instance<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>> {
-        self.state().instances.remove(id);
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>> {
-        let now_ms = now_unix_ms();
-        let mut state = self.state();
-        state
-            .instances
-            .retain(|_, (_, lapse_ms)| *lapse_ms > now_ms);
-        let mut records: Vec<InstanceRecord> = state
-            .instances
-            .values()
-            .map(|(record, _)| record.clone())
-            .collect();
-        records.sort_by(|a, b| a.id.cmp(&b.id));
-        Box::pin(std::future::ready(Ok(records)))
-    }
-
-    fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>> {
-        let key = self
-            .state()
-            .session_key
-            .get_or_insert_with(|| candidate.to_owned())
-            .clone();
-        Box::pin(std::future::ready(Ok(key)))
-    }
-
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
         let mut state = self.state();
         let removed = copy_keys
@@ -664,24 +535,46 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(removed as u64)))
     }
 
-    fn scan_keys<'a>(
-        &'a self,
-        pattern: &'a str,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>>> {
-        let keys = self
-            .state()
-            .copies
-            .keys()
-            .filter(|key| glob_matches(pattern.as_bytes(), key.as_bytes()))
-            .take(limit)
-            .cloned()
-            .collect();
-        Box::pin(std::future::ready(Ok(keys)))
+    fn counter_node(&self, _key: &Key) -> Option<NodeLabel> {
+        // One process, no nodes: the counters live beside the copies.
+        None
     }
 
-    fn ping(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(std::future::ready(Ok(())))
+    fn write_copies_synced<'a>(
+        &'a self,
+        writes: &'a [CopyWrite],
+        _replicas: u32,
+        _timeout_ms: u64,
+    ) -> BoxFuture<'a, Vec<(WriteResult, Option<u32>)>> {
+        // No replica acknowledges anything here (the publisher refuses `sync_replicas` before
+        // it gets this far, as no node has replicas known).
+        Box::pin(async move {
+            self.write_copies(writes)
+                .await
+                .into_iter()
+                .map(|result| (result, None))
+                .collect()
+        })
+    }
+
+    fn read_replica_copy<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+        _replica: &'a NodeLabel,
+    ) -> BoxFuture<'a, CopyRead> {
+        // The embedded store has no replicas (its topology is empty, so no read is routed to
+        // one); a read that names one is the one copy there is.
+        self.read_copy(copy_key)
+    }
+
+    fn read_copy_stored<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+    ) -> BoxFuture<'a, Result<Option<CopyRecord>>> {
+        // A record past its expiry is dropped or read as missing here: the embedded store never
+        // fails a copy write, so its copies never fall behind one another and there is nothing
+        // for a scrub to tell apart.
+        Box::pin(async move { self.read_copy(copy_key).await.record })
     }
 }
 

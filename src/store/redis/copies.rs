@@ -1,8 +1,9 @@
-//! The compare-and-set: the per-node `FCALL hotsplit_cas_v2` pipelines of
-//! [`Store::write_copies`], the reload (on the failing node only, see `library.rs`) and single
-//! retry after `ERR Function not found`, the version counter (`FCALL hotsplit_alloc_v2`) and the
-//! layout record's compare-and-set (`FCALL hotsplit_layout_v2`). The function names are the
-//! store's library's ([`crate::store::library`]).
+//! The copy role ([`CopyStore`]) of the Redis store: placement, the per-node
+//! `FCALL hotsplit_cas_v2` pipelines of [`CopyStore::write_copies`], the reload (on the failing
+//! node only, see `library.rs`) and single retry after `ERR Function not found`, reads of a copy
+//! (`HMGET` on its owner; on a replica through `replicas.rs`; as stored, for the scrub), deletes,
+//! and the version counter (`FCALL hotsplit_alloc_v2`). Synced writes are in `wait.rs`. The
+//! function names are the store's library's ([`crate::store::library`]).
 //!
 //! Versions cross into Lua as canonical decimal strings and are never converted to numbers.
 
@@ -15,16 +16,17 @@ use fred::interfaces::{FredResult, FunctionInterface};
 use fred::types::Value;
 use futures_util::future::join_all;
 
+use fred::interfaces::{HashesInterface, KeysInterface};
+use futures_util::future::BoxFuture;
+
 use super::failure::Failure;
-use super::replies::{parse_cas_reply, parse_layout_reply, parse_live_reply};
-use super::RedisStore;
+use super::replies::{parse_cas_reply, parse_copy, parse_served_copy};
+use super::{copy_fields, RedisStore};
 use crate::error::{Error, ErrorKind, Result};
-use crate::key::{Key, Version};
-#[cfg(doc)]
-use crate::store::Store;
+use crate::key::{CopyKey, Key, Version};
 use crate::store::{
-    now_unix_ms, retain_until_ms, CasOutcome, CopyWrite, Layout, LayoutSwap, NodeLabel, Payload,
-    WriteResult,
+    now_unix_ms, retain_until_ms, CasOutcome, CopyRead, CopyRecord, CopyStore, CopyWrite,
+    NodeLabel, Payload, ServedBy, WriteResult,
 };
 
 /// The largest floor `hotsplit_alloc` accepts: INCR works on signed 64-bit integers.
@@ -35,10 +37,103 @@ const MAX_COUNTER_FLOOR: u64 = i64::MAX as u64 - 1;
 /// to it (it is about 31 million years).
 const MAX_MILLIS: u64 = 999_999_999_999_999_999;
 
+impl CopyStore for RedisStore {
+    fn node_of(&self, copy_key: &CopyKey) -> NodeLabel {
+        self.placement().node_of(copy_key.as_str())
+    }
+
+    fn counter_node(&self, key: &Key) -> Option<NodeLabel> {
+        Some(self.placement().node_of(&key.counter_key()))
+    }
+
+    fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>> {
+        Box::pin(self.cas_copies(writes))
+    }
+
+    fn write_copies_synced<'a>(
+        &'a self,
+        writes: &'a [CopyWrite],
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> BoxFuture<'a, Vec<(WriteResult, Option<u32>)>> {
+        Box::pin(self.cas_copies_synced(writes, replicas, timeout_ms))
+    }
+
+    fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead> {
+        Box::pin(async move {
+            let node = self.placement().node_of(copy_key.as_str());
+            let record = match self
+                .client
+                .hmget::<Value, _, _>(copy_key.as_str(), copy_fields())
+                .await
+            {
+                Ok(reply) => parse_served_copy(reply, now_unix_ms()).map_err(|why| {
+                    self.corrupt(format!("copy {copy_key} on {node} is corrupt: {why}"))
+                }),
+                Err(err) => Err(self.fail(format_args!("read of copy {copy_key} on {node}"), &err)),
+            };
+            CopyRead {
+                served_by: ServedBy::primary(node),
+                record,
+            }
+        })
+    }
+
+    fn read_replica_copy<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+        replica: &'a NodeLabel,
+    ) -> BoxFuture<'a, CopyRead> {
+        Box::pin(self.read_copy_on_replica(copy_key, replica))
+    }
+
+    fn read_copy_stored<'a>(
+        &'a self,
+        copy_key: &'a CopyKey,
+    ) -> BoxFuture<'a, Result<Option<CopyRecord>>> {
+        Box::pin(self.read_stored(copy_key))
+    }
+
+    fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            // One DEL per key: in a cluster the copies live in different slots.
+            let deletes = copy_keys.iter().map(|copy_key| async move {
+                self.client
+                    .del::<u64, _>(copy_key.as_str())
+                    .await
+                    .map_err(|err| self.fail(format_args!("delete of copy {copy_key}"), &err))
+            });
+            let mut removed = 0;
+            let mut first_error = None;
+            for result in join_all(deletes).await {
+                match result {
+                    Ok(count) => removed += count,
+                    Err(err) => {
+                        first_error.get_or_insert(err);
+                    }
+                }
+            }
+            match first_error {
+                Some(err) => Err(err),
+                None => Ok(removed),
+            }
+        })
+    }
+
+    fn allocate_version<'a>(
+        &'a self,
+        key: &'a Key,
+        ttl_ms: u64,
+        floor: u64,
+    ) -> BoxFuture<'a, Result<Version>> {
+        Box::pin(self.next_version(key, ttl_ms, floor))
+    }
+}
+
 impl RedisStore {
-    /// Writes every copy with `FCALL hotsplit_cas_v2`, one pipeline per owning node, all nodes at
-    /// once; after `ERR Function not found`, reloads the library on those nodes and retries those writes
-    /// once. The body of [`Store::write_copies`].
+    /// Writes every copy with `FCALL hotsplit_cas_v2`, one pipeline per owning node, all nodes
+    /// at once; after `ERR Function not found`, reloads the library on those nodes and retries
+    /// those writes once. The body of [`CopyStore::write_copies`].
     pub(super) async fn cas_copies(&self, writes: &[CopyWrite]) -> Vec<WriteResult> {
         let placement = self.placement();
         let nodes: Vec<NodeLabel> = writes
@@ -83,7 +178,7 @@ impl RedisStore {
 
     /// The next version of `key` from its counter, `max(counter, floor) + 1`
     /// (`FCALL hotsplit_alloc_v2`, reloading the library once if it is missing). The body of
-    /// [`Store::allocate_version`].
+    /// [`CopyStore::allocate_version`].
     pub(super) async fn next_version(&self, key: &Key, ttl_ms: u64, floor: u64) -> Result<Version> {
         let counter = key.counter_key();
         let node = self.placement().node_of(&counter);
@@ -215,40 +310,16 @@ impl RedisStore {
             .collect()
     }
 
-    /// Writes the layout record `key` when it holds `expected` (`FCALL hotsplit_layout_v2`). The
-    /// body of [`Store::write_layout`].
-    pub(super) async fn swap_layout(
-        &self,
-        key: String,
-        expected: Option<Layout>,
-        layout: Layout,
-    ) -> Result<LayoutSwap> {
-        let args = vec![
-            Value::from(expected.map(Layout::encode).unwrap_or_default()),
-            Value::from(layout.encode()),
-        ];
+    /// `HMGET copy ver val tomb exp` on the copy's owner, without hiding a copy past `exp`.
+    async fn read_stored(&self, copy_key: &CopyKey) -> Result<Option<CopyRecord>> {
+        let node = self.placement().node_of(copy_key.as_str());
         let reply = self
-            .fcall_reloading(self.functions.layout, &key, args)
+            .client
+            .hmget::<Value, _, _>(copy_key.as_str(), copy_fields())
             .await
-            .map_err(|err| self.fail(format_args!("write of layout record {key}"), &err))?;
-        parse_layout_reply(reply).map_err(|why| self.corrupt(format!("layout record {key}: {why}")))
-    }
-
-    /// Refreshes (`ttl_ms > 0`) or removes (`ttl_ms == 0`) `member` of the live set `key`
-    /// (`FCALL hotsplit_live_v2`) and returns the other live members' copy counts. The body of
-    /// [`Store::join_layout`] and [`Store::leave_layout`].
-    pub(super) async fn refresh_live(
-        &self,
-        key: String,
-        member: String,
-        ttl_ms: u64,
-    ) -> Result<Vec<u32>> {
-        let args = vec![Value::from(member), Value::from(ttl_ms.to_string())];
-        let reply = self
-            .fcall_reloading(self.functions.live, &key, args)
-            .await
-            .map_err(|err| self.fail(format_args!("refresh of live set {key}"), &err))?;
-        parse_live_reply(reply).map_err(|why| self.corrupt(format!("live set {key}: {why}")))
+            .map_err(|err| self.fail(format_args!("read of copy {copy_key} on {node}"), &err))?;
+        parse_copy(reply)
+            .map_err(|why| self.corrupt(format!("copy {copy_key} on {node} is corrupt: {why}")))
     }
 
     /// Sends one `FCALL`; on `ERR Function not found` reloads the library and retries once.
