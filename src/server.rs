@@ -36,6 +36,7 @@ use crate::http::{admin_app, app, data_app, AppParts, AppState, RequestLimits, S
 use crate::logging::LogFilter;
 use crate::metrics::Metrics;
 use crate::near::{NearCache, NearMetrics};
+use crate::ops::Ops;
 use crate::publish::Publisher;
 use crate::read::Reader;
 use crate::reload::{ConfigSource, HangupReloader, Reloader};
@@ -144,8 +145,7 @@ impl StateParts {
             reader = reader.with_near_cache(near);
         }
         let state = AppState::new(AppParts {
-            publisher,
-            reader,
+            ops: Ops::new(publisher, reader, sessions),
             store,
             metrics,
             max_value_bytes: config.server.max_value_bytes,
@@ -156,7 +156,6 @@ impl StateParts {
                 scrub,
             },
             registry,
-            sessions,
             limits: RequestLimits::from(&config.server),
             warm_up,
         });
@@ -475,7 +474,7 @@ impl Service {
         };
         let status_publisher = StatusPublisher {
             sources: Arc::new(Sources::new(
-                &state.inner().reader,
+                state.ops().reader(),
                 state.inner().heal.clone(),
             )),
             store: state.inner().store.clone(),
