@@ -99,6 +99,11 @@ pub struct PublishReport {
     pub dropped: u32,
     /// One line per copy, in copy order.
     pub outcomes: Vec<CopyReport>,
+    /// When the last copy this edit applied or queued expires, Unix ms: how long what it stored
+    /// (or will store) can be read. `None` when it applied none and queued none (a `current`
+    /// copy kept its own expiry, which the compare-and-set does not report).
+    #[serde(skip)]
+    lasts_until_ms: Option<u64>,
 }
 
 /// How a [`PublishReport`] ends, which the HTTP layer maps to a status.
@@ -118,6 +123,12 @@ pub enum PublishStatus {
 }
 
 impl PublishReport {
+    /// When the last copy this edit applied or queued expires, Unix ms; `None` when it applied
+    /// and queued none.
+    pub fn lasts_until_ms(&self) -> Option<u64> {
+        self.lasts_until_ms
+    }
+
     /// The overall result.
     pub fn status(&self) -> PublishStatus {
         if self.conflict > 0 {
@@ -498,6 +509,7 @@ impl Publisher {
             queued: 0,
             dropped: 0,
             outcomes: Vec::with_capacity(writes.len()),
+            lasts_until_ms: None,
         };
         let mut failed_copies: Vec<(usize, FailedCopy)> = Vec::new();
         for (write, result) in writes.iter().zip(results) {
@@ -572,7 +584,10 @@ impl Publisher {
                 }
             };
             match outcome {
-                CopyOutcome::Applied => report.applied += 1,
+                CopyOutcome::Applied => {
+                    report.applied += 1;
+                    report.lasts_until_ms = report.lasts_until_ms.max(Some(write.expire_at_ms));
+                }
                 CopyOutcome::Current => report.current += 1,
                 CopyOutcome::Stale => report.stale += 1,
                 CopyOutcome::Conflict => report.conflict += 1,
@@ -592,12 +607,16 @@ impl Publisher {
         if let (Some(queue), false) = (&self.retry_queue, failed_copies.is_empty()) {
             let (positions, failed): (Vec<usize>, Vec<FailedCopy>) =
                 failed_copies.into_iter().unzip();
+            let expiries: Vec<u64> = failed.iter().map(|copy| copy.expire_at_ms).collect();
             let admissions = queue.enqueue(key, version, payload, failed).await;
-            for (position, admission) in positions.into_iter().zip(admissions) {
+            for ((position, admission), expire_at_ms) in
+                positions.into_iter().zip(admissions).zip(expiries)
+            {
                 if let Some(line) = report.outcomes.get_mut(position) {
                     if admission == Admission::Queued {
                         line.outcome = CopyOutcome::Queued;
                         report.queued += 1;
+                        report.lasts_until_ms = report.lasts_until_ms.max(Some(expire_at_ms));
                     } else {
                         line.outcome = CopyOutcome::Dropped;
                         report.dropped += 1;

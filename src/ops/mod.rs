@@ -10,8 +10,10 @@
 //!   written floor; [`Ops::session_token`] encodes what to send back, and
 //!   [`ClientSession::is_exact`] says when the token that came can be sent back as it came.
 //! - **Which floors a write leaves** ([`Ops::floor_left`]), the one rule for every door: a
-//!   refused edit (`stale`, `conflict`) leaves no floor; any other leaves its version in the
-//!   instance's own-write and request pins and in the session.
+//!   refused edit (`stale`, `conflict`) or one that landed on no copy and queued none leaves no
+//!   floor anywhere (not in the session, not in the instance's own-write or request pin, and
+//!   the publisher offered nothing to the near cache); one that landed or queued leaves exactly
+//!   its version, until the last copy it applied or queued expires.
 //! - **The publisher call**: a value or a tombstone, with or without a replica wait, with or
 //!   without a deadline ([`PublishCall`]).
 //! - Identity and class: a read's client id and class name go to the read path as given;

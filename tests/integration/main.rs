@@ -42,3 +42,4 @@ mod tls_probe;
 mod upgrade;
 mod versions;
 mod warm_up;
+mod write_floors;

@@ -114,12 +114,14 @@ fn write_response(outcome: PublishOutcome) -> Result<Response, ApiError> {
     let mut response = match status {
         PublishStatus::Done => (StatusCode::OK, Json(&report)).into_response(),
         PublishStatus::Queued => (StatusCode::ACCEPTED, Json(&report)).into_response(),
-        PublishStatus::Stale => return Err(refused(
-            Code::StaleVersion,
-            format!(
+        PublishStatus::Stale => {
+            return Err(refused(
+                Code::StaleVersion,
+                format!(
                 "no copy applied version {version}: every copy that answered holds a newer version"
             ),
-        )),
+            ))
+        }
         PublishStatus::Conflict => {
             return Err(refused(
                 Code::VersionConflict,
