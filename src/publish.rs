@@ -218,8 +218,9 @@ impl Publisher {
         self
     }
 
-    /// Offers every copy an edit applied (or found current) to `near`, so readers through this
-    /// instance see the edit at once; an invalidation offers a tombstone entry. Default: no
+    /// Offers every copy an edit applied to `near`, so readers through this instance see the
+    /// edit at once; an invalidation offers a tombstone entry. A copy found `current` is not
+    /// offered: it kept its own expiry, which the compare-and-set does not report. Default: no
     /// near cache.
     pub fn with_near_cache(mut self, near: Arc<NearCache>) -> Publisher {
         self.near = Some(near);
@@ -538,9 +539,9 @@ impl Publisher {
             {
                 refused_at = refused_at.max(Some(*stored));
             }
-            if let (Some(near), Ok(CasOutcome::Applied | CasOutcome::Current)) =
-                (&self.near, &result.outcome)
-            {
+            // Only an applied copy holds the expiry written: a `current` one kept its own, which
+            // the compare-and-set does not report, and an entry must not outlive its copy.
+            if let (Some(near), Ok(CasOutcome::Applied)) = (&self.near, &result.outcome) {
                 let served_by = if result.node == NodeLabel::embedded() {
                     ServedBy::embedded()
                 } else {

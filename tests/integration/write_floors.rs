@@ -2,9 +2,10 @@
 //! copy and queued none (every write refused with `NOREPLICAS`, the retry queue full) leaves no
 //! floor in the writer's session token, none in the instance's own-write pin and no
 //! `Hotsplit-Version`, so once Redis is back and another writer publishes a lower version, the
-//! first writer reads it.
+//! first writer reads it; and an answer never outlives its copy's own expiry: a re-send answered
+//! `current` does not give the near cache the re-send's later expiry.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hotsplit_devcluster::{self as devcluster, Standalone};
 use reqwest::StatusCode;
@@ -192,4 +193,60 @@ async fn a_write_that_landed_nowhere_leaves_no_floor_and_one_that_queued_leaves_
     }
     service.stop().await;
     other.stop().await;
+}
+
+/// `wfnear:` keys expire 2 s after a publish (no jitter) and are read through a near cache whose
+/// entries may be 5 s old: only the copy's own expiry ends an entry early.
+fn expiring_config(url: &str) -> hotsplit::config::Config {
+    config_from_toml(&format!(
+        "[store]\nredis = \"{url}\"\ncommand_timeout = \"{timeout}\"\n[[family]]\nprefix = \"wfnear:\"\ncopies = 2\nttl = \"2s\"\ndefault_class = \"remembered\"\n[classes.remembered]\nroute = \"replica\"\nreason = \"test class\"\nstaleness_budget = \"60s\"\nnear_cache_max_age = \"5s\"\n[heal]\nexpiry_jitter_min = 0.0\nexpiry_jitter_max = 0.0\n",
+        timeout = harness::command_timeout_toml()
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_answered_current_does_not_outlive_the_copy_in_the_near_cache() {
+    let server = harness::shared_standalone();
+    let service = Service::start(expiring_config(&server.url())).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    // The scenario decides only when the read after the copy's expiry comes before the
+    // re-send's expiry; on a machine too loaded for that it is tried again with a new key.
+    for attempt in 0..3 {
+        let key = format!("wfnear:resend-{attempt}");
+        let url = format!("{base}/v1/keys/{key}?version=1");
+        let first = Instant::now();
+        let put = send(http.put(&url).body("one"), "writer", None).await;
+        assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+        let expires = Instant::now() + Duration::from_secs(2);
+        tokio::time::sleep(Duration::from_millis(1_200).saturating_sub(first.elapsed())).await;
+        let resend = Instant::now();
+        let again = send(http.put(&url).body("one"), "writer", None).await;
+        let members = report(&again);
+        assert_eq!(again.status, StatusCode::OK, "{members}");
+        assert_eq!(
+            members["current"].as_u64(),
+            Some(2),
+            "the re-send is current: {members}"
+        );
+        // Past the copy's own expiry (2 s after the first publish answered), before the
+        // expiry the re-send would have given (2 s after it began).
+        tokio::time::sleep(
+            (expires + Duration::from_millis(100)).saturating_duration_since(Instant::now()),
+        )
+        .await;
+        let read = send(http.get(format!("{base}/v1/keys/{key}")), "reader", None).await;
+        if resend.elapsed() >= Duration::from_millis(1_950) {
+            continue;
+        }
+        assert_eq!(
+            read.status,
+            StatusCode::NOT_FOUND,
+            "the copy expired: the near cache must not answer it ({})",
+            read.body
+        );
+        service.stop().await;
+        return;
+    }
+    panic!("the machine was too slow to read between the copy's expiry and the re-send's");
 }
