@@ -540,6 +540,11 @@ impl Service {
         self.retry_queue.close().await;
     }
 
+    /// The operations the service's doors call, for a second door or a test beside HTTP.
+    pub fn ops(&self) -> Ops {
+        self.state.ops().clone()
+    }
+
     /// Binds `server.listen`, and `[admin] listen` when it is set.
     ///
     /// # Errors

@@ -25,6 +25,7 @@ mod http_e2e;
 mod listener;
 mod memory;
 mod near_cache;
+mod ops;
 mod overload;
 mod redis_security;
 mod redis_store;
