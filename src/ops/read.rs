@@ -46,24 +46,15 @@ impl Ops {
         let sessions = self.sessions();
         let now_ms = now_unix_ms();
         let key_hash = sessions.key_hash(&call.key);
-        let ReadCall {
-            key,
-            copy,
-            min_version,
-            if_none_match,
-            class,
-            request_id,
-            deadline,
-        } = call;
         let request = ReadRequest {
-            key,
-            copy,
-            min_version,
-            if_none_match,
-            class,
-            request_id,
             session: session.floors().floors(key_hash, now_ms),
-            deadline,
+            key: call.key,
+            copy: call.copy,
+            min_version: call.min_version,
+            if_none_match: call.if_none_match,
+            class: call.class,
+            request_id: call.request_id,
+            deadline: call.deadline,
         };
         let answer = self.reader().read(&request).await?;
         let (ReadAnswer::Value {
