@@ -8,6 +8,9 @@
 //!   layered from file, flags and environment, validated before anything binds.
 //! - [`store`]: the compare-and-set store: embedded ([`store::memory`]) or Redis
 //!   ([`store::redis`], the only module that talks to Redis).
+//! - [`ops`]: what a read and a publish mean for a caller, whichever door it came through:
+//!   session floors in and out, the floors a write leaves, the publisher call; the HTTP API
+//!   only parses into its types and renders what it returns.
 //! - [`publish`]: fan-out of one edit to every copy, with per-copy outcomes.
 //! - [`read`]: the affine read path: class → route → copy choice, version floor, sibling
 //!   fallback.
@@ -55,6 +58,7 @@ pub mod key;
 pub mod logging;
 pub mod metrics;
 pub mod near;
+pub mod ops;
 pub mod probe;
 pub mod publish;
 pub mod read;

@@ -36,6 +36,7 @@ use crate::http::{admin_app, app, data_app, AppParts, AppState, RequestLimits, S
 use crate::logging::LogFilter;
 use crate::metrics::Metrics;
 use crate::near::{NearCache, NearMetrics};
+use crate::ops::Ops;
 use crate::publish::Publisher;
 use crate::read::Reader;
 use crate::reload::{ConfigSource, HangupReloader, Reloader};
@@ -153,8 +154,7 @@ impl StateParts {
             reader = reader.with_near_cache(near);
         }
         let state = AppState::new(AppParts {
-            publisher,
-            reader,
+            ops: Ops::new(publisher, reader, sessions),
             store: probe,
             fleet,
             metrics,
@@ -166,7 +166,6 @@ impl StateParts {
                 scrub,
             },
             registry,
-            sessions,
             limits: RequestLimits::from(&config.server),
             warm_up,
         });
@@ -541,7 +540,7 @@ impl Service {
         };
         let status_publisher = StatusPublisher {
             sources: Arc::new(Sources::new(
-                &state.inner().reader,
+                state.ops().reader(),
                 state.inner().heal.clone(),
             )),
             store: state.inner().fleet.clone(),
@@ -605,6 +604,11 @@ impl Service {
     /// a caller whose bind failed after the build.
     pub async fn close(self) {
         self.retry_queue.close().await;
+    }
+
+    /// The operations the service's doors call, for a second door or a test beside HTTP.
+    pub fn ops(&self) -> Ops {
+        self.state.ops().clone()
     }
 
     /// Binds `server.listen`, and `[admin] listen` when it is set.

@@ -222,6 +222,13 @@ impl ApiError {
         self
     }
 
+    /// Reports `version` as the answer's `Hotsplit-Version` (the version a `publish_incomplete`
+    /// write left as a floor).
+    pub fn with_version(mut self, version: Version) -> ApiError {
+        self.version = Some(version);
+        self
+    }
+
     /// The code.
     pub fn code(&self) -> Code {
         self.code

@@ -1,17 +1,16 @@
-//! Session tokens at the HTTP edge (`crate::fleet::session`): [`SessionToken`] reads the
-//! request's `Hotsplit-Session` (or, with `session.cookie`, the `hotsplit_session` cookie when
-//! no header came) and never rejects a request; [`attach`] puts the answer's token on the
-//! response, with `Cache-Control: private` and `Vary: Hotsplit-Session`, and the cookie when
-//! configured.
+//! Session tokens at the HTTP edge (`crate::fleet::session`, carried through the operations as
+//! [`ClientSession`]): [`SessionToken`] reads the request's `Hotsplit-Session` (or, with
+//! `session.cookie`, the `hotsplit_session` cookie when no header came) and never rejects a
+//! request; [`WithSession`] puts the answer's token on the response, errors included, with
+//! `Cache-Control: private` and `Vary: Hotsplit-Session`, and the cookie when configured.
 
 use std::convert::Infallible;
 
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use crate::fleet::session::{Session, SessionFloor};
-use crate::fleet::Sessions;
+use crate::ops::{ClientSession, Ops};
 use crate::store::now_unix_ms;
 use crate::wire;
 
@@ -20,24 +19,13 @@ const SESSION: HeaderName = HeaderName::from_static(wire::header::SESSION);
 
 /// The incoming session of a request to a key route.
 pub struct SessionToken {
-    /// The floors the request's token carried (empty when none came or it was ignored).
-    pub session: Session,
-    /// Whether a token came at all: the answer then carries one back even when it is empty,
-    /// so a client drops an ignored or expired token.
-    pub sent: bool,
-    /// The `Hotsplit-Session` line as sent, while `session` holds exactly its floors (a valid
-    /// token, none expired, nothing recorded since that changed it): the answer carries it back
-    /// as it came (a token has one spelling) instead of encoding the same token again.
+    /// The floors the request's token carried (empty when none came or it was ignored), as the
+    /// operations leave them.
+    pub session: ClientSession,
+    /// The `Hotsplit-Session` line as sent, when it was the only one: while `session` is
+    /// exactly its floors ([`ClientSession::is_exact`]) the answer carries it back as it came
+    /// (a token has one spelling) instead of encoding the same token again.
     as_sent: Option<HeaderValue>,
-}
-
-impl SessionToken {
-    /// Records `floor` in the session (see [`Sessions::record`]).
-    pub fn record(&mut self, sessions: &Sessions, floor: SessionFloor, now_ms: u64) {
-        if sessions.record(&mut self.session, floor, now_ms) {
-            self.as_sent = None;
-        }
-    }
 }
 
 impl axum::extract::FromRequestParts<AppState> for SessionToken {
@@ -47,14 +35,13 @@ impl axum::extract::FromRequestParts<AppState> for SessionToken {
         parts: &mut axum::http::request::Parts,
         state: &AppState,
     ) -> Result<Self, Infallible> {
-        let sessions = &state.inner().sessions;
+        let ops = state.ops();
         let mut values = parts.headers.get_all(&SESSION).iter();
         // One line is the usual case; more are garbled, and the decoder says so.
         let (first, second) = (values.next(), values.next());
-        if first.is_none() && !sessions.cookie() {
+        if first.is_none() && !ops.sessions().cookie() {
             return Ok(SessionToken {
-                session: Session::default(),
-                sent: false,
+                session: ClientSession::none(),
                 as_sent: None,
             });
         }
@@ -64,15 +51,73 @@ impl axum::extract::FromRequestParts<AppState> for SessionToken {
             .chain(values)
             .map(HeaderValue::as_bytes)
             .collect();
-        if lines.is_empty() && sessions.cookie() {
+        if lines.is_empty() && ops.sessions().cookie() {
             lines.extend(cookie_token(&parts.headers));
         }
-        let (session, exact) = sessions.incoming_exact(&lines, now_unix_ms());
+        let session = ops.session(&lines, now_unix_ms());
         Ok(SessionToken {
-            sent: !lines.is_empty(),
+            as_sent: first
+                .filter(|_| session.is_exact() && second.is_none())
+                .cloned(),
             session,
-            as_sent: first.filter(|_| exact && second.is_none()).cloned(),
         })
+    }
+}
+
+impl SessionToken {
+    /// `answer` with this session's token ([`attach`]): the key routes' answers, errors
+    /// included, carry the token the operations left.
+    pub fn answer<T>(self, answer: T, state: &AppState) -> WithSession<T> {
+        WithSession {
+            answer,
+            token: SessionReply::of(self, state.ops()),
+        }
+    }
+}
+
+/// An answer of a key route with the session token to send back: attached to an error answer
+/// as to a success.
+pub struct WithSession<T> {
+    /// The answer.
+    answer: T,
+    /// The token and how it travels.
+    token: SessionReply,
+}
+
+impl<T: IntoResponse> IntoResponse for WithSession<T> {
+    fn into_response(self) -> Response {
+        let mut response = self.answer.into_response();
+        attach(&mut response, self.token);
+        response
+    }
+}
+
+/// The session token an answer carries: its value, and whether it also travels as a cookie.
+struct SessionReply {
+    /// The `Hotsplit-Session` value; `None` when the answer carries no token.
+    value: Option<HeaderValue>,
+    /// Whether the token also travels as a cookie (`session.cookie`).
+    cookie: bool,
+}
+
+impl SessionReply {
+    /// The token `token`'s session sends back: the line as it came while the session is exactly
+    /// it, else the session encoded; none when the session holds no floor and no token came.
+    fn of(token: SessionToken, ops: &Ops) -> SessionReply {
+        let SessionToken { session, as_sent } = token;
+        let cookie = ops.sessions().cookie();
+        if !session.carries_token() {
+            return SessionReply {
+                value: None,
+                cookie,
+            };
+        }
+        let value = match as_sent.filter(|_| session.is_exact()) {
+            Some(value) => Some(value),
+            // The alphabet of a token is base64url: always a valid header value.
+            None => HeaderValue::from_maybe_shared(ops.session_token(&session)).ok(),
+        };
+        SessionReply { value, cookie }
     }
 }
 
@@ -89,27 +134,18 @@ fn cookie_token(headers: &HeaderMap) -> Option<&[u8]> {
         })
 }
 
-/// Puts the session's token on `response` when it holds a floor or a token came (`sent`), with
-/// `Cache-Control: private` and `Vary: Hotsplit-Session` (and `Cookie`, and a `Set-Cookie`,
-/// when the token travels as a cookie).
-pub fn attach(response: &mut Response, sessions: &Sessions, token: &SessionToken) {
-    let SessionToken {
-        session,
-        sent,
-        as_sent,
-    } = token;
-    if session.is_empty() && !sent {
+/// Puts the session's token on `response`, with `Cache-Control: private` and
+/// `Vary: Hotsplit-Session` (and `Cookie`, and a `Set-Cookie`, when the token travels as a
+/// cookie).
+fn attach(response: &mut Response, token: SessionReply) {
+    let SessionReply {
+        value: Some(value),
+        cookie,
+    } = token
+    else {
         return;
-    }
-    let value = match as_sent {
-        Some(value) => value.clone(),
-        // The alphabet of a token is base64url: always a valid header value.
-        None => match HeaderValue::from_maybe_shared(sessions.encode_bytes(session)) {
-            Ok(value) => value,
-            Err(_) => return,
-        },
     };
-    let cookie = sessions.cookie().then(|| {
+    let cookie = cookie.then(|| {
         format!(
             "{}={}; Path=/v1/keys; HttpOnly; Secure; SameSite=Strict",
             wire::cookie::SESSION,

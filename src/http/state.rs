@@ -1,5 +1,4 @@
-//! The state every handler shares: the publisher, the reader, the store and the numbers the
-//! answers carry.
+//! The state every handler shares: the operations, the store and the numbers the answers carry.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,11 +8,10 @@ use super::auth::AuthLayer;
 use super::handlers::RouteTexts;
 use super::overload::{self, RequestLimits};
 use crate::auth::TokenTable;
-use crate::fleet::{Registry, Sessions};
+use crate::fleet::Registry;
 use crate::heal::{HealHandles, StoreProbe};
 use crate::metrics::Metrics;
-use crate::publish::Publisher;
-use crate::read::Reader;
+use crate::ops::Ops;
 use crate::route::WarmUp;
 use crate::store::FleetStore;
 
@@ -26,10 +24,8 @@ pub struct AppState {
 
 /// The parts of [`AppState`].
 pub(crate) struct Inner {
-    /// Writes edits to every copy.
-    pub(crate) publisher: Publisher,
-    /// Serves affine reads.
-    pub(crate) reader: Reader,
+    /// What a read and a publish mean: the publisher, the reader and session tokens.
+    pub(crate) ops: Ops,
     /// The store as readiness checks see it.
     pub(crate) store: StoreProbe,
     /// The fleet's records, for `/v1/fleet`.
@@ -49,8 +45,6 @@ pub(crate) struct Inner {
     /// The token check in front of every route, with the table a reload swaps (empty until
     /// [`AppState::tokens`] is given tokens).
     pub(crate) auth: AuthLayer,
-    /// Session tokens: read on every key request, written on its answer.
-    pub(crate) sessions: Arc<Sessions>,
     /// The request limits and their counters, for the overload layer.
     pub(crate) limits: Arc<overload::Shared>,
     /// The startup warm-up `/readyz` waits for.
@@ -61,10 +55,8 @@ pub(crate) struct Inner {
 
 /// The parts an [`AppState`] is made of, by name.
 pub struct AppParts {
-    /// Writes edits to every copy.
-    pub publisher: Publisher,
-    /// Serves affine reads.
-    pub reader: Reader,
+    /// What a read and a publish mean: the publisher, the reader and session tokens.
+    pub ops: Ops,
     /// The store as readiness checks see it.
     pub store: StoreProbe,
     /// The fleet's records, for `/v1/fleet`.
@@ -80,8 +72,6 @@ pub struct AppParts {
     pub heal: HealHandles,
     /// The instance registry, for `/v1/instances`.
     pub registry: Arc<Registry>,
-    /// Session tokens: read on every key request, written on its answer.
-    pub sessions: Arc<Sessions>,
     /// The request limits (`[server]`): deadline, in-flight bound, query length.
     pub limits: RequestLimits,
     /// The startup warm-up `/readyz` waits for (replicas discovered and measured).
@@ -92,8 +82,7 @@ impl AppState {
     /// Bundles the parts the handlers use, and registers the request limits' metrics.
     pub fn new(parts: AppParts) -> AppState {
         let AppParts {
-            publisher,
-            reader,
+            ops,
             store,
             fleet,
             metrics,
@@ -101,18 +90,16 @@ impl AppState {
             retry_after,
             heal,
             registry,
-            sessions,
             limits,
             warm_up,
         } = parts;
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         let auth = AuthLayer::new(TokenTable::default(), &metrics);
         let limits = overload::Shared::new(limits, &metrics);
-        let route_texts = RouteTexts::new(reader.router());
+        let route_texts = RouteTexts::new(ops.router());
         AppState {
             inner: Arc::new(Inner {
-                publisher,
-                reader,
+                ops,
                 store,
                 fleet,
                 metrics,
@@ -121,7 +108,6 @@ impl AppState {
                 heal,
                 registry,
                 auth,
-                sessions,
                 draining: Arc::new(AtomicBool::new(false)),
                 warm_up,
                 limits,
@@ -138,7 +124,12 @@ impl AppState {
 
     /// The read router (the reloadable class table lives in it).
     pub fn router(&self) -> &Arc<crate::route::Router> {
-        self.inner.reader.router()
+        self.inner.ops.router()
+    }
+
+    /// The operations the key routes call.
+    pub fn ops(&self) -> &Ops {
+        &self.inner.ops
     }
 
     /// The metrics registry.

@@ -106,7 +106,7 @@ pub async fn icon() -> Response {
 )]
 pub async fn fleet(State(state): State<AppState>) -> Json<FleetView> {
     let inner = state.inner();
-    let sources = Sources::new(&inner.reader, inner.heal.clone());
+    let sources = Sources::new(inner.ops.reader(), inner.heal.clone());
     let interval_ms = crate::duration::millis(inner.registry.heartbeat_interval());
     Json(fleet_view(&inner.registry, &*inner.fleet, &sources, interval_ms).await)
 }

@@ -16,10 +16,23 @@
 //! every floor answers. Otherwise the read waits for one fill of that copy from its source
 //! (shared by every concurrent miss), and reads whose floor the fill does not meet, or that it
 //! finds below the copy's high-water version, go on as without a cache.
+//!
+//! # Layout
+//! One read is one [`Reader::read`] (here: metrics, the deadline) over these steps, each file
+//! calling only the ones after it:
+//! - `prepare`: the copy, the route and the floors, settled with no store call, in one value
+//!   (`Prepared`) the other steps take;
+//! - `path`: the affine copy (through `near` when the class has a near-cache max age), the
+//!   sibling fallback, then `decide`, repair and the floor left on this instance;
+//! - `near`: hits, single-flight fills, offers and high-water versions;
+//! - `consult`: one copy read where the plan sends it (replica or primary), and the breach error;
+//! - `decide`: which consulted record answers, and the repair it calls for.
 
+mod consult;
 mod decide;
 mod near;
 mod path;
+mod prepare;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,7 +51,6 @@ use crate::near::NearCache;
 use crate::route::{Floors, ReadClass, RouteReason, Router};
 use crate::store::{CopyRead, CopyStore, ServedBy};
 use decide::{decide, repair_of, Decision};
-use path::breach;
 
 /// The read path.
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -26,11 +26,13 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt};
 
-use super::{breach, Consulted, Decision, ReadAnswer, Reader};
+use super::consult::breach;
+use super::prepare::Prepared;
+use super::{Consulted, Decision, ReadAnswer, Reader};
 use crate::error::Result;
 use crate::key::{CopyKey, Key, Version};
 use crate::near::{Entry, Filled, Lookup, NearCache};
-use crate::route::{Plan, PlanRoute, RouteReason, Target};
+use crate::route::{Plan, RouteReason, Target};
 use crate::store::{CopyRead, CopyRecord, CopyStore, Role};
 
 /// What the near cache gave a read for its affine copy.
@@ -66,65 +68,51 @@ fn below(record: Option<&CopyRecord>, floor: Option<Version>) -> bool {
 }
 
 impl Reader {
-    /// The max age at which this read may be answered from the near cache, `None` when it may
-    /// not be.
-    pub(super) fn near_max_age(&self, plan: &Plan) -> Option<Duration> {
-        self.near.as_ref()?;
-        if plan.route == PlanRoute::Primary(RouteReason::RequestPin) {
-            return None;
-        }
-        self.router.classes().get(plan.class).near_cache
-    }
-
-    /// The affine copy `copy` of `key` from its near-cache entry, when the entry is young
-    /// enough for `max_age` and meets `floor` (step 1 of the module doc): counted as a hit, and
-    /// a refresh started when one is due. No store call, and the copy's key is built on the
-    /// stack (an owned one only for a refresh). `None` when the read needs the store.
+    /// The affine copy of `key` from its near-cache entry, when the read may use the cache and
+    /// the entry is young enough for the class and meets every floor (step 1 of the module
+    /// doc): counted as a hit, and a refresh started when one is due. No store call, and the
+    /// copy's key is built on the stack (an owned one only for a refresh). `None` when the read
+    /// needs the store.
     pub(super) fn consult_near_hit(
         &self,
-        near: &Arc<NearCache>,
         key: &Key,
-        copy: u32,
-        plan: &Plan,
-        floor: Option<Version>,
-        max_age: Duration,
+        prepared: &Prepared<'_>,
     ) -> Option<NearConsult> {
+        let (near, max_age) = prepared.near?;
+        let copy = prepared.affine;
         let Lookup::Fresh(entry, age) =
             key.with_copy_key_text(copy, |copy_key| near.lookup_text(copy_key, max_age))
         else {
             return None;
         };
-        if below(Some(&entry.record), floor) {
+        if below(Some(&entry.record), prepared.floor) {
             return None;
         }
-        Some(
-            self.serve_entry(near, &entry, age, copy, plan, max_age, || {
-                key.copy_key(copy)
-            }),
-        )
+        Some(self.serve_entry(near, &entry, age, prepared, || key.copy_key(copy)))
     }
 
-    /// Answers the affine copy `copy` from its fresh near-cache `entry`, `age` old: counted as a
-    /// hit, and a refresh of the copy (whose key `copy_key` builds, only then) started when one
-    /// is due.
-    #[allow(clippy::too_many_arguments)]
+    /// Answers the affine copy from its fresh near-cache `entry`, `age` old: counted as a hit,
+    /// and a refresh of the copy (whose key `copy_key` builds, only then) started when one is
+    /// due within the class's max age.
     fn serve_entry(
         &self,
         near: &Arc<NearCache>,
         entry: &Entry,
         age: Duration,
-        copy: u32,
-        plan: &Plan,
-        max_age: Duration,
+        prepared: &Prepared<'_>,
         copy_key: impl FnOnce() -> CopyKey,
     ) -> NearConsult {
+        let plan = &prepared.plan;
         near.served(entry, plan.class, age);
-        if near.refresh_due(entry, age, max_age) {
+        if prepared
+            .near
+            .is_some_and(|(_, max_age)| near.refresh_due(entry, age, max_age))
+        {
             self.refresh(near, &copy_key(), plan);
         }
         NearConsult {
             consulted: Consulted {
-                copy,
+                copy: prepared.affine,
                 read: CopyRead {
                     served_by: entry.served_by.clone(),
                     record: Ok(Some(entry.record.clone())),
@@ -136,24 +124,42 @@ impl Reader {
         }
     }
 
-    /// Consults the affine copy `copy` of `key` through the near cache (see the module doc).
-    #[allow(clippy::too_many_arguments)]
+    /// Consults the affine copy of `key` through the near cache (see the module doc), for a read
+    /// whose class has a near-cache max age.
     pub(super) async fn consult_near(
         &self,
-        near: &Arc<NearCache>,
         key: &Key,
-        copy: u32,
-        plan: &Plan,
-        client_floor: Option<Version>,
-        floor: Option<Version>,
-        max_age: Duration,
+        prepared: &Prepared<'_>,
     ) -> Result<NearConsult> {
+        let Prepared {
+            affine: copy,
+            ref plan,
+            client_floor,
+            floor,
+            near: Some((near, max_age)),
+            ..
+        } = *prepared
+        else {
+            // Not a read the cache may answer: the copy as without a cache.
+            let consulted = self
+                .consult(
+                    key,
+                    prepared.affine,
+                    &prepared.plan,
+                    prepared.client_floor,
+                    prepared.floor,
+                )
+                .await?;
+            return Ok(NearConsult {
+                consulted,
+                age: None,
+                high_water: None,
+            });
+        };
         let copy_key = key.copy_key(copy);
         if let Lookup::Fresh(entry, age) = near.lookup(&copy_key, max_age) {
             if !below(Some(&entry.record), floor) {
-                return Ok(
-                    self.serve_entry(near, &entry, age, copy, plan, max_age, || copy_key.clone())
-                );
+                return Ok(self.serve_entry(near, &entry, age, prepared, || copy_key.clone()));
             }
             near.metrics().floor_reads.inc();
             let high_water = near.high_water(&copy_key);

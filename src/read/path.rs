@@ -1,107 +1,30 @@
-//! The affine read itself: plan the route, consult the affine copy (through the near cache when
-//! the class has one), fall back to siblings, decide, repair and remember the reader's floor.
+//! The affine read itself, after [`Reader::prepare`]: consult the affine copy (through the near
+//! cache when the class has one, `near`), fall back to siblings, decide, repair and remember the
+//! reader's floor. It calls `near` and `consult`; neither calls back.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 
+use super::prepare::Prepared;
 use super::{
     decide, repair_of, Consulted, CopyChoice, Decision, ReadAnswer, ReadRequest, Reader, RouteNote,
     Served,
 };
-use crate::affinity;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{Key, Version};
-use crate::near::NearCache;
-use crate::route::{Plan, RouteReason, ServedRole, Target};
+use crate::route::ServedRole;
 use crate::store::{Role, ServedBy};
 
-/// What a read settles before it consults any copy: which copy, the route, and the floors.
-pub(super) struct Prepared<'a> {
-    /// How many copies the key's family has.
-    copies: u32,
-    /// The affine copy (or the named one).
-    affine: u32,
-    /// The client id of an affine read; `None` for a named copy.
-    client: Option<&'a str>,
-    /// The route, holding the session token's floors too.
-    plan: Plan,
-    /// The floors the request carries itself (`min_version`, `If-None-Match`).
-    client_floor: Option<Version>,
-    /// Every floor: the request's and those held for the client.
-    floor: Option<Version>,
-    /// The near cache and the class's max age, when this read may be answered from memory.
-    near: Option<(&'a Arc<NearCache>, Duration)>,
-}
-
 impl Reader {
-    /// Chooses the copy and plans the route of `request`: no store call, no await.
-    pub(super) fn prepare<'a>(&'a self, request: &'a ReadRequest) -> Result<Prepared<'a>> {
-        let copies = self.families.resolve(&request.key).copies;
-        let floor = request.min_version.max(request.if_none_match);
-        let affine = match &request.copy {
-            CopyChoice::Named(copy) if *copy >= copies => {
-                return Err(Error::new(
-                    ErrorKind::InvalidCopy,
-                    format!(
-                        "copy {copy} is out of range: {} has {copies} copies (0..{copies})",
-                        request.key
-                    ),
-                ))
-            }
-            CopyChoice::Named(copy) => *copy,
-            CopyChoice::Client(client) if client.is_empty() => {
-                return Err(Error::new(ErrorKind::MissingClient, "client id is empty"))
-            }
-            CopyChoice::Client(client) => affinity::copy_index(client, copies),
-        };
-
-        let client = match &request.copy {
-            CopyChoice::Client(client) => Some(client.as_str()),
-            CopyChoice::Named(_) => None,
-        };
-        let mut plan = self.router.plan(
-            &request.key,
-            request.class.as_deref(),
-            client,
-            request.request_id.as_deref(),
-        )?;
-        // The session token's floors count as this instance's own memory of the client.
-        plan.own_floor = plan.own_floor.max(request.session.written);
-        plan.seen_floor = plan.seen_floor.max(request.session.seen);
-        let client_floor = floor;
-        let floor = floor.max(plan.held_floor());
-        let near = self
-            .near_max_age(&plan)
-            .and_then(|max_age| Some((self.near.as_ref()?, max_age)));
-        Ok(Prepared {
-            copies,
-            affine,
-            client,
-            plan,
-            client_floor,
-            floor,
-            near,
-        })
-    }
-
-    /// The answer when the affine copy's near-cache entry gives it (see `near::near_hit`):
+    /// The answer when the affine copy's near-cache entry gives it (see `near::consult_near_hit`):
     /// decided at once, with no store call and no await. `None` when the read needs the store.
     pub(super) fn near_hit(
         &self,
         request: &ReadRequest,
         prepared: &Prepared<'_>,
     ) -> Option<Result<(ReadAnswer, Served)>> {
-        let (near, max_age) = prepared.near?;
-        let found = self.consult_near_hit(
-            near,
-            &request.key,
-            prepared.affine,
-            &prepared.plan,
-            prepared.floor,
-            max_age,
-        )?;
+        let found = self.consult_near_hit(&request.key, prepared)?;
         // An entry that meets every floor is the whole answer: no sibling is consulted.
         Some(self.conclude(
             request,
@@ -129,18 +52,8 @@ impl Reader {
             ..
         } = prepared;
         let (first, near_cache_age, high_water) = match near {
-            Some((near, max_age)) => {
-                let found = self
-                    .consult_near(
-                        near,
-                        &request.key,
-                        affine,
-                        plan,
-                        client_floor,
-                        floor,
-                        max_age,
-                    )
-                    .await?;
+            Some(_) => {
+                let found = self.consult_near(&request.key, &prepared).await?;
                 (found.consulted, found.age, found.high_water)
             }
             None => (
@@ -204,7 +117,6 @@ impl Reader {
     {
         let Prepared {
             affine,
-            client,
             ref plan,
             near,
             ..
@@ -245,17 +157,7 @@ impl Reader {
                 served_by,
                 reason,
             }) => {
-                if let Some(client) = client {
-                    self.remember(
-                        &request.key,
-                        client,
-                        plan,
-                        affine,
-                        copy,
-                        &served_by,
-                        version,
-                    );
-                }
+                self.remember(&request.key, prepared, copy, &served_by, version);
                 self.count(
                     &request.key,
                     &served_by,
@@ -305,16 +207,8 @@ impl Reader {
         };
         // A near-cache answer leaves no seen floor: the copy's high-water version keeps every
         // reader of the copy through this instance from going below it.
-        if let (Some(client), None) = (client, near_cache_age) {
-            self.remember(
-                &request.key,
-                client,
-                plan,
-                affine,
-                *copy,
-                served_by,
-                *version,
-            );
+        if near_cache_age.is_none() {
+            self.remember(&request.key, prepared, *copy, served_by, *version);
         }
         Ok((answer, served))
     }
@@ -334,22 +228,28 @@ impl Reader {
     /// floor forever), and the common path, served where it usually is, only looks the floor up.
     /// A floor started when a version was first served outlives the replica's lag: a replica
     /// within its budget holds every version older than the budget.
-    #[allow(clippy::too_many_arguments)]
+    ///
+    /// A read of a named copy has no client to remember.
     fn remember(
         &self,
         key: &Key,
-        client: &str,
-        plan: &Plan,
-        affine: u32,
+        prepared: &Prepared<'_>,
         copy: u32,
         served_by: &ServedBy,
         version: Version,
     ) {
-        if plan.held_floor().is_some_and(|held| held >= version) {
+        let Some(client) = prepared.client else {
+            return;
+        };
+        if prepared
+            .plan
+            .held_floor()
+            .is_some_and(|held| held >= version)
+        {
             return;
         }
         let lag = self.router.lag();
-        let moved = copy != affine
+        let moved = copy != prepared.affine
             || (served_by.role == Role::Primary && (lag.replicated() || lag.warming()));
         if moved {
             self.router.record_seen(key, version, client);
@@ -366,78 +266,4 @@ impl Reader {
         self.router.count(route.class, role, route.reason);
         tracing::debug!(key = %key, node = %served_by, class = %self.router.classes().get(route.class).name, reason = route.reason.as_str(), "read served");
     }
-
-    /// Reads one copy where the plan sends it. A replica copy below the floor is re-read from
-    /// the primary (reason `own-write` when the reader's own write floor is what it missed,
-    /// `version-floor` otherwise); a replica that cannot be read hands over to the primary
-    /// (reason `no-replica`).
-    pub(super) async fn consult(
-        &self,
-        key: &Key,
-        copy: u32,
-        plan: &Plan,
-        client_floor: Option<Version>,
-        floor: Option<Version>,
-    ) -> Result<Consulted> {
-        let copy_key = key.copy_key(copy);
-        let primary = self.store.node_of(&copy_key);
-        let reason = match self.router.target(plan, &primary) {
-            Target::Replica(replica) => {
-                let read = self.store.read_replica_copy(&copy_key, &replica).await;
-                // Under a floor, a replica's copy that is below it or missing (the replica may
-                // not have received the key yet) is never the answer: the primary's copy is.
-                let below = |floor: Option<Version>| match &read.record {
-                    Ok(Some(record)) => floor.is_some_and(|floor| record.version < floor),
-                    Ok(None) => floor.is_some(),
-                    Err(_) => false,
-                };
-                let reason = match &read.record {
-                    Err(err) => {
-                        tracing::debug!(copy_key = %copy_key, replica = %replica, error = %err, "replica read failed; reading the primary");
-                        RouteReason::NoReplica
-                    }
-                    Ok(_) if below(floor) => {
-                        if below(plan.own_floor) && !below(client_floor) {
-                            RouteReason::OwnWrite
-                        } else {
-                            RouteReason::VersionFloor
-                        }
-                    }
-                    Ok(_) => {
-                        return Ok(Consulted {
-                            copy,
-                            read,
-                            reason: RouteReason::Class,
-                        })
-                    }
-                };
-                reason
-            }
-            Target::Primary(reason) => reason,
-            Target::Breach { lag, budget } => return Err(breach(lag, budget)),
-        };
-        let read = self.store.read_copy(&copy_key).await;
-        if let Err(err) = &read.record {
-            tracing::debug!(copy_key = %copy_key, served_by = %read.served_by, error = %err, "copy read failed");
-        }
-        Ok(Consulted { copy, read, reason })
-    }
-}
-
-/// The error of a read whose class fails over budget: every replica is over it.
-pub(super) fn breach(lag: Option<Duration>, budget: Duration) -> Error {
-    Error::new(
-        ErrorKind::StalenessBudgetExceeded,
-        match lag {
-            Some(lag) => format!(
-                "every replica of the copy's owner is {} ms behind, over the class's {} ms budget",
-                lag.as_millis(),
-                budget.as_millis()
-            ),
-            None => format!(
-                "no replica of the copy's owner has shown a heartbeat; the class's budget is {} ms",
-                budget.as_millis()
-            ),
-        },
-    )
 }

@@ -167,7 +167,7 @@ mod tests {
         let store = std::sync::Arc::new(MemoryStore::new());
         let state =
             crate::server::app_state(&config, store, crate::metrics::Metrics::new()).unwrap();
-        let sources = super::Sources::new(&state.inner().reader, state.inner().heal.clone());
+        let sources = super::Sources::new(state.ops().reader(), state.inner().heal.clone());
         let sample = sources.sample();
         let families: Vec<(&str, u32, u32)> = sample
             .families

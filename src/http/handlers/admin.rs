@@ -48,7 +48,7 @@ pub struct AffinityBody {
     responses((status = 200, description = "Every read class", body = Vec<crate::route::ClassView>))
 )]
 pub async fn classes(State(state): State<AppState>) -> Response {
-    Json(state.inner().reader.router().classes_view()).into_response()
+    Json(state.router().classes_view()).into_response()
 }
 
 /// Replica lag per replica: now, p50, p99, p999, max over the window, offset gap, and whether
@@ -60,7 +60,7 @@ pub async fn classes(State(state): State<AppState>) -> Response {
     responses((status = 200, description = "One line per replica", body = Vec<crate::route::ReplicaLagView>))
 )]
 pub async fn lag(State(state): State<AppState>) -> Response {
-    Json(state.inner().reader.router().lag_view()).into_response()
+    Json(state.router().lag_view()).into_response()
 }
 
 /// Per class: how many reads the primary served, and why.
@@ -71,7 +71,7 @@ pub async fn lag(State(state): State<AppState>) -> Response {
     responses((status = 200, description = "One line per class", body = Vec<crate::route::ClassRouting>))
 )]
 pub async fn routing(State(state): State<AppState>) -> Response {
-    Json(state.inner().reader.router().metrics().summary()).into_response()
+    Json(state.router().metrics().summary()).into_response()
 }
 
 /// Which copy a client reads for a key, and where it lives.
@@ -94,7 +94,7 @@ pub async fn affinity(
         .client
         .filter(|client| !client.is_empty())
         .ok_or_else(|| ApiError::new(Code::MissingClient, "send ?client=ID"))?;
-    let affinity = state.inner().reader.affinity(&key, &client);
+    let affinity = state.ops().reader().affinity(&key, &client);
     Ok(Json(AffinityBody {
         key: key.to_string(),
         copy: affinity.copy,
@@ -165,8 +165,8 @@ pub async fn retry_queue(
 pub async fn near_cache(State(state): State<AppState>) -> Json<crate::near::NearCacheView> {
     Json(
         state
-            .inner()
-            .reader
+            .ops()
+            .reader()
             .near_cache()
             .map_or_else(crate::near::NearCacheView::off, |near| near.view(20)),
     )

@@ -3,20 +3,18 @@
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::Deserialize;
 
 use super::{answer, COPY, ROUTE, SERVED_BY, VERSION};
 use crate::deadline::Deadline;
-use crate::fleet::session::SessionFloor;
 use crate::http::params::{self, KeyPath};
 use crate::http::problem::{ApiError, Code};
-use crate::http::session::{self, SessionToken};
+use crate::http::session::{SessionToken, WithSession};
 use crate::http::AppState;
 use crate::key::{Key, Version};
-use crate::read::{CopyChoice, ReadAnswer, ReadRequest};
-use crate::route::Floors;
-use crate::store::now_unix_ms;
+use crate::ops::{ClientSession, ReadCall};
+use crate::read::{CopyChoice, ReadAnswer};
 use crate::wire;
 
 /// The headers a read answer carries: its own eight at most, the session's two
@@ -160,62 +158,29 @@ pub async fn read_key(
     KeyPath(key): KeyPath,
     ReadQuery(params): ReadQuery,
     headers: ReadHeaders,
-    token: SessionToken,
-) -> Response {
-    let mut token = token;
-    let sessions = &state.inner().sessions;
-    let now_ms = now_unix_ms();
-    let key_hash = sessions.key_hash(&key);
-    let floors = token.session.floors(key_hash, now_ms);
-    let answer = match read_request(key, params, headers) {
-        Ok(mut request) => {
-            request.session = floors;
-            state
-                .inner()
-                .reader
-                .read(&request)
-                .await
-                .map_err(ApiError::from)
-        }
-        Err(err) => Err(err),
-    };
-    let mut response = match answer {
-        Ok(answer) => {
-            // Every version served becomes a floor of the session until the copy expires:
-            // the client's next read, through any instance, does not go below it.
-            let (ReadAnswer::Value {
-                version,
-                expire_at_ms,
-                ..
-            }
-            | ReadAnswer::NotModified {
-                version,
-                expire_at_ms,
-                ..
-            }) = &answer;
-            let floor = SessionFloor {
-                key_hash,
-                version: *version,
-                expire_at_ms: *expire_at_ms,
-                written: false,
-            };
-            token.record(sessions, floor, now_ms);
-            read_response(answer, &state)
-        }
-        Err(err) => err.into_response(),
-    };
-    session::attach(&mut response, sessions, &token);
-    response
+    mut token: SessionToken,
+) -> WithSession<Result<Response, ApiError>> {
+    let answer = read(&state, key, params, headers, &mut token.session).await;
+    token.answer(answer, &state)
+}
+
+/// The read of [`read_key`]: parsed, read through the operations, rendered.
+async fn read(
+    state: &AppState,
+    key: Key,
+    params: ReadParams,
+    headers: ReadHeaders,
+    session: &mut ClientSession,
+) -> Result<Response, ApiError> {
+    let call = read_call(key, params, headers)?;
+    let answer = state.ops().read(call, session).await?;
+    Ok(read_response(answer, state))
 }
 
 /// Puts a read's path, query and headers together: the query's client and class win over the
 /// headers'; floors combine by maximum.
-fn read_request(
-    key: Key,
-    params: ReadParams,
-    headers: ReadHeaders,
-) -> Result<ReadRequest, ApiError> {
-    // The client id is moved into the request, not copied.
+fn read_call(key: Key, params: ReadParams, headers: ReadHeaders) -> Result<ReadCall, ApiError> {
+    // The client id is moved into the call, not copied.
     let client = params.client.or(headers.client);
     let copy = match (&params.copy, client) {
         (Some(raw), _) => {
@@ -242,14 +207,13 @@ fn read_request(
         .map(|raw| params::parse_version(raw, wire::query::MIN_VERSION))
         .transpose()?;
     let min_version = query_floor.max(headers.min_version);
-    Ok(ReadRequest {
+    Ok(ReadCall {
         key,
         copy,
         min_version,
         if_none_match: headers.if_none_match,
         class: params.class.or(headers.read_class),
         request_id: headers.request_id,
-        session: Floors::default(),
         deadline: headers.deadline,
     })
 }
@@ -310,7 +274,7 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
     }
     let inner = state.inner();
     if let Some(value) = inner.route_texts.route(
-        inner.reader.router(),
+        inner.ops.router(),
         route.class,
         route.reason,
         route.near_cache_age,

@@ -9,14 +9,13 @@ use serde::Deserialize;
 
 use super::VERSION;
 use crate::deadline::Deadline;
-use crate::fleet::session::SessionFloor;
 use crate::http::params::{self, KeyPath, StrictQuery};
 use crate::http::problem::{ApiError, Code};
-use crate::http::session::{self, SessionToken};
+use crate::http::session::{SessionToken, WithSession};
 use crate::http::AppState;
 use crate::key::{Key, Version};
+use crate::ops::{ClientSession, Edit, PublishCall, PublishOutcome, Writer};
 use crate::publish::{PublishReport, PublishStatus, SyncReplicas};
-use crate::store::now_unix_ms;
 use crate::wire;
 
 /// Query parameters of `PUT` and `DELETE /v1/keys/{key}`.
@@ -90,81 +89,69 @@ fn parse_sync(params: &WriteParams) -> Result<Option<SyncReplicas>, ApiError> {
     }
 }
 
-/// Who wrote: the client id and request id a write carried.
-struct Writer {
-    /// `?client=` or `Hotsplit-Client`.
-    client: Option<String>,
-    /// `Hotsplit-Request`.
-    request_id: Option<String>,
-}
-
+/// Who wrote: the client id (`?client=` or `Hotsplit-Client`) and the request id
+/// (`Hotsplit-Request`) a write carried.
 fn writer(params_client: Option<String>, headers: &HeaderMap) -> Result<Writer, ApiError> {
     let client = params::one_identity(params_client, headers, &params::CLIENT)?;
     let request_id = params::request_id(headers)?;
     Ok(Writer { client, request_id })
 }
 
-fn publish_response(
-    report: PublishReport,
-    state: &AppState,
-    key: &Key,
-    writer: &Writer,
-) -> Response {
+/// Renders what a write did: the report with 200 or 202, or the problem of a refused or
+/// incomplete write (the report's members included), with `Hotsplit-Version` when it left a
+/// floor.
+fn write_response(outcome: PublishOutcome) -> Result<Response, ApiError> {
+    let PublishOutcome {
+        report,
+        status,
+        floor,
+    } = outcome;
     let version = report.version;
-    let status = report.status();
-    let refused = matches!(status, PublishStatus::Stale | PublishStatus::Conflict);
-    if !refused {
-        // The write reached at least one copy, or is queued for retry: the writer's reads of
-        // this key hold this floor, and its request's reads go to primaries.
-        state.inner().reader.router().record_write(
-            key,
-            version,
-            writer.client.as_deref(),
-            writer.request_id.as_deref(),
-        );
-    }
-    let mut response = publish_status_response(report, status);
-    if !refused {
-        if let Ok(value) = HeaderValue::from_str(&version.to_string()) {
-            response.headers_mut().insert(VERSION, value);
-        }
-    }
-    response
-}
-
-fn publish_status_response(report: PublishReport, status: PublishStatus) -> Response {
-    let version = report.version;
-    match status {
+    let refused = |code: Code, detail: String| {
+        ApiError::new(code, detail)
+            .with_extension(serde_json::to_value(&report).unwrap_or_default())
+    };
+    let mut response = match status {
         PublishStatus::Done => (StatusCode::OK, Json(&report)).into_response(),
         PublishStatus::Queued => (StatusCode::ACCEPTED, Json(&report)).into_response(),
-        PublishStatus::Stale => ApiError::new(
-            Code::StaleVersion,
-            format!(
+        PublishStatus::Stale => {
+            return Err(refused(
+                Code::StaleVersion,
+                format!(
                 "no copy applied version {version}: every copy that answered holds a newer version"
             ),
-        )
-        .with_extension(serde_json::to_value(&report).unwrap_or_default())
-        .into_response(),
-        PublishStatus::Conflict => ApiError::new(
-            Code::VersionConflict,
-            format!(
-                "{} copies hold version {version} with a different body: publish a new version",
-                report.conflict
-            ),
-        )
-        .with_extension(serde_json::to_value(&report).unwrap_or_default())
-        .into_response(),
-        PublishStatus::Incomplete => ApiError::new(
-            Code::PublishIncomplete,
-            format!(
-                "{} of {} copy writes failed and {} could not be queued; retrying version {version} is safe",
-                report.failed, report.copies, report.failed - report.queued
-            ),
-        )
-        .retry_later()
-        .with_extension(serde_json::to_value(&report).unwrap_or_default())
-        .into_response(),
+            ))
+        }
+        PublishStatus::Conflict => {
+            return Err(refused(
+                Code::VersionConflict,
+                format!(
+                    "{} copies hold version {version} with a different body: publish a new version",
+                    report.conflict
+                ),
+            ))
+        }
+        PublishStatus::Incomplete => {
+            let incomplete = refused(
+                Code::PublishIncomplete,
+                format!(
+                    "{} of {} copy writes failed and {} could not be queued; retrying version {version} is safe",
+                    report.failed, report.copies, report.failed - report.queued
+                ),
+            )
+            .retry_later();
+            return Err(match floor {
+                Some(floor) => incomplete.with_version(floor.version),
+                None => incomplete,
+            });
+        }
+    };
+    if let Some(floor) = floor {
+        response
+            .headers_mut()
+            .insert(VERSION, HeaderValue::from(floor.version.get()));
     }
+    Ok(response)
 }
 
 /// Publishes a value to every copy of a key.
@@ -195,69 +182,36 @@ pub async fn publish_key(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     StrictQuery(params): StrictQuery<WriteParams>,
-    token: SessionToken,
+    mut token: SessionToken,
     request: Request,
-) -> Response {
-    let deadline = request.extensions().get::<Deadline>().copied();
-    let publish = async {
-        let writer = writer(params.client.clone(), request.headers())?;
-        let version = write_version(params.version.as_deref())?;
-        let sync = parse_sync(&params)?;
-        let body = read_value(request, &state).await?;
-        let publisher = &state.inner().publisher;
-        let report = match (deadline, sync) {
-            (Some(deadline), sync) => {
-                publisher
-                    .publish_within(&key, version.into(), body, sync, deadline)
-                    .await?
-            }
-            (None, None) => publisher.publish(&key, version.into(), body).await?,
-            (None, Some(sync)) => {
-                publisher
-                    .publish_synced(&key, version.into(), body, sync)
-                    .await?
-            }
-        };
-        Ok::<_, ApiError>((report, writer))
-    };
-    let answer = publish.await;
-    write_answer(answer, &state, &key, token)
+) -> WithSession<Result<Response, ApiError>> {
+    let answer = publish(&state, key, params, request, &mut token.session).await;
+    token.answer(answer, &state)
 }
 
-/// Renders a write's answer (or its error) with the writer's session token, which holds the
-/// version written as an own-write floor when the write was not refused.
-fn write_answer(
-    answer: Result<(PublishReport, Writer), ApiError>,
+/// The publish of [`publish_key`]: parsed (the body read last), published through the
+/// operations, rendered.
+async fn publish(
     state: &AppState,
-    key: &Key,
-    token: SessionToken,
-) -> Response {
-    let mut token = token;
-    let sessions = &state.inner().sessions;
-    let mut response = match answer {
-        Ok((report, writer)) => {
-            if !matches!(
-                report.status(),
-                PublishStatus::Stale | PublishStatus::Conflict
-            ) {
-                // A written floor lasts as long as the edit can: the family's TTL from now
-                // bounds every copy's expiry, jittered or a tombstone.
-                let now_ms = now_unix_ms();
-                let ttl = state.inner().reader.families().resolve(key).ttl;
-                let floor = SessionFloor {
-                    key_hash: sessions.key_hash(key),
-                    version: report.version,
-                    expire_at_ms: now_ms.saturating_add(crate::duration::millis(ttl)),
-                    written: true,
-                };
-                token.record(sessions, floor, now_ms);
-            }
-            publish_response(report, state, key, &writer)
-        }
-        Err(err) => err.into_response(),
+    key: Key,
+    params: WriteParams,
+    request: Request,
+    session: &mut ClientSession,
+) -> Result<Response, ApiError> {
+    let deadline = request.extensions().get::<Deadline>().copied();
+    let writer = writer(params.client.clone(), request.headers())?;
+    let version = write_version(params.version.as_deref())?;
+    let sync = parse_sync(&params)?;
+    let value = read_value(request, state).await?;
+    let call = PublishCall {
+        key,
+        version,
+        edit: Edit::Value(value),
+        writer,
+        sync,
+        deadline,
     };
-    session::attach(&mut response, sessions, &token);
-    response
+    write_response(state.ops().publish(call, session).await?)
 }
 
 /// The `?version=` of a write, when it carries one.
@@ -326,36 +280,43 @@ pub async fn invalidate_key(
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     StrictQuery(params): StrictQuery<InvalidateParams>,
-    token: SessionToken,
+    mut token: SessionToken,
     deadline: Option<Extension<Deadline>>,
     headers: HeaderMap,
-) -> Response {
-    let invalidate = async {
-        if params.sync_replicas.is_some() || params.sync_timeout_ms.is_some() {
-            return Err(ApiError::new(
-                Code::InvalidParameter,
-                format!(
-                    "{} and {} are supported on PUT only",
-                    wire::query::SYNC_REPLICAS,
-                    wire::query::SYNC_TIMEOUT_MS
-                ),
-            ));
-        }
-        let writer = writer(params.client.clone(), &headers)?;
-        let version = write_version(params.version.as_deref())?;
-        let publisher = &state.inner().publisher;
-        let report = match deadline {
-            Some(Extension(deadline)) => {
-                publisher
-                    .invalidate_within(&key, version.into(), deadline)
-                    .await?
-            }
-            None => publisher.invalidate(&key, version.into()).await?,
-        };
-        Ok((report, writer))
+) -> WithSession<Result<Response, ApiError>> {
+    let deadline = deadline.map(|Extension(deadline)| deadline);
+    let answer = invalidate(&state, key, params, deadline, &headers, &mut token.session).await;
+    token.answer(answer, &state)
+}
+
+/// The invalidation of [`invalidate_key`]: parsed, written through the operations, rendered.
+async fn invalidate(
+    state: &AppState,
+    key: Key,
+    params: InvalidateParams,
+    deadline: Option<Deadline>,
+    headers: &HeaderMap,
+    session: &mut ClientSession,
+) -> Result<Response, ApiError> {
+    if params.sync_replicas.is_some() || params.sync_timeout_ms.is_some() {
+        return Err(ApiError::new(
+            Code::InvalidParameter,
+            format!(
+                "{} and {} are supported on PUT only",
+                wire::query::SYNC_REPLICAS,
+                wire::query::SYNC_TIMEOUT_MS
+            ),
+        ));
+    }
+    let call = PublishCall {
+        writer: writer(params.client, headers)?,
+        version: write_version(params.version.as_deref())?,
+        key,
+        edit: Edit::Tombstone,
+        sync: None,
+        deadline,
     };
-    let answer = invalidate.await;
-    write_answer(answer, &state, &key, token)
+    write_response(state.ops().publish(call, session).await?)
 }
 
 #[cfg(test)]

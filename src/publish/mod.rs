@@ -4,135 +4,34 @@
 //! compare-and-set ([`CopyStore::write_copies`] groups them per node), so a copy only moves forward
 //! and a retry of the same version is idempotent. An invalidation writes a versioned tombstone
 //! the same way, so a late write of an older version cannot resurrect the value.
+//!
+//! # Layout
+//! - this file: [`Publisher`], its entry points, version choice (a caller's, or an allocated
+//!   one re-allocated above a refusal) and the replica-wait check;
+//! - `fanout`: one version written to every copy, as named steps (the writes, sending within
+//!   the deadline, shrink deletes, the retry queue's covered entries, near-cache offers, the
+//!   counters, queueing the failed copies);
+//! - `report`: [`PublishReport`], its lines and its [`PublishStatus`].
 
-use std::collections::BTreeMap;
+mod fanout;
+mod report;
+
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::future::join_all;
-use serde::Serialize;
 use tokio::time::Instant;
+
+pub use report::{CopyOutcome, CopyReport, PublishReport, PublishStatus};
 
 use crate::deadline::{self, Deadline};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::{Families, Family, Versioning};
-use crate::heal::{jitter, Admission, FailedCopy, Layouts, RetryQueue};
+use crate::heal::{Layouts, RetryQueue};
 use crate::key::{Key, Version};
-use crate::metrics::{CopyWriteOutcome, Metrics, WriteOp};
+use crate::metrics::{Metrics, WriteOp};
 use crate::near::NearCache;
-use crate::route::RouteReason;
-use crate::store::{
-    now_unix_ms, CasOutcome, CopyRecord, CopyStore, CopyWrite, NodeLabel, Payload, ServedBy,
-    TopologyStore, WriteResult,
-};
-
-/// The outcome of one copy write, as reported to the caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum CopyOutcome {
-    /// The copy now holds this version.
-    Applied,
-    /// The copy already held exactly this version.
-    Current,
-    /// The copy holds a newer version, which was kept.
-    Stale,
-    /// The copy holds this version with a different body (a version used twice), which was
-    /// kept.
-    Conflict,
-    /// The write failed (an error or a timeout) and no retry queue took it; retrying the same
-    /// version is safe.
-    Failed,
-    /// The write failed and was durably queued: hotsplit retries it until it lands or expires.
-    Queued,
-    /// The write failed and could not be queued (the queue was full, the entry had expired, or
-    /// the spool failed); retrying the same version is safe.
-    Dropped,
-}
-
-/// One copy's line in a [`PublishReport`].
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct CopyReport {
-    /// The copy index.
-    pub copy: u32,
-    /// The stored key, `K#i`.
-    pub copy_key: String,
-    /// The node that owns the copy (`host:port`, or `embedded`).
-    pub node: String,
-    /// What happened.
-    pub outcome: CopyOutcome,
-    /// For a failed (queued or dropped) write, the error class: `timeout`, `unavailable`,
-    /// `node_failing` (not sent: the node is known to be failing, see [`crate::heal::health`]),
-    /// or `deadline_exceeded` (no answer before the request's deadline; the write may still
-    /// land, see [`crate::deadline`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// With `sync_replicas`: how many replicas of the copy's node acknowledged the write
-    /// within `sync_timeout_ms` (the reply of `WAIT`); absent when the wait failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub replicas_acked: Option<u32>,
-}
-
-/// What a publish or invalidate did to every copy.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct PublishReport {
-    /// The key.
-    pub key: String,
-    /// The version written (allocated by hotsplit for `allocated` families).
-    #[schema(value_type = u64)]
-    pub version: Version,
-    /// How many copies were written: the family's copy count, or more while a live instance
-    /// with more copies of the family reads them.
-    pub copies: u32,
-    /// Copies that now hold this version.
-    pub applied: u32,
-    /// Copies that already held it.
-    pub current: u32,
-    /// Copies that hold a newer version.
-    pub stale: u32,
-    /// Copies that hold this version with a different body.
-    pub conflict: u32,
-    /// Copies whose write failed (including those queued or dropped).
-    pub failed: u32,
-    /// Failed copies durably queued for retry.
-    pub queued: u32,
-    /// Failed copies that could not be queued.
-    pub dropped: u32,
-    /// One line per copy, in copy order.
-    pub outcomes: Vec<CopyReport>,
-}
-
-/// How a [`PublishReport`] ends, which the HTTP layer maps to a status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PublishStatus {
-    /// No copy failed, and at least one applied or all are current.
-    Done,
-    /// Some copy holds this version with a different body: the version was used for two
-    /// bodies (a caller's mistake, or an allocated version after three re-allocations).
-    Conflict,
-    /// Nothing applied, some copy holds a newer version, none failed.
-    Stale,
-    /// Some copy failed and every failed copy was durably queued for retry.
-    Queued,
-    /// Some copy failed and was not queued; retrying the same version is safe.
-    Incomplete,
-}
-
-impl PublishReport {
-    /// The overall result.
-    pub fn status(&self) -> PublishStatus {
-        if self.conflict > 0 {
-            PublishStatus::Conflict
-        } else if self.failed > 0 && self.queued == self.failed {
-            PublishStatus::Queued
-        } else if self.failed > 0 {
-            PublishStatus::Incomplete
-        } else if self.applied == 0 && self.stale > 0 {
-            PublishStatus::Stale
-        } else {
-            PublishStatus::Done
-        }
-    }
-}
+use crate::store::{CopyStore, Payload, TopologyStore};
+use fanout::VersionWrite;
 
 /// Which version an edit carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,8 +114,9 @@ impl Publisher {
         self
     }
 
-    /// Offers every copy an edit applied (or found current) to `near`, so readers through this
-    /// instance see the edit at once; an invalidation offers a tombstone entry. Default: no
+    /// Offers every copy an edit applied to `near`, so readers through this instance see the
+    /// edit at once; an invalidation offers a tombstone entry. A copy found `current` is not
+    /// offered: it kept its own expiry, which the compare-and-set does not report. Default: no
     /// near cache.
     pub fn with_near_cache(mut self, near: Arc<NearCache>) -> Publisher {
         self.near = Some(near);
@@ -408,9 +308,16 @@ impl Publisher {
             if until.is_some_and(|until| Instant::now() >= until) {
                 return Err(deadline::exceeded());
             }
-            let (report, refused_at) = self
-                .write_version(key, family, version, &payload, op, sync, until)
-                .await?;
+            let edit = VersionWrite {
+                key,
+                family,
+                version,
+                payload: &payload,
+                op,
+                sync,
+                until,
+            };
+            let (report, refused_at) = self.write_version(&edit).await?;
             // An allocated version that some copy refused (a newer version stored, or this
             // version with another body) came from a counter behind the copies: it lost
             // increments in a failover, or expired before them. Allocate again above the highest
@@ -427,280 +334,6 @@ impl Publisher {
                 _ => return Ok(report),
             }
         }
-    }
-
-    /// Writes `version` of `payload` to every copy of `key`, waiting for the copies' nodes until
-    /// `until` at most; returns the report and the highest version a copy refused this one with
-    /// (stale or conflict), if any.
-    ///
-    /// # Errors
-    /// [`ErrorKind::StoreFull`] when the embedded store refused the whole batch (nothing
-    /// changed, nothing is queued).
-    #[allow(clippy::too_many_arguments)]
-    async fn write_version(
-        &self,
-        key: &Key,
-        family: &Family,
-        version: Version,
-        payload: &Payload,
-        op: WriteOp,
-        sync: Option<SyncReplicas>,
-        until: Option<Instant>,
-    ) -> Result<(PublishReport, Option<Version>)> {
-        let now_ms = now_unix_ms();
-        let ttl_ms = crate::duration::millis(family.ttl);
-        let (jitter_min, jitter_max) = self.expiry_jitter;
-        let tombstone = matches!(payload, Payload::Tombstone);
-        let mut refused_at: Option<Version> = None;
-        // Copies a live instance with more copies reads are written too, so they never miss an
-        // edit while it serves them (ARCHITECTURE.md, "A resize across instances").
-        let write_count = self.layouts.as_ref().map_or(family.copies, |layouts| {
-            layouts.write_copies(family.name(), family.copies)
-        });
-        let writes: Vec<CopyWrite> = (0..write_count)
-            .map(|index| CopyWrite {
-                copy_key: key.copy_key(index),
-                version,
-                payload: payload.clone(),
-                expire_at_ms: if tombstone {
-                    now_ms.saturating_add(ttl_ms)
-                } else {
-                    jitter::expire_at_ms(now_ms, ttl_ms, jitter_min, jitter_max)
-                },
-            })
-            .collect();
-        // The copies an edit applied were at least this new on their primaries from the moment
-        // the write began: the age bound of the near-cache entries they become.
-        let started = std::time::Instant::now();
-        let (results, acks) = match until {
-            None => self.send(&writes, sync).await,
-            Some(until) => self.send_until(&writes, sync, until).await,
-        };
-        // The embedded store refuses a batch that would pass its memory bound whole: nothing
-        // changed, and a retry could not hold it either, so the publish fails as one.
-        if let Some(full) = results.iter().find_map(|result| match &result.outcome {
-            Err(err) if err.kind() == ErrorKind::StoreFull => Some(err.clone()),
-            _ => None,
-        }) {
-            return Err(full);
-        }
-        let mut acks = acks.into_iter();
-        if let Some(layouts) = &self.layouts {
-            let max_copies = layouts.max_copies(family.name(), family.copies);
-            if max_copies > write_count {
-                let removed: Vec<_> = (write_count..max_copies)
-                    .map(|index| key.copy_key(index))
-                    .collect();
-                let deleting = self.store.delete_copies(&removed);
-                let deleted = match until {
-                    None => deleting.await,
-                    Some(until) => tokio::time::timeout_at(until, deleting)
-                        .await
-                        .unwrap_or_else(|_| Err(deadline::exceeded())),
-                };
-                if let Err(err) = deleted {
-                    tracing::debug!(key = %key, error = %err, "could not delete copies removed by a shrink");
-                }
-            }
-        }
-
-        let mut report = PublishReport {
-            key: key.to_string(),
-            version,
-            copies: write_count,
-            applied: 0,
-            current: 0,
-            stale: 0,
-            conflict: 0,
-            failed: 0,
-            queued: 0,
-            dropped: 0,
-            outcomes: Vec::with_capacity(writes.len()),
-        };
-        let mut failed_copies: Vec<(usize, FailedCopy)> = Vec::new();
-        for (write, result) in writes.iter().zip(results) {
-            let replicas_acked = acks.next().flatten();
-            if let Some(queue) = &self.retry_queue {
-                match &result.outcome {
-                    Ok(CasOutcome::Applied | CasOutcome::Current) => {
-                        queue.clear_covered(&write.copy_key, version, tombstone)
-                    }
-                    Ok(CasOutcome::Stale { stored } | CasOutcome::Conflict { stored }) => {
-                        queue.clear_covered(&write.copy_key, *stored, false)
-                    }
-                    Err(err) => failed_copies.push((
-                        report.outcomes.len(),
-                        FailedCopy {
-                            copy_key: write.copy_key.clone(),
-                            node: result.node.clone(),
-                            expire_at_ms: write.expire_at_ms,
-                            error: err.to_string(),
-                        },
-                    )),
-                }
-            }
-            if let Ok(CasOutcome::Stale { stored } | CasOutcome::Conflict { stored }) =
-                &result.outcome
-            {
-                refused_at = refused_at.max(Some(*stored));
-            }
-            if let (Some(near), Ok(CasOutcome::Applied | CasOutcome::Current)) =
-                (&self.near, &result.outcome)
-            {
-                let served_by = if result.node == NodeLabel::embedded() {
-                    ServedBy::embedded()
-                } else {
-                    ServedBy::primary(result.node.clone())
-                };
-                near.offer(
-                    &write.copy_key,
-                    CopyRecord {
-                        version,
-                        payload: write.payload.clone(),
-                        expire_at_ms: write.expire_at_ms,
-                    },
-                    served_by,
-                    RouteReason::Class,
-                    started,
-                    None,
-                );
-            }
-            let counted = match &result.outcome {
-                Ok(CasOutcome::Applied) => CopyWriteOutcome::Applied,
-                Ok(CasOutcome::Current) => CopyWriteOutcome::Current,
-                Ok(CasOutcome::Stale { .. }) => CopyWriteOutcome::Stale,
-                Ok(CasOutcome::Conflict { .. }) => CopyWriteOutcome::Conflict,
-                Err(_) => CopyWriteOutcome::Failed,
-            };
-            self.metrics.copy_outcome(op, counted);
-            let (outcome, error) = match result.outcome {
-                Ok(CasOutcome::Applied) => (CopyOutcome::Applied, None),
-                Ok(CasOutcome::Current) => (CopyOutcome::Current, None),
-                Ok(CasOutcome::Stale { .. }) => (CopyOutcome::Stale, None),
-                Ok(CasOutcome::Conflict { .. }) => (CopyOutcome::Conflict, None),
-                Err(err) => {
-                    tracing::warn!(copy_key = %write.copy_key, node = %result.node, error = %err, "copy write failed");
-                    let class = match err.kind() {
-                        ErrorKind::Timeout => "timeout",
-                        ErrorKind::NodeFailing => "node_failing",
-                        ErrorKind::DeadlineExceeded => "deadline_exceeded",
-                        _ => "unavailable",
-                    };
-                    (CopyOutcome::Failed, Some(class.to_owned()))
-                }
-            };
-            match outcome {
-                CopyOutcome::Applied => report.applied += 1,
-                CopyOutcome::Current => report.current += 1,
-                CopyOutcome::Stale => report.stale += 1,
-                CopyOutcome::Conflict => report.conflict += 1,
-                CopyOutcome::Failed | CopyOutcome::Queued | CopyOutcome::Dropped => {
-                    report.failed += 1
-                }
-            }
-            report.outcomes.push(CopyReport {
-                copy: write.copy_key.index(),
-                copy_key: write.copy_key.to_string(),
-                node: result.node.to_string(),
-                outcome,
-                error,
-                replicas_acked,
-            });
-        }
-        if let (Some(queue), false) = (&self.retry_queue, failed_copies.is_empty()) {
-            let (positions, failed): (Vec<usize>, Vec<FailedCopy>) =
-                failed_copies.into_iter().unzip();
-            let admissions = queue.enqueue(key, version, payload, failed).await;
-            for (position, admission) in positions.into_iter().zip(admissions) {
-                if let Some(line) = report.outcomes.get_mut(position) {
-                    if admission == Admission::Queued {
-                        line.outcome = CopyOutcome::Queued;
-                        report.queued += 1;
-                    } else {
-                        line.outcome = CopyOutcome::Dropped;
-                        report.dropped += 1;
-                    }
-                }
-            }
-        }
-        Ok((report, refused_at))
-    }
-
-    /// Sends `writes` (with the replica wait of `sync`), all at once; returns one result and one
-    /// acknowledgement count (only with `sync`) per write, in order.
-    async fn send(
-        &self,
-        writes: &[CopyWrite],
-        sync: Option<SyncReplicas>,
-    ) -> (Vec<WriteResult>, Vec<Option<u32>>) {
-        match sync {
-            None => (self.store.write_copies(writes).await, Vec::new()),
-            Some(sync) => self
-                .store
-                .write_copies_synced(writes, sync.replicas, sync.timeout_ms)
-                .await
-                .into_iter()
-                .unzip(),
-        }
-    }
-
-    /// [`Publisher::send`], waiting for each node's writes until `until` at most: the writes are
-    /// sent as one group per owning node, all groups at once, so a node that does not answer in
-    /// time fails only its own copies (`deadline_exceeded`), and the others keep their outcomes.
-    async fn send_until(
-        &self,
-        writes: &[CopyWrite],
-        sync: Option<SyncReplicas>,
-        until: Instant,
-    ) -> (Vec<WriteResult>, Vec<Option<u32>>) {
-        let mut groups: BTreeMap<NodeLabel, Vec<usize>> = BTreeMap::new();
-        for (at, write) in writes.iter().enumerate() {
-            groups
-                .entry(self.store.node_of(&write.copy_key))
-                .or_default()
-                .push(at);
-        }
-        let sent = join_all(groups.into_iter().map(|(node, positions)| async move {
-            let batch: Vec<CopyWrite> = positions.iter().map(|&at| writes[at].clone()).collect();
-            let answered = tokio::time::timeout_at(until, self.send(&batch, sync)).await;
-            (node, positions, answered.ok())
-        }))
-        .await;
-        let mut results: Vec<Option<WriteResult>> = writes.iter().map(|_| None).collect();
-        let mut acks: Vec<Option<u32>> = writes.iter().map(|_| None).collect();
-        for (node, positions, answered) in sent {
-            match answered {
-                Some((group_results, group_acks)) => {
-                    let mut group_acks = group_acks.into_iter();
-                    for (at, result) in positions.into_iter().zip(group_results) {
-                        results[at] = Some(result);
-                        acks[at] = group_acks.next().flatten();
-                    }
-                }
-                None => {
-                    for at in positions {
-                        results[at] = Some(WriteResult {
-                            node: node.clone(),
-                            outcome: Err(deadline::exceeded()),
-                        });
-                    }
-                }
-            }
-        }
-        let results = results
-            .into_iter()
-            .zip(writes)
-            .map(|(result, write)| {
-                result.unwrap_or_else(|| WriteResult {
-                    node: self.store.node_of(&write.copy_key),
-                    outcome: Err(Error::new(
-                        ErrorKind::Unavailable,
-                        "the store gave no result for this copy",
-                    )),
-                })
-            })
-            .collect();
-        (results, if sync.is_some() { acks } else { Vec::new() })
     }
 
     async fn choose_version(

@@ -1,0 +1,105 @@
+//! Operations: what a read and a publish mean for a caller, whichever door it came through.
+//!
+//! A door (the HTTP API in [`crate::http`], a Redis-protocol door next) parses its protocol
+//! into the plain types here, calls [`Ops::read`] or [`Ops::publish`], and renders what comes
+//! back; it decides nothing a second door would have to decide again. What lives here:
+//! - **Session floors in and out** ([`ClientSession`]): a door hands over the token it was
+//!   sent ([`Ops::session`] decodes and counts it; a bad token is ignored, never an error);
+//!   a read's floors for its key join the instance's own memory of the client; the version a
+//!   read served becomes a seen floor until the copy that answered expires; a write leaves a
+//!   written floor; [`Ops::session_token`] encodes what to send back, and
+//!   [`ClientSession::is_exact`] says when the token that came can be sent back as it came.
+//! - **Which floors a write leaves** ([`Ops::floor_left`]), the one rule for every door: a
+//!   refused edit (`stale`, `conflict`) or one that landed on no copy and queued none leaves no
+//!   floor anywhere (not in the session, not in the instance's own-write or request pin, and
+//!   the publisher offered nothing to the near cache); one that landed or queued leaves exactly
+//!   its version, until the last copy it applied or queued expires.
+//! - **The publisher call**: a value or a tombstone, with or without a replica wait, with or
+//!   without a deadline ([`PublishCall`]).
+//! - Identity and class: a read's client id and class name go to the read path as given;
+//!   [`crate::route::Router::plan`] resolves them (unknown class, decides-on-presence on a
+//!   split family) and [`crate::read::Reader::read`] checks the copy choice.
+//!
+//! # Deadlines and the in-flight bound
+//! An operation takes its deadline as a value ([`crate::deadline::Deadline`]) and bounds every
+//! store call it makes with it; it takes no slot of anything. Admission is the door's: the
+//! HTTP door gives each request one slot of `server.max_in_flight` and one deadline,
+//! `server.request_deadline` after the request arrived (`http::overload`), and one request is
+//! one operation.
+//!
+//! A pipelined batch of commands (the Redis-protocol door) counts **per command**, never per
+//! batch: each command takes its own slot when the door starts it and gives it back when its
+//! reply is ready, and gets its own deadline from that moment, so a command queued behind
+//! others of its connection does not spend its budget waiting, and a batch of any length holds
+//! no more slots than the commands it runs at once. A door runs a connection's commands in
+//! order (their replies go back in order, written together), so one connection holds at most
+//! one slot at a time; a command refused by the bound is answered with the overloaded error
+//! and does nothing, and the commands after it are still tried. The session a connection
+//! carries is one [`ClientSession`] passed to each of its commands in turn, so a read in a
+//! batch sees the floor a write before it left.
+
+mod publish;
+mod read;
+mod session;
+
+use std::sync::Arc;
+
+pub use publish::{Edit, FloorLeft, PublishCall, PublishOutcome, Writer};
+pub use read::ReadCall;
+pub use session::ClientSession;
+
+use crate::fleet::Sessions;
+use crate::publish::Publisher;
+use crate::read::Reader;
+use crate::route::Router;
+
+/// The operations every door calls. Cheap to clone: a door, a test or a second front end
+/// holds its own handle on the same parts.
+#[derive(Clone)]
+pub struct Ops {
+    /// The parts, shared.
+    parts: Arc<Parts>,
+}
+
+/// The parts of [`Ops`].
+struct Parts {
+    /// Writes edits to every copy.
+    publisher: Publisher,
+    /// Serves affine reads; holds the router whose pins writes leave.
+    reader: Reader,
+    /// Session tokens: decoded on the way in, encoded on the way out.
+    sessions: Arc<Sessions>,
+}
+
+impl Ops {
+    /// The operations over `publisher`, `reader` and `sessions`.
+    pub fn new(publisher: Publisher, reader: Reader, sessions: Arc<Sessions>) -> Ops {
+        Ops {
+            parts: Arc::new(Parts {
+                publisher,
+                reader,
+                sessions,
+            }),
+        }
+    }
+
+    /// The publisher.
+    pub fn publisher(&self) -> &Publisher {
+        &self.parts.publisher
+    }
+
+    /// The reader.
+    pub fn reader(&self) -> &Reader {
+        &self.parts.reader
+    }
+
+    /// The read router (classes, lag, pins).
+    pub fn router(&self) -> &Arc<Router> {
+        self.parts.reader.router()
+    }
+
+    /// Session tokens.
+    pub fn sessions(&self) -> &Arc<Sessions> {
+        &self.parts.sessions
+    }
+}
