@@ -5,6 +5,17 @@
 //! and a retry of the same version is idempotent. An invalidation writes a versioned tombstone
 //! the same way, so a late write of an older version cannot resurrect the value.
 //!
+//! # The steps of a publish
+//! 1. Resolve the key's family; choose the version (a `caller` family requires one, an
+//!    `allocated` family refuses one and allocates from `K#v`, kept alive for twice the TTL).
+//! 2. Fix each copy's absolute expiry once, in Unix milliseconds: `now + ttl` for a tombstone,
+//!    `now + ttl × (1 + j)` for a value, `j` drawn in `heal.expiry_jitter_min..=max`.
+//! 3. Write one `CopyWrite` per copy (grouped per node; with `sync_replicas`, write then `WAIT`
+//!    per node on a dedicated connection); one failed write never fails the others.
+//! 4. Clear retry entries a successful write covers; offer failed writes to the retry queue and
+//!    wait until their spool record is synced; offer what applied to the near cache.
+//! 5. Count each outcome and return the [`PublishReport`].
+//!
 //! # Layout
 //! - this file: [`Publisher`], its entry points, version choice (a caller's, or an allocated
 //!   one re-allocated above a refusal) and the replica-wait check;
