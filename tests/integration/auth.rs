@@ -19,7 +19,7 @@ use crate::http_api::{call, Answer};
 
 /// A token with each single scope, and one with all three.
 pub(crate) const READER: &str = "reader-token-0123456789";
-const WRITER: &str = "writer-token-0123456789";
+pub(crate) const WRITER: &str = "writer-token-0123456789";
 pub(crate) const ADMIN: &str = "admin-token-0123456789";
 const ALL: &str = "all-scopes-token-0123456789";
 /// A well-formed token no entry holds.
