@@ -159,6 +159,7 @@ impl StateParts {
             sessions,
             limits: RequestLimits::from(&config.server),
             warm_up,
+            ready_ping_interval: config.heal.probe_interval,
         });
         Ok((state, route_metrics))
     }
