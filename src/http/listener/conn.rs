@@ -156,9 +156,13 @@ impl Connection {
                     if let Err(err) = served {
                         tracing::debug!(error = %err, "connection ended with an error");
                     }
-                    if !activity.is_shut_down() && !activity.was_evicted() {
-                        let parts = connection.into_parts();
-                        linger(parts.io.into_inner(), &activity).await;
+                    let mut io = connection.into_parts().io.into_inner();
+                    if activity.is_shut_down() || activity.was_evicted() {
+                        // No linger, but the socket is still shut down as hyper would have
+                        // (a TLS close_notify, then the FIN).
+                        let _ = tokio::time::timeout(LINGER_IDLE, io.shutdown()).await;
+                    } else {
+                        linger(io, &activity).await;
                     }
                     break;
                 }
