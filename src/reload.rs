@@ -10,6 +10,10 @@
 //!
 //! A file that does not load, parse or validate, or a tokens file that does not parse, is
 //! refused as a whole: the error (naming the field) is logged and the config in force stays.
+//! So is a file whose reloadable parts, laid over the restart-only fields in force, would not
+//! pass startup's validation (`[auth]` dropped while the listener bound at startup is public, a
+//! `decides-on-presence` default class for a family running several copies): what runs is
+//! always a configuration startup would accept.
 //! Any other difference (the listen address, the Redis URL, a family's copies, a class added
 //! or removed, …) is not applied: the reload logs each such field as needing a restart, and
 //! applies the rest. Every reload is counted in `hotsplit_config_reloads_total{result}`
@@ -162,10 +166,16 @@ impl Reloader {
             applied: Vec::new(),
             needs_restart: restart_fields(&in_force, &new)?,
         };
-        let mut running = in_force.clone();
         // Classes and default classes: only with the same class names, since every class's
         // counters are resolved by index at startup.
         let same_names = classes.names() == self.router.classes().names();
+        let running = would_be_in_force(&in_force, &new, same_names);
+        // The new file validated on its own; what would run is its reloadable parts over the
+        // restart-only parts in force (the listener bound at startup, the families' copies), and
+        // that must pass the same checks startup makes, or nothing is applied.
+        running
+            .validate()
+            .map_err(|err| conflict(&err, &report.needs_restart))?;
         if !same_names {
             report
                 .needs_restart
@@ -176,13 +186,6 @@ impl Reloader {
             self.router.reload_classes(classes, |prefix| {
                 default_class_of(&new, prefix).map(str::to_owned)
             })?;
-            running.classes = new.classes.clone();
-            running.default_family.default_class = new.default_family.default_class.clone();
-            for family in &mut running.families {
-                if let Some(class) = default_class_of(&new, &family.prefix) {
-                    family.default_class = class.to_owned();
-                }
-            }
             report.applied.push("classes".to_owned());
         }
         if differs(&in_force.auth, &new.auth)? || tokens_changed(&self.tokens, tokens.as_ref()) {
@@ -190,13 +193,11 @@ impl Reloader {
         }
         let count = tokens.as_ref().map_or(0, crate::auth::Tokens::len);
         self.tokens.store(tokens);
-        running.auth = new.auth.clone();
         if let (Some(control), Some(targets)) = (&self.log, log_level) {
             if control.filter.describe() != targets.to_string() {
                 control.filter.set(targets);
                 report.applied.push("log level".to_owned());
             }
-            running.server.log_level = new.server.log_level.clone();
         } else if in_force.server.log_level != new.server.log_level {
             tracing::info!("config reload: server.log_level changed, but --log / HOTSPLIT_LOG sets the filter; keeping it");
         }
@@ -204,6 +205,42 @@ impl Reloader {
         *in_force = running;
         Ok(report)
     }
+}
+
+/// The config that would be in force once `new` is applied over `in_force`: its classes and
+/// default classes (when `same_names`: a class added or removed needs a restart), its `[auth]`
+/// and its `server.log_level`, over everything else as it is in force.
+fn would_be_in_force(in_force: &Config, new: &Config, same_names: bool) -> Config {
+    let mut running = in_force.clone();
+    if same_names {
+        running.classes = new.classes.clone();
+        running.default_family.default_class = new.default_family.default_class.clone();
+        for family in &mut running.families {
+            if let Some(class) = default_class_of(new, &family.prefix) {
+                family.default_class = class.to_owned();
+            }
+        }
+    }
+    running.auth = new.auth.clone();
+    running.server.log_level = new.server.log_level.clone();
+    running
+}
+
+/// The error of a reload refused because the config that would be in force fails `err`,
+/// naming the file's fields that need a restart (which may be what made the file valid alone).
+fn conflict(err: &Error, needs_restart: &[String]) -> Error {
+    let restart = if needs_restart.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; the file also changes fields that need a restart and are not applied: {}",
+            needs_restart.join(", ")
+        )
+    };
+    Error::new(
+        ErrorKind::Config,
+        format!("the file's reloadable parts (classes, default classes, [auth], server.log_level) over the config in force would not pass startup's checks: {err}{restart}"),
+    )
 }
 
 /// The filter `serve` starts with when neither a flag nor `server.log_level` names one.

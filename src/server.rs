@@ -168,6 +168,7 @@ impl StateParts {
             registry,
             limits: RequestLimits::from(&config.server),
             warm_up,
+            ready_ping_interval: config.heal.probe_interval,
         });
         Ok((state, route_metrics))
     }

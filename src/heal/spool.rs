@@ -15,8 +15,9 @@
 //! | 8 | body tag: SipHash-2-4(key, `B` ‖ length ‖ payload) |
 //! | n | one bincode 2 [`Record`] (standard config) |
 //!
-//! Recovery reads frames in order. A frame whose tags do not match, whose length is above the
-//! cap or whose payload does not decode is damage: recovery then looks for the next frame at
+//! Recovery reads frames in order. A frame whose tags do not match or whose payload does not
+//! decode is damage (its length is bounded only by the format's own u32, never by today's
+//! `server.max_value_bytes`: a record acknowledged under a larger limit is replayed): recovery then looks for the next frame at
 //! every later byte offset, and accepts one only when both tags match. The tags are keyed by
 //! the file's secret key, so a published value that contains bytes shaped like a frame (made
 //! with any other key, or with no key) is never taken for one: forging a frame means guessing
@@ -238,7 +239,7 @@ impl Spool {
         let mut raw = Vec::new();
         file.read_to_end(&mut raw)
             .map_err(|err| io_error("cannot read spool.log", err))?;
-        let parsed = parse(&raw, max_frame)?;
+        let parsed = parse(&raw)?;
         drop(raw);
         let damaged = parsed.damage != Damage::default();
         let mut kept_aside = None;
@@ -433,7 +434,8 @@ struct Writer {
     file: File,
     /// The file's key.
     key: FileKey,
-    /// The largest payload accepted.
+    /// The largest payload an append may write (from `server.max_value_bytes`); recovery reads
+    /// any intact frame, whatever this is.
     max_frame: usize,
     /// The end of the last good batch, shared with [`Spool::size_bytes`].
     size: Arc<AtomicU64>,
@@ -690,6 +692,26 @@ mod tests {
         assert!(replay.kept_aside.is_none());
     }
 
+    /// Finding 3 of issue 21: a record acknowledged under a larger value limit is intact, and
+    /// is replayed when the spool is opened with a smaller one.
+    #[tokio::test]
+    async fn a_record_larger_than_todays_limit_is_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let large = Record::Enqueue {
+            key: "k:large".into(),
+            version: 7,
+            tombstone: false,
+            value: vec![b'v'; 200_000],
+            copies: vec![(0, 1_000)],
+        };
+        written(dir.path(), &[enqueue(1), large.clone(), enqueue(2)]).await;
+        let (spool, replay) = Spool::open(dir.path(), 65_536, Counter::default()).unwrap();
+        assert_eq!(replay.records, vec![enqueue(1), large, enqueue(2)]);
+        assert_eq!((replay.damage, replay.torn_bytes), (Damage::default(), 0));
+        assert!(replay.kept_aside.is_none());
+        spool.close().await;
+    }
+
     /// Finding 1 of issue 10: a flipped byte at every offset of a middle frame (its length, its
     /// tags, its payload) loses that frame only, and every later frame is replayed.
     #[tokio::test]
@@ -708,7 +730,7 @@ mod tests {
             for flip in [0x01u8, 0x80, 0xff] {
                 let mut damaged = raw.clone();
                 damaged[offset] ^= flip;
-                let parsed = parse(&damaged, 1 << 20).unwrap();
+                let parsed = parse(&damaged).unwrap();
                 assert_eq!(parsed.records, survivors, "byte {offset} ^ {flip:#x}");
                 assert_eq!(parsed.damage.regions, 1, "byte {offset} ^ {flip:#x}");
             }
@@ -759,14 +781,14 @@ mod tests {
         };
         let records = vec![enqueue(1), carrier.clone(), enqueue(2)];
         let raw = written(dir.path(), &records).await;
-        assert_eq!(parse(&raw, 1 << 20).unwrap().records, records);
+        assert_eq!(parse(&raw).unwrap().records, records);
         // Damage the carrier's length so recovery scans through its value byte by byte.
         let carrier_at =
             HEADER_LEN as usize + FRAME_HEADER_LEN + encode(&enqueue(1)).unwrap().len();
         for offset in carrier_at..carrier_at + FRAME_HEADER_LEN {
             let mut damaged = raw.clone();
             damaged[offset] ^= 0x01;
-            let parsed = parse(&damaged, 1 << 20).unwrap();
+            let parsed = parse(&damaged).unwrap();
             assert_eq!(
                 parsed.records,
                 vec![enqueue(1), enqueue(2)],
@@ -860,10 +882,7 @@ mod tests {
                     // On the writer thread, right after the sync: the record must be readable
                     // from the file by anyone who opens it now.
                     let on_disk = std::fs::read(&path).unwrap();
-                    let durable = parse(&on_disk, 1 << 20)
-                        .unwrap()
-                        .records
-                        .contains(&expected);
+                    let durable = parse(&on_disk).unwrap().records.contains(&expected);
                     acknowledged.fetch_add(1, Ordering::SeqCst);
                     let _ = tell.send(outcome.map(|()| durable));
                 });

@@ -199,10 +199,28 @@ impl AuthLayer {
     }
 }
 
+impl AuthLayer {
+    /// Whether `headers` carry a valid token with `scope`; `None` when no tokens are
+    /// configured (every caller passes every check then). For a route that needs no token but
+    /// shows more to some callers (`/readyz`).
+    pub(crate) fn grants(&self, headers: &axum::http::HeaderMap, scope: Scope) -> Option<bool> {
+        let tokens = self.tokens.load();
+        let tokens = tokens.as_deref()?;
+        Some(bearer_in(headers).is_some_and(|presented| {
+            matches!(tokens.verify(presented), Verdict::Known(token) if token.scopes.contains(scope))
+        }))
+    }
+}
+
 /// The token of the request's one `Authorization: Bearer` line, if it has exactly one such
 /// line with a non-empty token (the scheme is case-insensitive).
 fn bearer(request: &Request) -> Option<&[u8]> {
-    let mut lines = request.headers().get_all(header::AUTHORIZATION).iter();
+    bearer_in(request.headers())
+}
+
+/// [`bearer`] of a request's headers.
+fn bearer_in(headers: &axum::http::HeaderMap) -> Option<&[u8]> {
+    let mut lines = headers.get_all(header::AUTHORIZATION).iter();
     let line = lines.next()?;
     if lines.next().is_some() {
         return None;

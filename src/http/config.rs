@@ -92,6 +92,17 @@ pub struct ServerConfig {
     /// The longest accepted query string, in bytes (after `?`, before decoding); a longer one is
     /// answered 414 `query_too_long`. Default: `4096`.
     pub max_query_bytes: usize,
+    /// How many publish bodies may be arriving at once. A publish takes its
+    /// `server.max_in_flight` slot (and starts its `server.request_deadline`) only once its
+    /// body has arrived, so slow uploads cannot hold the slots reads need; bodies still
+    /// arriving are bounded by this and `server.max_receiving_bytes` instead, and a publish past
+    /// either is answered 503 `overloaded` before its body is read. `0` turns the bound off.
+    /// Default: `256`.
+    pub max_receiving_bodies: usize,
+    /// How many bytes the publish bodies still arriving may hold at once: each reserves its
+    /// declared `Content-Length`, or `server.max_value_bytes` without one. At least
+    /// `server.max_value_bytes`; `0` turns the bound off. Default: `268435456` (256 MiB).
+    pub max_receiving_bytes: u64,
     /// A PEM file with the certificate chain the listeners present; set with
     /// `server.tls_key_file`, every listener (data and admin) speaks HTTPS only. Default: unset
     /// (plain HTTP).
@@ -157,6 +168,8 @@ impl Default for ServerConfig {
             request_deadline: Duration::from_secs(5),
             max_in_flight: 1024,
             max_query_bytes: 4096,
+            max_receiving_bodies: 256,
+            max_receiving_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -243,6 +256,15 @@ impl ServerConfig {
             return Err(Error::new(
                 ErrorKind::Config,
                 "server.max_query_bytes: must be positive",
+            ));
+        }
+        if self.max_receiving_bytes != 0 && self.max_receiving_bytes < self.max_value_bytes as u64 {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "server.max_receiving_bytes: must be 0 (no bound) or at least server.max_value_bytes ({}), got {}",
+                    self.max_value_bytes, self.max_receiving_bytes
+                ),
             ));
         }
         Ok(())

@@ -59,7 +59,7 @@ pub mod status_page;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::handler::Handler;
 use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
 
 pub use app::{App, AppFuture};
 use auth::AuthLayer;
@@ -185,18 +185,19 @@ pub mod paths {
 pub fn router(state: AppState) -> Router {
     let layers = Layers::new(&state);
     finish(data_routes(&state).merge(admin_routes()), state, &layers)
+        .layer(Extension(probes::Listening::Both))
 }
 
 /// The data listener's routes when an admin listener is set: the admin routes answer 404 here.
 pub fn data_router(state: AppState) -> Router {
     let layers = Layers::new(&state);
-    finish(data_routes(&state), state, &layers)
+    finish(data_routes(&state), state, &layers).layer(Extension(probes::Listening::Data))
 }
 
 /// The admin listener's routes (`[admin] listen`): the admin routes only.
 pub fn admin_router(state: AppState) -> Router {
     let layers = Layers::new(&state);
-    finish(admin_routes(), state, &layers)
+    finish(admin_routes(), state, &layers).layer(Extension(probes::Listening::Admin))
 }
 
 /// What a listener serving every route (no `[admin] listen`) serves: [`router`] with the read

@@ -65,7 +65,7 @@ struct RequestLimitAnswers;
 
 impl Modify for RequestLimitAnswers {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        const OVERLOADED: &str = "overloaded: server.max_in_flight requests were in flight; nothing was read or written, with Retry-After";
+        const OVERLOADED: &str = "overloaded: server.max_in_flight requests were in flight (or, for a publish, server.max_receiving_bodies bodies or server.max_receiving_bytes were arriving); nothing was read or written, with Retry-After";
         for (path, item) in openapi.paths.paths.iter_mut() {
             let exempt = super::overload::EXEMPT.contains(&path.as_str());
             let operations = [

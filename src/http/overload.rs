@@ -6,6 +6,12 @@
 //! authentication layer goes between the two (request id → auth → shedding → deadline →
 //! handler). It decides before the handler runs, so a shed publish has written nothing.
 //!
+//! A publish (`PUT /v1/keys/{key}`) is admitted in two steps, since its body may arrive slowly:
+//! the layer leaves an [`Admission`] in its extensions, the handler counts the body against the
+//! receiving bound (`server.max_receiving_bodies`, `server.max_receiving_bytes`) while it
+//! arrives, and only then takes the in-flight slot and starts the deadline. Slow uploads thus
+//! cannot hold the slots reads need, however often they are restarted.
+//!
 //! The deadline is not a timeout around the handler: the layer puts a [`Deadline`] in the
 //! request's extensions, and the handlers hand it to the read path and the publish path, which
 //! bound their own store calls with it. A publish cut from outside could drop copies it had
@@ -20,6 +26,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use axum::extract::Request;
+use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -50,6 +57,10 @@ pub struct RequestLimits {
     pub max_in_flight: Option<usize>,
     /// `server.max_query_bytes`.
     pub max_query_bytes: usize,
+    /// `server.max_receiving_bodies`; `None` when it is `0`.
+    pub max_receiving_bodies: Option<usize>,
+    /// `server.max_receiving_bytes`; `None` when it is `0`.
+    pub max_receiving_bytes: Option<u64>,
 }
 
 impl From<&ServerConfig> for RequestLimits {
@@ -58,6 +69,8 @@ impl From<&ServerConfig> for RequestLimits {
             request_deadline: Some(server.request_deadline).filter(|budget| !budget.is_zero()),
             max_in_flight: Some(server.max_in_flight).filter(|bound| *bound > 0),
             max_query_bytes: server.max_query_bytes,
+            max_receiving_bodies: Some(server.max_receiving_bodies).filter(|bound| *bound > 0),
+            max_receiving_bytes: Some(server.max_receiving_bytes).filter(|bound| *bound > 0),
         }
     }
 }
@@ -91,6 +104,10 @@ pub(crate) struct Shared {
     /// unlike a `tokio::sync::Semaphore`, whose release takes its waiters' lock, nothing here
     /// ever waits.
     in_flight: Gauge<i64, AtomicI64>,
+    /// Publish bodies being received (counted and refused as `in_flight` is).
+    receiving: Gauge<i64, AtomicI64>,
+    /// The bytes those bodies reserved.
+    receiving_bytes: Gauge<i64, AtomicI64>,
     /// Shed requests, indexed by route (as [`ROUTES`], then unmatched).
     shed: Box<[Counter]>,
     /// Answers `deadline_exceeded`, indexed as `shed`.
@@ -106,6 +123,16 @@ impl Shared {
                 registry,
                 "http_requests_in_flight",
                 "HTTP requests being handled on routes the in-flight bound counts (all but /healthz, /readyz and /metrics); 0 when server.max_in_flight is 0",
+            );
+            let receiving: Gauge<i64, AtomicI64> = register(
+                registry,
+                "http_bodies_receiving",
+                "Publish bodies being received, before their request takes an in-flight slot (server.max_receiving_bodies)",
+            );
+            let receiving_bytes: Gauge<i64, AtomicI64> = register(
+                registry,
+                "http_body_bytes_receiving",
+                "Bytes reserved by the publish bodies being received: each its Content-Length, or server.max_value_bytes without one (server.max_receiving_bytes)",
             );
             let shed: Family<RouteLabels, Counter> = register(
                 registry,
@@ -132,6 +159,8 @@ impl Shared {
             Arc::new(Shared {
                 limits,
                 in_flight,
+                receiving,
+                receiving_bytes,
                 shed: by_route(&shed),
                 deadline_exceeded: by_route(&exceeded),
             })
@@ -230,29 +259,27 @@ fn wrap<F>(
             ),
         ));
     }
+    if route_path == Some(paths::KEY) && request.method() == Method::PUT {
+        // A publish takes its slot and starts its deadline once its body has arrived.
+        request.extensions_mut().insert(Admission {
+            shared: shared.clone(),
+            route,
+        });
+        return OverloadFuture::Routed {
+            inner: call(request),
+            shared: shared.clone(),
+            route,
+            in_flight: None,
+        };
+    }
     let exempt = route_path.is_some_and(|path| EXEMPT.contains(&path));
-    let in_flight = match limits.max_in_flight {
-        Some(bound) if !exempt => {
-            let before = shared.in_flight.inc();
-            let slot = InFlight(shared.clone());
-            if usize::try_from(before).is_ok_and(|before| before >= bound) {
-                drop(slot);
-                if let Some(counter) = shared.shed.get(route) {
-                    counter.inc();
-                }
-                return OverloadFuture::answered(
-                    ApiError::new(
-                        Code::Overloaded,
-                        format!(
-                            "{bound} requests are in flight (server.max_in_flight); nothing was read or written, retry later"
-                        ),
-                    )
-                    .retry_later(),
-                );
-            }
-            Some(slot)
+    let in_flight = if exempt {
+        None
+    } else {
+        match take_slot(shared, route) {
+            Ok(slot) => slot,
+            Err(refused) => return OverloadFuture::answered(refused),
         }
-        _ => None,
     };
     if let Some(budget) = limits.request_deadline {
         request.extensions_mut().insert(Deadline::after(budget));
@@ -262,6 +289,127 @@ fn wrap<F>(
         shared: shared.clone(),
         route,
         in_flight,
+    }
+}
+
+/// Takes an in-flight slot for a request on `route` (an index of [`ROUTES`]), or refuses it
+/// `overloaded` when `server.max_in_flight` are in flight; `None` when there is no bound.
+fn take_slot(shared: &Arc<Shared>, route: usize) -> Result<Option<InFlight>, ApiError> {
+    let Some(bound) = shared.limits.max_in_flight else {
+        return Ok(None);
+    };
+    let before = shared.in_flight.inc();
+    let slot = InFlight(shared.clone());
+    if usize::try_from(before).is_ok_and(|before| before >= bound) {
+        drop(slot);
+        if let Some(counter) = shared.shed.get(route) {
+            counter.inc();
+        }
+        return Err(ApiError::new(
+            Code::Overloaded,
+            format!(
+                "{bound} requests are in flight (server.max_in_flight); nothing was read or written, retry later"
+            ),
+        )
+        .retry_later());
+    }
+    Ok(Some(slot))
+}
+
+/// A publish's admission, put off until its body has arrived: the layer leaves it in the
+/// request's extensions instead of taking the in-flight slot and starting the deadline.
+#[derive(Clone)]
+pub(crate) struct Admission {
+    /// The limits and counters.
+    shared: Arc<Shared>,
+    /// The route's index in [`ROUTES`], for the shed counter.
+    route: usize,
+}
+
+/// A publish body being received, counted against the receiving bound until dropped.
+pub(crate) struct Receiving {
+    /// The counters it is counted in.
+    shared: Arc<Shared>,
+    /// The bytes it reserved.
+    bytes: i64,
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.shared.receiving.dec();
+        self.shared.receiving_bytes.dec_by(self.bytes);
+    }
+}
+
+/// A publish admitted once its body arrived: its in-flight slot, held until the answer is
+/// ready, and the deadline that started then.
+pub(crate) struct Admitted {
+    /// The in-flight slot, if the bound is on.
+    _slot: Option<InFlight>,
+    /// `server.request_deadline` from the admission, if set.
+    pub(crate) deadline: Option<Deadline>,
+}
+
+impl Admitted {
+    /// A publish that no [`OverloadLayer`] admitted (a handler called without it): no slot,
+    /// and the deadline the request carries, if any.
+    pub(crate) fn unlimited(deadline: Option<Deadline>) -> Admitted {
+        Admitted {
+            _slot: None,
+            deadline,
+        }
+    }
+}
+
+impl Admission {
+    /// Counts a body that reserves `bytes` (its declared length, or the value limit) while it
+    /// arrives.
+    ///
+    /// # Errors
+    /// 503 `overloaded` when `server.max_receiving_bodies` bodies are arriving, or when
+    /// `bytes` more would pass `server.max_receiving_bytes`; nothing was read.
+    pub(crate) fn receive(&self, bytes: u64) -> Result<Receiving, ApiError> {
+        let shared = &self.shared;
+        let reserved = i64::try_from(bytes).unwrap_or(i64::MAX);
+        let before = shared.receiving.inc();
+        let held_bytes = shared.receiving_bytes.inc_by(reserved);
+        let receiving = Receiving {
+            shared: shared.clone(),
+            bytes: reserved,
+        };
+        let over_count = shared
+            .limits
+            .max_receiving_bodies
+            .filter(|bound| usize::try_from(before).is_ok_and(|before| before >= *bound));
+        let over_bytes = shared.limits.max_receiving_bytes.filter(|bound| {
+            u64::try_from(held_bytes.saturating_add(reserved)).is_ok_and(|held| held > *bound)
+        });
+        let detail = match (over_count, over_bytes) {
+            (Some(bound), _) => format!(
+                "{bound} publish bodies are being received (server.max_receiving_bodies); nothing was read or written, retry later"
+            ),
+            (None, Some(bound)) => format!(
+                "publish bodies being received hold {held_bytes} of {bound} bytes (server.max_receiving_bytes), and this one declares {bytes}; nothing was read or written, retry later"
+            ),
+            (None, None) => return Ok(receiving),
+        };
+        drop(receiving);
+        if let Some(counter) = shared.shed.get(self.route) {
+            counter.inc();
+        }
+        Err(ApiError::new(Code::Overloaded, detail).retry_later())
+    }
+
+    /// Takes the in-flight slot and starts the deadline, the body having arrived.
+    ///
+    /// # Errors
+    /// 503 `overloaded` when `server.max_in_flight` requests are in flight; nothing was written.
+    pub(crate) fn admit(self) -> Result<Admitted, ApiError> {
+        let slot = take_slot(&self.shared, self.route)?;
+        Ok(Admitted {
+            _slot: slot,
+            deadline: self.shared.limits.request_deadline.map(Deadline::after),
+        })
     }
 }
 

@@ -1,16 +1,72 @@
 //! The load balancers' probes: `/healthz` (the process is alive) and `/readyz` (send it
 //! traffic: not draining, the store answers, the startup warm-up has ended).
+//!
+//! `/readyz` needs no token and is not counted by the in-flight bound, so it must cost the
+//! store nothing per caller: one store `PING` ([`ReadyPing`]) answers every caller for
+//! `heal.probe_interval`, however many ask. Its node lists (`host:port`s) are shown only on the
+//! admin listener, or (without one) to a token with the `admin` scope, or to anyone when no
+//! tokens are configured (the admin views are open then too).
+
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Serialize;
 
 use super::problem::{ApiError, Code};
 use super::AppState;
+use crate::auth::Scope;
 use crate::deadline::{self, Deadline};
+use crate::error::Result;
+use crate::heal::StoreProbe;
 use crate::route::{Readiness, WarmUpPending};
 use crate::store::NodeLabel;
+
+/// Which routes the listener a request came in on serves: who may see node names in `/readyz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listening {
+    /// Every route (no `[admin] listen`).
+    Both,
+    /// The data routes (an admin listener is set).
+    Data,
+    /// The admin routes (`[admin] listen`).
+    Admin,
+}
+
+/// The last store `PING` of `/readyz`: one answers every caller for `heal.probe_interval`.
+pub(crate) struct ReadyPing {
+    /// How long a `PING`'s answer stands (`heal.probe_interval`).
+    interval: Duration,
+    /// When the last `PING` started, and how it ended. Held across the `PING`, so callers that
+    /// arrive meanwhile wait for its answer instead of sending their own.
+    last: tokio::sync::Mutex<Option<(Instant, Result<()>)>>,
+}
+
+impl ReadyPing {
+    /// No `PING` made yet; each answer stands for `interval`.
+    pub(crate) fn new(interval: Duration) -> ReadyPing {
+        ReadyPing {
+            interval,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The answer of a `PING` of `store` started less than the interval ago, or of a new one.
+    async fn check(&self, store: &StoreProbe) -> Result<()> {
+        let mut last = self.last.lock().await;
+        if let Some((started, answer)) = last.as_ref() {
+            if started.elapsed() < self.interval {
+                return answer.clone();
+            }
+        }
+        let started = Instant::now();
+        let answer = store.ping().await;
+        *last = Some((started, answer.clone()));
+        answer
+    }
+}
 
 /// The answer of `/healthz` and `/readyz`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -68,7 +124,17 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
 pub async fn readyz(
     State(state): State<AppState>,
     deadline: Option<Extension<Deadline>>,
-) -> Result<Json<StatusBody>, ApiError> {
+    listening: Option<Extension<Listening>>,
+    headers: HeaderMap,
+) -> std::result::Result<Json<StatusBody>, ApiError> {
+    let shows_nodes = match listening.map(|Extension(listening)| listening) {
+        Some(Listening::Admin) => true,
+        listening => state
+            .inner()
+            .auth
+            .grants(&headers, Scope::Admin)
+            .unwrap_or(listening != Some(Listening::Data)),
+    };
     if state.is_draining() {
         return Err(ApiError::new(
             Code::Unavailable,
@@ -78,38 +144,38 @@ pub async fn readyz(
         .with_extension(serde_json::json!({ "reason": "draining" })));
     }
     let deadline = deadline.map(|Extension(deadline)| deadline);
-    deadline::within(deadline, state.inner().store.ping()).await?;
+    let inner = state.inner();
+    deadline::within(deadline, inner.ready_ping.check(&inner.store)).await?;
     let warm_up_pending = match state.warm_up().readiness() {
         Readiness::WarmingUp(pending) => {
-            return Err(ApiError::new(
+            let warming_up = ApiError::new(
                 Code::WarmingUp,
                 "warming up: replicas that replica-routed reads may use are not all discovered and measured yet",
             )
-            .retry_later()
-            .with_extension(serde_json::json!({
-                "warm_up_pending": pending,
-            })));
+            .retry_later();
+            return Err(if shows_nodes {
+                warming_up.with_extension(serde_json::json!({
+                    "warm_up_pending": pending,
+                }))
+            } else {
+                warming_up
+            });
         }
-        Readiness::Ready(pending) => (!pending.is_empty()).then_some(pending),
+        Readiness::Ready(pending) => (shows_nodes && !pending.is_empty()).then_some(pending),
+    };
+    let nodes = |nodes: Vec<NodeLabel>| -> Vec<String> {
+        if shows_nodes {
+            nodes.iter().map(NodeLabel::to_string).collect()
+        } else {
+            Vec::new()
+        }
     };
     Ok(Json(StatusBody {
         status: "ready",
         store: state.inner().store.kind(),
         layout_mismatches: state.inner().heal.layouts.mismatches(),
-        library_missing: state
-            .inner()
-            .store
-            .library_missing()
-            .iter()
-            .map(NodeLabel::to_string)
-            .collect(),
-        nodes_avoided: state
-            .inner()
-            .store
-            .avoided_nodes()
-            .iter()
-            .map(NodeLabel::to_string)
-            .collect(),
+        library_missing: nodes(inner.store.library_missing()),
+        nodes_avoided: nodes(inner.store.avoided_nodes()),
         warm_up_pending,
     }))
 }

@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     pub(crate) warm_up: Arc<WarmUp>,
     /// The read answers' `Hotsplit-Route` texts per class and reason, rendered once.
     pub(crate) route_texts: RouteTexts,
+    /// The last store `PING` of `/readyz`, which every caller shares for a probe interval.
+    pub(crate) ready_ping: super::probes::ReadyPing,
 }
 
 /// The parts an [`AppState`] is made of, by name.
@@ -76,6 +78,8 @@ pub struct AppParts {
     pub limits: RequestLimits,
     /// The startup warm-up `/readyz` waits for (replicas discovered and measured).
     pub warm_up: Arc<WarmUp>,
+    /// How long one store `PING` answers every `/readyz` (`heal.probe_interval`).
+    pub ready_ping_interval: Duration,
 }
 
 impl AppState {
@@ -92,6 +96,7 @@ impl AppState {
             registry,
             limits,
             warm_up,
+            ready_ping_interval,
         } = parts;
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         let auth = AuthLayer::new(TokenTable::default(), &metrics);
@@ -112,6 +117,7 @@ impl AppState {
                 warm_up,
                 limits,
                 route_texts,
+                ready_ping: super::probes::ReadyPing::new(ready_ping_interval),
             }),
         }
     }

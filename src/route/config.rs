@@ -71,7 +71,9 @@ pub struct RouteConfig {
     pub request_pin_window: Duration,
     /// The most (client, key) floors (written and seen) held in memory, and the most request
     /// pins. When the floors are full, expired ones go first, then the least recently used floor
-    /// of the client holding the most (of the latest arrival among equals). Default: 100000.
+    /// of the client holding the most (of the latest arrival among equals). Client and request
+    /// ids are held as 128-bit hashes, so a floor takes about 1 KiB whatever the id's length.
+    /// Default: 100000.
     pub max_pins: usize,
     /// The most floors one client id holds; a new one beyond that replaces that client's least
     /// recently used floor. Default: 1024.

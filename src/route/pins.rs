@@ -19,6 +19,10 @@
 //!   holding equally many, of the client that arrived last. A flood of new client ids therefore
 //!   evicts its own floors, never those of a client that held one before the flood.
 //!
+//! Client ids and request ids are held as 128-bit keyed hashes (SipHash-2-4 under a key drawn
+//! per process), not as the ids: an entry's size is bounded by the key's (at most 512 bytes)
+//! whatever the length of the id, so the table's bytes are bounded by `route.max_pins` entries.
+//!
 //! Reading a floor refreshes its recency. Evicting a floor whose window is still open is counted
 //! (`hotsplit_route_floor_evictions_total`). Request pins live in a bounded map that, when full,
 //! drops expired pins first, then the one nearest its expiry.
@@ -191,15 +195,52 @@ struct ClientFloors {
     recency: BTreeMap<u64, Arc<str>>,
 }
 
+/// A client id or a request id as the tables hold it: a 128-bit keyed hash of the id, so an
+/// entry's size does not depend on the id's length (an id may be as long as the header limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct IdHash(u128);
+
+/// The key of [`IdHash`]: drawn at random per process, so nobody can choose ids that collide.
+#[derive(Debug)]
+struct IdHasher {
+    /// Two SipHash-2-4 keys, one for each half of the hash.
+    keys: [(u64, u64); 2],
+}
+
+impl IdHasher {
+    fn random() -> IdHasher {
+        IdHasher {
+            keys: [
+                (rand::random(), rand::random()),
+                (rand::random(), rand::random()),
+            ],
+        }
+    }
+
+    // std's SipHasher is deprecated only in favour of the unkeyed DefaultHasher; it is the one
+    // keyed SipHash-2-4 in std, and keyed is the point here.
+    #[allow(deprecated)]
+    fn hash(&self, domain: u8, id: &str) -> IdHash {
+        use std::hash::Hasher;
+        let half = |(k0, k1): (u64, u64)| {
+            let mut hasher = std::hash::SipHasher::new_with_keys(k0, k1);
+            hasher.write_u8(domain);
+            hasher.write(id.as_bytes());
+            hasher.finish()
+        };
+        IdHash((u128::from(half(self.keys[0])) << 64) | u128::from(half(self.keys[1])))
+    }
+}
+
 /// The floors of every client, bounded per client and in total.
 #[derive(Debug)]
 struct FloorTable {
-    /// Client id → its floors.
-    clients: HashMap<Arc<str>, ClientFloors>,
+    /// Client (its id's hash) → its floors.
+    clients: HashMap<IdHash, ClientFloors>,
     /// (floors held, arrival, client): the largest holder, latest arrival last.
-    by_size: BTreeSet<(usize, u64, Arc<str>)>,
+    by_size: BTreeSet<(usize, u64, IdHash)>,
     /// (end of the windows, id) → (client, key): expired entries first.
-    expiry: BTreeMap<(Instant, u64), (Arc<str>, Arc<str>)>,
+    expiry: BTreeMap<(Instant, u64), (IdHash, Arc<str>)>,
     /// Floors held in total.
     total: usize,
     /// The next stamp (arrivals, ids and recency share one sequence).
@@ -235,20 +276,20 @@ impl FloorTable {
                 break;
             }
             if let Some((_, (client, key))) = self.expiry.pop_first() {
-                self.remove(&client, &key);
+                self.remove(client, &key);
             }
         }
     }
 
     /// The live floors of (`client`, `key`), refreshing the entry's recency.
-    fn get(&mut self, client: &str, key: &str, now: Instant) -> Option<Held> {
-        let slot = *self.clients.get(client)?.floors.get(key)?;
+    fn get(&mut self, client: IdHash, key: &str, now: Instant) -> Option<Held> {
+        let slot = *self.clients.get(&client)?.floors.get(key)?;
         if slot.until <= now {
             self.remove(client, key);
             return None;
         }
         let used = self.next();
-        let entry = self.clients.get_mut(client)?;
+        let entry = self.clients.get_mut(&client)?;
         if let Some(name) = entry.recency.remove(&slot.used) {
             entry.recency.insert(used, name);
         }
@@ -260,24 +301,20 @@ impl FloorTable {
 
     /// Writes the floors of (`client`, `key`), then evicts within the bounds. Returns how many
     /// floors whose windows were still open had to go.
-    fn insert(&mut self, client: &str, key: &str, held: Held, now: Instant) -> u64 {
+    fn insert(&mut self, client: IdHash, key: &str, held: Held, now: Instant) -> u64 {
         let until = held.until(now);
         let (id, used) = (self.next(), self.next());
         let arrival = self.tick;
-        let (client, entry) = match self.clients.get_key_value(client) {
-            Some((name, _)) => (name.clone(), None),
-            None => (
-                Arc::<str>::from(client),
-                Some(ClientFloors {
+        if !self.clients.contains_key(&client) {
+            self.by_size.insert((0, arrival, client));
+            self.clients.insert(
+                client,
+                ClientFloors {
                     arrival,
                     floors: HashMap::new(),
                     recency: BTreeMap::new(),
-                }),
-            ),
-        };
-        if let Some(entry) = entry {
-            self.by_size.insert((0, arrival, client.clone()));
-            self.clients.insert(client.clone(), entry);
+                },
+            );
         }
         let Some(entry) = self.clients.get_mut(&client) else {
             return 0;
@@ -301,8 +338,8 @@ impl FloorTable {
         }
         entry.recency.insert(used, key.clone());
         let (arrival, new_size) = (entry.arrival, entry.floors.len());
-        self.expiry.insert((until, id), (client.clone(), key));
-        self.resize(&client, arrival, old_size, new_size);
+        self.expiry.insert((until, id), (client, key));
+        self.resize(client, arrival, old_size, new_size);
 
         let mut evicted_live = 0;
         while self
@@ -310,30 +347,30 @@ impl FloorTable {
             .get(&client)
             .is_some_and(|entry| entry.floors.len() > self.per_client)
         {
-            evicted_live += u64::from(self.evict_from(&client, now));
+            evicted_live += u64::from(self.evict_from(client, now));
         }
         while self.total > self.capacity {
             if let Some((&(until, _), _)) = self.expiry.first_key_value() {
                 if until <= now {
                     if let Some((_, (client, key))) = self.expiry.pop_first() {
-                        self.remove(&client, &key);
+                        self.remove(client, &key);
                     }
                     continue;
                 }
             }
-            let Some((_, _, largest)) = self.by_size.last().cloned() else {
+            let Some(&(_, _, largest)) = self.by_size.last() else {
                 break;
             };
-            evicted_live += u64::from(self.evict_from(&largest, now));
+            evicted_live += u64::from(self.evict_from(largest, now));
         }
         evicted_live
     }
 
     /// Drops `client`'s least recently used floor; whether its window was still open.
-    fn evict_from(&mut self, client: &str, now: Instant) -> bool {
+    fn evict_from(&mut self, client: IdHash, now: Instant) -> bool {
         let Some(key) = self
             .clients
-            .get(client)
+            .get(&client)
             .and_then(|entry| entry.recency.first_key_value())
             .map(|(_, key)| key.clone())
         else {
@@ -344,30 +381,26 @@ impl FloorTable {
     }
 
     /// Removes the entry (`client`, `key`) from every index.
-    fn remove(&mut self, client: &str, key: &str) -> Option<Slot> {
-        let entry = self.clients.get_mut(client)?;
+    fn remove(&mut self, client: IdHash, key: &str) -> Option<Slot> {
+        let entry = self.clients.get_mut(&client)?;
         let slot = entry.floors.remove(key)?;
         entry.recency.remove(&slot.used);
         let (arrival, new_size) = (entry.arrival, entry.floors.len());
         self.expiry.remove(&(slot.until, slot.id));
         self.total -= 1;
-        let Some((name, _)) = self.clients.get_key_value(client) else {
-            return Some(slot);
-        };
-        let name = name.clone();
-        self.resize(&name, arrival, new_size + 1, new_size);
+        self.resize(client, arrival, new_size + 1, new_size);
         if new_size == 0 {
-            self.by_size.remove(&(0, arrival, name));
-            self.clients.remove(client);
+            self.by_size.remove(&(0, arrival, client));
+            self.clients.remove(&client);
         }
         Some(slot)
     }
 
     /// Moves `client` in the size order.
-    fn resize(&mut self, client: &Arc<str>, arrival: u64, old: usize, new: usize) {
+    fn resize(&mut self, client: IdHash, arrival: u64, old: usize, new: usize) {
         if old != new {
-            self.by_size.remove(&(old, arrival, client.clone()));
-            self.by_size.insert((new, arrival, client.clone()));
+            self.by_size.remove(&(old, arrival, client));
+            self.by_size.insert((new, arrival, client));
         }
     }
 }
@@ -377,8 +410,10 @@ impl FloorTable {
 pub struct Pins {
     /// Every client's floors.
     floors: Mutex<FloorTable>,
-    /// Request id → pinned.
-    requests: Mutex<Expiring<String, ()>>,
+    /// Request id (its hash) → pinned.
+    requests: Mutex<Expiring<IdHash, ()>>,
+    /// Hashes client and request ids, so an entry's size does not depend on the id's length.
+    ids: IdHasher,
     /// How many floors are held, so reads skip the lock when there are none.
     floor_count: AtomicUsize,
     /// How many request pins are held.
@@ -401,6 +436,7 @@ impl Pins {
         Pins {
             floors: Mutex::new(FloorTable::new(capacity, per_client)),
             requests: Mutex::new(Expiring::new(capacity)),
+            ids: IdHasher::random(),
             floor_count: AtomicUsize::new(0),
             request_count: AtomicUsize::new(0),
             request_pin_window,
@@ -431,6 +467,7 @@ impl Pins {
         window: Duration,
         update: impl FnOnce(&mut Held, Instant, Instant),
     ) {
+        let client = self.ids.hash(b'C', client);
         let now = Instant::now();
         let mut floors = lock(&self.floors);
         floors.purge(now);
@@ -449,6 +486,7 @@ impl Pins {
         if self.floor_count.load(Ordering::Relaxed) == 0 {
             return Floors::default();
         }
+        let client = self.ids.hash(b'C', client);
         let now = Instant::now();
         let mut floors = lock(&self.floors);
         floors.purge(now);
@@ -462,9 +500,10 @@ impl Pins {
 
     /// Records that request `id` wrote: its later reads go to primaries.
     pub fn record_request(&self, id: &str) {
+        let id = self.ids.hash(b'R', id);
         let mut requests = lock(&self.requests);
         let now = Instant::now();
-        requests.insert(id.to_owned(), (), now + self.request_pin_window, now);
+        requests.insert(id, (), now + self.request_pin_window, now);
         self.request_count.store(requests.len(), Ordering::Relaxed);
     }
 
@@ -473,8 +512,9 @@ impl Pins {
         if self.request_count.load(Ordering::Relaxed) == 0 {
             return false;
         }
+        let id = self.ids.hash(b'R', id);
         let mut requests = lock(&self.requests);
-        let found = requests.get(id, Instant::now()).is_some();
+        let found = requests.get(&id, Instant::now()).is_some();
         self.request_count.store(requests.len(), Ordering::Relaxed);
         found
     }

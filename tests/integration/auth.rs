@@ -19,7 +19,7 @@ use crate::http_api::{call, Answer};
 
 /// A token with each single scope, and one with all three.
 pub(crate) const READER: &str = "reader-token-0123456789";
-const WRITER: &str = "writer-token-0123456789";
+pub(crate) const WRITER: &str = "writer-token-0123456789";
 pub(crate) const ADMIN: &str = "admin-token-0123456789";
 const ALL: &str = "all-scopes-token-0123456789";
 /// A well-formed token no entry holds.
@@ -424,4 +424,76 @@ async fn the_rust_client_sends_its_token() {
     let err = client(Some(WRITER)).read("c:1").await.unwrap_err();
     assert_eq!(err.kind(), hotsplit::ErrorKind::Forbidden, "{err}");
     service.stop().await;
+}
+
+/// `cmdstat_ping` calls on the server at `port`.
+fn ping_calls(port: u16) -> u64 {
+    let stats = hotsplit_devcluster::cli(port, &["INFO", "commandstats"]).expect("INFO");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_ping:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Finding 9 of issue 21 on the binary: `/readyz` needs no token and is not counted by the
+/// in-flight bound, and it sent every primary a `PING` per request and listed Redis
+/// `host:port`s to anyone on the data port. Now 200 concurrent probes cost at most one `PING`
+/// per `heal.probe_interval` (the prober's own sweep is off: `heal.probe_misses = 0`), and a
+/// pending replica's address is shown only to an admin token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_shares_one_ping_per_probe_interval_and_shows_nodes_to_admins_only() {
+    let redis = tokio::task::spawn_blocking(hotsplit_devcluster::Standalone::start)
+        .await
+        .unwrap()
+        .expect("start redis");
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, tokens_file_text()).unwrap();
+    let port = harness::free_port();
+    // A replica nobody listens on: once the warm-up bound passes, /readyz lists it as pending.
+    let absent = harness::free_port();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nreadiness_warm_up = \"200ms\"\n[store]\nredis = \"{}\"\nreplicas = [\"redis://127.0.0.1:{absent}\"]\n[heal]\nspool_dir = {:?}\nprobe_misses = 0\nprobe_interval = \"100ms\"\n[auth]\ntokens_file = {:?}\n",
+        redis.url(),
+        dir.path().join("spool").display().to_string(),
+        tokens.display().to_string()
+    );
+    let (child, log) = spawn_with_config(dir.path(), &config, port, None).await;
+    let http = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    let body = |token: Option<&'static str>| {
+        let mut request = http.get(&url);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move {
+            let answer = request.send().await.expect("send");
+            assert_eq!(answer.status(), reqwest::StatusCode::OK);
+            answer.text().await.expect("body")
+        }
+    };
+    let pending = format!("127.0.0.1:{absent}");
+    assert!(body(Some(ADMIN)).await.contains(&pending));
+    for token in [None, Some(READER), Some(WRITER)] {
+        let text = body(token).await;
+        assert!(!text.contains(&pending), "{token:?}: {text}");
+        assert!(!text.contains("127.0.0.1"), "{token:?}: {text}");
+    }
+
+    let before = ping_calls(redis.node.port());
+    let started = std::time::Instant::now();
+    for _ in 0..10 {
+        let probes: Vec<_> = (0..20).map(|_| body(None)).collect();
+        futures_util::future::join_all(probes).await;
+    }
+    let elapsed = started.elapsed();
+    let pings = ping_calls(redis.node.port()) - before;
+    // One per started interval, and one more for an interval begun just before.
+    let bound = elapsed.as_millis() as u64 / 100 + 2;
+    assert!(
+        pings <= bound,
+        "{pings} PINGs for 200 probes in {elapsed:?} (at most {bound})"
+    );
+    stop_and_read_log(child, &log);
 }

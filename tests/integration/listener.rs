@@ -675,3 +675,48 @@ async fn on_sigterm_readyz_turns_503_before_the_listener_closes_and_in_flight_wo
     let complete = log.find("shutdown complete").expect("a shutdown line");
     assert!(draining < complete, "{log}");
 }
+
+/// Finding 8 of issue 21 on the binary: a client that writes a whole 1 MiB + 10 byte body
+/// (without `Expect: 100-continue`) before reading got a reset instead of the 413 about half
+/// the time: the answer was sent and the socket closed while the body was still arriving. The
+/// lingering close reads and discards the rest, so every try reads `value_too_large`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_sent_whole_before_reading_gets_its_413() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = harness::Binary::start(dir.path(), "linger", "").await;
+    let address = service.base.trim_start_matches("http://").to_owned();
+    let outcomes = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let body = vec![b'x'; (1 << 20) + 10];
+        (0..20)
+            .map(|_| {
+                let mut stream = std::net::TcpStream::connect(&address).unwrap();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(10)))
+                    .unwrap();
+                let head = format!(
+                    "PUT /v1/keys/big?version=1 HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let sent = stream
+                    .write_all(head.as_bytes())
+                    .and_then(|()| stream.write_all(&body));
+                let mut answer = Vec::new();
+                let read = stream.read_to_end(&mut answer);
+                let answer = String::from_utf8_lossy(&answer).into_owned();
+                match (sent, read) {
+                    (Ok(()), Ok(_)) => answer,
+                    (sent, read) => format!("sent {sent:?}, read {read:?}: {answer}"),
+                }
+            })
+            .collect::<Vec<String>>()
+    })
+    .await
+    .unwrap();
+    for (at, answer) in outcomes.iter().enumerate() {
+        assert!(
+            answer.starts_with("HTTP/1.1 413") && answer.contains("value_too_large"),
+            "try {at}: {answer}"
+        );
+    }
+}

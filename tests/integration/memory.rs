@@ -170,3 +170,60 @@ async fn a_full_embedded_store_answers_507_changes_no_copy_and_still_invalidates
         .await
         .assert_problem(StatusCode::NOT_FOUND, "not_found");
 }
+
+/// Publishes versions `from..to`, each with its own client id of `id_len` bytes (the version,
+/// padded), by 16 workers each on its own key `p:<worker>` (its versions rising): every publish
+/// leaves its writer a floor.
+async fn publish_with_client_ids(base: &str, from: u64, to: u64, id_len: usize) {
+    let workers: Vec<_> = (0..16u64)
+        .map(|worker| {
+            let base = base.to_owned();
+            tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                for n in (from..to).filter(|n| n % 16 == worker) {
+                    let client = format!("{n:0>id_len$}");
+                    let answer = http
+                        .put(format!("{base}/v1/keys/p:{worker}?version={n}"))
+                        .header("hotsplit-client", client)
+                        .body(vec![b'v'; 8])
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(answer.status(), StatusCode::OK);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+}
+
+/// Finding 7 of issue 21 on the binary: the floor table was bounded by entries, each holding
+/// its client id, so `route.max_pins` floors of 4 KiB client ids took 80 MB. Client ids are
+/// held as 128-bit hashes: once the table is full, a flood of 4 KiB client ids grows the RSS by
+/// at most `route.max_pins` × [`FLOOR_BYTES`] + 10%.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_floors_of_long_client_ids_stay_within_their_byte_bound() {
+    /// The bytes one floor may take, as the README states for `route.max_pins`.
+    const FLOOR_BYTES: u64 = 1024;
+    const MAX_PINS: u64 = 10_000;
+    let dir = tempfile::tempdir().unwrap();
+    let service = Binary::start(
+        dir.path(),
+        "floors",
+        &format!("[route]\nmax_pins = {MAX_PINS}\n[[family]]\nprefix = \"p:\"\ncopies = 1\npin_window = \"1h\"\n"),
+    )
+    .await;
+    let pid = service.child.id();
+    // Warm the buffers and the allocator with requests as long (their floors count too).
+    publish_with_client_ids(&service.base, 1, 1_001, 4_000).await;
+    let before = rss_bytes(pid);
+    publish_with_client_ids(&service.base, 1_001, 1_001 + MAX_PINS * 3 / 2, 4_000).await;
+    let grown = rss_bytes(pid).saturating_sub(before);
+    let bound = MAX_PINS * FLOOR_BYTES * 11 / 10;
+    eprintln!(
+        "RSS grew {grown} bytes for {MAX_PINS} floors of 4000-byte client ids (bound {bound})"
+    );
+    assert!(grown <= bound, "RSS grew {grown} bytes, over {bound}");
+}

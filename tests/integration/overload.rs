@@ -339,3 +339,104 @@ async fn overload_a_near_cache_fill_from_a_paused_node_costs_its_readers_their_d
     );
     service.stop().await;
 }
+
+/// The value of an unlabelled metric in the exposition text.
+fn gauge(text: &str, name: &str) -> Option<i64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Opens a connection and sends a publish's head and the first 10 of 1000 declared body bytes,
+/// holding the rest back.
+async fn slow_publish(base: &str, key: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let address = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "PUT /v1/keys/{key}?version=1 HTTP/1.1\r\nHost: {address}\r\nContent-Length: 1000\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&[b's'; 10]).await.unwrap();
+    stream
+}
+
+/// Finding 5 of issue 21 on the binary: with `request_deadline = 1s`, `body_read_timeout = 6s`
+/// and `max_in_flight = 2`, two publishes whose bodies trickle in held both in-flight slots for
+/// the body timeout, and a read 1.5 s later was shed. A publish now takes its slot only once its
+/// body has arrived: the read is answered, a body past `max_receiving_bodies` is refused
+/// `overloaded`, and a slow body that does arrive is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_slow_publish_bodies_do_not_take_the_slots_reads_need() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let service = harness::Binary::start(
+        dir.path(),
+        "slow-bodies",
+        "request_deadline = \"1s\"\nbody_read_timeout = \"6s\"\nmax_in_flight = 2\nmax_receiving_bodies = 2\n",
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let started = tokio::time::Instant::now();
+    let mut first = slow_publish(&service.base, "slow:1").await;
+    let _second = slow_publish(&service.base, "slow:2").await;
+    poll(
+        "both slow publishes are being handled",
+        ANSWER_WITHIN,
+        || async {
+            let text = metrics_text(&http, &service.base).await;
+            gauge(&text, "hotsplit_http_bodies_receiving") == Some(2)
+                || gauge(&text, "hotsplit_http_requests_in_flight") == Some(2)
+        },
+    )
+    .await;
+    // Past the request deadline, well within the body timeout.
+    tokio::time::sleep_until(started + Duration::from_millis(1500)).await;
+    let read = answered(
+        "a read while two bodies trickle in",
+        http.get(format!("{}/v1/keys/other?client=c", service.base)),
+    )
+    .await;
+    assert_eq!(
+        read.status(),
+        StatusCode::NOT_FOUND,
+        "{:?}",
+        read.text().await
+    );
+
+    // A third body past max_receiving_bodies is refused before it is read.
+    let third = answered(
+        "a third publish",
+        http.put(format!("{}/v1/keys/slow:3?version=1", service.base))
+            .body(vec![b'x'; 10]),
+    )
+    .await;
+    retry_later_problem(
+        third,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        "third",
+    )
+    .await;
+
+    // The first body arrives whole: it is published.
+    first.write_all(&[b's'; 990]).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !answer.windows(4).any(|window| window == b"\r\n\r\n") {
+        let read = tokio::time::timeout(ANSWER_WITHIN, first.read(&mut buffer))
+            .await
+            .expect("the first publish is answered")
+            .unwrap();
+        assert!(read > 0, "closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buffer[..read]);
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let stored = get(
+        &http,
+        &format!("{}/v1/keys/slow:1?client=c", service.base),
+        &[],
+    )
+    .await;
+    assert_eq!(stored.status(), StatusCode::OK);
+}

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::auth::{spawn_with_config, stop_and_read_log, tokens_file_text, ADMIN, READER};
+use crate::auth::{spawn_with_config, stop_and_read_log, tokens_file_text, ADMIN, READER, WRITER};
 use crate::harness;
 
 /// The config of these tests: the `advisory` class's budget and the log filter vary.
@@ -270,4 +270,138 @@ fn config_check_prints_the_effective_config_redacted_and_exits_2_on_errors() {
     assert!(stderr.contains("family[0].copies"), "{stderr}");
     let (code, _, stderr) = config_check(&["--config", "/nonexistent/hotsplit.toml"], None);
     assert_eq!(code, Some(2), "{stderr}");
+}
+
+/// The `Hotsplit-Route` class of a read of `key` with `token` (a miss answers one too).
+async fn read_class(http: &reqwest::Client, base: &str, key: &str, token: &str) -> String {
+    let answer = http
+        .get(format!("{base}/v1/keys/{key}?client=reload-test"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("send");
+    let route = answer
+        .headers()
+        .get("hotsplit-route")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let status = answer.status();
+    let body = answer.text().await.unwrap_or_default();
+    route
+        .split(';')
+        .find_map(|part| part.strip_prefix("class="))
+        .unwrap_or_else(|| panic!("no class in {route:?} ({status}: {body})"))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_is_checked_against_the_restart_only_fields_in_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = harness::free_port();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, tokens_file_text()).unwrap();
+    let path = dir.path().join("hotsplit.toml");
+    // A public listener, tokens, TLS in front: what startup accepts.
+    let public = |listen: &str, auth: bool, family: &str| {
+        let auth = if auth {
+            format!("[auth]\ntokens_file = {:?}\n", tokens.display().to_string())
+        } else {
+            String::new()
+        };
+        format!(
+            "[server]\nlisten = \"{listen}:{port}\"\ntls_terminated_upstream = true\n{auth}{family}"
+        )
+    };
+    let split = "[[family]]\nprefix = \"p:\"\ncopies = 2\ndefault_class = \"advisory\"\n";
+    let (child, log) =
+        spawn_with_config(dir.path(), &public("0.0.0.0", true, split), port, None).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let unauthenticated = |path: &'static str| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            http.get(format!("{base}{path}"))
+                .send()
+                .await
+                .expect("send")
+                .status()
+        }
+    };
+    assert_eq!(
+        unauthenticated("/v1/keys/p:a").await,
+        reqwest::StatusCode::UNAUTHORIZED
+    );
+    let published = http
+        .put(format!("{base}/v1/keys/p:a?version=1"))
+        .bearer_auth(WRITER)
+        .body("v1")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(published.status(), reqwest::StatusCode::OK);
+
+    // Loopback and no [auth] is a valid file on its own, but the listener in force stays
+    // 0.0.0.0 until a restart: refused whole, tokens still required.
+    std::fs::write(&path, public("127.0.0.1", false, split)).unwrap();
+    hangup(&child);
+    wait_for_log(&log, "config reload refused").await;
+    for path in ["/v1/keys/p:a", "/metrics", "/v1/classes"] {
+        assert_eq!(
+            unauthenticated(path).await,
+            reqwest::StatusCode::UNAUTHORIZED,
+            "{path}"
+        );
+    }
+    assert_eq!(read_class(&http, &base, "p:a", READER).await, "advisory");
+
+    // A one-copy family's `decides-on-presence` default class is valid in the file, but the
+    // family in force has two copies (copies need a restart): refused.
+    let one_copy =
+        "[[family]]\nprefix = \"p:\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\n";
+    std::fs::write(&path, public("0.0.0.0", true, one_copy)).unwrap();
+    hangup(&child);
+    harness::poll(
+        "the second reload is refused",
+        Duration::from_secs(10),
+        || async {
+            std::fs::read_to_string(&log)
+                .is_ok_and(|text| text.matches("config reload refused").count() == 2)
+        },
+    )
+    .await;
+    assert_eq!(read_class(&http, &base, "p:a", READER).await, "advisory");
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("read /metrics");
+    assert!(
+        metrics.contains("hotsplit_config_reloads_total{result=\"refused\"} 2"),
+        "{metrics}"
+    );
+
+    let log = stop_and_read_log(child, &log);
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("config reload refused"))
+        .collect();
+    assert_eq!(refused.len(), 2, "{log}");
+    assert!(
+        refused[0].contains("server.allow_unauthenticated")
+            && refused[0].contains("0.0.0.0")
+            && refused[0].contains("server.listen"),
+        "{}",
+        refused[0]
+    );
+    assert!(
+        refused[1].contains("family[0].default_class") && refused[1].contains("family[0].copies"),
+        "{}",
+        refused[1]
+    );
 }

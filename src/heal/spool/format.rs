@@ -20,6 +20,11 @@ pub(crate) const HEADER_LEN: u64 = 32;
 pub(super) const FRAME_HEADER_LEN: usize = 16;
 /// Format 0's checksum size at the start of every frame body.
 pub(super) const FORMAT0_CHECKSUM_LEN: usize = 8;
+/// The largest payload either format can frame: its length field is a u32. Recovery bounds a
+/// frame by this, never by today's `server.max_value_bytes`: a record acknowledged under a
+/// larger limit is intact, and the keyed tags (not its length) tell an intact frame from
+/// damage.
+pub(crate) const MAX_FRAME: usize = u32::MAX as usize;
 
 /// One spool record.
 #[derive(Debug, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode)]
@@ -189,11 +194,12 @@ pub(crate) struct Parsed {
     pub(super) key: Option<FileKey>,
 }
 
-/// Reads a whole spool file's bytes.
+/// Reads a whole spool file's bytes. Every intact frame is replayed, whatever its size (up to
+/// [`MAX_FRAME`]).
 ///
 /// # Errors
 /// [`ErrorKind::Io`] when the header names a format this version does not read.
-pub(crate) fn parse(raw: &[u8], max_frame: usize) -> Result<Parsed> {
+pub(crate) fn parse(raw: &[u8]) -> Result<Parsed> {
     if raw.is_empty() {
         return Ok(Parsed {
             format: FORMAT_VERSION,
@@ -220,9 +226,9 @@ pub(crate) fn parse(raw: &[u8], max_frame: usize) -> Result<Parsed> {
         }
         let mut key = [0u8; 16];
         key.copy_from_slice(&raw[16..32]);
-        return Ok(parse_v1(raw, FileKey(key), max_frame));
+        return Ok(parse_v1(raw, FileKey(key)));
     }
-    Ok(parse_v0(raw, max_frame))
+    Ok(parse_v0(raw))
 }
 
 /// What one format-1 frame at an offset is.
@@ -235,17 +241,20 @@ pub(super) enum FrameAt {
     Bad,
 }
 
-pub(super) fn frame_at(raw: &[u8], at: usize, key: FileKey, max_frame: usize) -> FrameAt {
+pub(super) fn frame_at(raw: &[u8], at: usize, key: FileKey) -> FrameAt {
     let Some(head) = raw.get(at..at + FRAME_HEADER_LEN) else {
         return FrameAt::Torn;
     };
     let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
     let head_tag = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-    if len as usize > max_frame || key.head_tag(len) != head_tag {
+    if len as usize > MAX_FRAME || key.head_tag(len) != head_tag {
         return FrameAt::Bad;
     }
     let start = at + FRAME_HEADER_LEN;
-    let Some(payload) = raw.get(start..start + len as usize) else {
+    let Some(payload) = start
+        .checked_add(len as usize)
+        .and_then(|end| raw.get(start..end))
+    else {
         return FrameAt::Torn;
     };
     let mut body_tag = [0u8; 8];
@@ -259,7 +268,7 @@ pub(super) fn frame_at(raw: &[u8], at: usize, key: FileKey, max_frame: usize) ->
     }
 }
 
-pub(super) fn parse_v1(raw: &[u8], key: FileKey, max_frame: usize) -> Parsed {
+pub(super) fn parse_v1(raw: &[u8], key: FileKey) -> Parsed {
     let mut parsed = Parsed {
         format: FORMAT_VERSION,
         key: Some(key),
@@ -269,7 +278,7 @@ pub(super) fn parse_v1(raw: &[u8], key: FileKey, max_frame: usize) -> Parsed {
     // Where the damaged stretch being skipped began, if one is.
     let mut damaged_since: Option<usize> = None;
     while at < raw.len() {
-        match frame_at(raw, at, key, max_frame) {
+        match frame_at(raw, at, key) {
             FrameAt::Intact(record, size) => {
                 if let Some(since) = damaged_since.take() {
                     parsed.damage.regions += 1;
@@ -295,7 +304,7 @@ pub(super) fn parse_v1(raw: &[u8], key: FileKey, max_frame: usize) -> Parsed {
     parsed
 }
 
-pub(super) fn parse_v0(raw: &[u8], max_frame: usize) -> Parsed {
+pub(super) fn parse_v0(raw: &[u8]) -> Parsed {
     let mut parsed = Parsed::default();
     let mut at = 0usize;
     while at < raw.len() {
@@ -304,10 +313,13 @@ pub(super) fn parse_v0(raw: &[u8], max_frame: usize) -> Parsed {
             break;
         };
         let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        let body = if len > max_frame {
+        let body = if len > MAX_FRAME {
             None
         } else {
-            match raw.get(at + 4..at + 4 + len) {
+            match (at + 4)
+                .checked_add(len)
+                .and_then(|end| raw.get(at + 4..end))
+            {
                 Some(body) => Some(body),
                 None => {
                     parsed.torn_bytes = (raw.len() - at) as u64;
@@ -392,7 +404,7 @@ mod tests {
             "/tests/fixtures/spool-format1.bin"
         );
         let golden = std::fs::read(path).unwrap();
-        let parsed = parse(&golden, 1 << 20).unwrap();
+        let parsed = parse(&golden).unwrap();
         assert_eq!(parsed.records, golden_records());
         assert_eq!(parsed.damage, Damage::default());
         assert_eq!(parsed.torn_bytes, 0);

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::VERSION;
 use crate::deadline::Deadline;
+use crate::http::overload::{Admission, Admitted};
 use crate::http::params::{self, KeyPath, StrictQuery};
 use crate::http::problem::{ApiError, Code};
 use crate::http::session::{SessionToken, WithSession};
@@ -198,20 +199,22 @@ async fn publish(
     request: Request,
     session: &mut ClientSession,
 ) -> Result<Response, ApiError> {
-    let deadline = request.extensions().get::<Deadline>().copied();
     let writer = writer(params.client.clone(), request.headers())?;
     let version = write_version(params.version.as_deref())?;
     let sync = parse_sync(&params)?;
-    let value = read_value(request, state).await?;
+    // Held until the publish returns: its in-flight slot, taken once the body arrived.
+    let (value, admitted) = read_value(request, state).await?;
     let call = PublishCall {
         key,
         version,
         edit: Edit::Value(value),
         writer,
         sync,
-        deadline,
+        deadline: admitted.deadline,
     };
-    write_response(state.ops().publish(call, session).await?)
+    let outcome = state.ops().publish(call, session).await;
+    drop(admitted);
+    write_response(outcome?)
 }
 
 /// The `?version=` of a write, when it carries one.
@@ -220,12 +223,14 @@ fn write_version(raw: Option<&str>) -> Result<Option<Version>, ApiError> {
         .transpose()
 }
 
-/// Reads the value of a publish, refusing one larger than `server.max_value_bytes`.
+/// Reads the value of a publish, refusing one larger than `server.max_value_bytes`, then
+/// admits the publish (its in-flight slot and its deadline start once the body has arrived).
 ///
 /// A declared `Content-Length` over the limit is refused before the body is polled: hyper
 /// answers `Expect: 100-continue` with `100 Continue` only when the body is first read, so a
-/// client that waits for it gets the 413 instead and never sends the value.
-async fn read_value(request: Request, state: &AppState) -> Result<Bytes, ApiError> {
+/// client that waits for it gets the 413 instead and never sends the value. While it arrives
+/// the body counts against the receiving bound, which may refuse it (503 `overloaded`) first.
+async fn read_value(mut request: Request, state: &AppState) -> Result<(Bytes, Admitted), ApiError> {
     let max = state.inner().max_value_bytes;
     let too_large = || {
         ApiError::new(
@@ -241,7 +246,13 @@ async fn read_value(request: Request, state: &AppState) -> Result<Bytes, ApiErro
     if declared.is_some_and(|length| length > max as u64) {
         return Err(too_large());
     }
-    Bytes::from_request(request, state)
+    let admission = request.extensions_mut().remove::<Admission>();
+    let deadline = request.extensions().get::<Deadline>().copied();
+    let receiving = admission
+        .as_ref()
+        .map(|admission| admission.receive(declared.unwrap_or(max as u64)))
+        .transpose()?;
+    let body = Bytes::from_request(request, state)
         .await
         .map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -252,7 +263,13 @@ async fn read_value(request: Request, state: &AppState) -> Result<Bytes, ApiErro
                     "the body could not be read to its end",
                 )
             }
-        })
+        })?;
+    drop(receiving);
+    let admitted = match admission {
+        Some(admission) => admission.admit()?,
+        None => Admitted::unlimited(deadline),
+    };
+    Ok((body, admitted))
 }
 
 /// Invalidates a key: writes a versioned tombstone to every copy.

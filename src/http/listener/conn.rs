@@ -4,7 +4,9 @@
 //!
 //! A busy connection's request body must arrive within `server.body_read_timeout` of the first
 //! wait for it ([`DeadlineBody`]); past it the handler sees a body error, answers, and hyper
-//! closes the connection, whose body was not read to its end.
+//! ends the connection, whose body was not read to its end. hyper never shuts the socket down
+//! itself: a connection it ended is closed lingering ([`linger`]), so the rest of a refused body
+//! is read and discarded and the client reads the answer rather than a reset.
 //!
 //! The watchdog is one timer per connection, re-armed when it fires or when a head starts
 //! arriving without ending in the same read: a request whose head arrives whole touches no
@@ -102,8 +104,9 @@ impl Connection {
             inner: io,
             activity: activity.clone(),
         });
-        let connection = self.settings.http.serve_connection(io, service);
-        let mut connection = std::pin::pin!(connection);
+        // Polled without shutting the socket down at its end, so an answer given before the
+        // request body was read can be followed by a lingering close (`linger`).
+        let mut connection = self.settings.http.serve_connection(io, service);
         let signal = activity.signal.notified();
         let mut signal = std::pin::pin!(signal);
         // Whether `signal` was polled: once is enough to leave the task's waker with the
@@ -118,7 +121,7 @@ impl Connection {
         let mut armed_for = 0;
         loop {
             let event = std::future::poll_fn(|cx| {
-                if let Poll::Ready(served) = connection.as_mut().poll(cx) {
+                if let Poll::Ready(served) = connection.poll_without_shutdown(cx) {
                     return Poll::Ready(Event::Ended(served));
                 }
                 if !listening {
@@ -153,11 +156,19 @@ impl Connection {
                     if let Err(err) = served {
                         tracing::debug!(error = %err, "connection ended with an error");
                     }
+                    let mut io = connection.into_parts().io.into_inner();
+                    if activity.is_shut_down() || activity.was_evicted() {
+                        // No linger, but the socket is still shut down as hyper would have
+                        // (a TLS close_notify, then the FIN).
+                        let _ = tokio::time::timeout(LINGER_IDLE, io.shutdown()).await;
+                    } else {
+                        linger(io, &activity).await;
+                    }
                     break;
                 }
                 Event::ShutDown => {
                     // Idle connections close at once; a request in progress is answered first.
-                    connection.as_mut().graceful_shutdown();
+                    Pin::new(&mut connection).graceful_shutdown();
                     draining = true;
                 }
                 Event::Evicted => {
@@ -168,7 +179,7 @@ impl Connection {
                         break;
                     }
                     // A request began after the listener chose this connection: answer it.
-                    connection.as_mut().graceful_shutdown();
+                    Pin::new(&mut connection).graceful_shutdown();
                     draining = true;
                 }
                 Event::Watchdog => match activity.verdict(Instant::now(), &self.settings) {
@@ -186,6 +197,45 @@ impl Connection {
         }
         if activity.body_timed_out.load(Ordering::Relaxed) {
             self.metrics.timed_out(Timeout::Body);
+        }
+    }
+}
+
+/// The longest a lingering close keeps reading after the answer.
+const LINGER_TIME: Duration = Duration::from_secs(5);
+/// A lingering close ends when the client sends nothing for this long.
+const LINGER_IDLE: Duration = Duration::from_secs(1);
+/// The most bytes a lingering close reads and discards.
+const LINGER_BYTES: usize = 16 * 1024 * 1024;
+
+/// A lingering close, as nginx's: the answer has been written; the write side is shut down
+/// and whatever the client still sends (a request body refused with 413, or cut off by the body
+/// timeout) is read and discarded until it closes, for at most [`LINGER_TIME`] and
+/// [`LINGER_BYTES`] (or [`LINGER_IDLE`] of silence), before the socket is closed. Closing a
+/// socket with unread bytes makes the kernel send a reset, which can discard the answer before
+/// a client that sends its whole body first has read it. A shutdown or an eviction ends it.
+async fn linger<S>(mut io: Watched<S>, activity: &Activity)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    if io.shutdown().await.is_err() {
+        return;
+    }
+    let until = Instant::now() + LINGER_TIME;
+    let mut discarded = 0usize;
+    let mut buffer = vec![0u8; 16 * 1024];
+    let signal = activity.signal.notified();
+    let mut signal = std::pin::pin!(signal);
+    while discarded < LINGER_BYTES && !activity.is_shut_down() && !activity.was_evicted() {
+        let idle = (Instant::now() + LINGER_IDLE).min(until);
+        tokio::select! {
+            read = io.read(&mut buffer) => match read {
+                Ok(read) if read > 0 => discarded += read,
+                _ => return,
+            },
+            () = tokio::time::sleep_until(idle) => return,
+            () = signal.as_mut() => return,
         }
     }
 }
