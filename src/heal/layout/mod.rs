@@ -79,17 +79,20 @@
 //! cannot serve a copy that missed edits. The sweep pauses while the recorded layout differs from
 //! this instance's config or a live instance has more copies (above).
 
+mod reconcile;
+mod record;
+mod sweep;
+mod watcher;
+
+pub(super) use sweep::glob_escape;
+pub use watcher::LayoutWatcher;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-
-use crate::error::Result;
-use crate::family::{Families, Family};
-use crate::key::CopyKey;
 use crate::metrics::Metrics;
-use crate::store::{CopyStore, FleetStore, Layout, LayoutStore, LayoutSwap, LayoutWriter};
+use crate::store::{CopyStore, FleetStore, Layout, LayoutStore, LayoutWriter};
 use serde::Serialize;
 
 /// What this instance knows of one family's layout.
@@ -182,135 +185,10 @@ impl Liveness {
     }
 }
 
-/// Copies `from..to` of a family may hold versions that missed edits and are deleted before
-/// this instance serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Strays {
-    /// The first copy index that may be stray.
-    from: u32,
-    /// One past the last.
-    to: u32,
-    /// Whether a live instance may still be writing fewer copies: wait for it to see this one.
-    settle: bool,
-}
-
-/// The copies a grow makes this instance read that may have missed edits, or `None`.
-///
-/// `live` is the largest copy count of the other live instances when this one joined, and
-/// `recorded` the record before this instance wrote it. Copies below every live instance's
-/// count are kept current by the writers (each writes up to the largest live count); with no
-/// instance live, nobody writes, and copies below the last recorded count are current, while
-/// copies at or beyond the record's `max_copies` do not exist.
-fn strays(configured: u32, live: Option<u32>, recorded: Option<Layout>) -> Option<Strays> {
-    let (from, to, settle) = match (live, recorded) {
-        (Some(live), _) => (live, configured, true),
-        (None, Some(recorded)) => (
-            recorded.copies,
-            configured.min(recorded.max_copies.max(recorded.copies)),
-            false,
-        ),
-        (None, None) => return None,
-    };
-    (from < to).then_some(Strays { from, to, settle })
-}
-
 impl Layouts {
     /// Layouts that know nothing recorded (every family at its configured count).
     pub fn unrecorded() -> Arc<Layouts> {
         Arc::new(Layouts::default())
-    }
-
-    /// Joins every family's live set, reads every family's record, writes this instance's
-    /// layout, and logs a resize. A family this instance grows past what the live instances
-    /// write is settled first: after [`Liveness::settle`], the copies in the grown range are
-    /// deleted (read repair refills them from their newest sibling).
-    ///
-    /// # Errors
-    /// Store errors reading or writing a record or a live set, or deleting grown copies.
-    pub async fn reconcile(
-        stores: &LayoutStores,
-        families: &Families,
-        metrics: &Metrics,
-        liveness: &Liveness,
-    ) -> Result<Arc<Layouts>> {
-        let layouts = Layouts::default();
-        let mut grown = Vec::new();
-        let ttl_ms = crate::duration::millis(liveness.ttl());
-        for family in families.iter() {
-            let name = family.name();
-            // Join first: an instance that reads the live set after this call writes this
-            // instance's copies; one that read it before is waited for below.
-            // A join that fails (the store refuses FCALL) does not stop startup: publishes
-            // fail the same way then, and the watcher retries the join every interval.
-            let others = match stores
-                .layouts
-                .join_layout(name, family.copies, &liveness.instance, ttl_ms)
-                .await
-            {
-                Ok(others) => others,
-                Err(err) => {
-                    tracing::warn!(family = name, error = %err, "cannot join the family's live set: retried every layout interval");
-                    Vec::new()
-                }
-            };
-            let live = others.iter().copied().max();
-            let recorded = stores.layouts.read_layout(name).await?;
-            let (max_copies, writer) = record_configured(stores, family, liveness).await?;
-            // Another running instance on another copy count: reported here too, not only by
-            // the instance whose record this one replaced.
-            let reported = others.iter().any(|&copies| copies != family.copies);
-            if reported {
-                tracing::warn!(
-                    family = name,
-                    configured = family.copies,
-                    live_copies = ?others,
-                    "layout mismatch between running instances: other live instances run another copy count (a rolling resize, or two configs disagreeing)"
-                );
-            }
-            metrics.layout_mismatch(name, reported);
-            layouts.lock().insert(
-                name.to_owned(),
-                Known {
-                    configured: family.copies,
-                    max_copies,
-                    mismatch: false,
-                    reported,
-                    recorded: Some(Layout {
-                        copies: family.copies,
-                        max_copies,
-                    }),
-                    writer,
-                    live_others: others,
-                    live_copies: live.unwrap_or(0),
-                    live_changed: Instant::now(),
-                },
-            );
-            if let Some(strays) = strays(family.copies, live, recorded) {
-                grown.push((family, strays));
-            }
-        }
-        if grown.iter().any(|(_, strays)| strays.settle) {
-            let settle = liveness.settle();
-            tracing::info!(
-                families = ?grown.iter().map(|(family, _)| family.name()).collect::<Vec<_>>(),
-                ?settle,
-                "growing past the live instances: waiting until they write the new copies"
-            );
-            tokio::time::sleep(settle).await;
-        }
-        for (family, strays) in grown {
-            let (deleted, complete) =
-                delete_copies_from(stores, families, family, strays.from, Some(strays.to)).await?;
-            tracing::info!(
-                family = family.name(),
-                from = strays.from,
-                to = strays.to,
-                deleted,
-                complete,
-                "deleted the grown copies that may have missed edits"
-            );
-        }
-        Ok(Arc::new(layouts))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Known>> {
@@ -422,109 +300,6 @@ impl Layouts {
     }
 }
 
-/// How often [`record_configured`] retries its compare-and-set after another instance changed
-/// the record in between.
-const RECORD_ATTEMPTS: u32 = 8;
-
-/// Records `family`'s configured copy count with a compare-and-set, keeping the largest copy
-/// count ever recorded (never lowering `max_copies`, whatever another instance wrote meanwhile),
-/// and this instance as the record's writer. A record of another copy count is replaced (the
-/// newest start records the layout being rolled out), and the replacement is logged naming the
-/// instance and release that wrote it and whether that instance is still registered. Returns
-/// the recorded `max_copies` and the record's writer.
-async fn record_configured(
-    stores: &LayoutStores,
-    family: &Family,
-    liveness: &Liveness,
-) -> Result<(u32, Option<LayoutWriter>)> {
-    let name = family.name();
-    let mut recorded = stores.layouts.read_layout(name).await?;
-    for _ in 0..RECORD_ATTEMPTS {
-        let max_copies = recorded.map_or(family.copies, |layout| {
-            layout.max_copies.max(layout.copies).max(family.copies)
-        });
-        if let Some(recorded) = recorded {
-            if recorded.copies != family.copies {
-                report_replaced(stores, family, recorded, max_copies).await;
-            }
-        }
-        let layout = Layout {
-            copies: family.copies,
-            max_copies,
-        };
-        if recorded == Some(layout) {
-            let writer = stores.layouts.read_layout_writer(name).await.unwrap_or_else(|err| {
-                tracing::debug!(family = name, error = %err, "cannot read the layout record's writer");
-                None
-            });
-            return Ok((max_copies, writer));
-        }
-        match stores.layouts.write_layout(name, recorded, layout).await? {
-            LayoutSwap::Applied => {
-                return Ok((
-                    max_copies,
-                    record_writer(&*stores.layouts, name, liveness, family.copies).await,
-                ))
-            }
-            // Another instance changed the record in between: decide again from what it wrote.
-            LayoutSwap::Changed(current) => recorded = current,
-        }
-    }
-    Err(crate::error::Error::new(
-        crate::error::ErrorKind::Unavailable,
-        format!("the layout record of family {name:?} kept changing: {RECORD_ATTEMPTS} compare-and-set attempts failed"),
-    ))
-}
-
-/// Logs that this instance replaces `family`'s record of `recorded` copies, naming who wrote it
-/// and whether that instance still runs (is registered).
-async fn report_replaced(
-    stores: &LayoutStores,
-    family: &Family,
-    recorded: Layout,
-    max_copies: u32,
-) {
-    let name = family.name();
-    let writer = stores.layouts.read_layout_writer(name).await.ok().flatten();
-    let running = match &writer {
-        Some(writer) => stores
-            .fleet
-            .instances()
-            .await
-            .ok()
-            .map(|instances| instances.iter().any(|record| record.id == writer.instance)),
-        None => None,
-    };
-    tracing::warn!(
-        family = name,
-        configured = family.copies,
-        recorded = recorded.copies,
-        max_copies,
-        writer = writer.as_ref().map_or("unknown", |writer| writer.instance.as_str()),
-        writer_release = writer.as_ref().map_or("unknown", |writer| writer.release.as_str()),
-        writer_running = ?running,
-        "family layout changed: recording the configured copy count over another instance's"
-    );
-}
-
-/// Records this instance as the writer of `family`'s record of `copies`; a failure is logged
-/// (the record itself is written). Returns the writer recorded.
-async fn record_writer(
-    store: &dyn LayoutStore,
-    family: &str,
-    liveness: &Liveness,
-    copies: u32,
-) -> Option<LayoutWriter> {
-    let writer = liveness.writer(copies);
-    match store.write_layout_writer(family, &writer).await {
-        Ok(()) => Some(writer),
-        Err(err) => {
-            tracing::warn!(family, error = %err, "cannot record this instance as the layout record's writer");
-            None
-        }
-    }
-}
-
 /// The store roles the layout records and the sweeps use.
 #[derive(Clone)]
 pub struct LayoutStores {
@@ -547,241 +322,12 @@ impl LayoutStores {
     }
 }
 
-/// Refreshes this instance's live entries and re-reads the layout records every
-/// `liveness.interval`; sweeps shrunk families every `sweep_interval`.
-pub struct LayoutWatcher {
-    /// Where the records live, and the copies a sweep deletes.
-    pub stores: LayoutStores,
-    /// The state to update.
-    pub layouts: Arc<Layouts>,
-    /// The families to watch.
-    pub families: Arc<Families>,
-    /// Mismatch gauges.
-    pub metrics: Arc<Metrics>,
-    /// This instance's live entries. Default interval: 5 s.
-    pub liveness: Liveness,
-    /// How often to sweep a shrunk family. Default: 1 min.
-    pub sweep_interval: Duration,
-}
-
-/// The most keys one sweep of a family looks at.
-const SWEEP_SCAN_LIMIT: usize = 100_000;
-
-/// Escapes Redis glob metacharacters.
-pub(super) fn glob_escape(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
-}
-
-/// Deletes every stored copy of `family`'s keys with an index in `from..to` (`to: None`: no
-/// upper bound). Returns how many existed, and whether the scan saw every key.
-async fn delete_copies_from(
-    stores: &LayoutStores,
-    families: &Families,
-    family: &Family,
-    from: u32,
-    to: Option<u32>,
-) -> Result<(u64, bool)> {
-    let name = family.name();
-    let pattern = format!("{}*#*", glob_escape(&family.prefix));
-    let keys = stores.layouts.scan_keys(&pattern, SWEEP_SCAN_LIMIT).await?;
-    let complete = keys.len() < SWEEP_SCAN_LIMIT;
-    let removed: Vec<CopyKey> = keys
-        .iter()
-        .filter_map(|stored| {
-            let (key, copy_key) = CopyKey::parse(stored)?;
-            let index = copy_key.index();
-            let ours = families.resolve(&key).name() == name;
-            let in_range = index >= from && to.is_none_or(|to| index < to);
-            (ours && in_range).then_some(copy_key)
-        })
-        .collect();
-    let mut deleted = 0;
-    for batch in removed.chunks(256) {
-        deleted += stores.copies.delete_copies(batch).await?;
-    }
-    Ok((deleted, complete))
-}
-
-impl LayoutWatcher {
-    /// Who wrote `family`'s record; `None` when unknown or unreadable (logged).
-    async fn read_writer(&self, family: &str) -> Option<LayoutWriter> {
-        self.stores
-            .layouts
-            .read_layout_writer(family)
-            .await
-            .unwrap_or_else(|err| {
-                tracing::debug!(family, error = %err, "cannot read the layout record's writer");
-                None
-            })
-    }
-
-    /// Runs until `shutdown`. The live entries are refreshed in a loop of their own, so a long
-    /// sweep never delays them. They are not removed at shutdown: they lapse after
-    /// [`Liveness::ttl`], after the last request this instance served.
-    pub async fn run(self, shutdown: CancellationToken) {
-        tokio::join!(self.refresh_loop(&shutdown), self.sweep_loop(&shutdown));
-    }
-
-    async fn refresh_loop(&self, shutdown: &CancellationToken) {
-        let mut ticker = tokio::time::interval(self.liveness.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticker.tick().await;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = ticker.tick() => self.refresh().await,
-            }
-        }
-    }
-
-    /// Refreshes this instance's live entries and re-reads the records, once.
-    async fn refresh(&self) {
-        let ttl_ms = crate::duration::millis(self.liveness.ttl());
-        for family in self.families.iter() {
-            let name = family.name();
-            match self
-                .stores
-                .layouts
-                .join_layout(name, family.copies, &self.liveness.instance, ttl_ms)
-                .await
-            {
-                Ok(others) => self.layouts.observe_live(name, &others),
-                // The last view is kept: it can only make publishes write more copies.
-                Err(err) => {
-                    tracing::warn!(family = name, error = %err, "cannot refresh this instance's live entry")
-                }
-            }
-            match self.stores.layouts.read_layout(name).await {
-                Ok(recorded) => {
-                    let writer = self.read_writer(name).await;
-                    self.layouts.observe(name, recorded, writer, &self.metrics)
-                }
-                Err(err) => {
-                    tracing::debug!(family = name, error = %err, "cannot read the layout record")
-                }
-            }
-        }
-    }
-
-    async fn sweep_loop(&self, shutdown: &CancellationToken) {
-        let mut ticker = tokio::time::interval(self.sweep_interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticker.tick().await;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = ticker.tick() => {
-                    for family in self.families.iter() {
-                        let sweep = tokio::select! {
-                            () = shutdown.cancelled() => return,
-                            sweep = self.sweep(family, Instant::now()) => sweep,
-                        };
-                        if let Err(err) = sweep {
-                            tracing::warn!(family = family.name(), error = %err, "sweep of removed copies failed");
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Deletes the copies a shrink removed from `family`'s keys; lowers the record once none
-    /// is left. Does nothing while another live instance has more copies: its readers read
-    /// them, and every writer keeps them current. Nor until [`Liveness::settle`] has passed
-    /// (at `now`) since the largest live count last changed: a publish that read the larger
-    /// count may still be writing copies beyond this instance's count, here or on an instance
-    /// that has not refreshed yet, and a copy landing after the last sweep would outlive the
-    /// shrink.
-    async fn sweep(&self, family: &Family, now: Instant) -> Result<()> {
-        let name = family.name();
-        let (max_copies, mismatch, live_copies, live_changed) = {
-            let known = self.layouts.lock();
-            match known.get(name) {
-                Some(known) => (
-                    known.max_copies,
-                    known.mismatch,
-                    known.live_copies,
-                    known.live_changed,
-                ),
-                None => return Ok(()),
-            }
-        };
-        if max_copies <= family.copies || mismatch {
-            return Ok(());
-        }
-        if live_copies > family.copies {
-            tracing::debug!(
-                family = name,
-                live_copies,
-                "sweep skipped: a live instance reads more copies"
-            );
-            return Ok(());
-        }
-        if now.saturating_duration_since(live_changed) < self.liveness.settle() {
-            tracing::debug!(
-                family = name,
-                "sweep deferred: publishes that read a larger live copy count may still be writing"
-            );
-            return Ok(());
-        }
-        let (deleted, complete) =
-            delete_copies_from(&self.stores, &self.families, family, family.copies, None).await?;
-        if deleted > 0 {
-            tracing::info!(family = name, deleted, "swept copies removed by a shrink");
-        } else if complete {
-            // Lowered only from the record this instance expects: a record another instance
-            // changed meanwhile (a larger layout rolled out again) is kept.
-            let expected = Layout {
-                copies: family.copies,
-                max_copies,
-            };
-            let layout = Layout {
-                copies: family.copies,
-                max_copies: family.copies,
-            };
-            match self
-                .stores
-                .layouts
-                .write_layout(name, Some(expected), layout)
-                .await?
-            {
-                LayoutSwap::Applied => {
-                    let writer =
-                        record_writer(&*self.stores.layouts, name, &self.liveness, family.copies)
-                            .await;
-                    if let Some(known) = self.layouts.lock().get_mut(name) {
-                        known.max_copies = family.copies;
-                        known.recorded = Some(layout);
-                        known.writer = writer;
-                    }
-                    tracing::info!(
-                        family = name,
-                        copies = family.copies,
-                        "no removed copies left: the shrink is complete"
-                    );
-                }
-                LayoutSwap::Changed(current) => {
-                    tracing::info!(family = name, recorded = ?current, "the layout record changed during the sweep: kept");
-                    let writer = self.read_writer(name).await;
-                    self.layouts.observe(name, current, writer, &self.metrics);
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::reconcile::{strays, Strays};
     use super::*;
     use crate::config::Config;
+    use crate::family::Families;
     use crate::key::Key;
     use crate::store::memory::MemoryStore;
     use crate::store::CopyWrite;
