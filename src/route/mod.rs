@@ -521,14 +521,26 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::family::fixture;
     use crate::store::ReplicaSet;
 
+    /// The route sections of a config text; the family sections are read by
+    /// [`fixture::families`], every other section is ignored.
+    #[derive(serde::Deserialize)]
+    struct Sections {
+        /// `[classes.*]`.
+        #[serde(default)]
+        classes: std::collections::BTreeMap<String, ClassConfig>,
+        /// `[route]`.
+        #[serde(default)]
+        route: RouteConfig,
+    }
+
     fn router(text: &str) -> Router {
-        let config = Config::from_toml(text).unwrap();
-        config.validate().unwrap();
-        let families = Arc::new(config.families());
-        let classes = config.classes().unwrap();
+        let config: Sections = toml::from_str(text).unwrap();
+        config.route.validate().unwrap();
+        let families = Arc::new(fixture::families(text));
+        let classes = Classes::from_config(&config.classes).unwrap();
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = Arc::new(RouteMetrics::register(&mut registry, &classes));
         let lag = Arc::new(LagTable::new(

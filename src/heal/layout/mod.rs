@@ -326,7 +326,7 @@ impl LayoutStores {
 mod tests {
     use super::reconcile::{strays, Strays};
     use super::*;
-    use crate::config::Config;
+    use crate::family::fixture;
     use crate::family::Families;
     use crate::key::Key;
     use crate::store::memory::MemoryStore;
@@ -348,13 +348,8 @@ mod tests {
         let text = |copies| {
             format!("[[family]]\nprefix = \"p*\"\ncopies = {copies}\n[[family]]\nprefix = \"p*x\"\ncopies = 8")
         };
-        let twelve = Config::from_toml(&text(12)).unwrap().families();
-        let four = Arc::new(Config::from_toml(&text(4)).unwrap().families());
-        let publisher = crate::publish::Publisher::new(
-            store.clone(),
-            Arc::new(twelve.clone()),
-            metrics.clone(),
-        );
+        let twelve = fixture::families(&text(12));
+        let four = Arc::new(fixture::families(&text(4)));
         Layouts::reconcile(
             &LayoutStores::of(&store),
             &twelve,
@@ -363,15 +358,18 @@ mod tests {
         )
         .await
         .unwrap();
+        // Version 1 of a key of each family, on every copy its twelve-copy layout writes.
         for key in ["p*1", "p*x1"] {
-            publisher
-                .publish(
-                    &Key::parse(key).unwrap(),
-                    crate::publish::VersionChoice::Given(crate::key::Version::new(1).unwrap()),
-                    bytes::Bytes::new(),
-                )
-                .await
-                .unwrap();
+            let key = Key::parse(key).unwrap();
+            let writes: Vec<CopyWrite> = (0..twelve.resolve(&key).copies)
+                .map(|index| CopyWrite {
+                    copy_key: key.copy_key(index),
+                    version: crate::key::Version::new(1).unwrap(),
+                    payload: crate::store::Payload::Value(bytes::Bytes::new()),
+                    expire_at_ms: crate::store::now_unix_ms() + 60_000,
+                })
+                .collect();
+            store.write_copies(&writes).await;
         }
         let layouts = Layouts::reconcile(
             &LayoutStores::of(&store),
@@ -421,12 +419,8 @@ mod tests {
     async fn a_resize_is_recorded_and_a_mismatch_seen() {
         let store = Arc::new(MemoryStore::new());
         let metrics = Metrics::new();
-        let eight = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 8")
-            .unwrap()
-            .families();
-        let four = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 4")
-            .unwrap()
-            .families();
+        let eight = fixture::families("[[family]]\nprefix = \"p:\"\ncopies = 8");
+        let four = fixture::families("[[family]]\nprefix = \"p:\"\ncopies = 4");
         let first = Layouts::reconcile(&LayoutStores::of(&store), &eight, &metrics, &liveness("a"))
             .await
             .unwrap();
@@ -518,11 +512,8 @@ mod tests {
     async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
         let store = Arc::new(MemoryStore::new());
         let metrics = Metrics::new();
-        let families = |copies| {
-            Config::from_toml(&format!("[[family]]\nprefix = \"g:\"\ncopies = {copies}"))
-                .unwrap()
-                .families()
-        };
+        let families =
+            |copies| fixture::families(&format!("[[family]]\nprefix = \"g:\"\ncopies = {copies}"));
         let (four, twelve) = (families(4), families(12));
         Layouts::reconcile(
             &LayoutStores::of(&store),
