@@ -518,26 +518,41 @@ impl Router {
     }
 }
 
+/// Test fixtures: the `[route]` and `[classes.*]` sections of a config text, for the unit tests
+/// of modules the config depends on (which must not depend on the config themselves); the
+/// family sections are read by `crate::family::fixture::families`.
+#[cfg(test)]
+pub(crate) mod fixture {
+    use super::{ClassConfig, RouteConfig};
+
+    /// The route sections of a config text; every other section is ignored.
+    #[derive(serde::Deserialize)]
+    pub(crate) struct Sections {
+        /// `[classes.*]`.
+        #[serde(default)]
+        pub(crate) classes: std::collections::BTreeMap<String, ClassConfig>,
+        /// `[route]`.
+        #[serde(default)]
+        pub(crate) route: RouteConfig,
+    }
+
+    /// The route sections of `text`, a config in TOML.
+    ///
+    /// # Panics
+    /// When the route sections do not parse: a broken fixture.
+    pub(crate) fn sections(text: &str) -> Sections {
+        toml::from_str(text).expect("the fixture's route sections")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::family::fixture;
     use crate::store::ReplicaSet;
 
-    /// The route sections of a config text; the family sections are read by
-    /// [`fixture::families`], every other section is ignored.
-    #[derive(serde::Deserialize)]
-    struct Sections {
-        /// `[classes.*]`.
-        #[serde(default)]
-        classes: std::collections::BTreeMap<String, ClassConfig>,
-        /// `[route]`.
-        #[serde(default)]
-        route: RouteConfig,
-    }
-
     fn router(text: &str) -> Router {
-        let config: Sections = toml::from_str(text).unwrap();
+        let config = super::fixture::sections(text);
         config.route.validate().unwrap();
         let families = Arc::new(fixture::families(text));
         let classes = Classes::from_config(&config.classes).unwrap();
