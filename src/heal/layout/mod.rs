@@ -64,7 +64,7 @@
 //! copies against one Redis, publishing alternately: every copy the larger one reads holds the
 //! newest version after each publish; the smaller one's sweep waits until the larger one stops),
 //! `resize::resize_shrink_then_grow_within_the_ttl_serves_no_missed_edit`,
-//! `heal::layout::tests::a_growing_instance_deletes_the_grown_copies_after_settling`, and
+//! `resize::a_growing_instance_deletes_the_grown_copies_after_settling`, and
 //! `conformance::*` (the live set on the embedded store, standalone Redis and a cluster). Not
 //! covered: a failover that loses a fresh live entry (asynchronous replication) hides the instance
 //! until its next refresh, one L; a join refused at startup (no `FCALL`) is logged and retried
@@ -327,7 +327,6 @@ mod tests {
     use super::reconcile::{strays, Strays};
     use super::*;
     use crate::family::fixture;
-    use crate::family::Families;
     use crate::key::Key;
     use crate::store::memory::MemoryStore;
     use crate::store::CopyWrite;
@@ -506,91 +505,5 @@ mod tests {
         // A live instance already writes at least as many copies.
         assert_eq!(strays(8, Some(12), record(12, 12)), None);
         assert_eq!(strays(8, Some(8), None), None);
-    }
-
-    #[tokio::test]
-    async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
-        let store = Arc::new(MemoryStore::new());
-        let metrics = Metrics::new();
-        let families =
-            |copies| fixture::families(&format!("[[family]]\nprefix = \"g:\"\ncopies = {copies}"));
-        let (four, twelve) = (families(4), families(12));
-        Layouts::reconcile(
-            &LayoutStores::of(&store),
-            &twelve,
-            &metrics,
-            &liveness("old"),
-        )
-        .await
-        .unwrap();
-        let publish = |families: &Families, layouts: Arc<Layouts>, version| {
-            let publisher = crate::publish::Publisher::new(
-                store.clone(),
-                Arc::new(families.clone()),
-                metrics.clone(),
-            )
-            .with_layouts(layouts);
-            async move {
-                publisher
-                    .publish(
-                        &Key::parse("g:1").unwrap(),
-                        crate::publish::VersionChoice::Given(
-                            crate::key::Version::new(version).unwrap(),
-                        ),
-                        bytes::Bytes::from(format!("v{version}")),
-                    )
-                    .await
-                    .unwrap()
-            }
-        };
-        publish(&twelve, Layouts::unrecorded(), 1).await;
-        // The twelve-copy writer is gone; a four-copy instance shrinks, and a stale copy 7
-        // survives (as after a failed delete).
-        store.leave_layout("g:", 12, "old").await.unwrap();
-        let small = Layouts::reconcile(
-            &LayoutStores::of(&store),
-            &four,
-            &metrics,
-            &liveness("small"),
-        )
-        .await
-        .unwrap();
-        let report = publish(&four, small.clone(), 2).await;
-        assert_eq!(report.copies, 4);
-        store
-            .write_copies(&[CopyWrite {
-                copy_key: Key::parse("g:1").unwrap().copy_key(7),
-                version: crate::key::Version::new(1).unwrap(),
-                payload: crate::store::Payload::Value(bytes::Bytes::from("v1")),
-                expire_at_ms: crate::store::now_unix_ms() + 60_000,
-            }])
-            .await;
-        // A twelve-copy instance starts while the small one is live: copies 4..12 are deleted.
-        let quick = Liveness {
-            interval: Duration::from_millis(10),
-            ..liveness("new")
-        };
-        let grown = Layouts::reconcile(&LayoutStores::of(&store), &twelve, &metrics, &quick)
-            .await
-            .unwrap();
-        let copy = |index| {
-            let store = store.clone();
-            async move {
-                store
-                    .read_copy(&Key::parse("g:1").unwrap().copy_key(index))
-                    .await
-            }
-        };
-        for index in 4..12 {
-            assert!(
-                copy(index).await.record.unwrap().is_none(),
-                "copy {index} survived the grow"
-            );
-        }
-        assert!(copy(0).await.record.unwrap().is_some());
-        // Both now write twelve copies.
-        small.observe_live("g:", &[12]);
-        assert_eq!(publish(&four, small, 3).await.copies, 12);
-        assert_eq!(grown.write_copies("g:", 12), 12);
     }
 }
