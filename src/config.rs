@@ -515,4 +515,20 @@ mod tests {
         let text = include_str!("../hotsplit.example.toml");
         Config::from_toml(text).unwrap().validate().unwrap();
     }
+
+    #[test]
+    fn the_previous_releases_refresh_ahead_is_accepted_and_changes_nothing() {
+        let config = Config::from_toml("[near_cache]\nrefresh_ahead = 0.9\n").unwrap();
+        assert_eq!(config.near_cache.refresh_ahead, Some(0.9));
+        assert!((config.near_cache.refresh_lead_max - 0.01).abs() < f64::EPSILON);
+        config.validate().unwrap();
+        let wrong = Config::from_toml("[near_cache]\nrefresh_lead_max = 0.5\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(
+            wrong.to_string().contains("near_cache.refresh_lead_max"),
+            "{wrong}"
+        );
+    }
 }

@@ -233,3 +233,31 @@ impl Families {
         self.by_prefix.iter().chain(std::iter::once(&self.default))
     }
 }
+
+/// Test fixtures: a family table from the `[default_family]` and `[[family]]` sections of a
+/// config text, built the way `Config::families` builds it, for the unit tests of modules the
+/// config depends on (which must not depend on the config themselves).
+#[cfg(test)]
+pub(crate) mod fixture {
+    use super::{DefaultFamilyConfig, Families, FamilyConfig};
+
+    /// The family sections of a config text; every other section is ignored.
+    #[derive(serde::Deserialize)]
+    struct Sections {
+        /// `[default_family]`; its defaults when absent.
+        #[serde(default)]
+        default_family: DefaultFamilyConfig,
+        /// The `[[family]]` entries.
+        #[serde(default, rename = "family")]
+        families: Vec<FamilyConfig>,
+    }
+
+    /// The family table of `text`, a config in TOML.
+    ///
+    /// # Panics
+    /// When the family sections do not parse: a broken fixture.
+    pub(crate) fn families(text: &str) -> Families {
+        let sections: Sections = toml::from_str(text).expect("the fixture's family sections");
+        Families::new(&sections.default_family, &sections.families)
+    }
+}

@@ -453,7 +453,7 @@ pub(crate) fn check_primaries_answered(samples: &[KeySample]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::family::fixture;
 
     #[test]
     fn copy_keys_are_recognised() {
@@ -531,11 +531,9 @@ mod tests {
 
     #[test]
     fn copy_counts_come_from_the_config_families() {
-        let config = Config::from_toml(
+        let copies = CopyCount::Config(fixture::families(
             "[[family]]\nprefix = \"post:\"\ncopies = 4\n[[family]]\nprefix = \"one:\"\ncopies = 1\n",
-        )
-        .unwrap();
-        let copies = CopyCount::Config(config.families());
+        ));
         let mut candidates = Candidates::default();
         add_all(
             &mut candidates,

@@ -159,7 +159,7 @@ pub mod paths {
     };
 
     /// Every template, in the latency table's order.
-    pub(crate) const ROUTES: [&str; 18] = [
+    pub const ROUTES: [&str; 18] = [
         KEY,
         AFFINITY,
         HEALTHZ,
@@ -326,33 +326,5 @@ mod tests {
     #[test]
     fn the_key_prefix_is_the_key_route_before_its_segment() {
         assert_eq!(format!("{}{{key}}", paths::KEY_PREFIX), paths::KEY);
-    }
-
-    #[tokio::test]
-    async fn the_admin_routes_are_served_on_one_listener_and_the_data_routes_on_the_other() {
-        use axum::http::{Request, StatusCode};
-        use tower::ServiceExt;
-
-        let config = crate::config::Config::default();
-        let store = std::sync::Arc::new(crate::store::memory::MemoryStore::new());
-        let state = crate::server::app_state(&config, store, crate::metrics::Metrics::new())
-            .expect("a test state");
-        for path in paths::ROUTES {
-            let uri = path.replace("{key}", "k");
-            let admin = paths::ADMIN_LISTENER.contains(&path);
-            for (router, serves) in [
-                (super::data_router(state.clone()), !admin),
-                (super::admin_router(state.clone()), admin),
-                (super::router(state.clone()), true),
-            ] {
-                let request = Request::get(&uri).body(axum::body::Body::empty()).unwrap();
-                let status = router.oneshot(request).await.unwrap().status();
-                assert_eq!(
-                    status != StatusCode::NOT_FOUND,
-                    serves,
-                    "{uri}: {status} (admin route: {admin})"
-                );
-            }
-        }
     }
 }

@@ -399,15 +399,13 @@ const MAX_ALLOCATIONS: u32 = 3;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::family::fixture;
     use crate::store::memory::MemoryStore;
 
     fn publisher(config: &str) -> Publisher {
-        let config = Config::from_toml(config).unwrap();
-        config.validate().unwrap();
         Publisher::new(
             Arc::new(MemoryStore::new()),
-            Arc::new(config.families()),
+            Arc::new(fixture::families(config)),
             Metrics::new(),
         )
     }
@@ -447,8 +445,8 @@ mod tests {
     #[tokio::test]
     async fn a_stored_value_does_not_share_the_request_buffer() {
         let store = Arc::new(MemoryStore::new());
-        let config = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 2").unwrap();
-        let publisher = Publisher::new(store.clone(), Arc::new(config.families()), Metrics::new());
+        let families = fixture::families("[[family]]\nprefix = \"p:\"\ncopies = 2");
+        let publisher = Publisher::new(store.clone(), Arc::new(families), Metrics::new());
         let buffer = Bytes::from(vec![7u8; 8192]);
         let value = buffer.slice(100..164);
         let key = Key::parse("p:1").unwrap();

@@ -330,7 +330,7 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::family::fixture;
     use crate::publish::{Publisher, VersionChoice};
     use crate::route::RouteReason;
     use crate::store::memory::MemoryStore;
@@ -343,8 +343,9 @@ mod tests {
     }
 
     fn fixture() -> Fixture {
-        let config = Config::from_toml("[[family]]\nprefix = \"p:\"\ncopies = 8").unwrap();
-        let families = Arc::new(config.families());
+        let text = "[[family]]\nprefix = \"p:\"\ncopies = 8";
+        let families = Arc::new(fixture::families(text));
+        let sections = crate::route::fixture::sections(text);
         let store = Arc::new(MemoryStore::new());
         let metrics = Metrics::new();
         Fixture {
@@ -352,9 +353,13 @@ mod tests {
             reader: Reader::new(
                 store.clone(),
                 families.clone(),
-                config.read.clone(),
+                ReadConfig::default(),
                 metrics,
-                Arc::new(Router::for_tests(&config.route, &config.classes, families)),
+                Arc::new(Router::for_tests(
+                    &sections.route,
+                    &sections.classes,
+                    families,
+                )),
             ),
             store,
         }

@@ -431,7 +431,7 @@ mod tests {
     use tokio_util::task::TaskTracker;
 
     use super::*;
-    use crate::config::Config;
+    use crate::family::fixture;
     use crate::metrics::Metrics;
     use crate::near::{NearCacheConfig, NearMetrics};
     use crate::publish::{Publisher, VersionChoice};
@@ -451,9 +451,9 @@ mod tests {
     }
 
     fn fixture() -> Fixture {
-        let config = Config::from_toml(CONFIG).unwrap();
-        config.validate().unwrap();
-        let families = Arc::new(config.families());
+        let config = crate::route::fixture::sections(CONFIG);
+        config.route.validate().unwrap();
+        let families = Arc::new(fixture::families(CONFIG));
         let store = Arc::new(MemoryStore::new());
         let metrics = Metrics::new();
         let router = Arc::new(Router::for_tests(
@@ -472,7 +472,7 @@ mod tests {
             reader: Reader::new(
                 store.clone(),
                 families,
-                config.read.clone(),
+                crate::read::ReadConfig::default(),
                 metrics,
                 router,
             )

@@ -518,17 +518,44 @@ impl Router {
     }
 }
 
+/// Test fixtures: the `[route]` and `[classes.*]` sections of a config text, for the unit tests
+/// of modules the config depends on (which must not depend on the config themselves); the
+/// family sections are read by `crate::family::fixture::families`.
+#[cfg(test)]
+pub(crate) mod fixture {
+    use super::{ClassConfig, RouteConfig};
+
+    /// The route sections of a config text; every other section is ignored.
+    #[derive(serde::Deserialize)]
+    pub(crate) struct Sections {
+        /// `[classes.*]`.
+        #[serde(default)]
+        pub(crate) classes: std::collections::BTreeMap<String, ClassConfig>,
+        /// `[route]`.
+        #[serde(default)]
+        pub(crate) route: RouteConfig,
+    }
+
+    /// The route sections of `text`, a config in TOML.
+    ///
+    /// # Panics
+    /// When the route sections do not parse: a broken fixture.
+    pub(crate) fn sections(text: &str) -> Sections {
+        toml::from_str(text).expect("the fixture's route sections")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::family::fixture;
     use crate::store::ReplicaSet;
 
     fn router(text: &str) -> Router {
-        let config = Config::from_toml(text).unwrap();
-        config.validate().unwrap();
-        let families = Arc::new(config.families());
-        let classes = config.classes().unwrap();
+        let config = super::fixture::sections(text);
+        config.route.validate().unwrap();
+        let families = Arc::new(fixture::families(text));
+        let classes = Classes::from_config(&config.classes).unwrap();
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = Arc::new(RouteMetrics::register(&mut registry, &classes));
         let lag = Arc::new(LagTable::new(

@@ -156,18 +156,44 @@ impl Sources {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use std::sync::Arc;
+
+    use crate::family::fixture;
+    use crate::heal::{HealConfig, HealHandles, Layouts, RetryQueue, ScrubStatus};
+    use crate::metrics::Metrics;
+    use crate::read::{ReadConfig, Reader};
+    use crate::route::{RouteConfig, Router};
     use crate::store::memory::MemoryStore;
 
     #[test]
     fn a_sample_lists_every_family_and_class_of_the_config() {
-        let config =
-            Config::from_toml("[[family]]\nprefix = \"<svg/onload=alert(1)>\"\ncopies = 4\n")
-                .unwrap();
-        let store = std::sync::Arc::new(MemoryStore::new());
-        let state =
-            crate::server::app_state(&config, store, crate::metrics::Metrics::new()).unwrap();
-        let sources = super::Sources::new(state.ops().reader(), state.inner().heal.clone());
+        // The parts `server::app_state` wires from a config with this one family and every
+        // other section at its default (the built-in classes, no near cache).
+        let families = Arc::new(fixture::families(
+            "[[family]]\nprefix = \"<svg/onload=alert(1)>\"\ncopies = 4\n",
+        ));
+        let metrics = Metrics::new();
+        let router = Arc::new(Router::for_tests(
+            &RouteConfig::default(),
+            &std::collections::BTreeMap::new(),
+            families.clone(),
+        ));
+        let reader = Reader::new(
+            Arc::new(MemoryStore::new()),
+            families,
+            ReadConfig::default(),
+            metrics.clone(),
+            router,
+        );
+        let heal = HealHandles {
+            retry_queue: Arc::new(RetryQueue::in_memory(
+                HealConfig::default(),
+                metrics.clone(),
+            )),
+            layouts: Layouts::unrecorded(),
+            scrub: Arc::new(ScrubStatus::new(&metrics, false, "")),
+        };
+        let sources = super::Sources::new(&reader, heal);
         let sample = sources.sample();
         let families: Vec<(&str, u32, u32)> = sample
             .families

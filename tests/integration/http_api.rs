@@ -780,3 +780,29 @@ async fn a_query_over_max_query_bytes_gets_414_query_too_long_on_every_route() {
         assert!(answer.header("x-request-id").is_some(), "{method} {path}");
     }
 }
+
+/// Every route is served by the listener it belongs to (admin or data) and by the combined
+/// router, and by no other.
+#[tokio::test]
+async fn the_admin_routes_are_served_on_one_listener_and_the_data_routes_on_the_other() {
+    let config = Config::default();
+    let store = Arc::new(MemoryStore::new());
+    let state = hotsplit::server::app_state(&config, store, Metrics::new()).expect("a test state");
+    for path in hotsplit::http::paths::ROUTES {
+        let uri = path.replace("{key}", "k");
+        let admin = hotsplit::http::paths::ADMIN_LISTENER.contains(&path);
+        for (router, serves) in [
+            (hotsplit::http::data_router(state.clone()), !admin),
+            (hotsplit::http::admin_router(state.clone()), admin),
+            (hotsplit::http::router(state.clone()), true),
+        ] {
+            let request = Request::get(&uri).body(axum::body::Body::empty()).unwrap();
+            let status = router.oneshot(request).await.unwrap().status();
+            assert_eq!(
+                status != StatusCode::NOT_FOUND,
+                serves,
+                "{uri}: {status} (admin route: {admin})"
+            );
+        }
+    }
+}

@@ -1,11 +1,17 @@
 //! Resizing with instances on two copy counts at once, on a real standalone Redis: writers
 //! write every copy a live larger instance reads, the smaller instance's sweep waits for the
-//! larger one to stop, and growing again never serves a copy that missed an edit.
+//! larger one to stop, and growing again never serves a copy that missed an edit. One test runs
+//! the layouts and the publisher on the embedded store: a grow past a live smaller instance.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hotsplit::config::Config;
+use hotsplit::metrics::Metrics;
+use hotsplit::store::memory::MemoryStore;
+use hotsplit::store::{CopyStore, LayoutStore};
 use hotsplit_devcluster as devcluster;
+use tokio_util::sync::CancellationToken;
 
 use crate::harness::{self, config_with_family, get, hgetall, poll, publish_succeeds, Service};
 
@@ -169,4 +175,150 @@ async fn resize_shrink_then_grow_within_the_ttl_serves_no_missed_edit() {
     }
     grown.stop().await;
     small.stop().await;
+}
+
+/// This instance's live entries, refreshed every `interval`.
+fn liveness(instance: &str, interval: Duration) -> hotsplit::heal::Liveness {
+    hotsplit::heal::Liveness {
+        instance: instance.to_owned(),
+        release: "0.1.0".to_owned(),
+        interval,
+        command_timeout: Duration::from_millis(1),
+    }
+}
+
+/// On the embedded store: an instance that grows a family past a live smaller instance deletes
+/// the grown copies after settling (a stale copy 7 left by a shrink is gone), and both then
+/// write every copy the larger one reads.
+#[tokio::test]
+async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
+    let store = Arc::new(MemoryStore::new());
+    let metrics = Metrics::new();
+    let families = |copies| {
+        Config::from_toml(&format!("[[family]]\nprefix = \"g:\"\ncopies = {copies}"))
+            .unwrap()
+            .families()
+    };
+    let (four, twelve) = (families(4), families(12));
+    hotsplit::heal::Layouts::reconcile(
+        &hotsplit::heal::LayoutStores::of(&store),
+        &twelve,
+        &metrics,
+        &liveness("old", Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let publish =
+        |families: &hotsplit::family::Families, layouts: Arc<hotsplit::heal::Layouts>, version| {
+            let publisher = hotsplit::publish::Publisher::new(
+                store.clone(),
+                Arc::new(families.clone()),
+                metrics.clone(),
+            )
+            .with_layouts(layouts);
+            async move {
+                publisher
+                    .publish(
+                        &hotsplit::key::Key::parse("g:1").unwrap(),
+                        hotsplit::publish::VersionChoice::Given(
+                            hotsplit::key::Version::new(version).unwrap(),
+                        ),
+                        bytes::Bytes::from(format!("v{version}")),
+                    )
+                    .await
+                    .unwrap()
+            }
+        };
+    publish(&twelve, hotsplit::heal::Layouts::unrecorded(), 1).await;
+    // The twelve-copy writer is gone; a four-copy instance shrinks, and a stale copy 7
+    // survives (as after a failed delete).
+    store.leave_layout("g:", 12, "old").await.unwrap();
+    let small = hotsplit::heal::Layouts::reconcile(
+        &hotsplit::heal::LayoutStores::of(&store),
+        &four,
+        &metrics,
+        &liveness("small", Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let report = publish(&four, small.clone(), 2).await;
+    assert_eq!(report.copies, 4);
+    store
+        .write_copies(&[hotsplit::store::CopyWrite {
+            copy_key: hotsplit::key::Key::parse("g:1").unwrap().copy_key(7),
+            version: hotsplit::key::Version::new(1).unwrap(),
+            payload: hotsplit::store::Payload::Value(bytes::Bytes::from("v1")),
+            expire_at_ms: hotsplit::store::now_unix_ms() + 60_000,
+        }])
+        .await;
+    // A twelve-copy instance starts while the small one is live: copies 4..12 are deleted.
+    let quick = liveness("new", Duration::from_millis(10));
+    let grown = hotsplit::heal::Layouts::reconcile(
+        &hotsplit::heal::LayoutStores::of(&store),
+        &twelve,
+        &metrics,
+        &quick,
+    )
+    .await
+    .unwrap();
+    let copy = |index| {
+        let store = store.clone();
+        async move {
+            store
+                .read_copy(&hotsplit::key::Key::parse("g:1").unwrap().copy_key(index))
+                .await
+        }
+    };
+    for index in 4..12 {
+        assert!(
+            copy(index).await.record.unwrap().is_none(),
+            "copy {index} survived the grow"
+        );
+    }
+    assert!(copy(0).await.record.unwrap().is_some());
+    // Both now write twelve copies, once the small instance's watcher has seen the grown one
+    // live (its entry kept by a watcher of its own, which refreshes it every second).
+    // The grown instance's entry as its watcher keeps it (every second, lapsing after three).
+    store.join_layout("g:", 12, "new", 3_000).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let watcher = |layouts, families: &hotsplit::family::Families, liveness| {
+        tokio::spawn(
+            hotsplit::heal::LayoutWatcher {
+                stores: hotsplit::heal::LayoutStores::of(&store),
+                layouts,
+                families: Arc::new(families.clone()),
+                metrics: metrics.clone(),
+                liveness,
+                sweep_interval: Duration::from_secs(600),
+            }
+            .run(shutdown.clone()),
+        )
+    };
+    let watchers = [
+        watcher(
+            grown.clone(),
+            &twelve,
+            liveness("new", Duration::from_secs(1)),
+        ),
+        watcher(
+            small.clone(),
+            &four,
+            liveness("small", Duration::from_millis(10)),
+        ),
+    ];
+    poll(
+        "the small instance sees the grown one live",
+        Duration::from_secs(10),
+        || {
+            let small = small.clone();
+            async move { small.write_copies("g:", 4) == 12 }
+        },
+    )
+    .await;
+    assert_eq!(publish(&four, small, 3).await.copies, 12);
+    assert_eq!(grown.write_copies("g:", 12), 12);
+    shutdown.cancel();
+    for watcher in watchers {
+        watcher.await.unwrap();
+    }
 }

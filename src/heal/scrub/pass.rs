@@ -84,7 +84,7 @@ pub(super) fn repairs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::family::fixture;
     use crate::key::Version;
     use crate::store::Payload;
 
@@ -169,11 +169,9 @@ mod tests {
     }
 
     fn families() -> Families {
-        Config::from_toml(
+        fixture::families(
             "[default_family]\ncopies = 1\n[[family]]\nprefix = \"hot:\"\ncopies = 4\n[[family]]\nprefix = \"paused:\"\ncopies = 4\n",
         )
-        .unwrap()
-        .families()
     }
 
     #[test]

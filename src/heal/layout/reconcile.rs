@@ -1,0 +1,143 @@
+//! The startup reconcile: joining every family's live set, recording this instance's
+//! layout, and deleting the copies a grow makes this instance read that may have missed edits.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::record::record_configured;
+use super::sweep::delete_copies_from;
+use super::{Known, LayoutStores, Layouts, Liveness};
+use crate::error::Result;
+use crate::family::Families;
+use crate::metrics::Metrics;
+use crate::store::Layout;
+
+/// Copies `from..to` of a family may hold versions that missed edits and are deleted before
+/// this instance serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Strays {
+    /// The first copy index that may be stray.
+    pub(super) from: u32,
+    /// One past the last.
+    pub(super) to: u32,
+    /// Whether a live instance may still be writing fewer copies: wait for it to see this one.
+    pub(super) settle: bool,
+}
+
+/// The copies a grow makes this instance read that may have missed edits, or `None`.
+///
+/// `live` is the largest copy count of the other live instances when this one joined, and
+/// `recorded` the record before this instance wrote it. Copies below every live instance's
+/// count are kept current by the writers (each writes up to the largest live count); with no
+/// instance live, nobody writes, and copies below the last recorded count are current, while
+/// copies at or beyond the record's `max_copies` do not exist.
+pub(super) fn strays(
+    configured: u32,
+    live: Option<u32>,
+    recorded: Option<Layout>,
+) -> Option<Strays> {
+    let (from, to, settle) = match (live, recorded) {
+        (Some(live), _) => (live, configured, true),
+        (None, Some(recorded)) => (
+            recorded.copies,
+            configured.min(recorded.max_copies.max(recorded.copies)),
+            false,
+        ),
+        (None, None) => return None,
+    };
+    (from < to).then_some(Strays { from, to, settle })
+}
+
+impl Layouts {
+    /// layout, and logs a resize. A family this instance grows past what the live instances
+    /// write is settled first: after [`Liveness::settle`], the copies in the grown range are
+    /// deleted (read repair refills them from their newest sibling).
+    ///
+    /// # Errors
+    /// Store errors reading or writing a record or a live set, or deleting grown copies.
+    pub async fn reconcile(
+        stores: &LayoutStores,
+        families: &Families,
+        metrics: &Metrics,
+        liveness: &Liveness,
+    ) -> Result<Arc<Layouts>> {
+        let layouts = Layouts::default();
+        let mut grown = Vec::new();
+        let ttl_ms = crate::duration::millis(liveness.ttl());
+        for family in families.iter() {
+            let name = family.name();
+            // Join first: an instance that reads the live set after this call writes this
+            // instance's copies; one that read it before is waited for below.
+            // A join that fails (the store refuses FCALL) does not stop startup: publishes
+            // fail the same way then, and the watcher retries the join every interval.
+            let others = match stores
+                .layouts
+                .join_layout(name, family.copies, &liveness.instance, ttl_ms)
+                .await
+            {
+                Ok(others) => others,
+                Err(err) => {
+                    tracing::warn!(family = name, error = %err, "cannot join the family's live set: retried every layout interval");
+                    Vec::new()
+                }
+            };
+            let live = others.iter().copied().max();
+            let recorded = stores.layouts.read_layout(name).await?;
+            let (max_copies, writer) = record_configured(stores, family, liveness).await?;
+            // Another running instance on another copy count: reported here too, not only by
+            // the instance whose record this one replaced.
+            let reported = others.iter().any(|&copies| copies != family.copies);
+            if reported {
+                tracing::warn!(
+                    family = name,
+                    configured = family.copies,
+                    live_copies = ?others,
+                    "layout mismatch between running instances: other live instances run another copy count (a rolling resize, or two configs disagreeing)"
+                );
+            }
+            metrics.layout_mismatch(name, reported);
+            layouts.lock().insert(
+                name.to_owned(),
+                Known {
+                    configured: family.copies,
+                    max_copies,
+                    mismatch: false,
+                    reported,
+                    recorded: Some(Layout {
+                        copies: family.copies,
+                        max_copies,
+                    }),
+                    writer,
+                    live_others: others,
+                    live_copies: live.unwrap_or(0),
+                    live_changed: Instant::now(),
+                },
+            );
+            if let Some(strays) = strays(family.copies, live, recorded) {
+                grown.push((family, strays));
+            }
+        }
+        if grown.iter().any(|(_, strays)| strays.settle) {
+            let settle = liveness.settle();
+            tracing::info!(
+                families = ?grown.iter().map(|(family, _)| family.name()).collect::<Vec<_>>(),
+                ?settle,
+                "growing past the live instances: waiting until they write the new copies"
+            );
+            tokio::time::sleep(settle).await;
+        }
+        for (family, strays) in grown {
+            let (deleted, complete) =
+                delete_copies_from(stores, families, family, strays.from, Some(strays.to)).await?;
+            tracing::info!(
+                family = family.name(),
+                from = strays.from,
+                to = strays.to,
+                deleted,
+                complete,
+                "deleted the grown copies that may have missed edits"
+            );
+        }
+        Ok(Arc::new(layouts))
+    }
+}

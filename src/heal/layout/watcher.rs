@@ -1,0 +1,113 @@
+//! The layout watcher: the background task that refreshes this instance's live entries,
+//! re-reads the records and runs the shrink sweep.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{LayoutStores, Layouts, Liveness};
+use crate::family::Families;
+use crate::metrics::Metrics;
+use crate::store::LayoutWriter;
+
+/// Refreshes this instance's live entries and re-reads the layout records every
+/// `liveness.interval`; sweeps shrunk families every `sweep_interval`.
+pub struct LayoutWatcher {
+    /// Where the records live, and the copies a sweep deletes.
+    pub stores: LayoutStores,
+    /// The state to update.
+    pub layouts: Arc<Layouts>,
+    /// The families to watch.
+    pub families: Arc<Families>,
+    /// Mismatch gauges.
+    pub metrics: Arc<Metrics>,
+    /// This instance's live entries. Default interval: 5 s.
+    pub liveness: Liveness,
+    /// How often to sweep a shrunk family. Default: 1 min.
+    pub sweep_interval: Duration,
+}
+
+impl LayoutWatcher {
+    /// Who wrote `family`'s record; `None` when unknown or unreadable (logged).
+    pub(super) async fn read_writer(&self, family: &str) -> Option<LayoutWriter> {
+        self.stores
+            .layouts
+            .read_layout_writer(family)
+            .await
+            .unwrap_or_else(|err| {
+                tracing::debug!(family, error = %err, "cannot read the layout record's writer");
+                None
+            })
+    }
+
+    /// Runs until `shutdown`. The live entries are refreshed in a loop of their own, so a long
+    /// sweep never delays them. They are not removed at shutdown: they lapse after
+    /// [`Liveness::ttl`], after the last request this instance served.
+    pub async fn run(self, shutdown: CancellationToken) {
+        tokio::join!(self.refresh_loop(&shutdown), self.sweep_loop(&shutdown));
+    }
+
+    async fn refresh_loop(&self, shutdown: &CancellationToken) {
+        let mut ticker = tokio::time::interval(self.liveness.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.refresh().await,
+            }
+        }
+    }
+
+    /// Refreshes this instance's live entries and re-reads the records, once.
+    pub(super) async fn refresh(&self) {
+        let ttl_ms = crate::duration::millis(self.liveness.ttl());
+        for family in self.families.iter() {
+            let name = family.name();
+            match self
+                .stores
+                .layouts
+                .join_layout(name, family.copies, &self.liveness.instance, ttl_ms)
+                .await
+            {
+                Ok(others) => self.layouts.observe_live(name, &others),
+                // The last view is kept: it can only make publishes write more copies.
+                Err(err) => {
+                    tracing::warn!(family = name, error = %err, "cannot refresh this instance's live entry")
+                }
+            }
+            match self.stores.layouts.read_layout(name).await {
+                Ok(recorded) => {
+                    let writer = self.read_writer(name).await;
+                    self.layouts.observe(name, recorded, writer, &self.metrics)
+                }
+                Err(err) => {
+                    tracing::debug!(family = name, error = %err, "cannot read the layout record")
+                }
+            }
+        }
+    }
+
+    async fn sweep_loop(&self, shutdown: &CancellationToken) {
+        let mut ticker = tokio::time::interval(self.sweep_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticker.tick() => {
+                    for family in self.families.iter() {
+                        let sweep = tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            sweep = self.sweep(family, Instant::now()) => sweep,
+                        };
+                        if let Err(err) = sweep {
+                            tracing::warn!(family = family.name(), error = %err, "sweep of removed copies failed");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
