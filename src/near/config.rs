@@ -14,7 +14,9 @@ pub struct NearCacheConfig {
     pub enabled: bool,
     /// The most bytes the entries hold, counted over their copy keys and values plus a fixed
     /// overhead per entry (448 bytes, measured: what an entry costs the process); an eighth
-    /// more is given to the high-water records of evicted entries. Default: 33554432 (32 MiB).
+    /// more is given to the high-water records of evicted entries, and a thirty-second more
+    /// (at least 6 KiB) to the fixed high-water sketch that keeps their floors once the records
+    /// are evicted too. Default: 33554432 (32 MiB).
     pub max_bytes: u64,
     /// Refresh-ahead's largest lead, as a share of a class's max age. A hit starts a background
     /// refresh of its entry once the entry is within one fill time of ageing out (the duration

@@ -16,9 +16,13 @@
 //!   instant. A compare-and-replace runs under one of [`STRIPES`] mutexes chosen by the copy key.
 //! - **A copy never goes back below what this instance served.** When the byte bound evicts an
 //!   entry, its version stays as a high-water record (bounded too, by an eighth of
-//!   `near_cache.max_bytes`); a fill below the entry's or the record's version is not cached,
-//!   and the reader re-reads the primary or a sibling (`read::near`). Both expire with the
-//!   copy's `exp`, after which versions may start lower again (an expired tombstone or counter).
+//!   `near_cache.max_bytes`) and is recorded into the high-water sketch (`sketch`: fixed
+//!   memory, a thirty-second of `near_cache.max_bytes`, never evicted, only over-states). The
+//!   floor of a copy is its entry's version, else its record's, else the sketch's; a fill below
+//!   it is not cached, and the reader re-reads the primary or a sibling (`read::near`). All
+//!   three expire with the copy's `exp`, after which versions may start lower again (an expired
+//!   tombstone or counter). A rollback (every copy found below the floor) leaves a record that
+//!   says "no floor" over the sketch's, until the copy is cached again.
 //! - **Writes through this instance are seen at once.** A publish or invalidate offers every
 //!   copy it applied (an invalidation offers a tombstone entry rather than removing one), so an
 //!   older read still in flight cannot put the older value back.
@@ -28,10 +32,12 @@
 //! - `config`: [`NearCacheConfig`], `[near_cache]`.
 //! - `flight`: single-flight fills, spawned on the service's task tracker.
 //! - `metrics`: [`NearMetrics`].
+//! - `sketch`: [`sketch::Sketch`], the high-water floors that survive eviction.
 
 pub mod config;
 pub mod flight;
 pub mod metrics;
+pub mod sketch;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -50,6 +56,7 @@ pub use config::NearCacheConfig;
 use flight::Flights;
 pub use flight::{Filled, Filling};
 pub use metrics::{EvictionCause, NearMetrics};
+use sketch::Sketch;
 
 use crate::key::{CopyKey, Version};
 use crate::route::{ReadClass, RouteReason};
@@ -120,8 +127,9 @@ impl Entry {
 /// The version a copy reached here, kept after its entry was evicted.
 #[derive(Debug, Clone, Copy)]
 struct Mark {
-    /// The highest version held.
-    version: Version,
+    /// The highest version held; `None` after a rollback, so the sketch's floor (which cannot
+    /// be lowered) is not consulted for the copy until it is cached again.
+    version: Option<Version>,
     /// The copy's `exp`: past it, the record is void.
     expire_at_ms: u64,
 }
@@ -164,11 +172,13 @@ impl Lifecycle<String, Mark> for OnMarkEvict {
     }
 }
 
-/// Keeps an evicted entry's version as a high-water record.
+/// Keeps an evicted entry's version as a high-water record and in the sketch.
 #[derive(Debug, Clone)]
 struct OnEntryEvict {
     /// Where the record goes.
     marks: Arc<Marks>,
+    /// Where the version goes too, to outlive the record.
+    sketch: Arc<Sketch>,
     /// The metrics.
     metrics: NearMetrics,
 }
@@ -180,11 +190,18 @@ impl Lifecycle<String, Arc<Entry>> for OnEntryEvict {
         // Runs under the entry cache's shard lock; the record cache has locks of its own and
         // never calls back, so the two never wait on each other in opposite orders.
         self.metrics.evicted(EvictionCause::Capacity);
-        if entry.record.expire_at_ms > now_unix_ms() {
+        let now_ms = now_unix_ms();
+        if entry.record.expire_at_ms > now_ms {
+            self.sketch.record(
+                &key,
+                entry.record.version,
+                entry.record.expire_at_ms,
+                now_ms,
+            );
             self.marks.insert(
                 key,
                 Mark {
-                    version: entry.record.version,
+                    version: Some(entry.record.version),
                     expire_at_ms: entry.record.expire_at_ms,
                 },
             );
@@ -232,6 +249,11 @@ pub struct NearCacheView {
     pub max_bytes: u64,
     /// High-water records of evicted entries held.
     pub high_water_records: u64,
+    /// The bytes of the high-water sketch (fixed: a thirty-second of `max_bytes`).
+    pub high_water_sketch_bytes: u64,
+    /// Floors the sketch gave a copy that had neither entry nor record (each one may have sent
+    /// a read to the primary or a sibling).
+    pub high_water_sketch_floors: u64,
     /// Reads answered from the cache.
     pub hits: u64,
     /// Reads that started a fill.
@@ -255,6 +277,8 @@ impl NearCacheView {
             bytes: 0,
             max_bytes: 0,
             high_water_records: 0,
+            high_water_sketch_bytes: 0,
+            high_water_sketch_floors: 0,
             hits: 0,
             misses: 0,
             coalesced: 0,
@@ -271,6 +295,10 @@ pub struct NearCache {
     entries: Cache<String, Arc<Entry>, EntryWeight, DefaultHashBuilder, OnEntryEvict>,
     /// Copy key → the version of an evicted entry.
     marks: Arc<Marks>,
+    /// The versions of evicted entries in fixed memory, for when their records are gone too.
+    sketch: Arc<Sketch>,
+    /// Floors the sketch gave (`high_water_sketch_floors`).
+    sketch_floors: AtomicU64,
     /// Serialises the compare-and-replace of one copy's entry.
     stripes: Box<[Mutex<()>]>,
     /// Hashes copy keys to stripes.
@@ -311,6 +339,7 @@ impl NearCache {
                 metrics: metrics.clone(),
             },
         ));
+        let sketch = Arc::new(Sketch::with_bytes(config.max_bytes / 32));
         let entries = Cache::with(
             usize::try_from(config.max_bytes / 512)
                 .unwrap_or(usize::MAX)
@@ -320,6 +349,7 @@ impl NearCache {
             DefaultHashBuilder::default(),
             OnEntryEvict {
                 marks: marks.clone(),
+                sketch: sketch.clone(),
                 metrics: metrics.clone(),
             },
         );
@@ -333,6 +363,8 @@ impl NearCache {
         NearCache {
             entries,
             marks,
+            sketch,
+            sketch_floors: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             stripe_hasher: DefaultHashBuilder::default(),
             flights: Flights::default(),
@@ -387,18 +419,26 @@ impl NearCache {
     }
 
     /// The highest version this instance holds or held for `copy_key` whose `exp` has not
-    /// passed: a fill below it would send a reader back.
+    /// passed, or more (the sketch's floor, when entry and record are both gone): a fill below
+    /// it would send a reader back.
     pub fn high_water(&self, copy_key: &CopyKey) -> Option<Version> {
         let now_ms = now_unix_ms();
-        if let Some(entry) = self.entries.peek(copy_key.as_str()) {
+        let key = copy_key.as_str();
+        if let Some(entry) = self.entries.peek(key) {
             if entry.record.expire_at_ms > now_ms {
                 return Some(entry.record.version);
             }
         }
-        self.marks
-            .peek(copy_key.as_str())
-            .filter(|mark| mark.expire_at_ms > now_ms)
-            .map(|mark| mark.version)
+        if let Some(mark) = self.marks.peek(key) {
+            if mark.expire_at_ms > now_ms {
+                return mark.version;
+            }
+        }
+        let floor = self.sketch.floor(key, now_ms);
+        if floor.is_some() {
+            self.sketch_floors.fetch_add(1, Ordering::Relaxed);
+        }
+        floor
     }
 
     /// Offers what a read of `copy_key` found, as of `as_of`, and how long the read took
@@ -446,7 +486,9 @@ impl NearCache {
             }
             _ => {
                 if let Some(mark) = self.marks.peek(key) {
-                    if mark.expire_at_ms > now_ms && entry.record.version < mark.version {
+                    if mark.expire_at_ms > now_ms
+                        && mark.version.is_some_and(|mark| entry.record.version < mark)
+                    {
                         return false;
                     }
                     self.marks.remove(key);
@@ -460,13 +502,25 @@ impl NearCache {
     }
 
     /// Drops the entry and high-water record of `copy_key`, after a read found every copy below
-    /// them (a rollback): the next fill takes what the copies hold now.
+    /// them (a rollback): the next fill takes what the copies hold now. While the sketch still
+    /// holds a floor for the copy, a record saying "no floor" stands in front of it.
     pub fn forget(&self, copy_key: &CopyKey) {
         let key = copy_key.as_str();
         let stripe = self.stripe(key);
         let guard = stripe.lock().unwrap_or_else(PoisonError::into_inner);
         self.entries.remove(key);
-        self.marks.remove(key);
+        match self.sketch.floor_until(key, now_unix_ms()) {
+            Some(expire_at_ms) => self.marks.insert(
+                key.to_owned(),
+                Mark {
+                    version: None,
+                    expire_at_ms,
+                },
+            ),
+            None => {
+                self.marks.remove(key);
+            }
+        }
         drop(guard);
         self.metrics.rollbacks.inc();
         self.metrics.evicted(EvictionCause::Rollback);
@@ -537,6 +591,8 @@ impl NearCache {
             bytes: self.entries.weight(),
             max_bytes: self.max_bytes,
             high_water_records: self.marks.len() as u64,
+            high_water_sketch_bytes: self.sketch.bytes(),
+            high_water_sketch_floors: self.sketch_floors.load(Ordering::Relaxed),
             hits,
             misses,
             coalesced,
@@ -714,6 +770,39 @@ mod tests {
         assert_eq!(held(&cache, evicted), Some((9, false)));
         let view = cache.view(1);
         assert!(view.bytes <= max);
+    }
+
+    #[test]
+    fn a_churn_that_evicts_the_entry_and_its_record_leaves_the_floor_in_the_sketch() {
+        let cache = cache(65_536);
+        let now = Instant::now();
+        let hot = Key::parse("nc:hot").unwrap().copy_key(0);
+        offer(&cache, &hot, record(1, Some("one")), now);
+        offer(&cache, &hot, record(2, Some("two")), now);
+        cache.lookup(&hot, Duration::from_secs(3600));
+        // Distinct copies, each replaced once and hit twice, so that their entries and records
+        // are as hot as the hot copy's: both of its go.
+        for n in 0..1500 {
+            let key = Key::parse(&format!("nc:churn-{n}")).unwrap().copy_key(0);
+            offer(&cache, &key, record(1, Some("c")), now);
+            offer(&cache, &key, record(2, Some("c")), now);
+            cache.lookup(&key, Duration::from_secs(3600));
+            cache.lookup(&key, Duration::from_secs(3600));
+        }
+        assert!(
+            cache.entries.peek(hot.as_str()).is_none(),
+            "the entry stayed"
+        );
+        assert!(
+            cache.marks.peek(hot.as_str()).is_none(),
+            "the record stayed"
+        );
+        assert!(cache.high_water(&hot) >= Some(v(2)), "the floor went");
+        assert!(cache.view(0).high_water_sketch_floors >= 1);
+        // A rollback puts "no floor" in front of the sketch's.
+        cache.forget(&hot);
+        assert_eq!(cache.high_water(&hot), None);
+        assert!(offer(&cache, &hot, record(1, Some("one")), now));
     }
 
     #[test]

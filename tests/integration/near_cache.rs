@@ -3,7 +3,8 @@
 //! to Redis, decision reads that never use it, expiry, writes through the instance seen at once,
 //! a lossy master restart that shows up as one counted rollback, the cache off on the embedded
 //! store, one Redis read for 1,000 concurrent misses (`INFO commandstats`: data reads are
-//! `HMGET`), the byte bound under a flood of distinct keys, and a SIGHUP that lowers a class's
+//! `HMGET`), the byte bound under a flood of distinct keys, a reader with no floor never sent
+//! back by a lagging replica after a churn evicted its copy's entry and record, and a SIGHUP that lowers a class's
 //! budget below its near-cache max age (through the binary).
 
 use std::time::Duration;
@@ -600,6 +601,78 @@ async fn a_thousand_concurrent_misses_on_one_copy_make_one_redis_read() {
         view["hits"].as_u64().unwrap(),
     );
     assert_eq!((misses, misses + coalesced + hits), (1, 1000), "{view}");
+}
+
+/// Fails if the copy's floor lives only in its entry and exact high-water record: a churn of
+/// distinct keys through a tiny cache evicts both, and the next fill, from a replica within
+/// budget but paused at version 1, answers 1 to a reader with no floor after this instance
+/// served it 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_never_goes_back_after_churn_evicts_the_entry_and_its_record() {
+    let group = PrimaryReplica::start(1).expect("primary and replica");
+    let replica = &group.replicas[0];
+    let text = format!("[store]\nreplicas = [\"{}\"]\n", replica.url());
+    let mut config = config(
+        &group.url(),
+        1,
+        "lenient",
+        "[near_cache]\nmax_bytes = 65536\n",
+    );
+    let extra: hotsplit::config::Config = hotsplit::config::Config::from_toml(&text).unwrap();
+    config.store.replicas = extra.store.replicas;
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    let base = &service.base;
+    publish_expecting(&http, base, "nc:hot", 1, "one", StatusCode::OK).await;
+    let url = format!("{base}/v1/keys/nc:hot?client=alice");
+    poll(
+        "a replica fill of version 1",
+        Duration::from_secs(10),
+        || async {
+            let answer = read(&http, &url, &[]).await;
+            answer.body == "one" && answer.served_by.ends_with("role=replica")
+        },
+    )
+    .await;
+    // The replica stops applying the replication stream and keeps 1; within the 30 s budget it
+    // stays the class's source.
+    devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "25000", "WRITE"]).expect("CLIENT PAUSE");
+    publish_expecting(&http, base, "nc:hot", 2, "two", StatusCode::OK).await;
+    let answer = read(&http, &url, &[]).await;
+    assert_eq!(answer.body, "two", "{} {}", answer.served_by, answer.route);
+    // A churn of distinct keys through a cache of about 140 entries and 100 records, each key
+    // written three times (each later write replaces its entry, which leaves a record) and read
+    // twice, so that its entry and record are as hot as the hot copy's (filled twice, written
+    // twice, read): both of those go.
+    let churn_started = std::time::Instant::now();
+    for n in 0..1000 {
+        let key = format!("nc:churn-{n}");
+        for version in 1..=3 {
+            publish_expecting(&http, base, &key, version, "c", StatusCode::OK).await;
+        }
+        for _ in 0..2 {
+            read(&http, &format!("{base}/v1/keys/{key}?client=alice"), &[]).await;
+        }
+    }
+    assert!(
+        churn_started.elapsed() < Duration::from_secs(20),
+        "the churn outlasted the replica's pause: {:?}",
+        churn_started.elapsed()
+    );
+    let answer = read(&http, &url, &[]).await;
+    assert_ne!(
+        answer.body, "one",
+        "went back: {} {}",
+        answer.served_by, answer.route
+    );
+    assert_eq!(answer.body, "two", "{} {}", answer.served_by, answer.route);
+    let view = get_json(&http, &format!("{base}/v1/near-cache")).await;
+    assert!(
+        view["high_water_sketch_floors"].as_u64().unwrap() >= 1,
+        "{view}"
+    );
+    devcluster::cli(replica.port(), &["CLIENT", "UNPAUSE"]).expect("CLIENT UNPAUSE");
+    service.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
