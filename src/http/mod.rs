@@ -135,7 +135,8 @@ pub mod paths {
     pub(crate) const OPEN: [&str; 3] = [HEALTHZ, READYZ, OPENAPI];
 
     /// The load balancers' probes: open to everyone, and served on the admin listener when it is
-    /// set.
+    /// set (what [`ADMIN_LISTENER`] lists first).
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) const PROBES: [&str; 2] = [HEALTHZ, READYZ];
 
     /// The routes the admin listener serves when `[admin] listen` is set (the data listener
