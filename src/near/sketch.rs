@@ -92,33 +92,30 @@ impl Sketch {
     /// The floor recorded for `copy_key` at `now_ms`, if every one of its cells holds one:
     /// at least the highest version recorded for it whose expiry has not passed.
     pub fn floor(&self, copy_key: &str, now_ms: u64) -> Option<Version> {
-        let mut floor = u64::MAX;
-        for at in self.cells_of(copy_key) {
-            let cell = *self.cells[at]
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if cell.expire_at_ms <= now_ms {
-                return None;
-            }
-            floor = floor.min(cell.version);
-        }
-        Version::new(floor).ok()
+        let cells = self.live_cells(copy_key, now_ms)?;
+        Version::new(cells.iter().map(|cell| cell.version).min()?).ok()
     }
 
     /// When the floor of `copy_key` ends if nothing more is recorded: the latest expiry of its
     /// cells, `None` when it has no floor now.
     pub fn floor_until(&self, copy_key: &str, now_ms: u64) -> Option<u64> {
-        let mut until = 0;
-        for at in self.cells_of(copy_key) {
-            let cell = *self.cells[at]
+        let cells = self.live_cells(copy_key, now_ms)?;
+        cells.iter().map(|cell| cell.expire_at_ms).max()
+    }
+
+    /// The cells of `copy_key` as they are at `now_ms`, `None` when any of them has expired
+    /// (the copy then has no floor here).
+    fn live_cells(&self, copy_key: &str, now_ms: u64) -> Option<[Cell; ROWS]> {
+        let mut cells = [Cell::default(); ROWS];
+        for (slot, at) in cells.iter_mut().zip(self.cells_of(copy_key)) {
+            *slot = *self.cells[at]
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if cell.expire_at_ms <= now_ms {
+            if slot.expire_at_ms <= now_ms {
                 return None;
             }
-            until = until.max(cell.expire_at_ms);
         }
-        Some(until)
+        Some(cells)
     }
 
     /// The index of `copy_key`'s cell in each row (double hashing of one 64-bit hash).
