@@ -231,10 +231,8 @@ async fn a_copy_set_back_by_hand_after_its_entry_aged_out_is_not_served() {
 async fn a_lagging_replica_never_sends_a_cached_reader_back() {
     let group = PrimaryReplica::start(1).expect("primary and replica");
     let replica = &group.replicas[0];
-    let text = format!("[store]\nreplicas = [\"{}\"]\n", replica.url());
     let mut config = config(&group.url(), 2, "lenient", "");
-    let extra: hotsplit::config::Config = hotsplit::config::Config::from_toml(&text).unwrap();
-    config.store.replicas = extra.store.replicas;
+    config.store.replicas = vec![replica.url()];
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = &service.base;
@@ -611,15 +609,13 @@ async fn a_thousand_concurrent_misses_on_one_copy_make_one_redis_read() {
 async fn a_reader_never_goes_back_after_churn_evicts_the_entry_and_its_record() {
     let group = PrimaryReplica::start(1).expect("primary and replica");
     let replica = &group.replicas[0];
-    let text = format!("[store]\nreplicas = [\"{}\"]\n", replica.url());
     let mut config = config(
         &group.url(),
         1,
         "lenient",
         "[near_cache]\nmax_bytes = 65536\n",
     );
-    let extra: hotsplit::config::Config = hotsplit::config::Config::from_toml(&text).unwrap();
-    config.store.replicas = extra.store.replicas;
+    config.store.replicas = vec![replica.url()];
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = &service.base;
