@@ -63,6 +63,7 @@ pub mod probe;
 pub mod publish;
 pub mod read;
 pub mod reload;
+pub mod resp;
 pub mod route;
 pub mod server;
 pub mod status;

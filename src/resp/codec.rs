@@ -1,0 +1,1 @@
+//! The bounded request parser and the reply encoder (to be written).
