@@ -28,13 +28,14 @@ ensure_tools() {
     command -v curl >/dev/null || packages+=(curl)
     command -v jq >/dev/null || packages+=(jq)
     command -v ss >/dev/null || packages+=(iproute2)
+    command -v nutcracker >/dev/null || packages+=(nutcracker)
     [ ${#packages[@]} -eq 0 ] && return 0
     log "installing missing tools: ${packages[*]}"
     local sudo=()
     [ "$(id -u)" -eq 0 ] || sudo=(sudo)
     "${sudo[@]}" apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${packages[@]}" >&2
-    for tool in redis-server redis-cli redis-benchmark wrk curl jq ss; do
+    for tool in redis-server redis-cli redis-benchmark wrk curl jq ss nutcracker; do
         command -v "$tool" >/dev/null || missing+=("$tool")
     done
     [ ${#missing[@]} -eq 0 ] || die "still missing after apt-get: ${missing[*]}"

@@ -17,14 +17,19 @@
 #      wrk sending a read token), and with both, each against the same read with everything off
 #      (HOTSPLIT_LOG=warn, server.request_deadline = "0s", server.max_in_flight = 0, no tokens),
 #      in rotating rounds, on a standalone Redis and on the embedded store;
+#   6. the Redis-protocol door (scripts/bench-resp.sh): redis-benchmark GET of a hot key through
+#      hotsplit's RESP port beside Redis directly, twemproxy and the RESP ceiling
+#      (benches/resp_ceiling.rs), at -P 1 and -P 16, with each server's CPU per GET; the
+#      primary-class read against twemproxy; RESP publish p50 against HTTP's;
 # plus hotsplit's CPU per request and its memory. See docs/PERFORMANCE.md for what each row means.
 #
-# Usage: scripts/bench-side-by-side.sh [--quick] [--no-publish] [--layers-only] [--near-only]
+# Usage: scripts/bench-side-by-side.sh [--quick] [--no-publish] [--layers-only] [--near-only] [--resp-only]
 #   --quick        everything briefly (about 2 minutes after a warm build) to check that the
 #                  script works; its figures are too short to quote. Same as QUICK=1.
 #   --no-publish   skip the criterion publish run (the longest part).
 #   --layers-only  run and report only part 5 (about 4.5 minutes after a warm build).
 #   --near-only    run and report only part 2b (about 1.5 minutes after a warm build).
+#   --resp-only    run and report only part 6 (about 3 minutes after a warm build).
 #
 # Knobs (environment), full-run default [quick-run default]:
 #   CONNECTIONS=64       concurrency of wrk, redis-benchmark and the library read bench's tasks
@@ -43,7 +48,7 @@
 #
 # Everything runs on 127.0.0.1, on ports picked free from 20000-50000 (never 6379). Every process
 # it starts is killed by pid on exit, however the script ends; every step is bounded in time.
-# Missing tools (redis-server, redis-tools, wrk, curl, jq, iproute2) are apt-get installed.
+# Missing tools (redis-server, redis-tools, wrk, curl, jq, iproute2, nutcracker) are apt-get installed.
 # shellcheck disable=SC2153 # the knobs below are assigned by name (knob), not misspelt.
 set -euo pipefail
 
@@ -51,12 +56,14 @@ QUICK=${QUICK:-0}
 RUN_PUBLISH=1
 LAYERS_ONLY=0
 NEAR_ONLY=0
+RESP_ONLY=0
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
         --no-publish) RUN_PUBLISH=0 ;;
         --layers-only) LAYERS_ONLY=1 ;;
         --near-only) NEAR_ONLY=1 ;;
+        --resp-only) RESP_ONLY=1 ;;
         -h | --help)
             sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'
             exit 0
@@ -162,12 +169,27 @@ log "building hotsplit and the benches (release)"
 cargo build --release --quiet --bin hotsplit || die "cargo build --release failed"
 # Part 5 alone (--layers-only) needs none of the benches.
 if [ "$LAYERS_ONLY" != 1 ]; then
-    PROXY_BIN=$(cargo bench --no-run --bench proxy_baseline --bench read --bench publish --message-format=json 2>"$WORK/build.log" |
-        jq -r 'select(.executable != null and .target.name == "proxy_baseline") | .executable' | tail -n 1) ||
-        die "cargo bench --no-run failed; see $WORK/build.log"
+    cargo bench --no-run --bench proxy_baseline --bench resp_ceiling --bench read --bench publish --message-format=json \
+        >"$WORK/bench-build.json" 2>"$WORK/build.log" || die "cargo bench --no-run failed; see $WORK/build.log"
+    bench_bin() { jq -r --arg name "$1" 'select(.executable != null and .target.name == $name) | .executable' "$WORK/bench-build.json" | tail -n 1; }
+    PROXY_BIN=$(bench_bin proxy_baseline)
+    RESP_CEILING_BIN=$(bench_bin resp_ceiling)
     [ -x "$PROXY_BIN" ] || die "could not build benches/proxy_baseline.rs; see $WORK/build.log"
+    [ -x "$RESP_CEILING_BIN" ] || die "could not build benches/resp_ceiling.rs; see $WORK/build.log"
 fi
 head -c "$VALUE_BYTES" /dev/zero | tr '\0' 'v' >"$WORK/value.bin"
+
+# --- 6 alone (--resp-only) ------------------------------------------------------------------------
+# shellcheck source=scripts/bench-resp.sh
+source "$ROOT/scripts/bench-resp.sh"
+if [ "$RESP_ONLY" = 1 ]; then
+    command -v nutcracker >/dev/null || die "part 6 compares with twemproxy: apt-get install nutcracker"
+    resp_part
+    printf '\n## hotsplit side by side — %s, %s, part 6 only%s\n\nCores: %s, shared by everything (no pinning). Load average before the run: %s, after: %s. Took %s s.\n\n| Target | hotsplit | baseline | ratio | goal |\n|---|---|---|---|---|\n%s\n%s\n' \
+        "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -n)" "$([ "$QUICK" != 1 ] || echo ', QUICK (figures too short to quote)')" \
+        "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$((SECONDS - STARTED_AT))" "$RESP_SUMMARY" "$RESP_SECTION"
+    exit 0
+fi
 
 # --- 2b alone (--near-only) ----------------------------------------------------------------------
 # shellcheck source=scripts/bench-near.sh
@@ -351,6 +373,14 @@ PROXY_P99=$(wrk_field "$WORK/wrk-proxy.txt" p99)
 # --- 2b. the near cache's targets (scripts/bench-near.sh) ---------------------------------------
 near_cache_part
 
+# --- 6. the Redis-protocol door (scripts/bench-resp.sh) ------------------------------------------
+RESP_SECTION="" RESP_SUMMARY=""
+if command -v nutcracker >/dev/null; then
+    resp_part
+else
+    log "part 6 skipped: nutcracker (twemproxy) is not installed (apt-get install nutcracker)"
+fi
+
 # --- 3. each master's share of a hot key's reads on a 3x3 cluster -----------------------------
 start_cluster
 
@@ -476,6 +506,7 @@ Value: $VALUE_BYTES bytes. Concurrency: $CONNECTIONS everywhere. Took $((SECONDS
 - hotsplit read outcomes: ${READS:-none}. Non-2xx answers: ${HTTP_BAD:-0}.
 
 ${NEAR_SECTION}
+${RESP_SECTION}
 ### 3. Each master's share of a hot key's reads (3x3 cluster, INFO commandstats cmdstat_hmget)
 
 | Master | copies of \`one:1\` | its share of \`one:1\` reads | copies of \`hot:1\` | its share of \`hot:1\` reads |
@@ -498,7 +529,7 @@ ${PUBLISH_ROWS}
 | HTTP affine read vs redis-benchmark GET, $CONNECTIONS connections | $HTTP_RPS req/s | $REDIS_RPS ops/s | ${READ_RATIO}× | ≥ 0.5× — $(verdict "$READ_RATIO" 0.5 ">=") |
 | HTTP affine read vs minimal HTTP→Redis GET proxy | $HTTP_RPS req/s | $PROXY_RPS req/s | $(ratio "$HTTP_RPS" "$PROXY_RPS")× | – |
 | Minimal proxy vs redis-benchmark GET (the HTTP ceiling) | $PROXY_RPS req/s | $REDIS_RPS ops/s | $(ratio "$PROXY_RPS" "$REDIS_RPS")× | – |
-${NEAR_SUMMARY}${PUBLISH_SUMMARY}| Hottest master's share of reads, 1 copy, vs an even share | $SHARE1_MAX % | $EVEN_SHARE % | $(ratio "$SHARE1_MAX" "$EVEN_SHARE")× | – |
+${NEAR_SUMMARY}${RESP_SUMMARY}${PUBLISH_SUMMARY}| Hottest master's share of reads, 1 copy, vs an even share | $SHARE1_MAX % | $EVEN_SHARE % | $(ratio "$SHARE1_MAX" "$EVEN_SHARE")× | – |
 | Hottest master's share of reads, $SHARE_COPIES copies, vs an even share | $SHARE16_MAX % | $EVEN_SHARE % | $(ratio "$SHARE16_MAX" "$EVEN_SHARE")× | – |
 | hotsplit RSS after the read load | $RSS_MIB MiB | 64 MiB | $(ratio "$RSS_MIB" 64)× | < 1× — $(verdict "$RSS_MIB" 64 "<=") |
 | HTTP read with every request layer on, tokens included, vs all off (Redis; cost in % of the off figure) | $L_REDIS_ON req/s | $L_REDIS_OFF req/s | $(ratio "$L_REDIS_ON" "$L_REDIS_OFF")× ($L_REDIS_COST % cost) | < 5 % — $(verdict "$L_REDIS_COST" 5 "<=") |

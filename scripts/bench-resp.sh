@@ -1,0 +1,187 @@
+# shellcheck shell=bash
+# The Redis-protocol door's part of scripts/bench-side-by-side.sh (part 6; sourced by it, uses its
+# helpers and knobs): issue 22's targets, each beside its baseline in the same run.
+#   - `redis-benchmark -c RESP_CONNECTIONS GET` of one published hot advisory key (`hot:1`, near
+#     cache on) through hotsplit's RESP port, beside the same command against Redis directly,
+#     against twemproxy (Debian's nutcracker) in front of the same Redis, and against the RESP
+#     ceiling (benches/resp_ceiling.rs: the least a tokio server can do), at -P 1 and -P 16;
+#     targets: ≥ 0.9× the ceiling at both depths, ahead of twemproxy at both;
+#   - each server's CPU time per GET from /proc (utime + stime over the run's GETs); target at
+#     -P 16: hotsplit ≤ redis-server;
+#   - the same GET of a `primary`-class key (`prim:1`: no near cache, a Redis read per GET)
+#     against twemproxy at -P 1; target ≥ 0.9×;
+#   - the publish latency: `SET alloc:1` through the RESP port (redis-benchmark -c 1) against the
+#     HTTP publish of the same allocated family (wrk -c 1 PUT); target: RESP p50 ≤ 1.05× HTTP's.
+# Rounds rotate the order of the sides (RESP_ROUNDS), and each side's median is reported. The
+# value is RESP_VALUE_BYTES (64) bytes everywhere. Figures land in RESP_SECTION and RESP_SUMMARY.
+
+knob RESP_ROUNDS 3 1
+knob RESP_REQUESTS 400000 50000
+knob RESP_PIPELINED_REQUESTS 2000000 200000
+knob RESP_CONNECTIONS 64 64
+knob RESP_VALUE_BYTES 64 64
+knob RESP_PUBLISHES 20000 2000
+
+# rb_csv PORT PIPELINE REQUESTS CONNECTIONS COMMAND...: one redis-benchmark run, prints
+# "rps p50_ms" from its --csv line.
+rb_csv() {
+    local port=$1 pipeline=$2 requests=$3 connections=$4
+    shift 4
+    bounded 600 redis-benchmark -h 127.0.0.1 -p "$port" -c "$connections" -n "$requests" -P "$pipeline" --csv "$@" |
+        awk -F'","' 'NR == 2 { gsub(/"/, "", $2); gsub(/"/, "", $5); printf "%.0f %s\n", $2, $5 }'
+}
+
+# median of the numbers on stdin
+median() { sort -n | awk '{a[NR] = $1} END { if (NR == 0) print "–"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.0f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+# per_get_us TICKS GETS: CPU microseconds per GET.
+per_get_us() { awk -v t="$1" -v n="$2" -v hz="$CLK_TCK" 'BEGIN { if (n == 0) print "–"; else printf "%.2f", 1e6 * t / hz / n }'; }
+
+# resp_side NAME PORT PID PIPELINE KEY: one redis-benchmark GET run of KEY on PORT, appending
+# "NAME PIPELINE rps us_per_get" to $WORK/resp-runs (PID's CPU over the run).
+resp_side() {
+    local name=$1 port=$2 pid=$3 pipeline=$4 key=$5 requests=$RESP_REQUESTS before after out
+    [ "$pipeline" = 1 ] || requests=$RESP_PIPELINED_REQUESTS
+    before=$(pid_ticks "$pid")
+    log "redis-benchmark -c $RESP_CONNECTIONS -P $pipeline -n $requests GET $key on $name (127.0.0.1:$port)"
+    out=$(rb_csv "$port" "$pipeline" "$requests" "$RESP_CONNECTIONS" GET "$key") || die "redis-benchmark on $name failed"
+    after=$(pid_ticks "$pid")
+    [ -n "$out" ] || die "redis-benchmark on $name printed no figure"
+    printf '%s %s %s %s\n' "$name" "$pipeline" "${out%% *}" "$(per_get_us $((after - before)) "$requests")" >>"$WORK/resp-runs"
+}
+
+# resp_figure NAME PIPELINE rps|us: the median over the rounds.
+resp_figure() {
+    local column=3
+    [ "$3" = rps ] || column=4
+    awk -v n="$1" -v p="$2" -v c="$column" '$1 == n && $2 == p {print $c}' "$WORK/resp-runs" | median
+}
+
+resp_part() {
+    local port redis_pid value families hs_pid resp_port twem_port twem_pid ceiling_port ceiling_pid
+    head -c "$RESP_VALUE_BYTES" /dev/zero | tr '\0' 'v' >"$WORK/resp-value.bin"
+    value=$(cat "$WORK/resp-value.bin")
+    start_redis resp-standalone
+    port=$STARTED_PORT
+    redis_pid=$STARTED_PID
+    cli "$port" set hot:1 "$value" >/dev/null
+    cli "$port" set prim:1 "$value" >/dev/null
+
+    # twemproxy in front of the same Redis.
+    free_port
+    twem_port=$FREE_PORT
+    free_port
+    cat >"$WORK/nutcracker.yml" <<EOF
+alpha:
+  listen: 127.0.0.1:$twem_port
+  hash: fnv1a_64
+  distribution: ketama
+  redis: true
+  server_connections: 1
+  servers:
+   - 127.0.0.1:$port:1
+EOF
+    nutcracker -c "$WORK/nutcracker.yml" -s "$FREE_PORT" -a 127.0.0.1 -o "$WORK/nutcracker.log" -p "$WORK/nutcracker.pid" &
+    twem_pid=$!
+    PIDS+=("$twem_pid")
+    wait_for 10 redis_ping "$twem_port" || die "twemproxy did not answer; see $WORK/nutcracker.log"
+
+    # The RESP ceiling.
+    free_port
+    ceiling_port=$FREE_PORT
+    "$RESP_CEILING_BIN" --listen "127.0.0.1:$ceiling_port" --value-bytes "$RESP_VALUE_BYTES" >"$WORK/resp-ceiling.log" 2>&1 &
+    ceiling_pid=$!
+    PIDS+=("$ceiling_pid")
+    wait_for 10 redis_ping "$ceiling_port" || die "the RESP ceiling did not answer; see $WORK/resp-ceiling.log"
+
+    # hotsplit with its RESP door: hot: (8 copies, advisory, near cache on), prim: (primary
+    # class: every GET reads Redis), alloc: (allocated versions, for the publish latency).
+    free_port
+    resp_port=$FREE_PORT
+    families="$(family hot: "$COPIES")
+default_class = \"advisory\"
+$(family prim: 1)
+default_class = \"primary\"
+$(family alloc: 1)
+versioning = \"allocated\"
+[resp]
+listen = \"127.0.0.1:$resp_port\""
+    start_hotsplit hotsplit-resp "redis://127.0.0.1:$port" "$families" "" warn
+    hs_pid=$STARTED_PID
+    local base="http://127.0.0.1:$STARTED_PORT"
+    curl -fsS --max-time 10 -X PUT --data-binary "@$WORK/resp-value.bin" "$base/v1/keys/hot:1?version=1" >/dev/null ||
+        die "publishing hot:1 failed"
+    curl -fsS --max-time 10 -X PUT --data-binary "@$WORK/resp-value.bin" "$base/v1/keys/prim:1?version=1" >/dev/null ||
+        die "publishing prim:1 failed"
+    wait_for 20 redis_ping "$resp_port" || die "hotsplit's RESP port did not answer; see $WORK/hotsplit-resp.log"
+    local answer
+    answer=$(redis-cli -p "$resp_port" GET hot:1)
+    [ "$answer" = "$value" ] || die "GET hot:1 through the RESP port answered \"$answer\""
+
+    : >"$WORK/resp-runs"
+    local sides=("hotsplit $resp_port $hs_pid hot:1" "redis $port $redis_pid hot:1" "twemproxy $twem_port $twem_pid hot:1"
+        "ceiling $ceiling_port $ceiling_pid hot:1" "hotsplit-primary $resp_port $hs_pid prim:1")
+    local round i n=${#sides[@]} pipeline side
+    for ((round = 0; round < RESP_ROUNDS; round++)); do
+        for pipeline in 1 16; do
+            for ((i = 0; i < n; i++)); do
+                side=${sides[$(((i + round) % n))]}
+                read -r s_name s_port s_pid s_key <<<"$side"
+                # The primary-class read's target is at -P 1 only.
+                [ "$s_name" != hotsplit-primary ] || [ "$pipeline" = 1 ] || continue
+                resp_side "$s_name" "$s_port" "$s_pid" "$pipeline" "$s_key"
+            done
+        done
+    done
+
+    # Publish latency: RESP SET against HTTP PUT, one connection each, rotating.
+    cat >"$WORK/put.lua" <<EOF
+wrk.method = "PUT"
+wrk.body = "$value"
+EOF
+    local resp_p50s=() http_p50s=() out
+    for ((round = 0; round < RESP_ROUNDS; round++)); do
+        out=$(rb_csv "$resp_port" 1 "$RESP_PUBLISHES" 1 SET alloc:1 "$value") || die "redis-benchmark SET failed"
+        resp_p50s+=("${out##* }")
+        bounded 120 wrk -t1 -c1 -d"$DURATION" --latency -s "$WORK/put.lua" "$base/v1/keys/alloc:1" >"$WORK/wrk-put.txt" 2>&1 ||
+            die "wrk PUT failed: $(cat "$WORK/wrk-put.txt")"
+        http_p50s+=("$(wrk_field "$WORK/wrk-put.txt" p50)")
+    done
+    # wrk prints units (us, ms); redis-benchmark milliseconds.
+    RESP_PUB_P50=$(printf '%s\n' "${resp_p50s[@]}" | awk '{printf "%.0f\n", $1 * 1000}' | median)
+    HTTP_PUB_P50=$(printf '%s\n' "${http_p50s[@]}" | awk '/us$/ {sub(/us/, ""); printf "%.0f\n", $1} /ms$/ {sub(/ms/, ""); printf "%.0f\n", $1 * 1000} /[0-9]s$/ {sub(/s/, ""); printf "%.0f\n", $1 * 1e6}' | median)
+
+    local hs1 hs16 r1 r16 t1 t16 c1 c16 p1
+    hs1=$(resp_figure hotsplit 1 rps) hs16=$(resp_figure hotsplit 16 rps)
+    r1=$(resp_figure redis 1 rps) r16=$(resp_figure redis 16 rps)
+    t1=$(resp_figure twemproxy 1 rps) t16=$(resp_figure twemproxy 16 rps)
+    c1=$(resp_figure ceiling 1 rps) c16=$(resp_figure ceiling 16 rps)
+    p1=$(resp_figure hotsplit-primary 1 rps)
+    local hs_cpu16 redis_cpu16
+    hs_cpu16=$(resp_figure hotsplit 16 us) redis_cpu16=$(resp_figure redis 16 us)
+    local rows="" name pipeline
+    for pipeline in 1 16; do
+        for name in hotsplit redis twemproxy ceiling hotsplit-primary; do
+            [ "$name" != hotsplit-primary ] || [ "$pipeline" = 1 ] || continue
+            rows+="| $name | -P $pipeline | $(resp_figure "$name" "$pipeline" rps) | $(resp_figure "$name" "$pipeline" us) |
+"
+        done
+    done
+    RESP_SECTION="### 6. The Redis-protocol door (redis-benchmark -c $RESP_CONNECTIONS GET, $RESP_VALUE_BYTES-byte value, median of $RESP_ROUNDS rotating rounds)
+
+| Server | depth | GETs/s | server CPU µs per GET |
+|---|---|---|---|
+${rows}
+- hotsplit: \`GET hot:1\` ($COPIES copies, advisory, near cache on) and \`GET prim:1\` (\`primary\` class: a Redis read each) through \`[resp] listen\`; twemproxy (nutcracker, one server connection) and the ceiling (benches/resp_ceiling.rs) in front of / beside the same redis-server. twemproxy's CPU is its own (its Redis's apart).
+- Publish p50, one connection: RESP \`SET alloc:1\` $RESP_PUB_P50 µs (redis-benchmark -c 1 -n $RESP_PUBLISHES), HTTP \`PUT /v1/keys/alloc:1\` $HTTP_PUB_P50 µs (wrk -c 1 -d $DURATION).
+"
+    RESP_SUMMARY="| RESP GET (near cache) vs the RESP ceiling, -P 1 | $hs1 | $c1 | $(ratio "$hs1" "$c1")× | ≥ 0.9× — $(verdict "$(ratio "$hs1" "$c1")" 0.9 ">=") |
+| RESP GET (near cache) vs the RESP ceiling, -P 16 | $hs16 | $c16 | $(ratio "$hs16" "$c16")× | ≥ 0.9× — $(verdict "$(ratio "$hs16" "$c16")" 0.9 ">=") |
+| RESP GET (near cache) vs twemproxy, -P 1 | $hs1 | $t1 | $(ratio "$hs1" "$t1")× | > 1× — $(verdict "$(ratio "$hs1" "$t1")" 1 ">=") |
+| RESP GET (near cache) vs twemproxy, -P 16 | $hs16 | $t16 | $(ratio "$hs16" "$t16")× | > 1× — $(verdict "$(ratio "$hs16" "$t16")" 1 ">=") |
+| RESP GET (near cache) vs Redis directly, -P 1 / -P 16 | $hs1 / $hs16 | $r1 / $r16 | $(ratio "$hs1" "$r1")× / $(ratio "$hs16" "$r16")× | – |
+| CPU µs per GET at -P 16, hotsplit vs redis-server | $hs_cpu16 | $redis_cpu16 | $(ratio "$hs_cpu16" "$redis_cpu16")× | ≤ 1× — $(verdict "$(ratio "$hs_cpu16" "$redis_cpu16")" 1 "<=") |
+| RESP GET, primary class (no near cache) vs twemproxy, -P 1 | $p1 | $t1 | $(ratio "$p1" "$t1")× | ≥ 0.9× — $(verdict "$(ratio "$p1" "$t1")" 0.9 ">=") |
+| Publish p50, RESP SET vs HTTP PUT (µs) | $RESP_PUB_P50 | $HTTP_PUB_P50 | $(ratio "$RESP_PUB_P50" "$HTTP_PUB_P50")× | ≤ 1.05× — $(verdict "$(ratio "$RESP_PUB_P50" "$HTTP_PUB_P50")" 1.05 "<=") |
+"
+    stop_pids "$hs_pid" "$twem_pid" "$ceiling_pid" "$redis_pid"
+}
