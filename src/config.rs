@@ -69,6 +69,8 @@ pub struct Config {
     pub near_cache: NearCacheConfig,
     /// Session tokens (`Hotsplit-Session`).
     pub session: SessionConfig,
+    /// The hot-key detector (`[hot_keys]`).
+    pub hot_keys: crate::hot::HotKeysConfig,
 }
 
 impl Config {
@@ -129,6 +131,7 @@ impl Config {
         }
         self.route.validate()?;
         self.near_cache.validate()?;
+        self.hot_keys.validate()?;
         let classes = Classes::from_config(&self.classes)?;
         self.heal.validate()?;
         self.fleet.validate()?;

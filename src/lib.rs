@@ -53,6 +53,7 @@ pub mod error;
 pub mod family;
 pub mod fleet;
 pub mod heal;
+pub mod hot;
 pub mod http;
 pub mod key;
 pub mod logging;

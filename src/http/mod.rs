@@ -99,6 +99,8 @@ pub mod paths {
     pub const INSTANCES: &str = "/v1/instances";
     /// The near cache.
     pub const NEAR_CACHE: &str = "/v1/near-cache";
+    /// The hot-key detector's last window.
+    pub const HOT_KEYS: &str = "/v1/hot-keys";
     /// Every instance with its figures, for the status page.
     pub const FLEET: &str = "/v1/fleet";
     /// The live status page.
@@ -115,7 +117,7 @@ pub mod paths {
 
     /// The operator views: served to tokens with the `admin` scope (when tokens are
     /// configured). Add a new admin endpoint here.
-    pub(crate) const ADMIN: [&str; 13] = [
+    pub(crate) const ADMIN: [&str; 14] = [
         METRICS,
         CLASSES,
         LAG,
@@ -123,6 +125,7 @@ pub mod paths {
         RETRY_QUEUE,
         INSTANCES,
         NEAR_CACHE,
+        HOT_KEYS,
         FLEET,
         STATUS_PAGE,
         STATUS_SCRIPT,
@@ -160,7 +163,7 @@ pub mod paths {
     };
 
     /// Every template, in the latency table's order.
-    pub const ROUTES: [&str; 18] = [
+    pub const ROUTES: [&str; 19] = [
         KEY,
         AFFINITY,
         HEALTHZ,
@@ -173,6 +176,7 @@ pub mod paths {
         RETRY_QUEUE,
         INSTANCES,
         NEAR_CACHE,
+        HOT_KEYS,
         FLEET,
         STATUS_PAGE,
         STATUS_SCRIPT,
@@ -263,6 +267,7 @@ fn admin_routes() -> Router<AppState> {
         .route(paths::RETRY_QUEUE, get(handlers::retry_queue))
         .route(paths::INSTANCES, get(instances::instances))
         .route(paths::NEAR_CACHE, get(handlers::near_cache))
+        .route(paths::HOT_KEYS, get(handlers::hot_keys))
         .route(paths::FLEET, get(status_page::fleet))
         .route(paths::STATUS_PAGE, get(status_page::page))
         .route(paths::STATUS_SCRIPT, get(status_page::script))

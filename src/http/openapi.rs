@@ -23,7 +23,7 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
 #[openapi(
     info(
         title = "hotsplit",
-        description = "Split copies of hot Redis values with versioned publish and client-affine, monotonic reads. Every route is served on `server.listen` unless `[admin] listen` is set: then /healthz, /readyz, /metrics, /v1/classes, /v1/lag, /v1/routing, /v1/retry-queue, /v1/instances, /v1/near-cache, /v1/fleet and the status page (/status, /status/status.js, /status/status.css, /status/favicon.svg) are served on the admin address only (404 on `server.listen`), and the keys, /v1/affinity and this document on `server.listen` only. With `server.tls_cert_file` both listeners speak HTTPS only."
+        description = "Split copies of hot Redis values with versioned publish and client-affine, monotonic reads. Every route is served on `server.listen` unless `[admin] listen` is set: then /healthz, /readyz, /metrics, /v1/classes, /v1/lag, /v1/routing, /v1/retry-queue, /v1/instances, /v1/near-cache, /v1/hot-keys, /v1/fleet and the status page (/status, /status/status.js, /status/status.css, /status/favicon.svg) are served on the admin address only (404 on `server.listen`), and the keys, /v1/affinity and this document on `server.listen` only. With `server.tls_cert_file` both listeners speak HTTPS only."
     ),
     paths(
         handlers::publish_key,
@@ -36,6 +36,7 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         handlers::retry_queue,
         instances::instances,
         handlers::near_cache,
+        handlers::hot_keys,
         status_page::fleet,
         status_page::page,
         status_page::script,

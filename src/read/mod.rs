@@ -45,6 +45,7 @@ use crate::deadline::{self, Deadline};
 use crate::error::{ErrorKind, Result};
 use crate::family::Families;
 use crate::heal::Repairer;
+use crate::hot::HotKeys;
 use crate::key::{CopyKey, Key, Version};
 use crate::metrics::{Metrics, ReadOutcome};
 use crate::near::NearCache;
@@ -185,6 +186,8 @@ pub struct Reader {
     repairer: Option<Repairer>,
     /// The instance's near cache; `None` when it is off.
     near: Option<Arc<NearCache>>,
+    /// The hot-key detector every answered read is offered to; `None`: none.
+    hot: Option<Arc<HotKeys>>,
 }
 
 /// Whether the affine copy or a sibling answered.
@@ -218,6 +221,7 @@ impl Reader {
             router,
             repairer: None,
             near: None,
+            hot: None,
         }
     }
 
@@ -226,6 +230,18 @@ impl Reader {
     pub fn with_near_cache(mut self, near: Arc<NearCache>) -> Reader {
         self.near = Some(near);
         self
+    }
+
+    /// Offers every answered read (and every miss) to `hot`, with whether it reached Redis.
+    /// Default: no detector.
+    pub fn with_hot_keys(mut self, hot: Arc<HotKeys>) -> Reader {
+        self.hot = Some(hot);
+        self
+    }
+
+    /// The hot-key detector, when reads feed one.
+    pub fn hot_keys(&self) -> Option<&Arc<HotKeys>> {
+        self.hot.as_ref()
     }
 
     /// The near cache, when reads use one.
@@ -306,6 +322,14 @@ impl Reader {
             // An answer from the near cache was served by no node: the bill counts store reads.
             if route.near_cache_age.is_none() {
                 self.count(&request.key, served_by, *route);
+            }
+            if let Some(hot) = &self.hot {
+                hot.observe(request.key.as_str(), route.near_cache_age.is_none());
+            }
+        } else if let (Some(hot), Err(err)) = (&self.hot, &result) {
+            // A miss asked for the key too (and was looked up in the store).
+            if err.kind() == ErrorKind::NotFound {
+                hot.observe(request.key.as_str(), true);
             }
         }
         let outcome = match &result {

@@ -120,6 +120,9 @@ impl Service {
         tracker.spawn(background.registrar.run(cancel.clone()));
         tracker.spawn(background.retirer.run(cancel.clone()));
         tracker.spawn(background.status_publisher.run(cancel.clone()));
+        if let Some(hot) = state.ops().reader().hot_keys() {
+            tracker.spawn(hot.clone().run(cancel.clone()));
+        }
         if let Some(scrubber) = background.scrubber {
             tracker.spawn(scrubber.run(cancel.clone()));
         }

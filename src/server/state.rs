@@ -14,6 +14,7 @@ use crate::fleet::{Registry, Sessions};
 use crate::heal::{
     HealHandles, Layouts, NodeHealth, Repairer, RetryQueue, ScrubStatus, StoreProbe,
 };
+use crate::hot::HotKeys;
 use crate::http::{AppParts, AppState, RequestLimits};
 use crate::metrics::Metrics;
 use crate::near::{NearCache, NearMetrics};
@@ -125,7 +126,8 @@ impl StateParts {
             metrics.clone(),
             router,
         )
-        .with_repairer(repairer);
+        .with_repairer(repairer)
+        .with_hot_keys(HotKeys::new(config.hot_keys.clone(), &metrics));
         if let Some(near) = near {
             publisher = publisher.with_near_cache(near.clone());
             reader = reader.with_near_cache(near);

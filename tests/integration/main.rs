@@ -20,6 +20,7 @@ mod fleet;
 mod floors;
 mod harness;
 mod heal;
+mod hot_keys;
 mod http_api;
 mod http_e2e;
 mod listener;

@@ -172,6 +172,34 @@ pub async fn near_cache(State(state): State<AppState>) -> Json<crate::near::Near
     )
 }
 
+/// The instance's hot keys: the most read keys of the last window with their rates, shares,
+/// families and copies.
+#[utoipa::path(
+    get,
+    path = "/v1/hot-keys",
+    tag = "operations",
+    responses(
+        (status = 200, description = "The last window of this instance's hot-key detector ([hot_keys]); keys empty until a window closed or with hot_keys.enabled = false", body = crate::hot::view::HotKeysView),
+    )
+)]
+pub async fn hot_keys(State(state): State<AppState>) -> Json<crate::hot::view::HotKeysView> {
+    let reader = state.ops().reader();
+    let view = match reader.hot_keys() {
+        Some(hot) => crate::hot::view::HotKeysView::of(hot, reader.families()),
+        None => crate::hot::view::HotKeysView::of(
+            &crate::hot::HotKeys::new(
+                crate::hot::HotKeysConfig {
+                    enabled: false,
+                    ..crate::hot::HotKeysConfig::default()
+                },
+                &crate::metrics::Metrics::new(),
+            ),
+            reader.families(),
+        ),
+    };
+    Json(view)
+}
+
 /// Unknown routes.
 pub async fn no_route() -> ApiError {
     ApiError::new(Code::NotFound, "no such route")
