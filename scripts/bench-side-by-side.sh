@@ -17,6 +17,8 @@
 #      wrk sending a read token), and with both, each against the same read with everything off
 #      (HOTSPLIT_LOG=warn, server.request_deadline = "0s", server.max_in_flight = 0, no tokens),
 #      in rotating rounds, on a standalone Redis and on the embedded store;
+#   7. the hot-key detector's cost on the near-cache hit path (scripts/bench-hot.sh): the same
+#      read with [hot_keys] at its defaults and off, in rotating rounds;
 #   6. the Redis-protocol door (scripts/bench-resp.sh): redis-benchmark GET of a hot key through
 #      hotsplit's RESP port beside Redis directly, twemproxy and the RESP ceiling
 #      (benches/resp_ceiling.rs), at -P 1 and -P 16, with each server's CPU per GET; the
@@ -29,6 +31,7 @@
 #   --no-publish   skip the criterion publish run (the longest part).
 #   --layers-only  run and report only part 5 (about 4.5 minutes after a warm build).
 #   --near-only    run and report only part 2b (about 1.5 minutes after a warm build).
+#   --hot-only     run and report only part 7 (about 1 minute after a warm build).
 #   --resp-only    run and report only part 6 (about 3 minutes after a warm build).
 #
 # Knobs (environment), full-run default [quick-run default]:
@@ -56,6 +59,7 @@ QUICK=${QUICK:-0}
 RUN_PUBLISH=1
 LAYERS_ONLY=0
 NEAR_ONLY=0
+HOT_ONLY=0
 RESP_ONLY=0
 for arg in "$@"; do
     case "$arg" in
@@ -63,6 +67,7 @@ for arg in "$@"; do
         --no-publish) RUN_PUBLISH=0 ;;
         --layers-only) LAYERS_ONLY=1 ;;
         --near-only) NEAR_ONLY=1 ;;
+        --hot-only) HOT_ONLY=1 ;;
         --resp-only) RESP_ONLY=1 ;;
         -h | --help)
             sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -188,6 +193,17 @@ if [ "$RESP_ONLY" = 1 ]; then
     printf '\n## hotsplit side by side — %s, %s, part 6 only%s\n\nCores: %s, shared by everything (no pinning). Load average before the run: %s, after: %s. Took %s s.\n\n| Target | hotsplit | baseline | ratio | goal |\n|---|---|---|---|---|\n%s\n%s\n' \
         "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -n)" "$([ "$QUICK" != 1 ] || echo ', QUICK (figures too short to quote)')" \
         "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$((SECONDS - STARTED_AT))" "$RESP_SUMMARY" "$RESP_SECTION"
+    exit 0
+fi
+
+# --- 7 alone (--hot-only) -------------------------------------------------------------------------
+# shellcheck source=scripts/bench-hot.sh
+source "$ROOT/scripts/bench-hot.sh"
+if [ "$HOT_ONLY" = 1 ]; then
+    hot_part
+    printf '\n## hotsplit side by side — %s, %s, part 7 only%s\n\nCores: %s, shared by everything (no pinning). Load average before the run: %s, after: %s. Took %s s.\n\n| Target | hotsplit | baseline | ratio | goal |\n|---|---|---|---|---|\n%s\n%s\n' \
+        "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -n)" "$([ "$QUICK" != 1 ] || echo ', QUICK (figures too short to quote)')" \
+        "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$((SECONDS - STARTED_AT))" "$HOT_SUMMARY" "$HOT_SECTION"
     exit 0
 fi
 
@@ -372,6 +388,9 @@ PROXY_P99=$(wrk_field "$WORK/wrk-proxy.txt" p99)
 
 # --- 2b. the near cache's targets (scripts/bench-near.sh) ---------------------------------------
 near_cache_part
+
+# --- 7. the hot-key detector's cost (scripts/bench-hot.sh) ---------------------------------------
+hot_part
 
 # --- 6. the Redis-protocol door (scripts/bench-resp.sh) ------------------------------------------
 RESP_SECTION="" RESP_SUMMARY=""
