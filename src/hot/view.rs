@@ -1,10 +1,14 @@
 //! `GET /v1/hot-keys`: the instance's hot keys as an operator reads them.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
+use serde_json::Value;
 
 use super::HotKeys;
 use crate::family::Families;
 use crate::key::Key;
+use crate::status::FleetView;
 
 /// One listed key.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -53,7 +57,107 @@ pub struct HotKeysView {
     pub other_hot: Vec<String>,
 }
 
+/// `GET /v1/hot-keys`: this instance's detector, and the fleet's hot keys summed from every
+/// instance's published figures.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct HotKeysAnswer {
+    /// This instance's last window, live.
+    pub instance: HotKeysView,
+    /// Every instance's most read keys, summed.
+    pub fleet: FleetHotKeys,
+}
+
+/// The fleet's hot keys: each instance publishes its 5 most read keys with its figures every
+/// `fleet.heartbeat_interval` (the status record beside its registry entry), and any instance
+/// sums them per key, so a key is seen fleet-wide within one heartbeat of an instance seeing it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema, Default)]
+pub struct FleetHotKeys {
+    /// Instances the registry lists (this one always).
+    pub instances: usize,
+    /// Of those, the ones whose figures carry hot keys (older releases publish none).
+    pub reporting: usize,
+    /// Keys by their summed rate, most first (at most `hot_keys.list`).
+    pub keys: Vec<FleetHotKey>,
+}
+
+/// One key over the fleet.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema, PartialEq)]
+pub struct FleetHotKey {
+    /// The key.
+    pub key: String,
+    /// Reads per second asked, summed over the instances that list it.
+    pub rate: f64,
+    /// Of those, reads per second that reached Redis.
+    pub store_rate: f64,
+    /// The instances that list it among their most read keys.
+    pub instances: Vec<String>,
+    /// The instances where it is hot.
+    pub hot_on: Vec<String>,
+}
+
+impl FleetHotKeys {
+    /// Sums the hot keys of every member of `fleet` that published some, at most `list` keys.
+    pub fn of(fleet: &FleetView, list: usize) -> FleetHotKeys {
+        let mut keys: BTreeMap<String, FleetHotKey> = BTreeMap::new();
+        let mut reporting = 0;
+        for member in &fleet.instances {
+            let Some(listed) = member
+                .status
+                .as_ref()
+                .and_then(|status| status.get("hot_keys"))
+                .and_then(|hot| hot.get("keys"))
+                .and_then(Value::as_array)
+            else {
+                continue;
+            };
+            reporting += 1;
+            for entry in listed {
+                let Some(key) = entry.get("key").and_then(Value::as_str) else {
+                    continue;
+                };
+                let number = |field: &str| entry.get(field).and_then(Value::as_f64).unwrap_or(0.0);
+                let summed = keys.entry(key.to_owned()).or_insert_with(|| FleetHotKey {
+                    key: key.to_owned(),
+                    rate: 0.0,
+                    store_rate: 0.0,
+                    instances: Vec::new(),
+                    hot_on: Vec::new(),
+                });
+                summed.rate += number("rate");
+                summed.store_rate += number("store_rate");
+                summed.instances.push(member.instance.id.clone());
+                if entry.get("hot").and_then(Value::as_bool) == Some(true) {
+                    summed.hot_on.push(member.instance.id.clone());
+                }
+            }
+        }
+        let mut keys: Vec<FleetHotKey> = keys.into_values().collect();
+        keys.sort_by(|a, b| b.rate.total_cmp(&a.rate).then_with(|| a.key.cmp(&b.key)));
+        keys.truncate(list);
+        FleetHotKeys {
+            instances: fleet.instances.len(),
+            reporting,
+            keys,
+        }
+    }
+}
+
 impl HotKeysView {
+    /// The view of an instance whose reads feed no detector.
+    pub fn off() -> HotKeysView {
+        let config = super::HotKeysConfig::default();
+        HotKeysView {
+            enabled: false,
+            sample_every: config.sample_every,
+            window_ms: u64::try_from(config.window.as_millis()).unwrap_or(u64::MAX),
+            threshold: config.threshold,
+            closed_at_ms: 0,
+            reads_per_s: 0.0,
+            keys: Vec::new(),
+            other_hot: Vec::new(),
+        }
+    }
+
     /// The view of `hot`, each key's family and copies from `families`.
     pub fn of(hot: &HotKeys, families: &Families) -> HotKeysView {
         let config = hot.config();

@@ -11,6 +11,8 @@ use crate::family::Families;
 use crate::heal::queue::RetryQueueView;
 use crate::heal::scrub::ScrubView;
 use crate::heal::HealHandles;
+use crate::hot::view::HotKeysView;
+use crate::hot::HotKeys;
 use crate::near::{NearCache, NearCacheView};
 use crate::read::Reader;
 use crate::route::{ClassRouting, ReplicaLagView, Router};
@@ -21,6 +23,9 @@ const OLDEST_ENTRIES: usize = 5;
 
 /// How many of the hottest near-cache copies a sample lists.
 const HOTTEST_COPIES: usize = 5;
+
+/// The most read keys a sample shows.
+const HOT_KEYS_SHOWN: usize = 5;
 
 /// What one instance reports about itself to the status page.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -45,6 +50,9 @@ pub struct InstanceStatus {
     /// The anti-entropy scrub on this instance (`GET /v1/scrub`'s view): the lease, passes, and
     /// the repairs of the running and the last pass.
     pub scrub: ScrubView,
+    /// The hot-key detector's last window (`GET /v1/hot-keys`'s instance view, its 5 most read
+    /// keys): the fleet's hot keys are summed from these.
+    pub hot_keys: HotKeysView,
 }
 
 /// A read class and its budget, as the lag table is judged against it.
@@ -88,6 +96,8 @@ pub struct Sources {
     router: Arc<Router>,
     /// The near cache, when reads use one.
     near: Option<Arc<NearCache>>,
+    /// The hot-key detector, when reads feed one.
+    hot: Option<Arc<HotKeys>>,
     /// The key families.
     families: Arc<Families>,
     /// The retry queue and the recorded layouts.
@@ -100,9 +110,21 @@ impl Sources {
         Sources {
             router: reader.router().clone(),
             near: reader.near_cache().cloned(),
+            hot: reader.hot_keys().cloned(),
             families: reader.families().clone(),
             heal,
         }
+    }
+
+    /// The hot-key detector's last window, its `shown` most read keys (a detector that is off
+    /// when reads feed none).
+    pub fn hot_keys(&self, shown: usize) -> HotKeysView {
+        let mut view = match &self.hot {
+            Some(hot) => HotKeysView::of(hot, &self.families),
+            None => HotKeysView::off(),
+        };
+        view.keys.truncate(shown);
+        view
     }
 
     /// This instance's figures now.
@@ -150,6 +172,7 @@ impl Sources {
                 .map_or_else(NearCacheView::off, |near| near.view(HOTTEST_COPIES)),
             families,
             scrub: self.heal.scrub.view(),
+            hot_keys: self.hot_keys(HOT_KEYS_SHOWN),
         }
     }
 }

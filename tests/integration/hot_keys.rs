@@ -1,7 +1,8 @@
 //! Hot keys found on the read path (`[hot_keys]`, `GET /v1/hot-keys`) on a real Redis: a key
 //! read far above the threshold is listed first and hot within a few windows, its Redis reads
 //! apart from what clients asked (the near cache answers most); it cools once reads stop, and
-//! goes hot again; metrics count the changes and never name a key.
+//! goes hot again; metrics count the changes and never name a key; a second instance that never
+//! read the key lists it fleet-wide within a heartbeat.
 
 use std::time::Duration;
 
@@ -39,9 +40,17 @@ async fn read_many(http: &reqwest::Client, base: &str, key: &str, times: usize) 
     while reads.join_next().await.is_some() {}
 }
 
-/// The listed entry of `key` in `/v1/hot-keys`, if any.
-fn entry<'a>(view: &'a Value, key: &str) -> Option<&'a Value> {
-    view["keys"]
+/// The listed entry of `key` in the instance part of a `/v1/hot-keys` answer, if any.
+fn entry<'a>(answer: &'a Value, key: &str) -> Option<&'a Value> {
+    answer["instance"]["keys"]
+        .as_array()?
+        .iter()
+        .find(|entry| entry["key"] == key)
+}
+
+/// The entry of `key` in the fleet part of a `/v1/hot-keys` answer, if any.
+fn fleet_entry<'a>(answer: &'a Value, key: &str) -> Option<&'a Value> {
+    answer["fleet"]["keys"]
         .as_array()?
         .iter()
         .find(|entry| entry["key"] == key)
@@ -72,7 +81,10 @@ async fn a_key_read_above_the_threshold_is_found_hot_cools_and_goes_hot_again() 
             );
         };
         let hot = entry(&view, "hk:hot").expect("listed");
-        assert_eq!(view["keys"][0]["key"], "hk:hot", "most read first: {view}");
+        assert_eq!(
+            view["instance"]["keys"][0]["key"], "hk:hot",
+            "most read first: {view}"
+        );
         assert_eq!(hot["family"], "hk:");
         assert_eq!(hot["copies"], 4);
         assert_eq!(hot["policy"], "observe");
@@ -99,7 +111,7 @@ async fn a_key_read_above_the_threshold_is_found_hot_cools_and_goes_hot_again() 
                 async move {
                     let view = get_json(&http, &url).await;
                     entry(&view, "hk:hot").is_none_or(|e| e["hot"] == false)
-                        && !view["other_hot"]
+                        && !view["instance"]["other_hot"]
                             .as_array()
                             .is_some_and(|keys| keys.iter().any(|k| k == "hk:hot"))
                 }
@@ -127,4 +139,55 @@ async fn a_key_read_above_the_threshold_is_found_hot_cools_and_goes_hot_again() 
         "metric labels never carry key names"
     );
     service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instance_lists_a_key_hot_on_one_instance_fleet_wide() {
+    let server = harness::shared_standalone();
+    let mut reading = config(&server.url());
+    reading.heal.spool_dir = harness::spool_dir();
+    let mut other = config(&server.url());
+    other.heal.spool_dir = harness::spool_dir();
+    let reading = Service::start(reading).await;
+    let other = Service::start(other).await;
+    let http = reqwest::Client::new();
+    publish_succeeds(&http, &reading.base, "hk:fleet", 1, "x").await;
+    let reading_id = get_json(&http, &format!("{}/v1/instances", reading.base)).await["this"]
+        .as_str()
+        .expect("instance id")
+        .to_owned();
+    let started = std::time::Instant::now();
+    loop {
+        read_many(&http, &reading.base, "hk:fleet", 200).await;
+        let answer = get_json(&http, &format!("{}/v1/hot-keys", other.base)).await;
+        if let Some(entry) = fleet_entry(&answer, "hk:fleet") {
+            assert!(
+                entry["instances"]
+                    .as_array()
+                    .is_some_and(|ids| ids.iter().any(|id| id == reading_id.as_str())),
+                "{answer}"
+            );
+            assert!(entry["rate"].as_f64().unwrap_or(0.0) > 0.0, "{answer}");
+            assert!(
+                entry_never_read_here(&answer),
+                "the other instance never read it itself: {answer}"
+            );
+            assert!(
+                answer["fleet"]["reporting"].as_u64().unwrap_or(0) >= 2,
+                "{answer}"
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the other instance never listed hk:fleet fleet-wide: {answer}"
+        );
+    }
+    other.stop().await;
+    reading.stop().await;
+}
+
+/// Whether the instance part of `answer` does not list `hk:fleet`.
+fn entry_never_read_here(answer: &Value) -> bool {
+    entry(answer, "hk:fleet").is_none()
 }

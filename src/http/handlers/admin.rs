@@ -172,32 +172,31 @@ pub async fn near_cache(State(state): State<AppState>) -> Json<crate::near::Near
     )
 }
 
-/// The instance's hot keys: the most read keys of the last window with their rates, shares,
-/// families and copies.
+/// The hot keys: this instance's last window, live, and the fleet's, summed from every
+/// instance's published figures.
 #[utoipa::path(
     get,
     path = "/v1/hot-keys",
     tag = "operations",
     responses(
-        (status = 200, description = "The last window of this instance's hot-key detector ([hot_keys]); keys empty until a window closed or with hot_keys.enabled = false", body = crate::hot::view::HotKeysView),
+        (status = 200, description = "This instance's hot-key detector ([hot_keys]: keys empty until a window closed, or with hot_keys.enabled = false) and the fleet's most read keys, summed over the instances that publish them", body = crate::hot::view::HotKeysAnswer),
     )
 )]
-pub async fn hot_keys(State(state): State<AppState>) -> Json<crate::hot::view::HotKeysView> {
-    let reader = state.ops().reader();
-    let view = match reader.hot_keys() {
-        Some(hot) => crate::hot::view::HotKeysView::of(hot, reader.families()),
-        None => crate::hot::view::HotKeysView::of(
-            &crate::hot::HotKeys::new(
-                crate::hot::HotKeysConfig {
-                    enabled: false,
-                    ..crate::hot::HotKeysConfig::default()
-                },
-                &crate::metrics::Metrics::new(),
-            ),
-            reader.families(),
-        ),
-    };
-    Json(view)
+pub async fn hot_keys(State(state): State<AppState>) -> Json<crate::hot::view::HotKeysAnswer> {
+    let inner = state.inner();
+    let sources = crate::status::Sources::new(inner.ops.reader(), inner.heal.clone());
+    let list = inner
+        .ops
+        .reader()
+        .hot_keys()
+        .map_or(10, |hot| hot.config().list);
+    let interval_ms = crate::duration::millis(inner.registry.heartbeat_interval());
+    let fleet =
+        crate::status::fleet_view(&inner.registry, &*inner.fleet, &sources, interval_ms).await;
+    Json(crate::hot::view::HotKeysAnswer {
+        instance: sources.hot_keys(list),
+        fleet: crate::hot::view::FleetHotKeys::of(&fleet, list),
+    })
 }
 
 /// Unknown routes.

@@ -326,6 +326,28 @@
     replaceRows("near", rows);
   }
 
+  function renderHot(members) {
+    const rows = [];
+    for (const { id, status } of members) {
+      const hot = status.hot_keys;
+      if (!hot) continue;
+      for (const key of hot.keys || []) {
+        rows.push(row([
+          el("td", id, { instance: id, field: "id", class: "key" }),
+          el("td", key.key, { instance: id, field: "hot-key", class: "key" }),
+          cell(num(Math.round(key.rate)), id, "hot-rate"),
+          cell(num(Math.round(key.store_rate)), id, "hot-store-rate"),
+          cell(pct(key.share), id, "hot-share"),
+          cell(key.hot ? "yes" : "no", id, "hot-hot"),
+          cell(key.family, id, "hot-family"),
+          cell(num(key.copies), id, "hot-copies"),
+          cell(key.policy, id, "hot-policy"),
+        ]));
+      }
+    }
+    replaceRows("hot", rows);
+  }
+
   function renderFamilies(members) {
     const rows = [];
     for (const { id, status } of members) {
@@ -374,6 +396,7 @@
     renderRouting(members);
     renderScrub(members);
     renderNear(members);
+    renderHot(members);
     renderFamilies(members);
     document.body.setAttribute("data-rendered", String((Number(document.body.getAttribute("data-rendered")) || 0) + 1));
   }
