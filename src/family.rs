@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::Key;
+use crate::placement::Placement;
 
 /// The largest number of copies a family may have.
 pub const MAX_COPIES: u32 = 1024;
@@ -55,6 +56,9 @@ pub struct DefaultFamilyConfig {
     /// of that key. Default: `2s`.
     #[serde(with = "crate::duration")]
     pub pin_window: Duration,
+    /// How copies beyond copy 0 are named: `suffix` (`K#i`) or `spread` (`K#i{t}`, spread
+    /// evenly over the cluster's slots; see `placement`). Default: `suffix`.
+    pub placement: Placement,
 }
 
 impl Default for DefaultFamilyConfig {
@@ -65,6 +69,7 @@ impl Default for DefaultFamilyConfig {
             versioning: Versioning::Caller,
             default_class: DEFAULT_CLASS.to_owned(),
             pin_window: DEFAULT_PIN_WINDOW,
+            placement: Placement::Suffix,
         }
     }
 }
@@ -103,6 +108,9 @@ pub struct FamilyConfig {
     /// How long a client's write floor holds its reads of that key. Default: `2s`.
     #[serde(with = "crate::duration", default = "default_pin_window")]
     pub pin_window: Duration,
+    /// How copies beyond copy 0 are named: `suffix` or `spread`. Default: `suffix`.
+    #[serde(default)]
+    pub placement: Placement,
 }
 
 fn default_ttl() -> Duration {
@@ -165,9 +173,17 @@ pub struct Family {
     pub default_class: String,
     /// How long a client's write floor holds its reads of a key.
     pub pin_window: Duration,
+    /// How the family's copies are named.
+    pub placement: Placement,
 }
 
 impl Family {
+    /// The name of copy `index` of `key` in this family ([`crate::key::CopyKey::new`] under the
+    /// family's placement).
+    pub fn copy_key(&self, key: &Key, index: u32) -> crate::key::CopyKey {
+        key.copy_key(index, self.placement)
+    }
+
     /// The family's display name: its prefix, or `default`.
     pub fn name(&self) -> &str {
         if self.prefix.is_empty() {
@@ -199,6 +215,7 @@ impl Families {
                 versioning: family.versioning,
                 default_class: family.default_class.clone(),
                 pin_window: family.pin_window,
+                placement: family.placement,
             })
             .collect();
         by_prefix.sort_by(|a, b| {
@@ -216,6 +233,7 @@ impl Families {
                 versioning: default.versioning,
                 default_class: default.default_class.clone(),
                 pin_window: default.pin_window,
+                placement: default.placement,
             },
         }
     }

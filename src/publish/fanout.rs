@@ -12,7 +12,7 @@ use crate::deadline;
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::Family;
 use crate::heal::{jitter, Admission, FailedCopy};
-use crate::key::{Key, Version};
+use crate::key::{Key, Placement, Version};
 use crate::metrics::{CopyWriteOutcome, WriteOp};
 use crate::route::RouteReason;
 use crate::store::{
@@ -101,7 +101,7 @@ impl Publisher {
         });
         (0..write_count)
             .map(|index| CopyWrite {
-                copy_key: edit.key.copy_key(index),
+                copy_key: edit.family.copy_key(edit.key, index),
                 version: edit.version,
                 payload: edit.payload.clone(),
                 expire_at_ms: if tombstone {
@@ -114,7 +114,9 @@ impl Publisher {
     }
 
     /// Deletes the copies from `write_count` up to the largest layout recorded for the family,
-    /// when a shrink left some (best effort: a failure is logged and the sweep retries).
+    /// when a shrink left some (best effort: a failure is logged and the sweep retries). Both
+    /// namings are deleted: no instance reads a copy beyond the write count under either, and
+    /// one the family wrote before a placement change is gone as well.
     async fn delete_shrunk(&self, edit: &VersionWrite<'_>, write_count: u32) {
         let Some(layouts) = &self.layouts else {
             return;
@@ -124,7 +126,10 @@ impl Publisher {
             return;
         }
         let removed: Vec<_> = (write_count..max_copies)
-            .map(|index| edit.key.copy_key(index))
+            .flat_map(|index| {
+                [Placement::Suffix, Placement::Spread]
+                    .map(|placement| edit.key.copy_key(index, placement))
+            })
             .collect();
         let deleting = self.store.delete_copies(&removed);
         let deleted = match edit.until {

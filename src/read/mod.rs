@@ -249,11 +249,17 @@ impl Reader {
         &self.router
     }
 
+    /// The name copy `index` of `key` is read under: its family's placement.
+    pub(crate) fn copy_key(&self, key: &Key, index: u32) -> CopyKey {
+        self.families.resolve(key).copy_key(key, index)
+    }
+
     /// Which copy `client_id` reads for `key`, and where it lives.
     pub fn affinity(&self, key: &Key, client_id: &str) -> Affinity {
-        let copies = self.families.resolve(key).copies;
+        let family = self.families.resolve(key);
+        let copies = family.copies;
         let copy = affinity::copy_index(client_id, copies);
-        let copy_key = key.copy_key(copy);
+        let copy_key = family.copy_key(key, copy);
         let node = self.store.node_of(&copy_key).to_string();
         Affinity {
             copy,
@@ -525,7 +531,9 @@ mod tests {
         let key = Key::parse("p:1").unwrap();
         // As after a growth: only copy 0 holds the key.
         for copy in 1..8 {
-            fixture.store.overwrite_for_test(&key.copy_key(copy), None);
+            fixture
+                .store
+                .overwrite_for_test(&key.copy_key(copy, crate::key::Placement::Suffix), None);
         }
         let client = (0..100)
             .map(|n| format!("client-{n}"))
@@ -569,9 +577,12 @@ mod tests {
             payload,
             expire_at_ms: crate::store::now_unix_ms() + 60_000,
         });
-        fixture
-            .store
-            .overwrite_for_test(&Key::parse("p:1").unwrap().copy_key(copy), record);
+        fixture.store.overwrite_for_test(
+            &Key::parse("p:1")
+                .unwrap()
+                .copy_key(copy, crate::key::Placement::Suffix),
+            record,
+        );
     }
 
     #[tokio::test]
@@ -614,17 +625,23 @@ mod tests {
         let write = repair_of(
             &key,
             0,
+            crate::key::Placement::Suffix,
             &[consulted(0, value()), consulted(1, Payload::Tombstone)],
         )
         .expect("the tombstone is spread");
         assert_eq!(
             (write.copy_key, write.version, write.payload),
-            (key.copy_key(0), version(5), Payload::Tombstone)
+            (
+                key.copy_key(0, crate::key::Placement::Suffix),
+                version(5),
+                Payload::Tombstone
+            )
         );
         assert!(
             repair_of(
                 &key,
                 0,
+                crate::key::Placement::Suffix,
                 &[consulted(0, Payload::Tombstone), consulted(1, value())]
             )
             .is_none(),

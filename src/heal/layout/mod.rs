@@ -362,7 +362,7 @@ mod tests {
             let key = Key::parse(key).unwrap();
             let writes: Vec<CopyWrite> = (0..twelve.resolve(&key).copies)
                 .map(|index| CopyWrite {
-                    copy_key: key.copy_key(index),
+                    copy_key: key.copy_key(index, crate::key::Placement::Suffix),
                     version: crate::key::Version::new(1).unwrap(),
                     payload: crate::store::Payload::Value(bytes::Bytes::new()),
                     expire_at_ms: crate::store::now_unix_ms() + 60_000,

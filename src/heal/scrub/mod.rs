@@ -9,8 +9,9 @@
 //! ([`crate::store::CopyStore::write_copies`]) with that record's own version, payload and `exp`.
 //! So a repair never moves a copy backwards, a tombstone stays a tombstone, and nothing lives
 //! longer than the newest copy of its edit; a copy past its own `exp` that holds the newest
-//! version is left to expire ([`pass::repairs`]). Only copy keys `K#<digits>` of a valid key
-//! with an index below its family's N are touched; a family whose layout record disagrees with
+//! version is left to expire ([`pass::repairs`]). Only copy keys of a valid key named as its
+//! family names copies (`K#<digits>`, or `K#<digits>{tag}` in a `spread` family, see
+//! [`crate::placement`]) with an index below its family's N are touched; a family whose layout record disagrees with
 //! this instance's config is skipped while it does.
 //!
 //! **One scrubber at a time.** The instances share one lease, `#hotsplit#lease#scrub`
@@ -47,7 +48,7 @@ use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 
 use crate::family::Families;
-use crate::key::Key;
+use crate::key::{Key, Placement};
 use crate::store::{now_unix_ms, CasOutcome, CopyStore, Lease, ScrubStore};
 
 use super::health::NodeHealth;
@@ -233,7 +234,7 @@ impl Scrubber {
                     };
                     self.status.scanned(page.keys.len() as u64);
                     for stored in &page.keys {
-                        let Some((key, copies)) =
+                        let Some((key, copies, placement)) =
                             pass::checked_key(stored, &self.families, &paused)
                         else {
                             continue;
@@ -251,7 +252,7 @@ impl Scrubber {
                             }
                             () = pacer.admit() => {}
                         }
-                        self.check(&key, copies).await;
+                        self.check(&key, copies, placement).await;
                         self.status.tick(started.elapsed());
                     }
                     cursor = page.next;
@@ -266,9 +267,11 @@ impl Scrubber {
         tracing::debug!(?duration, complete, "scrub pass finished");
     }
 
-    /// Reads every copy of `key` and repairs those missing or behind.
-    async fn check(&self, key: &Key, copies: u32) {
-        let copy_keys: Vec<_> = (0..copies).map(|index| key.copy_key(index)).collect();
+    /// Reads every copy of `key` (named under `placement`) and repairs those missing or behind.
+    async fn check(&self, key: &Key, copies: u32, placement: Placement) {
+        let copy_keys: Vec<_> = (0..copies)
+            .map(|index| key.copy_key(index, placement))
+            .collect();
         let reads = join_all(
             copy_keys
                 .iter()
@@ -285,7 +288,7 @@ impl Scrubber {
                 })
             })
             .collect();
-        let planned = pass::repairs(key, &reads, now_unix_ms());
+        let planned = pass::repairs(key, placement, &reads, now_unix_ms());
         if planned.is_empty() {
             return;
         }
