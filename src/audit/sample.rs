@@ -51,8 +51,8 @@ pub(crate) struct Sampled {
     pub(crate) complete: bool,
     /// Keys skipped because their copy count is 1.
     pub(crate) unsplit_keys: u64,
-    /// Copies of sampled keys seen at an index at or beyond N, or named under the other
-    /// placement than the key's.
+    /// Copies of sampled keys seen at an index at or beyond N, or under a tagged name in a
+    /// `suffix` family.
     pub(crate) stray_copies: u64,
 }
 
@@ -280,7 +280,11 @@ pub(crate) async fn sample_keys(
             .indexes
             .iter()
             .copied()
-            .filter(|&(index, named)| index >= copies || (index > 0 && named != placement))
+            // A `spread` family's publishes write `K#i` as well as the tagged names: only a
+            // tagged name in a `suffix` family is named under the other placement.
+            .filter(|&(index, named)| {
+                index >= copies || (named == Placement::Spread && placement == Placement::Suffix)
+            })
             .collect();
         strays.sort_unstable();
         strays.dedup();

@@ -87,7 +87,7 @@ impl Publisher {
         Ok((report, refused_at))
     }
 
-    /// One write per copy, with its expiry: the TTL from now, a value's shortened by the
+    /// One write per copy name, with its expiry: the TTL from now, a value's shortened by the
     /// jitter, a tombstone's whole. Copies a live instance with more copies reads are written
     /// too, so they never miss an edit while it serves them (ARCHITECTURE.md, "A resize across
     /// instances").
@@ -99,18 +99,36 @@ impl Publisher {
         let write_count = self.layouts.as_ref().map_or(edit.family.copies, |layouts| {
             layouts.write_copies(edit.family.name(), edit.family.copies)
         });
-        (0..write_count)
-            .map(|index| CopyWrite {
-                copy_key: edit.family.copy_key(edit.key, index),
-                version: edit.version,
-                payload: edit.payload.clone(),
-                expire_at_ms: if tombstone {
-                    now_ms.saturating_add(ttl_ms)
-                } else {
-                    jitter::expire_at_ms(now_ms, ttl_ms, jitter_min, jitter_max)
-                },
-            })
-            .collect()
+        // The names written (`heal::layout::placing`): with layouts, `K#i` always and the
+        // tagged names too while this family is, or another live instance is, configured
+        // `spread`; without (no live instances to agree with), the configured names only.
+        let placements: &[Placement] = match &self.layouts {
+            Some(layouts) if layouts.writes_spread(edit.family) => {
+                &[Placement::Suffix, Placement::Spread]
+            }
+            Some(_) => &[Placement::Suffix],
+            None => std::slice::from_ref(&edit.family.placement),
+        };
+        let mut writes = Vec::with_capacity(write_count as usize * placements.len());
+        for index in 0..write_count {
+            for &placement in placements {
+                // Copy 0 is `K#0` under both: written once.
+                if index == 0 && placement == Placement::Spread {
+                    continue;
+                }
+                writes.push(CopyWrite {
+                    copy_key: edit.key.copy_key(index, placement),
+                    version: edit.version,
+                    payload: edit.payload.clone(),
+                    expire_at_ms: if tombstone {
+                        now_ms.saturating_add(ttl_ms)
+                    } else {
+                        jitter::expire_at_ms(now_ms, ttl_ms, jitter_min, jitter_max)
+                    },
+                });
+            }
+        }
+        writes
     }
 
     /// Deletes the copies from `write_count` up to the largest layout recorded for the family,

@@ -44,8 +44,8 @@ use crate::affinity;
 use crate::deadline::{self, Deadline};
 use crate::error::{ErrorKind, Result};
 use crate::family::Families;
-use crate::heal::Repairer;
-use crate::key::{CopyKey, Key, Version};
+use crate::heal::{Layouts, Repairer};
+use crate::key::{CopyKey, Key, Placement, Version};
 use crate::metrics::{Metrics, ReadOutcome};
 use crate::near::NearCache;
 use crate::route::{Floors, ReadClass, RouteReason, Router};
@@ -185,6 +185,9 @@ pub struct Reader {
     repairer: Option<Repairer>,
     /// The instance's near cache; `None` when it is off.
     near: Option<Arc<NearCache>>,
+    /// Which copy names each family is read under now (`heal::layout::placing`); `None`: the
+    /// configured ones.
+    layouts: Option<Arc<Layouts>>,
 }
 
 /// Whether the affine copy or a sibling answered.
@@ -218,7 +221,15 @@ impl Reader {
             router,
             repairer: None,
             near: None,
+            layouts: None,
         }
+    }
+
+    /// Reads each family under the copy names `layouts` says (a `spread` family reads `K#i`
+    /// until every live instance writes its tagged names). Default: the configured names.
+    pub fn with_layouts(mut self, layouts: Arc<Layouts>) -> Reader {
+        self.layouts = Some(layouts);
+        self
     }
 
     /// Answers reads of classes with a near-cache max age from `near` within that age, and
@@ -249,17 +260,25 @@ impl Reader {
         &self.router
     }
 
-    /// The name copy `index` of `key` is read under: its family's placement.
+    /// The placement `key`'s copies are read under now.
+    pub(crate) fn read_placement(&self, key: &Key) -> Placement {
+        let family = self.families.resolve(key);
+        self.layouts
+            .as_ref()
+            .and_then(|layouts| layouts.read_placement(family.name()))
+            .unwrap_or(family.placement)
+    }
+
+    /// The name copy `index` of `key` is read under ([`Reader::read_placement`]).
     pub(crate) fn copy_key(&self, key: &Key, index: u32) -> CopyKey {
-        self.families.resolve(key).copy_key(key, index)
+        key.copy_key(index, self.read_placement(key))
     }
 
     /// Which copy `client_id` reads for `key`, and where it lives.
     pub fn affinity(&self, key: &Key, client_id: &str) -> Affinity {
-        let family = self.families.resolve(key);
-        let copies = family.copies;
+        let copies = self.families.resolve(key).copies;
         let copy = affinity::copy_index(client_id, copies);
-        let copy_key = family.copy_key(key, copy);
+        let copy_key = self.copy_key(key, copy);
         let node = self.store.node_of(&copy_key).to_string();
         Affinity {
             copy,

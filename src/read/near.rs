@@ -80,7 +80,7 @@ impl Reader {
     ) -> Option<NearConsult> {
         let (near, max_age) = prepared.near?;
         let copy = prepared.affine;
-        let placement = self.families.resolve(key).placement;
+        let placement = self.read_placement(key);
         let Lookup::Fresh(entry, age) = key.with_copy_key_text(copy, placement, |copy_key| {
             near.lookup_text(copy_key, max_age)
         }) else {

@@ -125,7 +125,7 @@ impl Reader {
             repair_of(
                 &request.key,
                 affine,
-                self.families.resolve(&request.key).placement,
+                self.read_placement(&request.key),
                 consulted.as_ref(),
             )
         });

@@ -125,7 +125,8 @@ impl StateParts {
             metrics.clone(),
             router,
         )
-        .with_repairer(repairer);
+        .with_repairer(repairer)
+        .with_layouts(layouts.clone());
         if let Some(near) = near {
             publisher = publisher.with_near_cache(near.clone());
             reader = reader.with_near_cache(near);

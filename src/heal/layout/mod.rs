@@ -79,6 +79,7 @@
 //! cannot serve a copy that missed edits. The sweep pauses while the recorded layout differs from
 //! this instance's config or a live instance has more copies (above).
 
+mod placing;
 mod reconcile;
 mod record;
 mod sweep;
@@ -119,6 +120,8 @@ struct Known {
     /// When `live_copies` was first read or last changed: the sweep waits [`Liveness::settle`]
     /// after it, for the publishes that read the earlier count.
     live_changed: Instant,
+    /// The family's placement across the live instances (`placing`).
+    placing: placing::Placing,
 }
 
 /// Every family's layout, shared by the publisher, `/readyz` and the watcher.
@@ -126,6 +129,9 @@ struct Known {
 pub struct Layouts {
     /// Family name → what is known.
     families: Mutex<BTreeMap<String, Known>>,
+    /// Family name → whether reads use the tagged copy names (`placing`); outside the lock,
+    /// since every read asks.
+    reading: placing::Reading,
 }
 
 /// A family whose layout this instance sees disagreeing with its own: what `/v1/instances`

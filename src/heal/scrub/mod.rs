@@ -252,7 +252,11 @@ impl Scrubber {
                             }
                             () = pacer.admit() => {}
                         }
-                        self.check(&key, copies, placement).await;
+                        // A `spread` family's publishes write both namings: both are kept.
+                        self.check(&key, copies, Placement::Suffix).await;
+                        if placement == Placement::Spread {
+                            self.check(&key, copies, Placement::Spread).await;
+                        }
                         self.status.tick(started.elapsed());
                     }
                     cursor = page.next;

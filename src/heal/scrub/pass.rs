@@ -22,10 +22,11 @@ pub(super) fn patterns(families: &Families) -> Vec<String> {
 }
 
 /// The split key a scanned key is a copy of, with its family's copy count and placement, when
-/// the scrub checks it: a copy of a valid key named as its family names copies (`K#i`, or
-/// `K#i{t}` in a `spread` family; copy 0 is `K#0` in both), of a split family not in `paused`,
-/// with `i` below the family's copy count. Anything else (`foo#bar`, `K#v`, `K#99` beyond N, a
-/// key of a one-copy family, a copy under the other placement's name) is left alone.
+/// the scrub checks it: a copy of a valid key named as its family's publishes name copies (`K#i`
+/// always, and `K#i{t}` in a `spread` family, see `heal::layout::placing`; copy 0 is `K#0` in
+/// both), of a split family not in `paused`, with `i` below the family's copy count. Anything
+/// else (`foo#bar`, `K#v`, `K#99` beyond N, a key of a one-copy family, a tagged name in a
+/// `suffix` family) is left alone. A `spread` family's key is checked under both namings.
 pub(super) fn checked_key(
     stored: &str,
     families: &Families,
@@ -35,7 +36,7 @@ pub(super) fn checked_key(
     let family = families.resolve(&key);
     let wanted = family.copies > 1
         && copy_key.index() < family.copies
-        && (copy_key.index() == 0 || copy_key.placement() == family.placement)
+        && (copy_key.placement() == Placement::Suffix || family.placement == Placement::Spread)
         && !paused.iter().any(|name| name == family.name());
     wanted.then_some((key, family.copies, family.placement))
 }
@@ -195,9 +196,12 @@ mod tests {
                 "{name}"
             );
         }
+        assert_eq!(
+            check(spread.copy_key(2, Placement::Suffix).as_str()),
+            Some((spread.clone(), 4, Placement::Spread))
+        );
         for ignored in [
             spread.copy_key(4, Placement::Spread),
-            spread.copy_key(2, Placement::Suffix),
             Key::parse("hot:a").unwrap().copy_key(2, Placement::Spread),
         ] {
             assert_eq!(check(ignored.as_str()), None, "{ignored}");
