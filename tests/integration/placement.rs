@@ -158,3 +158,171 @@ async fn spread_copies_share_a_keys_reads_evenly_over_the_masters() {
         }
     }
 }
+
+/// How often the instances of the rolling-change tests refresh their live entries.
+const LAYOUT_INTERVAL: Duration = Duration::from_millis(500);
+
+/// A config on the standalone server `url` with family `prefix` of 4 copies named under
+/// `placement`, read with the `primary` class, the near cache off (every read reaches Redis).
+fn rolling_config(url: &str, prefix: &str, placement: &str) -> hotsplit::config::Config {
+    let mut config = config_from_toml(&format!(
+        "[store]\nredis = \"{url}\"\ncommand_timeout = \"{timeout}\"\n[[family]]\nprefix = \"{prefix}\"\ncopies = 4\nttl = \"10m\"\nplacement = \"{placement}\"\n{NEAR_CACHE_OFF}",
+        timeout = harness::command_timeout_toml()
+    ));
+    config.heal.layout_interval = LAYOUT_INTERVAL;
+    config
+}
+
+/// The copy name `base` reads for `key` and `client` (`/v1/affinity`).
+async fn read_name(http: &reqwest::Client, base: &str, key: &str, client: &str) -> String {
+    affinity(http, base, key, client).await["copy_key"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The version `base` serves `key` to `client`.
+async fn served(http: &reqwest::Client, base: &str, key: &str, client: &str) -> u64 {
+    let answer = harness::get(http, &format!("{base}/v1/keys/{key}?client={client}"), &[]).await;
+    assert!(
+        answer.status().is_success(),
+        "{client}: {key} answered {}",
+        answer.status()
+    );
+    answer.headers()["hotsplit-version"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A rolling change from `suffix` to `spread`: an instance on each config at once, publishing
+/// alternately; after every publish, every client of both instances is served the new version
+/// (none reads a copy that missed an edit), before, during and after the spread instance
+/// switches its reads to the tagged names. Then the suffix instance is replaced by a spread
+/// one, which reads the tagged names at once (the other keeps them current).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_placement_change_serves_no_reader_an_old_value() {
+    let server = harness::shared_standalone();
+    let url = server.url();
+    let http = reqwest::Client::new();
+    let key = "roll:1";
+    let old = Service::start(rolling_config(&url, "roll:", "suffix")).await;
+    let new = Service::start(rolling_config(&url, "roll:", "spread")).await;
+    let clients: Vec<String> = (0..4)
+        .map(|copy| {
+            (0..)
+                .map(|n| format!("c{n}"))
+                .find(|client| hotsplit::affinity::copy_index(client, 4) == copy)
+                .unwrap()
+        })
+        .collect();
+    let mut version = 0u64;
+    let mut switched_at = None;
+    // Publish and read until the spread instance has read the tagged names for ten rounds.
+    while switched_at.is_none_or(|at| version < at + 10) {
+        version += 1;
+        assert!(
+            version < 500,
+            "the spread instance never read its tagged names"
+        );
+        let base = if version % 2 == 1 {
+            &old.base
+        } else {
+            &new.base
+        };
+        harness::publish_succeeds(&http, base, key, version, &format!("v{version}")).await;
+        for client in &clients {
+            for (name, base) in [("suffix", &old.base), ("spread", &new.base)] {
+                assert_eq!(
+                    served(&http, base, key, client).await,
+                    version,
+                    "{client} of the {name} instance after version {version}"
+                );
+            }
+        }
+        assert!(
+            !read_name(&http, &old.base, key, &clients[1])
+                .await
+                .ends_with('}'),
+            "the suffix instance reads K#i"
+        );
+        if switched_at.is_none()
+            && read_name(&http, &new.base, key, &clients[1])
+                .await
+                .ends_with('}')
+        {
+            switched_at = Some(version);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The last step of the roll: the suffix instance is replaced by a spread one, which reads
+    // the tagged names from its first request, and is served current copies.
+    old.stop().await;
+    let replaced = Service::start(rolling_config(&url, "roll:", "spread")).await;
+    assert!(read_name(&http, &replaced.base, key, &clients[1])
+        .await
+        .ends_with('}'));
+    for step in 1..=4 {
+        version += 1;
+        let base = if step % 2 == 1 {
+            &replaced.base
+        } else {
+            &new.base
+        };
+        harness::publish_succeeds(&http, base, key, version, "v").await;
+        for client in &clients {
+            assert_eq!(served(&http, &replaced.base, key, client).await, version);
+            assert_eq!(served(&http, &new.base, key, client).await, version);
+        }
+    }
+    replaced.stop().await;
+    new.stop().await;
+}
+
+/// An instance of a release without placement joins a family's live set but not its placement
+/// set: a `spread` instance then keeps reading `K#i` past the settle time, and switches once
+/// the older instance's entry lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_release_in_the_live_set_keeps_the_family_on_suffix_names() {
+    let server = harness::shared_standalone();
+    let url = server.url();
+    let http = reqwest::Client::new();
+    let store = harness::redis_store(&url, harness::COMMAND_TIMEOUT).await;
+    // What an older release's layout watcher keeps: an entry in the family's live set only.
+    use hotsplit::store::LayoutStore;
+    store
+        .join_layout("old-rel:", 4, "older-release", 60_000)
+        .await
+        .unwrap();
+    let service = Service::start(rolling_config(&url, "old-rel:", "spread")).await;
+    let client = "c1";
+    // Past the settle time (the interval plus twice the command timeout) and a few refreshes.
+    tokio::time::sleep(LAYOUT_INTERVAL * 4 + harness::COMMAND_TIMEOUT * 2).await;
+    let name = read_name(&http, &service.base, "old-rel:1", client).await;
+    assert!(
+        !name.ends_with('}'),
+        "read {name} while an older release is live"
+    );
+    let metrics = harness::metrics_text(&http, &service.base).await;
+    assert!(
+        metrics.contains(r#"hotsplit_placement_reads_spread{family="old-rel:"} 0"#),
+        "{metrics}"
+    );
+    // The older instance stops: its entry goes, and the family moves to the tagged names.
+    store
+        .leave_layout("old-rel:", 4, "older-release")
+        .await
+        .unwrap();
+    poll(
+        "the spread instance reads the tagged names once no older release is live",
+        Duration::from_secs(30),
+        || async {
+            read_name(&http, &service.base, "old-rel:1", client)
+                .await
+                .ends_with('}')
+        },
+    )
+    .await;
+    service.stop().await;
+}
