@@ -326,3 +326,105 @@ async fn an_older_release_in_the_live_set_keeps_the_family_on_suffix_names() {
     .await;
     service.stop().await;
 }
+
+/// The tagged name of copy `index` of `key`.
+fn tagged(key: &str, index: u32) -> String {
+    hotsplit::key::Key::parse(key)
+        .unwrap()
+        .copy_key(index, hotsplit::key::Placement::Spread)
+        .to_string()
+}
+
+/// The stored version of `copy_key` on the master that owns it, `None` when it is missing.
+fn version_on_owner(cluster: &Cluster, copy_key: &str) -> Option<u64> {
+    harness::copy_on_owner(cluster, copy_key)
+        .get("ver")
+        .map(|ver| ver.parse().unwrap())
+}
+
+/// Runs `hotsplit audit --json` with `args`; asserts it exits 0 and returns its report.
+async fn audit_json(args: Vec<String>) -> serde_json::Value {
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+            .arg("audit")
+            .args(&args)
+            .arg("--json")
+            .env_remove("HOTSPLIT_REDIS")
+            .env_remove("HOTSPLIT_CONFIG")
+            .output()
+            .expect("run hotsplit audit")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&stdout).expect("a JSON report")
+}
+
+/// The scrub repairs a `spread` family's tagged copies (one behind, one deleted, by hand), and
+/// `audit` reads the tagged copies and counts none of them, nor the untagged names a spread
+/// family's publishes also write, as strays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tagged_copies_are_scrubbed_and_audited_without_strays() {
+    let cluster = own_cluster().await;
+    let url = cluster.url();
+    let http = reqwest::Client::new();
+    let family = "[[family]]\nprefix = \"spt:\"\ncopies = 4\nttl = \"10m\"\nplacement = \"spread\"\n";
+    let service = Service::start(config_from_toml(&format!(
+        "[store]\nredis = \"{url}\"\ncommand_timeout = \"{timeout}\"\n{family}[scrub]\nenabled = true\ninterval = \"300ms\"\nlease_ttl = \"3s\"\nmax_keys_per_second = 5000\n",
+        timeout = harness::command_timeout_toml()
+    )))
+    .await;
+    harness::publish_succeeds(&http, &service.base, "spt:a", 1, "one").await;
+    harness::publish_succeeds(&http, &service.base, "spt:a", 2, "two").await;
+    for index in 1..4 {
+        assert_eq!(version_on_owner(&cluster, &tagged("spt:a", index)), Some(2));
+    }
+    let behind = tagged("spt:a", 1);
+    let gone = tagged("spt:a", 2);
+    let port = harness::owner_port(&cluster, &behind);
+    hotsplit_devcluster::cli(port, &["HSET", &behind, "ver", "1", "val", "one"]).unwrap();
+    let port = harness::owner_port(&cluster, &gone);
+    hotsplit_devcluster::cli(port, &["DEL", &gone]).unwrap();
+    poll(
+        "the scrub repairs the tagged copies",
+        Duration::from_secs(20),
+        || {
+            std::future::ready(
+                version_on_owner(&cluster, &behind) == Some(2)
+                    && version_on_owner(&cluster, &gone) == Some(2),
+            )
+        },
+    )
+    .await;
+    service.stop().await;
+
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), family).unwrap();
+    let with_config = audit_json(vec![
+        "--redis".into(),
+        url.clone(),
+        "--config".into(),
+        config.path().display().to_string(),
+    ])
+    .await;
+    let inferred = audit_json(vec![
+        "--redis".into(),
+        url.clone(),
+        "--prefix".into(),
+        "spt:".into(),
+    ])
+    .await;
+    for report in [with_config, inferred] {
+        assert_eq!(report["keys"], 1, "{report}");
+        assert_eq!(report["stray_copies"], 0, "{report}");
+        assert_eq!(report["primary"]["copy_reads"], 4, "{report}");
+        assert_eq!(report["primary"]["missing_copies"], 0, "{report}");
+        assert_eq!(report["primary"]["copies_behind"], 0, "{report}");
+    }
+}
