@@ -374,7 +374,8 @@ async fn tagged_copies_are_scrubbed_and_audited_without_strays() {
     let cluster = own_cluster().await;
     let url = cluster.url();
     let http = reqwest::Client::new();
-    let family = "[[family]]\nprefix = \"spt:\"\ncopies = 4\nttl = \"10m\"\nplacement = \"spread\"\n";
+    let family =
+        "[[family]]\nprefix = \"spt:\"\ncopies = 4\nttl = \"10m\"\nplacement = \"spread\"\n";
     let service = Service::start(config_from_toml(&format!(
         "[store]\nredis = \"{url}\"\ncommand_timeout = \"{timeout}\"\n{family}[scrub]\nenabled = true\ninterval = \"300ms\"\nlease_ttl = \"3s\"\nmax_keys_per_second = 5000\n",
         timeout = harness::command_timeout_toml()
@@ -427,4 +428,66 @@ async fn tagged_copies_are_scrubbed_and_audited_without_strays() {
         assert_eq!(report["primary"]["missing_copies"], 0, "{report}");
         assert_eq!(report["primary"]["copies_behind"], 0, "{report}");
     }
+}
+
+/// A copy write of a `spread` family that fails is queued under its tagged name, kept in the
+/// spool (format 2 records the placement), and after a restart replayed and written under that
+/// same name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_tagged_copy_is_healed_under_its_name_after_a_restart() {
+    let cluster = own_cluster().await;
+    let http = reqwest::Client::new();
+    let spool = harness::spool_dir();
+    let config = || {
+        let mut config = config_from_toml(&format!(
+            "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[[family]]\nprefix = \"spd:\"\ncopies = 4\nttl = \"10m\"\nplacement = \"spread\"\n[scrub]\nenabled = false\n",
+            cluster.url(),
+            harness::command_timeout_toml()
+        ));
+        config.heal.spool_dir = spool.clone();
+        config
+    };
+    let first = Service::start(config()).await;
+    // One master refuses FCALL: the copy writes it owns fail at once and are queued.
+    let victim = harness::owner_port(&cluster, &tagged("spd:0", 1));
+    hotsplit_devcluster::cli(victim, &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
+    let mut queued = Vec::new();
+    for key in 0..16 {
+        let answer = http
+            .put(format!("{}/v1/keys/spd:{key}?version=7", first.base))
+            .body("v")
+            .send()
+            .await
+            .unwrap();
+        let report: serde_json::Value = answer.json().await.unwrap();
+        for line in report["outcomes"].as_array().into_iter().flatten() {
+            if line["outcome"] == "queued" {
+                queued.push(line["copy_key"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    assert!(
+        queued.iter().any(|name| name.ends_with('}')),
+        "some tagged copies are queued: {queued:?}"
+    );
+    first.stop().await;
+    for name in &queued {
+        assert_eq!(version_on_owner(&cluster, name), None, "{name} is missing");
+    }
+    hotsplit_devcluster::cli(victim, &["ACL", "SETUSER", "default", "+fcall"]).unwrap();
+    // The restart replays the spool and the retry worker writes every queued name.
+    let second = Service::start(config()).await;
+    poll(
+        "the replayed copies are written under their own names",
+        Duration::from_secs(30),
+        || {
+            std::future::ready(
+                queued
+                    .iter()
+                    .all(|name| version_on_owner(&cluster, name) == Some(7)),
+            )
+        },
+    )
+    .await;
+    second.stop().await;
 }
