@@ -1,4 +1,5 @@
-//! Key families: which keys are split, into how many copies, for how long, and who versions them.
+//! Key families: which keys are split, into how many copies, how the copies are named, for how
+//! long, and who versions them.
 //!
 //! A family is chosen by the longest configured prefix that a key starts with; every other key
 //! belongs to the default family. [`Families`] is the resolver the publish and read paths call
@@ -173,17 +174,12 @@ pub struct Family {
     pub default_class: String,
     /// How long a client's write floor holds its reads of a key.
     pub pin_window: Duration,
-    /// How the family's copies are named.
+    /// How the family's copies are named, as configured (which names reads use while a
+    /// placement change rolls out is `heal::layout`'s to say).
     pub placement: Placement,
 }
 
 impl Family {
-    /// The name of copy `index` of `key` in this family ([`crate::key::CopyKey::new`] under the
-    /// family's placement).
-    pub fn copy_key(&self, key: &Key, index: u32) -> crate::key::CopyKey {
-        key.copy_key(index, self.placement)
-    }
-
     /// The family's display name: its prefix, or `default`.
     pub fn name(&self) -> &str {
         if self.prefix.is_empty() {

@@ -65,8 +65,14 @@ impl Publisher {
         }) {
             return Err(full);
         }
-        self.delete_shrunk(edit, writes.len() as u32).await;
-        let mut report = PublishReport::new(edit.key, edit.version, writes.len() as u32);
+        // Copies, not names: a `spread` family writes two names of each copy but copy 0.
+        let write_count = writes
+            .iter()
+            .map(|write| write.copy_key.index() + 1)
+            .max()
+            .unwrap_or(0);
+        self.delete_shrunk(edit, write_count).await;
+        let mut report = PublishReport::new(edit.key, edit.version, write_count);
         let mut refused_at: Option<Version> = None;
         let mut failed: Vec<(usize, FailedCopy)> = Vec::new();
         let mut acks = acks.into_iter();

@@ -38,7 +38,7 @@ use crate::deadline::{self, Deadline};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::{Families, Family, Versioning};
 use crate::heal::{Layouts, RetryQueue};
-use crate::key::{Key, Version};
+use crate::key::{Key, Placement, Version};
 use crate::metrics::{Metrics, WriteOp};
 use crate::near::NearCache;
 use crate::store::{CopyStore, Payload, TopologyStore};
@@ -271,8 +271,13 @@ impl Publisher {
             .topology
             .as_ref()
             .map_or_else(Vec::new, |topology| topology.topology());
-        for index in 0..family.copies {
-            let node = self.store.node_of(&family.copy_key(key, index));
+        // Every name a publish may write: `K#i`, and the tagged names of a `spread` family.
+        let names = (0..family.copies).flat_map(|index| {
+            [Placement::Suffix, family.placement]
+                .map(|placement| (index, key.copy_key(index, placement)))
+        });
+        for (index, copy_key) in names {
+            let node = self.store.node_of(&copy_key);
             let known = topology
                 .iter()
                 .find(|set| set.primary == node)

@@ -72,6 +72,12 @@
 //! same way meanwhile); a retry-queue entry for a copy at or beyond every live count can still land
 //! after a grow's deletion.
 //!
+//! Copy placement (`suffix` or `spread`, see [`crate::placement`]) rolls out beside the copy
+//! count: each family has a placement set of its own next to its live set, and which copy names
+//! an instance reads and writes while instances on both placements (or on releases before
+//! placement) run is the `placing` module's protocol, written out there. The sweeps and the grow
+//! cleanup delete copies by index whatever their naming.
+//!
 //! Readers that carry floors are never served below them; a read whose consulted copies are all
 //! missing asks copy 0 (present in every layout) before answering 404, and read repair fills the
 //! new copy. Copies removed by a shrink are deleted when their key is published and by the

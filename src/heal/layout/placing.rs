@@ -311,3 +311,154 @@ pub(super) fn spread_share(
     let even = f64::from(family.copies.div_ceil(masters)) / f64::from(family.copies);
     Some((worst, even))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::family::fixture;
+    use crate::heal::layout::Liveness;
+    use crate::metrics::Metrics;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{CopyStore, CopyWrite, LayoutStore, Payload};
+
+    const CONFIG: &str =
+        "[[family]]\nprefix = \"s:\"\ncopies = 4\nplacement = \"spread\"\n[[family]]\nprefix = \"x:\"\ncopies = 4\n";
+
+    fn liveness(instance: &str) -> Liveness {
+        Liveness {
+            instance: instance.to_owned(),
+            release: "0.1.0".to_owned(),
+            interval: Duration::from_secs(1),
+            command_timeout: Duration::from_millis(1),
+        }
+    }
+
+    async fn layouts(store: &Arc<MemoryStore>, instance: &str) -> Arc<Layouts> {
+        Layouts::reconcile(
+            &LayoutStores::of(store),
+            &fixture::families(CONFIG),
+            &Metrics::new(),
+            &liveness(instance),
+        )
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_spread_family_reads_tagged_names_only_after_the_settle_or_beside_a_reader() {
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        let layouts = layouts(&store, "a").await;
+        let settle = Duration::from_secs(10);
+        let now = Instant::now();
+        // Alone, just joined: K#i until the settle time has passed, then delete and switch.
+        assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
+        assert_eq!(layouts.read_placement("x:"), Some(Placement::Suffix));
+        let step = |others: usize, codes: &[u32], at: Instant| {
+            layouts.observe_placement("s:", others, codes, settle, at, &metrics)
+        };
+        assert_eq!(step(0, &[], now), Step::Stay);
+        assert_eq!(step(0, &[], now + settle), Step::CleanThenSwitch);
+        // Another instance already reads the tagged names: at once.
+        assert_eq!(step(1, &[CODE_SPREAD_READING], now), Step::Switch);
+        layouts.start_reading_spread("s:", &metrics);
+        assert_eq!(layouts.read_placement("s:"), Some(Placement::Spread));
+        assert_eq!(
+            layouts.placement_code(
+                &fixture::families(CONFIG)
+                    .resolve(&Key::parse("s:1").unwrap())
+                    .clone()
+            ),
+            CODE_SPREAD_READING
+        );
+        // An instance in the live set but not in the placement set (an older release): back to
+        // K#i at once, and the settle starts over once it has gone.
+        assert_eq!(step(2, &[CODE_SPREAD_READING], now + settle), Step::Stay);
+        assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
+        let later = now + settle * 2;
+        assert_eq!(step(0, &[], later), Step::Stay);
+        assert_eq!(step(0, &[], later + settle), Step::CleanThenSwitch);
+        // A suffix family never switches.
+        assert_eq!(
+            layouts.observe_placement("x:", 0, &[], settle, later + settle, &metrics),
+            Step::Stay
+        );
+    }
+
+    #[tokio::test]
+    async fn writers_write_tagged_names_while_any_live_instance_is_configured_spread() {
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        let families = fixture::families(CONFIG);
+        let layouts = layouts(&store, "a").await;
+        let suffix = families.resolve(&Key::parse("x:1").unwrap()).clone();
+        let spread = families.resolve(&Key::parse("s:1").unwrap()).clone();
+        assert!(layouts.writes_spread(&spread));
+        assert!(!layouts.writes_spread(&suffix));
+        let settle = Duration::from_secs(10);
+        layouts.observe_placement(
+            "x:",
+            1,
+            &[CODE_SPREAD_PENDING],
+            settle,
+            Instant::now(),
+            &metrics,
+        );
+        assert!(layouts.writes_spread(&suffix));
+        layouts.observe_placement("x:", 1, &[CODE_SUFFIX], settle, Instant::now(), &metrics);
+        assert!(!layouts.writes_spread(&suffix));
+        // The placement set is a live set of its own, beside the family's.
+        let others = store
+            .join_layout(&placement_set("s:"), CODE_SUFFIX, "b", 60_000)
+            .await
+            .unwrap();
+        assert_eq!(others, vec![CODE_SPREAD_PENDING]);
+    }
+
+    #[tokio::test]
+    async fn the_delete_removes_tagged_copies_of_its_family_only() {
+        let store = Arc::new(MemoryStore::new());
+        let families = fixture::families(CONFIG);
+        let write = |name: CopyKey| CopyWrite {
+            copy_key: name,
+            version: crate::key::Version::new(1).unwrap(),
+            payload: Payload::Value(bytes::Bytes::new()),
+            expire_at_ms: crate::store::now_unix_ms() + 60_000,
+        };
+        let mut writes = Vec::new();
+        for key in ["s:1", "x:1"] {
+            let key = Key::parse(key).unwrap();
+            for index in 0..4 {
+                writes.push(write(key.copy_key(index, Placement::Suffix)));
+                writes.push(write(key.copy_key(index, Placement::Spread)));
+            }
+        }
+        store.write_copies(&writes).await;
+        let family = families.resolve(&Key::parse("s:1").unwrap()).clone();
+        let (deleted, complete) =
+            delete_tagged_copies(&LayoutStores::of(&store), &families, &family)
+                .await
+                .unwrap();
+        assert_eq!((deleted, complete), (3, true));
+        for write in &writes {
+            let present = store
+                .read_copy(&write.copy_key)
+                .await
+                .record
+                .unwrap()
+                .is_some();
+            let gone =
+                write.copy_key.base() == "s:1" && write.copy_key.placement() == Placement::Spread;
+            assert_eq!(present, !gone, "{}", write.copy_key);
+        }
+    }
+
+    #[test]
+    fn the_placement_set_is_no_familys_live_set() {
+        // A prefix never contains '#', so no family is named like a placement set.
+        assert_eq!(placement_set("post:"), "#placement#post:");
+        assert!(Key::parse(&placement_set("post:")).is_err());
+    }
+}

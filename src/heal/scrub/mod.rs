@@ -4,14 +4,15 @@
 //! behind until it expires.
 //!
 //! A pass `SCAN`s every primary (`MATCH` on the split families' prefixes, `TYPE hash`), reads
-//! every copy `K#0..N` of each key found, and writes the newest record still served to the
-//! copies that are missing or older, through the same compare-and-set as a publish
+//! every copy `K#0..N` of each key found (under each naming its family writes), and writes the
+//! newest record still served to the copies that are missing or older, through the same compare-and-set as a publish
 //! ([`crate::store::CopyStore::write_copies`]) with that record's own version, payload and `exp`.
 //! So a repair never moves a copy backwards, a tombstone stays a tombstone, and nothing lives
 //! longer than the newest copy of its edit; a copy past its own `exp` that holds the newest
 //! version is left to expire ([`pass::repairs`]). Only copy keys of a valid key named as its
-//! family names copies (`K#<digits>`, or `K#<digits>{tag}` in a `spread` family, see
-//! [`crate::placement`]) with an index below its family's N are touched; a family whose layout record disagrees with
+//! family's publishes name copies (`K#<digits>`, and `K#<digits>{tag}` too in a `spread` family,
+//! whose keys are checked under both namings; see [`crate::placement`]) with an index below
+//! its family's N are touched; a family whose layout record disagrees with
 //! this instance's config is skipped while it does.
 //!
 //! **One scrubber at a time.** The instances share one lease, `#hotsplit#lease#scrub`

@@ -191,7 +191,7 @@ mod tests {
         for index in 0..4 {
             let name = spread.copy_key(index, Placement::Spread);
             assert_eq!(
-                check(name.as_str()).map(|(key, n, placement)| (key, n, placement)),
+                check(name.as_str()),
                 Some((spread.clone(), 4, Placement::Spread)),
                 "{name}"
             );
