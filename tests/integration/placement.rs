@@ -139,6 +139,26 @@ async fn spread_copies_share_a_keys_reads_evenly_over_the_masters() {
         if placement == "spread" {
             wait_reading_spread(&http, &service.base, NAMES[0]).await;
         }
+        // The instance's own report of how its copy names fall on the live slot map.
+        let gauge = |text: &str| {
+            text.lines().find_map(|line| {
+                line.strip_prefix(r#"hotsplit_placement_busiest_share{family="default"} "#)?
+                    .parse::<f64>()
+                    .ok()
+            })
+        };
+        poll("the placement gauge", Duration::from_secs(30), || async {
+            gauge(&harness::metrics_text(&http, &service.base).await).is_some()
+        })
+        .await;
+        let reported = gauge(&harness::metrics_text(&http, &service.base).await);
+        let reported = reported.unwrap();
+        println!("reported busiest share ({placement}, worst of 64 sample keys): {reported:.3}");
+        if placement == "spread" {
+            assert!(reported <= 0.375, "{reported}");
+        } else {
+            assert!(reported > 0.375, "{reported}");
+        }
         for name in NAMES {
             let share =
                 busiest_share(&http, &cluster, &service.base, name, version, &clients).await;
