@@ -34,6 +34,10 @@
 //!    An instance configured `suffix` always reads `K#i`, so moving a family back from
 //!    `spread` to `suffix` is a plain rolling restart.
 //!
+//! The delete of point 2 scans the family's keys once, up to 100,000 of them (as the shrink
+//! sweep does); a family with more keys stays on `K#i` (logged at every refresh) until it has
+//! fewer. A one-copy family has only copy 0 and never switches.
+//!
 //! Not covered (as for the resize protocol): an older-release instance that starts while a
 //! family is read under the tagged names publishes edits the tagged copies miss until the other
 //! instances see it, at most one layout interval plus one call; a retry-queue entry for a tagged
@@ -184,6 +188,7 @@ impl Layouts {
         let Some(known) = families.get_mut(family) else {
             return Step::Stay;
         };
+        let copies = known.configured;
         let placing = &mut known.placing;
         placing.others_spread = codes
             .iter()
@@ -206,7 +211,9 @@ impl Layouts {
             return Step::Stay;
         }
         let since = *placing.aware_since.get_or_insert(now);
+        // A one-copy family has only copy 0, `K#0` under both namings: nothing to switch.
         if placing.configured != Placement::Spread
+            || copies < 2
             || self.reading.get(family) == Some(Placement::Spread)
         {
             return Step::Stay;
