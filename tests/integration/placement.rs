@@ -511,3 +511,49 @@ async fn a_queued_tagged_copy_is_healed_under_its_name_after_a_restart() {
     .await;
     second.stop().await;
 }
+
+/// Read repair writes a missing tagged copy back under its tagged name, from the sibling that
+/// answered (the scrub is off, so only the read can have written it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_repair_refills_a_tagged_copy_under_its_name() {
+    let server = harness::shared_standalone();
+    let (url, port) = (server.url(), server.node.port());
+    let http = reqwest::Client::new();
+    let mut config = rolling_config(&url, "rr-spread:", "spread");
+    config.scrub.enabled = false;
+    let service = Service::start(config).await;
+    let key = "rr-spread:1";
+    let client = (0..)
+        .map(|n| format!("c{n}"))
+        .find(|client| hotsplit::affinity::copy_index(client, 4) == 2)
+        .unwrap();
+    poll(
+        "the spread instance reads the tagged names",
+        Duration::from_secs(30),
+        || async {
+            read_name(&http, &service.base, key, &client)
+                .await
+                .ends_with('}')
+        },
+    )
+    .await;
+    harness::publish_succeeds(&http, &service.base, key, 1, "one").await;
+    let affine = tagged(key, 2);
+    assert_eq!(read_name(&http, &service.base, key, &client).await, affine);
+    hotsplit_devcluster::cli(port, &["DEL", &affine]).unwrap();
+    assert_eq!(served(&http, &service.base, key, &client).await, 1);
+    poll(
+        "read repair writes the tagged copy back",
+        Duration::from_secs(10),
+        || {
+            std::future::ready(
+                harness::hgetall(port, &affine)
+                    .get("ver")
+                    .map(String::as_str)
+                    == Some("1"),
+            )
+        },
+    )
+    .await;
+    service.stop().await;
+}
