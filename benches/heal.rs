@@ -57,7 +57,7 @@ const ENTRIES: u64 = 10_000;
 
 fn failed(key: &Key, node: &NodeLabel) -> Vec<FailedCopy> {
     vec![FailedCopy {
-        copy_key: key.copy_key(0),
+        copy_key: key.copy_key(0, hotsplit::key::Placement::Suffix),
         node: node.clone(),
         expire_at_ms: now_unix_ms() + 600_000,
         error: "timeout".into(),
@@ -79,7 +79,11 @@ async fn drain(store: Arc<RedisStore>, server: &Standalone, paused: bool) -> (f6
     config.backoff_cap = Duration::from_millis(50);
     let queue = Arc::new(RetryQueue::in_memory(config, metrics.clone()));
     let value = Payload::Value(Bytes::from(vec![b'v'; 100]));
-    let node = store.node_of(&Key::parse("x").unwrap().copy_key(0));
+    let node = store.node_of(
+        &Key::parse("x")
+            .unwrap()
+            .copy_key(0, hotsplit::key::Placement::Suffix),
+    );
     if paused {
         server.node.pause().unwrap();
     }

@@ -114,8 +114,11 @@ impl Target {
     fn delete_copies(&self, key: &Key, copies: u32) {
         self.runtime.block_on(async {
             let deletes = (0..copies).map(|i| {
-                self.client
-                    .del::<i64, _>(key.copy_key(i).as_str().to_owned())
+                self.client.del::<i64, _>(
+                    key.copy_key(i, hotsplit::key::Placement::Suffix)
+                        .as_str()
+                        .to_owned(),
+                )
             });
             for result in join_all(deletes).await {
                 result.expect("delete a copy");
@@ -146,7 +149,11 @@ fn bench_fan_out(group: &mut BenchmarkGroup<'_, WallTime>, target: &Target, copy
     for &copies in copy_counts {
         let key = Key::parse(&format!("n{copies}:hot")).expect("bench key");
         let copy_keys: Vec<String> = (0..copies)
-            .map(|i| key.copy_key(i).as_str().to_owned())
+            .map(|i| {
+                key.copy_key(i, hotsplit::key::Placement::Suffix)
+                    .as_str()
+                    .to_owned()
+            })
             .collect();
         group.throughput(Throughput::Elements(u64::from(copies)));
 
@@ -269,7 +276,7 @@ fn print_spread(cluster: &Cluster, target: &Target, copies: u32) {
     let key = Key::parse(&format!("n{copies}:hot")).expect("bench key");
     let mut by_master: Vec<(String, u32)> = Vec::new();
     for i in 0..copies {
-        let copy_key = key.copy_key(i);
+        let copy_key = key.copy_key(i, hotsplit::key::Placement::Suffix);
         let owner = match cluster.master_for_key(copy_key.as_str().as_bytes()) {
             Ok(Some(info)) => info.addr(),
             Ok(None) | Err(_) => "unknown".to_owned(),

@@ -272,7 +272,10 @@ impl Fixture {
         Ok(Fixture {
             client,
             reader,
-            copy_key: key.copy_key(0).as_str().to_owned(),
+            copy_key: key
+                .copy_key(0, hotsplit::key::Placement::Suffix)
+                .as_str()
+                .to_owned(),
             requests,
             value_bytes: settings.value_bytes,
         })

@@ -162,7 +162,7 @@ fn gate(c: &mut Criterion) {
             .await
             .expect("connect")
     });
-    let copy_key = key.copy_key(0);
+    let copy_key = key.copy_key(0, hotsplit::key::Placement::Suffix);
     group.bench_function("redis_read_copy", |b| {
         b.iter(|| std::hint::black_box(runtime.block_on(store.read_copy(&copy_key))))
     });

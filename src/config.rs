@@ -357,6 +357,25 @@ mod tests {
     }
 
     #[test]
+    fn placements_are_read_from_families_and_the_default_and_refused_when_unknown() {
+        let config = Config::from_toml(
+            "[default_family]\ncopies = 4\nplacement = \"spread\"\n[[family]]\nprefix = \"p:\"\ncopies = 8\n[[family]]\nprefix = \"s:\"\ncopies = 8\nplacement = \"spread\"\n",
+        )
+        .unwrap();
+        config.validate().unwrap();
+        let families = config.families();
+        use crate::key::Placement;
+        assert_eq!(families.resolve(&key("x")).placement, Placement::Spread);
+        assert_eq!(families.resolve(&key("p:1")).placement, Placement::Suffix);
+        assert_eq!(families.resolve(&key("s:1")).placement, Placement::Spread);
+        let err = Config::from_toml("[[family]]\nprefix = \"a\"\ncopies = 2\nplacement = \"even\"")
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::error::ErrorKind::Config);
+        assert!(err.message().contains("placement"), "{err}");
+        assert!(err.message().contains("suffix"), "{err}");
+    }
+
+    #[test]
     fn invalid_fields_are_named() {
         let cases = [
             ("[[family]]\nprefix = \"a\"\ncopies = 0", "family[0].copies"),

@@ -1,4 +1,5 @@
-//! Key families: which keys are split, into how many copies, for how long, and who versions them.
+//! Key families: which keys are split, into how many copies, how the copies are named, for how
+//! long, and who versions them.
 //!
 //! A family is chosen by the longest configured prefix that a key starts with; every other key
 //! belongs to the default family. [`Families`] is the resolver the publish and read paths call
@@ -13,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::Key;
+use crate::placement::Placement;
 
 /// The largest number of copies a family may have.
 pub const MAX_COPIES: u32 = 1024;
@@ -55,6 +57,9 @@ pub struct DefaultFamilyConfig {
     /// of that key. Default: `2s`.
     #[serde(with = "crate::duration")]
     pub pin_window: Duration,
+    /// How copies beyond copy 0 are named: `suffix` (`K#i`) or `spread` (`K#i{t}`, spread
+    /// evenly over the cluster's slots; see `placement`). Default: `suffix`.
+    pub placement: Placement,
 }
 
 impl Default for DefaultFamilyConfig {
@@ -65,6 +70,7 @@ impl Default for DefaultFamilyConfig {
             versioning: Versioning::Caller,
             default_class: DEFAULT_CLASS.to_owned(),
             pin_window: DEFAULT_PIN_WINDOW,
+            placement: Placement::Suffix,
         }
     }
 }
@@ -103,6 +109,9 @@ pub struct FamilyConfig {
     /// How long a client's write floor holds its reads of that key. Default: `2s`.
     #[serde(with = "crate::duration", default = "default_pin_window")]
     pub pin_window: Duration,
+    /// How copies beyond copy 0 are named: `suffix` or `spread`. Default: `suffix`.
+    #[serde(default)]
+    pub placement: Placement,
 }
 
 fn default_ttl() -> Duration {
@@ -165,6 +174,9 @@ pub struct Family {
     pub default_class: String,
     /// How long a client's write floor holds its reads of a key.
     pub pin_window: Duration,
+    /// How the family's copies are named, as configured (which names reads use while a
+    /// placement change rolls out is `heal::layout`'s to say).
+    pub placement: Placement,
 }
 
 impl Family {
@@ -199,6 +211,7 @@ impl Families {
                 versioning: family.versioning,
                 default_class: family.default_class.clone(),
                 pin_window: family.pin_window,
+                placement: family.placement,
             })
             .collect();
         by_prefix.sort_by(|a, b| {
@@ -216,6 +229,7 @@ impl Families {
                 versioning: default.versioning,
                 default_class: default.default_class.clone(),
                 pin_window: default.pin_window,
+                placement: default.placement,
             },
         }
     }

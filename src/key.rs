@@ -1,8 +1,11 @@
 //! Keys, copy keys and versions: the crate's own vocabulary for what is stored.
 //!
-//! A [`Key`] is a validated user key. Copy `i` of key `K` is stored at the [`CopyKey`] `K#i`;
-//! because a valid key never contains `#`, `{` or `}`, copy keys never collide with user keys and
-//! never carry a hash tag that would pin every copy to one cluster slot. A [`Version`] is an
+//! A [`Key`] is a validated user key. Copy `i` of key `K` is stored at the [`CopyKey`] that
+//! [`CopyKey::new`] names, the one naming function: `K#i` under [`Placement::Suffix`], `K#i{t}`
+//! for `i ≥ 1` under [`Placement::Spread`] (the tag `t` spreads the copies' slots, see
+//! [`crate::placement`]); copy 0 is `K#0` under both. Because a valid key never contains `#`, `{`
+//! or `}`, copy keys never collide with user keys, a tag is always the copy name's own, and
+//! [`CopyKey::parse`] reads any copy name back to its key, index and placement. A [`Version`] is an
 //! unsigned 64-bit edit counter, at least 1, written in canonical decimal.
 
 use std::fmt;
@@ -10,6 +13,8 @@ use std::fmt::Write as _;
 use std::str::FromStr;
 
 use crate::error::{Error, ErrorKind, Result};
+pub use crate::placement::Placement;
+use crate::placement::{slot_of, spread_slot, tag_of_slot};
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
@@ -84,20 +89,29 @@ impl Key {
         &self.0
     }
 
-    /// The key of copy `index`.
-    pub fn copy_key(&self, index: u32) -> CopyKey {
-        CopyKey::new(self, index)
+    /// The key of copy `index` under `placement` ([`CopyKey::new`]).
+    pub fn copy_key(&self, index: u32, placement: Placement) -> CopyKey {
+        CopyKey::new(self, index, placement)
     }
 
-    /// Calls `f` with the text of copy `index`'s key (`K#i`, as [`Key::copy_key`] has it) built
-    /// on the stack: a near-cache hit looks its entry up by it, and needs no owned [`CopyKey`].
-    pub fn with_copy_key_text<R>(&self, index: u32, f: impl FnOnce(&str) -> R) -> R {
+    /// Calls `f` with the text of copy `index`'s key (as [`Key::copy_key`] names it) built on
+    /// the stack: a near-cache hit looks its entry up by it, and needs no owned [`CopyKey`].
+    pub fn with_copy_key_text<R>(
+        &self,
+        index: u32,
+        placement: Placement,
+        f: impl FnOnce(&str) -> R,
+    ) -> R {
+        if placement == Placement::Spread && index > 0 {
+            // A tagged name hashes copy 0's name first; the owned key is no dearer.
+            return f(self.copy_key(index, placement).as_str());
+        }
         // The key, the separator and up to 10 digits.
         let mut buffer = [0u8; MAX_KEY_LEN + 11];
         let key = self.0.as_bytes();
         let Some(slot) = buffer.get_mut(..key.len()) else {
             // Not a validated key's length: the owned copy key says the same.
-            return f(self.copy_key(index).as_str());
+            return f(self.copy_key(index, placement).as_str());
         };
         slot.copy_from_slice(key);
         let mut at = key.len();
@@ -121,7 +135,7 @@ impl Key {
         match std::str::from_utf8(&buffer[..at]) {
             Ok(text) => f(text),
             // A key is ASCII, so this does not happen; the owned copy key says the same.
-            Err(_) => f(self.copy_key(index).as_str()),
+            Err(_) => f(self.copy_key(index, placement).as_str()),
         }
     }
 
@@ -139,35 +153,61 @@ impl fmt::Display for Key {
     }
 }
 
-/// The Redis key of one copy: `K#i`.
+/// The Redis key of one copy: `K#i`, or `K#i{t}` for a spread copy `i ≥ 1`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CopyKey {
-    /// The full stored key, `K#i`.
+    /// The full stored key, `K#i` or `K#i{t}`.
     full: String,
     /// The copy index `i`, kept so callers need not parse it back.
     index: u32,
 }
 
 impl CopyKey {
-    /// The copy key of copy `index` of `key`.
-    pub fn new(key: &Key, index: u32) -> CopyKey {
+    /// The name of copy `index` of `key` under `placement`: the one function every path that
+    /// names a copy goes through (publish, reads, read repair, the retry spool, sweeps, the
+    /// scrub, `audit`). Copy 0 is `K#0` under every placement.
+    pub fn new(key: &Key, index: u32, placement: Placement) -> CopyKey {
         // Every read builds one, so the buffer is sized once (`format!` would guess a
-        // capacity and grow it): the key, the separator and up to 10 digits.
-        let mut full = String::with_capacity(key.0.len() + 11);
+        // capacity and grow it): the key, the separator, up to 10 digits and a tag of up to 4
+        // characters with its braces.
+        let mut full = String::with_capacity(key.0.len() + 17);
         full.push_str(&key.0);
         full.push(COPY_SEPARATOR);
         let _ = write!(full, "{index}");
+        if placement == Placement::Spread && index > 0 {
+            // Copy 0's name is the prefix just written, before its index.
+            let slot_0 = slot_of(&format!("{}{COPY_SEPARATOR}0", key.0));
+            full.push('{');
+            full.push_str(tag_of_slot(spread_slot(slot_0, index)));
+            full.push('}');
+        }
         CopyKey { full, index }
     }
 
-    /// A stored key read back as a copy: a valid user key, `#` and a canonical decimal index
-    /// (`K#i`). `None` for anything else: a counter `K#v`, `foo#bar`, `K#01`, a layout record.
+    /// A stored key read back as a copy: a valid user key, `#`, a canonical decimal index and,
+    /// for a spread copy `i ≥ 1`, exactly the tag [`CopyKey::new`] gives it (`K#i` or
+    /// `K#i{t}`). `None` for anything else: a counter `K#v`, `foo#bar`, `K#01`, `K#3{zz}` with
+    /// another tag, `K#0{t}`, a layout record.
     pub fn parse(stored: &str) -> Option<(Key, CopyKey)> {
-        let (base, index) = stored.rsplit_once(COPY_SEPARATOR)?;
+        let (untagged, placement) = match stored.strip_suffix('}') {
+            Some(rest) => (rest.rsplit_once('{')?.0, Placement::Spread),
+            None => (stored, Placement::Suffix),
+        };
+        let (base, index) = untagged.rsplit_once(COPY_SEPARATOR)?;
         let index: u32 = index.parse().ok()?;
         let key = Key::parse(base).ok()?;
-        let copy_key = key.copy_key(index);
+        let copy_key = key.copy_key(index, placement);
         (copy_key.as_str() == stored).then_some((key, copy_key))
+    }
+
+    /// The placement this name follows: [`Placement::Spread`] for a tagged name, otherwise
+    /// [`Placement::Suffix`] (copy 0 is the same under both, and says `Suffix`).
+    pub fn placement(&self) -> Placement {
+        if self.full.ends_with('}') {
+            Placement::Spread
+        } else {
+            Placement::Suffix
+        }
     }
 
     /// The stored key, `K#i`.
@@ -286,20 +326,77 @@ mod tests {
     #[test]
     fn copy_keys_use_the_separator() {
         let key = Key::parse("post:9").unwrap();
-        let copy = key.copy_key(7);
+        let copy = key.copy_key(7, Placement::Suffix);
         assert_eq!(copy.as_str(), "post:9#7");
         assert_eq!(copy.index(), 7);
         assert_eq!(copy.base(), "post:9");
+        assert_eq!(copy.placement(), Placement::Suffix);
         assert_eq!(key.counter_key(), "post:9#v");
+    }
+
+    #[test]
+    fn spread_copies_are_tagged_onto_their_slots() {
+        let key = Key::parse("split16:share").unwrap();
+        let zero = key.copy_key(0, Placement::Spread);
+        assert_eq!(zero, key.copy_key(0, Placement::Suffix));
+        assert_eq!(zero.as_str(), "split16:share#0");
+        let slot_0 = slot_of(zero.as_str());
+        for index in 1..16 {
+            let copy = key.copy_key(index, Placement::Spread);
+            let (untagged, tag) = copy.as_str().split_once('{').unwrap();
+            assert_eq!(untagged, format!("split16:share#{index}"));
+            assert!(tag.ends_with('}') && tag.len() <= 5, "{copy}");
+            assert_eq!(slot_of(copy.as_str()), spread_slot(slot_0, index), "{copy}");
+            assert_eq!(copy.base(), "split16:share");
+            assert_eq!(copy.index(), index);
+            assert_eq!(copy.placement(), Placement::Spread);
+        }
+        // The name the format-2 spool fixture keeps: the naming must never change.
+        assert_eq!(
+            key.copy_key(5, Placement::Spread).as_str(),
+            "split16:share#5{cg7}"
+        );
+    }
+
+    #[test]
+    fn copy_names_parse_back_to_key_index_and_placement() {
+        let key = Key::parse("post:9").unwrap();
+        for placement in [Placement::Suffix, Placement::Spread] {
+            for index in [0, 1, 7, 15, 1023] {
+                let copy = key.copy_key(index, placement);
+                let (parsed_key, parsed) = CopyKey::parse(copy.as_str()).unwrap();
+                assert_eq!(parsed_key, key);
+                assert_eq!(parsed, copy);
+                assert_eq!(parsed.index(), index);
+            }
+        }
+        let tagged = key.copy_key(3, Placement::Spread);
+        let (_, tag) = tagged.as_str().split_once('{').unwrap();
+        for not_a_copy in [
+            "post:9#v".to_owned(),
+            "post:9#01".to_owned(),
+            format!("post:9#0{{{tag}"),
+            format!("post:9#4{{{tag}"),
+            "post:9#3{}".to_owned(),
+            "post:9#3{zzzz}".to_owned(),
+            format!("post{{x}}:9#3{{{tag}"),
+            "post:9#3}".to_owned(),
+        ] {
+            assert!(CopyKey::parse(&not_a_copy).is_none(), "{not_a_copy}");
+        }
     }
 
     #[test]
     fn the_copy_key_text_on_the_stack_is_the_copy_keys() {
         for key in ["post:9", &"k".repeat(MAX_KEY_LEN)] {
             let key = Key::parse(key).unwrap();
-            for index in [0, 7, 9, 10, 99, 1023, 4_294_967_295] {
-                let owned = key.copy_key(index);
-                key.with_copy_key_text(index, |text| assert_eq!(text, owned.as_str()));
+            for placement in [Placement::Suffix, Placement::Spread] {
+                for index in [0, 7, 9, 10, 99, 1023, 4_294_967_295] {
+                    let owned = key.copy_key(index, placement);
+                    key.with_copy_key_text(index, placement, |text| {
+                        assert_eq!(text, owned.as_str())
+                    });
+                }
             }
         }
     }

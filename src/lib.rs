@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`key`] and [`affinity`]: the vocabulary (keys, copy keys, versions) and which copy a client
 //!   reads.
+//! - [`placement`]: how copies are named (`suffix`, `spread`): the CRC16 slot tag table that spreads
+//!   a key's copies over the slot space.
 //! - [`family`]: key families (copies, TTL, versioning) and the longest-prefix resolver.
 //! - [`config`]: the composition root: one `Config` of the sub-configs each subsystem owns,
 //!   layered from file, flags and environment, validated before anything binds.
@@ -60,6 +62,7 @@ pub mod logging;
 pub mod metrics;
 pub mod near;
 pub mod ops;
+pub mod placement;
 pub mod probe;
 pub mod publish;
 pub mod read;

@@ -281,6 +281,11 @@ pub struct Metrics {
     spool_syncs: Counter,
     /// 1 when a family's recorded layout differs from this instance's config.
     layout_mismatch: Family<FamilyLabels, Gauge>,
+    /// Per family: 1 while this instance reads the family's tagged (`spread`) copy names.
+    placement_reads_spread: Family<FamilyLabels, Gauge>,
+    /// Per family: the busiest master's share of a sample of the family's keys' copies, as
+    /// the names this instance reads fall on the live slot map.
+    placement_busiest_share: Family<FamilyLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl Metrics {
@@ -429,8 +434,21 @@ impl Metrics {
             "1 when the family's layout recorded in Redis differs from this instance's config",
         );
 
+        let placement_reads_spread: Family<FamilyLabels, Gauge> = register(
+            &mut registry,
+            "placement_reads_spread",
+            "1 while this instance reads the family's tagged (spread) copy names; 0 while it reads K#i",
+        );
+        let placement_busiest_share: Family<FamilyLabels, Gauge<f64, AtomicU64>> = register(
+            &mut registry,
+            "placement_busiest_share",
+            "The busiest master's share of the copies of a sample of the family's keys, under the names this instance reads, on the live slot map (even is ceil(N / masters) / N)",
+        );
+
         Arc::new(Metrics {
             layout_mismatch,
+            placement_reads_spread,
+            placement_busiest_share,
             retry_queue_depth,
             retry_queue_bytes,
             retry_queue_oldest_age,
@@ -555,6 +573,24 @@ impl Metrics {
                 family: family.to_owned(),
             })
             .set(i64::from(mismatch));
+    }
+
+    /// Sets whether this instance reads `family`'s tagged copy names.
+    pub fn placement_reads_spread(&self, family: &str, spread: bool) {
+        self.placement_reads_spread
+            .get_or_create(&FamilyLabels {
+                family: family.to_owned(),
+            })
+            .set(i64::from(spread));
+    }
+
+    /// Sets the busiest master's share of `family`'s copies on the live slot map.
+    pub fn placement_busiest_share(&self, family: &str, share: f64) {
+        self.placement_busiest_share
+            .get_or_create(&FamilyLabels {
+                family: family.to_owned(),
+            })
+            .set(share);
     }
 
     /// Counts one read repair.

@@ -29,7 +29,7 @@ use super::figures::{CopyObservation, CopyState, KeySample, ReadRole};
 use super::{AuditOptions, CopyCount, Phase, Progress};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::MAX_COPIES;
-use crate::key::{CopyKey, Key, COPY_SEPARATOR};
+use crate::key::{CopyKey, Key, Placement};
 use crate::store::redis::ReadOnlyNodes;
 use crate::store::NodeLabel;
 
@@ -42,30 +42,26 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// What the scan found.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Sampled {
-    /// The sampled keys with their copy count N (at least 2), in the order the scan found them.
-    pub(crate) keys: Vec<(Key, u32)>,
+    /// The sampled keys with their copy count N (at least 2) and the placement their copies
+    /// are named by, in the order the scan found them.
+    pub(crate) keys: Vec<(Key, u32, Placement)>,
     /// Keys returned by SCAN (copy keys or not, repeats included).
     pub(crate) scanned: u64,
     /// Whether every primary was scanned to the end (the sample holds every split key).
     pub(crate) complete: bool,
     /// Keys skipped because their copy count is 1.
     pub(crate) unsplit_keys: u64,
-    /// Copies of sampled keys seen at an index at or beyond N.
+    /// Copies of sampled keys seen at an index at or beyond N, or under a tagged name in a
+    /// `suffix` family.
     pub(crate) stray_copies: u64,
 }
 
-/// Splits a stored key into its user key and copy index, when it is a copy key `K#i`.
-pub(crate) fn parse_copy_key(raw: &str) -> Option<(Key, u32)> {
-    let (base, index) = raw.rsplit_once(COPY_SEPARATOR)?;
-    if index.is_empty()
-        || !index.bytes().all(|b| b.is_ascii_digit())
-        || (index.len() > 1 && index.starts_with('0'))
-    {
-        return None;
-    }
-    let index: u32 = index.parse().ok().filter(|&index| index < MAX_COPIES)?;
-    let key = Key::parse(base).ok()?;
-    Some((key, index))
+/// Splits a stored key into its user key, copy index and the placement its name follows, when
+/// it is a copy name ([`CopyKey::parse`]: `K#i`, or `K#i{t}` with the tag `spread` gives it)
+/// with an index below the largest copy count.
+pub(crate) fn parse_copy_key(raw: &str) -> Option<(Key, u32, Placement)> {
+    let (key, copy) = CopyKey::parse(raw)?;
+    (copy.index() < MAX_COPIES).then(|| (key, copy.index(), copy.placement()))
 }
 
 /// The SCAN pattern of copy keys, of every key or of keys starting with `prefix`.
@@ -84,10 +80,13 @@ pub(crate) fn scan_pattern(prefix: Option<&str>) -> String {
 /// A key seen by the scan.
 #[derive(Debug)]
 struct Candidate {
-    /// The copy indexes seen, in scan order (repeats possible).
-    indexes: Vec<u32>,
+    /// The copy indexes seen, in scan order (repeats possible), with the placement each name
+    /// follows.
+    indexes: Vec<(u32, Placement)>,
     /// Its copy count, when known from the config or the flag.
     copies: Option<u32>,
+    /// Its family's placement, when known from the config.
+    placement: Option<Placement>,
 }
 
 /// Keys found so far, in the order they were first seen.
@@ -105,19 +104,22 @@ struct Candidates {
 }
 
 impl Candidates {
-    /// Records the copy `index` of `key`.
-    fn add(&mut self, key: Key, index: u32, copies: &CopyCount) {
+    /// Records the copy `index` of `key`, named under `placement`.
+    fn add(&mut self, key: Key, index: u32, placement: Placement, copies: &CopyCount) {
         if let Some(candidate) = self.by_key.get_mut(&key) {
-            candidate.indexes.push(index);
+            candidate.indexes.push((index, placement));
             return;
         }
         if self.frozen {
             return;
         }
-        let known = match copies {
-            CopyCount::Config(families) => Some(families.resolve(&key).copies),
-            CopyCount::Fixed(copies) => Some(*copies),
-            CopyCount::Inferred => None,
+        let (known, known_placement) = match copies {
+            CopyCount::Config(families) => {
+                let family = families.resolve(&key);
+                (Some(family.copies), Some(family.placement))
+            }
+            CopyCount::Fixed(copies) => (Some(*copies), None),
+            CopyCount::Inferred => (None, None),
         };
         if known == Some(1) {
             self.unsplit += 1;
@@ -127,6 +129,7 @@ impl Candidates {
                 Candidate {
                     indexes: Vec::new(),
                     copies: known,
+                    placement: known_placement,
                 },
             );
             return;
@@ -135,8 +138,9 @@ impl Candidates {
         self.by_key.insert(
             key,
             Candidate {
-                indexes: vec![index],
+                indexes: vec![(index, placement)],
                 copies: known,
+                placement: known_placement,
             },
         );
     }
@@ -147,8 +151,25 @@ impl Candidates {
             candidate
                 .indexes
                 .iter()
+                .map(|(index, _)| *index)
                 .max()
-                .map_or(0, |&highest| highest + 1)
+                .map_or(0, |highest| highest + 1)
+        })
+    }
+
+    /// The placement a candidate's copies are named by: its family's, or `spread` when a
+    /// tagged copy was seen (no config), else `suffix`.
+    fn placement(candidate: &Candidate) -> Placement {
+        candidate.placement.unwrap_or_else(|| {
+            if candidate
+                .indexes
+                .iter()
+                .any(|(_, placement)| *placement == Placement::Spread)
+            {
+                Placement::Spread
+            } else {
+                Placement::Suffix
+            }
         })
     }
 
@@ -224,8 +245,8 @@ pub(crate) async fn sample_keys(
             cursors[at] = page.next;
             for raw in page.keys {
                 scanned += 1;
-                if let Some((key, index)) = parse_copy_key(&raw) {
-                    candidates.add(key, index, &options.copies);
+                if let Some((key, index, placement)) = parse_copy_key(&raw) {
+                    candidates.add(key, index, placement, &options.copies);
                 }
             }
         }
@@ -254,16 +275,21 @@ pub(crate) async fn sample_keys(
     };
     for (key, candidate) in candidates.split().take(options.sample) {
         let copies = Candidates::copies(candidate);
-        let mut strays: Vec<u32> = candidate
+        let placement = Candidates::placement(candidate);
+        let mut strays: Vec<(u32, Placement)> = candidate
             .indexes
             .iter()
             .copied()
-            .filter(|&index| index >= copies)
+            // A `spread` family's publishes write `K#i` as well as the tagged names: only a
+            // tagged name in a `suffix` family is named under the other placement.
+            .filter(|&(index, named)| {
+                index >= copies || (named == Placement::Spread && placement == Placement::Suffix)
+            })
             .collect();
         strays.sort_unstable();
         strays.dedup();
         sampled.stray_copies += strays.len() as u64;
-        sampled.keys.push((key.clone(), copies));
+        sampled.keys.push((key.clone(), copies, placement));
     }
     progress(&Progress {
         phase: Phase::Scan,
@@ -314,14 +340,14 @@ impl Pacer {
 /// at `options.rate` copy reads per second, reporting progress at most once a second.
 pub(crate) async fn read_keys(
     nodes: &ReadOnlyNodes,
-    keys: &[(Key, u32)],
+    keys: &[(Key, u32, Placement)],
     options: &AuditOptions,
     started: Instant,
     progress: &mut impl FnMut(&Progress),
 ) -> Vec<KeySample> {
     let pacer = tokio::sync::Mutex::new(Pacer::new(options.rate));
     let mut reads = stream::iter(keys)
-        .map(|(key, copies)| read_key(nodes, key, *copies, &pacer))
+        .map(|(key, copies, placement)| read_key(nodes, key, *copies, *placement, &pacer))
         .buffer_unordered(KEYS_IN_FLIGHT);
     let mut samples = Vec::with_capacity(keys.len());
     let mut copy_reads = 0u64;
@@ -349,24 +375,25 @@ pub(crate) async fn read_keys(
     let position: HashMap<&str, usize> = keys
         .iter()
         .enumerate()
-        .map(|(at, (key, _))| (key.as_str(), at))
+        .map(|(at, (key, _, _))| (key.as_str(), at))
         .collect();
     samples.sort_by_key(|sample| position.get(sample.key.as_str()).copied());
     samples
 }
 
-/// Reads the `copies` copies of `key` on every node that holds them, all at once, after the
-/// pacer admits them.
+/// Reads the `copies` copies of `key` (named under `placement`) on every node that holds them,
+/// all at once, after the pacer admits them.
 async fn read_key(
     nodes: &ReadOnlyNodes,
     key: &Key,
     copies: u32,
+    placement: Placement,
     pacer: &tokio::sync::Mutex<Pacer>,
 ) -> KeySample {
     let mut by_shard: HashMap<usize, Vec<CopyKey>> = HashMap::new();
     let mut reads = Vec::new();
     for index in 0..copies {
-        let copy = key.copy_key(index);
+        let copy = key.copy_key(index, placement);
         match nodes.shard_of(copy.as_str()) {
             Some(shard) => by_shard.entry(shard).or_default().push(copy),
             // No primary serves the slot (a cluster being resharded or down): a failed read.
@@ -457,7 +484,8 @@ mod tests {
 
     #[test]
     fn copy_keys_are_recognised() {
-        let parsed = |raw: &str| parse_copy_key(raw).map(|(key, index)| (key.to_string(), index));
+        let parsed =
+            |raw: &str| parse_copy_key(raw).map(|(key, index, _)| (key.to_string(), index));
         assert_eq!(parsed("post:9#7"), Some(("post:9".to_owned(), 7)));
         assert_eq!(parsed("a#0"), Some(("a".to_owned(), 0)));
         assert_eq!(parsed("a#1023"), Some(("a".to_owned(), 1023)));
@@ -472,13 +500,34 @@ mod tests {
             "#3",
             "plain",
             "hotsplit:hb:{hb1}:x",
+            "a#1{zzzz}",
+            "a#0{a}",
         ] {
             assert_eq!(
-                parse_copy_key(not_a_copy).map(|(_, i)| i),
+                parse_copy_key(not_a_copy).map(|(_, i, _)| i),
                 None,
                 "{not_a_copy}"
             );
         }
+    }
+
+    #[test]
+    fn tagged_copies_are_their_keys_and_no_strays() {
+        let key = Key::parse("post:9").unwrap();
+        let tagged = key.copy_key(5, Placement::Spread);
+        assert_eq!(
+            parse_copy_key(tagged.as_str()),
+            Some((key.clone(), 5, Placement::Spread))
+        );
+        let names: Vec<String> = (0..4)
+            .map(|index| key.copy_key(index, Placement::Spread).to_string())
+            .collect();
+        let mut candidates = Candidates::default();
+        let raw: Vec<&str> = names.iter().map(String::as_str).collect();
+        add_all(&mut candidates, &raw, &CopyCount::Inferred);
+        let (_, candidate) = candidates.split().next().unwrap();
+        assert_eq!(Candidates::copies(candidate), 4);
+        assert_eq!(Candidates::placement(candidate), Placement::Spread);
     }
 
     #[test]
@@ -490,8 +539,8 @@ mod tests {
 
     fn add_all(candidates: &mut Candidates, raw: &[&str], copies: &CopyCount) {
         for raw in raw {
-            let (key, index) = parse_copy_key(raw).unwrap();
-            candidates.add(key, index, copies);
+            let (key, index, placement) = parse_copy_key(raw).unwrap();
+            candidates.add(key, index, placement, copies);
         }
     }
 

@@ -662,7 +662,13 @@ async fn scrub_repairs(http: &reqwest::Client, base: &str) -> u64 {
 fn all_level(cluster: &Cluster, keys: u32, copies: u32) -> bool {
     (0..keys).all(|key| {
         (0..copies).all(|copy| {
-            let copy_key = format!("fleet:conv:{key}#{copy}");
+            // The check's families keep the default naming, `K#i`.
+            let Ok(parsed) = hotsplit::key::Key::parse(&format!("fleet:conv:{key}")) else {
+                return false;
+            };
+            let copy_key = parsed
+                .copy_key(copy, hotsplit::key::Placement::Suffix)
+                .to_string();
             let Ok(Some(owner)) = cluster.master_for_key(copy_key.as_bytes()) else {
                 return false;
             };

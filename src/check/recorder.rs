@@ -184,8 +184,14 @@ pub(super) async fn sample_copies(
             return;
         };
         for key in &keys {
+            let Ok(parsed) = hotsplit::key::Key::parse(key) else {
+                continue;
+            };
             for copy in 0..copies {
-                let copy_key = format!("{key}#{copy}");
+                // The check's families keep the default naming, `K#i`.
+                let copy_key = parsed
+                    .copy_key(copy, hotsplit::key::Placement::Suffix)
+                    .to_string();
                 let Some(port) = owner_port(&topology, &copy_key) else {
                     continue;
                 };

@@ -3,7 +3,17 @@
 //! This is the only module that knows the on-disk format; its child `format` holds the frames
 //! and records (and is the only user of bincode).
 //!
-//! # Format 1 (written by this version)
+//! # Format 2 (written by this version)
+//! Format 1's header and frames, with the version field `2`, and one more record:
+//! [`Record::EnqueuePlaced`] keeps, for each queued copy, its index, its expiry and the
+//! placement its name follows (`0`: `K#i`, `1`: `K#i{t}`, see [`crate::placement`]), so a copy of
+//! a `spread` family is healed under its tagged name after a restart and by `spool drain`.
+//! Enqueues are written as `EnqueuePlaced` only; the `Enqueue` records of an older file (which
+//! mean `K#i`) are kept as they are when the file is rewritten. Format 1 and 0 files are read and
+//! rewritten as format 2; a release that reads only format 1 refuses a format-2 file with an
+//! error that names its version (so it never heals a tagged copy under an untagged name).
+//!
+//! # Format 1 (written before format 2)
 //! `spool.log` starts with a 32-byte header: the magic `HOTSPOOL`, the format version (u32
 //! little-endian, `1`), four reserved zero bytes and a 16-byte key drawn at random when the
 //! file is created. Frames follow, each a 16-byte frame header and a payload:
@@ -34,7 +44,7 @@
 //! A file that does not start with the magic is format 0: length-delimited frames (a 4-byte
 //! big-endian length), each an unkeyed xxh3-64 checksum and the same bincode record. It is
 //! replayed up to its first bad frame (an unkeyed checksum cannot resynchronise safely: the
-//! rest is kept aside as damage) and rewritten as format 1. A header with an unknown version
+//! rest is kept aside as damage) and rewritten as format 2. A header with an unknown version
 //! stops startup with an error that says so; the file is left untouched.
 //!
 //! # Durability
@@ -68,6 +78,7 @@ mod format;
 use format::*;
 pub(crate) use format::{
     encode, encode_enqueue, parse, Damage, FileKey, Record, FORMAT_VERSION, HEADER_LEN,
+    PLACED_SPREAD, PLACED_SUFFIX,
 };
 
 /// The spool file's name inside the spool directory.
@@ -622,12 +633,12 @@ mod tests {
     use super::*;
 
     fn enqueue(n: u64) -> Record {
-        Record::Enqueue {
+        Record::EnqueuePlaced {
             key: format!("k:{n}"),
             version: n,
             tombstone: false,
             value: vec![b'x'; 10],
-            copies: vec![(0, 1_000), (3, 2_000)],
+            copies: vec![(0, 1_000, PLACED_SUFFIX), (3, 2_000, PLACED_SPREAD)],
         }
     }
 
@@ -673,8 +684,8 @@ mod tests {
     #[tokio::test]
     async fn records_replay_and_the_borrowed_encoding_matches() {
         let dir = tempfile::tempdir().unwrap();
-        let borrowed =
-            encode_enqueue("k:2", 2, false, &[b'x'; 10], &[(0, 1_000), (3, 2_000)]).unwrap();
+        let copies = [(0, 1_000, PLACED_SUFFIX), (3, 2_000, PLACED_SPREAD)];
+        let borrowed = encode_enqueue("k:2", 2, false, &[b'x'; 10], &copies).unwrap();
         assert_eq!(borrowed, encode(&enqueue(2)).unwrap());
         let complete = Record::Complete {
             copy_key: "k:1#0".into(),
@@ -687,7 +698,7 @@ mod tests {
         assert_eq!(replay.records, vec![enqueue(1), enqueue(2), complete]);
         assert_eq!(
             (replay.format, replay.damage, replay.torn_bytes),
-            (1, Damage::default(), 0)
+            (FORMAT_VERSION, Damage::default(), 0)
         );
         assert!(replay.kept_aside.is_none());
     }
@@ -821,7 +832,7 @@ mod tests {
     }
 
     /// A spool written by the release before format 1 (headerless, format 0) is replayed and
-    /// rewritten as format 1.
+    /// rewritten in the current format.
     #[tokio::test]
     async fn a_format_0_spool_is_replayed_and_upgraded() {
         let dir = tempfile::tempdir().unwrap();
@@ -840,7 +851,7 @@ mod tests {
             MAGIC
         );
         let replay = reopen(dir.path()).await;
-        assert_eq!(replay.format, 1);
+        assert_eq!(replay.format, FORMAT_VERSION);
         assert_eq!(replay.records, vec![enqueue(1), enqueue(2)]);
     }
 
@@ -848,11 +859,12 @@ mod tests {
     async fn an_unknown_format_version_stops_open_and_leaves_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let mut raw = FileKey::random().header().to_vec();
-        raw[8..12].copy_from_slice(&2u32.to_le_bytes());
+        raw[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
         raw.extend_from_slice(&[7; 40]);
         std::fs::write(dir.path().join(LOG_FILE), &raw).unwrap();
         let err = Spool::open(dir.path(), 1 << 20, Counter::default()).unwrap_err();
-        assert!(err.message().contains("format version 2"), "{err}");
+        let expected = format!("format version {}", FORMAT_VERSION + 1);
+        assert!(err.message().contains(&expected), "{err}");
         assert_eq!(std::fs::read(dir.path().join(LOG_FILE)).unwrap(), raw);
     }
 

@@ -682,7 +682,9 @@ mod tests {
     #[test]
     fn an_entry_is_replaced_only_by_what_comes_after_it() {
         let cache = cache(1 << 20);
-        let key = Key::parse("k").unwrap().copy_key(0);
+        let key = Key::parse("k")
+            .unwrap()
+            .copy_key(0, crate::key::Placement::Suffix);
         let now = Instant::now();
         assert!(offer(&cache, &key, record(5, Some("five")), now));
         assert!(!offer(&cache, &key, record(4, Some("four")), now), "older");
@@ -712,7 +714,9 @@ mod tests {
     #[test]
     fn an_entry_is_not_served_past_its_exp_nor_older_than_the_class_accepts() {
         let cache = cache(1 << 20);
-        let key = Key::parse("k").unwrap().copy_key(0);
+        let key = Key::parse("k")
+            .unwrap()
+            .copy_key(0, crate::key::Placement::Suffix);
         // Filled from a replica 40 ms behind, 20 ms ago: its age bound is at least 60 ms.
         let as_of = Instant::now()
             .checked_sub(Duration::from_millis(60))
@@ -730,7 +734,9 @@ mod tests {
         let mut expired = record(6, Some("six"));
         expired.expire_at_ms = now_unix_ms() - 1;
         assert!(!offer(&cache, &key, expired, Instant::now()));
-        let other = Key::parse("j").unwrap().copy_key(0);
+        let other = Key::parse("j")
+            .unwrap()
+            .copy_key(0, crate::key::Placement::Suffix);
         let mut expiring = record(1, Some("one"));
         expiring.expire_at_ms = now_unix_ms() + 30;
         assert!(offer(&cache, &other, expiring, Instant::now()));
@@ -754,7 +760,11 @@ mod tests {
         // A flood of distinct keys with 64-byte values, far over the bound.
         let value: &'static str = "x".repeat(64).leak();
         let keys: Vec<CopyKey> = (0..5_000)
-            .map(|n| Key::parse(&format!("flood-{n}")).unwrap().copy_key(0))
+            .map(|n| {
+                Key::parse(&format!("flood-{n}"))
+                    .unwrap()
+                    .copy_key(0, crate::key::Placement::Suffix)
+            })
             .collect();
         for key in &keys {
             offer(&cache, key, record(9, Some(value)), now);
@@ -776,7 +786,9 @@ mod tests {
     fn a_churn_that_evicts_the_entry_and_its_record_leaves_the_floor_in_the_sketch() {
         let cache = cache(65_536);
         let now = Instant::now();
-        let hot = Key::parse("nc:hot").unwrap().copy_key(0);
+        let hot = Key::parse("nc:hot")
+            .unwrap()
+            .copy_key(0, crate::key::Placement::Suffix);
         offer(&cache, &hot, record(1, Some("one")), now);
         offer(&cache, &hot, record(2, Some("two")), now);
         cache.lookup(&hot, Duration::from_secs(3600));
@@ -785,7 +797,9 @@ mod tests {
         // the record go too is its own hashed choice, so the test drops the record itself.
         let mut n = 0;
         while cache.entries.peek(hot.as_str()).is_some() && n < 30_000 {
-            let key = Key::parse(&format!("nc:churn-{n}")).unwrap().copy_key(0);
+            let key = Key::parse(&format!("nc:churn-{n}"))
+                .unwrap()
+                .copy_key(0, crate::key::Placement::Suffix);
             offer(&cache, &key, record(1, Some("c")), now);
             offer(&cache, &key, record(2, Some("c")), now);
             cache.lookup(&key, Duration::from_secs(3600));
@@ -812,14 +826,18 @@ mod tests {
     #[test]
     fn a_scan_of_cold_keys_does_not_flush_a_hot_one() {
         let cache = cache(256 * 1024);
-        let hot = Key::parse("hot").unwrap().copy_key(0);
+        let hot = Key::parse("hot")
+            .unwrap()
+            .copy_key(0, crate::key::Placement::Suffix);
         let now = Instant::now();
         assert!(offer(&cache, &hot, record(1, Some("hot value")), now));
         let value: &'static str = "y".repeat(64).leak();
         for n in 0..20_000 {
             // The hot copy is read between every cold fill, as a hot key is.
             assert!(held(&cache, &hot).is_some(), "flushed after {n} cold keys");
-            let key = Key::parse(&format!("cold-{n}")).unwrap().copy_key(0);
+            let key = Key::parse(&format!("cold-{n}"))
+                .unwrap()
+                .copy_key(0, crate::key::Placement::Suffix);
             offer(&cache, &key, record(1, Some(value)), now);
         }
     }
@@ -846,19 +864,25 @@ mod tests {
             )
         };
         // Filled in 2 ms: refreshed from 998 ms of its 1 s, not before.
-        let quick = Key::parse("quick").unwrap().copy_key(0);
+        let quick = Key::parse("quick")
+            .unwrap()
+            .copy_key(0, crate::key::Placement::Suffix);
         assert!(fill(&quick, 1, Some(ms(2))));
         assert!(!due(&quick, 0));
         assert!(!due(&quick, 997));
         assert!(due(&quick, 998));
         assert!(due(&quick, 1000));
         // Filled in 50 ms: the lead is capped at 1% of the max age (the default), 10 ms.
-        let slow = Key::parse("slow").unwrap().copy_key(0);
+        let slow = Key::parse("slow")
+            .unwrap()
+            .copy_key(0, crate::key::Placement::Suffix);
         assert!(fill(&slow, 1, Some(ms(50))));
         assert!(!due(&slow, 989));
         assert!(due(&slow, 990));
         // An entry a write offered, with no fill before it: no refresh ahead.
-        let written = Key::parse("written").unwrap().copy_key(0);
+        let written = Key::parse("written")
+            .unwrap()
+            .copy_key(0, crate::key::Placement::Suffix);
         assert!(fill(&written, 1, None));
         assert!(!due(&written, 999));
         // A write over a filled entry keeps the fill time it knew.
@@ -892,7 +916,9 @@ mod tests {
     #[test]
     fn forgetting_a_copy_drops_its_entry_and_record() {
         let cache = cache(1 << 20);
-        let key = Key::parse("k").unwrap().copy_key(0);
+        let key = Key::parse("k")
+            .unwrap()
+            .copy_key(0, crate::key::Placement::Suffix);
         assert!(offer(
             &cache,
             &key,
@@ -916,7 +942,9 @@ mod tests {
         let classes = Classes::from_config(&Default::default()).unwrap();
         let class = classes.by_name("advisory").unwrap();
         for (n, hits) in [(0, 3), (1, 7), (2, 0)] {
-            let key = Key::parse("k").unwrap().copy_key(n);
+            let key = Key::parse("k")
+                .unwrap()
+                .copy_key(n, crate::key::Placement::Suffix);
             offer(&cache, &key, record(1, Some("v")), Instant::now());
             if let Lookup::Fresh(entry, age) = cache.lookup(&key, Duration::from_secs(1)) {
                 for _ in 0..hits {

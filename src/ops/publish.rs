@@ -250,7 +250,11 @@ mod tests {
         let mut session = ClientSession::none();
         let outcome = ops.publish(value(5), &mut session).await.unwrap();
         let stored = store
-            .read_copy(&Key::parse("p:1").unwrap().copy_key(0))
+            .read_copy(
+                &Key::parse("p:1")
+                    .unwrap()
+                    .copy_key(0, crate::key::Placement::Suffix),
+            )
             .await
             .record
             .unwrap()

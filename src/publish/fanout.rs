@@ -12,7 +12,7 @@ use crate::deadline;
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::Family;
 use crate::heal::{jitter, Admission, FailedCopy};
-use crate::key::{Key, Version};
+use crate::key::{Key, Placement, Version};
 use crate::metrics::{CopyWriteOutcome, WriteOp};
 use crate::route::RouteReason;
 use crate::store::{
@@ -65,8 +65,14 @@ impl Publisher {
         }) {
             return Err(full);
         }
-        self.delete_shrunk(edit, writes.len() as u32).await;
-        let mut report = PublishReport::new(edit.key, edit.version, writes.len() as u32);
+        // Copies, not names: a `spread` family writes two names of each copy but copy 0.
+        let write_count = writes
+            .iter()
+            .map(|write| write.copy_key.index() + 1)
+            .max()
+            .unwrap_or(0);
+        self.delete_shrunk(edit, write_count).await;
+        let mut report = PublishReport::new(edit.key, edit.version, write_count);
         let mut refused_at: Option<Version> = None;
         let mut failed: Vec<(usize, FailedCopy)> = Vec::new();
         let mut acks = acks.into_iter();
@@ -87,7 +93,7 @@ impl Publisher {
         Ok((report, refused_at))
     }
 
-    /// One write per copy, with its expiry: the TTL from now, a value's shortened by the
+    /// One write per copy name, with its expiry: the TTL from now, a value's shortened by the
     /// jitter, a tombstone's whole. Copies a live instance with more copies reads are written
     /// too, so they never miss an edit while it serves them (ARCHITECTURE.md, "A resize across
     /// instances").
@@ -99,22 +105,42 @@ impl Publisher {
         let write_count = self.layouts.as_ref().map_or(edit.family.copies, |layouts| {
             layouts.write_copies(edit.family.name(), edit.family.copies)
         });
-        (0..write_count)
-            .map(|index| CopyWrite {
-                copy_key: edit.key.copy_key(index),
-                version: edit.version,
-                payload: edit.payload.clone(),
-                expire_at_ms: if tombstone {
-                    now_ms.saturating_add(ttl_ms)
-                } else {
-                    jitter::expire_at_ms(now_ms, ttl_ms, jitter_min, jitter_max)
-                },
-            })
-            .collect()
+        // The names written (`heal::layout::placing`): with layouts, `K#i` always and the
+        // tagged names too while this family is, or another live instance is, configured
+        // `spread`; without (no live instances to agree with), the configured names only.
+        let placements: &[Placement] = match &self.layouts {
+            Some(layouts) if layouts.writes_spread(edit.family) => {
+                &[Placement::Suffix, Placement::Spread]
+            }
+            Some(_) => &[Placement::Suffix],
+            None => std::slice::from_ref(&edit.family.placement),
+        };
+        let mut writes = Vec::with_capacity(write_count as usize * placements.len());
+        for index in 0..write_count {
+            for &placement in placements {
+                // Copy 0 is `K#0` under both: written once.
+                if index == 0 && placement == Placement::Spread {
+                    continue;
+                }
+                writes.push(CopyWrite {
+                    copy_key: edit.key.copy_key(index, placement),
+                    version: edit.version,
+                    payload: edit.payload.clone(),
+                    expire_at_ms: if tombstone {
+                        now_ms.saturating_add(ttl_ms)
+                    } else {
+                        jitter::expire_at_ms(now_ms, ttl_ms, jitter_min, jitter_max)
+                    },
+                });
+            }
+        }
+        writes
     }
 
     /// Deletes the copies from `write_count` up to the largest layout recorded for the family,
-    /// when a shrink left some (best effort: a failure is logged and the sweep retries).
+    /// when a shrink left some (best effort: a failure is logged and the sweep retries). Both
+    /// namings are deleted: no instance reads a copy beyond the write count under either, and
+    /// one the family wrote before a placement change is gone as well.
     async fn delete_shrunk(&self, edit: &VersionWrite<'_>, write_count: u32) {
         let Some(layouts) = &self.layouts else {
             return;
@@ -124,7 +150,10 @@ impl Publisher {
             return;
         }
         let removed: Vec<_> = (write_count..max_copies)
-            .map(|index| edit.key.copy_key(index))
+            .flat_map(|index| {
+                [Placement::Suffix, Placement::Spread]
+                    .map(|placement| edit.key.copy_key(index, placement))
+            })
             .collect();
         let deleting = self.store.delete_copies(&removed);
         let deleted = match edit.until {

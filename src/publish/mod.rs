@@ -38,7 +38,7 @@ use crate::deadline::{self, Deadline};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::{Families, Family, Versioning};
 use crate::heal::{Layouts, RetryQueue};
-use crate::key::{Key, Version};
+use crate::key::{Key, Placement, Version};
 use crate::metrics::{Metrics, WriteOp};
 use crate::near::NearCache;
 use crate::store::{CopyStore, Payload, TopologyStore};
@@ -256,7 +256,7 @@ impl Publisher {
     }
 
     /// Checks `sync` against the replicas known for every copy's node.
-    fn check_sync(&self, key: &Key, copies: u32, sync: SyncReplicas) -> Result<()> {
+    fn check_sync(&self, key: &Key, family: &Family, sync: SyncReplicas) -> Result<()> {
         if !(1..=SyncReplicas::MAX_TIMEOUT_MS).contains(&sync.timeout_ms) {
             return Err(Error::new(
                 ErrorKind::InvalidParameter,
@@ -271,8 +271,13 @@ impl Publisher {
             .topology
             .as_ref()
             .map_or_else(Vec::new, |topology| topology.topology());
-        for index in 0..copies {
-            let node = self.store.node_of(&key.copy_key(index));
+        // Every name a publish may write: `K#i`, and the tagged names of a `spread` family.
+        let names = (0..family.copies).flat_map(|index| {
+            [Placement::Suffix, family.placement]
+                .map(|placement| (index, key.copy_key(index, placement)))
+        });
+        for (index, copy_key) in names {
+            let node = self.store.node_of(&copy_key);
             let known = topology
                 .iter()
                 .find(|set| set.primary == node)
@@ -301,7 +306,7 @@ impl Publisher {
     ) -> Result<PublishReport> {
         let family = self.families.resolve(key);
         if let Some(sync) = sync {
-            self.check_sync(key, family.copies, sync)?;
+            self.check_sync(key, family, sync)?;
         }
         let until = deadline.map(|deadline| deadline.copy_writes_until());
         let mut floor = 0;
@@ -454,7 +459,7 @@ mod tests {
         let inside = buffer.as_ptr_range();
         for index in 0..2 {
             let record = store
-                .read_copy(&key.copy_key(index))
+                .read_copy(&key.copy_key(index, crate::key::Placement::Suffix))
                 .await
                 .record
                 .unwrap()

@@ -21,7 +21,7 @@ impl Reader {
         client_floor: Option<Version>,
         floor: Option<Version>,
     ) -> Result<Consulted> {
-        let copy_key = key.copy_key(copy);
+        let copy_key = self.copy_key(key, copy);
         let primary = self.store.node_of(&copy_key);
         let reason = match self.router.target(plan, &primary) {
             Target::Replica(replica) => {

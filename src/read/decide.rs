@@ -2,7 +2,7 @@
 
 use super::{Consulted, ReadAnswer, RouteNote};
 use crate::error::{Error, ErrorKind, Result};
-use crate::key::{Key, Version};
+use crate::key::{Key, Placement, Version};
 use crate::route::{ReadClass, RouteReason};
 use crate::store::{CopyRecord, CopyWrite, Payload, Role, ServedBy};
 
@@ -10,7 +10,12 @@ use crate::store::{CopyRecord, CopyWrite, Payload, Role, ServedBy};
 /// answered and is missing or older (a failed read is not repaired: its node is unreachable). A
 /// sibling's tombstone at the affine copy's own version is newer than the affine value, so it is
 /// spread too.
-pub(super) fn repair_of(key: &Key, affine: u32, consulted: &[Consulted]) -> Option<CopyWrite> {
+pub(super) fn repair_of(
+    key: &Key,
+    affine: u32,
+    placement: Placement,
+    consulted: &[Consulted],
+) -> Option<CopyWrite> {
     let first = consulted.first()?;
     // A replica's copy may only be behind by replication lag: the primary's copy is not known
     // to be stale, so nothing is repaired.
@@ -34,7 +39,7 @@ pub(super) fn repair_of(key: &Key, affine: u32, consulted: &[Consulted]) -> Opti
         return None;
     }
     Some(CopyWrite {
-        copy_key: key.copy_key(affine),
+        copy_key: key.copy_key(affine, placement),
         version: newest.version,
         payload: newest.payload.clone(),
         expire_at_ms: newest.expire_at_ms,

@@ -44,9 +44,9 @@ use crate::affinity;
 use crate::deadline::{self, Deadline};
 use crate::error::{ErrorKind, Result};
 use crate::family::Families;
-use crate::heal::Repairer;
+use crate::heal::{Layouts, Repairer};
 use crate::hot::HotKeys;
-use crate::key::{CopyKey, Key, Version};
+use crate::key::{CopyKey, Key, Placement, Version};
 use crate::metrics::{Metrics, ReadOutcome};
 use crate::near::NearCache;
 use crate::route::{Floors, ReadClass, RouteReason, Router};
@@ -188,6 +188,9 @@ pub struct Reader {
     near: Option<Arc<NearCache>>,
     /// The hot-key detector every answered read is offered to; `None`: none.
     hot: Option<Arc<HotKeys>>,
+    /// Which copy names each family is read under now (`heal::layout::placing`); `None`: the
+    /// configured ones.
+    layouts: Option<Arc<Layouts>>,
 }
 
 /// Whether the affine copy or a sibling answered.
@@ -222,7 +225,15 @@ impl Reader {
             repairer: None,
             near: None,
             hot: None,
+            layouts: None,
         }
+    }
+
+    /// Reads each family under the copy names `layouts` says (a `spread` family reads `K#i`
+    /// until every live instance writes its tagged names). Default: the configured names.
+    pub fn with_layouts(mut self, layouts: Arc<Layouts>) -> Reader {
+        self.layouts = Some(layouts);
+        self
     }
 
     /// Answers reads of classes with a near-cache max age from `near` within that age, and
@@ -265,11 +276,25 @@ impl Reader {
         &self.router
     }
 
+    /// The placement `key`'s copies are read under now.
+    pub(crate) fn read_placement(&self, key: &Key) -> Placement {
+        let family = self.families.resolve(key);
+        self.layouts
+            .as_ref()
+            .and_then(|layouts| layouts.read_placement(family.name()))
+            .unwrap_or(family.placement)
+    }
+
+    /// The name copy `index` of `key` is read under ([`Reader::read_placement`]).
+    pub(crate) fn copy_key(&self, key: &Key, index: u32) -> CopyKey {
+        key.copy_key(index, self.read_placement(key))
+    }
+
     /// Which copy `client_id` reads for `key`, and where it lives.
     pub fn affinity(&self, key: &Key, client_id: &str) -> Affinity {
         let copies = self.families.resolve(key).copies;
         let copy = affinity::copy_index(client_id, copies);
-        let copy_key = key.copy_key(copy);
+        let copy_key = self.copy_key(key, copy);
         let node = self.store.node_of(&copy_key).to_string();
         Affinity {
             copy,
@@ -549,7 +574,9 @@ mod tests {
         let key = Key::parse("p:1").unwrap();
         // As after a growth: only copy 0 holds the key.
         for copy in 1..8 {
-            fixture.store.overwrite_for_test(&key.copy_key(copy), None);
+            fixture
+                .store
+                .overwrite_for_test(&key.copy_key(copy, crate::key::Placement::Suffix), None);
         }
         let client = (0..100)
             .map(|n| format!("client-{n}"))
@@ -593,9 +620,12 @@ mod tests {
             payload,
             expire_at_ms: crate::store::now_unix_ms() + 60_000,
         });
-        fixture
-            .store
-            .overwrite_for_test(&Key::parse("p:1").unwrap().copy_key(copy), record);
+        fixture.store.overwrite_for_test(
+            &Key::parse("p:1")
+                .unwrap()
+                .copy_key(copy, crate::key::Placement::Suffix),
+            record,
+        );
     }
 
     #[tokio::test]
@@ -638,17 +668,23 @@ mod tests {
         let write = repair_of(
             &key,
             0,
+            crate::key::Placement::Suffix,
             &[consulted(0, value()), consulted(1, Payload::Tombstone)],
         )
         .expect("the tombstone is spread");
         assert_eq!(
             (write.copy_key, write.version, write.payload),
-            (key.copy_key(0), version(5), Payload::Tombstone)
+            (
+                key.copy_key(0, crate::key::Placement::Suffix),
+                version(5),
+                Payload::Tombstone
+            )
         );
         assert!(
             repair_of(
                 &key,
                 0,
+                crate::key::Placement::Suffix,
                 &[consulted(0, Payload::Tombstone), consulted(1, value())]
             )
             .is_none(),

@@ -80,15 +80,16 @@ impl Reader {
     ) -> Option<NearConsult> {
         let (near, max_age) = prepared.near?;
         let copy = prepared.affine;
-        let Lookup::Fresh(entry, age) =
-            key.with_copy_key_text(copy, |copy_key| near.lookup_text(copy_key, max_age))
-        else {
+        let placement = self.read_placement(key);
+        let Lookup::Fresh(entry, age) = key.with_copy_key_text(copy, placement, |copy_key| {
+            near.lookup_text(copy_key, max_age)
+        }) else {
             return None;
         };
         if below(Some(&entry.record), prepared.floor) {
             return None;
         }
-        Some(self.serve_entry(near, &entry, age, prepared, || key.copy_key(copy)))
+        Some(self.serve_entry(near, &entry, age, prepared, || self.copy_key(key, copy)))
     }
 
     /// Answers the affine copy from its fresh near-cache `entry`, `age` old: counted as a hit,
@@ -156,7 +157,7 @@ impl Reader {
                 high_water: None,
             });
         };
-        let copy_key = key.copy_key(copy);
+        let copy_key = self.copy_key(key, copy);
         if let Lookup::Fresh(entry, age) = near.lookup(&copy_key, max_age) {
             if !below(Some(&entry.record), floor) {
                 return Ok(self.serve_entry(near, &entry, age, prepared, || copy_key.clone()));
@@ -255,7 +256,7 @@ impl Reader {
         let Ok(Some(record)) = &consulted.read.record else {
             return;
         };
-        let copy_key = key.copy_key(consulted.copy);
+        let copy_key = self.copy_key(key, consulted.copy);
         let as_of = match consulted.read.served_by.role {
             Role::Replica => {
                 let primary = self.store.node_of(&copy_key);
@@ -302,7 +303,7 @@ impl Reader {
             Err(_) => return,
         };
         if served.is_none_or(|served| served < high_water) {
-            let copy_key = key.copy_key(affine);
+            let copy_key = self.copy_key(key, affine);
             tracing::warn!(copy_key = %copy_key, high_water = %high_water, served = ?served.map(|v| v.get()), "every consulted copy is below the version this instance served: serving the older one (a rollback)");
             near.forget(&copy_key);
         }
@@ -528,7 +529,7 @@ mod tests {
     /// Sets copy `copy` to version `n` by hand, bypassing the compare-and-set.
     fn set_copy(fixture: &Fixture, copy: u32, n: u64) {
         fixture.store.overwrite_for_test(
-            &key().copy_key(copy),
+            &key().copy_key(copy, crate::key::Placement::Suffix),
             Some(CopyRecord {
                 version: v(n),
                 payload: crate::store::Payload::Value(Bytes::from(format!("value {n}"))),
@@ -539,7 +540,7 @@ mod tests {
 
     /// Waits until the entry of `copy` is older than the class's 40 ms.
     async fn age_out(fixture: &Fixture, copy: u32) {
-        let copy_key = key().copy_key(copy);
+        let copy_key = key().copy_key(copy, crate::key::Placement::Suffix);
         let deadline = Instant::now() + Duration::from_secs(10);
         while matches!(
             fixture.near.lookup(&copy_key, Duration::from_millis(40)),
@@ -619,7 +620,7 @@ mod tests {
         // A fill that began before the invalidation lands after it, with the old value.
         let affine = crate::affinity::copy_index("alice", 8);
         let taken = fixture.near.offer(
-            &key().copy_key(affine),
+            &key().copy_key(affine, crate::key::Placement::Suffix),
             CopyRecord {
                 version: v(5),
                 payload: crate::store::Payload::Value(Bytes::from_static(b"value 5")),

@@ -121,10 +121,14 @@ impl Reader {
             near,
             ..
         } = *prepared;
-        let repair = self
-            .repairer
-            .as_ref()
-            .and_then(|_| repair_of(&request.key, affine, consulted.as_ref()));
+        let repair = self.repairer.as_ref().and_then(|_| {
+            repair_of(
+                &request.key,
+                affine,
+                self.read_placement(&request.key),
+                consulted.as_ref(),
+            )
+        });
         let min_version = request.min_version.max(plan.held_floor());
         // A read that ends without a value (not found, below the floor) was still served by
         // someone: the affine copy's node and reason are what the bill counts for it.

@@ -127,6 +127,7 @@ impl StateParts {
             router,
         )
         .with_repairer(repairer)
+        .with_layouts(layouts.clone())
         .with_hot_keys(HotKeys::new(config.hot_keys.clone(), &metrics));
         if let Some(near) = near {
             publisher = publisher.with_near_cache(near.clone());

@@ -21,7 +21,7 @@ fn version(n: u64) -> Version {
 
 fn write(key: &Key, copy: u32, n: u64, payload: Payload, expire_at_ms: u64) -> CopyWrite {
     CopyWrite {
-        copy_key: key.copy_key(copy),
+        copy_key: key.copy_key(copy, hotsplit::key::Placement::Suffix),
         version: version(n),
         payload,
         expire_at_ms,
@@ -49,7 +49,7 @@ async fn read_one(
     copy: u32,
 ) -> Option<hotsplit::store::CopyRecord> {
     store
-        .read_copy(&key.copy_key(copy))
+        .read_copy(&key.copy_key(copy, hotsplit::key::Placement::Suffix))
         .await
         .record
         .expect("read succeeds")

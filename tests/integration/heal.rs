@@ -255,7 +255,7 @@ async fn heal_a_late_retry_of_an_older_version_never_overwrites_a_newer_one() {
         metrics.clone(),
     ));
     let key = Key::parse("order:late").unwrap();
-    let copy_key = key.copy_key(0);
+    let copy_key = key.copy_key(0, hotsplit::key::Placement::Suffix);
     let expire_at_ms = now_unix_ms() + 60_000;
 
     // Version 1's write to copy 0 failed and was queued...

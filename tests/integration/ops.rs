@@ -323,7 +323,10 @@ impl Door for Http<'_> {
 
 /// Polls until the replica's copy of `key` that alice reads holds `version`.
 async fn replica_holds(port: u16, key: &Key, version: u64) {
-    let copy_key = key.copy_key(hotsplit::affinity::copy_index("alice", 4));
+    let copy_key = key.copy_key(
+        hotsplit::affinity::copy_index("alice", 4),
+        hotsplit::key::Placement::Suffix,
+    );
     poll(
         &format!("the replica's {copy_key} holds {version}"),
         Duration::from_secs(10),

@@ -435,7 +435,9 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         .await
         .expect("scan as the least-privilege user");
     assert!(!page.keys.is_empty(), "{page:?}");
-    let copy_key = Key::parse(&key).expect("key").copy_key(0);
+    let copy_key = Key::parse(&key)
+        .expect("key")
+        .copy_key(0, hotsplit::key::Placement::Suffix);
     let stored = store.read_copy_stored(&copy_key).await;
     assert!(stored.expect("read as stored").is_some(), "{copy_key}");
 
@@ -469,7 +471,7 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         Arc::new(connect_as(&primary, "nofcall").await.expect("nofcall"));
     let key = Key::parse(&format!("sec:{prefix}nofcall")).expect("key");
     let write = CopyWrite {
-        copy_key: key.copy_key(0),
+        copy_key: key.copy_key(0, hotsplit::key::Placement::Suffix),
         version: Version::new(1).expect("version"),
         payload: Payload::Value(bytes::Bytes::from_static(b"v1")),
         expire_at_ms: now_unix_ms() + 60_000,

@@ -87,7 +87,7 @@ fn value(text: &str) -> Payload {
 fn writes(key: &Key, copies: u32, n: u64, payload: &Payload, expire_at_ms: u64) -> Vec<CopyWrite> {
     (0..copies)
         .map(|copy| CopyWrite {
-            copy_key: key.copy_key(copy),
+            copy_key: key.copy_key(copy, hotsplit::key::Placement::Suffix),
             version: version(n),
             payload: payload.clone(),
             expire_at_ms,
@@ -223,7 +223,7 @@ async fn compare_and_set_rules(deployment: Deployment<'_>, name: &str) {
         vec![CasOutcome::Stale { stored: version(5) }; 4]
     );
     for copy in 0..4 {
-        let copy_key = key_a.copy_key(copy);
+        let copy_key = key_a.copy_key(copy, hotsplit::key::Placement::Suffix);
         let hash = raw_copy(&deployment, copy_key.as_str());
         assert_eq!(
             (hash["ver"].as_str(), hash["val"].as_str()),
@@ -271,7 +271,7 @@ async fn compare_and_set_rules(deployment: Deployment<'_>, name: &str) {
         ]
     );
     for copy in 0..2 {
-        let copy_key = key_c.copy_key(copy);
+        let copy_key = key_c.copy_key(copy, hotsplit::key::Placement::Suffix);
         let hash = raw_copy(&deployment, copy_key.as_str());
         assert_eq!(
             (
@@ -314,7 +314,10 @@ async fn compare_and_set_rules(deployment: Deployment<'_>, name: &str) {
         write_all(&*store, &single(&Payload::Tombstone)).await,
         vec![CasOutcome::Current]
     );
-    let hash = raw_copy(&deployment, key_e.copy_key(0).as_str());
+    let hash = raw_copy(
+        &deployment,
+        key_e.copy_key(0, hotsplit::key::Placement::Suffix).as_str(),
+    );
     assert_eq!((hash["ver"].as_str(), hash["tomb"].as_str()), ("11", "1"));
 
     // Versions above 2^53 compare exactly (a double cannot tell 2^53 + 1 from 2^53).
@@ -362,14 +365,14 @@ async fn compare_and_set_rules(deployment: Deployment<'_>, name: &str) {
         write_all(&*store, &writes(&key_d, 2, u64::MAX, &value("d"), later)).await,
         vec![CasOutcome::Current; 2]
     );
-    let copy_key = key_d.copy_key(1);
+    let copy_key = key_d.copy_key(1, hotsplit::key::Placement::Suffix);
     assert_eq!(
         raw_copy(&deployment, copy_key.as_str())["ver"],
         "18446744073709551615"
     );
 
     // A missing copy reads as None.
-    let missing = key(&format!("{name}:missing")).copy_key(0);
+    let missing = key(&format!("{name}:missing")).copy_key(0, hotsplit::key::Placement::Suffix);
     assert_eq!(
         store
             .read_copy(&missing)
@@ -433,7 +436,7 @@ async fn racing_writers_end_at_the_maximum(deployment: Deployment<'_>, name: &st
     }
 
     for copy in 0..8 {
-        let copy_key = key.copy_key(copy);
+        let copy_key = key.copy_key(copy, hotsplit::key::Placement::Suffix);
         let hash = raw_copy(&deployment, copy_key.as_str());
         assert_eq!(hash["ver"], max.to_string(), "{copy_key}");
         assert_eq!(hash["val"], format!("v{max}"), "{copy_key}");
@@ -617,7 +620,11 @@ async fn a_flushed_function_library_is_reloaded_and_the_write_retried() {
     );
     for copy in 0..8 {
         assert_eq!(
-            raw_copy(&deployment, key.copy_key(copy).as_str())["ver"],
+            raw_copy(
+                &deployment,
+                key.copy_key(copy, hotsplit::key::Placement::Suffix)
+                    .as_str()
+            )["ver"],
             "2"
         );
     }
@@ -710,7 +717,10 @@ async fn a_paused_master_fails_only_its_own_copies_with_timeout() {
         vec![CasOutcome::Applied; 16]
     );
 
-    let paused_port = harness::owner_port(&cluster, key.copy_key(0).as_str());
+    let paused_port = harness::owner_port(
+        &cluster,
+        key.copy_key(0, hotsplit::key::Placement::Suffix).as_str(),
+    );
     let paused_addr = format!("127.0.0.1:{paused_port}");
     let owned_by_paused = batch
         .iter()
@@ -870,7 +880,7 @@ async fn a_corrupt_copy_reads_as_unavailable() {
     let deployment = Deployment::shared_standalone();
     let metrics = Metrics::new();
     let store = store_on(harness::shared_standalone(), Arc::clone(&metrics)).await;
-    let copy_key = key("rs:a_corrupt_copy").copy_key(0);
+    let copy_key = key("rs:a_corrupt_copy").copy_key(0, hotsplit::key::Placement::Suffix);
     deployment
         .cli(
             copy_key.as_str(),

@@ -245,7 +245,9 @@ async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
     assert_eq!(report.copies, 4);
     store
         .write_copies(&[hotsplit::store::CopyWrite {
-            copy_key: hotsplit::key::Key::parse("g:1").unwrap().copy_key(7),
+            copy_key: hotsplit::key::Key::parse("g:1")
+                .unwrap()
+                .copy_key(7, hotsplit::key::Placement::Suffix),
             version: hotsplit::key::Version::new(1).unwrap(),
             payload: hotsplit::store::Payload::Value(bytes::Bytes::from("v1")),
             expire_at_ms: hotsplit::store::now_unix_ms() + 60_000,
@@ -265,7 +267,11 @@ async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
         let store = store.clone();
         async move {
             store
-                .read_copy(&hotsplit::key::Key::parse("g:1").unwrap().copy_key(index))
+                .read_copy(
+                    &hotsplit::key::Key::parse("g:1")
+                        .unwrap()
+                        .copy_key(index, hotsplit::key::Placement::Suffix),
+                )
                 .await
         }
     };

@@ -72,6 +72,12 @@
 //! same way meanwhile); a retry-queue entry for a copy at or beyond every live count can still land
 //! after a grow's deletion.
 //!
+//! Copy placement (`suffix` or `spread`, see [`crate::placement`]) rolls out beside the copy
+//! count: each family has a placement set of its own next to its live set, and which copy names
+//! an instance reads and writes while instances on both placements (or on releases before
+//! placement) run is the `placing` module's protocol, written out there. The sweeps and the grow
+//! cleanup delete copies by index whatever their naming.
+//!
 //! Readers that carry floors are never served below them; a read whose consulted copies are all
 //! missing asks copy 0 (present in every layout) before answering 404, and read repair fills the
 //! new copy. Copies removed by a shrink are deleted when their key is published and by the
@@ -79,6 +85,7 @@
 //! cannot serve a copy that missed edits. The sweep pauses while the recorded layout differs from
 //! this instance's config or a live instance has more copies (above).
 
+mod placing;
 mod reconcile;
 mod record;
 mod sweep;
@@ -119,6 +126,8 @@ struct Known {
     /// When `live_copies` was first read or last changed: the sweep waits [`Liveness::settle`]
     /// after it, for the publishes that read the earlier count.
     live_changed: Instant,
+    /// The family's placement across the live instances (`placing`).
+    placing: placing::Placing,
 }
 
 /// Every family's layout, shared by the publisher, `/readyz` and the watcher.
@@ -126,6 +135,9 @@ struct Known {
 pub struct Layouts {
     /// Family name → what is known.
     families: Mutex<BTreeMap<String, Known>>,
+    /// Family name → whether reads use the tagged copy names (`placing`); outside the lock,
+    /// since every read asks.
+    reading: placing::Reading,
 }
 
 /// A family whose layout this instance sees disagreeing with its own: what `/v1/instances`
@@ -362,7 +374,7 @@ mod tests {
             let key = Key::parse(key).unwrap();
             let writes: Vec<CopyWrite> = (0..twelve.resolve(&key).copies)
                 .map(|index| CopyWrite {
-                    copy_key: key.copy_key(index),
+                    copy_key: key.copy_key(index, crate::key::Placement::Suffix),
                     version: crate::key::Version::new(1).unwrap(),
                     payload: crate::store::Payload::Value(bytes::Bytes::new()),
                     expire_at_ms: crate::store::now_unix_ms() + 60_000,

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::placing;
 use super::record::record_configured;
 use super::sweep::delete_copies_from;
 use super::{Known, LayoutStores, Layouts, Liveness};
 use crate::error::Result;
-use crate::family::Families;
+use crate::family::{Families, Family};
 use crate::metrics::Metrics;
 use crate::store::Layout;
 
@@ -61,7 +62,10 @@ impl Layouts {
         metrics: &Metrics,
         liveness: &Liveness,
     ) -> Result<Arc<Layouts>> {
-        let layouts = Layouts::default();
+        let layouts = Layouts {
+            reading: placing::Reading::of(families),
+            ..Layouts::default()
+        };
         let mut grown = Vec::new();
         let ttl_ms = crate::duration::millis(liveness.ttl());
         for family in families.iter() {
@@ -82,6 +86,10 @@ impl Layouts {
                 }
             };
             let live = others.iter().copied().max();
+            // The placement set is joined before this instance serves too, with code 1 or 2
+            // (it reads `K#i` until `placing` says otherwise), so every writer that reads the
+            // set after this call writes the names it may come to read.
+            let placement_codes = join_placement(stores, &layouts, family, liveness, ttl_ms).await;
             let recorded = stores.layouts.read_layout(name).await?;
             let (max_copies, writer) = record_configured(stores, family, liveness).await?;
             // Another running instance on another copy count: reported here too, not only by
@@ -108,11 +116,28 @@ impl Layouts {
                         max_copies,
                     }),
                     writer,
-                    live_others: others,
+                    live_others: others.clone(),
                     live_copies: live.unwrap_or(0),
                     live_changed: Instant::now(),
+                    placing: placing::Placing::joined(family.placement, Instant::now()),
                 },
             );
+            metrics.placement_reads_spread(name, false);
+            if let Some(codes) = placement_codes {
+                // Another live instance that already reads the tagged names keeps them current:
+                // this one reads them from its first request (`placing`, point 2).
+                let step = layouts.observe_placement(
+                    name,
+                    others.len(),
+                    &codes,
+                    liveness.settle(),
+                    Instant::now(),
+                    metrics,
+                );
+                if step == placing::Step::Switch {
+                    layouts.start_reading_spread(name, metrics);
+                }
+            }
             if let Some(strays) = strays(family.copies, live, recorded) {
                 grown.push((family, strays));
             }
@@ -139,5 +164,30 @@ impl Layouts {
             );
         }
         Ok(Arc::new(layouts))
+    }
+}
+
+/// Joins `family`'s placement set with this instance's code; the other instances' codes, or
+/// `None` when the join failed (logged; the watcher retries every layout interval, and until
+/// then this instance reads `K#i`, which every writer writes).
+pub(super) async fn join_placement(
+    stores: &LayoutStores,
+    layouts: &Layouts,
+    family: &Family,
+    liveness: &Liveness,
+    ttl_ms: u64,
+) -> Option<Vec<u32>> {
+    let set = placing::placement_set(family.name());
+    let code = layouts.placement_code(family);
+    match stores
+        .layouts
+        .join_layout(&set, code, &liveness.instance, ttl_ms)
+        .await
+    {
+        Ok(codes) => Some(codes),
+        Err(err) => {
+            tracing::warn!(family = family.name(), error = %err, "cannot join the family's placement set: retried every layout interval");
+            None
+        }
     }
 }

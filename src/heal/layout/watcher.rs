@@ -6,8 +6,10 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::placing::{delete_tagged_copies, spread_share, Step};
+use super::reconcile::join_placement;
 use super::{LayoutStores, Layouts, Liveness};
-use crate::family::Families;
+use crate::family::{Families, Family};
 use crate::metrics::Metrics;
 use crate::store::LayoutWriter;
 
@@ -71,7 +73,10 @@ impl LayoutWatcher {
                 .join_layout(name, family.copies, &self.liveness.instance, ttl_ms)
                 .await
             {
-                Ok(others) => self.layouts.observe_live(name, &others),
+                Ok(others) => {
+                    self.layouts.observe_live(name, &others);
+                    self.refresh_placement(family, others.len(), ttl_ms).await;
+                }
                 // The last view is kept: it can only make publishes write more copies.
                 Err(err) => {
                     tracing::warn!(family = name, error = %err, "cannot refresh this instance's live entry")
@@ -86,6 +91,76 @@ impl LayoutWatcher {
                     tracing::debug!(family = name, error = %err, "cannot read the layout record")
                 }
             }
+        }
+    }
+
+    /// Refreshes this instance's entry in `family`'s placement set, switches its reads as
+    /// `placing` says (deleting the tagged copies first when no other instance reads them), and
+    /// reports how evenly the names it reads fall on the live slot map.
+    async fn refresh_placement(&self, family: &Family, live_others: usize, ttl_ms: u64) {
+        let name = family.name();
+        let Some(codes) =
+            join_placement(&self.stores, &self.layouts, family, &self.liveness, ttl_ms).await
+        else {
+            return;
+        };
+        let step = self.layouts.observe_placement(
+            name,
+            live_others,
+            &codes,
+            self.liveness.settle(),
+            Instant::now(),
+            &self.metrics,
+        );
+        match step {
+            Step::Stay => {}
+            Step::Switch => self.layouts.start_reading_spread(name, &self.metrics),
+            Step::CleanThenSwitch => {
+                match delete_tagged_copies(&self.stores, &self.families, family).await {
+                    Ok((deleted, true)) => {
+                        tracing::info!(
+                            family = name,
+                            deleted,
+                            "deleted the tagged copies that may have missed edits"
+                        );
+                        self.layouts.start_reading_spread(name, &self.metrics);
+                    }
+                    Ok((deleted, false)) => tracing::warn!(
+                        family = name,
+                        deleted,
+                        "the family has more keys than one scan of tagged copies covers: reading K#i still; retried at the next refresh"
+                    ),
+                    Err(err) => tracing::warn!(
+                        family = name,
+                        error = %err,
+                        "cannot delete the family's tagged copies: reading K#i still; retried at the next refresh"
+                    ),
+                }
+            }
+        }
+        self.report_spread(family);
+    }
+
+    /// Sets the placement gauge of `family` and logs how far from even its copies are when
+    /// that changed since the last report.
+    fn report_spread(&self, family: &Family) {
+        let placement = self
+            .layouts
+            .read_placement(family.name())
+            .unwrap_or(family.placement);
+        let Some((share, even)) = spread_share(&self.stores, family, placement) else {
+            return;
+        };
+        self.metrics.placement_busiest_share(family.name(), share);
+        if self.layouts.report_share(family.name(), share) {
+            tracing::info!(
+                family = family.name(),
+                placement = placement.as_str(),
+                copies = family.copies,
+                busiest_share = share,
+                even_share = even,
+                "copy placement on the live slot map: the busiest node holds this share of a key's copies (worst over a sample of keys)"
+            );
         }
     }
 

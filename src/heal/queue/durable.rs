@@ -9,11 +9,81 @@ use super::super::spool::{self, Record, Replay};
 use super::table::{covers, Entry, State};
 use super::RetryQueue;
 use crate::error::{Error, ErrorKind, Result};
-use crate::key::{CopyKey, Key, Version};
+use crate::key::{CopyKey, Key, Placement, Version};
 use crate::metrics::RetryDrop;
 use crate::store::{now_unix_ms, NodeLabel, Payload};
 
+/// The placement a spool record's placement code names.
+fn placement_of_code(code: u8) -> Result<Placement> {
+    match code {
+        spool::PLACED_SUFFIX => Ok(Placement::Suffix),
+        spool::PLACED_SPREAD => Ok(Placement::Spread),
+        other => Err(Error::new(
+            ErrorKind::Io,
+            format!("spool record has an unknown placement code {other}"),
+        )),
+    }
+}
+
+/// The placement code a spool record keeps for `copy_key`'s naming.
+pub(super) fn code_of(copy_key: &CopyKey) -> u8 {
+    match copy_key.placement() {
+        Placement::Suffix => spool::PLACED_SUFFIX,
+        Placement::Spread => spool::PLACED_SPREAD,
+    }
+}
+
 impl RetryQueue {
+    /// Admits the copies of one replayed enqueue record, each under the name its placement
+    /// gives it.
+    #[allow(clippy::too_many_arguments)]
+    fn replay_enqueue(
+        &self,
+        state: &mut State,
+        key: &str,
+        version: u64,
+        tombstone: bool,
+        value: Vec<u8>,
+        copies: Vec<(u32, u64, u8)>,
+        node_of: &impl Fn(&CopyKey) -> NodeLabel,
+        now_ms: u64,
+    ) -> Result<()> {
+        let key = Key::parse(key).map_err(|err| {
+            Error::new(ErrorKind::Io, format!("spool record has a bad key: {err}"))
+        })?;
+        let version = Version::new(version).map_err(|err| {
+            Error::new(
+                ErrorKind::Io,
+                format!("spool record has a bad version: {err}"),
+            )
+        })?;
+        let payload = if tombstone {
+            Payload::Tombstone
+        } else {
+            Payload::Value(Bytes::from(value))
+        };
+        for (index, expire_at_ms, code) in copies {
+            let copy_key = key.copy_key(index, placement_of_code(code)?);
+            let node = node_of(&copy_key);
+            // Replay ignores the bounds: these entries were accepted before.
+            self.core.admit(
+                state,
+                Entry {
+                    copy_key,
+                    version,
+                    payload: payload.clone(),
+                    expire_at_ms,
+                    node,
+                    attempts: 0,
+                    last_error: None,
+                    queued_at_ms: now_ms,
+                },
+                false,
+            );
+        }
+        Ok(())
+    }
+
     pub(super) fn replay(
         &self,
         replay: Replay,
@@ -31,39 +101,25 @@ impl RetryQueue {
                     value,
                     copies,
                 } => {
-                    let key = Key::parse(&key).map_err(|err| {
-                        Error::new(ErrorKind::Io, format!("spool record has a bad key: {err}"))
-                    })?;
-                    let version = Version::new(version).map_err(|err| {
-                        Error::new(
-                            ErrorKind::Io,
-                            format!("spool record has a bad version: {err}"),
-                        )
-                    })?;
-                    let payload = if tombstone {
-                        Payload::Tombstone
-                    } else {
-                        Payload::Value(Bytes::from(value))
-                    };
-                    for (index, expire_at_ms) in copies {
-                        let copy_key = key.copy_key(index);
-                        let node = node_of(&copy_key);
-                        // Replay ignores the bounds: these entries were accepted before.
-                        self.core.admit(
-                            &mut state,
-                            Entry {
-                                copy_key,
-                                version,
-                                payload: payload.clone(),
-                                expire_at_ms,
-                                node,
-                                attempts: 0,
-                                last_error: None,
-                                queued_at_ms: now_ms,
-                            },
-                            false,
-                        );
-                    }
+                    // Formats 0 and 1 knew one naming: `K#i`.
+                    let copies = copies
+                        .into_iter()
+                        .map(|(index, expire_at_ms)| (index, expire_at_ms, spool::PLACED_SUFFIX))
+                        .collect();
+                    self.replay_enqueue(
+                        &mut state, &key, version, tombstone, value, copies, &node_of, now_ms,
+                    )?;
+                }
+                Record::EnqueuePlaced {
+                    key,
+                    version,
+                    tombstone,
+                    value,
+                    copies,
+                } => {
+                    self.replay_enqueue(
+                        &mut state, &key, version, tombstone, value, copies, &node_of, now_ms,
+                    )?;
                 }
                 Record::Complete {
                     copy_key,
@@ -169,7 +225,11 @@ impl RetryQueue {
                 ))
                 .or_insert_with(|| (&entry.payload, Vec::new()))
                 .1
-                .push((entry.copy_key.index(), entry.expire_at_ms));
+                .push((
+                    entry.copy_key.index(),
+                    entry.expire_at_ms,
+                    code_of(&entry.copy_key),
+                ));
         }
         let mut bodies = Vec::with_capacity(edits.len());
         for ((key, version, tombstone), (payload, copies)) in edits {
@@ -195,8 +255,8 @@ impl RetryQueue {
 /// One edit in a compaction: (key, version, tombstone).
 type EditId<'a> = (&'a str, u64, bool);
 
-/// An edit's payload and its pending copies: (copy index, expiry).
-type EditCopies<'a> = (&'a Payload, Vec<(u32, u64)>);
+/// An edit's payload and its pending copies: (copy index, expiry, placement code).
+type EditCopies<'a> = (&'a Payload, Vec<(u32, u64, u8)>);
 #[cfg(test)]
 mod tests {
     use super::super::test_util::*;

@@ -160,9 +160,15 @@ impl RetryQueue {
             self.core.wake.notify_one();
             return (admissions, None);
         };
-        let copies: Vec<(u32, u64)> = offered
+        let copies: Vec<(u32, u64, u8)> = offered
             .iter()
-            .map(|entry| (entry.copy_key.index(), entry.expire_at_ms))
+            .map(|entry| {
+                (
+                    entry.copy_key.index(),
+                    entry.expire_at_ms,
+                    super::durable::code_of(&entry.copy_key),
+                )
+            })
             .collect();
         let value: &[u8] = match payload {
             Payload::Value(bytes) => bytes,

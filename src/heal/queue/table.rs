@@ -270,9 +270,17 @@ mod tests {
         offer(&queue, 5, &value(10), vec![failed(0, "a")]);
         assert_eq!(queue.view(10).entries[0].version.get(), 1000);
         // A direct write of a newer version clears the pending entry; an older one does not.
-        queue.clear_covered(&key().copy_key(0), Version::new(999).unwrap(), false);
+        queue.clear_covered(
+            &key().copy_key(0, crate::key::Placement::Suffix),
+            Version::new(999).unwrap(),
+            false,
+        );
         assert_eq!(queue.depth(), 3);
-        queue.clear_covered(&key().copy_key(0), Version::new(1001).unwrap(), false);
+        queue.clear_covered(
+            &key().copy_key(0, crate::key::Placement::Suffix),
+            Version::new(1001).unwrap(),
+            false,
+        );
         assert_eq!(queue.depth(), 2);
         // A tombstone of the same version replaces a value; a value does not replace it.
         offer(&queue, 1000, &Payload::Tombstone, vec![failed(1, "a")]);
@@ -292,13 +300,17 @@ mod tests {
         assert_eq!(queue.view(0).bytes, 2 * cost + 500);
         // The tombstone leaves: the value's bytes stay counted while the value is held.
         queue.completed(&CopyWrite {
-            copy_key: key().copy_key(0),
+            copy_key: key().copy_key(0, crate::key::Placement::Suffix),
             version: Version::new(3).unwrap(),
             payload: Payload::Tombstone,
             expire_at_ms: 0,
         });
         assert_eq!(queue.view(0).bytes, cost + 500);
-        queue.clear_covered(&key().copy_key(1), Version::new(3).unwrap(), false);
+        queue.clear_covered(
+            &key().copy_key(1, crate::key::Placement::Suffix),
+            Version::new(3).unwrap(),
+            false,
+        );
         assert_eq!(queue.view(0).bytes, 0);
     }
 }

@@ -18,7 +18,7 @@ pub(super) fn key() -> Key {
 
 pub(super) fn failed(index: u32, node: &str) -> FailedCopy {
     FailedCopy {
-        copy_key: key().copy_key(index),
+        copy_key: key().copy_key(index, crate::key::Placement::Suffix),
         node: NodeLabel::new(node),
         expire_at_ms: now_unix_ms() + 60_000,
         error: "timeout".into(),

@@ -4,13 +4,15 @@
 //! behind until it expires.
 //!
 //! A pass `SCAN`s every primary (`MATCH` on the split families' prefixes, `TYPE hash`), reads
-//! every copy `K#0..N` of each key found, and writes the newest record still served to the
-//! copies that are missing or older, through the same compare-and-set as a publish
+//! every copy `K#0..N` of each key found (under each naming its family writes), and writes the
+//! newest record still served to the copies that are missing or older, through the same compare-and-set as a publish
 //! ([`crate::store::CopyStore::write_copies`]) with that record's own version, payload and `exp`.
 //! So a repair never moves a copy backwards, a tombstone stays a tombstone, and nothing lives
 //! longer than the newest copy of its edit; a copy past its own `exp` that holds the newest
-//! version is left to expire ([`pass::repairs`]). Only copy keys `K#<digits>` of a valid key
-//! with an index below its family's N are touched; a family whose layout record disagrees with
+//! version is left to expire ([`pass::repairs`]). Only copy keys of a valid key named as its
+//! family's publishes name copies (`K#<digits>`, and `K#<digits>{tag}` too in a `spread` family,
+//! whose keys are checked under both namings; see [`crate::placement`]) with an index below
+//! its family's N are touched; a family whose layout record disagrees with
 //! this instance's config is skipped while it does.
 //!
 //! **One scrubber at a time.** The instances share one lease, `#hotsplit#lease#scrub`
@@ -47,7 +49,7 @@ use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 
 use crate::family::Families;
-use crate::key::Key;
+use crate::key::{Key, Placement};
 use crate::store::{now_unix_ms, CasOutcome, CopyStore, Lease, ScrubStore};
 
 use super::health::NodeHealth;
@@ -233,7 +235,7 @@ impl Scrubber {
                     };
                     self.status.scanned(page.keys.len() as u64);
                     for stored in &page.keys {
-                        let Some((key, copies)) =
+                        let Some((key, copies, placement)) =
                             pass::checked_key(stored, &self.families, &paused)
                         else {
                             continue;
@@ -251,7 +253,11 @@ impl Scrubber {
                             }
                             () = pacer.admit() => {}
                         }
-                        self.check(&key, copies).await;
+                        // A `spread` family's publishes write both namings: both are kept.
+                        self.check(&key, copies, Placement::Suffix).await;
+                        if placement == Placement::Spread {
+                            self.check(&key, copies, Placement::Spread).await;
+                        }
                         self.status.tick(started.elapsed());
                     }
                     cursor = page.next;
@@ -266,9 +272,11 @@ impl Scrubber {
         tracing::debug!(?duration, complete, "scrub pass finished");
     }
 
-    /// Reads every copy of `key` and repairs those missing or behind.
-    async fn check(&self, key: &Key, copies: u32) {
-        let copy_keys: Vec<_> = (0..copies).map(|index| key.copy_key(index)).collect();
+    /// Reads every copy of `key` (named under `placement`) and repairs those missing or behind.
+    async fn check(&self, key: &Key, copies: u32, placement: Placement) {
+        let copy_keys: Vec<_> = (0..copies)
+            .map(|index| key.copy_key(index, placement))
+            .collect();
         let reads = join_all(
             copy_keys
                 .iter()
@@ -285,7 +293,7 @@ impl Scrubber {
                 })
             })
             .collect();
-        let planned = pass::repairs(key, &reads, now_unix_ms());
+        let planned = pass::repairs(key, placement, &reads, now_unix_ms());
         if planned.is_empty() {
             return;
         }

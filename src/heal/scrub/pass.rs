@@ -2,7 +2,7 @@
 //! checks, and which repairs the copies it read call for ([`repairs`]).
 
 use crate::family::{Families, Family};
-use crate::key::{CopyKey, Key};
+use crate::key::{CopyKey, Key, Placement};
 use crate::store::{CopyRecord, CopyWrite};
 
 use super::super::layout::glob_escape;
@@ -21,21 +21,24 @@ pub(super) fn patterns(families: &Families) -> Vec<String> {
         .collect()
 }
 
-/// The split key a scanned key is a copy of, with its family's copy count, when the scrub
-/// checks it: a copy `K#i` of a valid key, of a split family not in `paused`, with `i` below
-/// the family's copy count. Anything else (`foo#bar`, `K#v`, `K#99` beyond N, a key of a
-/// one-copy family) is left alone.
+/// The split key a scanned key is a copy of, with its family's copy count and placement, when
+/// the scrub checks it: a copy of a valid key named as its family's publishes name copies (`K#i`
+/// always, and `K#i{t}` in a `spread` family, see `heal::layout::placing`; copy 0 is `K#0` in
+/// both), of a split family not in `paused`, with `i` below the family's copy count. Anything
+/// else (`foo#bar`, `K#v`, `K#99` beyond N, a key of a one-copy family, a tagged name in a
+/// `suffix` family) is left alone. A `spread` family's key is checked under both namings.
 pub(super) fn checked_key(
     stored: &str,
     families: &Families,
     paused: &[String],
-) -> Option<(Key, u32)> {
+) -> Option<(Key, u32, Placement)> {
     let (key, copy_key) = CopyKey::parse(stored)?;
     let family = families.resolve(&key);
     let wanted = family.copies > 1
         && copy_key.index() < family.copies
+        && (copy_key.placement() == Placement::Suffix || family.placement == Placement::Spread)
         && !paused.iter().any(|name| name == family.name());
-    wanted.then_some((key, family.copies))
+    wanted.then_some((key, family.copies, family.placement))
 }
 
 /// The repairs of `key` given what each copy holds as stored (`copies[i]`: `None` when copy
@@ -47,6 +50,7 @@ pub(super) fn checked_key(
 /// copy.
 pub(super) fn repairs(
     key: &Key,
+    placement: Placement,
     copies: &[Result<Option<CopyRecord>, ()>],
     now_ms: u64,
 ) -> Vec<(CopyWrite, RepairCause)> {
@@ -71,7 +75,7 @@ pub(super) fn repairs(
                 Ok(Some(_)) | Err(()) => return None,
             };
             let write = CopyWrite {
-                copy_key: key.copy_key(index),
+                copy_key: key.copy_key(index, placement),
                 version: newest.version,
                 payload: newest.payload.clone(),
                 expire_at_ms: newest.expire_at_ms,
@@ -102,7 +106,7 @@ mod tests {
 
     fn planned(copies: &[Result<Option<CopyRecord>, ()>]) -> Vec<(u32, u64, bool, u64, &str)> {
         let key = Key::parse("hot").unwrap();
-        repairs(&key, copies, 1_000)
+        repairs(&key, Placement::Suffix, copies, 1_000)
             .into_iter()
             .map(|(write, cause)| {
                 (
@@ -170,7 +174,7 @@ mod tests {
 
     fn families() -> Families {
         fixture::families(
-            "[default_family]\ncopies = 1\n[[family]]\nprefix = \"hot:\"\ncopies = 4\n[[family]]\nprefix = \"paused:\"\ncopies = 4\n",
+            "[default_family]\ncopies = 1\n[[family]]\nprefix = \"hot:\"\ncopies = 4\n[[family]]\nprefix = \"paused:\"\ncopies = 4\n[[family]]\nprefix = \"spread:\"\ncopies = 4\nplacement = \"spread\"\n",
         )
     }
 
@@ -180,9 +184,28 @@ mod tests {
         let paused = vec!["paused:".to_owned()];
         let check = |stored: &str| checked_key(stored, &families, &paused);
         assert_eq!(
-            check("hot:a#3").map(|(key, n)| (key.as_str().to_owned(), n)),
+            check("hot:a#3").map(|(key, n, _)| (key.as_str().to_owned(), n)),
             Some(("hot:a".to_owned(), 4))
         );
+        let spread = Key::parse("spread:a").unwrap();
+        for index in 0..4 {
+            let name = spread.copy_key(index, Placement::Spread);
+            assert_eq!(
+                check(name.as_str()),
+                Some((spread.clone(), 4, Placement::Spread)),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            check(spread.copy_key(2, Placement::Suffix).as_str()),
+            Some((spread.clone(), 4, Placement::Spread))
+        );
+        for ignored in [
+            spread.copy_key(4, Placement::Spread),
+            Key::parse("hot:a").unwrap().copy_key(2, Placement::Spread),
+        ] {
+            assert_eq!(check(ignored.as_str()), None, "{ignored}");
+        }
         for ignored in [
             "hot:a#4",
             "hot:a#99",
@@ -195,6 +218,9 @@ mod tests {
         ] {
             assert_eq!(check(ignored), None, "{ignored}");
         }
-        assert_eq!(patterns(&families), vec!["paused:*#*", "hot:*#*"]);
+        assert_eq!(
+            patterns(&families),
+            vec!["paused:*#*", "spread:*#*", "hot:*#*"]
+        );
     }
 }

@@ -10,10 +10,16 @@ use siphasher::sip::SipHasher24;
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// The first bytes of every format-1 file.
+/// The first bytes of every format-1 and format-2 file.
 pub(super) const MAGIC: &[u8; 8] = b"HOTSPOOL";
 /// The format this version writes.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The oldest headed format this version reads (format 0 has no header).
+pub(crate) const OLDEST_HEADED_FORMAT: u32 = 1;
+/// A queued copy's placement code in [`Record::EnqueuePlaced`]: named `K#i`.
+pub(crate) const PLACED_SUFFIX: u8 = 0;
+/// A queued copy's placement code in [`Record::EnqueuePlaced`]: named `K#i{t}` (`spread`).
+pub(crate) const PLACED_SPREAD: u8 = 1;
 /// The header's size: magic, version, reserved, key.
 pub(crate) const HEADER_LEN: u64 = 32;
 /// The frame header's size: length, head tag, body tag.
@@ -26,10 +32,12 @@ pub(super) const FORMAT0_CHECKSUM_LEN: usize = 8;
 /// damage.
 pub(crate) const MAX_FRAME: usize = u32::MAX as usize;
 
-/// One spool record.
+/// One spool record. Variants are encoded by position: a new one is only ever appended.
 #[derive(Debug, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode)]
 pub(crate) enum Record {
-    /// Failed copy writes of one edit were queued.
+    /// Failed copy writes of one edit were queued, each named `K#i` (formats 0 and 1; format 2
+    /// writes [`Record::EnqueuePlaced`] instead, and keeps these when it rewrites an older
+    /// file).
     Enqueue {
         /// The user key.
         key: String,
@@ -44,24 +52,44 @@ pub(crate) enum Record {
     },
     /// A copy no longer needs the entry of this version (it landed, or a newer one did).
     Complete {
-        /// The copy key, `K#i`.
+        /// The copy's stored name, `K#i` or `K#i{t}`.
         copy_key: String,
         /// The version that is no longer pending (entries at or below it are done).
         version: u64,
         /// Whether the completed entry was a tombstone.
         tombstone: bool,
     },
+    /// Failed copy writes of one edit were queued, each with the placement its name follows
+    /// (format 2), so a spread copy is healed under its tagged name.
+    EnqueuePlaced {
+        /// The user key.
+        key: String,
+        /// The edit's version.
+        version: u64,
+        /// Whether the edit is a tombstone.
+        tombstone: bool,
+        /// The value (empty for a tombstone), held once for every queued copy.
+        value: Vec<u8>,
+        /// The queued copies: (copy index, absolute expiry in Unix milliseconds, placement
+        /// code: [`PLACED_SUFFIX`] or [`PLACED_SPREAD`]).
+        copies: Vec<(u32, u64, u8)>,
+    },
 }
 
-/// The borrowed twin of [`Record::Enqueue`]: encodes to the same bytes without copying the value.
+/// The borrowed twin of [`Record::EnqueuePlaced`]: encodes to the same bytes without copying
+/// the value. Its unit variants stand in for the positions of the owned enum's earlier ones.
 #[derive(bincode::Encode)]
 pub(super) enum RecordRef<'a> {
-    Enqueue {
+    /// Never encoded: the position of [`Record::Enqueue`].
+    _Enqueue,
+    /// Never encoded: the position of [`Record::Complete`].
+    _Complete,
+    EnqueuePlaced {
         key: &'a str,
         version: u64,
         tombstone: bool,
         value: &'a [u8],
-        copies: &'a [(u32, u64)],
+        copies: &'a [(u32, u64, u8)],
     },
 }
 
@@ -72,15 +100,16 @@ pub(super) fn encode_error(err: bincode::error::EncodeError) -> Error {
     )
 }
 
-/// Encodes an enqueue record's payload without copying `value`.
+/// Encodes an enqueue record's payload (a [`Record::EnqueuePlaced`]) without copying `value`;
+/// `copies` are (index, expiry, placement code).
 pub(crate) fn encode_enqueue(
     key: &str,
     version: u64,
     tombstone: bool,
     value: &[u8],
-    copies: &[(u32, u64)],
+    copies: &[(u32, u64, u8)],
 ) -> Result<Bytes> {
-    let record = RecordRef::Enqueue {
+    let record = RecordRef::EnqueuePlaced {
         key,
         version,
         tombstone,
@@ -151,11 +180,16 @@ impl FileKey {
         hasher.finish()
     }
 
-    /// The 32-byte header of a file with this key.
+    /// The 32-byte header of a file with this key, in the format this version writes.
     pub(super) fn header(&self) -> [u8; HEADER_LEN as usize] {
+        self.header_of(FORMAT_VERSION)
+    }
+
+    /// The 32-byte header of a file with this key in format `version` (1 or 2).
+    pub(super) fn header_of(&self, version: u32) -> [u8; HEADER_LEN as usize] {
         let mut header = [0u8; HEADER_LEN as usize];
         header[..8].copy_from_slice(MAGIC);
-        header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header[8..12].copy_from_slice(&version.to_le_bytes());
         header[16..].copy_from_slice(&self.0);
         header
     }
@@ -182,7 +216,7 @@ pub(crate) struct Damage {
 /// The records read from a file, and what was wrong with it.
 #[derive(Debug, Default)]
 pub(crate) struct Parsed {
-    /// The format the file was written in (0 or 1; 1 for a new file).
+    /// The format the file was written in (0, 1 or 2; [`FORMAT_VERSION`] for a new file).
     pub(crate) format: u32,
     /// The intact records, in order.
     pub(crate) records: Vec<Record>,
@@ -190,7 +224,7 @@ pub(crate) struct Parsed {
     pub(crate) damage: Damage,
     /// Bytes of a torn final frame (a crash during an append).
     pub(crate) torn_bytes: u64,
-    /// The file's key (format 1 only).
+    /// The file's key (formats 1 and 2).
     pub(super) key: Option<FileKey>,
 }
 
@@ -216,17 +250,20 @@ pub(crate) fn parse(raw: &[u8]) -> Result<Parsed> {
             });
         }
         let version = u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
-        if version != FORMAT_VERSION {
+        if !(OLDEST_HEADED_FORMAT..=FORMAT_VERSION).contains(&version) {
             return Err(Error::new(
                 ErrorKind::Io,
                 format!(
-                    "spool.log has format version {version}; this hotsplit reads formats 0 and {FORMAT_VERSION}: run the hotsplit that wrote it until its queue drains, or move the file away"
+                    "spool.log has format version {version}; this hotsplit reads formats 0 to {FORMAT_VERSION}: run the hotsplit that wrote it until its queue drains, or move the file away"
                 ),
             ));
         }
         let mut key = [0u8; 16];
         key.copy_from_slice(&raw[16..32]);
-        return Ok(parse_v1(raw, FileKey(key)));
+        // Formats 1 and 2 frame records alike; format 2 adds a record variant.
+        let mut parsed = parse_v1(raw, FileKey(key));
+        parsed.format = version;
+        return Ok(parsed);
     }
     Ok(parse_v0(raw))
 }
@@ -387,11 +424,74 @@ mod tests {
     const GOLDEN_KEY: FileKey = FileKey(*b"0123456789abcdef");
 
     fn golden_bytes() -> Vec<u8> {
-        let mut out = GOLDEN_KEY.header().to_vec();
+        let mut out = GOLDEN_KEY.header_of(1).to_vec();
         for record in golden_records() {
             GOLDEN_KEY.frame_into(&encode(&record).unwrap(), &mut out);
         }
         out
+    }
+
+    /// The records of the format-2 golden file: a copy of a `spread` family (tagged name) and
+    /// one of a `suffix` family, a format-1 enqueue kept by a rewrite, and a completion of the
+    /// tagged copy.
+    fn golden2_records() -> Vec<Record> {
+        vec![
+            Record::EnqueuePlaced {
+                key: "split16:share".to_owned(),
+                version: 42,
+                tombstone: false,
+                value: b"a value of a spread family".to_vec(),
+                copies: vec![
+                    (0, 4_102_444_800_000, PLACED_SUFFIX),
+                    (5, 4_102_444_800_123, PLACED_SPREAD),
+                ],
+            },
+            Record::EnqueuePlaced {
+                key: "post:9".to_owned(),
+                version: 7,
+                tombstone: true,
+                value: Vec::new(),
+                copies: vec![(3, 4_102_444_800_000, PLACED_SUFFIX)],
+            },
+            Record::Enqueue {
+                key: "gone".to_owned(),
+                version: 18_446_744_073_709_551_615,
+                tombstone: true,
+                value: Vec::new(),
+                copies: vec![(1, 4_102_444_800_000)],
+            },
+            Record::Complete {
+                // The name `spread` gives copy 5 (`key::tests` checks the naming itself).
+                copy_key: "split16:share#5{cg7}".to_owned(),
+                version: 42,
+                tombstone: false,
+            },
+        ]
+    }
+
+    fn golden2_bytes() -> Vec<u8> {
+        let mut out = GOLDEN_KEY.header_of(2).to_vec();
+        for record in golden2_records() {
+            GOLDEN_KEY.frame_into(&encode(&record).unwrap(), &mut out);
+        }
+        out
+    }
+
+    /// `tests/fixtures/spool-format2.bin` was written by the first release with format 2: this
+    /// build reads it whole and writes the same bytes.
+    #[test]
+    fn a_format_2_spool_file_reads_back_whole() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/spool-format2.bin"
+        );
+        let golden = std::fs::read(path).unwrap();
+        let parsed = parse(&golden).unwrap();
+        assert_eq!(parsed.format, 2);
+        assert_eq!(parsed.records, golden2_records());
+        assert_eq!(parsed.damage, Damage::default());
+        assert_eq!(parsed.torn_bytes, 0);
+        assert_eq!(golden2_bytes(), golden);
     }
 
     /// `tests/fixtures/spool-format1.bin` was written by the release before the SipHash and
@@ -405,6 +505,7 @@ mod tests {
         );
         let golden = std::fs::read(path).unwrap();
         let parsed = parse(&golden).unwrap();
+        assert_eq!(parsed.format, 1);
         assert_eq!(parsed.records, golden_records());
         assert_eq!(parsed.damage, Damage::default());
         assert_eq!(parsed.torn_bytes, 0);

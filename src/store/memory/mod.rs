@@ -585,7 +585,9 @@ mod tests {
     /// `"k#3"` as a copy key.
     fn copy_key(text: &str) -> CopyKey {
         let (key, index) = text.split_once('#').unwrap();
-        Key::parse(key).unwrap().copy_key(index.parse().unwrap())
+        Key::parse(key)
+            .unwrap()
+            .copy_key(index.parse().unwrap(), crate::key::Placement::Suffix)
     }
 
     /// A value write of `body` at `version` to `copy_key`, served for a minute.

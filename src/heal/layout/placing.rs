@@ -1,0 +1,471 @@
+//! Placement changes across instances: which copy names this instance reads and writes while
+//! instances on both placements, or on releases before placement, run at once.
+//!
+//! The family layout record keeps its `copies:max_copies` text (every release parses it, and its
+//! compare-and-set refuses anything else), so a family's placement is not in it. Each instance of
+//! a release with placement support keeps an entry `<code>:<instance>` in a live set of its own
+//! per family, `#hotsplit#live##placement#<family>` (the same `FCALL hotsplit_live` sorted set
+//! as the family's live set, under a name no family can have, since a prefix never contains
+//! `#`): code 1 for an instance configured `suffix`, 2 for one configured `spread` that still
+//! reads `K#i`, 3 for one that reads the tagged names `K#i{t}`. An older release joins the
+//! family's live set but not this one, so *more entries in the family's live set than in its
+//! placement set* means an instance that knows only `K#i` runs.
+//!
+//! # The protocol, and why it holds
+//! 1. Every instance writes `K#i` (the names every release reads), always: a reader of `K#i` is
+//!    never served a copy that missed an edit, whatever the others are configured to. An
+//!    instance also writes the tagged names when it is configured `spread` or sees a live entry
+//!    of code 2 or 3 (someone reads or is about to read them). So a `spread` family's publish
+//!    writes copy 0 and both names of copies 1..N: the price of a fleet that can roll back at
+//!    any moment.
+//! 2. An instance configured `spread` starts reading `K#i` and switches to the tagged names
+//!    only when every instance of the family's live set is in its placement set (no older
+//!    release runs), and either another live instance already reads them (it has kept them
+//!    current since its own switch, and every writer writes them while it is live), or, after
+//!    [`super::Liveness::settle`] since it joined with every live instance aware of
+//!    placement (every writer has seen its code 2 by then, and every publish that had not
+//!    ended), it has deleted every tagged copy of the family (a tagged copy that outlived an
+//!    earlier period without `spread` writers may have missed edits; a read that finds its
+//!    copies missing falls back to copy 0, which is `K#0` under both placements, and read
+//!    repair refills the copy). Edits after the delete reach the tagged names from every
+//!    writer, so a tagged copy it reads is current.
+//! 3. An instance that sees a live instance outside the placement set (an older release)
+//!    switches back to `K#i` at once (those are always current, point 1) and starts over at 2.
+//!    An instance configured `suffix` always reads `K#i`, so moving a family back from
+//!    `spread` to `suffix` is a plain rolling restart.
+//!
+//! The delete of point 2 scans the family's keys once, up to 100,000 of them (as the shrink
+//! sweep does); a family with more keys stays on `K#i` (logged at every refresh) until it has
+//! fewer. A one-copy family has only copy 0 and never switches.
+//!
+//! Not covered (as for the resize protocol): an older-release instance that starts while a
+//! family is read under the tagged names publishes edits the tagged copies miss until the other
+//! instances see it, at most one layout interval plus one call; a retry-queue entry for a tagged
+//! copy can land after the delete of point 2 (compare-and-set keeps it from moving a copy
+//! backwards, but it may recreate a copy the delete removed at an older version). Tests:
+//! `placement::a_rolling_placement_change_serves_no_reader_an_old_value`,
+//! `placement::an_older_release_in_the_live_set_keeps_the_family_on_suffix_names`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::sweep::glob_escape;
+use super::{LayoutStores, Layouts};
+use crate::error::Result;
+use crate::family::{Families, Family};
+use crate::key::{CopyKey, Key, Placement};
+
+/// The live-set code of an instance configured `suffix`.
+const CODE_SUFFIX: u32 = 1;
+/// The live-set code of an instance configured `spread` that still reads `K#i`.
+const CODE_SPREAD_PENDING: u32 = 2;
+/// The live-set code of an instance that reads the tagged names.
+const CODE_SPREAD_READING: u32 = 3;
+
+/// The name of `family`'s placement set, as a family name for the live-set calls.
+pub(super) fn placement_set(family: &str) -> String {
+    format!("#placement#{family}")
+}
+
+/// What this instance knows of one family's placement.
+#[derive(Debug, Clone)]
+pub(super) struct Placing {
+    /// The configured placement.
+    pub(super) configured: Placement,
+    /// Whether another live instance is configured `spread` (codes 2 and 3).
+    others_spread: bool,
+    /// Whether another live instance reads the tagged names (code 3).
+    others_reading: bool,
+    /// Since when every instance of the family's live set has been in its placement set
+    /// (`None`: an older release is live, or was at the last refresh).
+    aware_since: Option<Instant>,
+    /// The busiest-node share last reported for the family (logged when it changes).
+    pub(super) share: Option<f64>,
+}
+
+impl Placing {
+    /// The state of a family configured `configured`, just joined at `now`.
+    pub(super) fn joined(configured: Placement, now: Instant) -> Placing {
+        Placing {
+            configured,
+            others_spread: false,
+            others_reading: false,
+            aware_since: Some(now),
+            share: None,
+        }
+    }
+}
+
+/// What the watcher does about a family's placement after a refresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Nothing.
+    Stay,
+    /// Read the tagged names now: another live instance already keeps them current.
+    Switch,
+    /// Delete the family's tagged copies, then read the tagged names.
+    CleanThenSwitch,
+}
+
+/// Which families this instance reads under the tagged names: one flag per family, read by
+/// every read without a lock.
+#[derive(Debug, Default)]
+pub(super) struct Reading {
+    /// Family name → whether it is read under the tagged names.
+    spread: HashMap<String, AtomicBool>,
+}
+
+impl Reading {
+    /// A flag per family of `families`, all reading `K#i`.
+    pub(super) fn of(families: &Families) -> Reading {
+        Reading {
+            spread: families
+                .iter()
+                .map(|family| (family.name().to_owned(), AtomicBool::new(false)))
+                .collect(),
+        }
+    }
+
+    /// The placement `family` is read under; `None` for a family it does not know.
+    pub(super) fn get(&self, family: &str) -> Option<Placement> {
+        self.spread.get(family).map(|spread| {
+            if spread.load(Ordering::Acquire) {
+                Placement::Spread
+            } else {
+                Placement::Suffix
+            }
+        })
+    }
+
+    /// Sets the placement `family` is read under.
+    pub(super) fn set(&self, family: &str, placement: Placement) {
+        if let Some(spread) = self.spread.get(family) {
+            spread.store(placement == Placement::Spread, Ordering::Release);
+        }
+    }
+}
+
+impl Layouts {
+    /// The placement reads of `family` use now (see the module doc); `None` for a family these
+    /// layouts do not know (then its configured placement).
+    pub fn read_placement(&self, family: &str) -> Option<Placement> {
+        self.reading.get(family)
+    }
+
+    /// Whether publishes of `family` write the tagged names too: it is configured `spread`, or
+    /// another live instance is. `K#i` is always written.
+    pub fn writes_spread(&self, family: &Family) -> bool {
+        family.placement == Placement::Spread
+            || self
+                .lock()
+                .get(family.name())
+                .is_some_and(|known| known.placing.others_spread)
+    }
+
+    /// The code this instance keeps in `family`'s placement set.
+    pub(super) fn placement_code(&self, family: &Family) -> u32 {
+        match (family.placement, self.reading.get(family.name())) {
+            (Placement::Suffix, _) => CODE_SUFFIX,
+            (Placement::Spread, Some(Placement::Spread)) => CODE_SPREAD_READING,
+            (Placement::Spread, _) => CODE_SPREAD_PENDING,
+        }
+    }
+
+    /// Records the codes of the other instances in `family`'s placement set and how many other
+    /// instances its live set holds, at `now`; falls back to `K#i` when an older release is
+    /// live, and says whether to switch to the tagged names (`settle`: see the module doc).
+    pub(super) fn observe_placement(
+        &self,
+        family: &str,
+        live_others: usize,
+        codes: &[u32],
+        settle: Duration,
+        now: Instant,
+        metrics: &crate::metrics::Metrics,
+    ) -> Step {
+        let mut families = self.lock();
+        let Some(known) = families.get_mut(family) else {
+            return Step::Stay;
+        };
+        let copies = known.configured;
+        let placing = &mut known.placing;
+        placing.others_spread = codes
+            .iter()
+            .any(|&code| code == CODE_SPREAD_PENDING || code == CODE_SPREAD_READING);
+        placing.others_reading = codes.contains(&CODE_SPREAD_READING);
+        let aware = codes.len() >= live_others;
+        if !aware {
+            if placing.aware_since.take().is_some() {
+                tracing::warn!(
+                    family,
+                    live = live_others,
+                    with_placement = codes.len(),
+                    "an instance of a release without copy placement is live: reading and keeping the untagged copy names K#i"
+                );
+            }
+            if self.reading.get(family) == Some(Placement::Spread) {
+                self.reading.set(family, Placement::Suffix);
+                metrics.placement_reads_spread(family, false);
+            }
+            return Step::Stay;
+        }
+        let since = *placing.aware_since.get_or_insert(now);
+        // A one-copy family has only copy 0, `K#0` under both namings: nothing to switch.
+        if placing.configured != Placement::Spread
+            || copies < 2
+            || self.reading.get(family) == Some(Placement::Spread)
+        {
+            return Step::Stay;
+        }
+        if placing.others_reading {
+            Step::Switch
+        } else if now.saturating_duration_since(since) >= settle {
+            Step::CleanThenSwitch
+        } else {
+            Step::Stay
+        }
+    }
+
+    /// Records `share` as `family`'s last reported busiest-node share; whether it changed by
+    /// more than 0.01 since the last report (or is the first).
+    pub(super) fn report_share(&self, family: &str, share: f64) -> bool {
+        let mut families = self.lock();
+        let Some(known) = families.get_mut(family) else {
+            return false;
+        };
+        let changed = known
+            .placing
+            .share
+            .is_none_or(|last| (last - share).abs() > 0.01);
+        if changed {
+            known.placing.share = Some(share);
+        }
+        changed
+    }
+
+    /// Reads `family` under the tagged names from now on.
+    pub(super) fn start_reading_spread(&self, family: &str, metrics: &crate::metrics::Metrics) {
+        self.reading.set(family, Placement::Spread);
+        metrics.placement_reads_spread(family, true);
+        tracing::info!(
+            family,
+            "reading the family's copies under their spread (tagged) names"
+        );
+    }
+}
+
+/// Deletes every tagged copy (`K#i{t}`, `i ≥ 1`) of `family`'s keys. Returns how many existed
+/// and whether the scan saw every key.
+pub(super) async fn delete_tagged_copies(
+    stores: &LayoutStores,
+    families: &Families,
+    family: &Family,
+) -> Result<(u64, bool)> {
+    const SCAN_LIMIT: usize = 100_000;
+    let pattern = format!("{}*#*}}", glob_escape(&family.prefix));
+    let keys = stores.layouts.scan_keys(&pattern, SCAN_LIMIT).await?;
+    let complete = keys.len() < SCAN_LIMIT;
+    let tagged: Vec<CopyKey> = keys
+        .iter()
+        .filter_map(|stored| {
+            let (key, copy_key) = CopyKey::parse(stored)?;
+            let ours = families.resolve(&key).name() == family.name();
+            (ours && copy_key.placement() == Placement::Spread).then_some(copy_key)
+        })
+        .collect();
+    let mut deleted = 0;
+    for batch in tagged.chunks(256) {
+        deleted += stores.copies.delete_copies(batch).await?;
+    }
+    Ok((deleted, complete))
+}
+
+/// How many sample keys the spread report names.
+const REPORT_SAMPLE: u32 = 64;
+
+/// How far from even `family`'s copies fall on the live slot map under `placement`: the largest
+/// share of one key's copies on one node over a sample of the family's keys (named through
+/// [`CopyKey::new`], placed by the store's `node_of`), with the share an even spread over the
+/// nodes seen would give (`ceil(N / nodes) / N`); `None` for a one-copy family. The names never
+/// depend on the map (see [`crate::placement`]): after a reshard leaves unequal slot ranges,
+/// this is what says so.
+pub(super) fn spread_share(
+    stores: &LayoutStores,
+    family: &Family,
+    placement: Placement,
+) -> Option<(f64, f64)> {
+    if family.copies < 2 {
+        return None;
+    }
+    let mut nodes: HashMap<String, u32> = HashMap::new();
+    let mut worst: f64 = 0.0;
+    for n in 0..REPORT_SAMPLE {
+        let key = Key::parse(&format!("{}placement-probe-{n}", family.prefix)).ok()?;
+        let mut per_node: HashMap<String, u32> = HashMap::new();
+        for index in 0..family.copies {
+            let node = stores.copies.node_of(&key.copy_key(index, placement));
+            *per_node.entry(node.to_string()).or_default() += 1;
+        }
+        let busiest = per_node.values().copied().max().unwrap_or(0);
+        let share = f64::from(busiest) / f64::from(family.copies);
+        worst = worst.max(share);
+        for (node, count) in per_node {
+            *nodes.entry(node).or_default() += count;
+        }
+    }
+    let masters = nodes.len().max(1) as u32;
+    let even = f64::from(family.copies.div_ceil(masters)) / f64::from(family.copies);
+    Some((worst, even))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::family::fixture;
+    use crate::heal::layout::Liveness;
+    use crate::metrics::Metrics;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{CopyStore, CopyWrite, LayoutStore, Payload};
+
+    const CONFIG: &str =
+        "[[family]]\nprefix = \"s:\"\ncopies = 4\nplacement = \"spread\"\n[[family]]\nprefix = \"x:\"\ncopies = 4\n";
+
+    fn liveness(instance: &str) -> Liveness {
+        Liveness {
+            instance: instance.to_owned(),
+            release: "0.1.0".to_owned(),
+            interval: Duration::from_secs(1),
+            command_timeout: Duration::from_millis(1),
+        }
+    }
+
+    async fn layouts(store: &Arc<MemoryStore>, instance: &str) -> Arc<Layouts> {
+        Layouts::reconcile(
+            &LayoutStores::of(store),
+            &fixture::families(CONFIG),
+            &Metrics::new(),
+            &liveness(instance),
+        )
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_spread_family_reads_tagged_names_only_after_the_settle_or_beside_a_reader() {
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        let layouts = layouts(&store, "a").await;
+        let settle = Duration::from_secs(10);
+        let now = Instant::now();
+        // Alone, just joined: K#i until the settle time has passed, then delete and switch.
+        assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
+        assert_eq!(layouts.read_placement("x:"), Some(Placement::Suffix));
+        let step = |others: usize, codes: &[u32], at: Instant| {
+            layouts.observe_placement("s:", others, codes, settle, at, &metrics)
+        };
+        assert_eq!(step(0, &[], now), Step::Stay);
+        assert_eq!(step(0, &[], now + settle), Step::CleanThenSwitch);
+        // Another instance already reads the tagged names: at once.
+        assert_eq!(step(1, &[CODE_SPREAD_READING], now), Step::Switch);
+        layouts.start_reading_spread("s:", &metrics);
+        assert_eq!(layouts.read_placement("s:"), Some(Placement::Spread));
+        assert_eq!(
+            layouts.placement_code(
+                &fixture::families(CONFIG)
+                    .resolve(&Key::parse("s:1").unwrap())
+                    .clone()
+            ),
+            CODE_SPREAD_READING
+        );
+        // An instance in the live set but not in the placement set (an older release): back to
+        // K#i at once, and the settle starts over once it has gone.
+        assert_eq!(step(2, &[CODE_SPREAD_READING], now + settle), Step::Stay);
+        assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
+        let later = now + settle * 2;
+        assert_eq!(step(0, &[], later), Step::Stay);
+        assert_eq!(step(0, &[], later + settle), Step::CleanThenSwitch);
+        // A suffix family never switches.
+        assert_eq!(
+            layouts.observe_placement("x:", 0, &[], settle, later + settle, &metrics),
+            Step::Stay
+        );
+    }
+
+    #[tokio::test]
+    async fn writers_write_tagged_names_while_any_live_instance_is_configured_spread() {
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        let families = fixture::families(CONFIG);
+        let layouts = layouts(&store, "a").await;
+        let suffix = families.resolve(&Key::parse("x:1").unwrap()).clone();
+        let spread = families.resolve(&Key::parse("s:1").unwrap()).clone();
+        assert!(layouts.writes_spread(&spread));
+        assert!(!layouts.writes_spread(&suffix));
+        let settle = Duration::from_secs(10);
+        layouts.observe_placement(
+            "x:",
+            1,
+            &[CODE_SPREAD_PENDING],
+            settle,
+            Instant::now(),
+            &metrics,
+        );
+        assert!(layouts.writes_spread(&suffix));
+        layouts.observe_placement("x:", 1, &[CODE_SUFFIX], settle, Instant::now(), &metrics);
+        assert!(!layouts.writes_spread(&suffix));
+        // The placement set is a live set of its own, beside the family's.
+        let others = store
+            .join_layout(&placement_set("s:"), CODE_SUFFIX, "b", 60_000)
+            .await
+            .unwrap();
+        assert_eq!(others, vec![CODE_SPREAD_PENDING]);
+    }
+
+    #[tokio::test]
+    async fn the_delete_removes_tagged_copies_of_its_family_only() {
+        let store = Arc::new(MemoryStore::new());
+        let families = fixture::families(CONFIG);
+        let write = |name: CopyKey| CopyWrite {
+            copy_key: name,
+            version: crate::key::Version::new(1).unwrap(),
+            payload: Payload::Value(bytes::Bytes::new()),
+            expire_at_ms: crate::store::now_unix_ms() + 60_000,
+        };
+        let mut writes = Vec::new();
+        for key in ["s:1", "x:1"] {
+            let key = Key::parse(key).unwrap();
+            for index in 0..4 {
+                writes.push(write(key.copy_key(index, Placement::Suffix)));
+                writes.push(write(key.copy_key(index, Placement::Spread)));
+            }
+        }
+        store.write_copies(&writes).await;
+        let family = families.resolve(&Key::parse("s:1").unwrap()).clone();
+        let (deleted, complete) =
+            delete_tagged_copies(&LayoutStores::of(&store), &families, &family)
+                .await
+                .unwrap();
+        assert_eq!((deleted, complete), (3, true));
+        for write in &writes {
+            let present = store
+                .read_copy(&write.copy_key)
+                .await
+                .record
+                .unwrap()
+                .is_some();
+            let gone =
+                write.copy_key.base() == "s:1" && write.copy_key.placement() == Placement::Spread;
+            assert_eq!(present, !gone, "{}", write.copy_key);
+        }
+    }
+
+    #[test]
+    fn the_placement_set_is_no_familys_live_set() {
+        // A prefix never contains '#', so no family is named like a placement set.
+        assert_eq!(placement_set("post:"), "#placement#post:");
+        assert!(Key::parse(&placement_set("post:")).is_err());
+    }
+}
