@@ -94,7 +94,9 @@ mod tests {
             }
         }
         for (name, best) in &expected {
-            let floor = high.floor(&key(name), now + 1).expect("a recorded key has a floor");
+            let floor = high
+                .floor(&key(name), now + 1)
+                .expect("a recorded key has a floor");
             assert!(floor >= v(*best), "{name}: {floor:?} < {best}");
         }
     }
