@@ -137,6 +137,24 @@ impl RespError {
         RespError::new(Prefix::NoAuth, "Authentication required.")
     }
 
+    /// `OVERLOADED …`: what the connection loop answers a command refused by
+    /// `server.max_in_flight` (the command did nothing; the next ones are still tried).
+    pub fn overloaded() -> RespError {
+        RespError::new(
+            Prefix::Overloaded,
+            "the instance is at server.max_in_flight; the command did nothing, retry later",
+        )
+    }
+
+    /// `DEADLINE …`: what the connection loop answers a command whose deadline passed before it
+    /// started.
+    pub fn deadline() -> RespError {
+        RespError::new(
+            Prefix::Deadline,
+            "the store did not answer within server.request_deadline",
+        )
+    }
+
     /// `WRONGPASS invalid username-password pair or user is disabled.`
     pub fn wrong_pass() -> RespError {
         RespError::new(
@@ -172,10 +190,7 @@ impl RespError {
                 Prefix::Unavailable,
                 "a store node did not answer; retry later",
             ),
-            ErrorKind::DeadlineExceeded => RespError::new(
-                Prefix::Deadline,
-                "the store did not answer within server.request_deadline",
-            ),
+            ErrorKind::DeadlineExceeded => RespError::deadline(),
             ErrorKind::StalenessBudgetExceeded => RespError::new(
                 Prefix::Stale,
                 format!("every replica is over the class's staleness budget: {message}"),

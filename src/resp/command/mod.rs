@@ -63,7 +63,9 @@
 //! status would be). `SET key value` (no options) and `DEL`/`UNLINK key…` on `allocated`
 //! families; on `caller` families they are refused naming `HOTSPLIT.PUBLISH`. `DEL` answers how
 //! many of its keys' invalidations landed (applied or queued on some copy): hotsplit does not
-//! read every copy to learn whether a key held a value, so a key with no value counts too.
+//! read every copy to learn whether a key held a value, so a key with no value counts too; a
+//! `DEL` of several keys stops at the first key whose write fails and answers that error (the
+//! keys before it are deleted).
 //!
 //! **Transactions** (`multi.rs`): `MULTI`, then `+QUEUED` per command, `EXEC` runs them in
 //! order **without isolation** (other connections' commands may interleave) and answers their
