@@ -222,3 +222,34 @@ print("ok")
         .expect("run python");
     assert_ok(&output, "redis-py with tokens", &binary);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_reads_its_writes_and_never_goes_back_while_the_replica_is_paused() {
+    let Some(python) = client("HOTSPLIT_REDIS_PY", "redis-py") else {
+        return;
+    };
+    let group = hotsplit_devcluster::PrimaryReplica::start(1).expect("primary and replica");
+    let replica = &group.replicas[0];
+    let dir = tempfile::tempdir().unwrap();
+    // Replica-routed reads (`advisory`), no near cache: every read reaches a copy in Redis.
+    let extra = format!(
+        "[store]\nredis = \"{}\"\nreplicas = [\"{}\"]\ncommand_timeout = \"{}\"\n[near_cache]\nenabled = false\n[[family]]\nprefix = \"adv:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"advisory\"\n",
+        group.url(),
+        replica.url(),
+        harness::command_timeout_toml()
+    );
+    let (binary, port) = serve(dir.path(), &extra).await;
+    let pool = |first: u32, last: u32| {
+        Command::new(&python)
+            .arg(scripts().join("pypool.py"))
+            .args([port.to_string(), "adv:pool".to_owned()])
+            .args([first.to_string(), last.to_string()])
+            .output()
+            .expect("run python")
+    };
+    assert_ok(&pool(1, 5), "the pool with the replica running", &binary);
+    replica.pause().expect("SIGSTOP the replica");
+    let paused = pool(6, 15);
+    replica.resume().expect("SIGCONT the replica");
+    assert_ok(&paused, "the pool with the replica paused", &binary);
+}
