@@ -161,10 +161,7 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let settings = &self.settings;
-        let mut state = ConnState {
-            id: self.id,
-            ..ConnState::default()
-        };
+        let mut state = ConnState::new(self.id);
         let mut parser = Parser::new(settings.limits);
         let mut input = BytesMut::new();
         let mut output = BytesMut::new();

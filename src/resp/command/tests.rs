@@ -681,3 +681,13 @@ async fn reset_forgets_everything_but_the_id_and_sessions_move_between_connectio
     );
     assert!(other.session.floors().is_empty());
 }
+
+#[test]
+fn the_metrics_count_every_error_prefix_under_its_own_label() {
+    let prefixes: Vec<&str> = errors::Prefix::ALL.iter().map(|p| p.as_str()).collect();
+    assert_eq!(prefixes, crate::resp::metrics::PREFIXES);
+    assert_eq!(
+        errors::Prefix::of(crate::resp::conn::OVERLOADED),
+        Some(errors::Prefix::Overloaded)
+    );
+}
