@@ -59,7 +59,7 @@ async fn serve(dir: &Path, extra: &str) -> (Binary, u16) {
     let port = harness::free_port();
     let spool = harness::spool_dir();
     let config = format!(
-        "[resp]\nlisten = \"127.0.0.1:{port}\"\n[heal]\nspool_dir = \"{}\"\n{extra}{FAMILIES}",
+        "[resp]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = 256\n[heal]\nspool_dir = \"{}\"\n{extra}{FAMILIES}",
         spool.display()
     );
     (Binary::start(dir, "resp", &config).await, port)
@@ -69,6 +69,7 @@ async fn serve(dir: &Path, extra: &str) -> (Binary, u16) {
 fn assert_ok(output: &Output, what: &str, binary: &Binary) {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{what}: {}", stdout.trim_end());
     assert!(
         output.status.success() && stdout.trim_end().ends_with("ok"),
         "{what} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}\nhotsplit log:\n{}",
@@ -138,7 +139,19 @@ async fn redis_cli_and_redis_benchmark_speak_to_the_door() {
         "{unknown}"
     );
     let output = Command::new("redis-benchmark")
-        .args(["-p", &port.to_string(), "-n", "2000", "-c", "8", "-P", "4", "-t", "get", "-q"])
+        .args([
+            "-p",
+            &port.to_string(),
+            "-n",
+            "2000",
+            "-c",
+            "8",
+            "-P",
+            "4",
+            "-t",
+            "get",
+            "-q",
+        ])
         .output()
         .expect("run redis-benchmark");
     let text = String::from_utf8_lossy(&output.stdout);
@@ -223,6 +236,12 @@ print("ok")
     assert_ok(&output, "redis-py with tokens", &binary);
 }
 
+/// Monotonic reads and read-your-writes through a redis-py pool of 8 connections (no client
+/// id: the instance's high-water is each read's floor) on a primary and a replica that reads
+/// go to (`lenient`: 30 s staleness budget, no near cache): with the replica holding back
+/// replication (`CLIENT PAUSE WRITE`: it answers reads, with what it had), then stopped
+/// (SIGSTOP). Without the high-water the paused phase fails (tried: a pooled read answered the
+/// version before the one just published).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_reads_its_writes_and_never_goes_back_while_the_replica_is_paused() {
     let Some(python) = client("HOTSPLIT_REDIS_PY", "redis-py") else {
@@ -231,9 +250,8 @@ async fn a_pool_reads_its_writes_and_never_goes_back_while_the_replica_is_paused
     let group = hotsplit_devcluster::PrimaryReplica::start(1).expect("primary and replica");
     let replica = &group.replicas[0];
     let dir = tempfile::tempdir().unwrap();
-    // Replica-routed reads (`advisory`), no near cache: every read reaches a copy in Redis.
     let extra = format!(
-        "[store]\nredis = \"{}\"\nreplicas = [\"{}\"]\ncommand_timeout = \"{}\"\n[near_cache]\nenabled = false\n[[family]]\nprefix = \"adv:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"advisory\"\n",
+        "[store]\nredis = \"{}\"\nreplicas = [\"{}\"]\ncommand_timeout = \"{}\"\n[near_cache]\nenabled = false\n[classes.lenient]\nroute = \"replica\"\nreason = \"test class\"\nstaleness_budget = \"30s\"\n[[family]]\nprefix = \"len:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"lenient\"\n",
         group.url(),
         replica.url(),
         harness::command_timeout_toml()
@@ -242,14 +260,70 @@ async fn a_pool_reads_its_writes_and_never_goes_back_while_the_replica_is_paused
     let pool = |first: u32, last: u32| {
         Command::new(&python)
             .arg(scripts().join("pypool.py"))
-            .args([port.to_string(), "adv:pool".to_owned()])
+            .args([port.to_string(), "len:pool".to_owned()])
             .args([first.to_string(), last.to_string()])
             .output()
             .expect("run python")
     };
     assert_ok(&pool(1, 5), "the pool with the replica running", &binary);
+    // The replica answers reads but applies no replication: every copy it holds stays at 5.
+    hotsplit_devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"])
+        .expect("CLIENT PAUSE");
+    let held_back = pool(6, 15);
     replica.pause().expect("SIGSTOP the replica");
-    let paused = pool(6, 15);
+    let stopped = pool(16, 20);
     replica.resume().expect("SIGCONT the replica");
-    assert_ok(&paused, "the pool with the replica paused", &binary);
+    hotsplit_devcluster::cli(replica.port(), &["CLIENT", "UNPAUSE"]).expect("CLIENT UNPAUSE");
+    assert_ok(&held_back, "the pool with replication held back", &binary);
+    assert_ok(&stopped, "the pool with the replica stopped", &binary);
+}
+
+/// Sends `command` (already RESP-encoded) on `stream` and reads what comes back, `None` when
+/// the connection was closed.
+fn roundtrip(stream: &mut std::net::TcpStream, command: &[u8]) -> Option<String> {
+    use std::io::{Read, Write};
+    stream.write_all(command).ok()?;
+    let mut buf = [0u8; 512];
+    match stream.read(&mut buf) {
+        Ok(0) | Err(_) => None,
+        Ok(read) => Some(String::from_utf8_lossy(&buf[..read]).into_owned()),
+    }
+}
+
+#[tokio::test]
+async fn a_token_revoked_by_a_reload_closes_the_connections_authenticated_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let both = format!("plain:{READER} read # reader\nplain:{WRITER} read,write # writer\n");
+    std::fs::write(&tokens, &both).unwrap();
+    let extra = format!("[auth]\ntokens_file = \"{}\"\n", tokens.display());
+    let (binary, port) = serve(dir.path(), &extra).await;
+    let connect = |token: &str| {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let auth = format!("*2\r\n$4\r\nAUTH\r\n${}\r\n{token}\r\n", token.len());
+        assert_eq!(
+            roundtrip(&mut stream, auth.as_bytes()).as_deref(),
+            Some("+OK\r\n")
+        );
+        stream
+    };
+    let mut writer = connect(WRITER);
+    let mut reader = connect(READER);
+    std::fs::write(&tokens, format!("plain:{READER} read # reader\n")).unwrap();
+    // SAFETY: sending SIGHUP to our own child process.
+    unsafe { libc::kill(binary.child.id() as libc::pid_t, libc::SIGHUP) };
+    let ping = b"*1\r\n$4\r\nPING\r\n";
+    harness::poll(
+        "the writer's connection is closed",
+        std::time::Duration::from_secs(10),
+        || {
+            let closed = roundtrip(&mut writer, ping).is_none();
+            async move { closed }
+        },
+    )
+    .await;
+    assert_eq!(roundtrip(&mut reader, ping).as_deref(), Some("+PONG\r\n"));
 }
