@@ -1,8 +1,6 @@
 //! `COMMAND`, `INFO` and `CONFIG GET`: what clients ask before they send anything else
 //! (redis-cli's hints, ioredis's ready check, redis-benchmark's `CONFIG GET save`).
 
-use std::sync::atomic::Ordering;
-
 use bytes::Bytes;
 
 use super::connection::REDIS_VERSION;
@@ -147,10 +145,10 @@ impl Door {
             ),
             (
                 "Stats",
-                vec![(
-                    "total_commands_processed",
-                    self.commands.load(Ordering::Relaxed).to_string(),
-                )],
+                vec![
+                    ("hotsplit_connection_commands", conn.commands.to_string()),
+                    ("hotsplit_metrics", "/metrics".to_owned()),
+                ],
             ),
             (
                 "Hotsplit",

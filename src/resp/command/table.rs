@@ -109,8 +109,24 @@ const PUBSUB: &str =
 const NO_WATCH: &str =
     "WATCH is not supported by hotsplit: EXEC runs queued commands in order without isolation";
 
-/// Every command, in `COMMAND`'s order.
+/// Every command, in `COMMAND`'s order; the most frequent first, as [`find`] walks it.
 pub(crate) const TABLE: &[Spec] = &[
+    spec(
+        "get",
+        2,
+        Need::Read,
+        Cmd::Get,
+        &["readonly", "fast"],
+        (1, 1, 1),
+    ),
+    spec(
+        "mget",
+        -2,
+        Need::Read,
+        Cmd::Mget,
+        &["readonly", "fast"],
+        (1, -1, 1),
+    ),
     spec(
         "hello",
         -1,
@@ -192,22 +208,6 @@ pub(crate) const TABLE: &[Spec] = &[
         Cmd::Cluster,
         &["loading", "stale"],
         (0, 0, 0),
-    ),
-    spec(
-        "get",
-        2,
-        Need::Read,
-        Cmd::Get,
-        &["readonly", "fast"],
-        (1, 1, 1),
-    ),
-    spec(
-        "mget",
-        -2,
-        Need::Read,
-        Cmd::Mget,
-        &["readonly", "fast"],
-        (1, -1, 1),
     ),
     spec(
         "exists",

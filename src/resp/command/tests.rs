@@ -691,3 +691,18 @@ fn the_metrics_count_every_error_prefix_under_its_own_label() {
         Some(errors::Prefix::Overloaded)
     );
 }
+
+#[test]
+fn every_command_is_listed_once_and_found_in_any_case() {
+    for (at, spec) in table::TABLE.iter().enumerate() {
+        assert!(
+            table::TABLE[..at]
+                .iter()
+                .all(|other| other.name != spec.name),
+            "{} twice",
+            spec.name
+        );
+        let upper = spec.name.to_ascii_uppercase();
+        assert!(std::ptr::eq(table::find(upper.as_bytes()).unwrap(), spec));
+    }
+}
