@@ -110,7 +110,7 @@ const NO_WATCH: &str =
     "WATCH is not supported by hotsplit: EXEC runs queued commands in order without isolation";
 
 /// Every command, in `COMMAND`'s order; the most frequent first, as [`find`] walks it.
-pub(crate) const TABLE: &[Spec] = &[
+pub(crate) static TABLE: &[Spec] = &[
     spec(
         "get",
         2,
