@@ -327,3 +327,42 @@ async fn a_token_revoked_by_a_reload_closes_the_connections_authenticated_with_i
     .await;
     assert_eq!(roundtrip(&mut reader, ping).as_deref(), Some("+PONG\r\n"));
 }
+
+/// The value of the sample `name` (no labels) in a metrics text, 0 when absent.
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_gets_of_a_hot_key_are_near_cache_hits_despite_the_high_water_floor() {
+    let Some(_) = tool("redis-cli") else {
+        return;
+    };
+    let server = harness::shared_standalone();
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[classes.patient]\nroute = \"replica\"\nreason = \"test class\"\nstaleness_budget = \"30s\"\nnear_cache_max_age = \"30s\"\n[[family]]\nprefix = \"nch:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"patient\"\n",
+        server.url(),
+        harness::command_timeout_toml()
+    );
+    let (binary, port) = serve(dir.path(), &extra).await;
+    redis_cli(port, &["HOTSPLIT.PUBLISH", "nch:hot", "3", "three"]);
+    let http = reqwest::Client::new();
+    let before = harness::metrics_text(&http, &binary.base).await;
+    // Each redis-cli is a connection of its own, as a pool's are: none names a client id, so
+    // each read carries the instance's high-water (3) as its floor, which the entry meets.
+    for _ in 0..20 {
+        assert_eq!(redis_cli(port, &["GET", "nch:hot"]).trim(), "three");
+    }
+    let after = harness::metrics_text(&http, &binary.base).await;
+    let delta = |name: &str| sample(&after, name) - sample(&before, name);
+    assert!(
+        delta("hotsplit_near_cache_hits_total") >= 16.0,
+        "hits: {}\n{after}",
+        delta("hotsplit_near_cache_hits_total")
+    );
+    assert_eq!(delta("hotsplit_near_cache_floor_reads_total"), 0.0);
+}
