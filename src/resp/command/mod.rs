@@ -44,7 +44,8 @@
 //! **Introspection** (`info.rs`): `COMMAND` (Redis's 10-field entries), `COMMAND COUNT`,
 //! `COMMAND INFO name…`, `COMMAND LIST`, `COMMAND DOCS` (an empty map); `INFO [section…]` (a
 //! verbatim string: `server` with `redis_version:7.2.0` and `hotsplit_version`, `clients`,
-//! `persistence` with `loading:0`, `replication` with `role:master`, `stats`, `hotsplit`);
+//! `persistence` with `loading:0`, `replication` with `role:master`, `stats` with this
+//! connection's command count (the instance's counts are in `/metrics`), `hotsplit`);
 //! `CONFIG GET pattern…` (a map: `save` "", `appendonly` "no", `databases` "1"; other names
 //! nothing); `CLUSTER …`: `ERR This instance has cluster support disabled`.
 //!
