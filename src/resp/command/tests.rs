@@ -706,3 +706,40 @@ fn every_command_is_listed_once_and_found_in_any_case() {
         assert_eq!(table::find(upper.as_bytes()).unwrap().name, spec.name);
     }
 }
+
+#[tokio::test]
+async fn getters_listings_and_quit_inside_a_transaction() {
+    let door = door();
+    let mut conn = ConnState::new(1);
+    assert_eq!(run(&door, &mut conn, &["HOTSPLIT.CLASS"]).await, Reply::Nil);
+    run(&door, &mut conn, &["HOTSPLIT.CLASS", "primary"]).await;
+    assert_eq!(
+        run(&door, &mut conn, &["HOTSPLIT.CLASS"]).await,
+        bulk("primary")
+    );
+    assert_eq!(
+        run(&door, &mut conn, &["HOTSPLIT.CLIENT"]).await,
+        Reply::Nil
+    );
+    assert!(
+        error_text(&run(&door, &mut conn, &["HOTSPLIT.CLIENT", "a b"]).await)
+            .starts_with("ERR a client id must be")
+    );
+    let Reply::Array(names) = run(&door, &mut conn, &["COMMAND", "LIST"]).await else {
+        panic!("COMMAND LIST is an array");
+    };
+    assert!(names.contains(&bulk("hotsplit.read")) && names.contains(&bulk("get")));
+    assert_eq!(
+        run(&door, &mut conn, &["COMMAND", "NOPE"]).await,
+        err("ERR unknown subcommand 'NOPE'. Try COMMAND HELP.")
+    );
+    assert_eq!(
+        run(&door, &mut conn, &["ECHO"]).await,
+        err("ERR wrong number of arguments for 'echo' command")
+    );
+    run(&door, &mut conn, &["MULTI"]).await;
+    let quit = door
+        .execute(&mut conn, vec![Bytes::from("QUIT")], None)
+        .await;
+    assert_eq!(quit, (Reply::OK, After::Close), "QUIT is not queued");
+}
