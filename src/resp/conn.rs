@@ -313,3 +313,6 @@ impl Connection {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -64,9 +64,9 @@ pub(super) struct Signal {
     /// Wakes the connection's task (a permit is kept if it is not waiting).
     notify: Notify,
     /// The listener shuts down.
-    shut_down: AtomicBool,
+    pub(super) shut_down: AtomicBool,
     /// The token table changed: check the connection's token before its next command.
-    recheck: AtomicBool,
+    pub(super) recheck: AtomicBool,
 }
 
 impl Signal {
@@ -94,7 +94,7 @@ impl Signal {
 
 /// The open connections and the bound.
 #[derive(Debug)]
-struct Connections {
+pub(super) struct Connections {
     /// `resp.max_connections`.
     bound: usize,
     /// Each open connection's signal, by slot index.
@@ -115,8 +115,17 @@ struct Table {
 }
 
 impl Connections {
+    /// Room for `bound` connections, counted in `metrics`' gauge.
+    pub(super) fn new(bound: usize, metrics: RespMetrics) -> Arc<Connections> {
+        Arc::new(Connections {
+            bound,
+            table: Mutex::new(Table::default()),
+            metrics,
+        })
+    }
+
     /// A slot for a new connection, or `None` at the bound.
-    fn admit(self: &Arc<Self>, signal: Arc<Signal>) -> Option<Slot> {
+    pub(super) fn admit(self: &Arc<Self>, signal: Arc<Signal>) -> Option<Slot> {
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         if table.live >= self.bound {
             return None;
@@ -140,7 +149,7 @@ impl Connections {
     }
 
     /// Raises the flag `pick` chooses on every open connection.
-    fn tell_all(&self, pick: impl Fn(&Signal) -> &AtomicBool) {
+    pub(super) fn tell_all(&self, pick: impl Fn(&Signal) -> &AtomicBool) {
         let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         for signal in table.entries.iter().flatten() {
             signal.raise(pick(signal));
@@ -218,11 +227,7 @@ impl RespListener {
             tcp,
             door,
             settings: Arc::new(settings),
-            connections: Arc::new(Connections {
-                bound: resp.max_connections,
-                table: Mutex::new(Table::default()),
-                metrics: metrics.clone(),
-            }),
+            connections: Connections::new(resp.max_connections, metrics.clone()),
             metrics,
             tls,
             next_id: AtomicU64::new(1),
