@@ -243,12 +243,15 @@ impl RespListener {
         let overload = self.door.state().inner().limits.clone();
         let mut refusals = Throttle::default();
         let mut accept_errors = Throttle::default();
+        // False once the table's sender is gone (it lives as long as the state): no more changes.
+        let mut watching = true;
         loop {
             let accepted = tokio::select! {
                 () = shutdown.cancelled() => break,
-                changed = tokens.changed() => {
-                    if changed.is_ok() {
-                        self.connections.tell_all(|signal| &signal.recheck);
+                changed = tokens.changed(), if watching => {
+                    match changed {
+                        Ok(()) => self.connections.tell_all(|signal| &signal.recheck),
+                        Err(_) => watching = false,
                     }
                     continue;
                 }

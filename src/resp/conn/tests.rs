@@ -241,6 +241,31 @@ async fn shutdown_closes_an_idle_connection_and_a_token_change_alone_does_not() 
 }
 
 #[tokio::test]
+async fn on_shutdown_the_batch_in_flight_is_answered_whole_before_the_close() {
+    let door = door(0);
+    // 80 commands arrive in one read (880 bytes); their replies do not fit the 1024-byte pipe,
+    // so the loop is still writing its batch when it is told to shut down.
+    let (client, task, _signal, table) = serve(&door, settings(), 1024);
+    let (mut reader, mut writer) = tokio::io::split(client);
+    writer
+        .write_all(&b"NOSUCHCMD\r\n".repeat(80))
+        .await
+        .unwrap();
+    let mut first = [0u8; 1];
+    reader.read_exact(&mut first).await.unwrap();
+    table.tell_all(|signal| &signal.shut_down);
+    let mut rest = first.to_vec();
+    tokio::time::timeout(WITHIN, reader.read_to_end(&mut rest))
+        .await
+        .expect("the batch and the close in time")
+        .unwrap();
+    let replies = rest.windows(2).filter(|pair| *pair == b"\r\n").count();
+    assert_eq!(replies, 80, "every reply of the batch, then the close");
+    assert!(rest.ends_with(b"\r\n"));
+    ends(task).await;
+}
+
+#[tokio::test]
 async fn the_idle_timeout_closes_a_connection_that_sends_nothing() {
     let door = door(0);
     let settings = Settings {
