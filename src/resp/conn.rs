@@ -139,7 +139,7 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let span = tracing::debug_span!("resp", conn = self.id);
+        let span = tracing::info_span!("resp", conn = self.id);
         async move {
             let end = self.run(&mut stream).await;
             match &end {

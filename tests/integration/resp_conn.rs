@@ -393,3 +393,72 @@ async fn ten_thousand_idle_connections_stay_open_and_each_still_answers() {
             .join("\n")
     );
 }
+
+/// Runs `redis-cli ARGS…` and returns its stdout and stderr together.
+async fn redis_cli(args: Vec<String>) -> String {
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("redis-cli")
+            .args(args)
+            .output()
+            .expect("run redis-cli")
+    })
+    .await
+    .expect("join redis-cli");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_listener_tls_the_redis_port_speaks_tls_to_redis_cli() {
+    let files = &crate::tls_pki::pki().files;
+    let port = harness::free_port();
+    let mut config = harness::config_from_toml(&format!(
+        "[server]\ntls_cert_file = {:?}\ntls_key_file = {:?}\n[resp]\nlisten = \"127.0.0.1:{port}\"\n",
+        files.cert_file.display().to_string(),
+        files.key_file.display().to_string()
+    ));
+    config.server.drain_delay = Duration::ZERO;
+    // Not `Service::start`: its readiness poll speaks plain HTTP.
+    let service = harness::Service::spawn(config).await;
+    let tls_args = |command: &str| {
+        vec![
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            files.ca_file.display().to_string(),
+            "-h".to_owned(),
+            "127.0.0.1".to_owned(),
+            "-p".to_owned(),
+            port.to_string(),
+            command.to_owned(),
+        ]
+    };
+    // A command's reply (PONG, or the skeleton's ERR not yet), never a connection error.
+    let answer = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    harness::poll("redis-cli --tls gets a reply", REPLY_WITHIN, || {
+        let args = tls_args("PING");
+        let answer = answer.clone();
+        async move {
+            let text = redis_cli(args).await;
+            let replied = text.contains("PONG") || text.contains("ERR not yet");
+            *answer.lock().unwrap() = text;
+            replied
+        }
+    })
+    .await;
+    let answer = answer.lock().unwrap().clone();
+    assert!(!answer.contains("Could not connect"), "{answer}");
+    // In clear, the handshake fails and the connection closes without a reply.
+    let plain = redis_cli(vec![
+        "-h".to_owned(),
+        "127.0.0.1".to_owned(),
+        "-p".to_owned(),
+        port.to_string(),
+        "PING".to_owned(),
+    ])
+    .await;
+    assert!(!plain.contains("PONG") && !plain.contains("ERR not yet"), "{plain}");
+    service.stop().await;
+}
