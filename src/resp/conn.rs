@@ -13,7 +13,8 @@
 //!   in a long batch is not charged for those before it). A command refused at the bound is
 //!   answered `OVERLOADED …` and does nothing; the next command is still tried.
 //! - **Bounded memory.** Input: every length is bounded by the parser, the command being
-//!   received by `resp.max_pending_bytes`. Output: once the replies held pass
+//!   received by `resp.max_pending_bytes`, and the buffer grows with the bytes that arrive,
+//!   never ahead of them by more than a read's room. Output: once the replies held pass
 //!   `resp.max_output_bytes` the rest of the batch waits until they are written; a write that
 //!   makes no progress for `resp.write_timeout` closes the connection. An idle connection holds
 //!   no output buffer and at most a small input one.
@@ -208,7 +209,9 @@ impl Connection {
             if input.is_empty() && input.capacity() > LARGE_READ {
                 input = BytesMut::new();
             }
-            input.reserve(parser.wanted(&input).max(room));
+            // Room for what arrives, not for what a length declares: a `$1048576` with nothing
+            // after it costs a read's room, not a megabyte, until the bytes come.
+            input.reserve(parser.wanted(&input).min(LARGE_READ).max(room));
             let spare = input.capacity() - input.len();
             let idle = async {
                 match settings.idle_timeout {

@@ -6,7 +6,8 @@
 //!   answered `-ERR max number of clients reached` and closed, counted, logged at most once a
 //!   second. Idle connections are never evicted to make room (a pool keeps them on purpose);
 //! - TLS with the listeners' acceptor (`server.tls_cert_file`), the handshake bounded by
-//!   `server.header_read_timeout`; over the bound a TLS client gets its refusal after a
+//!   `server.header_read_timeout`; a client whose first byte opens no handshake is answered in
+//!   clear that the port speaks TLS ([`PLAIN_ON_TLS`]) and closed; over the bound a TLS client gets its refusal after a
 //!   handshake too, on at most [`MAX_REFUSALS`] refusal tasks at once (beyond them it is closed
 //!   without a word);
 //! - `TCP_NODELAY`: a batch's replies go out in one write, and waiting for an ACK before the
@@ -41,6 +42,13 @@ use crate::http::ServerConfig;
 
 /// The reply to a connection over `resp.max_connections` (Redis's own text).
 pub const MAX_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
+
+/// The reply, in clear, to a client that does not open a TLS handshake on a TLS listener.
+pub const PLAIN_ON_TLS: &[u8] =
+    b"-ERR this port speaks TLS (server.tls_cert_file): connect with TLS, as redis-cli --tls does\r\n";
+
+/// The first byte of a TLS record carrying a handshake: every TLS client's first byte.
+const HANDSHAKE_RECORD: u8 = 0x16;
 
 /// How many connections over the bound may be getting their refusal over TLS at once.
 pub const MAX_REFUSALS: usize = 64;
@@ -299,6 +307,11 @@ impl RespListener {
                     let tls = tls.clone();
                     let timeout = self.settings.handshake_timeout;
                     tasks.spawn(async move {
+                        if !opens_handshake(&stream, timeout).await {
+                            tracing::debug!(conn = connection.id, "a clear-text client on the TLS port");
+                            let _ = stream.try_write(PLAIN_ON_TLS);
+                            return;
+                        }
                         match tokio::time::timeout(timeout, tls.accept(stream)).await {
                             Ok(Ok(stream)) => connection.serve(stream).await,
                             Ok(Err(err)) => {
@@ -343,6 +356,16 @@ impl RespListener {
             .await;
             refusals.fetch_sub(1, Ordering::AcqRel);
         });
+    }
+}
+
+/// Whether the client's first byte (waited for within `timeout`) opens a TLS handshake; true
+/// when it cannot be told (the handshake then fails on its own).
+async fn opens_handshake(stream: &TcpStream, timeout: Duration) -> bool {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => first[0] == HANDSHAKE_RECORD,
+        _ => true,
     }
 }
 
