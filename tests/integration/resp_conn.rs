@@ -462,3 +462,66 @@ async fn with_listener_tls_the_redis_port_speaks_tls_to_redis_cli() {
     assert!(plain.contains("this port speaks TLS"), "{plain}");
     service.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_connection_over_the_bound_is_told_over_tls() {
+    let files = &crate::tls_pki::pki().files;
+    let port = harness::free_port();
+    let mut config = harness::config_from_toml(&format!(
+        "[server]\ntls_cert_file = {:?}\ntls_key_file = {:?}\n[resp]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = 1\n",
+        files.cert_file.display().to_string(),
+        files.key_file.display().to_string()
+    ));
+    config.server.drain_delay = Duration::ZERO;
+    let service = harness::Service::spawn(config).await;
+    let client = hotsplit::tls::client_config(Some(&files.ca_file), None).expect("a tls client");
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client));
+    let address = SocketAddr::from(([127, 0, 0, 1], port));
+    let connect = || {
+        let connector = connector.clone();
+        async move {
+            let tcp = TcpStream::connect(address).await.ok()?;
+            let name =
+                rustls::pki_types::ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+            connector.connect(name, tcp).await.ok()
+        }
+    };
+    /// The bytes a TLS connection reads until the server closes it or `bytes` arrived.
+    async fn read_some(
+        stream: &mut tokio_rustls::client::TlsStream<TcpStream>,
+        until: &[u8],
+    ) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 512];
+        while !got.ends_with(until) {
+            match tokio::time::timeout(REPLY_WITHIN, stream.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(read)) => got.extend_from_slice(&chunk[..read]),
+                Err(_) => panic!("nothing within {REPLY_WITHIN:?}: {got:?}"),
+            }
+        }
+        got
+    }
+    // The first connection holds the one slot once it has an answer (polled: the service
+    // is still starting).
+    let give_up = tokio::time::Instant::now() + REPLY_WITHIN;
+    let held = loop {
+        if let Some(mut stream) = connect().await {
+            if stream.write_all(b"PING\r\n").await.is_ok()
+                && !read_some(&mut stream, b"\r\n").await.is_empty()
+            {
+                break stream;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the TLS Redis port never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut refused = connect().await.expect("a TLS handshake over the bound");
+    let reply = read_some(&mut refused, b"\r\n").await;
+    assert_eq!(reply, b"-ERR max number of clients reached\r\n");
+    drop(held);
+    service.stop().await;
+}
