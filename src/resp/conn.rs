@@ -157,16 +157,12 @@ impl Connection {
     }
 
     /// The loop; see the module documentation.
-    #[allow(clippy::field_reassign_with_default)]
     async fn run<S>(&self, stream: &mut S) -> io::Result<End>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let settings = &self.settings;
-        // Set field by field: the commands keep fields of their own private, which a struct
-        // update from here could not name (hence the allowed lint on this function).
-        let mut state = ConnState::default();
-        state.id = self.id;
+        let mut state = ConnState::new(self.id);
         let mut parser = Parser::new(settings.limits);
         let mut input = BytesMut::new();
         let mut output = BytesMut::new();
