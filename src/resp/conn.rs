@@ -12,7 +12,9 @@
 //!   most the bound) and its own `server.request_deadline`, from when it starts (a command late
 //!   in a long batch is not charged for those before it). A command refused at the bound is
 //!   answered `OVERLOADED …` and does nothing; the next command is still tried.
-//! - **Bounded memory.** Input: every length is bounded by the parser, the command being
+//! - **Bounded memory.** Input: every length is bounded by the parser (by Redis's tighter
+//!   pre-authentication bounds until a connection on an instance with tokens authenticates),
+//!   the command being
 //!   received by `resp.max_pending_bytes`, and the buffer grows with the bytes that arrive,
 //!   never ahead of them by more than a read's room. Output: once the replies held pass
 //!   `resp.max_output_bytes` the rest of the batch waits until they are written; a write that
@@ -170,6 +172,7 @@ impl Connection {
         loop {
             let mut end = None;
             loop {
+                parser.set_unauthenticated(self.must_authenticate(&state));
                 let args = match parser.next(&mut input) {
                     Ok(Some(args)) => args,
                     Ok(None) => break,
@@ -263,6 +266,11 @@ impl Connection {
         }
         encode(&reply, state.proto, output);
         after
+    }
+
+    /// Whether `state` must still authenticate: tokens are configured and it has none.
+    fn must_authenticate(&self, state: &ConnState) -> bool {
+        state.auth.is_none() && self.door.state().tokens().load().is_some()
     }
 
     /// Answers a protocol error (after the replies before it) and ends the connection.

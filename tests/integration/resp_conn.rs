@@ -525,3 +525,38 @@ async fn over_tls_a_connection_over_the_bound_is_told_over_tls() {
     drop(held);
     service.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_auth_redis_tighter_input_bounds_apply_and_after_it_the_configured_ones() {
+    const TOKEN: &str = "resp-conn-token-0123456789abcdef";
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("plain:{TOKEN} read,write # conn\n")).expect("tokens");
+    let (service, address) = start(&format!(
+        "[auth]\ntokens_file = {:?}\n",
+        tokens.display().to_string()
+    ))
+    .await;
+    let big = "x".repeat(20 * 1024);
+    for (junk, text) in [
+        (
+            command(&["MGET", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]),
+            "unauthenticated multibulk length",
+        ),
+        (command(&["ECHO", &big]), "unauthenticated bulk length"),
+    ] {
+        let mut client = Client::connect(address).await;
+        client.send(&junk).await;
+        assert_eq!(
+            client.reply().await,
+            Value::Error(format!("ERR Protocol error: {text}"))
+        );
+        client.closed().await;
+    }
+    let mut client = Client::connect(address).await;
+    client.send(&command(&["AUTH", TOKEN])).await;
+    assert_eq!(client.reply().await, Value::Simple("OK".into()));
+    client.send(&command(&["ECHO", &big])).await;
+    assert_eq!(client.reply().await, Value::Bulk(Some(big.into_bytes())));
+    service.stop().await;
+}
