@@ -121,6 +121,8 @@ enum End {
 pub(super) struct Connection {
     /// Its id (`CLIENT ID`, the log span).
     pub(super) id: u64,
+    /// The client's address (the log span).
+    pub(super) peer: Option<std::net::SocketAddr>,
     /// The commands.
     pub(super) door: Door,
     /// The limits and timeouts.
@@ -142,8 +144,12 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let span = tracing::info_span!("resp", conn = self.id);
+        let span = match self.peer {
+            Some(peer) => tracing::info_span!("resp", conn = self.id, %peer),
+            None => tracing::info_span!("resp", conn = self.id),
+        };
         async move {
+            tracing::debug!("connection opened");
             let end = self.run(&mut stream).await;
             match &end {
                 Ok(end) => tracing::debug!(?end, "connection closed"),

@@ -265,8 +265,8 @@ impl RespListener {
                 }
                 accepted = self.tcp.accept() => accepted,
             };
-            let stream = match accepted {
-                Ok((stream, _peer)) => stream,
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
                 Err(err) => {
                     if is_connection_error(&err) {
                         continue;
@@ -292,6 +292,7 @@ impl RespListener {
             };
             let connection = Connection {
                 id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                peer: Some(peer),
                 door: self.door.clone(),
                 settings: self.settings.clone(),
                 overload: overload.clone(),

@@ -60,6 +60,7 @@ fn serve(
     let slot = connections.admit(signal.clone()).expect("room");
     let connection = Connection {
         id: 7,
+        peer: None,
         door: door.clone(),
         settings: Arc::new(settings),
         overload: door.state().inner().limits.clone(),
