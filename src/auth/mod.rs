@@ -177,6 +177,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_store_is_seen_by_each_change_receiver_after_the_new_table_is_in_place() {
+        let table = TokenTable::default();
+        let clone = table.clone();
+        let mut changes = clone.changes();
+        assert!(!changes.has_changed().unwrap());
+        table.store(None);
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        assert!(!changes.has_changed().unwrap());
+        table.store(None);
+        assert!(changes.has_changed().unwrap());
+        assert!(clone.load().is_none());
+    }
+
+    #[test]
     fn scopes_are_independent_and_print_in_order() {
         let scopes = Scopes::default().with(Scope::Admin).with(Scope::Read);
         assert!(scopes.contains(Scope::Read) && scopes.contains(Scope::Admin));

@@ -22,6 +22,9 @@ pub(crate) struct ServeArgs {
     /// The address to listen on. Default: 127.0.0.1:7070.
     #[arg(long, env = "HOTSPLIT_LISTEN", hide_env_values = true)]
     pub(crate) listen: Option<SocketAddr>,
+    /// The address of the Redis-protocol listener (`resp.listen`). Default: none (off).
+    #[arg(long, env = "HOTSPLIT_RESP_LISTEN", hide_env_values = true)]
+    pub(crate) resp_listen: Option<SocketAddr>,
     /// redis://host:port or redis-cluster://host:port[,host:port]; rediss:// and
     /// rediss-cluster:// for TLS; valkey[s]:// synonyms. Default: the embedded store.
     #[arg(long, env = "HOTSPLIT_REDIS", hide_env_values = true)]
@@ -191,6 +194,9 @@ pub(crate) fn load_config(args: &ServeArgs) -> hotsplit::Result<Config> {
     };
     if let Some(listen) = args.listen {
         config.server.listen = listen;
+    }
+    if let Some(resp_listen) = args.resp_listen {
+        config.resp.listen = Some(resp_listen);
     }
     if let Some(redis) = &args.redis {
         config.store.redis = Some(redis.clone());

@@ -18,7 +18,9 @@
 //!   an argument count over [`Limits::max_args`] is `invalid multibulk length`, a bulk length
 //!   over [`Limits::max_bulk`] is `invalid bulk length`, a length line or an inline line longer
 //!   than [`Limits::max_inline`] is `too big mbulk count string` / `too big bulk count string` /
-//!   `too big inline request`. The declared count does not size an allocation (at most 16
+//!   `too big inline request`. Before a connection authenticates (tokens configured), Redis's
+//!   own tighter bounds apply: 10 arguments, 16 KiB a bulk (`unauthenticated multibulk
+//!   length`, `unauthenticated bulk length`). The declared count does not size an allocation (at most 16
 //!   argument slots are reserved up front). The connection bounds the whole of a command held
 //!   with [`Parser::pending`].
 //! - **Redis's texts.** Every [`ProtocolError`] displays as Redis's own reply text after
@@ -45,6 +47,13 @@ use super::reply::{Proto, Reply};
 
 /// How many argument slots a multibulk header reserves at most before its arguments arrive.
 const RESERVED_ARGS: usize = 16;
+
+/// The most arguments of a command from a connection that must still authenticate (Redis's own
+/// bound: `HELLO 3 AUTH default <token> SETNAME <name>` is 7).
+pub const UNAUTHENTICATED_MAX_ARGS: usize = 10;
+
+/// The longest bulk argument from a connection that must still authenticate (Redis's own).
+pub const UNAUTHENTICATED_MAX_BULK: usize = 16 * 1024;
 
 /// The bounds a [`Parser`] checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +91,12 @@ pub enum ProtocolError {
     /// An inline line whose quotes do not close, or close before a non-space.
     #[error("unbalanced quotes in request")]
     UnbalancedQuotes,
+    /// A multibulk count over [`UNAUTHENTICATED_MAX_ARGS`] before authentication.
+    #[error("unauthenticated multibulk length")]
+    UnauthenticatedMultibulkLength,
+    /// A bulk length over [`UNAUTHENTICATED_MAX_BULK`] before authentication.
+    #[error("unauthenticated bulk length")]
+    UnauthenticatedBulkLength,
     /// A command that holds more than `resp.max_pending_bytes` (the connection's check).
     #[error("too big request")]
     TooBigRequest,
@@ -125,6 +140,8 @@ pub struct Parser {
     multibulk: Option<Multibulk>,
     /// How many bytes at the buffer's start were already searched for the current line's end.
     scanned: usize,
+    /// Whether the connection must still authenticate: Redis's tighter bounds apply.
+    unauthenticated: bool,
 }
 
 impl Parser {
@@ -134,7 +151,17 @@ impl Parser {
             limits,
             multibulk: None,
             scanned: 0,
+            unauthenticated: false,
         }
+    }
+
+    /// Whether the connection must still authenticate (tokens are configured and it has not
+    /// sent a good `AUTH`): from the next command on, a multibulk count over
+    /// [`UNAUTHENTICATED_MAX_ARGS`] or a bulk length over [`UNAUTHENTICATED_MAX_BULK`] is a
+    /// protocol error, as on Redis with `requirepass`: a client without a token cannot make a
+    /// connection hold more than a few kilobytes.
+    pub fn set_unauthenticated(&mut self, unauthenticated: bool) {
+        self.unauthenticated = unauthenticated;
     }
 
     /// Takes the next whole command out of `buf`: `Ok(None)` when `buf` holds no whole
@@ -167,6 +194,9 @@ impl Parser {
                     .ok()
                     .filter(|count| *count <= self.limits.max_args)
                     .ok_or(ProtocolError::InvalidMultibulkLength)?;
+                if self.unauthenticated && expected > UNAUTHENTICATED_MAX_ARGS {
+                    return Err(ProtocolError::UnauthenticatedMultibulkLength);
+                }
                 self.multibulk = Some(Multibulk {
                     args: Vec::with_capacity(expected.min(RESERVED_ARGS)),
                     expected,
@@ -193,6 +223,9 @@ impl Parser {
                         .and_then(|len| usize::try_from(len).ok())
                         .filter(|len| *len <= limits.max_bulk)
                         .ok_or(ProtocolError::InvalidBulkLength)?;
+                    if self.unauthenticated && len > UNAUTHENTICATED_MAX_BULK {
+                        return Err(ProtocolError::UnauthenticatedBulkLength);
+                    }
                     buf.advance(end + 2);
                     multibulk.bulk_len = Some(len);
                 }

@@ -12,8 +12,11 @@
 //!   most the bound) and its own `server.request_deadline`, from when it starts (a command late
 //!   in a long batch is not charged for those before it). A command refused at the bound is
 //!   answered `OVERLOADED …` and does nothing; the next command is still tried.
-//! - **Bounded memory.** Input: every length is bounded by the parser, the command being
-//!   received by `resp.max_pending_bytes`. Output: once the replies held pass
+//! - **Bounded memory.** Input: every length is bounded by the parser (by Redis's tighter
+//!   pre-authentication bounds until a connection on an instance with tokens authenticates),
+//!   the command being
+//!   received by `resp.max_pending_bytes`, and the buffer grows with the bytes that arrive,
+//!   never ahead of them by more than a read's room. Output: once the replies held pass
 //!   `resp.max_output_bytes` the rest of the batch waits until they are written; a write that
 //!   makes no progress for `resp.write_timeout` closes the connection. An idle connection holds
 //!   no output buffer and at most a small input one.
@@ -118,6 +121,8 @@ enum End {
 pub(super) struct Connection {
     /// Its id (`CLIENT ID`, the log span).
     pub(super) id: u64,
+    /// The client's address (the log span).
+    pub(super) peer: Option<std::net::SocketAddr>,
     /// The commands.
     pub(super) door: Door,
     /// The limits and timeouts.
@@ -139,8 +144,12 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let span = tracing::debug_span!("resp", conn = self.id);
+        let span = match self.peer {
+            Some(peer) => tracing::info_span!("resp", conn = self.id, %peer),
+            None => tracing::info_span!("resp", conn = self.id),
+        };
         async move {
+            tracing::debug!("connection opened");
             let end = self.run(&mut stream).await;
             match &end {
                 Ok(end) => tracing::debug!(?end, "connection closed"),
@@ -169,6 +178,7 @@ impl Connection {
         loop {
             let mut end = None;
             loop {
+                parser.set_unauthenticated(self.must_authenticate(&state));
                 let args = match parser.next(&mut input) {
                     Ok(Some(args)) => args,
                     Ok(None) => break,
@@ -204,7 +214,9 @@ impl Connection {
             if input.is_empty() && input.capacity() > LARGE_READ {
                 input = BytesMut::new();
             }
-            input.reserve(parser.wanted(&input).max(room));
+            // Room for what arrives, not for what a length declares: a `$1048576` with nothing
+            // after it costs a read's room, not a megabyte, until the bytes come.
+            input.reserve(parser.wanted(&input).min(LARGE_READ).max(room));
             let spare = input.capacity() - input.len();
             let idle = async {
                 match settings.idle_timeout {
@@ -262,6 +274,11 @@ impl Connection {
         after
     }
 
+    /// Whether `state` must still authenticate: tokens are configured and it has none.
+    fn must_authenticate(&self, state: &ConnState) -> bool {
+        state.auth.is_none() && self.door.state().tokens().load().is_some()
+    }
+
     /// Answers a protocol error (after the replies before it) and ends the connection.
     fn protocol_error(&self, err: &ProtocolError, output: &mut BytesMut) -> End {
         tracing::debug!(error = %err, "protocol error: closing the connection");
@@ -310,3 +327,6 @@ impl Connection {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

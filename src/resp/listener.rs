@@ -6,7 +6,8 @@
 //!   answered `-ERR max number of clients reached` and closed, counted, logged at most once a
 //!   second. Idle connections are never evicted to make room (a pool keeps them on purpose);
 //! - TLS with the listeners' acceptor (`server.tls_cert_file`), the handshake bounded by
-//!   `server.header_read_timeout`; over the bound a TLS client gets its refusal after a
+//!   `server.header_read_timeout`; a client whose first byte opens no handshake is answered in
+//!   clear that the port speaks TLS ([`PLAIN_ON_TLS`]) and closed; over the bound a TLS client gets its refusal after a
 //!   handshake too, on at most [`MAX_REFUSALS`] refusal tasks at once (beyond them it is closed
 //!   without a word);
 //! - `TCP_NODELAY`: a batch's replies go out in one write, and waiting for an ACK before the
@@ -42,6 +43,13 @@ use crate::http::ServerConfig;
 /// The reply to a connection over `resp.max_connections` (Redis's own text).
 pub const MAX_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
 
+/// The reply, in clear, to a client that does not open a TLS handshake on a TLS listener.
+pub const PLAIN_ON_TLS: &[u8] =
+    b"-ERR this port speaks TLS (server.tls_cert_file): connect with TLS, as redis-cli --tls does\r\n";
+
+/// The first byte of a TLS record carrying a handshake: every TLS client's first byte.
+const HANDSHAKE_RECORD: u8 = 0x16;
+
 /// How many connections over the bound may be getting their refusal over TLS at once.
 pub const MAX_REFUSALS: usize = 64;
 
@@ -64,9 +72,9 @@ pub(super) struct Signal {
     /// Wakes the connection's task (a permit is kept if it is not waiting).
     notify: Notify,
     /// The listener shuts down.
-    shut_down: AtomicBool,
+    pub(super) shut_down: AtomicBool,
     /// The token table changed: check the connection's token before its next command.
-    recheck: AtomicBool,
+    pub(super) recheck: AtomicBool,
 }
 
 impl Signal {
@@ -94,7 +102,7 @@ impl Signal {
 
 /// The open connections and the bound.
 #[derive(Debug)]
-struct Connections {
+pub(super) struct Connections {
     /// `resp.max_connections`.
     bound: usize,
     /// Each open connection's signal, by slot index.
@@ -115,8 +123,17 @@ struct Table {
 }
 
 impl Connections {
+    /// Room for `bound` connections, counted in `metrics`' gauge.
+    pub(super) fn new(bound: usize, metrics: RespMetrics) -> Arc<Connections> {
+        Arc::new(Connections {
+            bound,
+            table: Mutex::new(Table::default()),
+            metrics,
+        })
+    }
+
     /// A slot for a new connection, or `None` at the bound.
-    fn admit(self: &Arc<Self>, signal: Arc<Signal>) -> Option<Slot> {
+    pub(super) fn admit(self: &Arc<Self>, signal: Arc<Signal>) -> Option<Slot> {
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         if table.live >= self.bound {
             return None;
@@ -140,7 +157,7 @@ impl Connections {
     }
 
     /// Raises the flag `pick` chooses on every open connection.
-    fn tell_all(&self, pick: impl Fn(&Signal) -> &AtomicBool) {
+    pub(super) fn tell_all(&self, pick: impl Fn(&Signal) -> &AtomicBool) {
         let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         for signal in table.entries.iter().flatten() {
             signal.raise(pick(signal));
@@ -218,11 +235,7 @@ impl RespListener {
             tcp,
             door,
             settings: Arc::new(settings),
-            connections: Arc::new(Connections {
-                bound: resp.max_connections,
-                table: Mutex::new(Table::default()),
-                metrics: metrics.clone(),
-            }),
+            connections: Connections::new(resp.max_connections, metrics.clone()),
             metrics,
             tls,
             next_id: AtomicU64::new(1),
@@ -238,19 +251,22 @@ impl RespListener {
         let overload = self.door.state().inner().limits.clone();
         let mut refusals = Throttle::default();
         let mut accept_errors = Throttle::default();
+        // False once the table's sender is gone (it lives as long as the state): no more changes.
+        let mut watching = true;
         loop {
             let accepted = tokio::select! {
                 () = shutdown.cancelled() => break,
-                changed = tokens.changed() => {
-                    if changed.is_ok() {
-                        self.connections.tell_all(|signal| &signal.recheck);
+                changed = tokens.changed(), if watching => {
+                    match changed {
+                        Ok(()) => self.connections.tell_all(|signal| &signal.recheck),
+                        Err(_) => watching = false,
                     }
                     continue;
                 }
                 accepted = self.tcp.accept() => accepted,
             };
-            let stream = match accepted {
-                Ok((stream, _peer)) => stream,
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
                 Err(err) => {
                     if is_connection_error(&err) {
                         continue;
@@ -276,6 +292,7 @@ impl RespListener {
             };
             let connection = Connection {
                 id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                peer: Some(peer),
                 door: self.door.clone(),
                 settings: self.settings.clone(),
                 overload: overload.clone(),
@@ -291,6 +308,11 @@ impl RespListener {
                     let tls = tls.clone();
                     let timeout = self.settings.handshake_timeout;
                     tasks.spawn(async move {
+                        if !opens_handshake(&stream, timeout).await {
+                            tracing::debug!(conn = connection.id, "a clear-text client on the TLS port");
+                            let _ = stream.try_write(PLAIN_ON_TLS);
+                            return;
+                        }
                         match tokio::time::timeout(timeout, tls.accept(stream)).await {
                             Ok(Ok(stream)) => connection.serve(stream).await,
                             Ok(Err(err)) => {
@@ -335,6 +357,16 @@ impl RespListener {
             .await;
             refusals.fetch_sub(1, Ordering::AcqRel);
         });
+    }
+}
+
+/// Whether the client's first byte (waited for within `timeout`) opens a TLS handshake; true
+/// when it cannot be told (the handshake then fails on its own).
+async fn opens_handshake(stream: &TcpStream, timeout: Duration) -> bool {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => first[0] == HANDSHAKE_RECORD,
+        _ => true,
     }
 }
 

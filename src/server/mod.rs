@@ -141,7 +141,7 @@ impl Service {
                 "api tokens loaded: every endpoint but /healthz and /readyz needs a bearer token"
             ),
             None if config.serves_unauthenticated_publicly() => {
-                tracing::warn!(listen = %config.server.listen, "server.allow_unauthenticated: serving without tokens on a non-loopback address: anyone who reaches it can read and write every key")
+                tracing::warn!(listen = %config.server.listen, resp = ?config.resp.listen, "server.allow_unauthenticated: serving without tokens on a non-loopback address: anyone who reaches it can read and write every key")
             }
             None => {}
         }

@@ -393,3 +393,170 @@ async fn ten_thousand_idle_connections_stay_open_and_each_still_answers() {
             .join("\n")
     );
 }
+
+/// Runs `redis-cli ARGS…` and returns its stdout and stderr together.
+async fn redis_cli(args: Vec<String>) -> String {
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("redis-cli")
+            .args(args)
+            .output()
+            .expect("run redis-cli")
+    })
+    .await
+    .expect("join redis-cli");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_listener_tls_the_redis_port_speaks_tls_to_redis_cli() {
+    let files = &crate::tls_pki::pki().files;
+    let port = harness::free_port();
+    let mut config = harness::config_from_toml(&format!(
+        "[server]\ntls_cert_file = {:?}\ntls_key_file = {:?}\n[resp]\nlisten = \"127.0.0.1:{port}\"\n",
+        files.cert_file.display().to_string(),
+        files.key_file.display().to_string()
+    ));
+    config.server.drain_delay = Duration::ZERO;
+    // Not `Service::start`: its readiness poll speaks plain HTTP.
+    let service = harness::Service::spawn(config).await;
+    let tls_args = |command: &str| {
+        vec![
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            files.ca_file.display().to_string(),
+            "-h".to_owned(),
+            "127.0.0.1".to_owned(),
+            "-p".to_owned(),
+            port.to_string(),
+            command.to_owned(),
+        ]
+    };
+    // A command's reply (PONG, or the skeleton's ERR not yet), never a connection error.
+    let answer = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    harness::poll("redis-cli --tls gets a reply", REPLY_WITHIN, || {
+        let args = tls_args("PING");
+        let answer = answer.clone();
+        async move {
+            let text = redis_cli(args).await;
+            let replied = text.contains("PONG") || text.contains("ERR not yet");
+            *answer.lock().unwrap() = text;
+            replied
+        }
+    })
+    .await;
+    let answer = answer.lock().unwrap().clone();
+    assert!(!answer.contains("Could not connect"), "{answer}");
+    // In clear, the client is told, in clear, to use TLS.
+    let plain = redis_cli(vec![
+        "-h".to_owned(),
+        "127.0.0.1".to_owned(),
+        "-p".to_owned(),
+        port.to_string(),
+        "PING".to_owned(),
+    ])
+    .await;
+    assert!(plain.contains("this port speaks TLS"), "{plain}");
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_connection_over_the_bound_is_told_over_tls() {
+    let files = &crate::tls_pki::pki().files;
+    let port = harness::free_port();
+    let mut config = harness::config_from_toml(&format!(
+        "[server]\ntls_cert_file = {:?}\ntls_key_file = {:?}\n[resp]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = 1\n",
+        files.cert_file.display().to_string(),
+        files.key_file.display().to_string()
+    ));
+    config.server.drain_delay = Duration::ZERO;
+    let service = harness::Service::spawn(config).await;
+    let client = hotsplit::tls::client_config(Some(&files.ca_file), None).expect("a tls client");
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client));
+    let address = SocketAddr::from(([127, 0, 0, 1], port));
+    let connect = || {
+        let connector = connector.clone();
+        async move {
+            let tcp = TcpStream::connect(address).await.ok()?;
+            let name =
+                rustls::pki_types::ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+            connector.connect(name, tcp).await.ok()
+        }
+    };
+    /// The bytes a TLS connection reads until the server closes it or `bytes` arrived.
+    async fn read_some(
+        stream: &mut tokio_rustls::client::TlsStream<TcpStream>,
+        until: &[u8],
+    ) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 512];
+        while !got.ends_with(until) {
+            match tokio::time::timeout(REPLY_WITHIN, stream.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(read)) => got.extend_from_slice(&chunk[..read]),
+                Err(_) => panic!("nothing within {REPLY_WITHIN:?}: {got:?}"),
+            }
+        }
+        got
+    }
+    // The first connection holds the one slot once it has an answer (polled: the service
+    // is still starting).
+    let give_up = tokio::time::Instant::now() + REPLY_WITHIN;
+    let held = loop {
+        if let Some(mut stream) = connect().await {
+            if stream.write_all(b"PING\r\n").await.is_ok()
+                && !read_some(&mut stream, b"\r\n").await.is_empty()
+            {
+                break stream;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the TLS Redis port never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut refused = connect().await.expect("a TLS handshake over the bound");
+    let reply = read_some(&mut refused, b"\r\n").await;
+    assert_eq!(reply, b"-ERR max number of clients reached\r\n");
+    drop(held);
+    service.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_auth_redis_tighter_input_bounds_apply_and_after_it_the_configured_ones() {
+    const TOKEN: &str = "resp-conn-token-0123456789abcdef";
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("plain:{TOKEN} read,write # conn\n")).expect("tokens");
+    let (service, address) = start(&format!(
+        "[auth]\ntokens_file = {:?}\n",
+        tokens.display().to_string()
+    ))
+    .await;
+    let big = "x".repeat(20 * 1024);
+    for (junk, text) in [
+        (
+            command(&["MGET", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]),
+            "unauthenticated multibulk length",
+        ),
+        (command(&["ECHO", &big]), "unauthenticated bulk length"),
+    ] {
+        let mut client = Client::connect(address).await;
+        client.send(&junk).await;
+        assert_eq!(
+            client.reply().await,
+            Value::Error(format!("ERR Protocol error: {text}"))
+        );
+        client.closed().await;
+    }
+    let mut client = Client::connect(address).await;
+    client.send(&command(&["AUTH", TOKEN])).await;
+    assert_eq!(client.reply().await, Value::Simple("OK".into()));
+    client.send(&command(&["ECHO", &big])).await;
+    assert_eq!(client.reply().await, Value::Bulk(Some(big.into_bytes())));
+    service.stop().await;
+}

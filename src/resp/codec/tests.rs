@@ -249,3 +249,42 @@ fn lengths_parse_as_string2ll_does() {
         assert_eq!(parse_int(bad), None, "{bad:?}");
     }
 }
+
+#[test]
+fn before_authentication_redis_tighter_bounds_apply() {
+    let mut parser = Parser::new(Limits {
+        max_bulk: 1 << 20,
+        max_args: 64,
+        max_inline: 1024,
+    });
+    parser.set_unauthenticated(true);
+    let mut many = BytesMut::from(&b"*11\r\n"[..]);
+    assert_eq!(
+        parser.next(&mut many).unwrap_err().to_string(),
+        "unauthenticated multibulk length"
+    );
+    let mut parser = Parser::new(Limits {
+        max_bulk: 1 << 20,
+        max_args: 64,
+        max_inline: 1024,
+    });
+    parser.set_unauthenticated(true);
+    let mut ok = BytesMut::from(&b"*2\r\n$4\r\nAUTH\r\n$5\r\ntoken\r\n*1\r\n$16385\r\n"[..]);
+    assert_eq!(
+        parser.next(&mut ok).unwrap(),
+        Some(args(&["AUTH", "token"]))
+    );
+    assert_eq!(
+        parser.next(&mut ok).unwrap_err(),
+        ProtocolError::UnauthenticatedBulkLength
+    );
+    // Once authenticated, the configured bounds.
+    let mut parser = Parser::new(Limits {
+        max_bulk: 1 << 20,
+        max_args: 64,
+        max_inline: 1024,
+    });
+    parser.set_unauthenticated(false);
+    let mut big = BytesMut::from(&b"*11\r\n$16385\r\n"[..]);
+    assert_eq!(parser.next(&mut big).unwrap(), None);
+}
