@@ -42,6 +42,43 @@ if [ -z "${HOTSPLIT_VALKEY_SERVER:-}" ]; then
 fi
 echo "test.sh: $("$HOTSPLIT_VALKEY_SERVER" --version)"
 
+# Redis clients nobody here wrote, for the RESP door's tests (tests/integration/resp_clients.rs):
+# redis-py from PyPI into a venv under target/, ioredis from npm under target/ (run by Debian's
+# node). The tests find them through HOTSPLIT_REDIS_PY (that venv's python) and
+# HOTSPLIT_IOREDIS_NODE_PATH (the node_modules folder), and with HOTSPLIT_REQUIRE_RESP_CLIENTS
+# set fail rather than skip when one is missing.
+REDIS_PY_VERSION=8.1.0
+IOREDIS_VERSION=6.0.0
+resp_py_venv=target/resp-py-venv
+resp_node=target/resp-node
+if [ -z "${HOTSPLIT_REDIS_PY:-}" ]; then
+    if ! "$resp_py_venv/bin/python" -c "import redis, sys; sys.exit(redis.__version__ != '$REDIS_PY_VERSION')" 2>/dev/null; then
+        echo "test.sh: installing redis==$REDIS_PY_VERSION (PyPI) into $resp_py_venv ..."
+        rm -rf "$resp_py_venv"
+        python3 -m venv "$resp_py_venv"
+        "$resp_py_venv/bin/pip" install --quiet --disable-pip-version-check "redis==$REDIS_PY_VERSION"
+    fi
+    HOTSPLIT_REDIS_PY="$(pwd)/$resp_py_venv/bin/python"
+    export HOTSPLIT_REDIS_PY
+fi
+if [ -z "${HOTSPLIT_IOREDIS_NODE_PATH:-}" ]; then
+    if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+        sudo_cmd=""
+        if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+        $sudo_cmd apt-get update -qq
+        $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    fi
+    if [ "$(node -p "require('./$resp_node/node_modules/ioredis/package.json').version" 2>/dev/null)" != "$IOREDIS_VERSION" ]; then
+        echo "test.sh: installing ioredis@$IOREDIS_VERSION (npm) into $resp_node ..."
+        mkdir -p "$resp_node"
+        npm install --silent --no-audit --no-fund --prefix "$resp_node" "ioredis@$IOREDIS_VERSION"
+    fi
+    HOTSPLIT_IOREDIS_NODE_PATH="$(pwd)/$resp_node/node_modules"
+    export HOTSPLIT_IOREDIS_NODE_PATH
+fi
+export HOTSPLIT_REQUIRE_RESP_CLIENTS=1
+echo "test.sh: redis-py $REDIS_PY_VERSION, ioredis $IOREDIS_VERSION, $(node --version)"
+
 # Every workspace member's tests run (the hotsplit package, devcluster, redis-info).
 # Integration tests mostly wait on Redis and the network, so run more of them at once than
 # there are cores; fault-injection tests each start their own cluster. Four at once on two cores:

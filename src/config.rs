@@ -30,6 +30,7 @@ pub use crate::http::config::AdminConfig;
 pub use crate::http::ServerConfig;
 pub use crate::near::NearCacheConfig;
 pub use crate::read::ReadConfig;
+pub use crate::resp::RespConfig;
 pub use crate::route::{ClassConfig, RouteConfig};
 pub use crate::store::StoreConfig;
 
@@ -41,6 +42,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// The admin listener.
     pub admin: AdminConfig,
+    /// The Redis-protocol listener (`[resp]`), off unless `resp.listen` is set.
+    pub resp: RespConfig,
     /// The store: embedded, or Redis.
     pub store: StoreConfig,
     /// The read path.
@@ -116,6 +119,17 @@ impl Config {
                     self.server.listen
                 ),
             ));
+        }
+        self.resp.validate(self.server.max_value_bytes)?;
+        if let Some(resp) = self.resp.listen {
+            if resp == self.server.listen || Some(resp) == self.admin.listen {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "resp.listen: must differ from server.listen and admin.listen ({resp})"
+                    ),
+                ));
+            }
         }
         self.store.validate()?;
         if self.read.fallback_copies > MAX_COPIES {
@@ -195,6 +209,7 @@ impl Config {
         let listeners = [
             ("server.listen", Some(self.server.listen)),
             ("admin.listen", self.admin.listen),
+            ("resp.listen", self.resp.listen),
         ];
         for (field, listen) in listeners {
             let Some(listen) = listen else { continue };
@@ -248,7 +263,23 @@ impl Config {
 
     /// Whether `serve` answers every caller on a non-loopback address (the startup WARN).
     pub fn serves_unauthenticated_publicly(&self) -> bool {
-        self.auth.tokens_file.is_none() && !self.server.listen.ip().is_loopback()
+        let public = !self.server.listen.ip().is_loopback()
+            || self
+                .resp
+                .listen
+                .is_some_and(|resp| !resp.ip().is_loopback());
+        self.auth.tokens_file.is_none() && public
+    }
+
+    /// Checks that every listener's connection bound (`server.max_connections`, the admin
+    /// listener's, `resp.max_connections` when `resp.listen` is set) fits under `open_files`,
+    /// the process's open-file limit.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] naming the fields and the limit.
+    pub fn check_file_limit(&self, open_files: u64) -> Result<()> {
+        self.server
+            .check_file_limit(open_files, self.resp.connections_held())
     }
 
     /// The longest TTL of any family, the default family's included.
@@ -508,6 +539,33 @@ mod tests {
         assert_eq!(back.families.len(), config.families.len());
         assert_eq!(back.store.command_timeout, config.store.command_timeout);
         assert_eq!(back.classes.len(), config.classes.len());
+    }
+
+    #[test]
+    fn the_resp_listener_follows_the_exposure_rules_and_counts_in_the_file_limit() {
+        let public = Config::from_toml("[resp]\nlisten = \"0.0.0.0:6380\"\n").unwrap();
+        let err = public.validate().unwrap_err();
+        assert!(
+            err.to_string().contains("resp.listen 0.0.0.0:6380"),
+            "{err}"
+        );
+        assert!(public.serves_unauthenticated_publicly());
+        let open = Config::from_toml(
+            "[server]\nallow_unauthenticated = true\n[resp]\nlisten = \"0.0.0.0:6380\"\n",
+        )
+        .unwrap();
+        open.validate().unwrap();
+        let same = Config::from_toml("[resp]\nlisten = \"127.0.0.1:7070\"\n").unwrap();
+        let err = same.validate().unwrap_err();
+        assert!(
+            err.to_string().contains("resp.listen: must differ"),
+            "{err}"
+        );
+        let local = Config::from_toml("[resp]\nlisten = \"127.0.0.1:6380\"\n").unwrap();
+        local.validate().unwrap();
+        assert!(Config::default().check_file_limit(11_000).is_ok());
+        let err = local.check_file_limit(11_000).unwrap_err();
+        assert!(err.to_string().contains("resp.max_connections"), "{err}");
     }
 
     #[test]

@@ -126,12 +126,21 @@ impl AuthConfig {
 }
 
 /// The token table requests are checked against: `None` when no tokens are configured. Cheap
-/// to clone (one shared pointer); a reload stores a new table, and a request in flight keeps
-/// the one it loaded.
-#[derive(Debug, Clone, Default)]
+/// to clone (two shared pointers); a reload stores a new table, and a request in flight keeps
+/// the one it loaded. Long-lived connections (the Redis-protocol door's) authenticate once, so
+/// each store also bumps a generation they watch ([`TokenTable::changes`]) to check again.
+#[derive(Debug, Clone)]
 pub struct TokenTable {
     /// The current table; read without a lock (`arc-swap`) on every request.
     current: Arc<ArcSwapOption<Tokens>>,
+    /// How many times the table was stored into, for whoever must check again.
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for TokenTable {
+    fn default() -> TokenTable {
+        TokenTable::new(None)
+    }
 }
 
 impl TokenTable {
@@ -139,12 +148,22 @@ impl TokenTable {
     pub fn new(tokens: Option<Tokens>) -> TokenTable {
         TokenTable {
             current: Arc::new(ArcSwapOption::new(tokens.map(Arc::new))),
+            generation: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
 
-    /// Replaces the table; requests that start afterwards are checked against `tokens`.
+    /// Replaces the table; requests that start afterwards are checked against `tokens`, and
+    /// every [`TokenTable::changes`] receiver is told.
     pub fn store(&self, tokens: Option<Tokens>) {
         self.current.store(tokens.map(Arc::new));
+        self.generation
+            .send_modify(|generation| *generation = generation.wrapping_add(1));
+    }
+
+    /// A receiver that sees a change each time the table is stored into (after the new table
+    /// is in place).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
     }
 
     /// The current table.

@@ -55,7 +55,7 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(err) = open_file_limit().and_then(|limit| config.server.check_file_limit(limit)) {
+    if let Err(err) = open_file_limit().and_then(|limit| config.check_file_limit(limit)) {
         eprintln!("hotsplit: invalid configuration: {err}");
         return ExitCode::from(2);
     }

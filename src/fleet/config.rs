@@ -95,6 +95,11 @@ pub struct SessionConfig {
     /// SameSite=Strict; Path=/v1/keys`) and read it from one when no header comes, for browser
     /// clients. Default: false.
     pub cookie: bool,
+    /// The bytes of the instance-wide per-key high-water (`ops::HighWater`): the floor of reads
+    /// that name no client (pooled Redis-protocol connections), 0..=1 GiB (a small value is
+    /// raised to the sketch's smallest, 24 KiB; fewer bytes over-state more floors, never
+    /// fewer). Default: 1 MiB.
+    pub high_water_bytes: u64,
 }
 
 impl Default for SessionConfig {
@@ -102,6 +107,7 @@ impl Default for SessionConfig {
         SessionConfig {
             max_keys: 32,
             cookie: false,
+            high_water_bytes: crate::ops::high_water::DEFAULT_BYTES,
         }
     }
 }
@@ -122,9 +128,21 @@ impl SessionConfig {
                 ),
             ));
         }
+        if self.high_water_bytes > MAX_HIGH_WATER_BYTES {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "session.high_water_bytes: must be at most {MAX_HIGH_WATER_BYTES} (1 GiB), got {}",
+                    self.high_water_bytes
+                ),
+            ));
+        }
         Ok(())
     }
 }
+
+/// The largest `session.high_water_bytes`.
+const MAX_HIGH_WATER_BYTES: u64 = 1 << 30;
 
 #[cfg(test)]
 mod tests {
@@ -164,5 +182,14 @@ mod tests {
                 .to_string()
                 .contains("session.max_keys"));
         }
+        let huge = SessionConfig {
+            high_water_bytes: (1 << 30) + 1,
+            ..SessionConfig::default()
+        };
+        assert!(huge
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("session.high_water_bytes"));
     }
 }

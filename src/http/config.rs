@@ -272,21 +272,32 @@ impl ServerConfig {
 
     /// Checks that the listeners' connection bounds fit under `open_files`, the process's
     /// open-file limit, with [`RESERVED_FILES`] left for Redis connections, the spool and the
-    /// listening sockets.
+    /// listening sockets; `resp_connections` is the Redis-protocol listener's bound (0 when it
+    /// is off).
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] naming `server.max_connections` and the limit.
-    pub fn check_file_limit(&self, open_files: u64) -> Result<()> {
+    /// [`ErrorKind::Config`] naming `server.max_connections` (and `resp.max_connections` when
+    /// it counts) and the limit.
+    pub fn check_file_limit(&self, open_files: u64, resp_connections: usize) -> Result<()> {
         let needed = self.max_connections as u64
             + crate::http::listener::ADMIN_MAX_CONNECTIONS as u64
+            + resp_connections as u64
             + RESERVED_FILES;
         if needed > open_files {
+            let resp = if resp_connections > 0 {
+                format!(
+                    ", {resp_connections} for the Redis-protocol listener (resp.max_connections)"
+                )
+            } else {
+                String::new()
+            };
             return Err(Error::new(
                 ErrorKind::Config,
                 format!(
-                    "server.max_connections: {} connections (plus {} for the admin listener and {RESERVED_FILES} kept for Redis and files) need {needed} open files, but the limit is {open_files}; lower server.max_connections or raise the limit (ulimit -n, LimitNOFILE=)",
+                    "server.max_connections: {} connections (plus {} for the admin listener{resp} and {RESERVED_FILES} kept for Redis and files) need {needed} open files, but the limit is {open_files}; lower server.max_connections{} or raise the limit (ulimit -n, LimitNOFILE=)",
                     self.max_connections,
                     crate::http::listener::ADMIN_MAX_CONNECTIONS,
+                    if resp_connections > 0 { " or resp.max_connections" } else { "" },
                 ),
             ));
         }
@@ -321,8 +332,10 @@ mod tests {
         let err = small_head.validate().unwrap_err();
         assert!(err.to_string().contains("server.max_header_bytes"), "{err}");
         let default = ServerConfig::default();
-        assert!(default.check_file_limit(20_000).is_ok());
-        let err = default.check_file_limit(1024).unwrap_err();
+        assert!(default.check_file_limit(20_000, 0).is_ok());
+        let err = default.check_file_limit(20_000, 10_000).unwrap_err();
+        assert!(err.to_string().contains("resp.max_connections"), "{err}");
+        let err = default.check_file_limit(1024, 0).unwrap_err();
         assert!(err.to_string().contains("server.max_connections"), "{err}");
         assert!(err.to_string().contains("1024"), "{err}");
     }

@@ -45,7 +45,7 @@ mod latency;
 pub mod listener;
 pub mod openapi;
 mod openapi_edge;
-mod overload;
+pub(crate) mod overload;
 mod params;
 pub mod probes;
 pub mod problem;

@@ -168,6 +168,29 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Takes an in-flight slot for a request that is not an HTTP request (a command of the
+    /// Redis-protocol door): the same counter and bound as HTTP's, so both doors together hold
+    /// at most `server.max_in_flight`. `Ok(None)` when there is no bound; `Err(bound)` when it
+    /// is reached (nothing was counted; the caller counts its own refusal).
+    pub(crate) fn enter(self: &Arc<Self>) -> Result<Option<InFlight>, usize> {
+        let Some(bound) = self.limits.max_in_flight else {
+            return Ok(None);
+        };
+        let before = self.in_flight.inc();
+        let slot = InFlight(self.clone());
+        if usize::try_from(before).is_ok_and(|before| before >= bound) {
+            return Err(bound);
+        }
+        Ok(Some(slot))
+    }
+
+    /// `server.request_deadline`; `None` when it is `0s`.
+    pub(crate) fn request_deadline(&self) -> Option<Duration> {
+        self.limits.request_deadline
+    }
+}
+
 impl OverloadLayer {
     pub(super) fn new(shared: Arc<Shared>) -> OverloadLayer {
         OverloadLayer { shared }
@@ -196,7 +219,7 @@ pub(super) struct OverloadService<S> {
 
 /// One counted request in flight; dropping it (the answer is ready, or the client went away)
 /// gives the slot back.
-pub(super) struct InFlight(Arc<Shared>);
+pub(crate) struct InFlight(Arc<Shared>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {

@@ -14,6 +14,10 @@
 //!   floor anywhere (not in the session, not in the instance's own-write or request pin, and
 //!   the publisher offered nothing to the near cache); one that landed or queued leaves exactly
 //!   its version, until the last copy it applied or queued expires.
+//! - **The instance-wide high-water** ([`HighWater`]): the version of every read answer and
+//!   of every publish that left a floor is recorded, whichever door called; a door reads it
+//!   as the floor of a read that names no client of its own (the Redis door's pooled
+//!   connections).
 //! - **The publisher call**: a value or a tombstone, with or without a replica wait, with or
 //!   without a deadline ([`PublishCall`]).
 //! - Identity and class: a read's client id and class name go to the read path as given;
@@ -38,12 +42,14 @@
 //! carries is one [`ClientSession`] passed to each of its commands in turn, so a read in a
 //! batch sees the floor a write before it left.
 
+pub mod high_water;
 mod publish;
 mod read;
 mod session;
 
 use std::sync::Arc;
 
+pub use high_water::HighWater;
 pub use publish::{Edit, FloorLeft, PublishCall, PublishOutcome, Writer};
 pub use read::ReadCall;
 pub use session::ClientSession;
@@ -69,18 +75,38 @@ struct Parts {
     reader: Reader,
     /// Session tokens: decoded on the way in, encoded on the way out.
     sessions: Arc<Sessions>,
+    /// The highest version of each key answered or accepted here (both doors record into it).
+    high_water: HighWater,
 }
 
 impl Ops {
-    /// The operations over `publisher`, `reader` and `sessions`.
+    /// The operations over `publisher`, `reader` and `sessions`, with a high-water of
+    /// [`high_water::DEFAULT_BYTES`].
     pub fn new(publisher: Publisher, reader: Reader, sessions: Arc<Sessions>) -> Ops {
+        Ops::with_high_water(publisher, reader, sessions, HighWater::default())
+    }
+
+    /// The operations over `publisher`, `reader`, `sessions` and `high_water`.
+    pub fn with_high_water(
+        publisher: Publisher,
+        reader: Reader,
+        sessions: Arc<Sessions>,
+        high_water: HighWater,
+    ) -> Ops {
         Ops {
             parts: Arc::new(Parts {
                 publisher,
                 reader,
                 sessions,
+                high_water,
             }),
         }
+    }
+
+    /// The instance-wide per-key high-water ([`HighWater`]): every read answer and every
+    /// publish that left a floor is recorded into it.
+    pub fn high_water(&self) -> &HighWater {
+        &self.parts.high_water
     }
 
     /// The publisher.

@@ -141,6 +141,8 @@ impl Ops {
                 written: true,
             };
             session.record(sessions, written, now_ms);
+            self.high_water()
+                .record(&key, floor.version, floor.expire_at_ms, now_ms);
         }
         Ok(PublishOutcome {
             report,

@@ -74,6 +74,8 @@ impl Ops {
             written: false,
         };
         session.record(sessions, floor, now_ms);
+        self.high_water()
+            .record(&request.key, *version, *expire_at_ms, now_ms);
         Ok(answer)
     }
 }

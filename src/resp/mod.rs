@@ -2,16 +2,24 @@
 //! existing Redis clients read and publish through the same operations layer as HTTP
 //! ([`crate::ops`]); it parses and renders, and decides nothing a read or a publish means.
 //!
+//! - [`config`]: the `[resp]` section.
 //! - [`codec`]: the bounded request parser (multibulk and inline) and the reply encoder.
 //! - `conn`: one connection's loop: read, parse every complete command, run them in order,
 //!   write their replies together.
-//! - `listener`: the accept loop: the connection bound, TLS, drain.
+//! - [`listener`]: the accept loop: the connection bound, TLS, token revocation, drain.
+//! - [`metrics`]: the `hotsplit_resp_*` metrics.
 //! - [`command`]: what each command does for a connection ([`command::Door::execute`]).
 //! - [`reply`]: the replies, independent of the protocol version.
 
 pub mod codec;
 pub mod command;
+pub mod config;
+mod conn;
+pub mod listener;
+pub mod metrics;
 pub mod reply;
 
 pub use command::{After, ConnState, Door};
+pub use config::RespConfig;
+pub use listener::RespListener;
 pub use reply::{Proto, Reply};

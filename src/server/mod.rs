@@ -20,6 +20,10 @@
 //! - `state`: the HTTP state's parts and [`app_state`];
 //! - `store`: the connected store and the roles each part gets;
 //! - `purger`: the embedded store's purger.
+//!
+//! The Redis-protocol listener (`[resp] listen`) is bound and started by `serve` beside the
+//! HTTP listeners, on the same tracker and cancel token, over the same state
+//! ([`crate::resp::Door`]).
 
 mod purger;
 mod serve;
@@ -77,6 +81,8 @@ pub struct Service {
     advertise: Option<String>,
     /// `[admin] listen`: where the admin routes are served, apart from the data routes.
     admin_listen: Option<SocketAddr>,
+    /// `[resp]`: the Redis-protocol listener, served when `resp.listen` is set.
+    resp: crate::resp::RespConfig,
     /// The listeners' TLS, from `server.tls_cert_file` and `server.tls_key_file`.
     tls: Option<TlsAcceptor>,
     /// Applies a reloaded config to the running parts (tokens, classes, log filter).
@@ -318,6 +324,7 @@ impl Service {
         };
         Ok(Service {
             admin_listen: config.admin.listen,
+            resp: config.resp.clone(),
             tls,
             server: config.server.clone(),
             state,

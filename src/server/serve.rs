@@ -12,6 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::http::listener::{ConnectionMetrics, Listener, ListenerMetrics, Role};
 use crate::http::{admin_app, app, data_app};
 use crate::reload::HangupReloader;
+use crate::resp::{Door, RespListener};
 use crate::route::WarmUpWatch;
 
 impl Service {
@@ -81,6 +82,7 @@ impl Service {
             registry,
             advertise,
             admin_listen: _,
+            resp,
             tls,
             reloader,
             config_source,
@@ -100,6 +102,18 @@ impl Service {
                 spool_owner.close().await;
                 return Err(err.into());
             }
+        };
+        // The Redis-protocol listener is bound here, before any task starts, so a port that is
+        // taken fails the start as a taken HTTP port does.
+        let resp_listener = match resp.listen {
+            Some(address) => match bind(address).await {
+                Ok(tcp) => Some(tcp),
+                Err(err) => {
+                    spool_owner.close().await;
+                    return Err(err);
+                }
+            },
+            None => None,
         };
         if let Some(purger) = background.purger {
             tracker.spawn(purger.run(cancel.clone()));
@@ -170,6 +184,24 @@ impl Service {
                 tls.clone(),
             );
             tracker.spawn(admin.run(cancel.clone(), tracker.clone()));
+        }
+        if let Some(tcp) = resp_listener {
+            match tcp.local_addr() {
+                Ok(address) => {
+                    tracing::info!(listen = %address, tls = tls.is_some(), "serving the Redis protocol")
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "the Redis-protocol listener has no local address")
+                }
+            }
+            let listener = RespListener::new(
+                tcp,
+                Door::new(drain_state.clone()),
+                &resp,
+                &server,
+                tls.clone(),
+            );
+            tracker.spawn(listener.run(cancel.clone(), tracker.clone()));
         }
         let scheme = if tls.is_some() { "https" } else { "http" };
         match admin_local {

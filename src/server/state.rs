@@ -17,7 +17,7 @@ use crate::heal::{
 use crate::http::{AppParts, AppState, RequestLimits};
 use crate::metrics::Metrics;
 use crate::near::{NearCache, NearMetrics};
-use crate::ops::Ops;
+use crate::ops::{HighWater, Ops};
 use crate::publish::Publisher;
 use crate::read::Reader;
 use crate::route::{LagTable, Route, RouteMetrics, Router, WarmUp};
@@ -131,7 +131,12 @@ impl StateParts {
             reader = reader.with_near_cache(near);
         }
         let state = AppState::new(AppParts {
-            ops: Ops::new(publisher, reader, sessions),
+            ops: Ops::with_high_water(
+                publisher,
+                reader,
+                sessions,
+                HighWater::with_bytes(config.session.high_water_bytes),
+            ),
             store: probe,
             fleet,
             metrics,

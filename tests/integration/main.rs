@@ -31,6 +31,7 @@ mod redis_security;
 mod redis_store;
 mod reload;
 mod resize;
+mod resp_conn;
 mod route;
 mod scrub;
 mod session;

@@ -1,12 +1,117 @@
-//! What each command does for a connection (to be written): the handshake, reads and writes
-//! through [`crate::ops`], transactions, and the refusals.
+//! What each command does for a connection: the handshake, reads and writes through
+//! [`crate::ops`], transactions, and the refusals. The connection loop (`resp::conn`) calls
+//! [`Door::execute`] once per command, in order, with the connection's [`ConnState`].
+//!
+//! # Commands
+//! Names are case-insensitive; an argument count Redis would refuse answers
+//! `ERR wrong number of arguments for 'get' command`. Answers are the same in RESP2 and RESP3
+//! except where a map is named: RESP3 `%` map, RESP2 a flat array of name, value pairs (as
+//! `HGETALL` answers); nil is `$-1` (RESP2) or `_` (RESP3).
+//!
+//! **Connection** (`connection.rs`)
+//! - `HELLO [2|3] [AUTH user password] [SETNAME name]`: switches the protocol and answers the
+//!   map Redis answers (`server` redis, `version` 7.2.0, `proto`, `id`, `mode` standalone,
+//!   `role` master, `modules` []). Another version: `NOPROTO unsupported protocol version`.
+//!   Without `AUTH` on an unauthenticated connection with tokens: `NOAUTH HELLO must be called
+//!   with the client already authenticated, …` (go-redis then falls back to RESP2).
+//! - `AUTH [user] password`: the password is an API token (`[auth] tokens_file`), the user
+//!   `default` or absent; its scopes apply per command (`read`: `GET`, `MGET`, `EXISTS`,
+//!   `TTL`, `PTTL`, `HOTSPLIT.READ`; `write`: `SET`, `DEL`, `UNLINK`, `HOTSPLIT.PUBLISH`,
+//!   `HOTSPLIT.INVALIDATE`; any token: the rest). A wrong token or user:
+//!   `WRONGPASS invalid username-password pair or user is disabled.`; a command before it:
+//!   `NOAUTH Authentication required.`; a missing scope: `NOPERM User NAME has no
+//!   permissions to run the 'set' command (the token lacks the write scope)`. With no tokens
+//!   configured no command needs one, and `AUTH` answers `+OK` whatever it is sent.
+//! - `PING [message]` (`+PONG` or the message), `ECHO message`, `QUIT` (`+OK`, then the
+//!   connection closes), `SELECT 0` (others: `ERR DB index is out of range`).
+//! - `RESET`: `+RESET`; back to RESP2, unauthenticated (with tokens), no name, no client id,
+//!   no class, no session floors, no transaction.
+//! - `CLIENT SETNAME name` (a label only: never a client id), `GETNAME`, `ID`, `INFO` (a
+//!   verbatim string), `SETINFO LIB-NAME|LIB-VER value`, `NO-EVICT on|off`, `NO-TOUCH on|off`
+//!   (`+OK`, nothing to do); `CLIENT TRACKING` and other subcommands are refused.
+//! - `HOTSPLIT.CLIENT [id]`: sets (or, without an argument, answers) the connection's client
+//!   id, which chooses its affine copy and carries its own-write floors. Without one a
+//!   connection reads as `INSTANCE/resp/CONNECTION-ID` and its reads take the instance's
+//!   high-water as a floor ([`crate::ops::HighWater`]): pooled connections never see a key go
+//!   back, and always see a write published through this instance.
+//!   `HOTSPLIT.CLIENT ""` drops the explicit id.
+//! - `HOTSPLIT.CLASS [name]`: sets (or answers) the read class of `GET`/`MGET`/`TTL`;
+//!   `HOTSPLIT.CLASS ""` goes back to each family's default class.
+//! - `HOTSPLIT.SESSION [token]`: answers the connection's session token (the floors of its
+//!   reads and writes, as HTTP's `Hotsplit-Session`), or takes one from another instance (an
+//!   unknown or garbled token starts an empty session, never an error) and answers `+OK`.
+//!
+//! **Introspection** (`info.rs`): `COMMAND` (Redis's 10-field entries), `COMMAND COUNT`,
+//! `COMMAND INFO name…`, `COMMAND LIST`, `COMMAND DOCS` (an empty map); `INFO [section…]` (a
+//! verbatim string: `server` with `redis_version:7.2.0` and `hotsplit_version`, `clients`,
+//! `persistence` with `loading:0`, `replication` with `role:master`, `stats`, `hotsplit`);
+//! `CONFIG GET pattern…` (a map: `save` "", `appendonly` "no", `databases` "1"; other names
+//! nothing); `CLUSTER …`: `ERR This instance has cluster support disabled`.
+//!
+//! **Reads** (`read.rs`): `GET key` (the value, or nil when missing or tombstoned), `MGET key…`
+//! (an array; any key that cannot be answered truthfully fails the whole command with its
+//! error), `EXISTS key…` (how many are present, read as `decides-on-presence`: refused on a
+//! family with more than one copy, whose copies can disagree on presence), `TTL`/`PTTL key`
+//! (the served copy's remaining life; -2 when missing), `HOTSPLIT.READ key [CLASS c]
+//! [MINVERSION v] [CLIENT id]` (a map: `value`, `version`, `copy`, `served_by`, `route`,
+//! `age_ms` — nil unless the near cache answered; nil when missing).
+//!
+//! **Writes** (`write.rs`): `HOTSPLIT.PUBLISH key version value [SYNC replicas timeout_ms]`
+//! (`*` as the version on an `allocated` family), `HOTSPLIT.INVALIDATE key version|*`: the
+//! publish report as a map (`key`, `version`, `copies`, `applied`, `current`, `stale`,
+//! `conflict`, `failed`, `queued`, `dropped`, `status`, `http_status`: what the HTTP answer's
+//! status would be). `SET key value` (no options) and `DEL`/`UNLINK key…` on `allocated`
+//! families; on `caller` families they are refused naming `HOTSPLIT.PUBLISH`. `DEL` answers how
+//! many of its keys' invalidations landed (applied or queued on some copy): hotsplit does not
+//! read every copy to learn whether a key held a value, so a key with no value counts too; a
+//! `DEL` of several keys stops at the first key whose write fails and answers that error (the
+//! keys before it are deleted).
+//!
+//! **Transactions** (`multi.rs`): `MULTI`, then `+QUEUED` per command, `EXEC` runs them in
+//! order **without isolation** (other connections' commands may interleave) and answers their
+//! replies as an array; a queued command with an unknown name, a wrong arity, a refused name or
+//! a missing scope makes `EXEC` answer `EXECABORT Transaction discarded because of previous
+//! errors.`; `DISCARD`; nested `MULTI`: `ERR MULTI calls can not be nested`; `EXEC` without
+//! `MULTI`: `ERR EXEC without MULTI`. `WATCH` is refused; `UNWATCH` answers `+OK`. The queued
+//! commands share `EXEC`'s deadline.
+//!
+//! **Refused**: `SUBSCRIBE` and the other pub/sub commands, `MONITOR`, `WATCH`,
+//! `CLIENT TRACKING`, with a sentence saying so. Anything else: `ERR unknown command 'X', with
+//! args beginning with: 'a' 'b' `, exactly as Redis words it; the connection stays usable.
+//!
+//! # Errors
+//! Every error starts with a prefix of [`errors::Prefix`]: `ERR` (bad input: the sentence names
+//! the rule, e.g. `ERR invalid key: key contains '{' at byte 3: …`), `NOAUTH`, `WRONGPASS`,
+//! `NOPERM`, `NOPROTO`, `EXECABORT`, `FLOOR` (no copy reached the read's floor), `UNAVAILABLE`
+//! (a node did not answer), `OVERLOADED` (the in-flight bound, answered by the connection loop),
+//! `DEADLINE` (`server.request_deadline` passed), `STALE` (every replica over the class's
+//! staleness budget), `FULL` (the embedded store is full). Never `MOVED`, `ASK`, `READONLY`,
+//! `LOADING` or `CLUSTERDOWN`.
+
+mod connection;
+pub mod errors;
+mod info;
+mod multi;
+mod read;
+mod table;
+#[cfg(test)]
+mod tests;
+mod write;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
+use self::errors::{Prefix, RespError};
+use self::table::{Cmd, Need, Spec};
 use super::reply::{Proto, Reply};
+use crate::auth::{Scope, Scopes, Verdict};
 use crate::deadline::Deadline;
 use crate::http::AppState;
 use crate::ops::ClientSession;
+
+pub use errors::Prefix as ErrorPrefix;
 
 /// What the door shares across connections: the operations, the token table, the metrics, the
 /// limits. Cheap to clone.
@@ -14,12 +119,21 @@ use crate::ops::ClientSession;
 pub struct Door {
     /// The HTTP door's state: its operations, tokens, metrics and limits are this door's too.
     state: AppState,
+    /// This instance's id: the first part of a connection's default client id.
+    instance: Arc<str>,
+    /// Commands run since start (`INFO stats`).
+    commands: Arc<AtomicU64>,
 }
 
 impl Door {
     /// The door over the service's `state`.
     pub fn new(state: AppState) -> Door {
-        Door { state }
+        let instance = state.inner().registry.id().into();
+        Door {
+            state,
+            instance,
+            commands: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     /// The service state.
@@ -35,15 +149,143 @@ impl Door {
         args: Vec<Bytes>,
         deadline: Option<Deadline>,
     ) -> (Reply, After) {
-        let _ = (conn, args, deadline);
-        (Reply::error("ERR not yet"), After::Continue)
+        self.commands.fetch_add(1, Ordering::Relaxed);
+        let Some(name) = args.first() else {
+            return (RespError::err("empty command").into(), After::Continue);
+        };
+        let spec = table::find(name);
+        if conn.multi.is_some() {
+            if let Some(answer) = self.in_multi(conn, spec, &args, deadline).await {
+                return answer;
+            }
+        }
+        self.run(conn, spec, args, deadline).await
     }
 
-    /// Whether `conn` may still run commands: false once a reload revoked the token it
-    /// authenticated with (the connection loop then closes it).
+    /// Whether `conn` may still run commands: false once a reload removed the token it
+    /// authenticated with, or changed its scopes (the connection loop then closes it). A
+    /// connection that never authenticated stays (its commands are refused with `NOAUTH`
+    /// while tokens are configured).
     pub fn still_authorized(&self, conn: &ConnState) -> bool {
-        let _ = conn;
-        true
+        let Some(auth) = &conn.auth else {
+            return true;
+        };
+        let tokens = self.state.tokens().load();
+        let Some(tokens) = tokens.as_ref() else {
+            // No tokens any more: no command needs one.
+            return true;
+        };
+        match tokens.verify(&auth.token.0) {
+            Verdict::Known(id) => id.name == auth.name && id.scopes == auth.scopes,
+            Verdict::Unknown => false,
+        }
+    }
+
+    /// Runs one command outside a transaction's queue (or queued, at `EXEC`).
+    async fn run(
+        &self,
+        conn: &mut ConnState,
+        spec: Option<&'static Spec>,
+        args: Vec<Bytes>,
+        deadline: Option<Deadline>,
+    ) -> (Reply, After) {
+        let spec = match self.admit(conn, spec, &args) {
+            Ok(spec) => spec,
+            Err(error) => return (error.into(), After::Continue),
+        };
+        let reply = match spec.cmd {
+            Cmd::Quit => return (Reply::OK, After::Close),
+            Cmd::Hello => self.hello(conn, &args),
+            Cmd::Auth => self.auth(conn, &args),
+            Cmd::Ping => connection::ping(&args),
+            Cmd::Echo => Ok(Reply::Bulk(args[1].clone())),
+            Cmd::Reset => Ok(self.reset(conn)),
+            Cmd::Select => connection::select(&args),
+            Cmd::Client => self.client(conn, &args),
+            Cmd::HotsplitClient => connection::hotsplit_client(conn, &args),
+            Cmd::HotsplitClass => connection::hotsplit_class(conn, &args),
+            Cmd::HotsplitSession => self.hotsplit_session(conn, &args),
+            Cmd::Command => info::command(&args),
+            Cmd::Info => Ok(self.info(conn, &args)),
+            Cmd::Config => info::config(&args),
+            Cmd::Cluster => Err(RespError::err("This instance has cluster support disabled")),
+            Cmd::Get => self.get(conn, &args, deadline).await,
+            Cmd::Mget => self.mget(conn, &args, deadline).await,
+            Cmd::Exists => self.exists(conn, &args, deadline).await,
+            Cmd::Ttl => self.ttl(conn, &args, deadline, false).await,
+            Cmd::Pttl => self.ttl(conn, &args, deadline, true).await,
+            Cmd::HotsplitRead => self.hotsplit_read(conn, &args, deadline).await,
+            Cmd::Set => self.set(conn, &args, deadline).await,
+            Cmd::Del => self.del(conn, &args, deadline).await,
+            Cmd::HotsplitPublish => self.hotsplit_publish(conn, &args, deadline).await,
+            Cmd::HotsplitInvalidate => self.hotsplit_invalidate(conn, &args, deadline).await,
+            Cmd::Multi => {
+                conn.multi = Some(multi::Multi::default());
+                Ok(Reply::OK)
+            }
+            Cmd::Exec => Err(RespError::err("EXEC without MULTI")),
+            Cmd::Discard => Err(RespError::err("DISCARD without MULTI")),
+            Cmd::Unwatch => Ok(Reply::OK),
+            Cmd::Refused => Err(RespError::err(spec.refusal)),
+        };
+        (reply.unwrap_or_else(Reply::from), After::Continue)
+    }
+
+    /// The checks before a command runs (or is queued): a known name, its arity, the token.
+    fn admit(
+        &self,
+        conn: &ConnState,
+        spec: Option<&'static Spec>,
+        args: &[Bytes],
+    ) -> Result<&'static Spec, RespError> {
+        let Some(spec) = spec else {
+            return Err(table::unknown(args));
+        };
+        if !table::arity_ok(spec, args.len()) {
+            return Err(RespError::arity(spec.name));
+        }
+        self.authorize(conn, spec)?;
+        Ok(spec)
+    }
+
+    /// Whether the connection's token allows `spec`.
+    fn authorize(&self, conn: &ConnState, spec: &Spec) -> Result<(), RespError> {
+        let scope = match spec.need {
+            Need::Nothing => return Ok(()),
+            Need::Token => None,
+            Need::Read => Some(Scope::Read),
+            Need::Write => Some(Scope::Write),
+        };
+        if self.state.tokens().load().is_none() {
+            return Ok(());
+        }
+        let Some(auth) = &conn.auth else {
+            return Err(RespError::no_auth());
+        };
+        match scope {
+            Some(scope) if !auth.scopes.contains(scope) => Err(RespError::new(
+                Prefix::NoPerm,
+                format!(
+                    "User {} has no permissions to run the '{}' command (the token lacks the {} scope)",
+                    auth.name,
+                    spec.name,
+                    scope.as_str()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The client id a read or write of `conn` goes as, and whether the client chose it (an
+    /// explicit id: no high-water floor) or it is the connection's own.
+    fn client_id(&self, conn: &mut ConnState, per_call: Option<String>) -> (String, bool) {
+        if let Some(id) = per_call.or_else(|| conn.client.clone()) {
+            return (id, true);
+        }
+        let id = conn
+            .default_client
+            .get_or_insert_with(|| format!("{}/resp/{}", self.instance, conn.id));
+        (id.clone(), false)
     }
 }
 
@@ -56,13 +298,65 @@ pub enum After {
     Close,
 }
 
+/// A token as presented, kept to check it again after a reload; never printed.
+#[derive(Clone)]
+pub struct Secret(Bytes);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// Who a connection authenticated as.
+#[derive(Debug, Clone)]
+pub struct Authenticated {
+    /// The token's name in the tokens file (logs, `NOPERM` texts).
+    pub name: String,
+    /// Its scopes when it authenticated.
+    pub scopes: Scopes,
+    /// The token, to check it is still in the table ([`Door::still_authorized`]).
+    token: Secret,
+}
+
 /// One connection's state, carried from command to command.
 #[derive(Debug, Default)]
 pub struct ConnState {
-    /// The connection's id (`CLIENT ID`, logs).
+    /// The connection's id (`CLIENT ID`, logs, the default client id).
     pub id: u64,
     /// The protocol it speaks.
     pub proto: Proto,
-    /// The session floors it carries (one per connection).
+    /// The session floors it carries (one per connection; `HOTSPLIT.SESSION`).
     pub session: ClientSession,
+    /// The token it authenticated with (`AUTH`, `HELLO … AUTH`); `None` before.
+    pub auth: Option<Authenticated>,
+    /// `CLIENT SETNAME`: a label only, never a client id (pools share one name).
+    pub name: Option<String>,
+    /// `CLIENT SETINFO LIB-NAME`.
+    pub lib_name: Option<String>,
+    /// `CLIENT SETINFO LIB-VER`.
+    pub lib_ver: Option<String>,
+    /// `HOTSPLIT.CLIENT`: the explicit client id of its reads and writes.
+    pub client: Option<String>,
+    /// `HOTSPLIT.CLASS`: the read class of its reads; `None`: the family's default.
+    pub class: Option<String>,
+    /// The open transaction (`MULTI`), if any.
+    multi: Option<multi::Multi>,
+    /// The client id it reads as without an explicit one, made on first use.
+    default_client: Option<String>,
+}
+
+impl ConnState {
+    /// The state of a new connection with id `id`.
+    pub fn new(id: u64) -> ConnState {
+        ConnState {
+            id,
+            ..ConnState::default()
+        }
+    }
+
+    /// Whether a transaction is open (`MULTI` without `EXEC` or `DISCARD` yet).
+    pub fn in_transaction(&self) -> bool {
+        self.multi.is_some()
+    }
 }

@@ -1,0 +1,194 @@
+//! `COMMAND`, `INFO` and `CONFIG GET`: what clients ask before they send anything else
+//! (redis-cli's hints, ioredis's ready check, redis-benchmark's `CONFIG GET save`).
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+
+use super::connection::REDIS_VERSION;
+use super::errors::RespError;
+use super::table::{self, Spec, TABLE};
+use super::{ConnState, Door};
+use crate::resp::reply::Reply;
+
+/// `COMMAND`'s entry for `spec`: name, arity, flags, first key, last key, step, ACL
+/// categories, tips, key specs, subcommands.
+fn entry(spec: &Spec) -> Reply {
+    let (first, last, step) = spec.keys;
+    Reply::Array(vec![
+        Reply::bulk(spec.name),
+        Reply::Int(spec.arity),
+        Reply::Array(spec.flags.iter().map(|flag| Reply::Simple(flag)).collect()),
+        Reply::Int(first),
+        Reply::Int(last),
+        Reply::Int(step),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+        Reply::Array(Vec::new()),
+    ])
+}
+
+/// `COMMAND [COUNT|INFO name…|LIST|DOCS [name…]]`.
+pub(crate) fn command(args: &[Bytes]) -> Result<Reply, RespError> {
+    let Some(sub) = args.get(1) else {
+        return Ok(Reply::Array(TABLE.iter().map(entry).collect()));
+    };
+    match sub.to_ascii_uppercase().as_slice() {
+        b"COUNT" => Ok(Reply::Int(TABLE.len() as i64)),
+        b"LIST" => Ok(Reply::Array(
+            TABLE.iter().map(|spec| Reply::bulk(spec.name)).collect(),
+        )),
+        b"INFO" => Ok(Reply::Array(
+            args[2..]
+                .iter()
+                .map(|name| table::find(name).map_or(Reply::Nil, entry))
+                .collect(),
+        )),
+        // No documentation to give: an empty map, which every client reads as "no hints".
+        b"DOCS" => Ok(Reply::Map(Vec::new())),
+        _ => Err(table::unknown_subcommand("command", sub)),
+    }
+}
+
+/// The configuration names `CONFIG GET` answers, with their values.
+const CONFIG: &[(&str, &str)] = &[("save", ""), ("appendonly", "no"), ("databases", "1")];
+
+/// Whether `name` matches the glob `pattern` (`*`, `?`; any case): the greedy matcher that
+/// goes back only to the last `*`, so no pattern costs more than its length times the name's.
+fn glob(pattern: &[u8], name: &[u8]) -> bool {
+    let (mut p, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, n));
+                p += 1;
+            }
+            Some(&byte) if byte == b'?' || byte.eq_ignore_ascii_case(&name[n]) => {
+                p += 1;
+                n += 1;
+            }
+            _ => match star {
+                Some((at, from)) => {
+                    p = at + 1;
+                    n = from + 1;
+                    star = Some((at, from + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|byte| *byte == b'*')
+}
+
+/// `CONFIG GET pattern…` (a map of what matches); other subcommands are refused.
+pub(crate) fn config(args: &[Bytes]) -> Result<Reply, RespError> {
+    let sub = &args[1];
+    if !sub.eq_ignore_ascii_case(b"GET") {
+        return Err(RespError::err(format!(
+            "CONFIG {} is not supported by hotsplit: its configuration is its TOML file",
+            String::from_utf8_lossy(sub).to_ascii_uppercase()
+        )));
+    }
+    if args.len() < 3 {
+        return Err(RespError::arity("config|get"));
+    }
+    let patterns = &args[2..];
+    if patterns.iter().any(|pattern| pattern.len() > 128) {
+        return Err(RespError::err(
+            "a CONFIG GET pattern is longer than 128 bytes",
+        ));
+    }
+    let matched = CONFIG
+        .iter()
+        .filter(|(name, _)| {
+            patterns
+                .iter()
+                .any(|pattern| glob(pattern, name.as_bytes()))
+        })
+        .map(|(name, value)| (Reply::bulk(*name), Reply::bulk(*value)))
+        .collect();
+    Ok(Reply::Map(matched))
+}
+
+impl Door {
+    /// `INFO [section…]`: `server`, `clients`, `persistence`, `replication`, `stats` and
+    /// `hotsplit`, as Redis writes them (`# Name`, then `field:value` lines, CRLF).
+    pub(crate) fn info(&self, conn: &ConnState, args: &[Bytes]) -> Reply {
+        let wanted: Vec<String> = args[1..]
+            .iter()
+            .map(|section| String::from_utf8_lossy(section).to_ascii_lowercase())
+            .collect();
+        let all = wanted.is_empty()
+            || wanted
+                .iter()
+                .any(|section| matches!(section.as_str(), "all" | "everything" | "default"));
+        let near = self.state.ops().reader().near_cache().is_some();
+        let sections: [(&str, Vec<(&str, String)>); 6] = [
+            (
+                "Server",
+                vec![
+                    ("redis_version", REDIS_VERSION.to_owned()),
+                    ("redis_mode", "standalone".to_owned()),
+                    ("hotsplit_version", env!("CARGO_PKG_VERSION").to_owned()),
+                    ("run_id", self.instance.to_string()),
+                    ("process_id", std::process::id().to_string()),
+                ],
+            ),
+            ("Clients", vec![("client_id", conn.id.to_string())]),
+            ("Persistence", vec![("loading", "0".to_owned())]),
+            (
+                "Replication",
+                vec![
+                    ("role", "master".to_owned()),
+                    ("connected_slaves", "0".to_owned()),
+                ],
+            ),
+            (
+                "Stats",
+                vec![(
+                    "total_commands_processed",
+                    self.commands.load(Ordering::Relaxed).to_string(),
+                )],
+            ),
+            (
+                "Hotsplit",
+                vec![
+                    ("hotsplit_instance", self.instance.to_string()),
+                    (
+                        "hotsplit_near_cache",
+                        if near { "on" } else { "off" }.to_owned(),
+                    ),
+                    (
+                        "hotsplit_high_water_bytes",
+                        self.state.ops().high_water().bytes().to_string(),
+                    ),
+                ],
+            ),
+        ];
+        let mut text = String::new();
+        for (name, fields) in sections {
+            if !all
+                && !wanted
+                    .iter()
+                    .any(|section| *section == name.to_ascii_lowercase())
+            {
+                continue;
+            }
+            if !text.is_empty() {
+                text.push_str("\r\n");
+            }
+            text.push_str("# ");
+            text.push_str(name);
+            text.push_str("\r\n");
+            for (field, value) in fields {
+                text.push_str(field);
+                text.push(':');
+                text.push_str(&value);
+                text.push_str("\r\n");
+            }
+        }
+        Reply::Verbatim(text)
+    }
+}

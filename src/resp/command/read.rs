@@ -1,0 +1,247 @@
+//! The reads: `GET`, `MGET`, `EXISTS`, `TTL`, `PTTL`, `HOTSPLIT.READ`, each one
+//! [`crate::ops::Ops::read`] per key.
+//!
+//! A read without an explicit client id (`HOTSPLIT.CLIENT`, `HOTSPLIT.READ … CLIENT`) reads as
+//! the connection's own id and takes the instance's high-water for the key as its floor
+//! ([`crate::ops::HighWater`]), so a pooled client never sees a key go back on this instance.
+
+use bytes::Bytes;
+
+use super::errors::RespError;
+use super::{ConnState, Door};
+use crate::deadline::Deadline;
+use crate::error::{Error, ErrorKind};
+use crate::key::{Key, Version};
+use crate::ops::ReadCall;
+use crate::read::{CopyChoice, ReadAnswer};
+use crate::resp::reply::Reply;
+use crate::route::classes::DECIDES_ON_PRESENCE;
+use crate::store::now_unix_ms;
+
+/// What a read asks beyond its key.
+#[derive(Debug, Default)]
+pub(crate) struct ReadOptions {
+    /// The class; `None`: the connection's, else the family's default.
+    pub(crate) class: Option<String>,
+    /// A floor the caller sent.
+    pub(crate) min_version: Option<Version>,
+    /// A client id for this read only.
+    pub(crate) client: Option<String>,
+}
+
+/// `key` as a [`Key`], or the `ERR invalid key: …` naming the rule it breaks.
+pub(crate) fn key(raw: &Bytes) -> Result<Key, RespError> {
+    let parsed = match std::str::from_utf8(raw) {
+        Ok(text) => Key::parse(text),
+        Err(error) => {
+            let at = error.valid_up_to();
+            Err(Error::new(
+                ErrorKind::InvalidKey,
+                format!(
+                    "key contains a non-printable or non-ascii byte 0x{:02x} at byte {at}",
+                    raw[at]
+                ),
+            ))
+        }
+    };
+    parsed.map_err(|error| RespError::from_error(&error))
+}
+
+/// A version as a reply: an integer when it fits one, else its decimal text.
+pub(crate) fn version_reply(version: Version) -> Reply {
+    match i64::try_from(version.get()) {
+        Ok(number) => Reply::Int(number),
+        Err(_) => Reply::bulk(version.to_string()),
+    }
+}
+
+/// A version argument (canonical decimal, at least 1).
+pub(crate) fn version_arg(raw: &Bytes) -> Result<Version, RespError> {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|text| text.parse::<Version>().ok())
+        .ok_or_else(|| {
+            RespError::err(format!(
+                "invalid version '{}': a version is canonical decimal in 1..=18446744073709551615",
+                String::from_utf8_lossy(&raw[..raw.len().min(64)])
+            ))
+        })
+}
+
+impl Door {
+    /// Reads `raw` for `conn`: `None` when the key is missing, expired or tombstoned.
+    pub(crate) async fn read_key(
+        &self,
+        conn: &mut ConnState,
+        raw: &Bytes,
+        options: ReadOptions,
+        deadline: Option<Deadline>,
+    ) -> Result<Option<ReadAnswer>, RespError> {
+        let key = key(raw)?;
+        let (client, explicit) = self.client_id(conn, options.client);
+        let ops = self.state.ops();
+        let mut min_version = options.min_version;
+        if !explicit {
+            min_version = min_version.max(ops.high_water().floor(&key, now_unix_ms()));
+        }
+        let call = ReadCall {
+            key,
+            copy: CopyChoice::Client(client),
+            min_version,
+            if_none_match: None,
+            class: options.class.or_else(|| conn.class.clone()),
+            request_id: None,
+            deadline,
+        };
+        match ops.read(call, &mut conn.session).await {
+            Ok(answer) => Ok(Some(answer)),
+            Err(error) if error.kind() == ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(RespError::from_error(&error)),
+        }
+    }
+
+    /// `GET key`.
+    pub(crate) async fn get(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        let answer = self
+            .read_key(conn, &args[1], ReadOptions::default(), deadline)
+            .await?;
+        Ok(value_reply(answer))
+    }
+
+    /// `MGET key…`: every key or none (the first error fails the command).
+    pub(crate) async fn mget(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        let mut values = Vec::with_capacity(args.len() - 1);
+        for raw in &args[1..] {
+            let answer = self
+                .read_key(conn, raw, ReadOptions::default(), deadline)
+                .await?;
+            values.push(value_reply(answer));
+        }
+        Ok(Reply::Array(values))
+    }
+
+    /// `EXISTS key…`: how many of the keys (counted as often as named) hold a value, each read
+    /// as `decides-on-presence`, which a family with several copies refuses.
+    pub(crate) async fn exists(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        let mut present = 0;
+        for raw in &args[1..] {
+            let options = ReadOptions {
+                class: Some(DECIDES_ON_PRESENCE.to_owned()),
+                ..ReadOptions::default()
+            };
+            if self.read_key(conn, raw, options, deadline).await?.is_some() {
+                present += 1;
+            }
+        }
+        Ok(Reply::Int(present))
+    }
+
+    /// `TTL key` (seconds, rounded) or `PTTL key` (milliseconds): the served copy's remaining
+    /// life; -2 when missing.
+    pub(crate) async fn ttl(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+        millis: bool,
+    ) -> Result<Reply, RespError> {
+        let answer = self
+            .read_key(conn, &args[1], ReadOptions::default(), deadline)
+            .await?;
+        let Some(ReadAnswer::Value { expire_at_ms, .. }) = answer else {
+            return Ok(Reply::Int(-2));
+        };
+        if expire_at_ms == 0 {
+            return Ok(Reply::Int(-1));
+        }
+        let left = expire_at_ms.saturating_sub(now_unix_ms());
+        let left = if millis { left } else { (left + 500) / 1000 };
+        Ok(Reply::Int(i64::try_from(left).unwrap_or(i64::MAX)))
+    }
+
+    /// `HOTSPLIT.READ key [CLASS c] [MINVERSION v] [CLIENT id]`: the value with where it came
+    /// from, as a map.
+    pub(crate) async fn hotsplit_read(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        let mut options = ReadOptions::default();
+        let mut at = 2;
+        while at < args.len() {
+            let (name, Some(value)) = (&args[at], args.get(at + 1)) else {
+                return Err(RespError::syntax());
+            };
+            let name = name.to_ascii_uppercase();
+            match name.as_slice() {
+                b"CLASS" if options.class.is_none() => {
+                    options.class = Some(super::connection::text(value, "a class name")?);
+                }
+                b"MINVERSION" if options.min_version.is_none() => {
+                    options.min_version = Some(version_arg(value)?);
+                }
+                b"CLIENT" if options.client.is_none() => {
+                    if value.is_empty() {
+                        return Err(RespError::err("CLIENT needs a non-empty client id"));
+                    }
+                    options.client = Some(super::connection::text(value, "a client id")?);
+                }
+                _ => return Err(RespError::syntax()),
+            }
+            at += 2;
+        }
+        let answer = self.read_key(conn, &args[1], options, deadline).await?;
+        let Some(ReadAnswer::Value {
+            value,
+            version,
+            copy,
+            served_by,
+            route,
+            ..
+        }) = answer
+        else {
+            return Ok(Reply::Nil);
+        };
+        let router = self.state.router();
+        let class = router.classes().get(route.class).name.clone();
+        let mut route_text = format!("class={class};reason={}", route.reason.as_str());
+        let age_ms = route.near_cache_age.map(|age| {
+            let ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+            route_text.push_str(&format!(";source=near-cache;age_ms={ms}"));
+            Reply::Int(i64::try_from(ms).unwrap_or(i64::MAX))
+        });
+        Ok(Reply::Map(vec![
+            (Reply::bulk("value"), Reply::Bulk(value)),
+            (Reply::bulk("version"), version_reply(version)),
+            (Reply::bulk("copy"), Reply::Int(i64::from(copy))),
+            (Reply::bulk("served_by"), Reply::bulk(served_by.to_string())),
+            (Reply::bulk("route"), Reply::bulk(route_text)),
+            (Reply::bulk("age_ms"), age_ms.unwrap_or(Reply::Nil)),
+        ]))
+    }
+}
+
+/// A read's value, or nil.
+fn value_reply(answer: Option<ReadAnswer>) -> Reply {
+    match answer {
+        Some(ReadAnswer::Value { value, .. }) => Reply::Bulk(value),
+        // A read without If-None-Match is never "not modified".
+        Some(ReadAnswer::NotModified { .. }) | None => Reply::Nil,
+    }
+}

@@ -1,0 +1,253 @@
+//! The writes: `HOTSPLIT.PUBLISH`, `HOTSPLIT.INVALIDATE`, and `SET`, `DEL`, `UNLINK` on
+//! `allocated` families, each one [`crate::ops::Ops::publish`] per key. A write goes as the
+//! connection's client id (explicit or its own), so its reads hold the version it wrote.
+
+use bytes::Bytes;
+
+use super::errors::{Prefix, RespError};
+use super::read::{key, version_arg, version_reply};
+use super::{ConnState, Door};
+use crate::deadline::Deadline;
+use crate::family::Versioning;
+use crate::key::{Key, Version};
+use crate::ops::{Edit, PublishCall, PublishOutcome, Writer};
+use crate::publish::{PublishStatus, SyncReplicas};
+use crate::resp::reply::Reply;
+
+/// The status the HTTP answer of a write that ended `status` would have.
+fn http_status(status: PublishStatus) -> i64 {
+    match status {
+        PublishStatus::Done => 200,
+        PublishStatus::Queued => 202,
+        PublishStatus::Stale | PublishStatus::Conflict => 409,
+        PublishStatus::Incomplete => 503,
+    }
+}
+
+/// The status's name in the report.
+fn status_name(status: PublishStatus) -> &'static str {
+    match status {
+        PublishStatus::Done => "done",
+        PublishStatus::Queued => "queued",
+        PublishStatus::Stale => "stale",
+        PublishStatus::Conflict => "conflict",
+        PublishStatus::Incomplete => "incomplete",
+    }
+}
+
+/// The publish report as a map.
+fn report_reply(outcome: &PublishOutcome) -> Reply {
+    let report = &outcome.report;
+    let count = |name: &'static str, value: u32| (Reply::bulk(name), Reply::Int(i64::from(value)));
+    Reply::Map(vec![
+        (Reply::bulk("key"), Reply::bulk(report.key.clone())),
+        (Reply::bulk("version"), version_reply(report.version)),
+        count("copies", report.copies),
+        count("applied", report.applied),
+        count("current", report.current),
+        count("stale", report.stale),
+        count("conflict", report.conflict),
+        count("failed", report.failed),
+        count("queued", report.queued),
+        count("dropped", report.dropped),
+        (
+            Reply::bulk("status"),
+            Reply::bulk(status_name(outcome.status)),
+        ),
+        (
+            Reply::bulk("http_status"),
+            Reply::Int(http_status(outcome.status)),
+        ),
+    ])
+}
+
+impl Door {
+    /// Publishes or invalidates `key` for `conn`.
+    async fn edit(
+        &self,
+        conn: &mut ConnState,
+        key: Key,
+        version: Option<Version>,
+        edit: Edit,
+        sync: Option<SyncReplicas>,
+        deadline: Option<Deadline>,
+    ) -> Result<PublishOutcome, RespError> {
+        if let Edit::Value(value) = &edit {
+            let limit = self.state.inner().max_value_bytes;
+            if value.len() > limit {
+                return Err(RespError::err(format!(
+                    "the value is {} bytes, larger than server.max_value_bytes ({limit})",
+                    value.len()
+                )));
+            }
+        }
+        let (client, _) = self.client_id(conn, None);
+        let call = PublishCall {
+            key,
+            version,
+            edit,
+            writer: Writer {
+                client: Some(client),
+                request_id: None,
+            },
+            sync,
+            deadline,
+        };
+        self.state
+            .ops()
+            .publish(call, &mut conn.session)
+            .await
+            .map_err(|error| RespError::from_error(&error))
+    }
+
+    /// The version argument of `key`: `*` for an `allocated` family, a version for a
+    /// `caller` one.
+    fn version_for(&self, key: &Key, raw: &Bytes) -> Result<Option<Version>, RespError> {
+        let family = self.state.ops().reader().families().resolve(key);
+        match (family.versioning, raw.as_ref()) {
+            (Versioning::Allocated, b"*") => Ok(None),
+            (Versioning::Allocated, _) => Err(RespError::err(format!(
+                "family {:?} allocates its versions (versioning = allocated): send * as the version",
+                family.name()
+            ))),
+            (Versioning::Caller, b"*") => Err(RespError::err(format!(
+                "family {:?} takes the caller's versions (versioning = caller): send the version",
+                family.name()
+            ))),
+            (Versioning::Caller, _) => version_arg(raw).map(Some),
+        }
+    }
+
+    /// Refuses `command` on a `caller` family, naming what to use instead.
+    fn allocated_only(&self, key: &Key, command: &str, instead: &str) -> Result<(), RespError> {
+        let family = self.state.ops().reader().families().resolve(key);
+        if family.versioning == Versioning::Caller {
+            return Err(RespError::err(format!(
+                "{command} needs a version on family {:?} (versioning = caller): use {instead}",
+                family.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `HOTSPLIT.PUBLISH key version value [SYNC replicas timeout_ms]`.
+    pub(crate) async fn hotsplit_publish(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        let key = key(&args[1])?;
+        let version = self.version_for(&key, &args[2])?;
+        let sync = match &args[4..] {
+            [] => None,
+            [option, replicas, timeout_ms] if option.eq_ignore_ascii_case(b"SYNC") => {
+                let number = |raw: &Bytes| {
+                    std::str::from_utf8(raw)
+                        .ok()
+                        .and_then(|text| text.parse::<u64>().ok())
+                        .ok_or_else(RespError::not_integer)
+                };
+                let replicas =
+                    u32::try_from(number(replicas)?).map_err(|_| RespError::not_integer())?;
+                Some(SyncReplicas {
+                    replicas,
+                    timeout_ms: number(timeout_ms)?,
+                })
+            }
+            _ => return Err(RespError::syntax()),
+        };
+        let value = Edit::Value(args[3].clone());
+        let outcome = self.edit(conn, key, version, value, sync, deadline).await?;
+        Ok(report_reply(&outcome))
+    }
+
+    /// `HOTSPLIT.INVALIDATE key version`.
+    pub(crate) async fn hotsplit_invalidate(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        let key = key(&args[1])?;
+        let version = self.version_for(&key, &args[2])?;
+        let outcome = self
+            .edit(conn, key, version, Edit::Tombstone, None, deadline)
+            .await?;
+        Ok(report_reply(&outcome))
+    }
+
+    /// `SET key value`, on an `allocated` family: `+OK` once every copy applied it or a failed
+    /// copy is queued for retry.
+    pub(crate) async fn set(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        if args.len() > 3 {
+            return Err(RespError::err(format!(
+                "SET option '{}' is not supported by hotsplit (no EX, PX, EXAT, PXAT, NX, XX, GET or KEEPTTL): a key lives its family's ttl",
+                String::from_utf8_lossy(&args[3][..args[3].len().min(32)])
+            )));
+        }
+        let key = key(&args[1])?;
+        self.allocated_only(&key, "SET", "HOTSPLIT.PUBLISH key version value")?;
+        let value = Edit::Value(args[2].clone());
+        let outcome = self.edit(conn, key, None, value, None, deadline).await?;
+        written(&outcome).map(|()| Reply::OK)
+    }
+
+    /// `DEL key…` and `UNLINK key…`, on `allocated` families: how many invalidations landed.
+    pub(crate) async fn del(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        let command = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+        let keys = args[1..]
+            .iter()
+            .map(key)
+            .collect::<Result<Vec<Key>, RespError>>()?;
+        for key in &keys {
+            self.allocated_only(key, &command, "HOTSPLIT.INVALIDATE key version")?;
+        }
+        let mut deleted = 0;
+        for key in keys {
+            let outcome = self
+                .edit(conn, key, None, Edit::Tombstone, None, deadline)
+                .await?;
+            written(&outcome)?;
+            if outcome.floor.is_some() {
+                deleted += 1;
+            }
+        }
+        Ok(Reply::Int(deleted))
+    }
+}
+
+/// Whether a `SET` or `DEL` write counts as done, else its error.
+fn written(outcome: &PublishOutcome) -> Result<(), RespError> {
+    let report = &outcome.report;
+    match outcome.status {
+        PublishStatus::Done | PublishStatus::Queued => Ok(()),
+        PublishStatus::Stale => Err(RespError::err(format!(
+            "no copy applied version {}: every copy holds a newer version",
+            report.version
+        ))),
+        PublishStatus::Conflict => Err(RespError::err(format!(
+            "{} copies hold version {} with a different body",
+            report.conflict, report.version
+        ))),
+        PublishStatus::Incomplete => Err(RespError::new(
+            Prefix::Unavailable,
+            format!(
+                "{} of {} copy writes failed and {} could not be queued; retry",
+                report.failed,
+                report.copies,
+                report.failed - report.queued
+            ),
+        )),
+    }
+}

@@ -1,0 +1,374 @@
+//! The Redis-protocol accept loop: the connection bound, TLS, token revocation, drain.
+//!
+//! A [`RespListener`] accepts TCP connections on `resp.listen` and serves each on a task of the
+//! service's tracker ([`super::conn`]), with:
+//! - a bound of its own, `resp.max_connections` (Redis's `maxclients`): a connection over it is
+//!   answered `-ERR max number of clients reached` and closed, counted, logged at most once a
+//!   second. Idle connections are never evicted to make room (a pool keeps them on purpose);
+//! - TLS with the listeners' acceptor (`server.tls_cert_file`), the handshake bounded by
+//!   `server.header_read_timeout`; over the bound a TLS client gets its refusal after a
+//!   handshake too, on at most [`MAX_REFUSALS`] refusal tasks at once (beyond them it is closed
+//!   without a word);
+//! - `TCP_NODELAY`: a batch's replies go out in one write, and waiting for an ACK before the
+//!   next would only add latency to pipelined clients;
+//! - a per-connection [`Signal`], not a shared token: when a reload stores a new token table
+//!   (the accept loop watches [`crate::auth::TokenTable::changes`]) every connection is told to
+//!   re-check its token, and on shutdown every connection is told to close once its batch is
+//!   written. A connection's wake-ups then take no lock another connection takes (the reason
+//!   the HTTP listener's `Activity` has its own `Notify`).
+//!
+//! On shutdown (the service's token is cancelled, after `server.drain_delay`) the loop stops
+//! accepting, drops the listening socket, and tells every connection; the service waits for
+//! their tasks within `server.shutdown_grace`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::codec::Limits;
+use super::conn::{Connection, Settings};
+use super::metrics::RespMetrics;
+use super::{Door, RespConfig};
+use crate::http::ServerConfig;
+
+/// The reply to a connection over `resp.max_connections` (Redis's own text).
+pub const MAX_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
+
+/// How many connections over the bound may be getting their refusal over TLS at once.
+pub const MAX_REFUSALS: usize = 64;
+
+/// How long a refusal over TLS may take, handshake included.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Room above the longest value a bulk argument may have: a key, a version, an option are all
+/// shorter than this, even when `server.max_value_bytes` is tiny.
+const BULK_SLACK: usize = 64 * 1024;
+
+/// How long the loop pauses after an accept error that is not about one connection.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// How often a repeated warning is logged at most.
+const WARNING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How the listener tells one connection something: set a flag, then wake it.
+#[derive(Debug, Default)]
+pub(super) struct Signal {
+    /// Wakes the connection's task (a permit is kept if it is not waiting).
+    notify: Notify,
+    /// The listener shuts down.
+    shut_down: AtomicBool,
+    /// The token table changed: check the connection's token before its next command.
+    recheck: AtomicBool,
+}
+
+impl Signal {
+    /// Resolves when the listener has told the connection something.
+    pub(super) async fn notified(&self) {
+        self.notify.notified().await;
+    }
+
+    /// Whether the listener shuts down.
+    pub(super) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    /// Whether the token table changed since the last call.
+    pub(super) fn take_recheck(&self) -> bool {
+        self.recheck.load(Ordering::Relaxed) && self.recheck.swap(false, Ordering::AcqRel)
+    }
+
+    /// Sets `flag` and wakes the connection.
+    fn raise(&self, flag: &AtomicBool) {
+        flag.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+}
+
+/// The open connections and the bound.
+#[derive(Debug)]
+struct Connections {
+    /// `resp.max_connections`.
+    bound: usize,
+    /// Each open connection's signal, by slot index.
+    table: Mutex<Table>,
+    /// The open-connection gauge.
+    metrics: RespMetrics,
+}
+
+/// The connections by slot index.
+#[derive(Debug, Default)]
+struct Table {
+    /// Each slot's connection; `None` when free.
+    entries: Vec<Option<Arc<Signal>>>,
+    /// Free slot indexes.
+    free: Vec<usize>,
+    /// Slots held.
+    live: usize,
+}
+
+impl Connections {
+    /// A slot for a new connection, or `None` at the bound.
+    fn admit(self: &Arc<Self>, signal: Arc<Signal>) -> Option<Slot> {
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        if table.live >= self.bound {
+            return None;
+        }
+        let index = match table.free.pop() {
+            Some(index) => {
+                table.entries[index] = Some(signal);
+                index
+            }
+            None => {
+                table.entries.push(Some(signal));
+                table.entries.len() - 1
+            }
+        };
+        table.live += 1;
+        self.metrics.open().inc();
+        Some(Slot {
+            connections: self.clone(),
+            index,
+        })
+    }
+
+    /// Raises the flag `pick` chooses on every open connection.
+    fn tell_all(&self, pick: impl Fn(&Signal) -> &AtomicBool) {
+        let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        for signal in table.entries.iter().flatten() {
+            signal.raise(pick(signal));
+        }
+    }
+}
+
+/// A connection's place under the bound; released when dropped.
+#[derive(Debug)]
+pub(super) struct Slot {
+    /// The table to release it in.
+    connections: Arc<Connections>,
+    /// Its index.
+    index: usize,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut table = self
+            .connections
+            .table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        table.entries[self.index] = None;
+        table.free.push(self.index);
+        table.live -= 1;
+        self.connections.metrics.open().dec();
+    }
+}
+
+/// The Redis-protocol listener; [`RespListener::run`] is its accept loop.
+pub struct RespListener {
+    /// The bound socket.
+    tcp: TcpListener,
+    /// The commands.
+    door: Door,
+    /// The connections' limits and timeouts.
+    settings: Arc<Settings>,
+    /// The open connections.
+    connections: Arc<Connections>,
+    /// The door's metrics.
+    metrics: RespMetrics,
+    /// The TLS acceptor, when the listeners speak TLS.
+    tls: Option<TlsAcceptor>,
+    /// The next connection id.
+    next_id: AtomicU64,
+    /// Refusals over TLS in progress.
+    refusals: Arc<AtomicUsize>,
+}
+
+impl RespListener {
+    /// A listener on `tcp` running `door`'s commands with `resp`'s and `server`'s limits, over
+    /// TLS when `tls` is given; registers the door's metrics in the door's registry.
+    pub fn new(
+        tcp: TcpListener,
+        door: Door,
+        resp: &RespConfig,
+        server: &ServerConfig,
+        tls: Option<TlsAcceptor>,
+    ) -> RespListener {
+        let metrics = RespMetrics::register(&door.state().inner().metrics);
+        let settings = Settings {
+            limits: Limits {
+                max_bulk: server.max_value_bytes.saturating_add(BULK_SLACK),
+                max_args: resp.max_args,
+                max_inline: resp.max_inline_bytes,
+            },
+            max_pending: resp.max_pending_bytes,
+            max_output: resp.max_output_bytes,
+            write_timeout: resp.write_timeout,
+            idle_timeout: Some(resp.idle_timeout).filter(|timeout| !timeout.is_zero()),
+            handshake_timeout: server.header_read_timeout,
+        };
+        RespListener {
+            tcp,
+            door,
+            settings: Arc::new(settings),
+            connections: Arc::new(Connections {
+                bound: resp.max_connections,
+                table: Mutex::new(Table::default()),
+                metrics: metrics.clone(),
+            }),
+            metrics,
+            tls,
+            next_id: AtomicU64::new(1),
+            refusals: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Accepts connections until `shutdown` is cancelled, serving each on a task of
+    /// `connections`; then drops the listening socket and tells every connection to close
+    /// once its batch is written.
+    pub async fn run(self, shutdown: CancellationToken, tasks: TaskTracker) {
+        let mut tokens = self.door.state().tokens().changes();
+        let overload = self.door.state().inner().limits.clone();
+        let mut refusals = Throttle::default();
+        let mut accept_errors = Throttle::default();
+        loop {
+            let accepted = tokio::select! {
+                () = shutdown.cancelled() => break,
+                changed = tokens.changed() => {
+                    if changed.is_ok() {
+                        self.connections.tell_all(|signal| &signal.recheck);
+                    }
+                    continue;
+                }
+                accepted = self.tcp.accept() => accepted,
+            };
+            let stream = match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(err) => {
+                    if is_connection_error(&err) {
+                        continue;
+                    }
+                    if let Some(suppressed) = accept_errors.due() {
+                        tracing::error!(listener = "resp", error = %err, suppressed, "cannot accept connections (out of file descriptors?)");
+                    }
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => continue,
+                    }
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let signal = Arc::new(Signal::default());
+            let Some(slot) = self.connections.admit(signal.clone()) else {
+                self.metrics.refused();
+                if let Some(suppressed) = refusals.due() {
+                    tracing::warn!(listener = "resp", bound = self.connections.bound, suppressed, "connection refused: the Redis-protocol listener holds its most connections (resp.max_connections)");
+                }
+                self.refuse(stream, &tasks);
+                continue;
+            };
+            let connection = Connection {
+                id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                door: self.door.clone(),
+                settings: self.settings.clone(),
+                overload: overload.clone(),
+                metrics: self.metrics.clone(),
+                signal,
+                _slot: slot,
+            };
+            match &self.tls {
+                None => {
+                    tasks.spawn(connection.serve(stream));
+                }
+                Some(tls) => {
+                    let tls = tls.clone();
+                    let timeout = self.settings.handshake_timeout;
+                    tasks.spawn(async move {
+                        match tokio::time::timeout(timeout, tls.accept(stream)).await {
+                            Ok(Ok(stream)) => connection.serve(stream).await,
+                            Ok(Err(err)) => {
+                                tracing::debug!(conn = connection.id, error = %err, "TLS handshake failed")
+                            }
+                            Err(_) => {
+                                tracing::debug!(conn = connection.id, "TLS handshake timed out")
+                            }
+                        }
+                    });
+                }
+            }
+        }
+        drop(self.tcp);
+        self.connections.tell_all(|signal| &signal.shut_down);
+        tracing::debug!(listener = "resp", "stopped accepting connections");
+    }
+
+    /// Answers a connection over the bound `-ERR max number of clients reached` and closes it:
+    /// in clear without waiting (a write the socket takes at once), or over TLS on a refusal
+    /// task while fewer than [`MAX_REFUSALS`] are running.
+    fn refuse(&self, stream: TcpStream, tasks: &TaskTracker) {
+        let Some(tls) = &self.tls else {
+            let _ = stream.try_write(MAX_CLIENTS);
+            if let Ok(stream) = stream.into_std() {
+                let _ = stream.shutdown(std::net::Shutdown::Write);
+            }
+            return;
+        };
+        if self.refusals.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSALS {
+            self.refusals.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        let tls = tls.clone();
+        let refusals = self.refusals.clone();
+        tasks.spawn(async move {
+            let _ = tokio::time::timeout(REFUSAL_TIMEOUT, async {
+                let mut stream = tls.accept(stream).await?;
+                stream.write_all(MAX_CLIENTS).await?;
+                stream.shutdown().await
+            })
+            .await;
+            refusals.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+}
+
+/// Accept errors that concern one connection only.
+fn is_connection_error(err: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        err.kind(),
+        ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+    )
+}
+
+/// Lets a repeated warning through at most once per [`WARNING_INTERVAL`], counting the ones it
+/// held back.
+#[derive(Debug, Default)]
+struct Throttle {
+    /// When a warning was last let through.
+    last: Option<Instant>,
+    /// Warnings held back since.
+    suppressed: u64,
+}
+
+impl Throttle {
+    /// `Some(held back since the last one)` when a warning may be logged now.
+    fn due(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < WARNING_INTERVAL)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}

@@ -1,0 +1,299 @@
+//! The Redis-protocol door's metrics, `hotsplit_resp_*`: commands and their latency by
+//! command, error replies by prefix, open and refused connections, protocol errors.
+//!
+//! Every label set is bounded: a command is counted under its name when it is one of
+//! [`COMMANDS`], else `other`; an error under its first word when it is one of [`PREFIXES`],
+//! else `other`. A client sending random command names cannot grow the exposition. Every handle
+//! is resolved once, at startup, so counting is an index and an atomic add.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Unit;
+
+use crate::metrics::{register, register_with_unit, Metrics};
+
+/// The command names counted under their own label (lowercase, as Redis's `cmdstat_*`); any
+/// other is `other`.
+pub const COMMANDS: [&str; 34] = [
+    "get",
+    "mget",
+    "set",
+    "del",
+    "unlink",
+    "exists",
+    "ttl",
+    "pttl",
+    "hello",
+    "auth",
+    "ping",
+    "echo",
+    "quit",
+    "reset",
+    "select",
+    "client",
+    "command",
+    "info",
+    "config",
+    "cluster",
+    "multi",
+    "exec",
+    "discard",
+    "watch",
+    "unwatch",
+    "subscribe",
+    "hotsplit.read",
+    "hotsplit.publish",
+    "hotsplit.invalidate",
+    "hotsplit.client",
+    "hotsplit.session",
+    "hotsplit.class",
+    "hotsplit.affinity",
+    "hotsplit.info",
+];
+
+/// The label of a command or an error prefix not listed.
+const OTHER: &str = "other";
+
+/// The error prefixes counted under their own label (the first word of the reply); any other
+/// is `other`.
+pub const PREFIXES: [&str; 12] = [
+    "ERR",
+    "NOAUTH",
+    "WRONGPASS",
+    "NOPERM",
+    "NOPROTO",
+    "EXECABORT",
+    "FLOOR",
+    "UNAVAILABLE",
+    "OVERLOADED",
+    "DEADLINE",
+    "STALE",
+    "FULL",
+];
+
+/// Labels of the per-command families.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CommandLabels {
+    /// One of [`COMMANDS`], or `other`.
+    command: &'static str,
+}
+
+/// Labels of the error counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PrefixLabels {
+    /// One of [`PREFIXES`], or `other`.
+    prefix: &'static str,
+}
+
+/// The door's metric handles. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RespMetrics {
+    /// The resolved handles, shared.
+    inner: Arc<Handles>,
+}
+
+/// The handles of [`RespMetrics`].
+#[derive(Debug)]
+struct Handles {
+    /// Commands run, indexed like [`COMMANDS`], then `other`.
+    commands: Box<[Counter]>,
+    /// Command latency by command.
+    latency: Family<CommandLabels, Histogram>,
+    /// Each command's latency histogram, indexed as `commands`, resolved on its first use (a
+    /// histogram is 24 series: only the commands a client sends are exported).
+    latency_by_index: Box<[OnceLock<Histogram>]>,
+    /// Error replies, indexed like [`PREFIXES`], then `other`.
+    errors: Box<[Counter]>,
+    /// Open connections.
+    open: Gauge,
+    /// Connections refused at `resp.max_connections`.
+    refused: Counter,
+    /// Connections closed for breaking the protocol or a bound.
+    protocol_errors: Counter,
+    /// Connections closed because a reload revoked their token.
+    revoked: Counter,
+}
+
+/// Which of [`COMMANDS`] (or `other`, `COMMANDS.len()`) the command named `name` is counted
+/// under.
+pub fn command_index(name: &[u8]) -> usize {
+    COMMANDS
+        .iter()
+        .position(|known| known.as_bytes().eq_ignore_ascii_case(name))
+        .unwrap_or(COMMANDS.len())
+}
+
+/// Which of [`PREFIXES`] (or `other`) the error reply `text` is counted under.
+fn prefix_index(text: &str) -> usize {
+    let word = text.split(' ').next().unwrap_or_default();
+    PREFIXES
+        .iter()
+        .position(|known| *known == word)
+        .unwrap_or(PREFIXES.len())
+}
+
+impl RespMetrics {
+    /// Creates the families in `metrics`' registry and resolves every handle (once per
+    /// service).
+    pub fn register(metrics: &Metrics) -> RespMetrics {
+        metrics.register_with(|registry| {
+            let commands: Family<CommandLabels, Counter> = register(
+                registry,
+                "resp_commands",
+                "Commands run on the Redis-protocol listener, by command (the known names, else other)",
+            );
+            let latency = register_with_unit(
+                registry,
+                "resp_command_duration",
+                "Latency of Redis-protocol commands, by command, from the start of the command to its reply being ready (not written)",
+                Unit::Seconds,
+                Family::<CommandLabels, Histogram>::new_with_constructor(|| {
+                    Histogram::new(exponential_buckets(0.000_005, 2.0, 22))
+                }),
+            );
+            let errors: Family<PrefixLabels, Counter> = register(
+                registry,
+                "resp_errors",
+                "Error replies of the Redis-protocol listener, by prefix (ERR, NOAUTH, OVERLOADED, ...; else other)",
+            );
+            let open: Gauge = register(
+                registry,
+                "resp_connections",
+                "Open Redis-protocol connections",
+            );
+            let refused: Counter = register(
+                registry,
+                "resp_connections_refused",
+                "Redis-protocol connections answered 'max number of clients reached' and closed (resp.max_connections)",
+            );
+            let protocol_errors: Counter = register(
+                registry,
+                "resp_protocol_errors",
+                "Redis-protocol connections answered 'Protocol error' and closed (malformed input or a bound: resp.max_args, resp.max_inline_bytes, resp.max_pending_bytes, server.max_value_bytes)",
+            );
+            let revoked: Counter = register(
+                registry,
+                "resp_connections_revoked",
+                "Redis-protocol connections closed because a reload revoked the token they authenticated with",
+            );
+            let names = COMMANDS.iter().copied().chain([OTHER]);
+            // Each handle is cloned in its own statement: `get_or_create` returns a read guard.
+            let commands = names
+                .clone()
+                .map(|command| {
+                    let counter = commands.get_or_create(&CommandLabels { command }).clone();
+                    counter
+                })
+                .collect();
+            let latency_by_index = names.map(|_| OnceLock::new()).collect();
+            let errors = PREFIXES
+                .iter()
+                .copied()
+                .chain([OTHER])
+                .map(|prefix| {
+                    let counter = errors.get_or_create(&PrefixLabels { prefix }).clone();
+                    counter
+                })
+                .collect();
+            RespMetrics {
+                inner: Arc::new(Handles {
+                    commands,
+                    latency,
+                    latency_by_index,
+                    errors,
+                    open,
+                    refused,
+                    protocol_errors,
+                    revoked,
+                }),
+            }
+        })
+    }
+
+    /// Counts one command (`index` from [`command_index`]) that took `took`.
+    pub fn command(&self, index: usize, took: Duration) {
+        if let Some(counter) = self.inner.commands.get(index) {
+            counter.inc();
+        }
+        let Some(slot) = self.inner.latency_by_index.get(index) else {
+            return;
+        };
+        let histogram = slot.get_or_init(|| {
+            let command = COMMANDS.get(index).copied().unwrap_or(OTHER);
+            let histogram = self
+                .inner
+                .latency
+                .get_or_create(&CommandLabels { command })
+                .clone();
+            histogram
+        });
+        histogram.observe(took.as_secs_f64());
+    }
+
+    /// Counts an error reply with `text`.
+    pub fn error(&self, text: &str) {
+        if let Some(counter) = self.inner.errors.get(prefix_index(text)) {
+            counter.inc();
+        }
+    }
+
+    /// The open-connection gauge.
+    pub(crate) fn open(&self) -> &Gauge {
+        &self.inner.open
+    }
+
+    /// Counts a connection refused at the bound.
+    pub(crate) fn refused(&self) {
+        self.inner.refused.inc();
+    }
+
+    /// Counts a connection closed for a protocol error.
+    pub(crate) fn protocol_error(&self) {
+        self.inner.protocol_errors.inc();
+    }
+
+    /// Counts a connection closed for a revoked token.
+    pub(crate) fn revoked(&self) {
+        self.inner.revoked.inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_prefixes_fall_into_a_bounded_set() {
+        assert_eq!(COMMANDS[command_index(b"GET")], "get");
+        assert_eq!(COMMANDS[command_index(b"HotSplit.Read")], "hotsplit.read");
+        assert_eq!(command_index(b"FLUSHALL"), COMMANDS.len());
+        assert_eq!(
+            PREFIXES[prefix_index("NOAUTH Authentication required.")],
+            "NOAUTH"
+        );
+        assert_eq!(prefix_index("MOVED 1 x"), PREFIXES.len());
+        let metrics = Metrics::new();
+        let resp = RespMetrics::register(&metrics);
+        resp.command(command_index(b"get"), Duration::from_micros(30));
+        resp.command(command_index(b"nope"), Duration::from_micros(30));
+        resp.error("OVERLOADED too many requests in flight, retry later");
+        resp.error("WEIRD x");
+        let text = metrics.render();
+        for line in [
+            r#"hotsplit_resp_commands_total{command="get"} 1"#,
+            r#"hotsplit_resp_commands_total{command="other"} 1"#,
+            r#"hotsplit_resp_errors_total{prefix="OVERLOADED"} 1"#,
+            r#"hotsplit_resp_errors_total{prefix="other"} 1"#,
+            r#"hotsplit_resp_command_duration_seconds_count{command="get"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(!text.contains(r#"command_duration_seconds_count{command="set"}"#));
+    }
+}
