@@ -252,7 +252,8 @@ impl RespConn {
         let mut conn = RespConn {
             stream: BufReader::new(stream),
         };
-        let mut commands: Vec<&[&str]> = vec![&["AUTH", token]];
+        let auth = ["AUTH", token];
+        let mut commands: Vec<&[&str]> = vec![&auth];
         commands.extend_from_slice(setup);
         for command in commands {
             let args: Vec<&[u8]> = command.iter().map(|arg| arg.as_bytes()).collect();
