@@ -136,7 +136,7 @@ pub(crate) fn finish(result: hotsplit::Result<CheckReport>) -> ExitCode {
             println!("{}", report.markdown());
             let failures = report.failures();
             if failures.is_empty() {
-                println!("PASS: no monotonic-read violation outside loss windows in the affine, floor and delete modes (none at all in floor mode), no read-your-writes violation, no wrong decides-on-presence decision.");
+                println!("PASS: no monotonic-read violation outside loss windows in the affine, floor, delete and resp modes (none at all in floor mode), no read-your-writes violation, no wrong decides-on-presence decision.");
                 ExitCode::SUCCESS
             } else {
                 for failure in failures {

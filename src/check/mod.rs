@@ -10,7 +10,8 @@
 //! [`cli`] is the command line (flags, the options they make, the printed verdict). The
 //! experiment itself, in the shape of `audit/`: [`run`] (options and orchestration: start
 //! the cluster and the service, run each phase, write the histories and the report), `workload`
-//! (one mode's writers, readers and sampler), `presence` (the presence experiment), `faults`
+//! (one mode's writers, readers and sampler), `resp` (the `resp` mode's clients on the
+//! Redis-protocol door), `presence` (the presence experiment), `faults`
 //! (the seeded fault schedule and replica lag), `recorder` (the shared history, requests and
 //! direct copy samples) and [`report`] (the pure figures: judging a history, the report).
 //! [`fleet`] is `--instances 2`: two `hotsplit serve` processes, sessions spread over both,
@@ -27,5 +28,6 @@ pub mod history;
 mod presence;
 mod recorder;
 pub mod report;
+mod resp;
 pub mod run;
 mod workload;

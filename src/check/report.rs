@@ -22,11 +22,20 @@ pub enum Mode {
     Floor,
     /// Invalidate on edit; readers refill from the source of truth on a miss.
     Delete,
+    /// Writers and readers on the Redis-protocol door (`[resp] listen`): explicit client ids
+    /// and pooled connections without one (see `check::resp`).
+    Resp,
 }
 
 impl Mode {
     /// Every mode, in report order.
-    pub const ALL: [Mode; 4] = [Mode::RandomSuffix, Mode::Affine, Mode::Floor, Mode::Delete];
+    pub const ALL: [Mode; 5] = [
+        Mode::RandomSuffix,
+        Mode::Affine,
+        Mode::Floor,
+        Mode::Delete,
+        Mode::Resp,
+    ];
 
     /// The mode's name on the command line and in reports.
     pub fn as_str(self) -> &'static str {
@@ -35,6 +44,7 @@ impl Mode {
             Mode::Affine => "affine",
             Mode::Floor => "floor",
             Mode::Delete => "delete",
+            Mode::Resp => "resp",
         }
     }
 }

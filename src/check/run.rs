@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::history::Event;
 use super::recorder::Recorder;
 use super::report::{judge, CheckReport, Mode};
+use super::resp::RespDoors;
 use hotsplit::config::Config;
 use hotsplit::error::{Error, ErrorKind, Result};
 use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions, TlsFiles};
@@ -102,6 +103,8 @@ pub(super) struct Experiment {
     pub(super) key_tag: &'static str,
     /// Cancelled on ctrl-c or SIGTERM: a phase then stops early.
     pub(super) shutdown: CancellationToken,
+    /// The Redis-protocol doors of the `resp` mode.
+    pub(super) resp: Option<Arc<RespDoors>>,
 }
 
 /// What every task of one phase holds: the service's client and base URL, the cluster, the
@@ -261,6 +264,11 @@ pub async fn run(
     near_config.near_cache.enabled = true;
     let near_spool = spool.with_extension("near");
     near_config.heal.spool_dir = near_spool.clone();
+    // Each service's Redis-protocol door, for the `resp` mode, on a port free a moment ago.
+    let resp_address = free_address().await?;
+    let near_resp_address = free_address().await?;
+    config.resp.listen = Some(resp_address);
+    near_config.resp.listen = Some(near_resp_address);
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let near_listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -306,6 +314,11 @@ pub async fn run(
         phase_length,
         shutdown: shutdown.clone(),
         key_tag: "",
+        resp: Some(Arc::new(RespDoors {
+            read: resp_address.to_string(),
+            write: resp_address.to_string(),
+            token: token.clone(),
+        })),
     };
     let near_experiment = Experiment {
         http: experiment.http.clone(),
@@ -319,6 +332,11 @@ pub async fn run(
         phase_length,
         shutdown: shutdown.clone(),
         key_tag: "-near",
+        resp: Some(Arc::new(RespDoors {
+            read: near_resp_address.to_string(),
+            write: resp_address.to_string(),
+            token: token.clone(),
+        })),
     };
     let runs = Mode::ALL.into_iter().map(|mode| (mode, &experiment)).chain(
         NEAR_CACHE_MODES
@@ -411,8 +429,14 @@ pub(super) async fn start_cluster(tls: Option<TlsFiles>) -> Result<Cluster> {
     })
 }
 
+/// A loopback address no socket was bound to a moment ago (the service binds it next).
+async fn free_address() -> Result<std::net::SocketAddr> {
+    let probe = TcpListener::bind("127.0.0.1:0").await?;
+    Ok(probe.local_addr()?)
+}
+
 /// The modes that run a second time against the service with its near cache on.
-const NEAR_CACHE_MODES: [Mode; 2] = [Mode::Affine, Mode::Floor];
+const NEAR_CACHE_MODES: [Mode; 3] = [Mode::Affine, Mode::Floor, Mode::Resp];
 
 /// Copy reads (`HMGET` calls) each node of `cluster` has served so far, in node order; a node
 /// that does not answer counts 0.

@@ -16,6 +16,7 @@ use super::faults::{inject, lag_replicas, schedule};
 use super::history::Op;
 use super::recorder::{event, outcome_of, sample_copies, send};
 use super::report::Mode;
+use super::resp;
 use super::run::{Experiment, Phase};
 use hotsplit::wire::query::{CLASS, CLIENT, COPY, MIN_VERSION, VERSION};
 
@@ -72,6 +73,17 @@ impl Experiment {
             // Writers publish through `write_base`: the readers' own service, or in the
             // near-cache rows the other one.
             let (http, _, recorder, stop) = phase.service_handles();
+            if let (Mode::Resp, Some(doors)) = (mode, &self.resp) {
+                tasks.spawn(resp::writer(
+                    doors.clone(),
+                    index,
+                    key.clone(),
+                    source.clone(),
+                    recorder,
+                    stop,
+                ));
+                continue;
+            }
             let base = phase.write_base.clone();
             let (key, source) = (key.clone(), source.clone());
             tasks.spawn(async move {
@@ -128,6 +140,10 @@ impl Experiment {
             let (http, base, recorder, stop) = phase.service_handles();
             let (keys, source) = (keys.clone(), source.clone());
             let mut rng = StdRng::seed_from_u64(rng.random());
+            if let (Mode::Resp, Some(doors)) = (mode, &self.resp) {
+                tasks.spawn(resp::reader(doors.clone(), reader, keys, rng, recorder, stop));
+                continue;
+            }
             let copies = self.copies;
             tasks.spawn(async move {
             let session = format!("reader-{reader}");
@@ -140,7 +156,7 @@ impl Experiment {
                 // which is where lagging copies become visible.
                 let url = match mode {
                     Mode::RandomSuffix => format!("{base}/v1/keys/{key}?{COPY}={copy}&{CLASS}=advisory"),
-                    Mode::Affine | Mode::Delete => format!("{base}/v1/keys/{key}?{CLIENT}={session}&{CLASS}=advisory"),
+                    Mode::Affine | Mode::Delete | Mode::Resp => format!("{base}/v1/keys/{key}?{CLIENT}={session}&{CLASS}=advisory"),
                     Mode::Floor => match floors.get(&index) {
                         Some(floor) => {
                             format!("{base}/v1/keys/{key}?{COPY}={copy}&{MIN_VERSION}={floor}&{CLASS}=advisory")
