@@ -118,7 +118,7 @@ pub(super) async fn reader(
     recorder: Recorder,
     stop: CancellationToken,
 ) {
-    let explicit = reader % 2 == 0;
+    let explicit = reader.is_multiple_of(2);
     let session = if explicit {
         format!("reader-{reader}")
     } else {
@@ -130,7 +130,11 @@ pub(super) async fn reader(
     while !stop.is_cancelled() {
         let slot = &mut pool[next % slots];
         next += 1;
-        let setup_id = if explicit { Some(session.as_str()) } else { None };
+        let setup_id = if explicit {
+            Some(session.as_str())
+        } else {
+            None
+        };
         let opened = match setup_id {
             Some(id) => connected(slot, &doors.read, &doors.token, id, &stop).await,
             None => connected_pooled(slot, &doors.read, &doors.token, &stop).await,

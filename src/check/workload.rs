@@ -141,7 +141,14 @@ impl Experiment {
             let (keys, source) = (keys.clone(), source.clone());
             let mut rng = StdRng::seed_from_u64(rng.random());
             if let (Mode::Resp, Some(doors)) = (mode, &self.resp) {
-                tasks.spawn(resp::reader(doors.clone(), reader, keys, rng, recorder, stop));
+                tasks.spawn(resp::reader(
+                    doors.clone(),
+                    reader,
+                    keys,
+                    rng,
+                    recorder,
+                    stop,
+                ));
                 continue;
             }
             let copies = self.copies;

@@ -27,7 +27,9 @@ pub struct RespConfig {
     /// The most connections the listener holds open at once (Redis's `maxclients`); beyond it
     /// a new connection is answered `-ERR max number of clients reached` and closed. Idle
     /// connections are never evicted to make room: pooled clients keep theirs open on purpose.
-    /// Counted in the open-file check at startup. Default: `10000`.
+    /// Counted in the open-file check at startup. Default: `4096` (Redis's `maxclients` is
+    /// 10000; 4096 fits beside `server.max_connections`' 10000 under a 20,000 open-file limit,
+    /// a common hard limit: raise both with the limit).
     pub max_connections: usize,
     /// The most arguments one command may have, its name included; a multibulk header that
     /// declares more is answered `-ERR Protocol error: invalid multibulk length` and the
@@ -62,7 +64,7 @@ impl Default for RespConfig {
     fn default() -> RespConfig {
         RespConfig {
             listen: None,
-            max_connections: 10_000,
+            max_connections: 4096,
             max_args: 4097,
             max_inline_bytes: 64 * 1024,
             max_pending_bytes: 16 * 1024 * 1024,
@@ -142,7 +144,7 @@ mod tests {
         assert!(err.to_string().contains("resp.max_inline_bytes"), "{err}");
         let parsed: RespConfig =
             toml::from_str("listen = \"127.0.0.1:6380\"\nidle_timeout = \"5m\"").unwrap();
-        assert_eq!(parsed.connections_held(), 10_000);
+        assert_eq!(parsed.connections_held(), 4096);
         assert_eq!(parsed.idle_timeout, Duration::from_secs(300));
         assert!(toml::from_str::<RespConfig>("lisen = \"127.0.0.1:1\"").is_err());
     }

@@ -54,12 +54,14 @@ fn scripts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/resp_clients")
 }
 
-/// A `hotsplit serve` with the RESP listener on a port of its own, and that port.
+/// A `hotsplit serve` with the RESP listener on a port of its own, and that port. Its
+/// connection bounds are the defaults (10000 HTTP, 4096 RESP): they fit a 20,000 open-file
+/// limit, so `--resp-listen` starts as configured out of the box.
 async fn serve(dir: &Path, extra: &str) -> (Binary, u16) {
     let port = harness::free_port();
     let spool = harness::spool_dir();
     let config = format!(
-        "[resp]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = 256\n[heal]\nspool_dir = \"{}\"\n{extra}{FAMILIES}",
+        "[resp]\nlisten = \"127.0.0.1:{port}\"\n[heal]\nspool_dir = \"{}\"\n{extra}{FAMILIES}",
         spool.display()
     );
     (Binary::start(dir, "resp", &config).await, port)
