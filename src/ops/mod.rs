@@ -1,8 +1,8 @@
 //! Operations: what a read and a publish mean for a caller, whichever door it came through.
 //!
-//! A door (the HTTP API in [`crate::http`], the Redis protocol in [`crate::resp`]) parses its protocol
-//! into the plain types here, calls [`Ops::read`] or [`Ops::publish`], and renders what comes
-//! back; it decides nothing a second door would have to decide again. What lives here:
+//! A door (the HTTP API in [`crate::http`], the Redis protocol in [`crate::resp`]) parses its
+//! protocol into the plain types here, calls [`Ops::read`] or [`Ops::publish`], and renders what
+//! comes back; it decides nothing a second door would have to decide again. What lives here:
 //! - **Session floors in and out** ([`ClientSession`]): a door hands over the token it was
 //!   sent ([`Ops::session`] decodes and counts it; a bad token is ignored, never an error);
 //!   a read's floors for its key join the instance's own memory of the client; the version a
