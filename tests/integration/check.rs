@@ -100,8 +100,12 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
     );
     // Outside loss windows, no judged mode shows a violation of any scope, nor a writer one of
     // its own writes (the exit status says so too; this names the mode).
-    for name in ["affine", "floor", "delete"] {
+    for name in ["affine", "floor", "delete", "resp"] {
         let judged = mode(name);
+        assert!(
+            judged["reads"].as_u64().unwrap() > 0,
+            "seed {seed}: {name} read nothing: {judged}"
+        );
         let outside = violations(&judged)
             - judged["monotonic_violations_in_loss_windows"]
                 .as_u64()
@@ -110,7 +114,7 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
     }
     let floor = mode("floor");
     assert_eq!(violations(&floor), 0, "seed {seed}: {floor}");
-    // The same two modes against a service answering from its near cache: judged by the same
+    // The same three modes against a service answering from its near cache: judged by the same
     // rules, with the staleness of every read and Redis's copy reads measured.
     let near_rows: Vec<Value> = summary["modes"]
         .as_array()
@@ -123,7 +127,7 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
         .iter()
         .map(|mode| mode["mode"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["affine", "floor"], "seed {seed}");
+    assert_eq!(names, ["affine", "floor", "resp"], "seed {seed}");
     for row in &near_rows {
         assert!(row["reads"].as_u64().unwrap() > 0, "seed {seed}: {row}");
         let outside = violations(row)
