@@ -34,6 +34,7 @@ mod redis_store;
 mod reload;
 mod resize;
 mod resp_clients;
+mod resp_cluster;
 mod resp_conn;
 mod route;
 mod scrub;

@@ -21,7 +21,7 @@ const FAMILIES: &str = "[[family]]\nprefix = \"hot:\"\ncopies = 4\nttl = \"10m\"
 
 /// The program a client env var names, or `None` (and a skip message) when it is unset and
 /// the clients are not required.
-fn client(var: &str, what: &str) -> Option<PathBuf> {
+pub(crate) fn client(var: &str, what: &str) -> Option<PathBuf> {
     match std::env::var_os(var) {
         Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
         _ if std::env::var_os("HOTSPLIT_REQUIRE_RESP_CLIENTS").is_some() => {
@@ -35,7 +35,7 @@ fn client(var: &str, what: &str) -> Option<PathBuf> {
 }
 
 /// A Debian tool on the PATH (redis-cli, redis-benchmark), else as [`client`] says.
-fn tool(name: &str) -> Option<PathBuf> {
+pub(crate) fn tool(name: &str) -> Option<PathBuf> {
     let found = Command::new(name).arg("--version").output().is_ok();
     match found {
         true => Some(PathBuf::from(name)),
@@ -50,14 +50,14 @@ fn tool(name: &str) -> Option<PathBuf> {
 }
 
 /// The folder of the client scripts.
-fn scripts() -> PathBuf {
+pub(crate) fn scripts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/resp_clients")
 }
 
 /// A `hotsplit serve` with the RESP listener on a port of its own, and that port. Its
 /// connection bounds are the defaults (10000 HTTP, 4096 RESP): they fit a 20,000 open-file
 /// limit, so `--resp-listen` starts as configured out of the box.
-async fn serve(dir: &Path, extra: &str) -> (Binary, u16) {
+pub(crate) async fn serve(dir: &Path, extra: &str) -> (Binary, u16) {
     let port = harness::free_port();
     let spool = harness::spool_dir();
     let config = format!(
@@ -68,7 +68,7 @@ async fn serve(dir: &Path, extra: &str) -> (Binary, u16) {
 }
 
 /// Asserts that `output` succeeded and printed `ok`, else shows everything and the log.
-fn assert_ok(output: &Output, what: &str, binary: &Binary) {
+pub(crate) fn assert_ok(output: &Output, what: &str, binary: &Binary) {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     eprintln!("{what}: {}", stdout.trim_end());
@@ -81,7 +81,7 @@ fn assert_ok(output: &Output, what: &str, binary: &Binary) {
 }
 
 /// `redis-cli -p PORT args…`, its stdout.
-fn redis_cli(port: u16, args: &[&str]) -> String {
+pub(crate) fn redis_cli(port: u16, args: &[&str]) -> String {
     let output = Command::new("redis-cli")
         .arg("-p")
         .arg(port.to_string())
