@@ -120,6 +120,8 @@ struct Background {
     /// Repairs copies missing or behind while it holds the lease; `None` on the embedded
     /// store or with `scrub.enabled = false`.
     scrubber: Option<Scrubber>,
+    /// Refreshes the index of split keys and moves them through the split protocol.
+    splitter: crate::split::Splitter,
 }
 
 impl Service {
@@ -163,6 +165,7 @@ impl Service {
         let Roles {
             copies,
             layouts: layout_records,
+            splits,
             fleet,
             topology,
             library,
@@ -241,6 +244,10 @@ impl Service {
             config.heal.flush_batch,
             drain_for,
         );
+        let split_families = families.clone();
+        let split_copies = copies.clone();
+        let split_interval = liveness.interval;
+        let split_settle = liveness.settle();
         let layout_watcher = LayoutWatcher {
             stores: layout_stores,
             layouts: layouts.clone(),
@@ -275,7 +282,7 @@ impl Service {
             fleet,
             metrics,
             retry_queue: retry_queue.clone(),
-            layouts,
+            layouts: layouts.clone(),
             tracker: tracker.clone(),
             lag: lag.clone(),
             scrub: scrub_status,
@@ -290,6 +297,20 @@ impl Service {
             }
         };
         state.tokens().store(tokens);
+        let splitter = crate::split::Splitter::new(
+            splits,
+            split_copies,
+            layouts,
+            split_families,
+            config.split_policies(),
+            state.ops().reader().hot_keys().cloned(),
+            split_interval,
+            split_settle,
+        );
+        // Before serving: every publish writes the copies another instance's readers use.
+        if let Err(err) = splitter.load().await {
+            tracing::warn!(error = %err, "cannot read the split records at startup; retried every layout interval");
+        }
         let reloader = Reloader::new(
             config.clone(),
             state.tokens().clone(),
@@ -350,6 +371,7 @@ impl Service {
                 },
                 status_publisher,
                 scrubber,
+                splitter,
             },
             registry,
             advertise: config.fleet.advertise.clone(),

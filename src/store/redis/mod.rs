@@ -93,6 +93,7 @@ use crate::metrics::Metrics;
 mod copies;
 mod failure;
 mod layouts;
+mod splits;
 mod library;
 mod readonly;
 mod registry;
