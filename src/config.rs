@@ -477,6 +477,22 @@ mod tests {
                 "family[0].default_class",
             ),
             (
+                "[[family]]\nprefix = \"a\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\nsplit = { max_copies = 8 }",
+                "family[0].split: the family's default_class",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 4\nsplit = { max_copies = 4 }",
+                "family[0].split.max_copies",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 1\nsplit = { max_copies = 8, cool_down = \"0s\" }",
+                "family[0].split.cool_down",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 1\nsplit = { max_copies = 8, mode = \"bogus\" }",
+                "mode",
+            ),
+            (
                 "[[family]]\nprefix = \"a\"\ncopies = 1\npin_window = \"0s\"",
                 "family[0].pin_window",
             ),

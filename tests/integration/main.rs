@@ -38,6 +38,7 @@ mod resp_conn;
 mod route;
 mod scrub;
 mod session;
+mod split;
 mod spool;
 mod startup;
 mod status_page;
