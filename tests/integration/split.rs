@@ -136,9 +136,12 @@ async fn two_instances_learning_of_a_split_and_a_merge_at_different_moments_serv
 {
     let server = harness::shared_standalone();
     // The splitting instance, and one that never splits (observe) but writes and reads what
-    // the records say, refreshed on its own clock.
+    // the records say, refreshed on its own clock five times as seldom: it learns of each move
+    // up to 1.5 s after the splitter made it (still within the splitter's settle time of
+    // 300 ms + 2 × the 2 s command timeout). A split that admitted readers before the settle
+    // time would serve them copies the late instance's publishes missed.
     let splitter = Service::start(config(&server.url(), "sp2:", "split", "300ms")).await;
-    let other = Service::start(config(&server.url(), "sp2:", "observe", "300ms")).await;
+    let other = Service::start(config(&server.url(), "sp2:", "observe", "1500ms")).await;
     let http = reqwest::Client::new();
     let bases = [splitter.base.clone(), other.base.clone()];
     let mut version = 0u64;
