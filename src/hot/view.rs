@@ -192,7 +192,8 @@ impl HotKeysView {
                         Some(crate::split::SplitMode::Split) => "split",
                         _ => "observe",
                     },
-                    would_split: policy.is_some_and(|policy| rate.hot && rate.rate >= policy.threshold),
+                    would_split: policy
+                        .is_some_and(|policy| rate.hot && rate.rate >= policy.threshold),
                     split_phase: record.map(|record| record.phase.as_str()),
                     key: rate.key,
                     rate: rate.rate,

@@ -349,7 +349,9 @@ impl Router {
                         ),
                     )
                 })?;
-                if (family.copies > 1 || family.split.is_some()) && classes.get(class).requires_single_copy() {
+                if (family.copies > 1 || family.split.is_some())
+                    && classes.get(class).requires_single_copy()
+                {
                     return Err(Error::new(
                         ErrorKind::ClassNotAllowed,
                         format!(

@@ -280,7 +280,10 @@ impl Splitter {
         match step {
             Step::Stay => Ok(()),
             Step::Record(next) => {
-                if self.swap(name, key, expected.as_deref(), Some(next), now).await? {
+                if self
+                    .swap(name, key, expected.as_deref(), Some(next), now)
+                    .await?
+                {
                     if record.is_none() {
                         self.memory()
                             .started
@@ -289,7 +292,13 @@ impl Splitter {
                             .push_back(now);
                     }
                     if record.map(|record| record.stage()) != Some(next.stage()) {
-                        tracing::info!(family = name, key, copies = next.copies, phase = next.phase.as_str(), "split key moved");
+                        tracing::info!(
+                            family = name,
+                            key,
+                            copies = next.copies,
+                            phase = next.phase.as_str(),
+                            "split key moved"
+                        );
                     }
                 }
                 Ok(())
@@ -297,8 +306,16 @@ impl Splitter {
             Step::FillThenRecord(next) => {
                 let key_parsed = Key::parse(key)?;
                 self.fill(family, &key_parsed, next.copies).await?;
-                if self.swap(name, key, expected.as_deref(), Some(next), now).await? {
-                    tracing::info!(family = name, key, copies = next.copies, "split key filled; reads now use its copies");
+                if self
+                    .swap(name, key, expected.as_deref(), Some(next), now)
+                    .await?
+                {
+                    tracing::info!(
+                        family = name,
+                        key,
+                        copies = next.copies,
+                        "split key filled; reads now use its copies"
+                    );
                 }
                 Ok(())
             }
@@ -315,7 +332,11 @@ impl Splitter {
                 }
                 self.copies.delete_copies(&removed).await?;
                 if self.swap(name, key, expected.as_deref(), None, now).await? {
-                    tracing::info!(family = name, key, "split key merged; its extra copies are deleted");
+                    tracing::info!(
+                        family = name,
+                        key,
+                        "split key merged; its extra copies are deleted"
+                    );
                 }
                 Ok(())
             }

@@ -168,8 +168,8 @@ pub fn decide(record: Option<&SplitRecord>, facts: &Facts) -> Step {
         };
     };
     let stale_seen = now.saturating_sub(record.seen_ms) >= touch_every(facts.cool_down);
-    let cooled =
-        !facts.hot && now.saturating_sub(record.seen_ms) >= crate::duration::millis(facts.cool_down);
+    let cooled = !facts.hot
+        && now.saturating_sub(record.seen_ms) >= crate::duration::millis(facts.cool_down);
     match record.phase {
         Phase::Writing if facts.settled => {
             let mut next = record.moved(Phase::Reading, now);

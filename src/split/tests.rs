@@ -32,7 +32,15 @@ fn a_record_reads_back_and_anything_else_is_refused() {
     let written = record(Phase::Reading, 5, 7);
     assert_eq!(written.encode(), "16:r:5:7");
     assert_eq!(SplitRecord::decode(&written.encode()), Some(written));
-    for bad in ["", "16:r:5", "16:x:5:7", "1:r:5:7", "16:r:5:7:9", "a:r:5:7", "2000:w:1:1"] {
+    for bad in [
+        "",
+        "16:r:5",
+        "16:x:5:7",
+        "1:r:5:7",
+        "16:r:5:7:9",
+        "a:r:5:7",
+        "2000:w:1:1",
+    ] {
         assert_eq!(SplitRecord::decode(bad), None, "{bad:?}");
     }
 }
@@ -69,19 +77,28 @@ fn a_key_not_hot_or_over_the_caps_does_not_split() {
 fn a_cooled_key_merges_readers_first_then_writers_then_its_copies_go() {
     let reading = record(Phase::Reading, 10, 10);
     // Within the cool-down after it was last seen hot: it stays.
-    assert_eq!(decide(Some(&reading), &facts(false, true, 10 + 59_999)), Step::Stay);
+    assert_eq!(
+        decide(Some(&reading), &facts(false, true, 10 + 59_999)),
+        Step::Stay
+    );
     let Step::Record(leaving) = decide(Some(&reading), &facts(false, true, 10 + 60_000)) else {
         panic!("a cooled key merges");
     };
     assert_eq!(leaving.phase, Phase::Leaving);
     assert!(leaving.phase.writes() && !leaving.phase.reads());
-    assert_eq!(decide(Some(&leaving), &facts(false, false, 70_000)), Step::Stay);
+    assert_eq!(
+        decide(Some(&leaving), &facts(false, false, 70_000)),
+        Step::Stay
+    );
     let Step::Record(draining) = decide(Some(&leaving), &facts(false, true, 80_000)) else {
         panic!("writers leave after the settle time");
     };
     assert_eq!(draining.phase, Phase::Draining);
     assert!(!draining.phase.writes() && !draining.phase.reads());
-    assert_eq!(decide(Some(&draining), &facts(false, false, 90_000)), Step::Stay);
+    assert_eq!(
+        decide(Some(&draining), &facts(false, false, 90_000)),
+        Step::Stay
+    );
     assert_eq!(
         decide(Some(&draining), &facts(false, true, 90_000)),
         Step::DeleteThenRemove
@@ -110,7 +127,10 @@ fn an_instance_that_sees_the_key_hot_refreshes_its_seen_time_without_a_new_stage
     };
     assert_eq!(touched.seen_ms, 10 + 15_000);
     assert_eq!(touched.stage(), reading.stage());
-    assert_eq!(decide(Some(&reading), &facts(true, false, 10 + 14_000)), Step::Stay);
+    assert_eq!(
+        decide(Some(&reading), &facts(true, false, 10 + 14_000)),
+        Step::Stay
+    );
 }
 
 #[test]
@@ -146,15 +166,60 @@ fn every_split_field_is_checked_by_name() {
     };
     assert!(good.validate("family[0].split", 1).is_ok());
     let cases = [
-        (SplitConfig { max_copies: 1, ..good.clone() }, "family[0].split.max_copies"),
-        (SplitConfig { max_copies: 2000, ..good.clone() }, "family[0].split.max_copies"),
-        (SplitConfig { threshold: f64::NAN, ..good.clone() }, "family[0].split.threshold"),
-        (SplitConfig { threshold: -1.0, ..good.clone() }, "family[0].split.threshold"),
-        (SplitConfig { cool_down: Duration::ZERO, ..good.clone() }, "family[0].split.cool_down"),
-        (SplitConfig { max_split_keys: 0, ..good.clone() }, "family[0].split.max_split_keys"),
-        (SplitConfig { max_split_keys: 5000, ..good.clone() }, "family[0].split.max_split_keys"),
         (
-            SplitConfig { max_splits_per_minute: 0, ..good.clone() },
+            SplitConfig {
+                max_copies: 1,
+                ..good.clone()
+            },
+            "family[0].split.max_copies",
+        ),
+        (
+            SplitConfig {
+                max_copies: 2000,
+                ..good.clone()
+            },
+            "family[0].split.max_copies",
+        ),
+        (
+            SplitConfig {
+                threshold: f64::NAN,
+                ..good.clone()
+            },
+            "family[0].split.threshold",
+        ),
+        (
+            SplitConfig {
+                threshold: -1.0,
+                ..good.clone()
+            },
+            "family[0].split.threshold",
+        ),
+        (
+            SplitConfig {
+                cool_down: Duration::ZERO,
+                ..good.clone()
+            },
+            "family[0].split.cool_down",
+        ),
+        (
+            SplitConfig {
+                max_split_keys: 0,
+                ..good.clone()
+            },
+            "family[0].split.max_split_keys",
+        ),
+        (
+            SplitConfig {
+                max_split_keys: 5000,
+                ..good.clone()
+            },
+            "family[0].split.max_split_keys",
+        ),
+        (
+            SplitConfig {
+                max_splits_per_minute: 0,
+                ..good.clone()
+            },
             "family[0].split.max_splits_per_minute",
         ),
     ];

@@ -38,7 +38,12 @@ fn record(server: &devcluster::Standalone, family: &str, key: &str) -> Option<St
 
 /// Whether `copy_key` exists.
 fn exists(server: &devcluster::Standalone, copy_key: &str) -> bool {
-    server.node.cli(&["EXISTS", copy_key]).expect("EXISTS").trim() == "1"
+    server
+        .node
+        .cli(&["EXISTS", copy_key])
+        .expect("EXISTS")
+        .trim()
+        == "1"
 }
 
 /// Reads `key` once as each of `clients` clients through `base`; returns the copies that served
@@ -103,7 +108,10 @@ async fn a_hot_key_splits_spreads_its_reads_then_cools_merges_and_splits_again()
         let stored = record(server, "sp1:", "sp1:hot").expect("a split record");
         assert!(stored.starts_with("8:r:"), "{stored}");
         for index in 1..8 {
-            assert!(exists(server, &format!("sp1:hot#{index}")), "copy {index} filled");
+            assert!(
+                exists(server, &format!("sp1:hot#{index}")),
+                "copy {index} filled"
+            );
         }
         let entry = hot_entry(&http, &base, "sp1:hot").await.expect("listed");
         assert_eq!(entry["policy"], "split", "{entry}");
@@ -118,22 +126,30 @@ async fn a_hot_key_splits_spreads_its_reads_then_cools_merges_and_splits_again()
         }
 
         // No reads: it cools, merges, and its extra copies go.
-        poll("sp1:hot merges once cool", Duration::from_secs(30), || async {
-            record(server, "sp1:", "sp1:hot").is_none()
-        })
+        poll(
+            "sp1:hot merges once cool",
+            Duration::from_secs(30),
+            || async { record(server, "sp1:", "sp1:hot").is_none() },
+        )
         .await;
         for index in 1..8 {
-            assert!(!exists(server, &format!("sp1:hot#{index}")), "copy {index} deleted");
+            assert!(
+                !exists(server, &format!("sp1:hot#{index}")),
+                "copy {index} deleted"
+            );
         }
         let copies = read_all(&http, &base, "sp1:hot", 16, version + 1).await;
-        assert_eq!(copies, BTreeSet::from(["0".to_owned()]), "merged reads use copy 0");
+        assert_eq!(
+            copies,
+            BTreeSet::from(["0".to_owned()]),
+            "merged reads use copy 0"
+        );
     }
     service.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_learning_of_a_split_and_a_merge_at_different_moments_serve_no_missed_edit()
-{
+async fn two_instances_learning_of_a_split_and_a_merge_at_different_moments_serve_no_missed_edit() {
     let server = harness::shared_standalone();
     // The splitting instance, and one that never splits (observe) but writes and reads what
     // the records say, refreshed on its own clock five times as seldom: it learns of each move
@@ -198,7 +214,10 @@ async fn an_instance_restarted_in_the_middle_of_a_split_finishes_it() {
     let started = std::time::Instant::now();
     while record(server, "sp3:", "sp3:k").is_none() {
         read_all(&http, &service.base, "sp3:k", 32, 1).await;
-        assert!(started.elapsed() < Duration::from_secs(30), "sp3:k never split");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "sp3:k never split"
+        );
     }
     let stored = record(server, "sp3:", "sp3:k").expect("recorded");
     assert!(stored.starts_with("8:w:"), "still writing: {stored}");
@@ -208,15 +227,22 @@ async fn an_instance_restarted_in_the_middle_of_a_split_finishes_it() {
     // settle time and admits readers, then (no reads: cool) merges.
     let service = Service::start(config(&server.url(), "sp3:", "split", "1s")).await;
     publish_succeeds(&http, &service.base, "sp3:k", 2, "two").await;
-    assert!(exists(server, "sp3:k#5"), "a publish writes the copies of a known split");
+    assert!(
+        exists(server, "sp3:k#5"),
+        "a publish writes the copies of a known split"
+    );
     let mut phases = BTreeSet::new();
-    poll("the split finishes, then merges", Duration::from_secs(40), || {
-        let stored = record(server, "sp3:", "sp3:k");
-        if let Some(stored) = &stored {
-            phases.insert(stored[2..3].to_owned());
-        }
-        async move { stored.is_none() }
-    })
+    poll(
+        "the split finishes, then merges",
+        Duration::from_secs(40),
+        || {
+            let stored = record(server, "sp3:", "sp3:k");
+            if let Some(stored) = &stored {
+                phases.insert(stored[2..3].to_owned());
+            }
+            async move { stored.is_none() }
+        },
+    )
     .await;
     assert!(phases.contains("r"), "readers were admitted: {phases:?}");
     assert!(!exists(server, "sp3:k#5"), "the extra copies are deleted");

@@ -152,8 +152,7 @@ impl Layouts {
             tokio::time::sleep(settle).await;
         }
         for (family, strays) in grown {
-            let (deleted, complete) =
-                delete_copies_from(
+            let (deleted, complete) = delete_copies_from(
                 stores,
                 families,
                 layouts.splits(),

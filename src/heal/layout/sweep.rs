@@ -99,16 +99,15 @@ impl LayoutWatcher {
             );
             return Ok(());
         }
-        let (deleted, complete) =
-            delete_copies_from(
-                &self.stores,
-                &self.families,
-                self.layouts.splits(),
-                family,
-                family.copies,
-                None,
-            )
-            .await?;
+        let (deleted, complete) = delete_copies_from(
+            &self.stores,
+            &self.families,
+            self.layouts.splits(),
+            family,
+            family.copies,
+            None,
+        )
+        .await?;
         if deleted > 0 {
             tracing::info!(family = name, deleted, "swept copies removed by a shrink");
         } else if complete {
