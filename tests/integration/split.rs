@@ -249,3 +249,50 @@ async fn an_instance_restarted_in_the_middle_of_a_split_finishes_it() {
     read_all(&http, &service.base, "sp3:k", 16, 2).await;
     service.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_split_spreads_one_keys_reads_over_every_master() {
+    let cluster = harness::shared_cluster();
+    let text = format!(
+        "[store]\nredis = \"{url}\"\ncommand_timeout = \"{timeout}\"\n[heal]\nlayout_interval = \"200ms\"\n[[family]]\nprefix = \"sc:\"\ncopies = 1\nttl = \"10m\"\nplacement = \"spread\"\nsplit = {{ mode = \"split\", max_copies = 6, threshold = 50.0, cool_down = \"30s\" }}\n[hot_keys]\nsample_every = 1\nthreshold = 50.0\nwindow = \"200ms\"\n",
+        url = cluster.url(),
+        timeout = harness::command_timeout_toml()
+    );
+    let service = Service::start(config_from_toml(&text)).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    publish_succeeds(&http, &base, "sc:hot", 1, "one").await;
+    let masters = |served: &BTreeSet<String>| served.len();
+    let mut served = BTreeSet::new();
+    let started = std::time::Instant::now();
+    // Before the split every read is served by copy 0's master; after it, by every master.
+    while masters(&served) < 3 {
+        served.clear();
+        for client in 0..48 {
+            let url = format!("{base}/v1/keys/sc:hot?client=c{client}");
+            let answer = get(&http, &url, &[]).await;
+            assert_eq!(answer.status(), 200, "{url}");
+            assert_eq!(served_version(&answer), 1, "{url}");
+            if let Some(node) = answer.headers().get("hotsplit-served-by") {
+                served.insert(node.to_str().unwrap_or_default().to_owned());
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "sc:hot's reads never reached every master: {served:?}"
+        );
+    }
+    let port = harness::owner_port(cluster, "#hotsplit#splits#sc:");
+    let stored = cluster
+        .cli(port, &["HGET", "#hotsplit#splits#sc:", "sc:hot"])
+        .expect("HGET the split record");
+    assert!(stored.trim().starts_with("6:r:"), "{stored}");
+    // A publish while split reaches every copy, wherever it lives.
+    publish_succeeds(&http, &base, "sc:hot", 2, "two").await;
+    for index in 0..6 {
+        let answer = get(&http, &format!("{base}/v1/keys/sc:hot?copy={index}"), &[]).await;
+        assert_eq!(answer.status(), 200);
+        assert_eq!(served_version(&answer), 2, "copy {index}");
+    }
+    service.stop().await;
+}
