@@ -588,6 +588,22 @@ mod tests {
     }
 
     #[test]
+    fn a_family_that_may_split_refuses_presence_reads_at_one_copy() {
+        let router = router(
+            "[[family]]\nprefix = \"a:\"\ncopies = 1\nsplit = { max_copies = 8 }\n[default_family]\ndefault_class = \"decides-on-presence\"",
+        );
+        let splittable = Key::parse("a:1").unwrap();
+        let err = router
+            .plan(&splittable, Some("decides-on-presence"), None, None)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ClassNotAllowed);
+        let unsplit = Key::parse("u:1").unwrap();
+        assert!(router
+            .plan(&unsplit, Some("decides-on-presence"), None, None)
+            .is_ok());
+    }
+
+    #[test]
     fn targets_follow_lag_pins_and_replicas() {
         let router = router(CONFIG);
         let key = Key::parse("s:1").unwrap();
