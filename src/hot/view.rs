@@ -39,7 +39,7 @@ pub struct HotKeyView {
     /// `split.threshold`), whatever the mode: what an `observe` family reports it would split.
     pub would_split: bool,
     /// Where it is in the split protocol (`writing`, `reading`, `leaving`, `draining`), when it
-    /// has copies of its own; `None`: unsplit.
+    /// has copies of its own; null: unsplit.
     pub split_phase: Option<&'static str>,
 }
 
