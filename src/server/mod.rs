@@ -183,6 +183,14 @@ impl Service {
             interval: config.heal.layout_interval,
             command_timeout: config.store.command_timeout,
         };
+        // Before the family live sets: an instance live in a family is in its split set too.
+        crate::split::join_split_sets(
+            &*layout_stores.layouts,
+            &families,
+            &liveness.instance,
+            liveness.interval,
+        )
+        .await;
         let layouts = Layouts::reconcile(&layout_stores, &families, &metrics, &liveness).await?;
         // The scrub runs with Redis only: the embedded store never fails a copy write, so its
         // copies never fall behind one another.
@@ -245,6 +253,7 @@ impl Service {
             drain_for,
         );
         let split_families = families.clone();
+        let split_live = layout_stores.layouts.clone();
         let split_copies = copies.clone();
         let split_interval = liveness.interval;
         let split_settle = liveness.settle();
@@ -299,6 +308,8 @@ impl Service {
         state.tokens().store(tokens);
         let splitter = crate::split::Splitter::new(
             splits,
+            split_live,
+            instance.clone(),
             split_copies,
             layouts,
             split_families,

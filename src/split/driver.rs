@@ -15,7 +15,7 @@ use crate::heal::Layouts;
 use crate::hot::HotKeys;
 use crate::key::{CopyKey, Key};
 use crate::placement::Placement;
-use crate::store::{now_unix_ms, CopyRecord, CopyStore, CopyWrite, SplitStore};
+use crate::store::{now_unix_ms, CopyRecord, CopyStore, CopyWrite, LayoutStore, SplitStore};
 
 /// A stage of one key (copies, phase, since) and when this instance first saw it.
 type Stage = ((u32, Phase, u64), Instant);
@@ -33,6 +33,12 @@ struct Memory {
 pub struct Splitter {
     /// The split records.
     store: Arc<dyn SplitStore>,
+    /// The live sets: this instance keeps itself in each family's *split set* (the live set
+    /// named `#split#<family>`), so the others can tell whether every live instance knows of
+    /// per-key layouts.
+    live: Arc<dyn LayoutStore>,
+    /// This process's name in the live sets.
+    instance: String,
     /// The copies filled and deleted.
     copies: Arc<dyn CopyStore>,
     /// The index (in [`Layouts::splits`]) and the copy names of each family.
@@ -52,6 +58,39 @@ pub struct Splitter {
     memory: Mutex<Memory>,
 }
 
+/// The name of `family`'s split set among the live sets.
+fn split_set(family: &str) -> String {
+    format!("#split#{family}")
+}
+
+/// Keeps `instance` in `family`'s split set for 3 × `interval` (like a live entry) and returns
+/// the other members.
+async fn join_split_set(
+    live: &dyn LayoutStore,
+    family: &str,
+    instance: &str,
+    interval: Duration,
+) -> Result<Vec<u32>> {
+    let ttl_ms = crate::duration::millis(interval * 3);
+    live.join_layout(&split_set(family), 1, instance, ttl_ms)
+        .await
+}
+
+/// Joins every family's split set: called at startup *before* the family live sets are joined,
+/// so no other instance ever sees this one live in a family without knowing it splits.
+pub async fn join_split_sets(
+    live: &dyn LayoutStore,
+    families: &Families,
+    instance: &str,
+    interval: Duration,
+) {
+    for family in families.iter() {
+        if let Err(err) = join_split_set(live, family.name(), instance, interval).await {
+            tracing::warn!(family = family.name(), error = %err, "cannot join the split set; retried every layout interval");
+        }
+    }
+}
+
 /// The cool-down of families with no `split` table, for records another instance made.
 const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(60);
 
@@ -60,6 +99,8 @@ impl Splitter {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: Arc<dyn SplitStore>,
+        live: Arc<dyn LayoutStore>,
+        instance: String,
         copies: Arc<dyn CopyStore>,
         layouts: Arc<Layouts>,
         families: Arc<Families>,
@@ -71,6 +112,8 @@ impl Splitter {
         layouts.splits().set_policies(policies.clone());
         Splitter {
             store,
+            live,
+            instance,
             copies,
             layouts,
             families,
@@ -159,7 +202,8 @@ impl Splitter {
         let mut seen_stages = HashSet::new();
         for family in self.families.iter() {
             let name = family.name().to_owned();
-            let policy = self.policies.get(&name);
+            let aware = self.every_live_instance_splits(&name).await;
+            let policy = self.policies.get(&name).filter(|_| aware);
             let records = self.layouts.splits().family(&name);
             let mut keys: Vec<String> = records.keys().cloned().collect();
             if policy.is_some_and(|policy| policy.mode == SplitMode::Split) {
@@ -178,15 +222,32 @@ impl Splitter {
                     seen_stages.insert((name.clone(), key.clone()));
                     self.note_stage(&name, &key, record, now);
                 }
+                let split_keys = self.layouts.splits().count(&name);
                 let facts = Facts {
                     hot,
-                    may_start: self.may_start(&name, policy, records.len(), now),
-                    settled: record.is_some_and(|record| self.settled(&name, &key, &record, now)),
+                    may_start: self.may_start(&name, policy, split_keys, now),
+                    // While a live instance does not know of per-key layouts (an older release),
+                    // no split admits readers: it writes only the family's copies.
+                    settled: record.is_some_and(|record| {
+                        (aware || record.phase != Phase::Writing)
+                            && self.settled(&name, &key, &record, now)
+                    }),
                     now_ms: now_unix_ms(),
                     cool_down: policy.map_or(DEFAULT_COOL_DOWN, |policy| policy.cool_down),
                     max_copies: policy.map_or(0, |policy| policy.max_copies),
                 };
-                let step = decide(record.as_ref(), &facts);
+                let step = match record {
+                    // Readers leave at once when an instance that writes only the family's copies
+                    // is live.
+                    Some(record) if !aware && record.phase == Phase::Reading => {
+                        Step::Record(SplitRecord {
+                            phase: Phase::Leaving,
+                            since_ms: facts.now_ms.max(record.since_ms + 1),
+                            ..record
+                        })
+                    }
+                    _ => decide(record.as_ref(), &facts),
+                };
                 if let Err(err) = self.apply(family, &key, record, step, now).await {
                     tracing::warn!(family = %name, key = %key, error = %err, "a split move failed; retried on the next tick");
                 }
@@ -194,6 +255,31 @@ impl Splitter {
         }
         let mut memory = self.memory();
         memory.stages.retain(|id, _| seen_stages.contains(id));
+    }
+
+    /// Refreshes this instance in `family`'s split set and tells whether every other live
+    /// instance of the family is in it too (runs a release that knows of per-key layouts).
+    /// `false` when the refresh fails: no split starts or admits readers on a view it cannot
+    /// check.
+    async fn every_live_instance_splits(&self, family: &str) -> bool {
+        match join_split_set(&*self.live, family, &self.instance, self.interval).await {
+            Ok(others) => {
+                let live = self.layouts.live_others(family);
+                if others.len() < live {
+                    tracing::debug!(
+                        family,
+                        live,
+                        aware = others.len(),
+                        "a live instance does not know of per-key layouts: no split admits readers"
+                    );
+                }
+                others.len() >= live
+            }
+            Err(err) => {
+                tracing::debug!(family, error = %err, "cannot refresh the split set");
+                false
+            }
+        }
     }
 
     /// The family name of `raw`, when it is a valid key.

@@ -50,6 +50,16 @@
 //! - After another settle time (no publish writes the split copies any more), the copies
 //!   `family.copies..copies` are deleted and the record removed.
 //!
+//! **Older releases.** An instance of a release before per-key layouts reads no record and writes
+//! only the family's copies. So every instance of this release keeps itself in each family's
+//! *split set* (a live set of its own, `#hotsplit#live##split#<family>`, joined at startup before
+//! the family's live set and refreshed every L), and a driver that sees fewer other members in
+//! the split set than in the family's live set starts no split, admits no readers (`w` stays),
+//! and moves `r` records to `m` at once (test:
+//! `split::no_key_splits_while_a_live_instance_does_not_know_of_splits`). An older instance that
+//! starts while a key is `r` is seen within one L; edits it makes meanwhile miss the split copies
+//! (a limit, below).
+//!
 //! A key hot again while `m` or `d` goes back to `w` (a new stage, so the settle time and the
 //! fill start over: copies that stopped being written are refilled before anyone reads them);
 //! one hot again after its record went is split anew the same way. A restart loses nothing: the
@@ -63,7 +73,12 @@
 //! table (a split key's copies may disagree on presence), and config validation refuses such a
 //! family whose default class decides on presence.
 //!
-//! Limits: an instance whose refreshes of the records fail keeps its last index (logged), and
+//! Tests: `split::tests` (the state machine, the index, the driver on the embedded store) and
+//! the integration tests `split::*` (split and merge on standalone Redis and a 3×3 cluster, two
+//! instances learning at different moments, a restart mid-split, older releases).
+//!
+//! Limits: an instance of an older release that starts while a key is `r` is noticed within one
+//! L, and readers of the split copies may miss its edits until then; an instance whose refreshes of the records fail keeps its last index (logged), and
 //! is then not known to write a split it has not seen (the resize protocol has the same limit
 //! for its live sets); a retry-queue entry of a split copy may land after that copy was deleted
 //! (it expires with its TTL); the family's shrink sweep skips split keys, but a family grow's
@@ -74,7 +89,7 @@ mod driver;
 pub mod record;
 
 pub use config::{SplitConfig, SplitMode};
-pub use driver::Splitter;
+pub use driver::{join_split_sets, Splitter};
 pub use record::{Phase, SplitRecord};
 
 use std::collections::{BTreeMap, HashMap};

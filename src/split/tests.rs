@@ -248,6 +248,8 @@ mod driver {
         Splitter::new(
             store.clone(),
             store.clone(),
+            "test-instance".to_owned(),
+            store.clone(),
             layouts.clone(),
             Arc::new(fixture::families("[[family]]\nprefix = \"p:\"\ncopies = 1")),
             BTreeMap::new(),

@@ -296,3 +296,53 @@ async fn on_a_cluster_a_split_spreads_one_keys_reads_over_every_master() {
     }
     service.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_key_splits_while_a_live_instance_does_not_know_of_splits() {
+    let server = harness::shared_standalone();
+    // An older release's live entry: in the family's live set, not in its split set (it would
+    // write only copy 0).
+    let lapse_ms = hotsplit::store::now_unix_ms() + 600_000;
+    server
+        .node
+        .cli(&[
+            "ZADD",
+            "#hotsplit#live#sp5:",
+            &lapse_ms.to_string(),
+            "1:older-release",
+        ])
+        .expect("ZADD an older live entry");
+    let service = Service::start(config(&server.url(), "sp5:", "split", "200ms")).await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    publish_succeeds(&http, &base, "sp5:k", 1, "one").await;
+    // Hot for well over the settle time (200 ms + 2 × 2 s): no split starts.
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(6) {
+        let copies = read_all(&http, &base, "sp5:k", 32, 1).await;
+        assert_eq!(
+            copies,
+            BTreeSet::from(["0".to_owned()]),
+            "readers stay on copy 0"
+        );
+    }
+    assert_eq!(
+        record(server, "sp5:", "sp5:k"),
+        None,
+        "no split while it is live"
+    );
+    // The older instance goes: the key splits, and readers are admitted after the settle time.
+    server
+        .node
+        .cli(&["ZREM", "#hotsplit#live#sp5:", "1:older-release"])
+        .expect("ZREM");
+    let started = std::time::Instant::now();
+    while read_all(&http, &base, "sp5:k", 32, 1).await.len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "sp5:k never admitted readers: {:?}",
+            record(server, "sp5:", "sp5:k")
+        );
+    }
+    service.stop().await;
+}

@@ -205,6 +205,13 @@ impl Layouts {
         Arc::new(Layouts::default())
     }
 
+    /// How many other instances were live in `family` at the last refresh.
+    pub fn live_others(&self, family: &str) -> usize {
+        self.lock()
+            .get(family)
+            .map_or(0, |known| known.live_others.len())
+    }
+
     /// The per-key layouts of split keys.
     pub fn splits(&self) -> &crate::split::SplitIndex {
         &self.splits
