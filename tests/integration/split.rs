@@ -346,3 +346,57 @@ async fn no_key_splits_while_a_live_instance_does_not_know_of_splits() {
     }
     service.stop().await;
 }
+
+/// `redis-cli -p port -r times GET key` (one connection, so one client), its output lines.
+async fn resp_gets(port: u16, key: &str, times: usize) -> Vec<String> {
+    let args = vec![
+        "-p".to_owned(),
+        port.to_string(),
+        "-r".to_owned(),
+        times.to_string(),
+        "GET".to_owned(),
+        key.to_owned(),
+    ];
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("redis-cli")
+            .args(args)
+            .output()
+            .expect("run redis-cli")
+    })
+    .await
+    .expect("join redis-cli");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_through_the_redis_protocol_split_a_key_and_stay_current_across_it() {
+    let server = harness::shared_standalone();
+    let port = harness::free_port();
+    let mut config = config(&server.url(), "sp6:", "split", "200ms");
+    config.resp = config_from_toml(&format!("[resp]\nlisten = \"127.0.0.1:{port}\"\n")).resp;
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    publish_succeeds(&http, &service.base, "sp6:k", 1, "one").await;
+    let started = std::time::Instant::now();
+    // RESP reads alone make it hot (the detector counts both doors), and it splits.
+    while !record(server, "sp6:", "sp6:k").is_some_and(|stored| stored.starts_with("8:r:")) {
+        let lines = resp_gets(port, "sp6:k", 300).await;
+        assert_eq!(lines.len(), 300, "{lines:?}");
+        assert!(lines.iter().all(|line| line == "one"), "{lines:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "sp6:k never split: {:?}",
+            record(server, "sp6:", "sp6:k")
+        );
+    }
+    // An edit while split reaches every copy a RESP reader may use.
+    publish_succeeds(&http, &service.base, "sp6:k", 2, "two").await;
+    for _ in 0..4 {
+        let lines = resp_gets(port, "sp6:k", 50).await;
+        assert!(lines.iter().all(|line| line == "two"), "{lines:?}");
+    }
+    service.stop().await;
+}
