@@ -175,6 +175,9 @@ impl Config {
                 family.pin_window,
             )?;
             family::check_prefix(&field, &family.prefix)?;
+            if let Some(split) = &family.split {
+                check_split(&classes, &field, family, split)?;
+            }
             if !seen.insert(family.prefix.as_str()) {
                 return Err(Error::new(
                     ErrorKind::Config,
@@ -300,6 +303,14 @@ impl Config {
             .unwrap_or_else(|| self.longest_ttl())
     }
 
+    /// Each family's `split` table, by family name (families without one are absent).
+    pub fn split_policies(&self) -> BTreeMap<String, crate::split::SplitConfig> {
+        self.families
+            .iter()
+            .filter_map(|family| Some((family.prefix.clone(), family.split.clone()?)))
+            .collect()
+    }
+
     /// The family resolver of this (validated) config.
     pub fn families(&self) -> Families {
         Families::new(&self.default_family, &self.families)
@@ -345,6 +356,31 @@ fn check_family_route(
         return Err(Error::new(
             ErrorKind::Config,
             format!("{field}.pin_window: must be positive"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a family's `split` table, and that its default class does not decide on presence (a
+/// split key's copies can disagree on presence, so such a family never splits).
+fn check_split(
+    classes: &Classes,
+    field: &str,
+    family: &FamilyConfig,
+    split: &crate::split::SplitConfig,
+) -> Result<()> {
+    let field = format!("{field}.split");
+    split.validate(&field, family.copies)?;
+    let presence = classes
+        .by_name(&family.default_class)
+        .is_some_and(|class| classes.get(class).requires_single_copy());
+    if presence {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "{field}: the family's default_class {:?} decides on presence, and a split key's copies can disagree on presence: such a family never splits",
+                family.default_class
+            ),
         ));
     }
     Ok(())
@@ -439,6 +475,22 @@ mod tests {
             (
                 "[[family]]\nprefix = \"a\"\ncopies = 1\ndefault_class = \"nope\"",
                 "family[0].default_class",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\nsplit = { max_copies = 8 }",
+                "family[0].split: the family's default_class",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 4\nsplit = { max_copies = 4 }",
+                "family[0].split.max_copies",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 1\nsplit = { max_copies = 8, cool_down = \"0s\" }",
+                "family[0].split.cool_down",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 1\nsplit = { max_copies = 8, mode = \"bogus\" }",
+                "mode",
             ),
             (
                 "[[family]]\nprefix = \"a\"\ncopies = 1\npin_window = \"0s\"",

@@ -112,6 +112,10 @@ pub struct FamilyConfig {
     /// How copies beyond copy 0 are named: `suffix` or `spread`. Default: `suffix`.
     #[serde(default)]
     pub placement: Placement,
+    /// How far the family's hot keys split on their own (`crate::split`). Default: absent (no
+    /// automatic split).
+    #[serde(default)]
+    pub split: Option<crate::split::SplitConfig>,
 }
 
 fn default_ttl() -> Duration {
@@ -177,6 +181,9 @@ pub struct Family {
     /// How the family's copies are named, as configured (which names reads use while a
     /// placement change rolls out is `heal::layout`'s to say).
     pub placement: Placement,
+    /// The mode of the family's `split` table (`None`: no automatic split). A family with one
+    /// may get copies of its own for a key, so it refuses presence reads like a split family.
+    pub split: Option<crate::split::SplitMode>,
 }
 
 impl Family {
@@ -212,6 +219,7 @@ impl Families {
                 default_class: family.default_class.clone(),
                 pin_window: family.pin_window,
                 placement: family.placement,
+                split: family.split.as_ref().map(|split| split.mode),
             })
             .collect();
         by_prefix.sort_by(|a, b| {
@@ -230,6 +238,7 @@ impl Families {
                 default_class: default.default_class.clone(),
                 pin_window: default.pin_window,
                 placement: default.placement,
+                split: None,
             },
         }
     }

@@ -70,6 +70,7 @@ pub mod reload;
 pub mod resp;
 pub mod route;
 pub mod server;
+pub mod split;
 pub mod status;
 pub mod store;
 pub mod tls;

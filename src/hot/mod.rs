@@ -21,8 +21,11 @@
 //!   its rate) and counted (`hotsplit_hot_key_changes_total{change}`); metric labels never
 //!   carry key names.
 //!
-//! What a hot key leads to is the family's policy: today every family is `observe` (detect and
-//! report, `GET /v1/hot-keys`); splitting a detected key is not built yet.
+//! What a hot key leads to is the family's policy: without a `split` table, or with
+//! `split.mode = "observe"`, it is detected and reported (`GET /v1/hot-keys`, with
+//! `would_split`); with `mode = "split"` the [`crate::split`] driver, on every instance, reads
+//! this detector's hot set and splits the key into copies of its own, and merges it once no
+//! instance has seen it hot for the family's `split.cool_down`.
 
 pub mod config;
 pub mod topk;

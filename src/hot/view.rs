@@ -32,8 +32,15 @@ pub struct HotKeyView {
     pub family: String,
     /// Its copies now.
     pub copies: u32,
-    /// What a hot key of its family leads to: `observe` (detected and reported only).
+    /// What a hot key of its family leads to: `observe` (detected and reported only: a family
+    /// with no `split` table, or `split.mode = "observe"`) or `split` (split automatically).
     pub policy: &'static str,
+    /// Whether its family's `split` table would split it now (hot, at or above
+    /// `split.threshold`), whatever the mode: what an `observe` family reports it would split.
+    pub would_split: bool,
+    /// Where it is in the split protocol (`writing`, `reading`, `leaving`, `draining`), when it
+    /// has copies of its own; null: unsplit.
+    pub split_phase: Option<&'static str>,
 }
 
 /// The instance's detector and its last window.
@@ -158,8 +165,13 @@ impl HotKeysView {
         }
     }
 
-    /// The view of `hot`, each key's family and copies from `families`.
-    pub fn of(hot: &HotKeys, families: &Families) -> HotKeysView {
+    /// The view of `hot`, each key's family and copies from `families`, and its split from
+    /// `layouts` (`None`: no per-key layouts known).
+    pub fn of(
+        hot: &HotKeys,
+        families: &Families,
+        layouts: Option<&crate::heal::Layouts>,
+    ) -> HotKeysView {
         let config = hot.config();
         let window = hot.last_window();
         let keys = window
@@ -167,10 +179,22 @@ impl HotKeysView {
             .into_iter()
             .map(|rate| {
                 let family = Key::parse(&rate.key).ok().map(|key| families.resolve(&key));
+                let name = family.map_or("default", |f| f.name());
+                let configured = family.map_or(1, |f| f.copies);
+                let record = layouts.and_then(|layouts| layouts.splits().record(name, &rate.key));
+                let policy = layouts.and_then(|layouts| layouts.splits().policy(name));
                 HotKeyView {
-                    family: family.map_or_else(|| "default".into(), |f| f.name().to_owned()),
-                    copies: family.map_or(1, |f| f.copies),
-                    policy: "observe",
+                    family: name.to_owned(),
+                    copies: record
+                        .filter(|record| record.phase.reads())
+                        .map_or(configured, |record| record.copies.max(configured)),
+                    policy: match family.and_then(|f| f.split) {
+                        Some(crate::split::SplitMode::Split) => "split",
+                        _ => "observe",
+                    },
+                    would_split: policy
+                        .is_some_and(|policy| rate.hot && rate.rate >= policy.threshold),
+                    split_phase: record.map(|record| record.phase.as_str()),
                     key: rate.key,
                     rate: rate.rate,
                     store_rate: rate.store_rate,

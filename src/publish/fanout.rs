@@ -103,7 +103,7 @@ impl Publisher {
         let (jitter_min, jitter_max) = self.expiry_jitter;
         let tombstone = matches!(edit.payload, Payload::Tombstone);
         let write_count = self.layouts.as_ref().map_or(edit.family.copies, |layouts| {
-            layouts.write_copies(edit.family.name(), edit.family.copies)
+            layouts.key_write_copies(edit.family.name(), edit.key.as_str(), edit.family.copies)
         });
         // The names written (`heal::layout::placing`): with layouts, `K#i` always and the
         // tagged names too while this family is, or another live instance is, configured

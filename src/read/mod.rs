@@ -285,6 +285,15 @@ impl Reader {
             .unwrap_or(family.placement)
     }
 
+    /// How many copies reads of `key` choose among: its family's, or its split copies once
+    /// readers may use them (`crate::split`).
+    pub(crate) fn key_copies(&self, key: &Key) -> u32 {
+        let family = self.families.resolve(key);
+        self.layouts.as_ref().map_or(family.copies, |layouts| {
+            layouts.key_read_copies(family.name(), key.as_str(), family.copies)
+        })
+    }
+
     /// The name copy `index` of `key` is read under ([`Reader::read_placement`]).
     pub(crate) fn copy_key(&self, key: &Key, index: u32) -> CopyKey {
         key.copy_key(index, self.read_placement(key))
@@ -292,7 +301,7 @@ impl Reader {
 
     /// Which copy `client_id` reads for `key`, and where it lives.
     pub fn affinity(&self, key: &Key, client_id: &str) -> Affinity {
-        let copies = self.families.resolve(key).copies;
+        let copies = self.key_copies(key);
         let copy = affinity::copy_index(client_id, copies);
         let copy_key = self.copy_key(key, copy);
         let node = self.store.node_of(&copy_key).to_string();

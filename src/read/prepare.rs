@@ -32,7 +32,7 @@ pub(super) struct Prepared<'a> {
 impl Reader {
     /// Chooses the copy and plans the route of `request`: no store call, no await.
     pub(super) fn prepare<'a>(&'a self, request: &'a ReadRequest) -> Result<Prepared<'a>> {
-        let copies = self.families.resolve(&request.key).copies;
+        let copies = self.key_copies(&request.key);
         let floor = request.min_version.max(request.if_none_match);
         let affine = match &request.copy {
             CopyChoice::Named(copy) if *copy >= copies => {

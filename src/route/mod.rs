@@ -349,7 +349,9 @@ impl Router {
                         ),
                     )
                 })?;
-                if family.copies > 1 && classes.get(class).requires_single_copy() {
+                if (family.copies > 1 || family.split.is_some())
+                    && classes.get(class).requires_single_copy()
+                {
                     return Err(Error::new(
                         ErrorKind::ClassNotAllowed,
                         format!(
@@ -583,6 +585,22 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::ClassNotAllowed);
         assert!(router.plan(&single, Some("advisory"), None, None).is_ok());
+    }
+
+    #[test]
+    fn a_family_that_may_split_refuses_presence_reads_at_one_copy() {
+        let router = router(
+            "[[family]]\nprefix = \"a:\"\ncopies = 1\nsplit = { max_copies = 8 }\n[default_family]\ndefault_class = \"decides-on-presence\"",
+        );
+        let splittable = Key::parse("a:1").unwrap();
+        let err = router
+            .plan(&splittable, Some("decides-on-presence"), None, None)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ClassNotAllowed);
+        let unsplit = Key::parse("u:1").unwrap();
+        assert!(router
+            .plan(&unsplit, Some("decides-on-presence"), None, None)
+            .is_ok());
     }
 
     #[test]

@@ -120,6 +120,8 @@ struct Background {
     /// Repairs copies missing or behind while it holds the lease; `None` on the embedded
     /// store or with `scrub.enabled = false`.
     scrubber: Option<Scrubber>,
+    /// Refreshes the index of split keys and moves them through the split protocol.
+    splitter: crate::split::Splitter,
 }
 
 impl Service {
@@ -163,6 +165,7 @@ impl Service {
         let Roles {
             copies,
             layouts: layout_records,
+            splits,
             fleet,
             topology,
             library,
@@ -180,6 +183,14 @@ impl Service {
             interval: config.heal.layout_interval,
             command_timeout: config.store.command_timeout,
         };
+        // Before the family live sets: an instance live in a family is in its split set too.
+        crate::split::join_split_sets(
+            &*layout_stores.layouts,
+            &families,
+            &liveness.instance,
+            liveness.interval,
+        )
+        .await;
         let layouts = Layouts::reconcile(&layout_stores, &families, &metrics, &liveness).await?;
         // The scrub runs with Redis only: the embedded store never fails a copy write, so its
         // copies never fall behind one another.
@@ -241,6 +252,11 @@ impl Service {
             config.heal.flush_batch,
             drain_for,
         );
+        let split_families = families.clone();
+        let split_live = layout_stores.layouts.clone();
+        let split_copies = copies.clone();
+        let split_interval = liveness.interval;
+        let split_settle = liveness.settle();
         let layout_watcher = LayoutWatcher {
             stores: layout_stores,
             layouts: layouts.clone(),
@@ -275,7 +291,7 @@ impl Service {
             fleet,
             metrics,
             retry_queue: retry_queue.clone(),
-            layouts,
+            layouts: layouts.clone(),
             tracker: tracker.clone(),
             lag: lag.clone(),
             scrub: scrub_status,
@@ -290,6 +306,22 @@ impl Service {
             }
         };
         state.tokens().store(tokens);
+        let splitter = crate::split::Splitter::new(
+            splits,
+            split_live,
+            instance.clone(),
+            split_copies,
+            layouts,
+            split_families,
+            config.split_policies(),
+            state.ops().reader().hot_keys().cloned(),
+            split_interval,
+            split_settle,
+        );
+        // Before serving: every publish writes the copies another instance's readers use.
+        if let Err(err) = splitter.load().await {
+            tracing::warn!(error = %err, "cannot read the split records at startup; retried every layout interval");
+        }
         let reloader = Reloader::new(
             config.clone(),
             state.tokens().clone(),
@@ -350,6 +382,7 @@ impl Service {
                 },
                 status_publisher,
                 scrubber,
+                splitter,
             },
             registry,
             advertise: config.fleet.advertise.clone(),

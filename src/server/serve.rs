@@ -137,6 +137,7 @@ impl Service {
         if let Some(hot) = state.ops().reader().hot_keys() {
             tracker.spawn(hot.clone().run(cancel.clone()));
         }
+        tracker.spawn(background.splitter.run(cancel.clone()));
         if let Some(scrubber) = background.scrubber {
             tracker.spawn(scrubber.run(cancel.clone()));
         }

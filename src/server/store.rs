@@ -56,6 +56,7 @@ impl Connected {
             Connected::Memory(memory) => Roles {
                 copies: memory.clone(),
                 layouts: memory.clone(),
+                splits: memory.clone(),
                 fleet: memory.clone(),
                 topology: memory.clone(),
                 library: memory.clone(),
@@ -63,6 +64,7 @@ impl Connected {
             Connected::Redis(redis) => Roles {
                 copies: Arc::new(HealthStore::new(redis.clone(), health.clone())),
                 layouts: redis.clone(),
+                splits: redis.clone(),
                 fleet: redis.clone(),
                 topology: redis.clone(),
                 library: redis.clone(),
@@ -77,6 +79,8 @@ pub(super) struct Roles {
     pub(super) copies: Arc<dyn CopyStore>,
     /// The layout records and live sets.
     pub(super) layouts: Arc<dyn LayoutStore>,
+    /// Each family's split records (`crate::split`).
+    pub(super) splits: Arc<dyn crate::store::SplitStore>,
     /// The registry, the session key and status summaries.
     pub(super) fleet: Arc<dyn FleetStore>,
     /// Kind, primaries, replicas, heartbeats, pings.

@@ -120,7 +120,7 @@ impl Sources {
     /// when reads feed none).
     pub fn hot_keys(&self, shown: usize) -> HotKeysView {
         let mut view = match &self.hot {
-            Some(hot) => HotKeysView::of(hot, &self.families),
+            Some(hot) => HotKeysView::of(hot, &self.families, Some(&self.heal.layouts)),
             None => HotKeysView::off(),
         };
         view.keys.truncate(shown);

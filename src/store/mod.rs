@@ -37,7 +37,9 @@ pub mod roles;
 
 pub use config::StoreConfig;
 pub use registry::InstanceRecord;
-pub use roles::{CopyStore, FleetStore, LayoutStore, LibraryStore, ScrubStore, TopologyStore};
+pub use roles::{
+    CopyStore, FleetStore, LayoutStore, LibraryStore, ScrubStore, SplitStore, TopologyStore,
+};
 
 use std::fmt;
 use std::sync::Arc;
@@ -285,6 +287,12 @@ impl Layout {
             max_copies: max_copies.parse().ok()?,
         })
     }
+}
+
+/// The store key of a family's split records (a hash: key → `crate::split::SplitRecord` text).
+/// Like [`layout_key`] it starts with `#`, so it is no user key.
+pub fn splits_key(family: &str) -> String {
+    format!("#hotsplit#splits#{family}")
 }
 
 /// The store key of a family's layout record. It starts with `#`, so it is no user key, copy key

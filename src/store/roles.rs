@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | [`CopyStore`] | the copies `K#i`, their version counters | publish, read, retry queue, repair, scrub |
 //! | [`LayoutStore`] | family layout records, their writers, the live sets | `heal::layout` |
+//! | [`SplitStore`] | each family's split keys and their phases | `split` |
 //! | [`FleetStore`] | the instance registry, the session key, status summaries | `fleet`, `status`, the server |
 //! | [`ScrubStore`] | the walk over every stored key, the scrub lease | `heal::scrub` |
 //! | [`TopologyStore`] | primaries and replicas, heartbeats, offsets, pings | `route`, `/readyz`, `heal::health` |
@@ -181,6 +182,29 @@ pub trait LayoutStore: Send + Sync + 'static {
         pattern: &'a str,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<String>>>;
+}
+
+/// Each family's split keys: one hash per family, field = key, value = the record's text
+/// (`crate::split::SplitRecord`). What `split` needs.
+pub trait SplitStore: Send + Sync + 'static {
+    /// Every (key, record text) of `family`'s split keys.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] or [`crate::ErrorKind::Timeout`] when the store fails.
+    fn read_splits<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Vec<(String, String)>>>;
+
+    /// Sets `key`'s record in `family` to `record` (`None`: removes it) when it holds
+    /// `expected` (`None`: no record): a compare-and-set. Returns whether it applied.
+    ///
+    /// # Errors
+    /// As [`SplitStore::read_splits`].
+    fn swap_split<'a>(
+        &'a self,
+        family: &'a str,
+        key: &'a str,
+        expected: Option<&'a str>,
+        record: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool>>;
 }
 
 /// The fleet's shared records: the instance registry (`store::registry`), the deployment's

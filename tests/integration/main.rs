@@ -39,6 +39,7 @@ mod resp_conn;
 mod route;
 mod scrub;
 mod session;
+mod split;
 mod spool;
 mod startup;
 mod status_page;

@@ -138,6 +138,8 @@ pub struct Layouts {
     /// Family name → whether reads use the tagged copy names (`placing`); outside the lock,
     /// since every read asks.
     reading: placing::Reading,
+    /// The per-key layouts of split keys (`crate::split`), consulted by every publish and read.
+    splits: crate::split::SplitIndex,
 }
 
 /// A family whose layout this instance sees disagreeing with its own: what `/v1/instances`
@@ -201,6 +203,35 @@ impl Layouts {
     /// Layouts that know nothing recorded (every family at its configured count).
     pub fn unrecorded() -> Arc<Layouts> {
         Arc::new(Layouts::default())
+    }
+
+    /// How many other instances were live in `family` at the last refresh.
+    pub fn live_others(&self, family: &str) -> usize {
+        self.lock()
+            .get(family)
+            .map_or(0, |known| known.live_others.len())
+    }
+
+    /// The per-key layouts of split keys.
+    pub fn splits(&self) -> &crate::split::SplitIndex {
+        &self.splits
+    }
+
+    /// How many copies publishes of `key` (of `family`, `configured` copies) write: the
+    /// family's write count, or its split copies when larger.
+    pub fn key_write_copies(&self, family: &str, key: &str, configured: u32) -> u32 {
+        let family_count = self.write_copies(family, configured);
+        self.splits
+            .write_copies(family, key)
+            .map_or(family_count, |copies| copies.max(family_count))
+    }
+
+    /// How many copies reads of `key` choose among: the family's, or its split copies once
+    /// readers may use them.
+    pub fn key_read_copies(&self, family: &str, key: &str, configured: u32) -> u32 {
+        self.splits
+            .read_copies(family, key)
+            .map_or(configured, |copies| copies.max(configured))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Known>> {

@@ -152,8 +152,15 @@ impl Layouts {
             tokio::time::sleep(settle).await;
         }
         for (family, strays) in grown {
-            let (deleted, complete) =
-                delete_copies_from(stores, families, family, strays.from, Some(strays.to)).await?;
+            let (deleted, complete) = delete_copies_from(
+                stores,
+                families,
+                layouts.splits(),
+                family,
+                strays.from,
+                Some(strays.to),
+            )
+            .await?;
             tracing::info!(
                 family = family.name(),
                 from = strays.from,

@@ -27,10 +27,12 @@ pub(in crate::heal) fn glob_escape(text: &str) -> String {
 }
 
 /// Deletes every stored copy of `family`'s keys with an index in `from..to` (`to: None`: no
-/// upper bound). Returns how many existed, and whether the scan saw every key.
+/// upper bound), except the copies of keys `splits` knows as split (their copies of their own
+/// are `crate::split`'s to delete). Returns how many existed, and whether the scan saw every key.
 pub(super) async fn delete_copies_from(
     stores: &LayoutStores,
     families: &Families,
+    splits: &crate::split::SplitIndex,
     family: &Family,
     from: u32,
     to: Option<u32>,
@@ -44,7 +46,8 @@ pub(super) async fn delete_copies_from(
         .filter_map(|stored| {
             let (key, copy_key) = CopyKey::parse(stored)?;
             let index = copy_key.index();
-            let ours = families.resolve(&key).name() == name;
+            let ours = families.resolve(&key).name() == name
+                && splits.record(name, key.as_str()).is_none();
             let in_range = index >= from && to.is_none_or(|to| index < to);
             (ours && in_range).then_some(copy_key)
         })
@@ -96,8 +99,15 @@ impl LayoutWatcher {
             );
             return Ok(());
         }
-        let (deleted, complete) =
-            delete_copies_from(&self.stores, &self.families, family, family.copies, None).await?;
+        let (deleted, complete) = delete_copies_from(
+            &self.stores,
+            &self.families,
+            self.layouts.splits(),
+            family,
+            family.copies,
+            None,
+        )
+        .await?;
         if deleted > 0 {
             tracing::info!(family = name, deleted, "swept copies removed by a shrink");
         } else if complete {

@@ -92,6 +92,8 @@ struct State {
     counters: HashMap<String, Counter>,
     /// Family name → recorded layout.
     layouts: HashMap<String, Layout>,
+    /// Family name → key → its split record's text.
+    splits: HashMap<String, HashMap<String, String>>,
     /// Family name → who wrote its layout record.
     layout_writers: HashMap<String, LayoutWriter>,
     /// Family name → live member (`<copies>:<instance>`) → (copies, lapse time in Unix ms).

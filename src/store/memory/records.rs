@@ -258,3 +258,39 @@ impl LibraryStore for MemoryStore {
         Box::pin(std::future::ready(Ok(0)))
     }
 }
+
+impl crate::store::SplitStore for MemoryStore {
+    fn read_splits<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Vec<(String, String)>>> {
+        let records = self
+            .state()
+            .splits
+            .get(family)
+            .map(|records| {
+                records
+                    .iter()
+                    .map(|(key, text)| (key.clone(), text.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Box::pin(std::future::ready(Ok(records)))
+    }
+
+    fn swap_split<'a>(
+        &'a self,
+        family: &'a str,
+        key: &'a str,
+        expected: Option<&'a str>,
+        record: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool>> {
+        let mut state = self.state();
+        let records = state.splits.entry(family.to_owned()).or_default();
+        let applied = records.get(key).map(String::as_str) == expected;
+        if applied {
+            match record {
+                Some(text) => records.insert(key.to_owned(), text.to_owned()),
+                None => records.remove(key),
+            };
+        }
+        Box::pin(std::future::ready(Ok(applied)))
+    }
+}

@@ -99,6 +99,7 @@ mod registry;
 mod replicas;
 mod replies;
 mod scrub;
+mod splits;
 pub mod target;
 mod tls;
 mod topology;
