@@ -39,7 +39,7 @@ enabled = false" "" warn
     off=$(awk '$1 == "off" {print $2}' "$WORK/hot-runs" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
     cost=$(awk -v a="$on" -v b="$off" 'BEGIN { if (b + 0 == 0) print "–"; else printf "%.1f", 100 * (b - a) / b }')
     local hot_view
-    hot_view=$(curl -fsS --max-time 5 "$on_base/v1/hot-keys" | jq -c '{reads_per_s, top: .keys[0] | {key, rate, store_rate, hot}}' 2>/dev/null || echo "unavailable")
+    hot_view=$(curl -fsS --max-time 5 "$on_base/v1/hot-keys" | jq -c '.instance | {reads_per_s, top: .keys[0] | {key, rate, store_rate, hot}}' 2>/dev/null || echo "unavailable")
     HOT_SECTION="### 7. The hot-key detector's cost on the near-cache hit path (wrk -c$CONNECTIONS -d$DURATION, median of $HOT_ROUNDS rotating rounds)
 
 | Side | reads/s (each round) | median |
