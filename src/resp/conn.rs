@@ -40,8 +40,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::codec::{encode, Limits, Parser, ProtocolError};
-use super::listener::{Signal, Slot};
 use super::metrics::{command_index, RespMetrics};
+use super::slots::{Signal, Slot};
 use super::{After, ConnState, Door, Reply};
 use crate::deadline::Deadline;
 use crate::http::overload;

@@ -18,6 +18,7 @@ mod conn;
 pub mod listener;
 pub mod metrics;
 pub mod reply;
+mod slots;
 
 pub use command::{After, ConnState, Door};
 pub use config::RespConfig;

@@ -91,7 +91,6 @@ mod record;
 mod sweep;
 mod watcher;
 
-pub(super) use sweep::glob_escape;
 pub use watcher::LayoutWatcher;
 
 use std::collections::BTreeMap;
@@ -363,6 +362,18 @@ impl LayoutStores {
             fleet: store.clone(),
         }
     }
+}
+
+/// Escapes Redis glob metacharacters.
+pub(in crate::heal) fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 #[cfg(test)]

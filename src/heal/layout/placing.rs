@@ -50,8 +50,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::sweep::glob_escape;
-use super::{LayoutStores, Layouts};
+use super::{glob_escape, LayoutStores, Layouts, Liveness};
 use crate::error::Result;
 use crate::family::{Families, Family};
 use crate::key::{CopyKey, Key, Placement};
@@ -317,6 +316,31 @@ pub(super) fn spread_share(
     let masters = nodes.len().max(1) as u32;
     let even = f64::from(family.copies.div_ceil(masters)) / f64::from(family.copies);
     Some((worst, even))
+}
+
+/// Joins `family`'s placement set with this instance's code; the other instances' codes, or
+/// `None` when the join failed (logged; the watcher retries every layout interval, and until
+/// then this instance reads `K#i`, which every writer writes).
+pub(super) async fn join_placement(
+    stores: &LayoutStores,
+    layouts: &Layouts,
+    family: &Family,
+    liveness: &Liveness,
+    ttl_ms: u64,
+) -> Option<Vec<u32>> {
+    let set = placement_set(family.name());
+    let code = layouts.placement_code(family);
+    match stores
+        .layouts
+        .join_layout(&set, code, &liveness.instance, ttl_ms)
+        .await
+    {
+        Ok(codes) => Some(codes),
+        Err(err) => {
+            tracing::warn!(family = family.name(), error = %err, "cannot join the family's placement set: retried every layout interval");
+            None
+        }
+    }
 }
 
 #[cfg(test)]

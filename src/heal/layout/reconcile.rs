@@ -9,7 +9,7 @@ use super::record::record_configured;
 use super::sweep::delete_copies_from;
 use super::{Known, LayoutStores, Layouts, Liveness};
 use crate::error::Result;
-use crate::family::{Families, Family};
+use crate::family::Families;
 use crate::metrics::Metrics;
 use crate::store::Layout;
 
@@ -89,7 +89,8 @@ impl Layouts {
             // The placement set is joined before this instance serves too, with code 1 or 2
             // (it reads `K#i` until `placing` says otherwise), so every writer that reads the
             // set after this call writes the names it may come to read.
-            let placement_codes = join_placement(stores, &layouts, family, liveness, ttl_ms).await;
+            let placement_codes =
+                placing::join_placement(stores, &layouts, family, liveness, ttl_ms).await;
             let recorded = stores.layouts.read_layout(name).await?;
             let (max_copies, writer) = record_configured(stores, family, liveness).await?;
             // Another running instance on another copy count: reported here too, not only by
@@ -171,30 +172,5 @@ impl Layouts {
             );
         }
         Ok(Arc::new(layouts))
-    }
-}
-
-/// Joins `family`'s placement set with this instance's code; the other instances' codes, or
-/// `None` when the join failed (logged; the watcher retries every layout interval, and until
-/// then this instance reads `K#i`, which every writer writes).
-pub(super) async fn join_placement(
-    stores: &LayoutStores,
-    layouts: &Layouts,
-    family: &Family,
-    liveness: &Liveness,
-    ttl_ms: u64,
-) -> Option<Vec<u32>> {
-    let set = placing::placement_set(family.name());
-    let code = layouts.placement_code(family);
-    match stores
-        .layouts
-        .join_layout(&set, code, &liveness.instance, ttl_ms)
-        .await
-    {
-        Ok(codes) => Some(codes),
-        Err(err) => {
-            tracing::warn!(family = family.name(), error = %err, "cannot join the family's placement set: retried every layout interval");
-            None
-        }
     }
 }

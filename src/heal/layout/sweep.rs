@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::record::record_writer;
 use super::watcher::LayoutWatcher;
-use super::LayoutStores;
+use super::{glob_escape, LayoutStores};
 use crate::error::Result;
 use crate::family::{Families, Family};
 use crate::key::CopyKey;
@@ -13,18 +13,6 @@ use crate::store::{Layout, LayoutSwap};
 
 /// The most keys one sweep of a family looks at.
 const SWEEP_SCAN_LIMIT: usize = 100_000;
-
-/// Escapes Redis glob metacharacters.
-pub(in crate::heal) fn glob_escape(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
-}
 
 /// Deletes every stored copy of `family`'s keys with an index in `from..to` (`to: None`: no
 /// upper bound), except the copies of keys `splits` knows as split (their copies of their own

@@ -6,8 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::placing::{delete_tagged_copies, spread_share, Step};
-use super::reconcile::join_placement;
+use super::placing::{delete_tagged_copies, join_placement, spread_share, Step};
 use super::{LayoutStores, Layouts, Liveness};
 use crate::family::{Families, Family};
 use crate::metrics::Metrics;

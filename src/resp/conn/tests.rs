@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use super::*;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::resp::listener::Connections;
+use crate::resp::slots::Connections;
 use crate::store::memory::MemoryStore;
 
 /// How long a test waits for the loop.
