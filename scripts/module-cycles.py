@@ -3,7 +3,8 @@
 
 Every `crate::a::b` path and `super::x` path in a file under src/ (the binary's main.rs aside)
 is an edge from the file's module to the deepest module it names. Test code (a `#[cfg(test)]`
-item and everything after it in the file) is left out unless --with-tests is given. Two graphs
+item and everything after it in the file, and every `tests.rs` file) is left out unless
+--with-tests is given. Two graphs
 are checked: top-level modules (`route`, `config`, ...) and every module (`route::lag`, ...).
 Exit status 1 when either has a cycle.
 
@@ -51,6 +52,10 @@ def main():
 
     edges = set()
     for module, path in files.items():
+        # A `tests.rs` file is a test module (declared `#[cfg(test)] mod tests;` beside its
+        # parent): test code as a whole.
+        if not with_tests and module and module[-1] == "tests":
+            continue
         text = strip(open(path, encoding="utf-8").read(), with_tests)
         # `use crate::x::{a, b}` groups name modules too: expand the first level of braces.
         for match in re.finditer(r"\b(crate|super)((?:::[A-Za-z_][A-Za-z0-9_]*)+)(::\{([^}]*)\})?", text):

@@ -16,8 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::key::Key;
 use crate::placement::Placement;
 
-/// The largest number of copies a family may have.
-pub const MAX_COPIES: u32 = 1024;
+pub use crate::key::MAX_COPIES;
 
 /// Who chooses a family's versions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]

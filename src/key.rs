@@ -22,6 +22,9 @@ pub const MAX_KEY_LEN: usize = 512;
 /// The character that separates a key from its copy index.
 pub const COPY_SEPARATOR: char = '#';
 
+/// The largest number of copies a family may have.
+pub const MAX_COPIES: u32 = 1024;
+
 /// A validated user key: 1..=512 printable ASCII bytes without `{`, `}` or `#`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key(String);

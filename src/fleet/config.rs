@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 
+/// The default `session.high_water_bytes`: the instance-wide per-key high-water's size
+/// (`crate::ops::HighWater`).
+pub const DEFAULT_HIGH_WATER_BYTES: u64 = 1 << 20;
+
 /// The `[fleet]` settings.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -107,7 +111,7 @@ impl Default for SessionConfig {
         SessionConfig {
             max_keys: 32,
             cookie: false,
-            high_water_bytes: crate::ops::high_water::DEFAULT_BYTES,
+            high_water_bytes: DEFAULT_HIGH_WATER_BYTES,
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod layout;
 pub mod queue;
 pub mod repair;
 pub mod scrub;
+pub mod splitter;
 pub mod spool;
 pub mod worker;
 
@@ -36,6 +37,7 @@ pub use layout::{LayoutStores, LayoutWatcher, Layouts, Liveness};
 pub use queue::{Admission, DropReason, FailedCopy, RetryQueue, RetryQueueView};
 pub use repair::Repairer;
 pub use scrub::{ScrubConfig, ScrubStatus, Scrubber};
+pub use splitter::{join_split_sets, Splitter};
 pub use worker::RetryWorker;
 
 /// The healing state the HTTP layer shows: the retry queue, the recorded layouts and the

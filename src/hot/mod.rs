@@ -29,7 +29,6 @@
 
 pub mod config;
 pub mod topk;
-pub mod view;
 
 use std::cell::Cell;
 use std::collections::HashMap;

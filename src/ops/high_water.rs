@@ -38,8 +38,9 @@ use quick_cache::DefaultHashBuilder;
 
 use crate::key::{Key, Version};
 
-/// The default size of the high-water, in bytes (`session.high_water_bytes`).
-pub const DEFAULT_BYTES: u64 = 1 << 20;
+/// The default size of the high-water, in bytes (`session.high_water_bytes`, whose default it
+/// is: the constant lives with the config).
+pub use crate::fleet::config::DEFAULT_HIGH_WATER_BYTES as DEFAULT_BYTES;
 
 /// The rows: a floor is over-stated only when the key collides in every row.
 pub const ROWS: usize = 4;

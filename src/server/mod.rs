@@ -121,7 +121,7 @@ struct Background {
     /// store or with `scrub.enabled = false`.
     scrubber: Option<Scrubber>,
     /// Refreshes the index of split keys and moves them through the split protocol.
-    splitter: crate::split::Splitter,
+    splitter: crate::heal::Splitter,
 }
 
 impl Service {
@@ -184,7 +184,7 @@ impl Service {
             command_timeout: config.store.command_timeout,
         };
         // Before the family live sets: an instance live in a family is in its split set too.
-        crate::split::join_split_sets(
+        crate::heal::join_split_sets(
             &*layout_stores.layouts,
             &families,
             &liveness.instance,
@@ -306,7 +306,7 @@ impl Service {
             }
         };
         state.tokens().store(tokens);
-        let splitter = crate::split::Splitter::new(
+        let splitter = crate::heal::Splitter::new(
             splits,
             split_live,
             instance.clone(),

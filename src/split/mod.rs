@@ -16,7 +16,7 @@
 //! # The index
 //! [`SplitIndex`] is the in-memory copy every publish and read consults (a lock-free load of an
 //! `Arc`, then one map look-up; no store call), replaced whole for each family by the
-//! [`Splitter`] every layout interval, and loaded once at startup before the instance serves.
+//! [`crate::heal::Splitter`] every layout interval, and loaded once at startup before the instance serves.
 //! Every family's hash is read, whatever this instance's config says of splitting, so an
 //! instance whose config has no `split` table still writes every copy another instance's readers
 //! use. The index of a family holds what the store holds; the splitters keep it at
@@ -85,11 +85,9 @@
 //! startup cleanup may delete split copies in its range (reads fall back and repair refills them).
 
 pub mod config;
-mod driver;
 pub mod record;
 
 pub use config::{SplitConfig, SplitMode};
-pub use driver::{join_split_sets, Splitter};
 pub use record::{Phase, SplitRecord};
 
 use std::collections::{BTreeMap, HashMap};

@@ -88,7 +88,7 @@ impl SplitRecord {
         };
         let since_ms = parts.next()?.parse().ok()?;
         let seen_ms = parts.next()?.parse().ok()?;
-        if parts.next().is_some() || !(2..=crate::family::MAX_COPIES).contains(&copies) {
+        if parts.next().is_some() || !(2..=crate::key::MAX_COPIES).contains(&copies) {
             return None;
         }
         Some(SplitRecord {

@@ -23,6 +23,7 @@
 //! - `publisher`: [`StatusPublisher`], the background task that stores the local figures.
 
 mod fleet;
+pub mod hot_keys;
 mod publisher;
 mod sample;
 

@@ -11,11 +11,11 @@ use crate::family::Families;
 use crate::heal::queue::RetryQueueView;
 use crate::heal::scrub::ScrubView;
 use crate::heal::HealHandles;
-use crate::hot::view::HotKeysView;
 use crate::hot::HotKeys;
 use crate::near::{NearCache, NearCacheView};
 use crate::read::Reader;
 use crate::route::{ClassRouting, ReplicaLagView, Router};
+use crate::status::hot_keys::HotKeysView;
 use crate::store::now_unix_ms;
 
 /// How many of the oldest retry-queue entries a sample lists.

@@ -179,10 +179,12 @@ pub async fn near_cache(State(state): State<AppState>) -> Json<crate::near::Near
     path = "/v1/hot-keys",
     tag = "operations",
     responses(
-        (status = 200, description = "This instance's hot-key detector ([hot_keys]: keys empty until a window closed, or with hot_keys.enabled = false) and the fleet's most read keys, summed over the instances that publish them", body = crate::hot::view::HotKeysAnswer),
+        (status = 200, description = "This instance's hot-key detector ([hot_keys]: keys empty until a window closed, or with hot_keys.enabled = false) and the fleet's most read keys, summed over the instances that publish them", body = crate::status::hot_keys::HotKeysAnswer),
     )
 )]
-pub async fn hot_keys(State(state): State<AppState>) -> Json<crate::hot::view::HotKeysAnswer> {
+pub async fn hot_keys(
+    State(state): State<AppState>,
+) -> Json<crate::status::hot_keys::HotKeysAnswer> {
     let inner = state.inner();
     let sources = crate::status::Sources::new(inner.ops.reader(), inner.heal.clone());
     let list = inner
@@ -193,9 +195,9 @@ pub async fn hot_keys(State(state): State<AppState>) -> Json<crate::hot::view::H
     let interval_ms = crate::duration::millis(inner.registry.heartbeat_interval());
     let fleet =
         crate::status::fleet_view(&inner.registry, &*inner.fleet, &sources, interval_ms).await;
-    Json(crate::hot::view::HotKeysAnswer {
+    Json(crate::status::hot_keys::HotKeysAnswer {
         instance: sources.hot_keys(list),
-        fleet: crate::hot::view::FleetHotKeys::of(&fleet, list),
+        fleet: crate::status::hot_keys::FleetHotKeys::of(&fleet, list),
     })
 }
 

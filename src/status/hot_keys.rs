@@ -1,14 +1,15 @@
-//! `GET /v1/hot-keys`: the instance's hot keys as an operator reads them.
+//! `GET /v1/hot-keys`: the instance's hot keys (`crate::hot`) as an operator reads them,
+//! and the fleet's.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::Value;
 
-use super::HotKeys;
+use super::FleetView;
 use crate::family::Families;
+use crate::hot::HotKeys;
 use crate::key::Key;
-use crate::status::FleetView;
 
 /// One listed key.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -152,7 +153,7 @@ impl FleetHotKeys {
 impl HotKeysView {
     /// The view of an instance whose reads feed no detector.
     pub fn off() -> HotKeysView {
-        let config = super::HotKeysConfig::default();
+        let config = crate::hot::HotKeysConfig::default();
         HotKeysView {
             enabled: false,
             sample_every: config.sample_every,

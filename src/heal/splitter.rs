@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::record::{decide, Facts, Phase, SplitRecord, Step};
-use super::{SplitConfig, SplitMode};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::{Families, Family};
 use crate::heal::Layouts;
 use crate::hot::HotKeys;
 use crate::key::{CopyKey, Key};
 use crate::placement::Placement;
+use crate::split::record::{decide, Facts, Phase, SplitRecord, Step};
+use crate::split::{SplitConfig, SplitMode};
 use crate::store::{now_unix_ms, CopyRecord, CopyStore, CopyWrite, LayoutStore, SplitStore};
 
 /// A stage of one key (copies, phase, since) and when this instance first saw it.
@@ -507,5 +507,126 @@ impl Splitter {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+
+    use super::Splitter;
+    use crate::family::fixture;
+    use crate::heal::Layouts;
+    use crate::key::{Key, Version};
+    use crate::placement::Placement;
+    use crate::split::{Phase, SplitRecord};
+    use crate::store::memory::MemoryStore;
+    use crate::store::{CopyStore, CopyWrite, Payload, SplitStore};
+
+    fn splitter(store: &Arc<MemoryStore>, layouts: &Arc<Layouts>) -> Splitter {
+        Splitter::new(
+            store.clone(),
+            store.clone(),
+            "test-instance".to_owned(),
+            store.clone(),
+            layouts.clone(),
+            Arc::new(fixture::families("[[family]]\nprefix = \"p:\"\ncopies = 1")),
+            BTreeMap::new(),
+            None,
+            Duration::from_secs(1),
+            Duration::ZERO,
+        )
+    }
+
+    async fn version_of(store: &MemoryStore, key: &Key, index: u32) -> Option<u64> {
+        store
+            .read_copy_stored(&key.copy_key(index, Placement::Suffix))
+            .await
+            .unwrap()
+            .map(|record| record.version.get())
+    }
+
+    #[tokio::test]
+    async fn a_settled_split_is_filled_before_readers_come_and_a_drained_one_is_deleted() {
+        let store = Arc::new(MemoryStore::new());
+        let layouts = Layouts::unrecorded();
+        let key = Key::parse("p:k").unwrap();
+        let write = CopyWrite {
+            copy_key: key.copy_key(0, Placement::Suffix),
+            version: Version::new(5).unwrap(),
+            payload: Payload::Value(Bytes::from_static(b"five")),
+            expire_at_ms: crate::store::now_unix_ms() + 60_000,
+        };
+        assert!(store.write_copies(&[write]).await[0].outcome.is_ok());
+        let writing = SplitRecord {
+            copies: 4,
+            phase: Phase::Writing,
+            since_ms: 1,
+            seen_ms: crate::store::now_unix_ms(),
+        };
+        assert!(store
+            .swap_split("p:", "p:k", None, Some(&writing.encode()))
+            .await
+            .unwrap());
+        let splitter = splitter(&store, &layouts);
+        splitter.tick(Instant::now()).await;
+        // Settled (no settle time here): filled at the current version, then readers admitted.
+        for index in 1..4 {
+            assert_eq!(
+                version_of(&store, &key, index).await,
+                Some(5),
+                "copy {index}"
+            );
+        }
+        assert_eq!(layouts.splits().read_copies("p:", "p:k"), Some(4));
+        assert_eq!(layouts.key_read_copies("p:", "p:k", 1), 4);
+        assert_eq!(layouts.key_write_copies("p:", "p:k", 1), 4);
+        let stored = store.read_splits("p:").await.unwrap();
+        assert!(stored[0].1.starts_with("4:r:"), "{stored:?}");
+
+        let draining = SplitRecord {
+            phase: Phase::Draining,
+            since_ms: 10,
+            ..writing
+        };
+        assert!(store
+            .swap_split("p:", "p:k", Some(&stored[0].1), Some(&draining.encode()))
+            .await
+            .unwrap());
+        // Settled at once (no settle time here): the extra copies go, then the record.
+        splitter.tick(Instant::now()).await;
+        splitter.tick(Instant::now()).await;
+        for index in 1..4 {
+            assert_eq!(version_of(&store, &key, index).await, None, "copy {index}");
+        }
+        assert_eq!(version_of(&store, &key, 0).await, Some(5), "copy 0 stays");
+        assert!(store.read_splits("p:").await.unwrap().is_empty());
+        assert_eq!(layouts.key_write_copies("p:", "p:k", 1), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lost_compare_and_set_changes_nothing() {
+        let store = Arc::new(MemoryStore::new());
+        let record = "4:w:1:1";
+        assert!(store
+            .swap_split("p:", "p:k", None, Some(record))
+            .await
+            .unwrap());
+        assert!(!store
+            .swap_split("p:", "p:k", None, Some("4:r:2:2"))
+            .await
+            .unwrap());
+        assert!(!store
+            .swap_split("p:", "p:k", Some("4:m:1:1"), None)
+            .await
+            .unwrap());
+        assert_eq!(
+            store.read_splits("p:").await.unwrap(),
+            vec![("p:k".to_owned(), record.to_owned())]
+        );
     }
 }
