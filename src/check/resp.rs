@@ -62,7 +62,8 @@ pub(super) async fn writer(
     let session = format!("writer-{index}");
     let mut conn: Option<RespConn> = None;
     while !stop.is_cancelled() {
-        let Some(open) = connected(&mut conn, &doors.write, &doors.token, &session, &stop).await
+        let setup = ["HOTSPLIT.CLIENT", session.as_str()];
+        let Some(open) = connected(&mut conn, &doors.write, &doors.token, &setup, &stop).await
         else {
             continue;
         };
@@ -130,16 +131,15 @@ pub(super) async fn reader(
     while !stop.is_cancelled() {
         let slot = &mut pool[next % slots];
         next += 1;
-        let setup_id = if explicit {
-            Some(session.as_str())
+        // An explicit reader names its client id; a pooled connection only its class.
+        let setup = if explicit {
+            ["HOTSPLIT.CLIENT", session.as_str()]
         } else {
-            None
+            ["HOTSPLIT.CLASS", "advisory"]
         };
-        let opened = match setup_id {
-            Some(id) => connected(slot, &doors.read, &doors.token, id, &stop).await,
-            None => connected_pooled(slot, &doors.read, &doors.token, &stop).await,
+        let Some(open) = connected(slot, &doors.read, &doors.token, &setup, &stop).await else {
+            continue;
         };
-        let Some(open) = opened else { continue };
         let key = &keys[rng.random_range(0..keys.len())];
         let start = recorder.now_us();
         let answer = if explicit {
@@ -162,30 +162,17 @@ pub(super) async fn reader(
     }
 }
 
-/// The open connection in `slot`, opening one with client id `id` when there is none; `None`
-/// (after a short pause) when the door does not answer.
+/// The open connection in `slot`, opening one with `setup` when there is none; `None` (after a
+/// short pause) when the door does not answer.
 async fn connected<'a>(
     slot: &'a mut Option<RespConn>,
     address: &str,
     token: &str,
-    id: &str,
+    setup: &[&str],
     stop: &CancellationToken,
 ) -> Option<&'a mut RespConn> {
     if slot.is_none() {
-        *slot = open_or_pause(address, token, &[&["HOTSPLIT.CLIENT", id]], stop).await;
-    }
-    slot.as_mut()
-}
-
-/// As [`connected`], for a pooled connection: no client id, the `advisory` class.
-async fn connected_pooled<'a>(
-    slot: &'a mut Option<RespConn>,
-    address: &str,
-    token: &str,
-    stop: &CancellationToken,
-) -> Option<&'a mut RespConn> {
-    if slot.is_none() {
-        *slot = open_or_pause(address, token, &[&["HOTSPLIT.CLASS", "advisory"]], stop).await;
+        *slot = open_or_pause(address, token, &[setup], stop).await;
     }
     slot.as_mut()
 }

@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -38,6 +37,7 @@ use super::conn::{Connection, Settings};
 use super::metrics::RespMetrics;
 use super::slots::{Connections, Signal};
 use super::{Door, RespConfig};
+use crate::http::listener::{is_connection_error, Throttle};
 use crate::http::ServerConfig;
 
 /// The reply to a connection over `resp.max_connections` (Redis's own text).
@@ -62,9 +62,6 @@ const BULK_SLACK: usize = 64 * 1024;
 
 /// How long the loop pauses after an accept error that is not about one connection.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-
-/// How often a repeated warning is logged at most.
-const WARNING_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The Redis-protocol listener; [`RespListener::run`] is its accept loop.
 pub struct RespListener {
@@ -245,40 +242,5 @@ async fn opens_handshake(stream: &TcpStream, timeout: Duration) -> bool {
     match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
         Ok(Ok(1)) => first[0] == HANDSHAKE_RECORD,
         _ => true,
-    }
-}
-
-/// Accept errors that concern one connection only.
-fn is_connection_error(err: &std::io::Error) -> bool {
-    use std::io::ErrorKind;
-    matches!(
-        err.kind(),
-        ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
-    )
-}
-
-/// Lets a repeated warning through at most once per [`WARNING_INTERVAL`], counting the ones it
-/// held back.
-#[derive(Debug, Default)]
-struct Throttle {
-    /// When a warning was last let through.
-    last: Option<Instant>,
-    /// Warnings held back since.
-    suppressed: u64,
-}
-
-impl Throttle {
-    /// `Some(held back since the last one)` when a warning may be logged now.
-    fn due(&mut self) -> Option<u64> {
-        let now = Instant::now();
-        if self
-            .last
-            .is_some_and(|last| now.duration_since(last) < WARNING_INTERVAL)
-        {
-            self.suppressed += 1;
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.suppressed))
     }
 }

@@ -246,8 +246,8 @@ fn refuse(stream: TcpStream) {
 }
 
 /// Accept errors that concern one connection only (it was reset before it was accepted); the
-/// next accept may well succeed.
-fn is_connection_error(err: &std::io::Error) -> bool {
+/// next accept may well succeed. Shared with the Redis-protocol listener.
+pub(crate) fn is_connection_error(err: &std::io::Error) -> bool {
     use std::io::ErrorKind;
     matches!(
         err.kind(),
@@ -257,8 +257,9 @@ fn is_connection_error(err: &std::io::Error) -> bool {
 
 /// Lets a repeated warning through at most once per [`WARNING_INTERVAL`], counting the ones it
 /// held back.
+/// Shared with the Redis-protocol listener.
 #[derive(Debug, Default)]
-struct Throttle {
+pub(crate) struct Throttle {
     /// When a warning was last let through.
     last: Option<Instant>,
     /// Warnings held back since.
@@ -267,7 +268,7 @@ struct Throttle {
 
 impl Throttle {
     /// `Some(held back since the last one)` when a warning may be logged now.
-    fn due(&mut self) -> Option<u64> {
+    pub(crate) fn due(&mut self) -> Option<u64> {
         self.due_at(Instant::now())
     }
 
