@@ -336,10 +336,9 @@ async fn read_value(stream: &mut BufReader<TcpStream>) -> std::io::Result<Value>
     }
 }
 
-/// The fields of a `HOTSPLIT.READ` answer (a flat array of name, value pairs in RESP2) as an
-/// HTTP read's [`Answer`]; nil as a 404, an error as its prefix.
-pub(super) fn read_answer(reply: std::io::Result<Value>) -> Answer {
-    let mut answer = Answer {
+/// An answer that came (status 200) and told nothing yet: each reply fills in what it says.
+fn answered() -> Answer {
+    Answer {
         status: 200,
         version: None,
         copy: None,
@@ -347,7 +346,13 @@ pub(super) fn read_answer(reply: std::io::Result<Value>) -> Answer {
         route: None,
         code: None,
         session: None,
-    };
+    }
+}
+
+/// The fields of a `HOTSPLIT.READ` answer (a flat array of name, value pairs in RESP2) as an
+/// HTTP read's [`Answer`]; nil as a 404, an error as its prefix.
+pub(super) fn read_answer(reply: std::io::Result<Value>) -> Answer {
+    let mut answer = answered();
     match reply {
         Ok(Value::Array(items)) => {
             for pair in items.chunks(2) {
@@ -374,15 +379,7 @@ pub(super) fn read_answer(reply: std::io::Result<Value>) -> Answer {
 
 /// A plain `GET`'s answer: the value `v<version>` tells the version.
 pub(super) fn get_answer(reply: std::io::Result<Value>) -> Answer {
-    let mut answer = Answer {
-        status: 200,
-        version: None,
-        copy: None,
-        served_by: None,
-        route: None,
-        code: None,
-        session: None,
-    };
+    let mut answer = answered();
     apply_plain(&mut answer, reply, Some(()));
     answer
 }
@@ -390,15 +387,7 @@ pub(super) fn get_answer(reply: std::io::Result<Value>) -> Answer {
 /// A publish's answer: any reply but an error is an acknowledged edit (the report says how
 /// many copies applied or queued it; a publish that landed nowhere answers an error).
 pub(super) fn publish_answer(reply: std::io::Result<Value>) -> Answer {
-    let mut answer = Answer {
-        status: 200,
-        version: None,
-        copy: None,
-        served_by: None,
-        route: None,
-        code: None,
-        session: None,
-    };
+    let mut answer = answered();
     match reply {
         Ok(Value::Error(text)) => error_answer(&mut answer, &text),
         Ok(_) => {}
