@@ -18,6 +18,11 @@
 //! it owns; A is SIGKILLed and its spool directory deleted, the master recovers, and the scrub
 //! (on instance B, once it takes the lease) must bring every copy level. The report says how
 //! long that took.
+//!
+//! Between the two, the automatic split row ([`super::autosplit`]): keys of one copy split by
+//! the instances' hot-key detection and merged once cool, mid-run. Every row also checks that
+//! no accepted edit was lost: once it ends, a `primary` read must serve each key's last
+//! accepted version.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -55,7 +60,7 @@ pub struct FleetOptions {
 
 /// How a session's reads pick a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ReadMode {
+pub(super) enum ReadMode {
     /// Each read names a random copy (`?copy=i`).
     RandomSuffix,
     /// Each read carries the session's client id (its affine copy).
@@ -94,6 +99,11 @@ pub struct FleetFigures {
     pub monotonic_violations: u64,
     /// Read-backs served an older version than the writer had just written.
     pub read_your_writes_violations: u64,
+    /// Keys whose last accepted publish a `primary` read did not serve once the row ended (and
+    /// the heals had [`LOST_EDIT_LIMIT`] to land): edits lost.
+    pub lost_edits: u64,
+    /// How many distinct copies served the row's reads.
+    pub copies_served: u32,
 }
 
 /// The convergence scenario's outcome.
@@ -120,22 +130,25 @@ pub struct FleetReport {
     pub rows: Vec<FleetRow>,
     /// The convergence scenario.
     pub convergence: FleetConvergence,
+    /// The automatic split and merge row.
+    pub split: super::autosplit::SplitRow,
 }
 
 impl FleetReport {
     /// The report as markdown.
     pub fn markdown(&self) -> String {
-        let mut out = String::from("## Across two instances (each session round-robin over both)\n\n| mode | session token | writes | reads | monotonic-read violations | read-your-writes violations |\n|---|---|---|---|---|---|\n");
+        let mut out = String::from("## Across two instances (each session round-robin over both)\n\n| mode | session token | writes | reads | monotonic-read violations | read-your-writes violations | lost edits |\n|---|---|---|---|---|---|---|\n");
         for row in &self.rows {
             let f = &row.figures;
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} |\n",
                 row.mode,
                 if row.token { "with" } else { "without" },
                 f.writes,
                 f.reads,
                 f.monotonic_violations,
-                f.read_your_writes_violations
+                f.read_your_writes_violations,
+                f.lost_edits
             ));
         }
         let c = &self.convergence;
@@ -154,14 +167,25 @@ impl FleetReport {
                 c.limit_ms as f64 / 1000.0
             )),
         }
+        out.push_str(&self.split.markdown());
         out
     }
 
     /// What fails the run: a violation with the token, a row with the token that served no
-    /// read, or copies that never became level. Violations without the token are the expected
-    /// demonstration, not a failure.
+    /// read, a lost edit in any row, copies that never became level, or an automatic split
+    /// row that broke a claim or did not split and merge. Violations without the token are the
+    /// expected demonstration, not a failure.
     pub fn failures(&self) -> Vec<String> {
         let mut failures = Vec::new();
+        for row in self.rows.iter().filter(|row| row.figures.lost_edits > 0) {
+            failures.push(format!(
+                "{} {} the session token: {} keys lost an accepted edit",
+                row.mode,
+                if row.token { "with" } else { "without" },
+                row.figures.lost_edits
+            ));
+        }
+        failures.extend(self.split.failures());
         for row in self.rows.iter().filter(|row| row.token) {
             let f = &row.figures;
             if f.monotonic_violations + f.read_your_writes_violations > 0 {
@@ -239,11 +263,13 @@ fn spawn_instance(
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\nshutdown_grace = \"2s\"\n\
          [store]\nredis = \"{}\"\ncommand_timeout = \"2s\"\n{tls}\
-         [heal]\nspool_dir = \"{}\"\n\
+         [heal]\nspool_dir = \"{}\"\nlayout_interval = \"1s\"\n\
          [scrub]\ninterval = \"1s\"\nlease_ttl = \"3s\"\n\
-         [[family]]\nprefix = \"fleet:\"\ncopies = {copies}\nttl = \"10m\"\ndefault_class = \"advisory\"\n",
+         [[family]]\nprefix = \"fleet:\"\ncopies = {copies}\nttl = \"10m\"\ndefault_class = \"advisory\"\n\
+         {split}",
         cluster.url(),
-        spool.display()
+        spool.display(),
+        split = super::autosplit::config(copies),
     );
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, config).map_err(|err| io_error("cannot write a config", err))?;
@@ -369,14 +395,17 @@ async fn run_in(
             token,
             // Keys of its own: each row's versions start again at 1.
             prefix: format!("fleet:{number}:"),
-            duration: options.duration / 4,
+            reader_pause: Arc::new(AtomicU64::new(READER_PAUSE_MS)),
         };
         eprintln!(
             "hotsplit check --instances 2: {} {} the session token",
             mode.as_str(),
             if token { "with" } else { "without" }
         );
-        let figures = phase(&http, &bases, cluster, &options, &row, &shutdown).await;
+        let stop = shutdown.child_token();
+        let timer = tokio::spawn(cancel_after(options.duration / 4, stop.clone()));
+        let figures = phase(&http, &bases, cluster, &options, &row, stop).await;
+        timer.abort();
         rows.push(FleetRow {
             mode: mode.as_str(),
             token,
@@ -386,20 +415,40 @@ async fn run_in(
             break;
         }
     }
+    eprintln!("hotsplit check --instances 2: automatic split and merge");
+    let split = super::autosplit::run(&http, &bases, cluster, &options, &shutdown).await;
     let convergence = converge(&http, cluster, &mut instances, options.copies).await?;
-    Ok(FleetReport { rows, convergence })
+    Ok(FleetReport {
+        rows,
+        convergence,
+        split,
+    })
 }
 
+/// Cancels `stop` after `duration`.
+async fn cancel_after(duration: Duration, stop: CancellationToken) {
+    tokio::time::sleep(duration).await;
+    stop.cancel();
+}
+
+/// How long a reader waits between reads unless its row says otherwise.
+pub(super) const READER_PAUSE_MS: u64 = 2;
+
+/// How long, once a row ends, its last accepted edits have to be served by a `primary` read
+/// (a copy whose write was queued heals meanwhile) before they count as lost.
+const LOST_EDIT_LIMIT: Duration = Duration::from_secs(10);
+
 /// What one row runs.
-struct Row {
+pub(super) struct Row {
     /// How reads pick a copy.
-    mode: ReadMode,
+    pub(super) mode: ReadMode,
     /// Whether sessions send back their session token.
-    token: bool,
-    /// The prefix of the row's keys (inside the `fleet:` family).
-    prefix: String,
-    /// How long the row's workload runs.
-    duration: Duration,
+    pub(super) token: bool,
+    /// The prefix of the row's keys (inside the `fleet:` family, or the split row's own).
+    pub(super) prefix: String,
+    /// How long each reader waits between reads, in ms; the split row changes it mid-row to
+    /// make its keys hot, then cool.
+    pub(super) reader_pause: Arc<AtomicU64>,
 }
 
 /// A session's last token, sent with its next request when the row carries tokens.
@@ -434,30 +483,35 @@ fn read_url(base: &str, key: &str, mode: ReadMode, session: &str, copy: u32) -> 
     }
 }
 
-/// One workload phase over both instances.
-async fn phase(
+/// One workload phase over both instances, until `stop` is cancelled; then the check that no
+/// accepted edit was lost.
+pub(super) async fn phase(
     http: &reqwest::Client,
     bases: &[String],
     cluster: &Arc<Cluster>,
     options: &FleetOptions,
     row: &Row,
-    shutdown: &CancellationToken,
+    stop: CancellationToken,
 ) -> FleetFigures {
-    let stop = shutdown.child_token();
-    let counts: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+    // Writes, reads, monotonic-read and read-your-writes violations, and a bit per copy that
+    // served a read.
+    let counts: Arc<[AtomicU64; 5]> = Arc::new(Default::default());
     let keys: Vec<String> = (0..options.keys)
         .map(|k| format!("{}{k}", row.prefix))
         .collect();
     let (mode, carry, copies) = (row.mode, row.token, options.copies);
+    // Each key's last version answered 2xx.
+    let accepted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
     let mut rng = StdRng::seed_from_u64(options.seed);
     let mut tasks = tokio::task::JoinSet::new();
     for (index, key) in keys.iter().enumerate() {
-        let (http, bases, key, counts, stop) = (
+        let (http, bases, key, counts, stop, accepted) = (
             http.clone(),
             bases.to_vec(),
             key.clone(),
             counts.clone(),
             stop.clone(),
+            accepted.clone(),
         );
         let mut rng = StdRng::seed_from_u64(rng.random());
         tasks.spawn(async move {
@@ -485,6 +539,7 @@ async fn phase(
                     continue;
                 }
                 counts[0].fetch_add(1, Ordering::Relaxed);
+                accepted[index].fetch_max(version, Ordering::Relaxed);
                 let copy = rng.random_range(0..copies);
                 let read = send(held.attach(
                     carry,
@@ -501,6 +556,7 @@ async fn phase(
                 turn += 1;
                 if read.status == 200 {
                     counts[1].fetch_add(1, Ordering::Relaxed);
+                    note_copy(&counts[4], &read);
                     if read.version.is_some_and(|served| served < version) {
                         counts[3].fetch_add(1, Ordering::Relaxed);
                     }
@@ -510,12 +566,13 @@ async fn phase(
         });
     }
     for reader in 0..options.readers {
-        let (http, bases, keys, counts, stop) = (
+        let (http, bases, keys, counts, stop, pause) = (
             http.clone(),
             bases.to_vec(),
             keys.clone(),
             counts.clone(),
             stop.clone(),
+            row.reader_pause.clone(),
         );
         let mut rng = StdRng::seed_from_u64(rng.random());
         tasks.spawn(async move {
@@ -541,12 +598,13 @@ async fn phase(
                 turn += 1;
                 if let Some(version) = read.version.filter(|_| read.status == 200) {
                     counts[1].fetch_add(1, Ordering::Relaxed);
+                    note_copy(&counts[4], &read);
                     if version < seen[index] {
                         counts[2].fetch_add(1, Ordering::Relaxed);
                     }
                     seen[index] = seen[index].max(version);
                 }
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                tokio::time::sleep(Duration::from_millis(pause.load(Ordering::Relaxed))).await;
             }
         });
     }
@@ -556,17 +614,48 @@ async fn phase(
         stop.clone(),
         StdRng::seed_from_u64(options.seed.wrapping_add(1)),
     ));
-    tokio::select! {
-        () = tokio::time::sleep(row.duration) => {}
-        () = stop.cancelled() => {}
-    }
-    stop.cancel();
+    stop.cancelled().await;
     while tasks.join_next().await.is_some() {}
+    let mut lost_edits = 0;
+    for (key, accepted) in keys.iter().zip(accepted.iter()) {
+        let accepted = accepted.load(Ordering::Relaxed);
+        if accepted > 0 && !served_at_least(http, &bases[0], key, accepted).await {
+            lost_edits += 1;
+        }
+    }
     FleetFigures {
         writes: counts[0].load(Ordering::Relaxed),
         reads: counts[1].load(Ordering::Relaxed),
         monotonic_violations: counts[2].load(Ordering::Relaxed),
         read_your_writes_violations: counts[3].load(Ordering::Relaxed),
+        lost_edits,
+        copies_served: counts[4].load(Ordering::Relaxed).count_ones(),
+    }
+}
+
+/// Sets the bit of the copy that served `read` (copies 0..63; the check splits into fewer).
+fn note_copy(bits: &AtomicU64, read: &super::recorder::Answer) {
+    if let Some(copy) = read.copy.filter(|copy| *copy < 64) {
+        bits.fetch_or(1 << copy, Ordering::Relaxed);
+    }
+}
+
+/// Whether a `primary` read of `key` through `base` serves `version` or newer within
+/// [`LOST_EDIT_LIMIT`], polled.
+async fn served_at_least(http: &reqwest::Client, base: &str, key: &str, version: u64) -> bool {
+    let deadline = Instant::now() + LOST_EDIT_LIMIT;
+    loop {
+        let read = send(http.get(format!(
+            "{base}/v1/keys/{key}?{CLASS}=primary&{CLIENT}=lost-edit-check"
+        )))
+        .await;
+        if read.status == 200 && read.version.is_some_and(|served| served >= version) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

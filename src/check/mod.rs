@@ -15,11 +15,13 @@
 //! (the seeded fault schedule and replica lag), `recorder` (the shared history, requests and
 //! direct copy samples) and [`report`] (the pure figures: judging a history, the report).
 //! [`fleet`] is `--instances 2`: two `hotsplit serve` processes, sessions spread over both,
-//! and the convergence after one is SIGKILLed with its spool deleted.
+//! and the convergence after one is SIGKILLed with its spool deleted; [`autosplit`] its row
+//! where keys of one copy are split by hot-key detection and merged mid-run.
 //!
 //! This module is part of the `hotsplit` binary, not of the library: it starts servers with
 //! `hotsplit-devcluster`, which the library does not depend on.
 
+pub mod autosplit;
 pub mod checkers;
 pub mod cli;
 mod faults;

@@ -199,8 +199,9 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
 
 /// `check --instances 2`, short: two `hotsplit serve` processes on one throwaway cluster, every
 /// session round-robin over both. With the session token no session goes back in time nor
-/// misses its own write in either mode; the instance holding queued heals is SIGKILLed, its
-/// spool deleted, and the surviving instance's scrub levels every copy.
+/// misses its own write in either mode, and no row loses an accepted edit; keys of one copy
+/// split by detection and merge once cool, mid-run, with neither; the instance holding queued
+/// heals is SIGKILLed, its spool deleted, and the surviving instance's scrub levels every copy.
 #[test]
 fn check_across_two_instances_holds_with_the_token_and_the_scrub_levels_a_lost_spool() {
     let out = tempfile::tempdir().unwrap();
@@ -239,6 +240,22 @@ fn check_across_two_instances_holds_with_the_token_and_the_scrub_levels_a_lost_s
             Some(0),
             "{row}"
         );
+    }
+    for row in rows {
+        assert_eq!(row["figures"]["lost_edits"].as_u64(), Some(0), "{row}");
+    }
+    // Keys of one copy split by detection and merged once cool, mid-run, with no violation.
+    let split = &report["split"];
+    let figures = &split["figures"];
+    assert!(split["split_after_ms"].as_u64().is_some(), "{split}");
+    assert!(split["merged_after_ms"].as_u64().is_some(), "{split}");
+    assert!(figures["copies_served"].as_u64().unwrap() > 1, "{split}");
+    for figure in [
+        "monotonic_violations",
+        "read_your_writes_violations",
+        "lost_edits",
+    ] {
+        assert_eq!(figures[figure].as_u64(), Some(0), "{figure}: {split}");
     }
     let convergence = &report["convergence"];
     assert!(convergence["queued"].as_u64().unwrap() > 0, "{convergence}");
