@@ -557,3 +557,122 @@ async fn read_repair_refills_a_tagged_copy_under_its_name() {
     .await;
     service.stop().await;
 }
+
+/// An instance of the previous release (its function library `hotsplit`, its publish path,
+/// which names copies `K#i` only) starting against a family this release already laid out and
+/// reads under the tagged names: the family's layout record is still the `copies:max_copies`
+/// text every release parses, and the previous library's compare-and-set accepts it (an older
+/// instance does not take it for corrupt and starts); once the older instance is in the
+/// family's live set the spread instance reads `K#i` again, so the older instance's edit
+/// reaches every reader; and after it leaves, the spread instance moves back to the tagged
+/// names without serving any reader a copy that missed that edit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_release_starting_against_a_spread_family_reads_its_layout_and_reaches_every_reader(
+) {
+    use hotsplit::publish::PublishStatus;
+    use hotsplit::store::{Layout, LayoutStore, LayoutSwap};
+
+    // Its own server: the previous library is loaded beside this release's.
+    let server = hotsplit_devcluster::Standalone::start().expect("start a standalone redis");
+    let url = server.url();
+    let http = reqwest::Client::new();
+    let (family, key) = ("olds:", "olds:1");
+    let new = Service::start(rolling_config(&url, family, "spread")).await;
+    harness::publish_succeeds(&http, &new.base, key, 1, "one").await;
+    let tagged_client = clients()
+        .into_iter()
+        .find(|client| hotsplit::affinity::copy_index(client, 4) == 1)
+        .unwrap();
+    poll(
+        "the spread instance reads the tagged names",
+        Duration::from_secs(30),
+        || async {
+            read_name(&http, &new.base, key, &tagged_client)
+                .await
+                .ends_with('}')
+        },
+    )
+    .await;
+    harness::publish_succeeds(&http, &new.base, key, 2, "two").await;
+
+    // What an older release reads at startup: the record's text is `copies:max_copies`.
+    let text = server
+        .node
+        .cli(&["GET", &hotsplit::store::layout_key(family)])
+        .expect("GET the layout record");
+    assert_eq!(text.trim(), "4:4", "the family layout record's format");
+    // The previous release: its library, its publish path, a config without `placement`.
+    let older_config = rolling_config(&url, family, "suffix");
+    let previous = crate::upgrade::PreviousInstance::start(&url, &older_config).await;
+    let layout = previous
+        .store
+        .read_layout(family)
+        .await
+        .expect("the previous library reads the layout");
+    assert_eq!(
+        layout,
+        Some(Layout {
+            copies: 4,
+            max_copies: 4
+        })
+    );
+    // An older instance's startup write of the layout it is configured with: accepted.
+    let swap = previous
+        .store
+        .write_layout(family, layout, layout.unwrap())
+        .await
+        .expect("the previous library's compare-and-set");
+    assert!(matches!(swap, LayoutSwap::Applied), "{swap:?}");
+    // Its layout watcher joins the family's live set (not the placement set: it has none).
+    previous
+        .store
+        .join_layout(family, 4, &previous.id, 60_000)
+        .await
+        .expect("join the live set");
+    poll(
+        "the spread instance reads K#i while an older release is live",
+        Duration::from_secs(30),
+        || async {
+            !read_name(&http, &new.base, key, &tagged_client)
+                .await
+                .ends_with('}')
+        },
+    )
+    .await;
+    let report = previous.publish(key, 3, "three").await;
+    assert_eq!(report.status(), PublishStatus::Done, "{report:?}");
+    for client in clients() {
+        assert_eq!(
+            served(&http, &new.base, key, &client).await,
+            3,
+            "{client}: the older instance's edit reaches every reader"
+        );
+    }
+
+    // The older instance stops: the spread instance moves back to the tagged names, and no
+    // reader is served a tagged copy that missed the older instance's edit.
+    previous
+        .store
+        .leave_layout(family, 4, &previous.id)
+        .await
+        .expect("leave the live set");
+    previous.leave().await;
+    poll(
+        "the spread instance reads the tagged names once the older release left",
+        Duration::from_secs(30),
+        || async {
+            read_name(&http, &new.base, key, &tagged_client)
+                .await
+                .ends_with('}')
+        },
+    )
+    .await;
+    for client in clients() {
+        assert_eq!(
+            served(&http, &new.base, key, &client).await,
+            3,
+            "{client}: read under the tagged names after the older release left"
+        );
+    }
+    new.stop().await;
+}

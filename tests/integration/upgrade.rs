@@ -55,11 +55,13 @@ fn config_text(url: &str) -> String {
 
 /// An instance of the previous release: its publisher and its registry entry, over a store
 /// that calls `hotsplit_cas` and the other unversioned functions.
-struct PreviousInstance {
+pub(crate) struct PreviousInstance {
+    /// Its store, which calls the previous library's functions.
+    pub(crate) store: Arc<RedisStore>,
     /// Its publish path.
     publisher: Publisher,
     /// Its id in the registry.
-    id: String,
+    pub(crate) id: String,
     /// Stops its registrar, which then removes its entry.
     stop: CancellationToken,
     /// The registrar task.
@@ -67,7 +69,7 @@ struct PreviousInstance {
 }
 
 impl PreviousInstance {
-    async fn start(url: &str, config: &Config) -> PreviousInstance {
+    pub(crate) async fn start(url: &str, config: &Config) -> PreviousInstance {
         let mut options = RedisOptions::new(RedisTarget::parse(url).expect("parse the url"));
         options.command_timeout = COMMAND_TIMEOUT;
         let metrics = Metrics::new();
@@ -98,8 +100,9 @@ impl PreviousInstance {
             }
             .run(stop.clone()),
         );
-        let publisher = Publisher::new(store, Arc::new(config.families()), metrics);
+        let publisher = Publisher::new(store.clone(), Arc::new(config.families()), metrics);
         PreviousInstance {
+            store,
             publisher,
             id,
             stop,
@@ -107,7 +110,7 @@ impl PreviousInstance {
         }
     }
 
-    async fn publish(&self, key: &str, version: u64, value: &str) -> PublishReport {
+    pub(crate) async fn publish(&self, key: &str, version: u64, value: &str) -> PublishReport {
         self.publisher
             .publish(
                 &Key::parse(key).expect("key"),
@@ -119,7 +122,7 @@ impl PreviousInstance {
     }
 
     /// Stops the registrar, which removes the entry, and waits for it.
-    async fn leave(self) -> Publisher {
+    pub(crate) async fn leave(self) -> Publisher {
         self.stop.cancel();
         self.registrar.await.expect("the registrar ends");
         self.publisher

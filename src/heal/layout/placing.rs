@@ -44,7 +44,8 @@
 //! copy can land after the delete of point 2 (compare-and-set keeps it from moving a copy
 //! backwards, but it may recreate a copy the delete removed at an older version). Tests:
 //! `placement::a_rolling_placement_change_serves_no_reader_an_old_value`,
-//! `placement::an_older_release_in_the_live_set_keeps_the_family_on_suffix_names`.
+//! `placement::an_older_release_in_the_live_set_keeps_the_family_on_suffix_names`,
+//! `placement::an_older_release_starting_against_a_spread_family_reads_its_layout_and_reaches_every_reader`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,6 +82,8 @@ pub(super) struct Placing {
     aware_since: Option<Instant>,
     /// The busiest-node share last reported for the family (logged when it changes).
     pub(super) share: Option<f64>,
+    /// The code this instance's entry in the placement set has.
+    joined: u32,
 }
 
 impl Placing {
@@ -92,6 +95,11 @@ impl Placing {
             others_reading: false,
             aware_since: Some(now),
             share: None,
+            // What the startup join used: no family is read under the tagged names yet.
+            joined: match configured {
+                Placement::Suffix => CODE_SUFFIX,
+                Placement::Spread => CODE_SPREAD_PENDING,
+            },
         }
     }
 }
@@ -226,6 +234,18 @@ impl Layouts {
         }
     }
 
+    /// The code of this instance's entry in `family`'s placement set.
+    fn placement_joined(&self, family: &str) -> Option<u32> {
+        self.lock().get(family).map(|known| known.placing.joined)
+    }
+
+    /// Records that this instance's entry in `family`'s placement set has `code` now.
+    fn set_placement_joined(&self, family: &str, code: u32) {
+        if let Some(known) = self.lock().get_mut(family) {
+            known.placing.joined = code;
+        }
+    }
+
     /// Records `share` as `family`'s last reported busiest-node share; whether it changed by
     /// more than 0.01 since the last report (or is the first).
     pub(super) fn report_share(&self, family: &str, share: f64) -> bool {
@@ -321,6 +341,14 @@ pub(super) fn spread_share(
 /// Joins `family`'s placement set with this instance's code; the other instances' codes, or
 /// `None` when the join failed (logged; the watcher retries every layout interval, and until
 /// then this instance reads `K#i`, which every writer writes).
+///
+/// An entry is `<code>:<instance>`, so when this instance's code changed since its last join
+/// its entry under the old code is still in the set, and would read, to this instance and to
+/// the others, as another instance's until it lapsed (three intervals): a `3` left behind
+/// after falling back to `K#i` made this instance take itself for another reader of the tagged
+/// names and switch back to them without deleting the copies an older release's edits missed.
+/// So the new entry is added first (the set never lacks this instance: no other instance takes
+/// it for an older release), the old one removed, and the set read again by a second join.
 pub(super) async fn join_placement(
     stores: &LayoutStores,
     layouts: &Layouts,
@@ -330,17 +358,29 @@ pub(super) async fn join_placement(
 ) -> Option<Vec<u32>> {
     let set = placement_set(family.name());
     let code = layouts.placement_code(family);
-    match stores
+    let fail = |err: crate::error::Error| {
+        tracing::warn!(family = family.name(), error = %err, "cannot join the family's placement set: retried every layout interval");
+    };
+    let join = || {
+        stores
+            .layouts
+            .join_layout(&set, code, &liveness.instance, ttl_ms)
+    };
+    let codes = join().await.map_err(fail).ok()?;
+    let Some(old) = layouts
+        .placement_joined(family.name())
+        .filter(|&old| old != code)
+    else {
+        return Some(codes);
+    };
+    stores
         .layouts
-        .join_layout(&set, code, &liveness.instance, ttl_ms)
+        .leave_layout(&set, old, &liveness.instance)
         .await
-    {
-        Ok(codes) => Some(codes),
-        Err(err) => {
-            tracing::warn!(family = family.name(), error = %err, "cannot join the family's placement set: retried every layout interval");
-            None
-        }
-    }
+        .map_err(fail)
+        .ok()?;
+    layouts.set_placement_joined(family.name(), code);
+    join().await.map_err(fail).ok()
 }
 
 #[cfg(test)]
@@ -414,6 +454,44 @@ mod tests {
         // A suffix family never switches.
         assert_eq!(
             layouts.observe_placement("x:", 0, &[], settle, later + settle, &metrics),
+            Step::Stay
+        );
+    }
+
+    #[tokio::test]
+    async fn a_changed_code_replaces_this_instances_entry_and_is_never_taken_for_another_reader() {
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        let stores = LayoutStores::of(&store);
+        let layouts = layouts(&store, "a").await;
+        let spread = fixture::families(CONFIG)
+            .resolve(&Key::parse("s:1").unwrap())
+            .clone();
+        let placement = placement_set("s:");
+        let seen_by_b = || store.join_layout(&placement, CODE_SUFFIX, "b", 60_000);
+        assert_eq!(seen_by_b().await.unwrap(), vec![CODE_SPREAD_PENDING]);
+        // "a" reads the tagged names (code 3), then falls back to K#i (code 2).
+        layouts.start_reading_spread("s:", &metrics);
+        let codes = join_placement(&stores, &layouts, &spread, &liveness("a"), 60_000).await;
+        assert_eq!(
+            codes,
+            Some(vec![CODE_SUFFIX]),
+            "only b's entry is another's"
+        );
+        assert_eq!(seen_by_b().await.unwrap(), vec![CODE_SPREAD_READING]);
+        let settle = Duration::from_secs(10);
+        let now = Instant::now();
+        layouts.observe_placement("s:", 2, &[CODE_SUFFIX], settle, now, &metrics);
+        assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
+        let codes = join_placement(&stores, &layouts, &spread, &liveness("a"), 60_000)
+            .await
+            .unwrap();
+        // Its old `3` is gone: "a" sees no reader of the tagged names, so it deletes them after
+        // the settle time before it reads them again.
+        assert_eq!(codes, vec![CODE_SUFFIX]);
+        assert_eq!(seen_by_b().await.unwrap(), vec![CODE_SPREAD_PENDING]);
+        assert_eq!(
+            layouts.observe_placement("s:", 1, &codes, settle, now, &metrics),
             Step::Stay
         );
     }
