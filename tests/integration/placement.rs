@@ -451,23 +451,20 @@ async fn tagged_copies_are_scrubbed_and_audited_without_strays() {
 }
 
 /// A copy write of a `spread` family that fails is queued under its tagged name, kept in the
-/// spool (format 2 records the placement), and after a restart replayed and written under that
-/// same name.
+/// spool (format 2 records the placement), and after a crash (SIGKILL) and a restart replayed
+/// and written under that same name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queued_tagged_copy_is_healed_under_its_name_after_a_restart() {
+async fn a_queued_tagged_copy_is_healed_under_its_name_after_a_crash() {
     let cluster = own_cluster().await;
     let http = reqwest::Client::new();
-    let spool = harness::spool_dir();
-    let config = || {
-        let mut config = config_from_toml(&format!(
-            "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[[family]]\nprefix = \"spd:\"\ncopies = 4\nttl = \"10m\"\nplacement = \"spread\"\n[scrub]\nenabled = false\n",
-            cluster.url(),
-            harness::command_timeout_toml()
-        ));
-        config.heal.spool_dir = spool.clone();
-        config
-    };
-    let first = Service::start(config()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[heal]\nspool_dir = {:?}\n[[family]]\nprefix = \"spd:\"\ncopies = 4\nttl = \"10m\"\nplacement = \"spread\"\n[scrub]\nenabled = false\n",
+        cluster.url(),
+        harness::command_timeout_toml(),
+        dir.path().join("spool").display().to_string()
+    );
+    let mut first = harness::Binary::start(dir.path(), "first", &config).await;
     // One master refuses FCALL: the copy writes it owns fail at once and are queued.
     let victim = harness::owner_port(&cluster, &tagged("spd:0", 1));
     hotsplit_devcluster::cli(victim, &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
@@ -490,13 +487,14 @@ async fn a_queued_tagged_copy_is_healed_under_its_name_after_a_restart() {
         queued.iter().any(|name| name.ends_with('}')),
         "some tagged copies are queued: {queued:?}"
     );
-    first.stop().await;
+    // A crash: none of the shutdown's work runs.
+    first.sigkill();
     for name in &queued {
         assert_eq!(version_on_owner(&cluster, name), None, "{name} is missing");
     }
     hotsplit_devcluster::cli(victim, &["ACL", "SETUSER", "default", "+fcall"]).unwrap();
     // The restart replays the spool and the retry worker writes every queued name.
-    let second = Service::start(config()).await;
+    let second = harness::Binary::start(dir.path(), "second", &config).await;
     poll(
         "the replayed copies are written under their own names",
         Duration::from_secs(30),
@@ -509,7 +507,8 @@ async fn a_queued_tagged_copy_is_healed_under_its_name_after_a_restart() {
         },
     )
     .await;
-    second.stop().await;
+    let log = second.log_text();
+    assert!(log.contains("replayed the retry spool"), "{log}");
 }
 
 /// Read repair writes a missing tagged copy back under its tagged name, from the sibling that
