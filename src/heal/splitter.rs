@@ -218,8 +218,9 @@ impl Splitter {
             for key in keys {
                 let hot = self.hot_here(policy, &key, &rates, &other_hot);
                 let record = records.get(&key).copied();
+                // Kept past this tick: the stage of the record, or of the one this tick writes.
+                seen_stages.insert((name.clone(), key.clone()));
                 if let Some(record) = &record {
-                    seen_stages.insert((name.clone(), key.clone()));
                     self.note_stage(&name, &key, record, now);
                 }
                 let split_keys = self.layouts.splits().count(&name);
@@ -367,7 +368,7 @@ impl Splitter {
             Step::Stay => Ok(()),
             Step::Record(next) => {
                 if self
-                    .swap(name, key, expected.as_deref(), Some(next), now)
+                    .swap(name, key, expected.as_deref(), Some(next))
                     .await?
                 {
                     if record.is_none() {
@@ -393,7 +394,7 @@ impl Splitter {
                 let key_parsed = Key::parse(key)?;
                 self.fill(family, &key_parsed, next.copies).await?;
                 if self
-                    .swap(name, key, expected.as_deref(), Some(next), now)
+                    .swap(name, key, expected.as_deref(), Some(next))
                     .await?
                 {
                     tracing::info!(
@@ -417,7 +418,7 @@ impl Splitter {
                     }
                 }
                 self.copies.delete_copies(&removed).await?;
-                if self.swap(name, key, expected.as_deref(), None, now).await? {
+                if self.swap(name, key, expected.as_deref(), None).await? {
                     tracing::info!(
                         family = name,
                         key,
@@ -436,7 +437,6 @@ impl Splitter {
         key: &str,
         expected: Option<&str>,
         next: Option<SplitRecord>,
-        now: Instant,
     ) -> Result<bool> {
         let text = next.map(|record| record.encode());
         let applied = self
@@ -446,12 +446,14 @@ impl Splitter {
         if applied {
             self.layouts.splits().set(family, key, next);
             let id = (family.to_owned(), key.to_owned());
+            // The settle time of the stage written counts from now, once the write has landed.
+            let landed = Instant::now();
             let mut memory = self.memory();
             match next {
                 Some(record) => {
-                    let entry = memory.stages.entry(id).or_insert((record.stage(), now));
+                    let entry = memory.stages.entry(id).or_insert((record.stage(), landed));
                     if entry.0 != record.stage() {
-                        *entry = (record.stage(), now);
+                        *entry = (record.stage(), landed);
                     }
                 }
                 None => {
