@@ -73,6 +73,11 @@
 //! table (a split key's copies may disagree on presence), and config validation refuses such a
 //! family whose default class decides on presence.
 //!
+//! Everything else that names copies follows the records too: the scrub ([`crate::heal::scrub`])
+//! checks a split key's copies up to its split count from this index (only while its last read
+//! is recent enough, [`SplitIndex::write_copies_read_since`]), and `hotsplit audit --config`
+//! reads the hashes itself, counting copies beyond a key's split count as strays.
+//!
 //! Tests: `split::tests` (the state machine, the index, the driver on the embedded store) and
 //! the integration tests `split::*` (split and merge on standalone Redis and a 3×3 cluster, two
 //! instances learning at different moments, a restart mid-split, older releases).

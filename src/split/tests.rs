@@ -165,7 +165,10 @@ fn split_copies_are_named_to_the_scrub_only_from_a_recent_read_of_the_records() 
     assert_eq!(index.write_copies_read_since("p:", "p:a", before), None);
     index.load("p:", records(Phase::Leaving), read_at);
     assert_eq!(index.write_copies_read_since("p:", "p:a", before), Some(16));
-    assert_eq!(index.write_copies_read_since("p:", "p:a", read_at), Some(16));
+    assert_eq!(
+        index.write_copies_read_since("p:", "p:a", read_at),
+        Some(16)
+    );
     // A read older than asked for (a refresh that keeps failing) names nothing.
     let later = read_at + Duration::from_millis(1);
     assert_eq!(index.write_copies_read_since("p:", "p:a", later), None);

@@ -306,7 +306,13 @@ mod tests {
         assert!(patterns(&none, |_| false).is_empty());
         assert_eq!(
             patterns(&families, |name| name == "watched:"),
-            vec!["watched:*#*", "paused:*#*", "spread:*#*", "hot:*#*", "one:*#*"]
+            vec![
+                "watched:*#*",
+                "paused:*#*",
+                "spread:*#*",
+                "hot:*#*",
+                "one:*#*"
+            ]
         );
     }
 }
