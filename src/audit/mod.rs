@@ -1,7 +1,8 @@
 //! `hotsplit audit`: how far apart are the copies of live keys? Measured read-only.
 //!
 //! In the spirit of Meta's Polaris and Uber's Cache Inspector, an audit samples keys of split
-//! families on a live deployment and reads every copy of each, on the primary that owns it and
+//! families (and, with a config, split keys: their split records say how many copies they have)
+//! on a live deployment and reads every copy of each, on the primary that owns it and
 //! on each of that primary's replicas, then reports version skew between copies, the share of
 //! copies behind and inconsistency per million copy reads, separately for primary and replica
 //! reads (replica lag is expected; a primary copy behind missed a write), with the worst keys.
@@ -17,8 +18,8 @@
 //! # Safe to point at production
 //! An audit only reads. Every Redis command goes through
 //! [`store::redis`](crate::store::redis) (`ReadOnlyNodes`), which sends `INFO`, `CLUSTER NODES`,
-//! `SCAN`, `HMGET` (`ver` and `tomb` only, never the value) and `READONLY` on Cluster
-//! replicas; fred's connection handshake adds `PING`, `CLIENT ID`, `INFO server` and `ROLE`. It never
+//! `SCAN`, `HMGET` (`ver` and `tomb` only, never the value), `HGETALL` of the split records of
+//! a config's families with a `split` table, and `READONLY` on Cluster replicas; fred's connection handshake adds `PING`, `CLIENT ID`, `INFO server` and `ROLE`. It never
 //! writes and never loads the function library. Copy reads are paced (`rate`), at most
 //! 16 keys are in flight, one SCAN page per primary is in flight, and
 //! every command has a timeout. The integration test compares `INFO commandstats` and

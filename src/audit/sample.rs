@@ -8,10 +8,16 @@
 //! `K`; the scan stops once the sample is full or every primary is done.
 //!
 //! **Copy count.** N comes from the config's families, from `--copies`, or is inferred as the
-//! highest index seen + 1. An inferred count needs every copy of the key, so then the scan goes
+//! highest index seen + 1. With the config, the split records of each family with a `split`
+//! table are read first (one `HGETALL #hotsplit#splits#<family>` on the primary that owns it,
+//! [`read_split_layouts`]): a split key's N is its split copies while publishes write them
+//! (phases writing, reading, leaving), and no copy within its split count is a stray (while
+//! draining those copies wait to be deleted, so they are neither read nor strays); one beyond
+//! it is (left by a merge that did not finish). A family whose records cannot be read is
+//! audited as if none of its keys were split (logged). An inferred count needs every copy of the key, so then the scan goes
 //! on to the end once the sample is full, for the sampled keys only (give `--copies` or
-//! `--config` to stop a long scan at the sample size). Keys whose N is 1 are not split and are skipped; copies seen at or beyond N are counted as stray (left by
-//! a shrink, deleted by the service's sweep).
+//! `--config` to stop a long scan at the sample size). Keys whose N is 1 are not split and are skipped; copies seen at or beyond N (or, of a split key, its
+//! split count) are counted as stray (left by a shrink, deleted by the service's sweep).
 //!
 //! **Read.** For each sampled key every copy `K#0..K#N-1` is read (`HMGET ver tomb exp`) on the
 //! primary that owns its slot and on each of that primary's replicas, all of the key's reads at
@@ -28,8 +34,10 @@ use futures_util::stream::{self, StreamExt};
 use super::figures::{CopyObservation, CopyState, KeySample, ReadRole};
 use super::{AuditOptions, CopyCount, Phase, Progress};
 use crate::error::{Error, ErrorKind, Result};
+use crate::family::Families;
 use crate::family::MAX_COPIES;
 use crate::key::{CopyKey, Key, Placement};
+use crate::split::SplitRecord;
 use crate::store::redis::ReadOnlyNodes;
 use crate::store::NodeLabel;
 
@@ -77,6 +85,45 @@ pub(crate) fn scan_pattern(prefix: Option<&str>) -> String {
     pattern
 }
 
+/// The split keys of the config's families, with their records.
+pub(crate) type SplitLayouts = HashMap<Key, SplitRecord>;
+
+/// Reads the split records of every family of `families` with a `split` table. A family whose
+/// records cannot be read is left out, with a warning: its split keys' extra copies then count
+/// as strays, as they did before audits knew of splits.
+pub(crate) async fn read_split_layouts(nodes: &ReadOnlyNodes, families: &Families) -> SplitLayouts {
+    let mut layouts = SplitLayouts::new();
+    for family in families.iter().filter(|family| family.split.is_some()) {
+        let name = family.name();
+        match nodes.read_split_records(name).await {
+            Ok(fields) => layouts.extend(split_layouts_of(families, name, fields)),
+            Err(err) => tracing::warn!(
+                family = name,
+                error = %err,
+                "cannot read the split records: this family's split copies count as strays"
+            ),
+        }
+    }
+    layouts
+}
+
+/// The split keys of `family` in its records `fields` (key, record text): those that parse,
+/// are valid keys and belong to `family`.
+fn split_layouts_of(
+    families: &Families,
+    family: &str,
+    fields: Vec<(String, String)>,
+) -> Vec<(Key, SplitRecord)> {
+    fields
+        .into_iter()
+        .filter_map(|(key, text)| {
+            let key = Key::parse(&key).ok()?;
+            let record = SplitRecord::decode(&text)?;
+            (families.resolve(&key).name() == family).then_some((key, record))
+        })
+        .collect()
+}
+
 /// A key seen by the scan.
 #[derive(Debug)]
 struct Candidate {
@@ -85,6 +132,8 @@ struct Candidate {
     indexes: Vec<(u32, Placement)>,
     /// Its copy count, when known from the config or the flag.
     copies: Option<u32>,
+    /// The first index that is a stray, when above `copies`: the split count of a split key.
+    strays_from: Option<u32>,
     /// Its family's placement, when known from the config.
     placement: Option<Placement>,
 }
@@ -104,8 +153,16 @@ struct Candidates {
 }
 
 impl Candidates {
-    /// Records the copy `index` of `key`, named under `placement`.
-    fn add(&mut self, key: Key, index: u32, placement: Placement, copies: &CopyCount) {
+    /// Records the copy `index` of `key`, named under `placement`; `splits` are the split keys
+    /// (with a config's copy counts only).
+    fn add(
+        &mut self,
+        key: Key,
+        index: u32,
+        placement: Placement,
+        copies: &CopyCount,
+        splits: &SplitLayouts,
+    ) {
         if let Some(candidate) = self.by_key.get_mut(&key) {
             candidate.indexes.push((index, placement));
             return;
@@ -113,13 +170,18 @@ impl Candidates {
         if self.frozen {
             return;
         }
-        let (known, known_placement) = match copies {
+        let (known, known_placement, strays_from) = match copies {
             CopyCount::Config(families) => {
                 let family = families.resolve(&key);
-                (Some(family.copies), Some(family.placement))
+                let split = splits.get(&key);
+                let written = split
+                    .filter(|record| record.phase.writes())
+                    .map_or(family.copies, |record| record.copies.max(family.copies));
+                let layout = split.map_or(written, |record| record.copies.max(written));
+                (Some(written), Some(family.placement), Some(layout))
             }
-            CopyCount::Fixed(copies) => (Some(*copies), None),
-            CopyCount::Inferred => (None, None),
+            CopyCount::Fixed(copies) => (Some(*copies), None, None),
+            CopyCount::Inferred => (None, None, None),
         };
         if known == Some(1) {
             self.unsplit += 1;
@@ -129,6 +191,7 @@ impl Candidates {
                 Candidate {
                     indexes: Vec::new(),
                     copies: known,
+                    strays_from,
                     placement: known_placement,
                 },
             );
@@ -140,6 +203,7 @@ impl Candidates {
             Candidate {
                 indexes: vec![(index, placement)],
                 copies: known,
+                strays_from,
                 placement: known_placement,
             },
         );
@@ -171,6 +235,28 @@ impl Candidates {
                 Placement::Suffix
             }
         })
+    }
+
+    /// The copies of a candidate that are strays: at or beyond its copy count (beyond its split
+    /// count, for a split key), or a tagged name in a `suffix` family, each name once.
+    fn strays(candidate: &Candidate) -> u64 {
+        let copies = Self::copies(candidate);
+        let strays_from = candidate.strays_from.unwrap_or(copies).max(copies);
+        let placement = Self::placement(candidate);
+        let mut strays: Vec<(u32, Placement)> = candidate
+            .indexes
+            .iter()
+            .copied()
+            // A `spread` family's publishes write `K#i` as well as the tagged names: only a
+            // tagged name in a `suffix` family is named under the other placement.
+            .filter(|&(index, named)| {
+                index >= strays_from
+                    || (named == Placement::Spread && placement == Placement::Suffix)
+            })
+            .collect();
+        strays.sort_unstable();
+        strays.dedup();
+        strays.len() as u64
     }
 
     /// Keys not split: skipped at once (a known count of 1), or inferred to have one copy.
@@ -211,6 +297,10 @@ pub(crate) async fn sample_keys(
         .map(|shard| shard.primary.clone())
         .collect();
     let mut cursors: Vec<Option<String>> = primaries.iter().map(|_| Some("0".to_owned())).collect();
+    let splits = match &options.copies {
+        CopyCount::Config(families) => read_split_layouts(nodes, families).await,
+        _ => SplitLayouts::new(),
+    };
     let mut candidates = Candidates::default();
     let mut scanned = 0u64;
     let mut last_progress = Instant::now();
@@ -246,7 +336,7 @@ pub(crate) async fn sample_keys(
             for raw in page.keys {
                 scanned += 1;
                 if let Some((key, index, placement)) = parse_copy_key(&raw) {
-                    candidates.add(key, index, placement, &options.copies);
+                    candidates.add(key, index, placement, &options.copies, &splits);
                 }
             }
         }
@@ -276,19 +366,7 @@ pub(crate) async fn sample_keys(
     for (key, candidate) in candidates.split().take(options.sample) {
         let copies = Candidates::copies(candidate);
         let placement = Candidates::placement(candidate);
-        let mut strays: Vec<(u32, Placement)> = candidate
-            .indexes
-            .iter()
-            .copied()
-            // A `spread` family's publishes write `K#i` as well as the tagged names: only a
-            // tagged name in a `suffix` family is named under the other placement.
-            .filter(|&(index, named)| {
-                index >= copies || (named == Placement::Spread && placement == Placement::Suffix)
-            })
-            .collect();
-        strays.sort_unstable();
-        strays.dedup();
-        sampled.stray_copies += strays.len() as u64;
+        sampled.stray_copies += Candidates::strays(candidate);
         sampled.keys.push((key.clone(), copies, placement));
     }
     progress(&Progress {
@@ -540,7 +618,7 @@ mod tests {
     fn add_all(candidates: &mut Candidates, raw: &[&str], copies: &CopyCount) {
         for raw in raw {
             let (key, index, placement) = parse_copy_key(raw).unwrap();
-            candidates.add(key, index, placement, copies);
+            candidates.add(key, index, placement, copies, &SplitLayouts::new());
         }
     }
 
@@ -595,6 +673,74 @@ mod tests {
             .collect();
         assert_eq!(split, [("post:1".to_owned(), 4)]);
         // one:1 and user:1 (default family, 1 copy) are unsplit, each counted once.
+        assert_eq!(candidates.unsplit(), 2);
+    }
+
+    #[test]
+    fn split_keys_are_read_to_their_split_count_and_only_copies_beyond_it_are_strays() {
+        let families = fixture::families(
+            "[[family]]\nprefix = \"one:\"\ncopies = 1\nsplit = { mode = \"split\", max_copies = 8 }\n\
+             [[family]]\nprefix = \"four:\"\ncopies = 4\nsplit = { mode = \"split\", max_copies = 8 }\n",
+        );
+        let fields = |rows: &[(&str, &str)]| {
+            rows.iter()
+                .map(|(key, text)| ((*key).to_owned(), (*text).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        let mut splits = SplitLayouts::new();
+        splits.extend(split_layouts_of(
+            &families,
+            "one:",
+            fields(&[
+                ("one:s", "8:r:1:1"),
+                ("one:d", "8:d:1:1"),
+                ("one:bad", "8:x:1:1"),
+                ("four:elsewhere", "8:r:1:1"),
+                ("no#key", "8:r:1:1"),
+            ]),
+        ));
+        splits.extend(split_layouts_of(
+            &families,
+            "four:",
+            fields(&[("four:s", "8:m:1:1"), ("four:d", "8:d:1:1")]),
+        ));
+        let mut names: Vec<&str> = splits.keys().map(Key::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["four:d", "four:s", "one:d", "one:s"]);
+
+        let copies = CopyCount::Config(families);
+        let mut candidates = Candidates::default();
+        let mut raw = Vec::new();
+        for key in ["one:s", "one:d", "four:s", "four:d", "one:plain"] {
+            for index in [0, 1, 5, 7, 9] {
+                raw.push(format!("{key}#{index}"));
+            }
+        }
+        for raw in &raw {
+            let (key, index, placement) = parse_copy_key(raw).unwrap();
+            candidates.add(key, index, placement, &copies, &splits);
+        }
+        let found: Vec<(String, u32, u64)> = candidates
+            .split()
+            .map(|(key, candidate)| {
+                (
+                    key.to_string(),
+                    Candidates::copies(candidate),
+                    Candidates::strays(candidate),
+                )
+            })
+            .collect();
+        // Written split copies are read and only #9 is a stray; a draining key is read at its
+        // family's copies, and its split copies wait for deletion (not strays either).
+        assert_eq!(
+            found,
+            [
+                ("one:s".to_owned(), 8, 1),
+                ("four:s".to_owned(), 8, 1),
+                ("four:d".to_owned(), 4, 1),
+            ]
+        );
+        // one:d (draining) and one:plain have one copy: not split.
         assert_eq!(candidates.unsplit(), 2);
     }
 

@@ -139,6 +139,7 @@ impl Splitter {
         let mut failed = None;
         for family in self.families.iter() {
             let name = family.name();
+            let read_at = Instant::now();
             match self.store.read_splits(name).await {
                 Ok(fields) => {
                     let mut records = HashMap::with_capacity(fields.len());
@@ -155,7 +156,7 @@ impl Splitter {
                             ),
                         }
                     }
-                    self.layouts.splits().replace(name, records);
+                    self.layouts.splits().load(name, records, read_at);
                 }
                 Err(err) => {
                     tracing::warn!(family = name, error = %err, "cannot read the split records; keeping the last ones");

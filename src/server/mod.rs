@@ -208,6 +208,7 @@ impl Service {
             status: scrub_status.clone(),
             config: config.scrub.clone(),
             instance: liveness.instance.clone(),
+            split_index_max_age: liveness.interval + liveness.command_timeout,
         });
         let (retry_queue, purger, health_prober) = match connected {
             // The embedded store never fails a single copy write (a publish past its memory bound

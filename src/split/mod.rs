@@ -73,6 +73,11 @@
 //! table (a split key's copies may disagree on presence), and config validation refuses such a
 //! family whose default class decides on presence.
 //!
+//! Everything else that names copies follows the records too: the scrub ([`crate::heal::scrub`])
+//! checks a split key's copies up to its split count from this index (only while its last read
+//! is recent enough, [`SplitIndex::write_copies_read_since`]), and `hotsplit audit --config`
+//! reads the hashes itself, counting copies beyond a key's split count as strays.
+//!
 //! Tests: `split::tests` (the state machine, the index, the driver on the embedded store) and
 //! the integration tests `split::*` (split and merge on standalone Redis and a 3×3 cluster, two
 //! instances learning at different moments, a restart mid-split, older releases).
@@ -91,7 +96,8 @@ pub use config::{SplitConfig, SplitMode};
 pub use record::{Phase, SplitRecord};
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
@@ -105,6 +111,11 @@ pub struct SplitIndex {
     records: ArcSwap<Records>,
     /// Family name → its `split` table, as this instance's config says (for `/v1/hot-keys`).
     policies: ArcSwap<BTreeMap<String, SplitConfig>>,
+    /// Family name → when the read of its records last loaded here was sent: the scrub writes
+    /// split copies only from a view read recently enough (`crate::heal::scrub`). Behind a
+    /// lock, not in `records`: only the refresh and the scrub's split keys take it, never a
+    /// request.
+    read_at: Mutex<HashMap<String, Instant>>,
 }
 
 impl SplitIndex {
@@ -144,6 +155,30 @@ impl SplitIndex {
     /// Every record of `family`.
     pub fn family(&self, family: &str) -> HashMap<String, SplitRecord> {
         self.records.load().get(family).cloned().unwrap_or_default()
+    }
+
+    /// Replaces what is known of `family` with the records a read sent at `read_at` returned.
+    pub fn load(&self, family: &str, records: HashMap<String, SplitRecord>, read_at: Instant) {
+        self.replace(family, records);
+        self.read_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(family.to_owned(), read_at);
+    }
+
+    /// The copies publishes of `key` write, when more than its family's, as records read from
+    /// the store at or after `since` say: `None` too when `family`'s records were last read
+    /// before `since` (a failing refresh) or never, since a merge may have deleted the copies
+    /// meanwhile.
+    pub fn write_copies_read_since(&self, family: &str, key: &str, since: Instant) -> Option<u32> {
+        let copies = self.write_copies(family, key)?;
+        let read_at = self
+            .read_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(family)
+            .copied()?;
+        (read_at >= since).then_some(copies)
     }
 
     /// Replaces what is known of `family`.

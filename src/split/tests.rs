@@ -155,6 +155,30 @@ fn the_index_reads_split_copies_only_while_reading_and_writes_them_until_drainin
 }
 
 #[test]
+fn split_copies_are_named_to_the_scrub_only_from_a_recent_read_of_the_records() {
+    let index = SplitIndex::default();
+    let before = std::time::Instant::now();
+    let read_at = before + Duration::from_millis(10);
+    let records = |phase| [("p:a".to_owned(), record(phase, 1, 1))].into();
+    // Known only from this instance's own move: no read of the records says so yet.
+    index.set("p:", "p:a", Some(record(Phase::Reading, 1, 1)));
+    assert_eq!(index.write_copies_read_since("p:", "p:a", before), None);
+    index.load("p:", records(Phase::Leaving), read_at);
+    assert_eq!(index.write_copies_read_since("p:", "p:a", before), Some(16));
+    assert_eq!(
+        index.write_copies_read_since("p:", "p:a", read_at),
+        Some(16)
+    );
+    // A read older than asked for (a refresh that keeps failing) names nothing.
+    let later = read_at + Duration::from_millis(1);
+    assert_eq!(index.write_copies_read_since("p:", "p:a", later), None);
+    // Draining: publishes no longer write the split copies.
+    index.load("p:", records(Phase::Draining), later);
+    assert_eq!(index.write_copies_read_since("p:", "p:a", before), None);
+    assert_eq!(index.write_copies_read_since("p:", "p:b", before), None);
+}
+
+#[test]
 fn every_split_field_is_checked_by_name() {
     let good = SplitConfig {
         mode: SplitMode::Split,

@@ -18,9 +18,10 @@ use crate::harness;
 /// once in a loaded run, a node saw one during the audit, after the publishing service had
 /// stopped (its source is not yet pinned down; the audit's own clients are centralized and
 /// never send it).
-const READ_ONLY_COMMANDS: [&str; 10] = [
+const READ_ONLY_COMMANDS: [&str; 11] = [
     "scan",
     "hmget",
+    "hgetall",
     "info",
     "cluster|nodes",
     "readonly",

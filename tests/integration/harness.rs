@@ -606,3 +606,27 @@ impl Drop for Binary {
         let _ = self.child.wait();
     }
 }
+
+/// Runs `hotsplit audit --json` with `args`; asserts it exits 0 and returns its report.
+pub async fn audit_json(args: Vec<String>) -> Value {
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+            .arg("audit")
+            .args(&args)
+            .arg("--json")
+            .env_remove("HOTSPLIT_REDIS")
+            .env_remove("HOTSPLIT_CONFIG")
+            .output()
+            .expect("run hotsplit audit")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&stdout).expect("a JSON report")
+}

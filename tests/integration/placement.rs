@@ -362,30 +362,6 @@ fn version_on_owner(cluster: &Cluster, copy_key: &str) -> Option<u64> {
         .map(|ver| ver.parse().unwrap())
 }
 
-/// Runs `hotsplit audit --json` with `args`; asserts it exits 0 and returns its report.
-async fn audit_json(args: Vec<String>) -> serde_json::Value {
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_hotsplit"))
-            .arg("audit")
-            .args(&args)
-            .arg("--json")
-            .env_remove("HOTSPLIT_REDIS")
-            .env_remove("HOTSPLIT_CONFIG")
-            .output()
-            .expect("run hotsplit audit")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_str(&stdout).expect("a JSON report")
-}
-
 /// The scrub repairs a `spread` family's tagged copies (one behind, one deleted, by hand), and
 /// `audit` reads the tagged copies and counts none of them, nor the untagged names a spread
 /// family's publishes also write, as strays.
@@ -427,14 +403,14 @@ async fn tagged_copies_are_scrubbed_and_audited_without_strays() {
 
     let config = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(config.path(), family).unwrap();
-    let with_config = audit_json(vec![
+    let with_config = harness::audit_json(vec![
         "--redis".into(),
         url.clone(),
         "--config".into(),
         config.path().display().to_string(),
     ])
     .await;
-    let inferred = audit_json(vec![
+    let inferred = harness::audit_json(vec![
         "--redis".into(),
         url.clone(),
         "--prefix".into(),

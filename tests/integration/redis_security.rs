@@ -36,7 +36,7 @@ const SERVE_ACL: &str = "on resetkeys ~*#* ~hotsplit:hb:* resetchannels -@all +f
 
 /// The read-only user of `hotsplit audit`, without its password.
 const AUDIT_ACL: &str =
-    "on resetkeys %R~*#* resetchannels -@all +scan +hmget +ping +info +client|id +cluster|info +cluster|nodes +readonly";
+    "on resetkeys %R~*#* resetchannels -@all +scan +hmget +hgetall +ping +info +client|id +cluster|info +cluster|nodes +readonly";
 
 /// Every user's password in these tests (never printed by hotsplit, which a test checks).
 const PASSWORD: &str = "s3cret-Pa55word";

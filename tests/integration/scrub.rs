@@ -281,6 +281,7 @@ async fn two_scrubbers_at_once_converge_and_never_roll_a_copy_back() {
                 status: Arc::new(ScrubStatus::new(&Metrics::new(), true, &instance)),
                 config: config.scrub.clone(),
                 instance,
+                split_index_max_age: Duration::from_secs(1),
             }
         }
     };

@@ -4,7 +4,7 @@
 //! copies are deleted; it splits again when hot again within the TTL. Two instances that learn
 //! of each move at different moments never serve a copy that missed an edit, and a publish
 //! racing a split or a merge loses nothing; an instance restarted in the middle of a split
-//! finishes it.
+//! finishes it. The scrub repairs a split key's copies and `audit` counts them as copies.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -399,4 +399,132 @@ async fn reads_through_the_redis_protocol_split_a_key_and_stay_current_across_it
         assert!(lines.iter().all(|line| line == "two"), "{lines:?}");
     }
     service.stop().await;
+}
+
+/// The stored version of `copy_key` on the master that owns it, `None` when it is missing.
+fn version_on_owner(cluster: &devcluster::Cluster, copy_key: &str) -> Option<u64> {
+    harness::copy_on_owner(cluster, copy_key)
+        .get("ver")
+        .map(|ver| ver.parse().expect("a stored version is a number"))
+}
+
+/// Runs one command on the master that owns `key`.
+fn on_owner(cluster: &devcluster::Cluster, key: &str, args: &[&str]) {
+    let port = harness::owner_port(cluster, key);
+    cluster
+        .cli(port, args)
+        .unwrap_or_else(|err| panic!("{args:?} on the owner of {key}: {err}"));
+}
+
+/// A split key of a one-copy family (split by reading it hard) whose copy 3 is set behind and
+/// copy 5 deleted by hand is repaired by the scrub, which leaves a copy beyond the split count
+/// alone; `audit --config` reads the key's 8 copies and counts none of them as strays, and the
+/// copy beyond the split count (as a merge that crashed would leave it) as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_keys_copies_are_scrubbed_and_audited_up_to_its_split_count() {
+    // A cluster of its own: the scrub's lease is cluster-wide.
+    let cluster = harness::own_cluster().await;
+    let url = cluster.url();
+    let family = "[[family]]\nprefix = \"sps:\"\ncopies = 1\nttl = \"10m\"\nsplit = { mode = \"split\", max_copies = 8, threshold = 50.0, cool_down = \"60s\" }\n";
+    let service = Service::start(config_from_toml(&format!(
+        "[store]\nredis = \"{url}\"\ncommand_timeout = \"{timeout}\"\n[heal]\nlayout_interval = \"200ms\"\n{family}\
+         [hot_keys]\nsample_every = 1\nthreshold = 50.0\nwindow = \"200ms\"\n\
+         [scrub]\nenabled = true\ninterval = \"300ms\"\nlease_ttl = \"3s\"\nmax_keys_per_second = 5000\n",
+        timeout = harness::command_timeout_toml()
+    )))
+    .await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    publish_succeeds(&http, &base, "sps:hot", 1, "one").await;
+    let started = std::time::Instant::now();
+    while read_all(&http, &base, "sps:hot", 64, 1).await.len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "sps:hot never split"
+        );
+    }
+    publish_succeeds(&http, &base, "sps:hot", 2, "two").await;
+    for index in 0..8 {
+        assert_eq!(
+            version_on_owner(&cluster, &format!("sps:hot#{index}")),
+            Some(2),
+            "copy {index}"
+        );
+    }
+
+    // Behind hotsplit's back: copy 3 set back to version 1, copy 5 deleted, and a copy beyond
+    // the split count left at version 1.
+    on_owner(
+        &cluster,
+        "sps:hot#3",
+        &["HSET", "sps:hot#3", "ver", "1", "val", "one"],
+    );
+    on_owner(&cluster, "sps:hot#5", &["DEL", "sps:hot#5"]);
+    on_owner(
+        &cluster,
+        "sps:hot#9",
+        &[
+            "HSET",
+            "sps:hot#9",
+            "ver",
+            "1",
+            "val",
+            "old",
+            "tomb",
+            "0",
+            "exp",
+            "99999999999999",
+        ],
+    );
+    poll(
+        "the scrub repairs the split copies",
+        Duration::from_secs(20),
+        || {
+            std::future::ready(
+                version_on_owner(&cluster, "sps:hot#3") == Some(2)
+                    && version_on_owner(&cluster, "sps:hot#5") == Some(2),
+            )
+        },
+    )
+    .await;
+    // Two more passes: the copy beyond the split count is still untouched, none is created.
+    let passes = get_json(&http, &format!("{base}/v1/scrub")).await["passes"]
+        .as_u64()
+        .unwrap_or(0);
+    poll("two more scrub passes", Duration::from_secs(20), || async {
+        get_json(&http, &format!("{base}/v1/scrub")).await["passes"]
+            .as_u64()
+            .unwrap_or(0)
+            >= passes + 2
+    })
+    .await;
+    assert_eq!(version_on_owner(&cluster, "sps:hot#9"), Some(1));
+    assert_eq!(version_on_owner(&cluster, "sps:hot#8"), None);
+    let view = get_json(&http, &format!("{base}/v1/scrub")).await;
+    assert!(
+        view["last"]["keys_checked"].as_u64().unwrap_or(0) >= 1,
+        "{view}"
+    );
+    service.stop().await;
+
+    // The record stays (the key is still split): the audit reads it.
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), family).unwrap();
+    let audit = || {
+        harness::audit_json(vec![
+            "--redis".into(),
+            url.clone(),
+            "--config".into(),
+            config.path().display().to_string(),
+        ])
+    };
+    let report = audit().await;
+    assert_eq!(report["keys"], 1, "{report}");
+    assert_eq!(report["stray_copies"], 1, "sps:hot#9 only: {report}");
+    assert_eq!(report["primary"]["copy_reads"], 8, "{report}");
+    assert_eq!(report["primary"]["copies_behind"], 0, "{report}");
+    on_owner(&cluster, "sps:hot#9", &["DEL", "sps:hot#9"]);
+    let report = audit().await;
+    assert_eq!(report["stray_copies"], 0, "{report}");
+    assert_eq!(report["primary"]["copy_reads"], 8, "{report}");
 }

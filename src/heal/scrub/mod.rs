@@ -1,9 +1,9 @@
-//! Anti-entropy: a background scrub that walks the split families' keys and repairs any copy
-//! that is missing or behind a sibling, so a copy whose heal was lost (the spool of an
-//! instance that never came back, a master restarted empty, a lossy failover) does not stay
-//! behind until it expires.
+//! Anti-entropy: a background scrub that walks the split families' keys, and the split keys of
+//! the others, and repairs any copy that is missing or behind a sibling, so a copy whose heal
+//! was lost (the spool of an instance that never came back, a master restarted empty, a lossy
+//! failover) does not stay behind until it expires.
 //!
-//! A pass `SCAN`s every primary (`MATCH` on the split families' prefixes, `TYPE hash`), reads
+//! A pass `SCAN`s every primary (`MATCH` on the walked families' prefixes, `TYPE hash`), reads
 //! every copy `K#0..N` of each key found (under each naming its family writes), and writes the
 //! newest record still served to the copies that are missing or older, through the same compare-and-set as a publish
 //! ([`crate::store::CopyStore::write_copies`]) with that record's own version, payload and `exp`.
@@ -12,8 +12,24 @@
 //! version is left to expire ([`pass::repairs`]). Only copy keys of a valid key named as its
 //! family's publishes name copies (`K#<digits>`, and `K#<digits>{tag}` too in a `spread` family,
 //! whose keys are checked under both namings; see [`crate::placement`]) with an index below
-//! its family's N are touched; a family whose layout record disagrees with
+//! the key's N are touched; a family whose layout record disagrees with
 //! this instance's config is skipped while it does.
+//!
+//! **Split keys** ([`crate::split`]). A key's N is its family's copies, or its split copies
+//! while publishes write them (phases writing, reading and leaving; not draining, nor after the
+//! record went). The walked families are those of more than one copy, those whose `split`
+//! table is in mode `split`, and those the index holds split keys of (split by an instance whose
+//! config differs). The scrub learns the layouts from the split index in [`Layouts::splits`]
+//! (refreshed by the split driver every `heal.layout_interval`, L): no extra round trip, one
+//! look-up per scanned key, made again just before a key's copies are read and once more
+//! before its repairs are sent (a repair of a copy the key no longer has is dropped). A copy
+//! beyond the layout is never written: the index is used only while the last read of the
+//! family's records was sent at most `split_index_max_age` (L + the command timeout `T`) ago.
+//! Why that suffices: a merge deletes the split copies only a settle time (L + 2T) after the
+//! draining record was written, on the mover's clock from when it saw it; a view that still
+//! names the copies was read before that record, so a repair sent within L + T of that read
+//! lands (within T) before the deletion. An instance whose refreshes fail thus stops scrubbing
+//! split copies (its publishes keep writing them; `crate::split` names that limit).
 //!
 //! **One scrubber at a time.** The instances share one lease, `#hotsplit#lease#scrub`
 //! (`FCALL hotsplit_lease_v2`: taken when free, renewed by its holder every third of
@@ -48,7 +64,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 
-use crate::family::Families;
+use crate::family::{Families, Family};
 use crate::key::{Key, Placement};
 use crate::store::{now_unix_ms, CasOutcome, CopyStore, Lease, ScrubStore};
 
@@ -85,6 +101,9 @@ pub struct Scrubber {
     pub config: ScrubConfig,
     /// This instance's name as a lease holder.
     pub instance: String,
+    /// How old the split index of a family may be when the scrub writes the split copies it
+    /// names: `heal.layout_interval` + `store.command_timeout` (see the module documentation).
+    pub split_index_max_age: Duration,
 }
 
 /// Spaces key checks `1 / rate` apart on average.
@@ -208,7 +227,9 @@ impl Scrubber {
         };
         let mut seen: HashSet<u64> = HashSet::new();
         let mut complete = true;
-        'walk: for pattern in pass::patterns(&self.families) {
+        let splits = self.layouts.splits();
+        let patterns = pass::patterns(&self.families, |family| splits.count(family) > 0);
+        'walk: for pattern in patterns {
             for node in self.scan.scan_nodes() {
                 let mut cursor = 0;
                 loop {
@@ -235,8 +256,10 @@ impl Scrubber {
                     };
                     self.status.scanned(page.keys.len() as u64);
                     for stored in &page.keys {
-                        let Some((key, copies, placement)) =
-                            pass::checked_key(stored, &self.families, &paused)
+                        let Some((key, family)) =
+                            pass::checked_key(stored, &self.families, &paused, |family, key| {
+                                self.split_copies(family, key)
+                            })
                         else {
                             continue;
                         };
@@ -254,9 +277,9 @@ impl Scrubber {
                             () = pacer.admit() => {}
                         }
                         // A `spread` family's publishes write both namings: both are kept.
-                        self.check(&key, copies, Placement::Suffix).await;
-                        if placement == Placement::Spread {
-                            self.check(&key, copies, Placement::Spread).await;
+                        self.check(&key, family, Placement::Suffix).await;
+                        if family.placement == Placement::Spread {
+                            self.check(&key, family, Placement::Spread).await;
                         }
                         self.status.tick(started.elapsed());
                     }
@@ -272,8 +295,23 @@ impl Scrubber {
         tracing::debug!(?duration, complete, "scrub pass finished");
     }
 
+    /// The split copies of `key` publishes write, as a split index read within
+    /// `split_index_max_age` says (`None`: not split, or the index is older).
+    fn split_copies(&self, family: &Family, key: &Key) -> Option<u32> {
+        let since = Instant::now().checked_sub(self.split_index_max_age)?;
+        self.layouts
+            .splits()
+            .write_copies_read_since(family.name(), key.as_str(), since)
+    }
+
     /// Reads every copy of `key` (named under `placement`) and repairs those missing or behind.
-    async fn check(&self, key: &Key, copies: u32, placement: Placement) {
+    /// Its copy count is looked up now (the scan found the key a while ago), and again before
+    /// the repairs are sent: a split copy that stopped being written meanwhile is not written.
+    async fn check(&self, key: &Key, family: &Family, placement: Placement) {
+        let copies = pass::copy_count(family, self.split_copies(family, key));
+        if copies <= 1 {
+            return;
+        }
         let copy_keys: Vec<_> = (0..copies)
             .map(|index| key.copy_key(index, placement))
             .collect();
@@ -293,7 +331,9 @@ impl Scrubber {
                 })
             })
             .collect();
-        let planned = pass::repairs(key, placement, &reads, now_unix_ms());
+        let mut planned = pass::repairs(key, placement, &reads, now_unix_ms());
+        let limit = pass::copy_count(family, self.split_copies(family, key));
+        planned.retain(|(write, _)| write.copy_key.index() < limit);
         if planned.is_empty() {
             return;
         }

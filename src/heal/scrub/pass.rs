@@ -3,42 +3,67 @@
 
 use crate::family::{Families, Family};
 use crate::key::{CopyKey, Key, Placement};
+use crate::split::SplitMode;
 use crate::store::{CopyRecord, CopyWrite};
 
 use super::super::layout::glob_escape;
 use super::status::RepairCause;
 
+/// Whether a pass walks `family`: it has more than one copy, or keys of its own may have more
+/// (a `split` table in mode `split`, or split keys in this instance's index, `has_split_keys`,
+/// made by an instance whose config splits it).
+pub(super) fn scanned(family: &Family, has_split_keys: bool) -> bool {
+    family.copies > 1 || family.split == Some(SplitMode::Split) || has_split_keys
+}
+
 /// The `SCAN MATCH` patterns a pass walks: every copy key (`*#*`) when the default family is
-/// split, else each split family's prefix. Families of one copy have nothing to repair.
-pub(super) fn patterns(families: &Families) -> Vec<String> {
-    let split: Vec<&Family> = families.iter().filter(|family| family.copies > 1).collect();
-    if split.iter().any(|family| family.prefix.is_empty()) {
+/// walked, else each walked family's prefix ([`scanned`]; `has_split_keys` says which families
+/// the index holds split keys of). A family of one copy whose keys never split has nothing to
+/// repair.
+pub(super) fn patterns(families: &Families, has_split_keys: impl Fn(&str) -> bool) -> Vec<String> {
+    let walked: Vec<&Family> = families
+        .iter()
+        .filter(|family| scanned(family, has_split_keys(family.name())))
+        .collect();
+    if walked.iter().any(|family| family.prefix.is_empty()) {
         return vec!["*#*".to_owned()];
     }
-    split
+    walked
         .iter()
         .map(|family| format!("{}*#*", glob_escape(&family.prefix)))
         .collect()
 }
 
-/// The split key a scanned key is a copy of, with its family's copy count and placement, when
-/// the scrub checks it: a copy of a valid key named as its family's publishes name copies (`K#i`
-/// always, and `K#i{t}` in a `spread` family, see `heal::layout::placing`; copy 0 is `K#0` in
-/// both), of a split family not in `paused`, with `i` below the family's copy count. Anything
-/// else (`foo#bar`, `K#v`, `K#99` beyond N, a key of a one-copy family, a tagged name in a
-/// `suffix` family) is left alone. A `spread` family's key is checked under both namings.
-pub(super) fn checked_key(
+/// How many copies of a key of `family` the scrub compares: the family's, or the key's split
+/// copies while publishes write them (`split`, from the index).
+pub(super) fn copy_count(family: &Family, split: Option<u32>) -> u32 {
+    split.map_or(family.copies, |copies| copies.max(family.copies))
+}
+
+/// The key a scanned key is a copy of, with its family, when the scrub checks it: a copy of a
+/// valid key named as its family's publishes name copies (`K#i` always, and `K#i{t}` in a
+/// `spread` family, see `heal::layout::placing`; copy 0 is `K#0` in both), of a family not in
+/// `paused`, with `i` below the key's [`copy_count`] (`split_copies` gives a key's split copies,
+/// `None` when publishes write none), which is more than one. Anything else (`foo#bar`, `K#v`,
+/// `K#99` beyond N, a key of a one-copy family that is not split, a split copy beyond the split
+/// count, a tagged name in a `suffix` family) is left alone. A `spread` family's key is checked
+/// under both namings.
+pub(super) fn checked_key<'f>(
     stored: &str,
-    families: &Families,
+    families: &'f Families,
     paused: &[String],
-) -> Option<(Key, u32, Placement)> {
+    split_copies: impl Fn(&Family, &Key) -> Option<u32>,
+) -> Option<(Key, &'f Family)> {
     let (key, copy_key) = CopyKey::parse(stored)?;
     let family = families.resolve(&key);
-    let wanted = family.copies > 1
-        && copy_key.index() < family.copies
-        && (copy_key.placement() == Placement::Suffix || family.placement == Placement::Spread)
-        && !paused.iter().any(|name| name == family.name());
-    wanted.then_some((key, family.copies, family.placement))
+    if paused.iter().any(|name| name == family.name())
+        || !(copy_key.placement() == Placement::Suffix || family.placement == Placement::Spread)
+    {
+        return None;
+    }
+    // The index is consulted last: most scanned keys of a split family are not split.
+    let copies = copy_count(family, split_copies(family, &key));
+    (copies > 1 && copy_key.index() < copies).then_some((key, family))
 }
 
 /// The repairs of `key` given what each copy holds as stored (`copies[i]`: `None` when copy
@@ -174,31 +199,46 @@ mod tests {
 
     fn families() -> Families {
         fixture::families(
-            "[default_family]\ncopies = 1\n[[family]]\nprefix = \"hot:\"\ncopies = 4\n[[family]]\nprefix = \"paused:\"\ncopies = 4\n[[family]]\nprefix = \"spread:\"\ncopies = 4\nplacement = \"spread\"\n",
+            "[default_family]\ncopies = 1\n[[family]]\nprefix = \"hot:\"\ncopies = 4\n[[family]]\nprefix = \"paused:\"\ncopies = 4\n[[family]]\nprefix = \"spread:\"\ncopies = 4\nplacement = \"spread\"\n\
+             [[family]]\nprefix = \"one:\"\ncopies = 1\nsplit = { mode = \"split\", max_copies = 8 }\n\
+             [[family]]\nprefix = \"watched:\"\ncopies = 1\nsplit = { mode = \"observe\", max_copies = 8 }\n",
         )
+    }
+
+    /// The checked key and its copy count of `stored`, with `split` the split copies of
+    /// `one:split` and `hot:split` (every other key is not split).
+    fn checked(
+        families: &Families,
+        paused: &[String],
+        stored: &str,
+        split: Option<u32>,
+    ) -> Option<(String, u32, Placement)> {
+        let split_copies =
+            |_: &Family, key: &Key| split.filter(|_| key.as_str().ends_with(":split"));
+        checked_key(stored, families, paused, split_copies).map(|(key, family)| {
+            let copies = copy_count(family, split_copies(family, &key));
+            (key.as_str().to_owned(), copies, family.placement)
+        })
     }
 
     #[test]
     fn only_copies_below_n_of_split_unpaused_families_are_checked() {
         let families = families();
         let paused = vec!["paused:".to_owned()];
-        let check = |stored: &str| checked_key(stored, &families, &paused);
+        let check = |stored: &str| checked(&families, &paused, stored, None);
         assert_eq!(
-            check("hot:a#3").map(|(key, n, _)| (key.as_str().to_owned(), n)),
-            Some(("hot:a".to_owned(), 4))
+            check("hot:a#3"),
+            Some(("hot:a".to_owned(), 4, Placement::Suffix))
         );
         let spread = Key::parse("spread:a").unwrap();
+        let expected = Some(("spread:a".to_owned(), 4, Placement::Spread));
         for index in 0..4 {
             let name = spread.copy_key(index, Placement::Spread);
-            assert_eq!(
-                check(name.as_str()),
-                Some((spread.clone(), 4, Placement::Spread)),
-                "{name}"
-            );
+            assert_eq!(check(name.as_str()), expected, "{name}");
         }
         assert_eq!(
             check(spread.copy_key(2, Placement::Suffix).as_str()),
-            Some((spread.clone(), 4, Placement::Spread))
+            expected
         );
         for ignored in [
             spread.copy_key(4, Placement::Spread),
@@ -215,12 +255,64 @@ mod tests {
             "cold#0",
             "paused:a#0",
             "#hotsplit#layout#hot:",
+            "one:a#0",
         ] {
             assert_eq!(check(ignored), None, "{ignored}");
         }
         assert_eq!(
-            patterns(&families),
-            vec!["paused:*#*", "spread:*#*", "hot:*#*"]
+            patterns(&families, |_| false),
+            vec!["paused:*#*", "spread:*#*", "hot:*#*", "one:*#*"]
+        );
+    }
+
+    #[test]
+    fn a_split_key_is_checked_up_to_its_split_copies_and_no_further() {
+        let families = families();
+        let check = |stored: &str, split| checked(&families, &[], stored, split);
+        // A key of a one-copy family is checked while split, with every copy below the split
+        // count, and under its family's copies alone (not at all here) once publishes stop
+        // writing the split copies.
+        for index in 0..8 {
+            assert_eq!(
+                check(&format!("one:split#{index}"), Some(8)),
+                Some(("one:split".to_owned(), 8, Placement::Suffix)),
+                "one:split#{index}"
+            );
+        }
+        for (stored, split) in [
+            ("one:split#8", Some(8)),
+            ("one:split#0", None),
+            ("one:split#3", None),
+            ("one:other#1", Some(8)),
+        ] {
+            assert_eq!(check(stored, split), None, "{stored} with {split:?}");
+        }
+        // A key of a family of several copies: its split count when larger, the family's
+        // copies after.
+        assert_eq!(
+            check("hot:split#6", Some(8)),
+            Some(("hot:split".to_owned(), 8, Placement::Suffix))
+        );
+        assert_eq!(check("hot:split#6", None), None);
+        assert_eq!(
+            check("hot:split#3", None),
+            Some(("hot:split".to_owned(), 4, Placement::Suffix))
+        );
+        let family = families.resolve(&Key::parse("hot:x").unwrap());
+        assert_eq!(copy_count(family, Some(2)), 4, "never below the family's");
+        // Walked: families of several copies, those splitting, and those whose keys another
+        // instance split (an `observe` family here); not a one-copy family otherwise.
+        let none = Families::new(&Default::default(), &[]);
+        assert!(patterns(&none, |_| false).is_empty());
+        assert_eq!(
+            patterns(&families, |name| name == "watched:"),
+            vec![
+                "watched:*#*",
+                "paused:*#*",
+                "spread:*#*",
+                "hot:*#*",
+                "one:*#*"
+            ]
         );
     }
 }

@@ -422,6 +422,36 @@ impl ReadOnlyNodes {
             .collect()
     }
 
+    /// Every (key, record text) of `family`'s split records (`HGETALL` of
+    /// [`crate::store::splits_key`] on the primary that owns it).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Timeout`] or [`ErrorKind::Unavailable`] when that primary fails, is not
+    /// connected or no primary serves the hash's slot.
+    pub(crate) async fn read_split_records(&self, family: &str) -> Result<Vec<(String, String)>> {
+        let key = crate::store::splits_key(family);
+        let shard = self.shard_of(&key).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("no primary serves the slot of {key}"),
+            )
+        })?;
+        let node = &self.shards[shard].primary;
+        let records: HashMap<String, String> = self
+            .client(node)?
+            .client
+            .hgetall(key.as_str())
+            .await
+            .map_err(|err| {
+                read_only_error(
+                    format_args!("HGETALL {key} on {node}"),
+                    &err,
+                    self.command_timeout,
+                )
+            })?;
+        Ok(records.into_iter().collect())
+    }
+
     /// The client of `node`.
     fn client(&self, node: &NodeLabel) -> Result<&NodeClient> {
         self.clients
