@@ -21,18 +21,23 @@
 //! its copies by the client hash). Every answered read (200 or 404) is logged with its instance,
 //! key and completion time (Unix ms): the load generator's own counts, the ground truth.
 //!
-//! **Part 1, the moving hotspot** (`--duration`, 60 s): the hot key is `mv:hot:M` for move
-//! `M = elapsed / --hot-every` (4 s), a new key each move (none hot before: a key seen hot
-//! stays hot for `hot_keys.cool_down` after its reads stop, so going back to an earlier key would
-//! measure nothing). Move `M`'s hot reads go to instance `M mod 2`, "the instance that sees
-//! it"; cold reads to either at random. Both instances' `GET /v1/hot-keys` (no auth configured,
-//! so the admin route answers without a token) are polled every `--poll` (25 ms). Figures:
+//! **Part 1, the moving hotspot** (`--duration`, 60 s): the hot key is `mv:hot:M` during move
+//! `M`, a new key each move (none hot before: a key seen hot stays hot for `hot_keys.cool_down`
+//! after its reads stop, so going back to an earlier key would measure nothing). A move lasts
+//! `--hot-every` (4 s) × a factor drawn from 0.75..1.25 (seeded by `--seed`), so the moves fall
+//! at every phase of the detector's 1 s windows (a period that is a multiple of the window would
+//! measure one latency over and over). Move `M`'s hot reads go to instance `M mod 2`, "the
+//! instance that sees it"; cold reads to either at random. Both instances' `GET /v1/hot-keys`
+//! (no auth configured, so the admin route answers without a token) are polled every `--poll`
+//! (25 ms; every `--interval` in part 2, where the polls' own store reads would count among the
+//! masters' `HMGET`s). Figures:
 //! - (a) per move, from the move to the first poll of the seeing instance whose `instance.keys`
 //!   lists the key with `hot: true`; target ≤ 1 s for every move (the maximum is judged);
 //! - (b) per move, to the first poll of the *other* instance whose `fleet.keys` lists the key
 //!   with a non-empty `hot_on` (an instance's own figures are live in its fleet view, so the
 //!   other one shows what the registry carries); target: (b) − (a) ≤ one registry heartbeat
-//!   (`fleet.heartbeat_interval`, default 2 s) for every move;
+//!   (`fleet.heartbeat_interval`, default 2 s) for every move, give or take one poll period (a
+//!   difference of two polled times is only that exact);
 //! - (c) for every closed window (`instance.closed_at_ms`, its length the distance from the
 //!   instance's previous window, or `hot_keys.window`) of either instance inside part 1, the
 //!   reported keys `R` (`instance.keys`, at most `hot_keys.list` = 10) against the true counts
@@ -58,8 +63,8 @@
 //! between the move and the first poll of instance 0 showing the key's `split_phase` as
 //! `reading` (or spread, whichever is first); after: the median busiest share (and the median
 //! least share) of the intervals after the spread one. Part 2 ends 3 s after spread, or after
-//! `--split-hold` (45 s) without it. The time also depends on `heal.layout_interval` (`--layout-
-//! interval`, default the shipped one, 5 s), which paces the split protocol's moves.
+//! `--split-hold` (45 s) without it. The time also depends on `heal.layout_interval`
+//! (`--layout-interval`, default the shipped one, 5 s), which paces the split protocol's moves.
 //!
 //! Both instances run the shipped defaults but for: their ports, spool directories and the
 //! cluster URL, `HOTSPLIT_LOG=warn`, the two families, `heal.layout_interval` (as given), and
@@ -187,9 +192,23 @@ impl Options {
         Ok(bench.then_some(options))
     }
 
-    /// Part 1's moves.
-    fn moves(&self) -> usize {
-        (self.duration.as_millis() / self.hot_every.as_millis().max(1)) as usize
+    /// Part 1's moves, as offsets from its start: each lasts `hot_every` × a factor drawn
+    /// uniformly from 0.75..1.25 (seeded by `seed`), so the moves fall at every phase of the
+    /// detector's windows rather than at one (a period that is a multiple of the window would
+    /// measure one latency over and over); the last lasts until `duration`, at least 0.75 ×
+    /// `hot_every`.
+    fn move_offsets(&self) -> Vec<Duration> {
+        let mut rng = StdRng::seed_from_u64(self.seed);
+        let shortest = self.hot_every.mul_f64(0.75);
+        let mut offsets = vec![Duration::ZERO];
+        let mut at = Duration::ZERO;
+        loop {
+            at += self.hot_every.mul_f64(rng.random_range(0.75..1.25));
+            if at + shortest > self.duration {
+                return offsets;
+            }
+            offsets.push(at);
+        }
     }
 }
 
@@ -227,9 +246,8 @@ impl KeyId {
     }
 }
 
-/// When the hotspot is where: part 1 from `start` for `part1`, moving every `hot_every`; then
-/// part 2.
-#[derive(Debug, Clone, Copy)]
+/// When the hotspot is where: part 1 from `start` for `part1`, moving at `moves`; then part 2.
+#[derive(Debug, Clone)]
 struct Schedule {
     /// Part 1's start.
     start: Instant,
@@ -237,8 +255,8 @@ struct Schedule {
     start_ms: f64,
     /// Part 1's length.
     part1: Duration,
-    /// The move period.
-    hot_every: Duration,
+    /// Each move's offset from `start` (the first is zero), [`Options::move_offsets`].
+    moves: Vec<Duration>,
 }
 
 impl Schedule {
@@ -248,13 +266,16 @@ impl Schedule {
         if elapsed >= self.part1 {
             return (KeyId::Split, 0);
         }
-        let m = (elapsed.as_millis() / self.hot_every.as_millis()) as u32;
-        (KeyId::Hot(m), m as usize % 2)
+        let m = self
+            .moves
+            .partition_point(|offset| *offset <= elapsed)
+            .saturating_sub(1);
+        (KeyId::Hot(m as u32), m % 2)
     }
 
     /// Move `m`'s time, Unix ms.
     fn move_ms(&self, m: usize) -> f64 {
-        self.start_ms + m as f64 * self.hot_every.as_secs_f64() * 1000.0
+        self.start_ms + self.moves[m].as_secs_f64() * 1000.0
     }
 
     /// Part 2's start (the move to [`SPLIT_KEY`]), Unix ms.
@@ -559,20 +580,21 @@ impl Poll {
     }
 }
 
-/// Polls `base`'s `/v1/hot-keys` every `every` until `stop`; returns the polls and how many
-/// failed.
+/// Polls `base`'s `/v1/hot-keys` every `every` until `part2`, then every `then` (each poll's
+/// fleet view reads the registry through the store, and those reads would count among part 2's
+/// `HMGET`s), until `stop`; returns the polls and how many failed.
 async fn poll_task(
     http: reqwest::Client,
     base: String,
-    every: Duration,
+    (every, part2, then): (Duration, Instant, Duration),
     stop: Arc<AtomicBool>,
 ) -> (Vec<Poll>, u64) {
     let mut polls = Vec::new();
     let mut failed = 0;
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        ticks.tick().await;
+        next += if next < part2 { every } else { then };
+        tokio::time::sleep_until(next.max(Instant::now()).into()).await;
         let answer = match http.get(format!("{base}/v1/hot-keys")).send().await {
             Ok(answer) if answer.status().is_success() => answer.json::<Value>().await,
             _ => {
@@ -917,7 +939,8 @@ async fn run(options: Options) -> Result<(), BoxError> {
         .iter()
         .map(|instance| instance.base.clone())
         .collect();
-    let moves = options.moves();
+    let offsets = options.move_offsets();
+    let moves = offsets.len();
     eprintln!("hot_moving: instances ready; publishing {moves} hot keys and {SPLIT_KEY}");
     for m in 0..moves {
         publish(&http, &bases[0], &KeyId::Hot(m as u32).name()).await?;
@@ -925,6 +948,12 @@ async fn run(options: Options) -> Result<(), BoxError> {
     publish(&http, &bases[0], SPLIT_KEY).await?;
 
     // Observers first, then the load.
+    let schedule = Schedule {
+        start: Instant::now(),
+        start_ms: unix_ms(),
+        part1: options.duration,
+        moves: offsets,
+    };
     let observing = Arc::new(AtomicBool::new(false));
     let pollers: Vec<_> = bases
         .iter()
@@ -932,7 +961,11 @@ async fn run(options: Options) -> Result<(), BoxError> {
             tokio::spawn(poll_task(
                 http.clone(),
                 base.clone(),
-                options.poll,
+                (
+                    options.poll,
+                    schedule.start + options.duration,
+                    options.interval,
+                ),
                 observing.clone(),
             ))
         })
@@ -962,16 +995,10 @@ async fn run(options: Options) -> Result<(), BoxError> {
             }
         })
     };
-    let schedule = Schedule {
-        start: Instant::now(),
-        start_ms: unix_ms(),
-        part1: options.duration,
-        hot_every: options.hot_every,
-    };
     let load = Arc::new(Load {
         http: http.clone(),
         bases: bases.clone(),
-        schedule,
+        schedule: schedule.clone(),
         options: options.clone(),
         stop: AtomicBool::new(false),
     });
@@ -979,7 +1006,7 @@ async fn run(options: Options) -> Result<(), BoxError> {
         .map(|task| tokio::spawn(load_task(load.clone(), task)))
         .collect();
     eprintln!(
-        "hot_moving: part 1, {moves} moves every {} for {}",
+        "hot_moving: part 1, {moves} moves about every {} for {}",
         humantime::format_duration(options.hot_every),
         humantime::format_duration(options.duration)
     );
@@ -1107,14 +1134,15 @@ async fn run(options: Options) -> Result<(), BoxError> {
         verdict((!instance_ms.is_empty()).then(|| all_seen && max(&instance_ms) <= DETECT_TARGET.as_secs_f64() * 1000.0)),
     ));
     out.push_str(&format!(
-        "| (b) move → listed hot fleet-wide (the other instance's `fleet.keys[].hot_on`) | median {}, max {}; after (a): median {}, max {}{} | (b) − (a) ≤ one heartbeat ({}) every move | {} |\n",
+        "| (b) move → listed hot fleet-wide (the other instance's `fleet.keys[].hot_on`) | median {}, max {}; after (a): median {}, max {}{} | (b) − (a) ≤ one heartbeat ({}) every move, give or take one poll ({}: both ends are polls) | {} |\n",
         seconds(median(&fleet_ms)),
         seconds(max(&fleet_ms)),
         seconds(median(&fleet_lag_ms)),
         seconds(max(&fleet_lag_ms)),
         if all_fleet { String::new() } else { format!(", {} of {moves} not seen both ways", moves - fleet_lag_ms.len()) },
         humantime::format_duration(heartbeat),
-        verdict((!fleet_lag_ms.is_empty()).then(|| all_fleet && max(&fleet_lag_ms) <= heartbeat.as_secs_f64() * 1000.0)),
+        humantime::format_duration(options.poll),
+        verdict((!fleet_lag_ms.is_empty()).then(|| all_fleet && max(&fleet_lag_ms) <= (heartbeat + options.poll).as_secs_f64() * 1000.0)),
     ));
     let quality = |value: f64| (!value.is_nan()).then_some(value >= QUALITY_TARGET);
     out.push_str(&format!(
