@@ -183,8 +183,11 @@ impl Options {
         if options.hot_every.is_zero() || options.duration < options.hot_every {
             return Err("--hot-every must be positive and at most --duration".into());
         }
-        if !(options.rate > 0.0) || options.concurrency == 0 || options.cold_keys == 0 {
-            return Err("--rate, --concurrency and --cold-keys must be positive".into());
+        if !(options.rate.is_finite() && options.rate >= 1.0)
+            || options.concurrency == 0
+            || options.cold_keys == 0
+        {
+            return Err("--rate must be at least 1, --concurrency and --cold-keys positive".into());
         }
         if !(0.0..=1.0).contains(&options.hot_share) {
             return Err("--hot-share must be in 0..=1".into());
@@ -757,7 +760,7 @@ fn window_quality(
                 .into_iter()
                 .map(|(key, count)| (key.name(), count))
                 .collect();
-            ranked.sort_by(|a, b| b.1.cmp(&a.1));
+            ranked.sort_by_key(|entry| std::cmp::Reverse(entry.1));
             let cut = ranked
                 .get(list.min(ranked.len()).saturating_sub(1))
                 .map_or(u64::MAX, |entry| entry.1);
@@ -1175,7 +1178,7 @@ async fn run(options: Options) -> Result<(), BoxError> {
         ratio(split.after_least),
         ratio(split.after_busiest),
         1.0 / masters.len() as f64,
-        verdict((!split.after_busiest.is_nan()).then(|| split.after_busiest <= SPREAD_SHARE)),
+        verdict((!split.after_busiest.is_nan()).then_some(split.after_busiest <= SPREAD_SHARE)),
     ));
     out.push_str(&format!(
         "| Split: move → spread (first interval whose busiest share ≤ {SPREAD_SHARE}); `writing` seen at {}, `reading` at {} | {} | none set; readers wait the settle time `heal.layout_interval` + 2 × `store.command_timeout` = {} after `writing`, moves happen on ticks every {} | {} |\n",
