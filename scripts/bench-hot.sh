@@ -4,10 +4,16 @@
 # instances over the same standalone Redis, the same family (`adv:`, COPIES copies, advisory,
 # near cache on), one with `[hot_keys]` at its defaults (one read in 16 sampled) and one with
 # `hot_keys.enabled = false`; wrk reads `adv:1` from each in turn (HOT_ROUNDS rounds, the order
-# rotating), and the medians are compared. Target: detection costs ≤ 3 %. Figures land in
-# HOT_SECTION and HOT_SUMMARY.
+# rotating), and the medians are compared. Target: detection costs ≤ 3 %. Then (7b) the
+# detector and the automatic split under a moving hotspot, benches/hot_moving.rs (its own 3x3
+# cluster and two hotsplit processes; built by the script's `cargo bench --no-run`), whose
+# markdown table is appended as it prints it. Figures land in HOT_SECTION and HOT_SUMMARY.
 
 knob HOT_ROUNDS 3 1
+# benches/hot_moving.rs: part 1's length (the moving hotspot) and any further arguments
+# (--hot-every, --seed, --rate, --split-hold, --layout-interval, …; see the bench's header).
+knob HOT_MOVING_DURATION 60s 16s
+knob HOT_MOVING_ARGS "" "--split-hold 30s"
 
 hot_part() {
     local port families on_pid on_base off_pid off_base round side out
@@ -52,4 +58,31 @@ enabled = false" "" warn
     HOT_SUMMARY="| Near-cache hit with hot-key detection vs without (cost in % of the off figure) | $on req/s | $off req/s | $(ratio "$on" "$off")× ($cost % cost) | ≤ 3 % — $(verdict "$cost" 3 "<=") |
 "
     stop_pids "$on_pid" "$off_pid"
+    hot_moving_part
+}
+
+# hot_moving_part: runs benches/hot_moving.rs and appends its table to HOT_SECTION and a row
+# counting its met and missed targets to HOT_SUMMARY.
+hot_moving_part() {
+    local out="$WORK/hot-moving.md" args met missed
+    read -ra args <<<"$HOT_MOVING_ARGS"
+    log "benches/hot_moving.rs --duration $HOT_MOVING_DURATION ${args[*]} (its own 3x3 cluster, ~1.5 min)"
+    if ! bounded 600 cargo bench --quiet --bench hot_moving -- --duration "$HOT_MOVING_DURATION" "${args[@]}" \
+        >"$out" 2>"$WORK/hot-moving.err"; then
+        log "benches/hot_moving.rs failed: $(tail -n 5 "$WORK/hot-moving.err")"
+        KEEP_WORK=1
+        HOT_SECTION+="
+### 7b. The detector and the split under a moving hotspot: benches/hot_moving.rs failed (output kept in $WORK)
+"
+        return 0
+    fi
+    met=$(grep -c '| met |$' "$out" || true)
+    missed=$(grep -c '| missed |$' "$out" || true)
+    HOT_SECTION+="
+### 7b. The detector and the split under a moving hotspot (benches/hot_moving.rs, --duration $HOT_MOVING_DURATION${HOT_MOVING_ARGS:+ $HOT_MOVING_ARGS})
+
+$(sed '1{/^## /d}' "$out")
+"
+    HOT_SUMMARY+="| Moving hotspot and split (benches/hot_moving.rs, section 7b): targets met | $met of $((met + missed)) | – | – | all — $([ "$missed" = 0 ] && echo ok || echo MISSED) |
+"
 }

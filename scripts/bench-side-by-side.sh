@@ -18,7 +18,8 @@
 #      (HOTSPLIT_LOG=warn, server.request_deadline = "0s", server.max_in_flight = 0, no tokens),
 #      in rotating rounds, on a standalone Redis and on the embedded store;
 #   7. the hot-key detector's cost on the near-cache hit path (scripts/bench-hot.sh): the same
-#      read with [hot_keys] at its defaults and off, in rotating rounds;
+#      read with [hot_keys] at its defaults and off, in rotating rounds; 7b. the detector and the
+#      automatic split under a moving hotspot (benches/hot_moving.rs);
 #   6. the Redis-protocol door (scripts/bench-resp.sh): redis-benchmark GET of a hot key through
 #      hotsplit's RESP port beside Redis directly, twemproxy and the RESP ceiling
 #      (benches/resp_ceiling.rs), at -P 1 and -P 16, with each server's CPU per GET; the
@@ -31,7 +32,7 @@
 #   --no-publish   skip the criterion publish run (the longest part).
 #   --layers-only  run and report only part 5 (about 4.5 minutes after a warm build).
 #   --near-only    run and report only part 2b (about 1.5 minutes after a warm build).
-#   --hot-only     run and report only part 7 (about 1 minute after a warm build).
+#   --hot-only     run and report only part 7 (about 3 minutes after a warm build).
 #   --resp-only    run and report only part 6 (about 3 minutes after a warm build).
 #
 # Knobs (environment), full-run default [quick-run default]:
@@ -46,6 +47,9 @@
 #   NEAR_RATES="10000 50000"  fixed read rates of the near cache's Redis-reads run, RATE_DURATION=10s [3s]
 #   FLOOD_KEYS=300000 [50000], FLOOD_DURATION=30s [3s]: the near cache's flood of distinct keys
 #   LAYER_ROUNDS=3 [1]   rotating wrk rounds over part 5's four sides per store (medians are reported)
+#   HOT_ROUNDS=3 [1]     rotating wrk rounds of part 7 (detection on and off)
+#   HOT_MOVING_DURATION=60s [16s], HOT_MOVING_ARGS="" [--split-hold 30s]: part 7b's moving hotspot
+#                        (benches/hot_moving.rs --duration, and further arguments of it)
 #   PUBLISH_ARGS=""      extra criterion arguments of the publish run
 #                        [--warm-up-time 0.5 --measurement-time 1 --sample-size 10 --nresamples 10000]
 #
@@ -174,7 +178,7 @@ log "building hotsplit and the benches (release)"
 cargo build --release --quiet --bin hotsplit || die "cargo build --release failed"
 # Part 5 alone (--layers-only) needs none of the benches.
 if [ "$LAYERS_ONLY" != 1 ]; then
-    cargo bench --no-run --bench proxy_baseline --bench resp_ceiling --bench read --bench publish --message-format=json \
+    cargo bench --no-run --bench proxy_baseline --bench resp_ceiling --bench read --bench publish --bench hot_moving --message-format=json \
         >"$WORK/bench-build.json" 2>"$WORK/build.log" || die "cargo bench --no-run failed; see $WORK/build.log"
     bench_bin() { jq -r --arg name "$1" 'select(.executable != null and .target.name == $name) | .executable' "$WORK/bench-build.json" | tail -n 1; }
     PROXY_BIN=$(bench_bin proxy_baseline)
@@ -526,6 +530,7 @@ Value: $VALUE_BYTES bytes. Concurrency: $CONNECTIONS everywhere. Took $((SECONDS
 
 ${NEAR_SECTION}
 ${RESP_SECTION}
+${HOT_SECTION}
 ### 3. Each master's share of a hot key's reads (3x3 cluster, INFO commandstats cmdstat_hmget)
 
 | Master | copies of \`one:1\` | its share of \`one:1\` reads | copies of \`hot:1\` | its share of \`hot:1\` reads |
@@ -548,7 +553,7 @@ ${PUBLISH_ROWS}
 | HTTP affine read vs redis-benchmark GET, $CONNECTIONS connections | $HTTP_RPS req/s | $REDIS_RPS ops/s | ${READ_RATIO}× | ≥ 0.5× — $(verdict "$READ_RATIO" 0.5 ">=") |
 | HTTP affine read vs minimal HTTP→Redis GET proxy | $HTTP_RPS req/s | $PROXY_RPS req/s | $(ratio "$HTTP_RPS" "$PROXY_RPS")× | – |
 | Minimal proxy vs redis-benchmark GET (the HTTP ceiling) | $PROXY_RPS req/s | $REDIS_RPS ops/s | $(ratio "$PROXY_RPS" "$REDIS_RPS")× | – |
-${NEAR_SUMMARY}${RESP_SUMMARY}${PUBLISH_SUMMARY}| Hottest master's share of reads, 1 copy, vs an even share | $SHARE1_MAX % | $EVEN_SHARE % | $(ratio "$SHARE1_MAX" "$EVEN_SHARE")× | – |
+${NEAR_SUMMARY}${HOT_SUMMARY}${RESP_SUMMARY}${PUBLISH_SUMMARY}| Hottest master's share of reads, 1 copy, vs an even share | $SHARE1_MAX % | $EVEN_SHARE % | $(ratio "$SHARE1_MAX" "$EVEN_SHARE")× | – |
 | Hottest master's share of reads, $SHARE_COPIES copies, vs an even share | $SHARE16_MAX % | $EVEN_SHARE % | $(ratio "$SHARE16_MAX" "$EVEN_SHARE")× | – |
 | hotsplit RSS after the read load | $RSS_MIB MiB | 64 MiB | $(ratio "$RSS_MIB" 64)× | < 1× — $(verdict "$RSS_MIB" 64 "<=") |
 | HTTP read with every request layer on, tokens included, vs all off (Redis; cost in % of the off figure) | $L_REDIS_ON req/s | $L_REDIS_OFF req/s | $(ratio "$L_REDIS_ON" "$L_REDIS_OFF")× ($L_REDIS_COST % cost) | < 5 % — $(verdict "$L_REDIS_COST" 5 "<=") |
