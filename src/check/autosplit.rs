@@ -4,7 +4,7 @@
 //!
 //! The instances carry a family `auto:` of one copy, `placement = "spread"`, with
 //! `split = { mode = "split", max_copies = <--copies> }` (see [`config`]). The row runs the
-//! fleet workload (`fleet::phase`: writers publish through one instance and read their write
+//! fleet workload (`fleet_phase::phase`: writers publish through one instance and read their write
 //! back through the other; readers carry the session token, read with their client id and
 //! alternate instances) on the keys `auto:0..`, in three stretches:
 //!
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::fleet::{phase, FleetFigures, FleetOptions, ReadMode, Row};
+use super::fleet_phase::{phase, FleetFigures, FleetOptions, ReadMode, Row};
 use hotsplit_devcluster::Cluster;
 
 /// The split row's family prefix (and name).

@@ -14,7 +14,8 @@
 //! Redis-protocol door), `presence` (the presence experiment), `faults`
 //! (the seeded fault schedule and replica lag), `recorder` (the shared history, requests and
 //! direct copy samples) and [`report`] (the pure figures: judging a history, the report).
-//! [`fleet`] is `--instances 2`: two `hotsplit serve` processes, sessions spread over both,
+//! [`fleet`] is `--instances 2`: two `hotsplit serve` processes, sessions spread over both
+//! (`fleet_phase`, the workload of each row),
 //! and the convergence after one is SIGKILLed with its spool deleted; [`autosplit`] its row
 //! where keys of one copy are split by hot-key detection and merged mid-run.
 //!
@@ -26,6 +27,7 @@ pub mod checkers;
 pub mod cli;
 mod faults;
 pub mod fleet;
+mod fleet_phase;
 pub mod history;
 mod presence;
 mod recorder;
