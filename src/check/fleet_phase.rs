@@ -108,6 +108,18 @@ impl Session {
         }
     }
 
+    /// Reads `url` with the session's token when `carry` is set, and keeps the token answered.
+    async fn read(
+        &mut self,
+        http: &reqwest::Client,
+        carry: bool,
+        url: String,
+    ) -> super::recorder::Answer {
+        let read = send(self.attach(carry, http.get(url))).await;
+        self.keep(&read);
+        read
+    }
+
     /// Keeps the token an answer carried.
     fn keep(&mut self, answer: &super::recorder::Answer) {
         if let Some(token) = &answer.session {
@@ -182,18 +194,8 @@ pub(super) async fn phase(
                 counts[0].fetch_add(1, Ordering::Relaxed);
                 accepted[index].fetch_max(version, Ordering::Relaxed);
                 let copy = rng.random_range(0..copies);
-                let read = send(held.attach(
-                    carry,
-                    http.get(read_url(
-                        &bases[turn % bases.len()],
-                        &key,
-                        mode,
-                        &session,
-                        copy,
-                    )),
-                ))
-                .await;
-                held.keep(&read);
+                let url = read_url(&bases[turn % bases.len()], &key, mode, &session, copy);
+                let read = held.read(&http, carry, url).await;
                 turn += 1;
                 if read.status == 200 {
                     counts[1].fetch_add(1, Ordering::Relaxed);
@@ -224,18 +226,14 @@ pub(super) async fn phase(
             while !stop.is_cancelled() {
                 let index = rng.random_range(0..keys.len());
                 let copy = rng.random_range(0..copies);
-                let read = send(held.attach(
-                    carry,
-                    http.get(read_url(
-                        &bases[turn % bases.len()],
-                        &keys[index],
-                        mode,
-                        &session,
-                        copy,
-                    )),
-                ))
-                .await;
-                held.keep(&read);
+                let url = read_url(
+                    &bases[turn % bases.len()],
+                    &keys[index],
+                    mode,
+                    &session,
+                    copy,
+                );
+                let read = held.read(&http, carry, url).await;
                 turn += 1;
                 if let Some(version) = read.version.filter(|_| read.status == 200) {
                     counts[1].fetch_add(1, Ordering::Relaxed);

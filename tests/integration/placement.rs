@@ -201,6 +201,11 @@ async fn read_name(http: &reqwest::Client, base: &str, key: &str, client: &str) 
         .to_owned()
 }
 
+/// Whether `base` reads `key` for `client` under a tagged name.
+async fn reads_tagged(http: &reqwest::Client, base: &str, key: &str, client: &str) -> bool {
+    read_name(http, base, key, client).await.ends_with('}')
+}
+
 /// The version `base` serves `key` to `client`.
 async fn served(http: &reqwest::Client, base: &str, key: &str, client: &str) -> u64 {
     let answer = harness::get(http, &format!("{base}/v1/keys/{key}?client={client}"), &[]).await;
@@ -505,11 +510,7 @@ async fn read_repair_refills_a_tagged_copy_under_its_name() {
     poll(
         "the spread instance reads the tagged names",
         Duration::from_secs(30),
-        || async {
-            read_name(&http, &service.base, key, &client)
-                .await
-                .ends_with('}')
-        },
+        || async { reads_tagged(&http, &service.base, key, &client).await },
     )
     .await;
     harness::publish_succeeds(&http, &service.base, key, 1, "one").await;
@@ -561,11 +562,7 @@ async fn an_older_release_starting_against_a_spread_family_reads_its_layout_and_
     poll(
         "the spread instance reads the tagged names",
         Duration::from_secs(30),
-        || async {
-            read_name(&http, &new.base, key, &tagged_client)
-                .await
-                .ends_with('}')
-        },
+        || async { reads_tagged(&http, &new.base, key, &tagged_client).await },
     )
     .await;
     harness::publish_succeeds(&http, &new.base, key, 2, "two").await;
@@ -607,11 +604,7 @@ async fn an_older_release_starting_against_a_spread_family_reads_its_layout_and_
     poll(
         "the spread instance reads K#i while an older release is live",
         Duration::from_secs(30),
-        || async {
-            !read_name(&http, &new.base, key, &tagged_client)
-                .await
-                .ends_with('}')
-        },
+        || async { !reads_tagged(&http, &new.base, key, &tagged_client).await },
     )
     .await;
     let report = previous.publish(key, 3, "three").await;
@@ -635,11 +628,7 @@ async fn an_older_release_starting_against_a_spread_family_reads_its_layout_and_
     poll(
         "the spread instance reads the tagged names once the older release left",
         Duration::from_secs(30),
-        || async {
-            read_name(&http, &new.base, key, &tagged_client)
-                .await
-                .ends_with('}')
-        },
+        || async { reads_tagged(&http, &new.base, key, &tagged_client).await },
     )
     .await;
     for client in clients() {
