@@ -105,24 +105,21 @@ async fn busiest_share(
     *served.iter().max().unwrap() as f64 / total as f64
 }
 
-/// Waits until `base` reads copy 1 of `key` under its tagged name (a `spread` family switches
-/// its reads once the rolling-change settle time has passed).
-async fn wait_reading_spread(http: &reqwest::Client, base: &str, key: &str) {
+/// Waits until `base` reads copy 1 of `key` (of `copies`) under its tagged name (a `spread`
+/// family switches its reads once the rolling-change settle time has passed); returns the
+/// client whose affine copy that is.
+async fn wait_reading_spread(http: &reqwest::Client, base: &str, key: &str, copies: u32) -> String {
     let client = clients()
         .into_iter()
-        .find(|client| hotsplit::affinity::copy_index(client, COPIES) == 1)
+        .find(|client| hotsplit::affinity::copy_index(client, copies) == 1)
         .unwrap();
     poll(
         "the spread family reads its tagged copies",
         Duration::from_secs(30),
-        || async {
-            let answer = affinity(http, base, key, &client).await;
-            answer["copy_key"]
-                .as_str()
-                .is_some_and(|name| name.ends_with('}'))
-        },
+        || async { reads_tagged(http, base, key, &client).await },
     )
     .await;
+    client
 }
 
 /// The proof: with `placement = "spread"`, N = 16, the `primary` class and many clients
@@ -137,7 +134,7 @@ async fn spread_copies_share_a_keys_reads_evenly_over_the_masters() {
     for (version, placement) in [(1, "suffix"), (2, "spread")] {
         let service = Service::start(config(&cluster.url(), placement)).await;
         if placement == "spread" {
-            wait_reading_spread(&http, &service.base, NAMES[0]).await;
+            wait_reading_spread(&http, &service.base, NAMES[0], COPIES).await;
         }
         // The instance's own report of how its copy names fall on the live slot map.
         let gauge = |text: &str| {
@@ -555,16 +552,7 @@ async fn an_older_release_starting_against_a_spread_family_reads_its_layout_and_
     let (family, key) = ("olds:", "olds:1");
     let new = Service::start(rolling_config(&url, family, "spread")).await;
     harness::publish_succeeds(&http, &new.base, key, 1, "one").await;
-    let tagged_client = clients()
-        .into_iter()
-        .find(|client| hotsplit::affinity::copy_index(client, 4) == 1)
-        .unwrap();
-    poll(
-        "the spread instance reads the tagged names",
-        Duration::from_secs(30),
-        || async { reads_tagged(&http, &new.base, key, &tagged_client).await },
-    )
-    .await;
+    let tagged_client = wait_reading_spread(&http, &new.base, key, 4).await;
     harness::publish_succeeds(&http, &new.base, key, 2, "two").await;
 
     // What an older release reads at startup: the record's text is `copies:max_copies`.
