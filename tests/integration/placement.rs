@@ -144,16 +144,22 @@ async fn spread_copies_share_a_keys_reads_evenly_over_the_masters() {
                     .ok()
             })
         };
-        poll("the placement gauge", Duration::from_secs(30), || async {
-            gauge(&harness::metrics_text(&http, &service.base).await).is_some()
-        })
+        // The gauge is set by the layout refresh just after it switches the reads, so a
+        // scrape may still see the refresh before; it must reach even within the limit.
+        let last = std::sync::Mutex::new(None);
+        poll(
+            &format!("the placement gauge to report {placement}'s share"),
+            Duration::from_secs(30),
+            || async {
+                let reported = gauge(&harness::metrics_text(&http, &service.base).await);
+                *last.lock().unwrap() = reported;
+                reported.is_some_and(|share| placement == "suffix" || share <= 0.375)
+            },
+        )
         .await;
-        let reported = gauge(&harness::metrics_text(&http, &service.base).await);
-        let reported = reported.unwrap();
+        let reported = last.lock().unwrap().unwrap();
         println!("reported busiest share ({placement}, worst of 64 sample keys): {reported:.3}");
-        if placement == "spread" {
-            assert!(reported <= 0.375, "{reported}");
-        } else {
+        if placement == "suffix" {
             assert!(reported > 0.375, "{reported}");
         }
         for name in NAMES {
