@@ -6,15 +6,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 
+/// The thinnest sampling: one read in this many.
+pub const MAX_SAMPLE_EVERY: u32 = 65_536;
+
 /// How each instance finds its hot keys (`[hot_keys]`).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct HotKeysConfig {
     /// Whether reads are sampled at all. Default: `true`.
     pub enabled: bool,
-    /// One read in this many is counted (1: every read). A sampled read takes the table's lock;
-    /// the others cost a thread-local random number. Default: `16`.
+    /// One read in at least this many is counted (1: every read, while the rate allows). A
+    /// sampled read takes the table's lock; the others cost a thread-local random number.
+    /// Default: `1`.
     pub sample_every: u32,
+    /// About how many reads a second are sampled, at most: above `samples_per_s ×
+    /// sample_every` reads a second the detector samples more thinly (one in
+    /// `⌈rate ÷ samples_per_s⌉`, chosen at each window's close, and doubled within a window
+    /// once it has sampled twice its share), so the table's lock is taken about this often
+    /// whatever the read rate, and below it every read counts. `0`: always one in
+    /// `sample_every`. Default: `4096`.
+    pub samples_per_s: u32,
     /// Counters in the top-K table (Space-Saving): every key with more than a
     /// `1 / capacity` share of a window's sampled reads holds one. Default: `256`.
     pub capacity: usize,
@@ -39,7 +50,8 @@ impl Default for HotKeysConfig {
     fn default() -> Self {
         HotKeysConfig {
             enabled: true,
-            sample_every: 16,
+            sample_every: 1,
+            samples_per_s: 4096,
             capacity: 256,
             window: Duration::from_secs(1),
             threshold: 1000.0,
@@ -57,8 +69,11 @@ impl HotKeysConfig {
     /// [`ErrorKind::Config`] naming the field.
     pub fn validate(&self) -> Result<()> {
         let fail = |why: String| Err(Error::new(ErrorKind::Config, why));
-        if self.sample_every == 0 {
-            return fail("hot_keys.sample_every: must be at least 1".into());
+        if !(1..=MAX_SAMPLE_EVERY).contains(&self.sample_every) {
+            return fail(format!(
+                "hot_keys.sample_every: must be in 1..={MAX_SAMPLE_EVERY}, got {}",
+                self.sample_every
+            ));
         }
         if !(1..=65_536).contains(&self.capacity) {
             return fail(format!(

@@ -6,20 +6,30 @@
 //!   and the Redis protocol alike, through [`crate::ops`]): every answered read is offered with
 //!   whether it reached Redis (a near-cache hit costs Redis nothing; a miss, a refresh or a
 //!   read with the near cache off does). Writes are not counted.
-//! - **Sampled, fixed memory, no shared lock on the hit path.** A read is sampled with
-//!   probability `1 / hot_keys.sample_every` by a thread-local generator; only a sampled read
-//!   takes the table's lock. The table is Space-Saving ([`topk`]) with `hot_keys.capacity`
-//!   counters: every key with more than a `1 / capacity` share of a window's sampled reads holds
-//!   one, and no count under-states its key.
+//! - **Sampled, fixed memory, a bounded lock rate.** A read is sampled with probability `1 / k`
+//!   by a thread-local generator; only a sampled read takes the table's lock, and it counts as
+//!   `k` reads. `k` follows the read rate so that about `hot_keys.samples_per_s` reads a second
+//!   are sampled (at least one in `hot_keys.sample_every`): chosen at each window's close from
+//!   that window's rate, and doubled within a window once it has sampled twice its share (a
+//!   surge). So below that rate every read counts and the counts are exact (the top of a window
+//!   is its true top, ties of one read included), and above it the lock is still taken about
+//!   `samples_per_s` times a second, however fast the reads come. The table is Space-Saving
+//!   ([`topk`]) with `hot_keys.capacity` counters: every key with more than a `1 / capacity`
+//!   share of a window's reads holds one, and no count under-states its key.
 //! - **Windows and rates.** Every `hot_keys.window` the table is swapped for an empty one and
-//!   its counts become rates: `count × sample_every / window seconds`, for what clients asked
-//!   and for what reached Redis, with the key's share of the window's reads and the most its
-//!   rate over-states (Space-Saving's inherited error).
-//! - **Hot and cool, with hysteresis.** A key is hot once its guaranteed rate (its count less
-//!   the inherited error) reaches `hot_keys.threshold`; it cools once its rate has stayed below
-//!   `threshold × cool_ratio` for `cool_down`. Each change is logged (INFO, with the key and
-//!   its rate) and counted (`hotsplit_hot_key_changes_total{change}`); metric labels never
-//!   carry key names.
+//!   its counts become rates: `count / window seconds`, for what clients asked and for what
+//!   reached Redis, with the key's share of the window's reads and the most its rate
+//!   over-states (Space-Saving's inherited error).
+//! - **Hot and cool, with hysteresis.** A key is hot once its guaranteed count (its count less
+//!   the inherited error) proves a rate of `hot_keys.threshold`: at the sampled read that makes
+//!   its count in the open window reach `threshold × window` (or `threshold ×` the time the
+//!   window has counted, when it runs late), so a key that turns hot is found within about
+//!   `threshold ÷ its rate` windows of turning, not at the next close; or at a window's close,
+//!   by its rate over the window. It cools once its rate has stayed below `threshold ×
+//!   cool_ratio` for `cool_down`. Each change is logged (INFO, with the key and its rate) and
+//!   counted (`hotsplit_hot_key_changes_total{change}`); metric labels never carry key names. A
+//!   key found hot in the open window is listed in [`Window::other_hot`] (or marked hot among
+//!   [`Window::keys`]) at once.
 //!
 //! What a hot key leads to is the family's policy: without a `split` table, or with
 //! `split.mode = "observe"`, it is detected and reported (`GET /v1/hot-keys`, with
@@ -32,7 +42,8 @@ pub mod topk;
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -43,6 +54,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 pub use config::HotKeysConfig;
+use config::MAX_SAMPLE_EVERY;
 use topk::TopK;
 
 use crate::metrics::{register, Metrics};
@@ -82,6 +94,8 @@ struct ChangeLabels {
 struct HotMetrics {
     /// Reads offered to the table.
     sampled: Counter,
+    /// One read in this many is sampled now.
+    sample_every: Gauge,
     /// Keys hot now.
     hot: Gauge,
     /// Keys that became hot or cooled.
@@ -121,7 +135,8 @@ pub struct Window {
     pub reads_per_s: f64,
     /// Its keys, most read first, at most `hot_keys.list`.
     pub keys: Vec<KeyRate>,
-    /// Keys hot now that are not among `keys` (cooling, or below the listed ones).
+    /// Keys hot now that are not among `keys` (cooling, below the listed ones, or found hot in
+    /// the window still open).
     pub other_hot: Vec<String>,
 }
 
@@ -147,12 +162,35 @@ pub enum Change {
 pub struct HotKeys {
     /// The config.
     config: HotKeysConfig,
+    /// One read in this many is sampled now (see the module documentation).
+    every: AtomicU32,
     /// This window's counts.
-    table: Mutex<TopK>,
+    table: Mutex<Table>,
     /// The hot set and the last window.
     state: Mutex<State>,
     /// Metrics.
     metrics: HotMetrics,
+}
+
+/// The open window's counts.
+struct Table {
+    /// The counts.
+    counts: TopK,
+    /// When the window opened.
+    opened: Instant,
+    /// Reads sampled since the sampling last changed (the surge guard).
+    samples: u64,
+}
+
+impl Table {
+    /// An empty table of `capacity` counters, opened at `opened`.
+    fn new(capacity: usize, opened: Instant) -> Table {
+        Table {
+            counts: TopK::new(capacity),
+            opened,
+            samples: 0,
+        }
+    }
 }
 
 /// The detector's state between windows.
@@ -163,6 +201,13 @@ struct State {
     hot: HashMap<String, Hot>,
     /// The last closed window.
     last: Window,
+    /// Keys found hot in the open window, reported by the next close.
+    found: Vec<Change>,
+}
+
+/// `mutex`'s guard, whether or not a holder panicked (the detector's figures stay usable).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl HotKeys {
@@ -172,7 +217,12 @@ impl HotKeys {
             sampled: register(
                 registry,
                 "hot_keys_sampled_reads",
-                "Reads the hot-key detector sampled (one in hot_keys.sample_every)",
+                "Reads the hot-key detector sampled (one in hotsplit_hot_keys_sample_every)",
+            ),
+            sample_every: register(
+                registry,
+                "hot_keys_sample_every",
+                "One read in this many is sampled now (at least hot_keys.sample_every; more while the read rate is above hot_keys.samples_per_s)",
             ),
             hot: register(
                 registry,
@@ -190,16 +240,25 @@ impl HotKeys {
                 "The most read key's share of the last window's reads, in parts per million",
             ),
         });
+        let opened = Instant::now();
+        hot_metrics.sample_every.set(i64::from(config.sample_every));
         Arc::new(HotKeys {
-            table: Mutex::new(TopK::new(config.capacity)),
+            every: AtomicU32::new(config.sample_every),
+            table: Mutex::new(Table::new(config.capacity, opened)),
             state: Mutex::new(State {
-                opened: Instant::now(),
+                opened,
                 hot: HashMap::new(),
                 last: Window::default(),
+                found: Vec::new(),
             }),
             config,
             metrics: hot_metrics,
         })
+    }
+
+    /// One read in this many is sampled now.
+    pub fn sample_every(&self) -> u32 {
+        self.every.load(Ordering::Relaxed)
     }
 
     /// The config.
@@ -211,38 +270,145 @@ impl HotKeys {
     /// the read is sampled.
     #[inline]
     pub fn observe(&self, key: &str, store: bool) {
-        if !self.config.enabled || !sampled(self.config.sample_every) {
+        if !self.config.enabled {
             return;
         }
-        self.table
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .offer(key, store);
+        let every = self.every.load(Ordering::Relaxed);
+        if !sampled(every) {
+            return;
+        }
+        let found = self.offer(key, store, every);
         self.metrics.sampled.inc();
+        if let Some(rate) = found {
+            self.found_hot(key, rate);
+        }
+    }
+
+    /// Offers a sampled read standing for `every` reads to the open window; the rate its count
+    /// proves when that count has just made the key hot.
+    fn offer(&self, key: &str, store: bool, every: u32) -> Option<f64> {
+        let config = &self.config;
+        let window = config.window.as_secs_f64();
+        let mut table = lock(&self.table);
+        let opened = table.opened;
+        let counter = table.counts.offer(key, store, u64::from(every));
+        let mut found = None;
+        let guaranteed = counter.guaranteed() as f64;
+        if !counter.found_hot && guaranteed >= config.threshold * window {
+            // A window that runs past its length (a late tick) has counted longer: the count
+            // must prove the rate over the time it counted.
+            let seconds = Instant::now()
+                .saturating_duration_since(opened)
+                .as_secs_f64()
+                .max(window);
+            if guaranteed >= config.threshold * seconds {
+                counter.found_hot = true;
+                found = Some(guaranteed / seconds);
+            }
+        }
+        table.samples += 1;
+        let share = 2.0 * f64::from(config.samples_per_s) * window;
+        if config.samples_per_s > 0 && table.samples as f64 >= share {
+            // A surge within the window: sample half as often until it closes.
+            table.samples = 0;
+            let thinner = every.saturating_mul(2).min(MAX_SAMPLE_EVERY);
+            if self.every.load(Ordering::Relaxed) < thinner {
+                self.every.store(thinner, Ordering::Relaxed);
+                self.metrics.sample_every.set(i64::from(thinner));
+            }
+        }
+        found
+    }
+
+    /// Makes `key` hot now, its count in the open window having proved `rate`.
+    fn found_hot(&self, key: &str, rate: f64) {
+        let mut state = lock(&self.state);
+        if state.hot.contains_key(key) || state.hot.len() >= self.config.capacity {
+            return;
+        }
+        let since_ms = now_unix_ms();
+        state.hot.insert(
+            key.to_owned(),
+            Hot {
+                since_ms,
+                below_since: None,
+            },
+        );
+        let last = &mut state.last;
+        match last.keys.iter_mut().find(|listed| listed.key == key) {
+            Some(listed) => {
+                listed.hot = true;
+                listed.hot_since_ms = Some(since_ms);
+            }
+            None => {
+                let at = last
+                    .other_hot
+                    .binary_search_by(|other| other.as_str().cmp(key))
+                    .unwrap_or_else(|at| at);
+                last.other_hot.insert(at, key.to_owned());
+            }
+        }
+        state.found.push(Change::Hot(key.to_owned(), rate));
+        self.metrics.hot.set(state.hot.len() as i64);
+        drop(state);
+        self.report(&Change::Hot(key.to_owned(), rate));
+    }
+
+    /// Logs and counts `change`.
+    fn report(&self, change: &Change) {
+        match change {
+            Change::Hot(key, rate) => {
+                tracing::info!(key = %key, rate = *rate as u64, threshold = self.config.threshold, "hot key: its read rate reached hot_keys.threshold");
+                self.metrics
+                    .changes
+                    .get_or_create(&ChangeLabels { change: "hot" })
+                    .inc();
+            }
+            Change::Cooled(key) => {
+                tracing::info!(key = %key, cool_down = ?self.config.cool_down, "hot key cooled: its read rate stayed below threshold × cool_ratio for cool_down");
+                self.metrics
+                    .changes
+                    .get_or_create(&ChangeLabels { change: "cooled" })
+                    .inc();
+            }
+        }
     }
 
     /// Closes the current window at `now`: its counts become the last window's rates, and keys
-    /// become hot or cool. Returns what changed (also logged and counted).
+    /// become hot or cool. Returns what changed since the last close: the keys found hot while
+    /// the window was open (logged and counted then), then what the close changed (logged and
+    /// counted now).
     pub fn close_window(&self, now: Instant) -> Vec<Change> {
         let table = std::mem::replace(
-            &mut *self.table.lock().unwrap_or_else(PoisonError::into_inner),
-            TopK::new(self.config.capacity),
+            &mut *lock(&self.table),
+            Table::new(self.config.capacity, now),
         );
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = lock(&self.state);
+        let found = std::mem::take(&mut state.found);
         let seconds = now
             .saturating_duration_since(state.opened)
             .as_secs_f64()
             .max(0.001);
         state.opened = now;
-        let scale = f64::from(self.config.sample_every) / seconds;
-        let total = table.total();
-        let ranked = table.into_ranked();
+        let scale = 1.0 / seconds;
+        let total = table.counts.total();
+        let ranked = table.counts.into_ranked();
+        if self.config.samples_per_s > 0 {
+            let wanted = (total as f64 * scale / f64::from(self.config.samples_per_s)).ceil();
+            let every = if wanted >= f64::from(MAX_SAMPLE_EVERY) {
+                MAX_SAMPLE_EVERY
+            } else {
+                (wanted as u32).max(self.config.sample_every)
+            };
+            self.every.store(every, Ordering::Relaxed);
+            self.metrics.sample_every.set(i64::from(every));
+        }
         let cooling_rate = self.config.threshold * self.config.cool_ratio;
         let mut changes = Vec::new();
         let mut rates: HashMap<&str, f64> = HashMap::with_capacity(ranked.len());
         let now_ms = now_unix_ms();
         for counter in &ranked {
-            let guaranteed = (counter.asked - counter.error) as f64 * scale;
+            let guaranteed = counter.guaranteed() as f64 * scale;
             rates.insert(&counter.key, counter.asked as f64 * scale);
             if guaranteed >= self.config.threshold
                 && !state.hot.contains_key(&*counter.key)
@@ -312,42 +478,21 @@ impl HotKeys {
         };
         drop(state);
         for change in &changes {
-            match change {
-                Change::Hot(key, rate) => {
-                    tracing::info!(key = %key, rate = *rate as u64, threshold = self.config.threshold, "hot key: its read rate reached hot_keys.threshold");
-                    self.metrics
-                        .changes
-                        .get_or_create(&ChangeLabels { change: "hot" })
-                        .inc();
-                }
-                Change::Cooled(key) => {
-                    tracing::info!(key = %key, cool_down = ?cool_down, "hot key cooled: its read rate stayed below threshold × cool_ratio for cool_down");
-                    self.metrics
-                        .changes
-                        .get_or_create(&ChangeLabels { change: "cooled" })
-                        .inc();
-                }
-            }
+            self.report(change);
         }
-        changes
+        let mut all = found;
+        all.extend(changes);
+        all
     }
 
-    /// The last closed window.
+    /// The last closed window, with the keys found hot since it closed.
     pub fn last_window(&self) -> Window {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .last
-            .clone()
+        lock(&self.state).last.clone()
     }
 
     /// Whether `key` is hot now.
     pub fn is_hot(&self, key: &str) -> bool {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .hot
-            .contains_key(key)
+        lock(&self.state).hot.contains_key(key)
     }
 
     /// Closes a window every `hot_keys.window` until `cancel`.

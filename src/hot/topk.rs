@@ -8,8 +8,9 @@
 //! `total / capacity` holds a counter: the heavy hitters are never missed.
 //!
 //! Two counts ride on each counter: what clients asked (the ranking) and what reached Redis
-//! (carried along, with the same eviction). The table is replaced each window
-//! ([`super::HotKeys`]), so counts are per window.
+//! (carried along, with the same eviction). A read is offered with a weight, the reads it stands
+//! for (the sampler's one-in-k), so counts are estimated reads. The table is replaced each
+//! window ([`super::HotKeys`]), so counts are per window.
 
 use std::collections::HashMap;
 
@@ -18,12 +19,22 @@ use std::collections::HashMap;
 pub struct Counter {
     /// The key.
     pub key: Box<str>,
-    /// Sampled reads asked for it this window (with the inherited error).
+    /// Reads asked for it this window, weighted (with the inherited error).
     pub asked: u64,
-    /// Of its sampled reads, those that reached Redis.
+    /// Of its reads, those that reached Redis, weighted.
     pub store: u64,
     /// What `asked` inherited from the key it replaced: the most it over-states.
     pub error: u64,
+    /// Whether its count already proved it hot this window ([`super::HotKeys`] sets it, so a
+    /// key is reported once a window).
+    pub found_hot: bool,
+}
+
+impl Counter {
+    /// Its count less the inherited error: at most its true count.
+    pub fn guaranteed(&self) -> u64 {
+        self.asked - self.error
+    }
 }
 
 /// A Space-Saving table.
@@ -35,7 +46,7 @@ pub struct TopK {
     index: HashMap<Box<str>, usize>,
     /// The most counters.
     capacity: usize,
-    /// Sampled reads offered this window.
+    /// Reads offered this window, weighted.
     total: u64,
 }
 
@@ -51,25 +62,28 @@ impl TopK {
         }
     }
 
-    /// Counts one sampled read of `key`; `store` when it reached Redis.
-    pub fn offer(&mut self, key: &str, store: bool) {
-        self.total += 1;
-        let store = u64::from(store);
+    /// Counts a sampled read of `key` that stands for `weight` reads; `store` when it reached
+    /// Redis. Returns the key's counter.
+    pub fn offer(&mut self, key: &str, store: bool, weight: u64) -> &mut Counter {
+        self.total += weight;
+        let store = if store { weight } else { 0 };
         if let Some(&at) = self.index.get(key) {
             let counter = &mut self.counters[at];
-            counter.asked += 1;
+            counter.asked += weight;
             counter.store += store;
-            return;
+            return counter;
         }
         if self.counters.len() < self.capacity {
-            self.index.insert(key.into(), self.counters.len());
+            let at = self.counters.len();
+            self.index.insert(key.into(), at);
             self.counters.push(Counter {
                 key: key.into(),
-                asked: 1,
+                asked: weight,
                 store,
                 error: 0,
+                found_hot: false,
             });
-            return;
+            return &mut self.counters[at];
         }
         // Replace the smallest counter. A linear scan: tables are small (hundreds) and only
         // sampled reads reach here.
@@ -84,16 +98,18 @@ impl TopK {
             &mut self.counters[at],
             Counter {
                 key: key.into(),
-                asked: smallest + 1,
+                asked: smallest + weight,
                 store,
                 error: smallest,
+                found_hot: false,
             },
         );
         self.index.remove(&old.key);
         self.index.insert(key.into(), at);
+        &mut self.counters[at]
     }
 
-    /// Sampled reads offered since the table was made.
+    /// Reads offered since the table was made, weighted.
     pub fn total(&self) -> u64 {
         self.total
     }
@@ -117,9 +133,9 @@ mod tests {
         // 1,000 reads of "hot" spread among 9,000 reads of 3,000 other keys.
         for i in 0..10_000u64 {
             if i % 10 == 0 {
-                table.offer("hot", i % 20 == 0);
+                table.offer("hot", i % 20 == 0, 1);
             } else {
-                table.offer(&format!("cold:{}", i % 3000), false);
+                table.offer(&format!("cold:{}", i % 3000), false, 1);
             }
         }
         assert_eq!(table.total(), 10_000);
@@ -139,12 +155,29 @@ mod tests {
         let mut table = TopK::new(4);
         for (key, times) in [("a", 5), ("b", 3), ("c", 1)] {
             for _ in 0..times {
-                table.offer(key, true);
+                table.offer(key, true, 1);
             }
         }
         let ranked = table.into_ranked();
         let counts: Vec<(&str, u64, u64)> =
             ranked.iter().map(|c| (&*c.key, c.asked, c.error)).collect();
         assert_eq!(counts, vec![("a", 5, 0), ("b", 3, 0), ("c", 1, 0)]);
+    }
+
+    #[test]
+    fn a_weighted_read_counts_as_the_reads_it_stands_for() {
+        let mut table = TopK::new(2);
+        table.offer("a", true, 4);
+        table.offer("a", false, 4);
+        table.offer("b", false, 2);
+        // "c" replaces the smallest ("b", 2) and inherits its count as its error.
+        let c = table.offer("c", true, 3);
+        assert_eq!((c.asked, c.store, c.error, c.guaranteed()), (5, 3, 2, 3));
+        assert_eq!(table.total(), 13);
+        let ranked = table.into_ranked();
+        assert_eq!(
+            (&*ranked[0].key, ranked[0].asked, ranked[0].store),
+            ("a", 8, 4)
+        );
     }
 }

@@ -49,7 +49,8 @@ pub struct HotKeyView {
 pub struct HotKeysView {
     /// Whether reads are sampled (`hot_keys.enabled`).
     pub enabled: bool,
-    /// One read in this many is sampled.
+    /// One read in this many is sampled now (it follows the read rate: see
+    /// `hot_keys.samples_per_s`).
     pub sample_every: u32,
     /// The window, ms.
     pub window_ms: u64,
@@ -61,7 +62,8 @@ pub struct HotKeysView {
     pub reads_per_s: f64,
     /// The most read keys of the last window, most read first (at most `hot_keys.list`).
     pub keys: Vec<HotKeyView>,
-    /// Keys hot now that are not listed (cooling, or below the listed ones).
+    /// Keys hot now that are not listed (cooling, below the listed ones, or found hot in the
+    /// window still open).
     pub other_hot: Vec<String>,
 }
 
@@ -103,6 +105,19 @@ pub struct FleetHotKey {
     pub hot_on: Vec<String>,
 }
 
+impl FleetHotKey {
+    /// `key`, listed and hot nowhere yet.
+    fn none(key: &str) -> FleetHotKey {
+        FleetHotKey {
+            key: key.to_owned(),
+            rate: 0.0,
+            store_rate: 0.0,
+            instances: Vec::new(),
+            hot_on: Vec::new(),
+        }
+    }
+}
+
 impl FleetHotKeys {
     /// Sums the hot keys of every member of `fleet` that published some, at most `list` keys.
     pub fn of(fleet: &FleetView, list: usize) -> FleetHotKeys {
@@ -124,13 +139,9 @@ impl FleetHotKeys {
                     continue;
                 };
                 let number = |field: &str| entry.get(field).and_then(Value::as_f64).unwrap_or(0.0);
-                let summed = keys.entry(key.to_owned()).or_insert_with(|| FleetHotKey {
-                    key: key.to_owned(),
-                    rate: 0.0,
-                    store_rate: 0.0,
-                    instances: Vec::new(),
-                    hot_on: Vec::new(),
-                });
+                let summed = keys
+                    .entry(key.to_owned())
+                    .or_insert_with(|| FleetHotKey::none(key));
                 summed.rate += number("rate");
                 summed.store_rate += number("store_rate");
                 summed.instances.push(member.instance.id.clone());
@@ -138,9 +149,31 @@ impl FleetHotKeys {
                     summed.hot_on.push(member.instance.id.clone());
                 }
             }
+            // Hot there but not among its listed keys: cooling, or found hot in its open window.
+            let other_hot = member
+                .status
+                .as_ref()
+                .and_then(|status| status.pointer("/hot_keys/other_hot"))
+                .and_then(Value::as_array);
+            for key in other_hot.into_iter().flatten().filter_map(Value::as_str) {
+                let summed = keys
+                    .entry(key.to_owned())
+                    .or_insert_with(|| FleetHotKey::none(key));
+                if !summed.hot_on.contains(&member.instance.id) {
+                    summed.hot_on.push(member.instance.id.clone());
+                }
+            }
         }
         let mut keys: Vec<FleetHotKey> = keys.into_values().collect();
-        keys.sort_by(|a, b| b.rate.total_cmp(&a.rate).then_with(|| a.key.cmp(&b.key)));
+        // Keys hot somewhere first (one found hot in an instance's open window has no rate
+        // listed yet), then by summed rate.
+        keys.sort_by(|a, b| {
+            a.hot_on
+                .is_empty()
+                .cmp(&b.hot_on.is_empty())
+                .then_with(|| b.rate.total_cmp(&a.rate))
+                .then_with(|| a.key.cmp(&b.key))
+        });
         keys.truncate(list);
         FleetHotKeys {
             instances: fleet.instances.len(),
@@ -208,7 +241,7 @@ impl HotKeysView {
             .collect();
         HotKeysView {
             enabled: config.enabled,
-            sample_every: config.sample_every,
+            sample_every: hot.sample_every(),
             window_ms: u64::try_from(config.window.as_millis()).unwrap_or(u64::MAX),
             threshold: config.threshold,
             closed_at_ms: window.closed_at_ms,

@@ -191,3 +191,60 @@ async fn another_instance_lists_a_key_hot_on_one_instance_fleet_wide() {
 fn entry_never_read_here(answer: &Value) -> bool {
     entry(answer, "hk:fleet").is_none()
 }
+
+/// A key is hot at the read that proves the threshold over the window, not when the window
+/// closes: with 60 s windows and 5 reads/s, the 300th read of a key in the first window makes
+/// it hot (the 299th does not), listed at once in `other_hot` while no window has closed yet,
+/// and another instance lists it hot fleet-wide within a heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_found_hot_by_the_read_that_proves_it_before_its_window_closes() {
+    let server = harness::shared_standalone();
+    let config = |url: &str| {
+        let mut config = config_from_toml(&format!(
+            "[store]\nredis = \"{url}\"\ncommand_timeout = \"{timeout}\"\n[[family]]\nprefix = \"hk:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"advisory\"\n[hot_keys]\nthreshold = 5.0\nwindow = \"60s\"\n",
+            timeout = harness::command_timeout_toml()
+        ));
+        config.heal.spool_dir = harness::spool_dir();
+        config
+    };
+    let reading = Service::start(config(&server.url())).await;
+    let other = Service::start(config(&server.url())).await;
+    let http = reqwest::Client::new();
+    let key = "hk:early";
+    publish_succeeds(&http, &reading.base, key, 1, "x").await;
+    let reading_id = get_json(&http, &format!("{}/v1/instances", reading.base)).await["this"]
+        .as_str()
+        .expect("instance id")
+        .to_owned();
+    let other_hot = |answer: &Value| {
+        answer["instance"]["other_hot"]
+            .as_array()
+            .is_some_and(|keys| keys.iter().any(|listed| listed == key))
+    };
+    read_many(&http, &reading.base, key, 299).await;
+    let answer = get_json(&http, &format!("{}/v1/hot-keys", reading.base)).await;
+    assert!(!other_hot(&answer), "hot one read early: {answer}");
+    read_many(&http, &reading.base, key, 1).await;
+    let answer = get_json(&http, &format!("{}/v1/hot-keys", reading.base)).await;
+    assert!(other_hot(&answer), "not hot at the 300th read: {answer}");
+    assert_eq!(
+        answer["instance"]["closed_at_ms"], 0,
+        "a window closed: {answer}"
+    );
+    assert_eq!(answer["instance"]["sample_every"], 1, "{answer}");
+    poll(
+        "the other instance lists the key hot fleet-wide",
+        Duration::from_secs(30),
+        || async {
+            let answer = get_json(&http, &format!("{}/v1/hot-keys", other.base)).await;
+            fleet_entry(&answer, key).is_some_and(|entry| {
+                entry["hot_on"]
+                    .as_array()
+                    .is_some_and(|ids| ids.iter().any(|id| id == reading_id.as_str()))
+            })
+        },
+    )
+    .await;
+    other.stop().await;
+    reading.stop().await;
+}
