@@ -73,20 +73,21 @@
 //! Both instances run the shipped defaults but for: their ports, spool directories and the
 //! cluster URL, `HOTSPLIT_LOG=warn`, the two families, `heal.layout_interval` (as given), and
 //! `[scrub] enabled = false` (so every `HMGET` counted is a read). Every process is killed by
-//! pid when the bench ends (the instances by their guards, the cluster by devcluster), and the
-//! work directory is removed; each instance's log is kept there for the run.
+//! pid when the bench ends (the instances by their devcluster `Process` guards, the cluster by
+//! devcluster), and the work directory is removed; each instance's log is kept there for the
+//! run.
 
 use std::collections::{HashMap, HashSet};
 use std::error::Error;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::path::Path;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hotsplit::config::{FleetConfig, HealConfig, StoreConfig};
 use hotsplit::hot::HotKeysConfig;
-use hotsplit_devcluster::{Cluster, ClusterOptions};
+use hotsplit_devcluster::{Cluster, ClusterOptions, Process};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -295,22 +296,16 @@ impl Schedule {
 // The fleet: a cluster and two `hotsplit serve` processes
 // ---------------------------------------------------------------------------------------------
 
-/// A running `hotsplit serve`; dropping it kills the process.
+/// A running `hotsplit serve`.
 struct Instance {
     /// `http://127.0.0.1:P`.
     base: String,
-    /// The process.
-    child: Child,
-    /// Its stdout and stderr.
-    log: PathBuf,
+    /// The process (SIGKILLed and reaped when dropped); its stdout and stderr go to its log.
+    process: Process,
 }
 
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// How long an instance may take to answer `/readyz` with a 2xx.
+const READY_WITHIN: Duration = Duration::from_secs(60);
 
 /// A loopback port no socket was bound to a moment ago.
 fn free_port() -> Result<u16, BoxError> {
@@ -336,11 +331,11 @@ fn instance_config(url: &str, port: u16, spool: &Path, options: &Options) -> Str
     )
 }
 
-/// Starts `hotsplit serve` named `name` in `dir` on `cluster`.
+/// Starts `hotsplit serve` named `name` in `dir` on the cluster at `cluster_url`.
 fn spawn_instance(
     dir: &Path,
     name: &str,
-    cluster: &Cluster,
+    cluster_url: &str,
     options: &Options,
 ) -> Result<Instance, BoxError> {
     let port = free_port()?;
@@ -348,54 +343,45 @@ fn spawn_instance(
     std::fs::write(
         &config,
         instance_config(
-            &cluster.url(),
+            cluster_url,
             port,
             &dir.join(format!("{name}-spool")),
             options,
         ),
     )?;
-    let log = dir.join(format!("{name}.log"));
-    let out = std::fs::File::create(&log)?;
-    let err = out.try_clone()?;
-    let child = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+    let process = Process::builder(env!("CARGO_BIN_EXE_hotsplit"))
         .args(["serve", "--config"])
         .arg(&config)
         .env_remove("HOTSPLIT_REDIS")
         .env_remove("HOTSPLIT_LISTEN")
         .env_remove("HOTSPLIT_CONFIG")
         .env("HOTSPLIT_LOG", "warn")
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
-        .spawn()?;
+        .spawn(dir.join(format!("{name}.log")))?;
     Ok(Instance {
         base: format!("http://127.0.0.1:{port}"),
-        child,
-        log,
+        process,
     })
 }
 
-/// Polls `instance`'s `/readyz` until it answers 2xx, for at most 60 s.
-async fn wait_ready(http: &reqwest::Client, instance: &mut Instance) -> Result<(), BoxError> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(answer) = http.get(format!("{}/readyz", instance.base)).send().await {
-            if answer.status().is_success() {
-                return Ok(());
-            }
-        }
-        if let Some(status) = instance.child.try_wait()? {
-            let log = std::fs::read_to_string(&instance.log).unwrap_or_default();
-            return Err(format!(
-                "{} exited ({status}) before it was ready:\n{log}",
-                instance.base
-            )
-            .into());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{} was not ready within 60 s", instance.base).into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+/// Starts both instances, then waits until each answers `/readyz` with a 2xx (polled every
+/// 50 ms, for at most [`READY_WITHIN`]; the error quotes the tail of its log). Blocks.
+fn start_instances(
+    dir: &Path,
+    cluster_url: &str,
+    options: &Options,
+) -> Result<Vec<Instance>, BoxError> {
+    let mut instances = vec![
+        spawn_instance(dir, "hotsplit-0", cluster_url, options)?,
+        spawn_instance(dir, "hotsplit-1", cluster_url, options)?,
+    ];
+    for instance in &mut instances {
+        instance.process.wait_for_http(
+            &format!("{}/readyz", instance.base),
+            READY_WITHIN,
+            Duration::from_millis(50),
+        )?;
     }
+    Ok(instances)
 }
 
 /// Publishes version 1 of `key` through `base`.
@@ -950,13 +936,10 @@ async fn run(options: Options) -> Result<(), BoxError> {
         .pool_max_idle_per_host(options.concurrency + 8)
         .timeout(Duration::from_secs(5))
         .build()?;
-    let mut instances = vec![
-        spawn_instance(dir.path(), "hotsplit-0", &cluster, &options)?,
-        spawn_instance(dir.path(), "hotsplit-1", &cluster, &options)?,
-    ];
-    for instance in &mut instances {
-        wait_ready(&http, instance).await?;
-    }
+    let instances = {
+        let (dir, cluster_url, options) = (dir.path().to_owned(), cluster.url(), options.clone());
+        tokio::task::spawn_blocking(move || start_instances(&dir, &cluster_url, &options)).await??
+    };
     let bases: Vec<String> = instances
         .iter()
         .map(|instance| instance.base.clone())

@@ -1,6 +1,7 @@
 //! The crate's error type, and the retry of a start whose ports were taken under its feet.
 
 use std::io;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use crate::START_ATTEMPTS;
@@ -39,6 +40,40 @@ pub enum DevClusterError {
         waited: Duration,
         /// Why the condition was still false at the last check.
         last_seen: String,
+    },
+    /// A [`Process`](crate::Process) exited while its readiness was waited for.
+    #[error(
+        "{program} (pid {pid}) exited ({status}) while waiting for {condition}; its log ends:\n{log_tail}"
+    )]
+    ExitedBeforeReady {
+        /// The program that was run.
+        program: String,
+        /// Its pid.
+        pid: u32,
+        /// What was waited for, e.g. "GET http://127.0.0.1:8080/readyz to answer 2xx".
+        condition: String,
+        /// How it exited.
+        status: ExitStatus,
+        /// The last lines of its log file ([`Process::log_path`](crate::Process::log_path)).
+        log_tail: String,
+    },
+    /// A [`Process`](crate::Process) kept running but did not become ready in time.
+    #[error(
+        "{program} (pid {pid}) was not ready after {waited:?} waiting for {condition}; last seen: {last_seen}; its log ends:\n{log_tail}"
+    )]
+    NotReady {
+        /// The program that was run.
+        program: String,
+        /// Its pid.
+        pid: u32,
+        /// What was waited for.
+        condition: String,
+        /// How long was waited.
+        waited: Duration,
+        /// Why the condition was still false at the last check.
+        last_seen: String,
+        /// The last lines of its log file ([`Process::log_path`](crate::Process::log_path)).
+        log_tail: String,
     },
     /// A server answered a command with an error, or a helper command failed.
     #[error("command `{command}` on port {port} failed: {message}")]

@@ -1,7 +1,8 @@
-//! Throwaway `redis-server` processes on loopback: standalone, primary with replicas, and cluster.
+//! Throwaway `redis-server` processes on loopback: standalone, primary with replicas, and
+//! cluster; and throwaway child processes of any other program (`hotsplit serve`).
 //!
-//! This crate owns starting, signalling and stopping real Redis servers for hotsplit's
-//! integration tests, its criterion benches and `hotsplit check`. It is test and experiment
+//! This crate owns starting, signalling and stopping real Redis servers and `hotsplit serve`
+//! processes for hotsplit's integration tests, its benches and `hotsplit check`. It is test and experiment
 //! tooling, not the product path: the service talks to Redis only through its `store::redis`
 //! module and fred, and the `hotsplit` library does not depend on this crate (only the binary,
 //! for `check`, and the tests and benches do). Everything here is synchronous std code (no
@@ -18,6 +19,11 @@
 //!   node.
 //! - [`TlsFiles`] (`tls.rs`): the PEM files of TLS nodes (`--tls-port`, `--tls-replication`,
 //!   `--tls-cluster`) and the rustls configuration of the RESP client's probes.
+//! - [`Process`] and [`ProcessBuilder`] (`child.rs`): a child process of any program with its
+//!   stdout and stderr in a log file, a readiness wait ([`Process::wait_for_http`],
+//!   [`Process::wait_until`], or a [`Readiness`] driven by an async caller) whose errors quote
+//!   the log's tail, SIGKILL ([`Process::kill`]), SIGTERM ([`Process::terminate`]), any signal,
+//!   and SIGKILL + reap on drop.
 //! - [`ServerOptions`] and [`ClusterOptions`]: another server binary (e.g. `valkey-server`),
 //!   TLS, extra arguments.
 //! - `process.rs`: binaries, ports, the spawner thread, the pid registry, signals and node
@@ -27,12 +33,14 @@
 //!   ([`Cluster::master_for_key`]).
 //!
 //! # Invariants
-//! - Every server is spawned by one long-lived "spawner" thread with `PR_SET_PDEATHSIG` set to
-//!   `SIGKILL`. Linux delivers that signal when the *thread* that forked the child exits, and test
-//!   threads exit after every test, so no other thread ever spawns a server. The spawner thread
-//!   never exits, so servers die exactly when the test process dies, however it dies.
-//! - Every live server pid is in a process-wide registry, and an `atexit` handler sends `SIGKILL`
-//!   to every pid still registered when the process exits normally (statics are never dropped).
+//! - Every server and every [`Process`] is spawned by one long-lived "spawner" thread with
+//!   `PR_SET_PDEATHSIG` set to `SIGKILL`. Linux delivers that signal when the *thread* that
+//!   forked the child exits, and test threads exit after every test, so no other thread ever
+//!   spawns a child. The spawner thread never exits, so children die exactly when the test
+//!   process dies, however it dies.
+//! - Every live child's pid is in a process-wide registry, and an `atexit` handler sends
+//!   `SIGKILL` to every pid still registered when the process exits normally (statics are never
+//!   dropped).
 //! - A signal is only ever sent to a pid that has not been reaped yet, so a recycled pid is never
 //!   hit by mistake.
 //! - Ports come from `20000..=50000` (never the developer's Redis on 6379), and a port is only
@@ -42,6 +50,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod child;
 mod cluster;
 mod error;
 mod node;
@@ -50,6 +59,7 @@ mod resp;
 mod standalone;
 mod tls;
 
+pub use child::{Process, ProcessBuilder, Readiness};
 pub use cluster::{Cluster, ClusterOptions};
 pub use error::{DevClusterError, Result};
 pub use hotsplit_redis_info::ClusterNode as NodeInfo;

@@ -132,7 +132,7 @@ impl RedisNode {
             .append(true)
             .open(&stdio_path)
             .map_err(io_error(format!("opening {}", stdio_path.display())))?;
-        let child = spawn_via_spawner(&self.program, &self.args, output)?;
+        let child = spawn_via_spawner(&self.program, &self.args, &[], output)?;
         tracing::debug!(port = self.port, pid = child.id(), role = ?self.role, "spawned redis-server");
         self.last_pid.store(child.id(), Ordering::SeqCst);
         *process = Some(child);

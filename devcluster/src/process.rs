@@ -91,12 +91,17 @@ pub(crate) fn allocate_port() -> Result<u16> {
     })
 }
 
+/// One change to the environment a child inherits: set a variable (`Some`) or remove it (`None`).
+pub(crate) type EnvChange = (OsString, Option<OsString>);
+
 /// One request to the spawner thread.
 struct SpawnRequest {
     /// The binary to run.
     program: PathBuf,
     /// Its arguments.
     args: Vec<OsString>,
+    /// Changes to the environment it inherits from this process, applied in order.
+    env: Vec<EnvChange>,
     /// Where the child's stdout and stderr go (Redis writes early config errors there).
     output: File,
     /// Where the spawned child (or the spawn error) is sent back.
@@ -124,7 +129,12 @@ fn spawner() -> Result<mpsc::Sender<SpawnRequest>> {
 /// The body of the spawner thread: spawn, register, reply, forever.
 fn spawner_loop(receiver: mpsc::Receiver<SpawnRequest>) {
     while let Ok(request) = receiver.recv() {
-        let result = spawn_with_deathsig(&request.program, &request.args, request.output);
+        let result = spawn_with_deathsig(
+            &request.program,
+            &request.args,
+            &request.env,
+            request.output,
+        );
         if let Ok(child) = &result {
             register_pid(child.id());
         }
@@ -144,7 +154,12 @@ fn spawner_loop(receiver: mpsc::Receiver<SpawnRequest>) {
 }
 
 /// Spawns `program` so that the kernel SIGKILLs it when the calling thread exits.
-fn spawn_with_deathsig(program: &Path, args: &[OsString], output: File) -> io::Result<Child> {
+fn spawn_with_deathsig(
+    program: &Path,
+    args: &[OsString],
+    env: &[EnvChange],
+    output: File,
+) -> io::Result<Child> {
     let stderr = output.try_clone()?;
     // The parent's pid is read before forking so that the child can tell whether its parent
     // already died before the death signal was armed.
@@ -155,6 +170,12 @@ fn spawn_with_deathsig(program: &Path, args: &[OsString], output: File) -> io::R
         .stdin(Stdio::null())
         .stdout(Stdio::from(output))
         .stderr(Stdio::from(stderr));
+    for (key, value) in env {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
     // SAFETY: the closure runs in the child between fork and exec. It only calls prctl and
     // getppid, which are async-signal-safe, and builds errors without allocating.
     unsafe {
@@ -173,11 +194,17 @@ fn spawn_with_deathsig(program: &Path, args: &[OsString], output: File) -> io::R
 }
 
 /// Asks the spawner thread to spawn a process and waits for the result.
-pub(crate) fn spawn_via_spawner(program: &Path, args: &[OsString], output: File) -> Result<Child> {
+pub(crate) fn spawn_via_spawner(
+    program: &Path,
+    args: &[OsString],
+    env: &[EnvChange],
+    output: File,
+) -> Result<Child> {
     let (reply, receive) = mpsc::channel();
     let request = SpawnRequest {
         program: program.to_owned(),
         args: args.to_vec(),
+        env: env.to_vec(),
         output,
         reply,
     };
@@ -269,7 +296,7 @@ pub(crate) fn reap_if_exited(port: u16, process: &mut Option<Child>) -> Result<O
     Ok(status)
 }
 
-/// SIGKILLs `child`, reaps it and unregisters its pid.
+/// SIGKILLs `child` (a redis-server), reaps it and unregisters its pid.
 pub(crate) fn kill_and_reap(port: u16, mut child: Child) -> Result<()> {
     let pid = child.id();
     // ESRCH cannot happen for an unreaped child; any other failure shows up in `wait` below.

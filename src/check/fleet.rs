@@ -25,7 +25,6 @@
 //! accepted version.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +35,7 @@ use super::fleet_phase::{phase, ReadMode, Row, READER_PAUSE_MS};
 pub use super::fleet_phase::{FleetFigures, FleetOptions};
 use hotsplit::error::{Error, ErrorKind, Result};
 use hotsplit::wire::query::VERSION;
-use hotsplit_devcluster::Cluster;
+use hotsplit_devcluster::{Cluster, DevClusterError, Process};
 
 /// One row of the table: a mode and whether sessions carried the session token.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -159,23 +158,15 @@ impl FleetReport {
     }
 }
 
-/// A `hotsplit serve` child process, SIGKILLed when dropped.
+/// A `hotsplit serve` child process and where it serves and spools.
 struct Instance {
-    /// The process.
-    child: Child,
+    /// The process (SIGKILLed and reaped when dropped); its stdout and stderr go to its log,
+    /// quoted when it does not become ready.
+    process: Process,
     /// `http://127.0.0.1:P`.
     base: String,
     /// Its spool directory.
     spool: PathBuf,
-    /// Its stdout and stderr, quoted when it does not become ready.
-    log: PathBuf,
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn io_error(what: &str, err: impl std::fmt::Display) -> Error {
@@ -216,32 +207,29 @@ fn spawn_instance(
     );
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, config).map_err(|err| io_error("cannot write a config", err))?;
-    let log_path = dir.join(format!("{name}.log"));
-    let log =
-        std::fs::File::create(&log_path).map_err(|err| io_error("cannot create a log", err))?;
-    let err_log = log
-        .try_clone()
-        .map_err(|err| io_error("cannot create a log", err))?;
     let exe =
         std::env::current_exe().map_err(|err| io_error("cannot find this executable", err))?;
-    let child = Command::new(exe)
+    let process = Process::builder(exe)
         .args(["serve", "--config"])
         .arg(&path)
         .env_remove("HOTSPLIT_REDIS")
         .env_remove("HOTSPLIT_LISTEN")
         .env_remove("HOTSPLIT_CONFIG")
         .env("HOTSPLIT_LOG", "warn")
-        .stdout(Stdio::from(log))
-        .stderr(Stdio::from(err_log))
-        .spawn()
+        .spawn(dir.join(format!("{name}.log")))
         .map_err(|err| io_error("cannot start hotsplit serve", err))?;
     Ok(Instance {
-        child,
+        process,
         base: format!("http://127.0.0.1:{port}"),
         spool,
-        log: log_path,
     })
 }
+
+/// How long an instance may take to answer `/readyz` with a 2xx.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+/// How many lines of an instance's log a readiness error quotes.
+const LOG_TAIL_LINES: usize = 20;
 
 /// Polls `instance`'s `/readyz` until it answers 2xx, for at most 30 s. The run's work
 /// directory (and the instance's log in it) is removed when the run ends, so the error says why:
@@ -249,8 +237,10 @@ fn spawn_instance(
 /// `/readyz` answer and the log's last lines.
 async fn wait_ready(http: &reqwest::Client, instance: &mut Instance) -> Result<()> {
     let base = instance.base.clone();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let mut readiness = instance
+        .process
+        .readiness(format!("{base}/readyz to answer 2xx"), READY_WITHIN);
+    let (failure, last) = loop {
         let last = match http.get(format!("{base}/readyz")).send().await {
             Ok(answer) if answer.status().is_success() => return Ok(()),
             Ok(answer) => {
@@ -259,33 +249,25 @@ async fn wait_ready(http: &reqwest::Client, instance: &mut Instance) -> Result<(
             }
             Err(err) => format!("no answer: {err}"),
         };
-        if let Ok(Some(status)) = instance.child.try_wait() {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "{base} exited ({status}) before it was ready; its log ends:\n{}",
-                    log_tail(&instance.log)
-                ),
-            ));
-        }
-        if Instant::now() > deadline {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "{base} did not become ready within 30 s (last /readyz: {last}); its log ends:\n{}",
-                    log_tail(&instance.log)
-                ),
-            ));
+        if let Err(failure) = readiness.not_yet(&last) {
+            break (failure, last);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The last 20 lines of the log at `path` (empty when it cannot be read).
-fn log_tail(path: &std::path::Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
+    };
+    let log_tail = instance.process.log_tail(LOG_TAIL_LINES);
+    Err(match failure {
+        DevClusterError::ExitedBeforeReady { status, .. } => Error::new(
+            ErrorKind::Unavailable,
+            format!("{base} exited ({status}) before it was ready; its log ends:\n{log_tail}"),
+        ),
+        DevClusterError::NotReady { .. } => Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "{base} did not become ready within 30 s (last /readyz: {last}); its log ends:\n{log_tail}"
+            ),
+        ),
+        other => io_error("cannot check an instance", other),
+    })
 }
 
 /// Runs the fleet experiment.
@@ -419,8 +401,7 @@ async fn converge(
     let survivor = instances[1].base.clone();
     let repairs_before = scrub_repairs(http, &survivor).await;
     let killed = &mut instances[0];
-    let _ = killed.child.kill();
-    let _ = killed.child.wait();
+    let _ = killed.process.kill();
     std::fs::remove_dir_all(&killed.spool)
         .map_err(|err| io_error("cannot delete the spool", err))?;
     acl("+fcall")?;

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -14,7 +14,9 @@ use std::time::Duration;
 use hotsplit::config::Config;
 use hotsplit::metrics::Metrics;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
-use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions, NodeInfo, Standalone};
+use hotsplit_devcluster::{
+    self as devcluster, Cluster, ClusterOptions, NodeInfo, Process, ProcessBuilder, Standalone,
+};
 use reqwest::{Response, StatusCode};
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -467,18 +469,33 @@ pub async fn publish_succeeds(
 // The real binary
 // ---------------------------------------------------------------------------------------------
 
+/// The variables of the shell that runs the tests that a `hotsplit serve` of theirs must not
+/// inherit.
+const NOT_INHERITED: [&str; 4] = [
+    "HOTSPLIT_REDIS",
+    "HOTSPLIT_LISTEN",
+    "HOTSPLIT_CONFIG",
+    "HOTSPLIT_LOG_FORMAT",
+];
+
 /// `hotsplit serve` with nothing inherited from the shell that runs the tests
-/// (`HOTSPLIT_REDIS`, `HOTSPLIT_LISTEN`, `HOTSPLIT_CONFIG` and `HOTSPLIT_LOG_FORMAT` are
-/// removed): the test adds its arguments, environment and stdio.
+/// ([`NOT_INHERITED`] removed): the test adds its arguments, environment and stdio.
 pub fn serve_command() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_hotsplit"));
+    command.arg("serve");
+    for name in NOT_INHERITED {
+        command.env_remove(name);
+    }
     command
-        .arg("serve")
-        .env_remove("HOTSPLIT_REDIS")
-        .env_remove("HOTSPLIT_LISTEN")
-        .env_remove("HOTSPLIT_CONFIG")
-        .env_remove("HOTSPLIT_LOG_FORMAT");
-    command
+}
+
+/// [`serve_command`] as a [`ProcessBuilder`], for a [`Binary`].
+fn serve_process() -> ProcessBuilder {
+    let mut process = Process::builder(env!("CARGO_BIN_EXE_hotsplit")).arg("serve");
+    for name in NOT_INHERITED {
+        process = process.env_remove(name);
+    }
+    process
 }
 
 /// Starts `command` (a [`serve_command`] listening on `port`) and waits until it is ready
@@ -532,14 +549,12 @@ pub async fn sigterm_and_wait(mut child: Child) -> (ExitStatus, String) {
 }
 
 /// A `hotsplit serve` child process with a config file and a log file of its own, SIGKILLed
-/// when dropped.
+/// and reaped when dropped.
 pub struct Binary {
-    /// The process.
-    pub child: Child,
+    /// The process; its stdout and stderr go to `<dir>/<name>.log`.
+    process: Process,
     /// `http://127.0.0.1:P`.
     pub base: String,
-    /// Where its stdout and stderr go.
-    log: PathBuf,
 }
 
 impl Binary {
@@ -553,22 +568,15 @@ impl Binary {
             format!("[server]\nlisten = \"127.0.0.1:{port}\"\nshutdown_grace = \"2s\"\n{config}"),
         )
         .unwrap_or_else(|err| panic!("write {}: {err}", path.display()));
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log)
-            .unwrap_or_else(|err| panic!("create {}: {err}", log.display()));
-        let err = out.try_clone().expect("clone the log file handle");
-        let child = serve_command()
+        let process = serve_process()
             .arg("--config")
             .arg(&path)
             .env("HOTSPLIT_LOG", "info")
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("start hotsplit");
+            .spawn(dir.join(format!("{name}.log")))
+            .unwrap_or_else(|err| panic!("start hotsplit: {err}"));
         Binary {
-            child,
+            process,
             base: format!("http://127.0.0.1:{port}"),
-            log,
         }
     }
 
@@ -579,31 +587,56 @@ impl Binary {
         binary
     }
 
-    /// Waits until it serves `/readyz`; panics with its log if it exits first.
+    /// Polls `/readyz` every 20 ms until it answers 2xx (within [`READY_WITHIN`]); panics
+    /// with the tail of its log if it exits first or the time is up.
     pub async fn wait_ready(&mut self) {
-        let log = self.log.clone();
-        wait_ready(&mut self.child, &self.base, || {
-            std::fs::read_to_string(&log).unwrap_or_default()
-        })
-        .await;
+        let http = reqwest::Client::new();
+        let url = format!("{}/readyz", self.base);
+        let mut readiness = self
+            .process
+            .readiness("hotsplit serves /readyz", READY_WITHIN);
+        loop {
+            let last = match http.get(&url).send().await {
+                Ok(answer) if answer.status().is_success() => return,
+                Ok(answer) => answer.status().to_string(),
+                Err(err) => format!("no answer: {err}"),
+            };
+            if let Err(failure) = readiness.not_yet(&last) {
+                panic!("{failure}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Sends it `signal` (e.g. `libc::SIGHUP`); panics if it has already been reaped.
+    pub fn signal(&self, signal: libc::c_int) {
+        self.process
+            .signal(signal)
+            .unwrap_or_else(|err| panic!("signal hotsplit: {err}"));
+    }
+
+    /// Its exit status if it has exited (reaping it), `None` while it runs.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.process
+            .try_wait()
+            .unwrap_or_else(|err| panic!("poll hotsplit: {err}"))
     }
 
     /// What it has logged so far.
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log_text()
     }
 
     /// SIGKILLs it (a crash) and reaps it.
     pub fn sigkill(&mut self) {
-        self.child.kill().expect("SIGKILL hotsplit");
-        self.child.wait().expect("reap hotsplit");
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process
+            .kill()
+            .unwrap_or_else(|err| panic!("SIGKILL hotsplit: {err}"));
     }
 }
 

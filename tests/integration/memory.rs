@@ -80,7 +80,7 @@ async fn memory_rss_per_stored_key_on_the_embedded_store() {
     const KEYS: u64 = 200_000;
     let dir = tempfile::tempdir().unwrap();
     let service = Binary::start(dir.path(), "memory", "").await;
-    let pid = service.child.id();
+    let pid = service.pid();
     // Warm up allocator arenas and connection buffers before the baseline.
     publish_range(&service.base, 0, 1_000).await;
     let before = rss_bytes(pid);
@@ -215,7 +215,7 @@ async fn memory_floors_of_long_client_ids_stay_within_their_byte_bound() {
         &format!("[route]\nmax_pins = {MAX_PINS}\n[[family]]\nprefix = \"p:\"\ncopies = 1\npin_window = \"1h\"\n"),
     )
     .await;
-    let pid = service.child.id();
+    let pid = service.pid();
     // Warm the buffers and the allocator with requests as long (their floors count too).
     publish_with_client_ids(&service.base, 1, 1_001, 4_000).await;
     let before = rss_bytes(pid);

@@ -823,8 +823,7 @@ async fn a_reload_that_lowers_the_budget_keeps_every_cached_answer_within_the_ne
     let reload = |budget: &str, max_age: Option<&str>| {
         let text = format!("{server_section}{}", config(budget, max_age));
         std::fs::write(&path, text).unwrap();
-        // SAFETY: sending SIGHUP to our own child process.
-        unsafe { libc::kill(binary.child.id() as libc::pid_t, libc::SIGHUP) };
+        binary.signal(libc::SIGHUP);
     };
     let http = reqwest::Client::new();
     assert_eq!(advisory_near_max_age_ms(&http, &base).await, Some(2_000));

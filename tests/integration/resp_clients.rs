@@ -315,8 +315,7 @@ async fn a_token_revoked_by_a_reload_closes_the_connections_authenticated_with_i
     let mut writer = connect(WRITER);
     let mut reader = connect(READER);
     std::fs::write(&tokens, format!("plain:{READER} read # reader\n")).unwrap();
-    // SAFETY: sending SIGHUP to our own child process.
-    unsafe { libc::kill(binary.child.id() as libc::pid_t, libc::SIGHUP) };
+    binary.signal(libc::SIGHUP);
     let ping = b"*1\r\n$4\r\nPING\r\n";
     harness::poll(
         "the writer's connection is closed",

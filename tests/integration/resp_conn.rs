@@ -334,7 +334,7 @@ async fn ten_thousand_idle_connections_stay_open_and_each_still_answers() {
         IDLE + 10
     );
     let binary = Binary::start(dir.path(), "idle", &config).await;
-    let pid = binary.child.id();
+    let pid = binary.pid();
     let address = SocketAddr::from(([127, 0, 0, 1], port));
     // One connection first, so the listener's own first allocations are not counted.
     let mut first = Client::connect(address).await;

@@ -101,8 +101,7 @@ async fn probe_verifies_an_https_listener_and_fails_on_an_untrusted_ca_or_a_503(
     assert!(out.contains("400"), "{out}");
 
     // SIGTERM starts the drain: /readyz answers 503 over TLS, and the probe fails on it.
-    // SAFETY: sending SIGTERM to our own child process.
-    unsafe { libc::kill(instance.child.id() as libc::pid_t, libc::SIGTERM) };
+    instance.signal(libc::SIGTERM);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let last = loop {
         let (code, out) = probe(with_ca(&ready, &files.ca_file)).await;
