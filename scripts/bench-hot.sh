@@ -3,8 +3,9 @@
 # helpers and knobs): the cost of detection on the near-cache hit path, A/B in one run. Two
 # instances over the same standalone Redis, the same family (`adv:`, COPIES copies, advisory,
 # near cache on), one with `[hot_keys]` at its defaults (every read counted up to 4096 a
-# second, one in k above) and one with `hot_keys.enabled = false`; wrk reads `adv:1` from each in turn (HOT_ROUNDS rounds; a round
-# runs both sides back to back, which of them first alternating), and the verdict is taken on
+# second, one in k above) and one with `hot_keys.enabled = false`; wrk reads `adv:1` from each
+# in turn (HOT_ROUNDS rounds; a round runs both sides back to back, which of them first
+# alternating), and the verdict is taken on
 # the median of the per-round ratios on ÷ off (what drifts between rounds cancels in a round's
 # ratio; the two sides' medians are printed beside it). Target: detection costs ≤ 3 %. Wrk's
 # rounds spread by about ±15 %, so (7a) the same read is measured in process too, without a
