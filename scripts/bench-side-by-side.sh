@@ -178,7 +178,7 @@ log "building hotsplit and the benches (release)"
 cargo build --release --quiet --bin hotsplit || die "cargo build --release failed"
 # Part 5 alone (--layers-only) needs none of the benches.
 if [ "$LAYERS_ONLY" != 1 ]; then
-    cargo bench --no-run --bench proxy_baseline --bench resp_ceiling --bench read --bench publish --bench hot_moving --message-format=json \
+    cargo bench --no-run --bench proxy_baseline --bench resp_ceiling --bench read --bench publish --bench hot_moving --bench http_hit --message-format=json \
         >"$WORK/bench-build.json" 2>"$WORK/build.log" || die "cargo bench --no-run failed; see $WORK/build.log"
     bench_bin() { jq -r --arg name "$1" 'select(.executable != null and .target.name == $name) | .executable' "$WORK/bench-build.json" | tail -n 1; }
     PROXY_BIN=$(bench_bin proxy_baseline)
