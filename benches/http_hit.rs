@@ -24,9 +24,9 @@
 //!   `Hotsplit-Route` header says `source=near-cache`, and the value's length);
 //! - `hotsplit_detect_off`: the same requests on an app of its own state (its own store
 //!   connection and metrics, the same `redis-server`) built from the same config plus
-//!   `[hot_keys] enabled = false`: what `hotsplit` costs without the detector. (Neither state
-//!   runs the detector's window task: a window's close, once a second in the server, is not on
-//!   the read path.)
+//!   `[hot_keys] enabled = false`: what `hotsplit` costs without the detector. Each state runs
+//!   the detector's window task as a server does, so the `hotsplit` side samples as a server
+//!   at this read rate would (one in `⌈rate ÷ hot_keys.samples_per_s⌉`).
 //! - `router`: the same requests on the `hotsplit` state through
 //!   [`hotsplit::http::App::router`], the path every read took before the fast path.
 //!
@@ -47,7 +47,13 @@
 //! the rounds, then `http_hit/ratio: …` (static ÷ hotsplit time per request) and
 //! `http_hit/ratio/detect_on_vs_off: <ratio> (median of the per-round ratios of ns/request,
 //! on ÷ off; cost <x.x> %)`, the figure the detector's ≤ 3 % target is judged on (cost =
-//! (ratio − 1) × 100). Run with `cargo bench --bench http_hit` or e.g. `cargo bench --bench
+//! (ratio − 1) × 100). Last, `http_hit/detector_observe: …` times the detector's call alone
+//! (`HotKeys::observe` on one key) at one in 1 (every read takes the table's lock, a server's
+//! sampling below `samples_per_s` reads a second) by one thread and by N at once (the worst
+//! case: every read contends for the lock), and at one in 16 by N, each also as a share of the
+//! `hotsplit` side's time per request: what
+//! detection can cost a hit, measured without the request around it, whose rounds spread far
+//! wider than the 3 % judged. Run with `cargo bench --bench http_hit` or e.g. `cargo bench --bench
 //! http_hit -- --rounds 15 --requests 150000 --tasks 2`. Without `--bench` (as `cargo test
 //! --benches` runs it) it does one short round of 1,000 requests as a smoke test, which allows
 //! 10 % of the answers, not 1 %, to miss the near cache (a debug build is slow enough for
@@ -294,6 +300,11 @@ async fn hotsplit_app(server: &Standalone, toml: &str) -> Result<App, BenchError
         .await?,
     );
     let state = hotsplit::server::app_state(&config, store, metrics)?;
+    // The detector's windows close as in a server (the task ends with the runtime), so its
+    // sampling follows this bench's read rate.
+    if let Some(hot) = state.ops().reader().hot_keys() {
+        tokio::spawn(hot.clone().run(tokio_util::sync::CancellationToken::new()));
+    }
     Ok(hotsplit::http::app(state))
 }
 
@@ -426,7 +437,48 @@ fn run() -> Result<(), BenchError> {
         "http_hit/ratio/detect_on_vs_off: {on_vs_off:.3} (median of the per-round ratios of ns/request, on ÷ off; cost {:.1} %)",
         (on_vs_off - 1.0) * 100.0
     );
+    // What detection adds to a read, measured alone: the call the read path makes, by as many
+    // threads at once, at one in 1 (every read takes the table's lock: the worst case, the
+    // sampling below `samples_per_s`) and one in 16.
+    let reads = if bench { 2_000_000 } else { 20_000 };
+    let alone = median((0..5).map(|_| observe_ns(1, 1, reads)).collect());
+    let every_read = median((0..5).map(|_| observe_ns(tasks, 1, reads)).collect());
+    let one_in_16 = median((0..5).map(|_| observe_ns(tasks, 16, reads)).collect());
+    let share = |ns: f64| 100.0 * ns / medians[HOTSPLIT];
+    println!(
+        "http_hit/detector_observe: one in 1 by 1 thread {alone:.1} ns/read ({:.2} %), by {tasks} at once {every_read:.1} ns/read ({:.2} %); one in 16 by {tasks} at once {one_in_16:.1} ns/read ({:.2} %) (median of 5 runs of {reads} reads each; % of the hotsplit side's {:.0} ns/request)",
+        share(alone),
+        share(every_read),
+        share(one_in_16),
+        medians[HOTSPLIT]
+    );
     Ok(())
+}
+
+/// Time per call of [`hotsplit::hot::HotKeys::observe`] on one key (the bench's `adv:1`) by
+/// `threads` threads at once, `reads` calls each, sampling one read in `every` (fixed: no
+/// window closes here): wall time × threads ÷ calls, as the sides' time per request.
+fn observe_ns(threads: usize, every: u32, reads: usize) -> f64 {
+    let hot = hotsplit::hot::HotKeys::new(
+        hotsplit::hot::HotKeysConfig {
+            sample_every: every,
+            samples_per_s: 0,
+            ..hotsplit::hot::HotKeysConfig::default()
+        },
+        &Metrics::new(),
+    );
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let hot = &hot;
+            scope.spawn(move || {
+                for _ in 0..reads {
+                    hot.observe(std::hint::black_box("adv:1"), false);
+                }
+            });
+        }
+    });
+    started.elapsed().as_nanos() as f64 / reads as f64
 }
 
 fn main() -> ExitCode {

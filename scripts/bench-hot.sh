@@ -32,11 +32,6 @@ knob HOT_MOVING_ARGS "" "--split-hold 30s"
 
 hot_part() {
     local port families on_pid on_base off_pid off_base round side out
-    # benches/http_hit.rs (7a) is not among the script's `cargo bench --no-run` benches: build it
-    # now, before any measurement of this part starts.
-    log "building benches/http_hit.rs (release)"
-    bounded 900 cargo bench --no-run --quiet --bench http_hit >"$WORK/http-hit-build.log" 2>&1 ||
-        die "cargo bench --no-run --bench http_hit failed; see $WORK/http-hit-build.log"
     start_redis hot-standalone
     port=$STARTED_PORT
     families="$(family adv: "$COPIES")
@@ -145,6 +140,7 @@ two sides run back to back. Time per request: wall time × tasks ÷ requests (th
 
 - On ÷ off, each round: ${rounds:-–}; median ${paired:-–} ($(ratio "$on" "$off")× on the two medians alone).
 - $(grep '^http_hit/ratio/detect_on_vs_off:' "$WORK/http-hit.txt" || echo 'no ratio line')
+- $(grep '^http_hit/detector_observe:' "$WORK/http-hit.txt" || echo 'no detector_observe line')
 "
     HOT_SUMMARY+="| Near-cache hit with hot-key detection vs without, in process (benches/http_hit.rs, $HOT_HIT_TASKS tasks; median of the per-round on ÷ off time per request; cost in % of off) | ${on:-–} ns | ${off:-–} ns | ${paired:-–}× (${cost:-–} % cost) | ≤ 3 % — $(verdict "$cost" 3 "<=") |
 "
