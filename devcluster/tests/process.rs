@@ -218,15 +218,10 @@ fn readiness_driven_by_the_caller_fails_once_the_time_is_up() {
     );
 }
 
-#[test]
-fn terminate_sends_sigterm_and_waits_for_the_exit() {
-    let dir = tempfile_free::Dir::new();
-    // The trap runs between two short sleeps, so the exit status is the trap's.
-    let mut trapping = sh("trap 'exit 7' TERM; echo armed; while :; do sleep 0.02; done")
-        .spawn(dir.path().join("trap.log"))
-        .unwrap();
-    let log = trapping.log_path().to_owned();
-    trapping
+/// Waits until `process` has logged `armed` (its trap is set).
+fn wait_armed(process: &mut Process) {
+    let log = process.log_path().to_owned();
+    process
         .wait_until(
             "the trap to be armed",
             Duration::from_secs(10),
@@ -237,6 +232,16 @@ fn terminate_sends_sigterm_and_waits_for_the_exit() {
             },
         )
         .unwrap();
+}
+
+#[test]
+fn terminate_sends_sigterm_and_waits_for_the_exit() {
+    let dir = tempfile_free::Dir::new();
+    // The trap runs between two short sleeps, so the exit status is the trap's.
+    let mut trapping = sh("trap 'exit 7' TERM; echo armed; while :; do sleep 0.02; done")
+        .spawn(dir.path().join("trap.log"))
+        .unwrap();
+    wait_armed(&mut trapping);
     let status = trapping.terminate(Duration::from_secs(10)).unwrap();
     assert_eq!(status.code(), Some(7));
 
@@ -251,18 +256,7 @@ fn terminate_sends_sigterm_and_waits_for_the_exit() {
     let mut stubborn = sh("trap '' TERM; echo armed; while :; do sleep 0.02; done")
         .spawn(dir.path().join("stubborn.log"))
         .unwrap();
-    let log = stubborn.log_path().to_owned();
-    stubborn
-        .wait_until(
-            "the trap to be armed",
-            Duration::from_secs(10),
-            Duration::from_millis(10),
-            || match process_log(&log).contains("armed") {
-                true => Ok(()),
-                false => Err("not yet".to_owned()),
-            },
-        )
-        .unwrap();
+    wait_armed(&mut stubborn);
     assert!(matches!(
         stubborn.terminate(Duration::from_millis(200)),
         Err(DevClusterError::Timeout { .. })
