@@ -3,7 +3,9 @@
 //! was lost (the spool of an instance that never came back, a master restarted empty, a lossy
 //! failover) does not stay behind until it expires.
 //!
-//! A pass `SCAN`s every primary (`MATCH` on the walked families' prefixes, `TYPE hash`), reads
+//! A pass `SCAN`s every primary (`MATCH` on the prefixes of the families of more than one copy,
+//! `TYPE hash`), then walks the split keys of the one-copy families from the split index (below:
+//! a one-copy family has more copies only while split, so its keyspace is not scanned), reads
 //! every copy `K#0..N` of each key found (under each naming its family writes), and writes the
 //! newest record still served to the copies that are missing or older, through the same compare-and-set as a publish
 //! ([`crate::store::CopyStore::write_copies`]) with that record's own version, payload and `exp`.
@@ -17,9 +19,9 @@
 //!
 //! **Split keys** ([`crate::split`]). A key's N is its family's copies, or its split copies
 //! while publishes write them (phases writing, reading and leaving; not draining, nor after the
-//! record went). The walked families are those of more than one copy, those whose `split`
-//! table is in mode `split`, and those the index holds split keys of (split by an instance whose
-//! config differs). The scrub learns the layouts from the split index in [`Layouts::splits`]
+//! record went). The one-copy families walked are those whose `split` table is in mode
+//! `split`, and those the index holds split keys of (split by an instance whose config
+//! differs); their keys come from the index, the others' from the scan. The scrub learns the layouts from the split index in [`Layouts::splits`]
 //! (refreshed by the split driver every `heal.layout_interval`, L): no extra round trip, one
 //! look-up per scanned key, made again just before a key's copies are read and once more
 //! before its repairs are sent (a repair of a copy the key no longer has is dropped). A copy
@@ -104,6 +106,17 @@ pub struct Scrubber {
     /// How old the split index of a family may be when the scrub writes the split copies it
     /// names: `heal.layout_interval` + `store.command_timeout` (see the module documentation).
     pub split_index_max_age: Duration,
+}
+
+/// One pass's progress: when it started, its pace, and the keys it checked (by hash, at most
+/// `SEEN_LIMIT`, so a key found twice is checked once).
+struct Walk {
+    /// When the pass started.
+    started: Instant,
+    /// Its pace.
+    pacer: Pacer,
+    /// The keys checked so far.
+    seen: HashSet<u64>,
 }
 
 /// Spaces key checks `1 / rate` apart on average.
@@ -221,71 +234,91 @@ impl Scrubber {
             tracing::info!(families = ?paused, "scrub skips families whose layout record disagrees with this instance");
         }
         self.status.start(now_unix_ms(), paused.clone());
-        let mut pacer = Pacer {
+        let pacer = Pacer {
             per_key: Duration::from_secs(1) / self.config.max_keys_per_second.max(1),
             next: tokio::time::Instant::now(),
         };
-        let mut seen: HashSet<u64> = HashSet::new();
         let mut complete = true;
         let splits = self.layouts.splits();
-        let patterns = pass::patterns(&self.families, |family| splits.count(family) > 0);
-        'walk: for pattern in patterns {
-            for node in self.scan.scan_nodes() {
-                let mut cursor = 0;
-                loop {
+        let mut walk = Walk {
+            started,
+            pacer,
+            seen: HashSet::new(),
+        };
+        'walk: {
+            for pattern in pass::patterns(&self.families) {
+                for node in self.scan.scan_nodes() {
+                    let mut cursor = 0;
+                    loop {
+                        if shutdown.is_cancelled() || !self.keep_lease(clock).await {
+                            complete = false;
+                            break 'walk;
+                        }
+                        let page = match self
+                            .health
+                            .unless_failing(
+                                &node,
+                                || format!("scan for {pattern}"),
+                                self.scan.scan_page(&node, cursor, &pattern, SCAN_COUNT),
+                            )
+                            .await
+                        {
+                            Ok(page) => page,
+                            Err(err) => {
+                                tracing::warn!(node = %node, error = %err, "scrub scan failed: the rest of this node waits for the next pass");
+                                self.status.failed(ScrubFailure::Scan);
+                                complete = false;
+                                break;
+                            }
+                        };
+                        self.status.scanned(page.keys.len() as u64);
+                        for stored in &page.keys {
+                            let Some((key, family)) = pass::checked_key(
+                                stored,
+                                &self.families,
+                                &paused,
+                                |family, key| self.split_copies(family, key),
+                            ) else {
+                                continue;
+                            };
+                            if !self.visit(&key, family, &mut walk, shutdown).await {
+                                complete = false;
+                                break 'walk;
+                            }
+                        }
+                        cursor = page.next;
+                        if cursor == 0 {
+                            break;
+                        }
+                    }
+                }
+            }
+            // A one-copy family has more copies only while split: its split keys are walked
+            // from the index, with no scan of the keyspace.
+            for family in pass::indexed(&self.families, |family| splits.count(family) > 0) {
+                if paused.iter().any(|name| name == family.name()) {
+                    continue;
+                }
+                let mut keys: Vec<String> = splits.family(family.name()).into_keys().collect();
+                keys.sort();
+                self.status.scanned(keys.len() as u64);
+                for raw in keys {
                     if shutdown.is_cancelled() || !self.keep_lease(clock).await {
                         complete = false;
                         break 'walk;
                     }
-                    let page = match self
-                        .health
-                        .unless_failing(
-                            &node,
-                            || format!("scan for {pattern}"),
-                            self.scan.scan_page(&node, cursor, &pattern, SCAN_COUNT),
-                        )
-                        .await
-                    {
-                        Ok(page) => page,
-                        Err(err) => {
-                            tracing::warn!(node = %node, error = %err, "scrub scan failed: the rest of this node waits for the next pass");
-                            self.status.failed(ScrubFailure::Scan);
-                            complete = false;
-                            break;
-                        }
+                    let Ok(key) = Key::parse(&raw) else {
+                        continue;
                     };
-                    self.status.scanned(page.keys.len() as u64);
-                    for stored in &page.keys {
-                        let Some((key, family)) =
-                            pass::checked_key(stored, &self.families, &paused, |family, key| {
-                                self.split_copies(family, key)
-                            })
-                        else {
-                            continue;
-                        };
-                        if seen.len() >= SEEN_LIMIT {
-                            seen.clear();
-                        }
-                        if !seen.insert(xxhash_rust::xxh3::xxh3_64(key.as_str().as_bytes())) {
-                            continue;
-                        }
-                        tokio::select! {
-                            () = shutdown.cancelled() => {
-                                complete = false;
-                                break 'walk;
-                            }
-                            () = pacer.admit() => {}
-                        }
-                        // A `spread` family's publishes write both namings: both are kept.
-                        self.check(&key, family, Placement::Suffix).await;
-                        if family.placement == Placement::Spread {
-                            self.check(&key, family, Placement::Spread).await;
-                        }
-                        self.status.tick(started.elapsed());
+                    if self
+                        .split_copies(family, &key)
+                        .is_none_or(|copies| copies <= 1)
+                    {
+                        continue;
                     }
-                    cursor = page.next;
-                    if cursor == 0 {
-                        break;
+                    if !self.visit(&key, family, &mut walk, shutdown).await {
+                        complete = false;
+                        break 'walk;
                     }
                 }
             }
@@ -293,6 +326,37 @@ impl Scrubber {
         let duration = started.elapsed();
         self.status.finish(duration, complete);
         tracing::debug!(?duration, complete, "scrub pass finished");
+    }
+
+    /// Checks `key` of `family` once a pass (paced), under each naming its publishes write;
+    /// `false` when the pass must stop (shutdown).
+    async fn visit(
+        &self,
+        key: &Key,
+        family: &Family,
+        walk: &mut Walk,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        if walk.seen.len() >= SEEN_LIMIT {
+            walk.seen.clear();
+        }
+        if !walk
+            .seen
+            .insert(xxhash_rust::xxh3::xxh3_64(key.as_str().as_bytes()))
+        {
+            return true;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = walk.pacer.admit() => {}
+        }
+        // A `spread` family's publishes write both namings: both are kept.
+        self.check(key, family, Placement::Suffix).await;
+        if family.placement == Placement::Spread {
+            self.check(key, family, Placement::Spread).await;
+        }
+        self.status.tick(walk.started.elapsed());
+        true
     }
 
     /// The split copies of `key` publishes write, as a split index read within

@@ -9,28 +9,34 @@ use crate::store::{CopyRecord, CopyWrite};
 use super::super::layout::glob_escape;
 use super::status::RepairCause;
 
-/// Whether a pass walks `family`: it has more than one copy, or keys of its own may have more
-/// (a `split` table in mode `split`, or split keys in this instance's index, `has_split_keys`,
-/// made by an instance whose config splits it).
-pub(super) fn scanned(family: &Family, has_split_keys: bool) -> bool {
-    family.copies > 1 || family.split == Some(SplitMode::Split) || has_split_keys
-}
-
-/// The `SCAN MATCH` patterns a pass walks: every copy key (`*#*`) when the default family is
-/// walked, else each walked family's prefix ([`scanned`]; `has_split_keys` says which families
-/// the index holds split keys of). A family of one copy whose keys never split has nothing to
-/// repair.
-pub(super) fn patterns(families: &Families, has_split_keys: impl Fn(&str) -> bool) -> Vec<String> {
-    let walked: Vec<&Family> = families
-        .iter()
-        .filter(|family| scanned(family, has_split_keys(family.name())))
-        .collect();
-    if walked.iter().any(|family| family.prefix.is_empty()) {
+/// The `SCAN MATCH` patterns a pass walks: every copy key (`*#*`) when the default family has
+/// more than one copy, else the prefix of each family that has. A one-copy family's keys have
+/// more copies only while split, and those are walked from the split index ([`indexed`]).
+pub(super) fn patterns(families: &Families) -> Vec<String> {
+    let scanned: Vec<&Family> = families.iter().filter(|family| family.copies > 1).collect();
+    if scanned.iter().any(|family| family.prefix.is_empty()) {
         return vec!["*#*".to_owned()];
     }
-    walked
+    scanned
         .iter()
         .map(|family| format!("{}*#*", glob_escape(&family.prefix)))
+        .collect()
+}
+
+/// The one-copy families whose split keys a pass walks from the split index instead of a
+/// scan: those whose `split` table is in mode `split`, and those the index holds split keys of
+/// (`has_split_keys`: split by an instance whose config splits the family). A one-copy family
+/// whose keys never split has nothing to repair.
+pub(super) fn indexed<'f>(
+    families: &'f Families,
+    has_split_keys: impl Fn(&str) -> bool,
+) -> Vec<&'f Family> {
+    families
+        .iter()
+        .filter(|family| {
+            family.copies == 1
+                && (family.split == Some(SplitMode::Split) || has_split_keys(family.name()))
+        })
         .collect()
 }
 
@@ -260,8 +266,8 @@ mod tests {
             assert_eq!(check(ignored), None, "{ignored}");
         }
         assert_eq!(
-            patterns(&families, |_| false),
-            vec!["paused:*#*", "spread:*#*", "hot:*#*", "one:*#*"]
+            patterns(&families),
+            vec!["paused:*#*", "spread:*#*", "hot:*#*"]
         );
     }
 
@@ -300,19 +306,27 @@ mod tests {
         );
         let family = families.resolve(&Key::parse("hot:x").unwrap());
         assert_eq!(copy_count(family, Some(2)), 4, "never below the family's");
-        // Walked: families of several copies, those splitting, and those whose keys another
-        // instance split (an `observe` family here); not a one-copy family otherwise.
+        // Scanned: families of several copies. Walked from the index: one-copy families that
+        // split, and those whose keys another instance split (an `observe` family here); not a
+        // one-copy family otherwise.
         let none = Families::new(&Default::default(), &[]);
-        assert!(patterns(&none, |_| false).is_empty());
+        assert!(patterns(&none).is_empty());
+        assert!(indexed(&none, |_| false).is_empty());
         assert_eq!(
-            patterns(&families, |name| name == "watched:"),
-            vec![
-                "watched:*#*",
-                "paused:*#*",
-                "spread:*#*",
-                "hot:*#*",
-                "one:*#*"
-            ]
+            indexed(&none, |_| true).len(),
+            1,
+            "the default family, whose keys another instance split"
+        );
+        let names = |walked: Vec<&Family>| -> Vec<String> {
+            walked
+                .iter()
+                .map(|family| family.name().to_owned())
+                .collect()
+        };
+        assert_eq!(names(indexed(&families, |_| false)), vec!["one:"]);
+        assert_eq!(
+            names(indexed(&families, |name| name == "watched:")),
+            vec!["watched:", "one:"]
         );
     }
 }
