@@ -27,10 +27,7 @@ pub(super) fn patterns(families: &Families) -> Vec<String> {
 /// scan: those whose `split` table is in mode `split`, and those the index holds split keys of
 /// (`has_split_keys`: split by an instance whose config splits the family). A one-copy family
 /// whose keys never split has nothing to repair.
-pub(super) fn indexed<'f>(
-    families: &'f Families,
-    has_split_keys: impl Fn(&str) -> bool,
-) -> Vec<&'f Family> {
+pub(super) fn indexed(families: &Families, has_split_keys: impl Fn(&str) -> bool) -> Vec<&Family> {
     families
         .iter()
         .filter(|family| {
