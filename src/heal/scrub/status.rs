@@ -84,7 +84,8 @@ pub struct PassFigures {
     pub started_unix_ms: u64,
     /// How long it ran, milliseconds (so far, for the current pass).
     pub duration_ms: u64,
-    /// Keys `SCAN` returned (copy keys of the walked patterns).
+    /// Keys `SCAN` returned (copy keys of the walked patterns), and split keys of one-copy
+    /// families taken from the split index.
     pub keys_scanned: u64,
     /// Split keys whose copies were read and compared.
     pub keys_checked: u64,
@@ -159,7 +160,7 @@ impl ScrubStatus {
             keys_scanned: register(
                 registry,
                 "scrub_keys_scanned",
-                "Copy keys the scrub's SCAN returned",
+                "Copy keys the scrub's SCAN returned, and split keys of one-copy families it took from the split index",
             ),
             keys_checked: register(
                 registry,
