@@ -18,8 +18,8 @@
 //! - `hotsplit`: `GET /v1/keys/adv:1?client=…` on [`hotsplit::http::app`], as the listener
 //!   serves it (the read route's fast path), with the default config (request layers on:
 //!   request id, deadline, in-flight bound; `[hot_keys]` at its defaults: every read counted
-//!   into the detector's table under its lock up to 4096 a second, one in k above) over a throwaway `redis-server`
-//!   ([`hotsplit_devcluster`]); the family `adv:` has 8 copies and the `advisory` class, so
+//!   into the detector's table under its lock up to 4096 a second, one in k above) over a
+//!   throwaway `redis-server` ([`hotsplit_devcluster`]); the family `adv:` has 8 copies and the `advisory` class, so
 //!   after the first read of each copy every answer is a near-cache hit (checked: the
 //!   `Hotsplit-Route` header says `source=near-cache`, and the value's length);
 //! - `hotsplit_detect_off`: the same requests on an app of its own state (its own store

@@ -195,8 +195,6 @@ impl Table {
 
 /// The detector's state between windows.
 struct State {
-    /// When the current window opened.
-    opened: Instant,
     /// Keys hot now.
     hot: HashMap<String, Hot>,
     /// The last closed window.
@@ -240,13 +238,11 @@ impl HotKeys {
                 "The most read key's share of the last window's reads, in parts per million",
             ),
         });
-        let opened = Instant::now();
         hot_metrics.sample_every.set(i64::from(config.sample_every));
         Arc::new(HotKeys {
             every: AtomicU32::new(config.sample_every),
-            table: Mutex::new(Table::new(config.capacity, opened)),
+            table: Mutex::new(Table::new(config.capacity, Instant::now())),
             state: Mutex::new(State {
-                opened,
                 hot: HashMap::new(),
                 last: Window::default(),
                 found: Vec::new(),
@@ -348,10 +344,11 @@ impl HotKeys {
                 last.other_hot.insert(at, key.to_owned());
             }
         }
-        state.found.push(Change::Hot(key.to_owned(), rate));
+        let change = Change::Hot(key.to_owned(), rate);
+        state.found.push(change.clone());
         self.metrics.hot.set(state.hot.len() as i64);
         drop(state);
-        self.report(&Change::Hot(key.to_owned(), rate));
+        self.report(&change);
     }
 
     /// Logs and counts `change`.
@@ -386,10 +383,9 @@ impl HotKeys {
         let mut state = lock(&self.state);
         let found = std::mem::take(&mut state.found);
         let seconds = now
-            .saturating_duration_since(state.opened)
+            .saturating_duration_since(table.opened)
             .as_secs_f64()
             .max(0.001);
-        state.opened = now;
         let scale = 1.0 / seconds;
         let total = table.counts.total();
         let ranked = table.counts.into_ranked();

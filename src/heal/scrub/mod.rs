@@ -7,25 +7,27 @@
 //! `TYPE hash`), then walks the split keys of the one-copy families from the split index (below:
 //! a one-copy family has more copies only while split, so its keyspace is not scanned), reads
 //! every copy `K#0..N` of each key found (under each naming its family writes), and writes the
-//! newest record still served to the copies that are missing or older, through the same compare-and-set as a publish
-//! ([`crate::store::CopyStore::write_copies`]) with that record's own version, payload and `exp`.
+//! newest record still served to the copies that are missing or older, through the same
+//! compare-and-set as a publish ([`crate::store::CopyStore::write_copies`]) with that record's
+//! own version, payload and `exp`.
 //! So a repair never moves a copy backwards, a tombstone stays a tombstone, and nothing lives
 //! longer than the newest copy of its edit; a copy past its own `exp` that holds the newest
 //! version is left to expire ([`pass::repairs`]). Only copy keys of a valid key named as its
 //! family's publishes name copies (`K#<digits>`, and `K#<digits>{tag}` too in a `spread` family,
 //! whose keys are checked under both namings; see [`crate::placement`]) with an index below
-//! the key's N are touched; a family whose layout record disagrees with
-//! this instance's config is skipped while it does.
+//! the key's N are touched; a family whose layout record disagrees with this instance's config
+//! is skipped while it does.
 //!
 //! **Split keys** ([`crate::split`]). A key's N is its family's copies, or its split copies
 //! while publishes write them (phases writing, reading and leaving; not draining, nor after the
 //! record went). The one-copy families walked are those whose `split` table is in mode
 //! `split`, and those the index holds split keys of (split by an instance whose config
-//! differs); their keys come from the index, the others' from the scan. The scrub learns the layouts from the split index in [`Layouts::splits`]
-//! (refreshed by the split driver every `heal.layout_interval`, L): no extra round trip, one
-//! look-up per scanned key, made again just before a key's copies are read and once more
-//! before its repairs are sent (a repair of a copy the key no longer has is dropped). A copy
-//! beyond the layout is never written: the index is used only while the last read of the
+//! differs); their keys come from the index, the others' from the scan. The scrub learns the
+//! layouts from the split index in [`Layouts::splits`] (refreshed by the split driver every
+//! `heal.layout_interval`, L): no extra round trip, one look-up per key, made again just before
+//! a key's copies are read and once more before its repairs are sent (a repair of a copy the
+//! key no longer has is dropped). A copy beyond the layout is never written: the index is used
+//! only while the last read of the
 //! family's records was sent at most `split_index_max_age` (L + the command timeout `T`) ago.
 //! Why that suffices: a merge deletes the split copies only a settle time (L + 2T) after the
 //! draining record was written, on the mover's clock from when it saw it; a view that still
