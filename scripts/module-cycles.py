@@ -8,7 +8,10 @@ item and everything after it in the file, and every `tests.rs` file) is left out
 are checked: top-level modules (`route`, `config`, ...) and every module (`route::lag`, ...).
 Exit status 1 when either has a cycle.
 
-Usage: scripts/module-cycles.py [--with-tests] [--edges]
+--edges prints every edge; --between A B prints the edges between top-level modules A and B,
+in either direction, and exits 1 when there is one (the two doors: --between resp http).
+
+Usage: scripts/module-cycles.py [--with-tests] [--edges] [--between A B]
 """
 
 import os
@@ -125,6 +128,17 @@ def main():
             for a, b in sorted(set(graph_edges)):
                 print("  ", "::".join(a), "->", "::".join(b))
         return len(sccs)
+
+    if "--between" in sys.argv:
+        at = sys.argv.index("--between")
+        pair = set(sys.argv[at + 1 : at + 3])
+        if len(pair) != 2:
+            sys.exit("usage: --between A B (two different top-level modules)")
+        between = sorted((a, b) for a, b in edges if {a[:1][0] if a else "", b[:1][0] if b else ""} == pair)
+        print(f"edges between {' and '.join(sorted(pair))}: {len(between)}")
+        for a, b in between:
+            print("  ", "::".join(a), "->", "::".join(b))
+        sys.exit(1 if between else 0)
 
     top = {(a[:1], b[:1]) for a, b in edges if a[:1] != b[:1]}
     cycles = report(top, "top-level modules" + (" (with tests)" if with_tests else ""))

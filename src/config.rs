@@ -1,7 +1,7 @@
 //! Configuration: the composition root of every subsystem's config.
 //!
 //! One [`Config`] is made of the sub-configs each subsystem owns, as linkerd's `app::Config` is:
-//! [`ServerConfig`] beside `http`, [`StoreConfig`] beside `store`, [`ReadConfig`] beside
+//! [`ServerConfig`] in the door core (`door`), [`StoreConfig`] beside `store`, [`ReadConfig`] beside
 //! `read`, [`HealConfig`] and [`ScrubConfig`] beside `heal`, [`RouteConfig`] and [`ClassConfig`] beside `route`, and
 //! the family tables beside `family`. This module reads a TOML file (the binary then layers
 //! command-line flags and `HOTSPLIT_*` environment variables over it), runs each sub-config's
@@ -23,11 +23,11 @@ use crate::family::{self, Families, MAX_COPIES};
 use crate::route::Classes;
 
 pub use crate::auth::AuthConfig;
+pub use crate::door::ServerConfig;
 pub use crate::family::{DefaultFamilyConfig, FamilyConfig};
 pub use crate::fleet::{FleetConfig, SessionConfig};
 pub use crate::heal::{HealConfig, ScrubConfig};
 pub use crate::http::config::AdminConfig;
-pub use crate::http::ServerConfig;
 pub use crate::near::NearCacheConfig;
 pub use crate::read::ReadConfig;
 pub use crate::resp::RespConfig;

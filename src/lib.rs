@@ -25,7 +25,10 @@
 //! - [`deadline`]: the per-request deadline that bounds every store call a request makes.
 //! - [`heal`]: the durable retry queue of failed copy writes, read repair and expiry jitter.
 //! - [`auth`]: API bearer tokens with scopes, and the `[auth]` config.
+//! - [`door`]: the door core both doors stand on: the state they share ([`door::Core`]), the
+//!   `[server]` settings, the in-flight bound over both, accept-loop helpers.
 //! - [`http`]: the HTTP API (router, handlers, problem+json errors); no business logic.
+//! - [`resp`]: the Redis protocol (RESP2/3) door; no business logic, never importing [`http`].
 //! - [`server`]: `run(listener, config, shutdown)` wires everything together.
 //! - [`status`]: the deployment's live status: each instance's figures, published into the
 //!   store, gathered by `GET /v1/fleet` for the status page (`GET /status`).
@@ -50,6 +53,7 @@ pub mod auth;
 pub mod client;
 pub mod config;
 pub mod deadline;
+pub mod door;
 mod duration;
 pub mod error;
 pub mod family;

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use hotsplit::http::config::LogFormat;
+use hotsplit::door::LogFormat;
 
 use super::common::{init_tracing, runtime, shutdown_signal, LogStream};
 use crate::check;

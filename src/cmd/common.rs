@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use hotsplit::http::config::LogFormat;
+use hotsplit::door::LogFormat;
 use hotsplit::http::RequestIdFormat;
 
 /// The help text on the Redis password, which has no flag (a flag would show in `ps`).

@@ -31,7 +31,8 @@
 //! - `openapi`: the OpenAPI document and the route that serves it; `openapi_edge` adds the
 //!   security scheme, each operation's scope, the 401/403 answers and the response headers.
 //! - [`paths`]: the route templates.
-//! - `config`: [`ServerConfig`], the `[server]` settings.
+//! - `config`: `AdminConfig`, the `[admin]` settings (`[server]` is the door core's,
+//!   [`crate::door::ServerConfig`]).
 //! - [`listener`]: the accept loop and connections: timeouts, the connection bound, the header
 //!   size limit, graceful shutdown.
 
@@ -61,13 +62,12 @@ use axum::handler::Handler;
 use axum::routing::get;
 use axum::{Extension, Router};
 
+pub use crate::door::ServerConfig;
 pub use app::{App, AppFuture};
 use auth::AuthLayer;
-pub use config::ServerConfig;
 use key_read::KeyRead;
 use latency::LatencyLayer;
 use overload::OverloadLayer;
-pub use overload::RequestLimits;
 pub use request_log::RequestIdFormat;
 pub use state::{AppParts, AppState};
 
@@ -237,7 +237,7 @@ fn with_key_read(routes: Router<AppState>, state: AppState) -> App {
 
 /// The data routes: keys, affinity, and the OpenAPI document.
 fn data_routes(state: &AppState) -> Router<AppState> {
-    let max_value_bytes = state.inner().max_value_bytes;
+    let max_value_bytes = state.ops().max_value_bytes();
     Router::new()
         .route(
             paths::KEY,

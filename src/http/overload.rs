@@ -23,7 +23,6 @@ use std::pin::Pin;
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::Method;
@@ -34,11 +33,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tower::{Layer, Service};
 
-use super::config::ServerConfig;
 use super::matched_route;
 use super::paths::{self, ROUTES};
 use super::problem::{ApiError, Code};
 use crate::deadline::Deadline;
+use crate::door::{InFlight, InFlightBound, RequestLimits};
 use crate::metrics::{register, Metrics};
 
 /// The `route` label of a request no template matched, after the templates.
@@ -47,39 +46,6 @@ const UNMATCHED: &str = "unmatched";
 /// The routes the in-flight bound neither counts nor refuses: a load balancer's probes and the
 /// scrape must get through an overloaded instance, or it would look dead rather than busy.
 pub(super) const EXEMPT: [&str; 3] = [paths::HEALTHZ, paths::READYZ, paths::METRICS];
-
-/// The request limits of `[server]`, as the layer applies them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestLimits {
-    /// `server.request_deadline`; `None` when it is `0s`.
-    pub request_deadline: Option<Duration>,
-    /// `server.max_in_flight`; `None` when it is `0`.
-    pub max_in_flight: Option<usize>,
-    /// `server.max_query_bytes`.
-    pub max_query_bytes: usize,
-    /// `server.max_receiving_bodies`; `None` when it is `0`.
-    pub max_receiving_bodies: Option<usize>,
-    /// `server.max_receiving_bytes`; `None` when it is `0`.
-    pub max_receiving_bytes: Option<u64>,
-}
-
-impl From<&ServerConfig> for RequestLimits {
-    fn from(server: &ServerConfig) -> RequestLimits {
-        RequestLimits {
-            request_deadline: Some(server.request_deadline).filter(|budget| !budget.is_zero()),
-            max_in_flight: Some(server.max_in_flight).filter(|bound| *bound > 0),
-            max_query_bytes: server.max_query_bytes,
-            max_receiving_bodies: Some(server.max_receiving_bodies).filter(|bound| *bound > 0),
-            max_receiving_bytes: Some(server.max_receiving_bytes).filter(|bound| *bound > 0),
-        }
-    }
-}
-
-impl Default for RequestLimits {
-    fn default() -> RequestLimits {
-        RequestLimits::from(&ServerConfig::default())
-    }
-}
 
 /// Labels of the per-route limit counters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -99,11 +65,8 @@ pub(super) struct OverloadLayer {
 pub(crate) struct Shared {
     /// The limits.
     limits: RequestLimits,
-    /// Requests in flight on counted routes. It is the bound's counter as well as the gauge
-    /// (`inc` returns the previous value), so a request costs one atomic add and one subtract:
-    /// unlike a `tokio::sync::Semaphore`, whose release takes its waiters' lock, nothing here
-    /// ever waits.
-    in_flight: Gauge<i64, AtomicI64>,
+    /// The in-flight bound, shared with the Redis door (the door core's).
+    bound: Arc<InFlightBound>,
     /// Publish bodies being received (counted and refused as `in_flight` is).
     receiving: Gauge<i64, AtomicI64>,
     /// The bytes those bodies reserved.
@@ -117,13 +80,9 @@ pub(crate) struct Shared {
 impl Shared {
     /// Registers the layer's metrics in `metrics` (once per service: the router may be built
     /// more than once from one state).
-    pub(crate) fn new(limits: RequestLimits, metrics: &Metrics) -> Arc<Shared> {
+    pub(crate) fn new(bound: Arc<InFlightBound>, metrics: &Metrics) -> Arc<Shared> {
+        let limits = *bound.limits();
         metrics.register_with(|registry| {
-            let in_flight: Gauge<i64, AtomicI64> = register(
-                registry,
-                "http_requests_in_flight",
-                "HTTP requests being handled on routes the in-flight bound counts (all but /healthz, /readyz and /metrics); 0 when server.max_in_flight is 0",
-            );
             let receiving: Gauge<i64, AtomicI64> = register(
                 registry,
                 "http_bodies_receiving",
@@ -158,36 +117,13 @@ impl Shared {
             };
             Arc::new(Shared {
                 limits,
-                in_flight,
+                bound,
                 receiving,
                 receiving_bytes,
                 shed: by_route(&shed),
                 deadline_exceeded: by_route(&exceeded),
             })
         })
-    }
-}
-
-impl Shared {
-    /// Takes an in-flight slot for a request that is not an HTTP request (a command of the
-    /// Redis-protocol door): the same counter and bound as HTTP's, so both doors together hold
-    /// at most `server.max_in_flight`. `Ok(None)` when there is no bound; `Err(bound)` when it
-    /// is reached (nothing was counted; the caller counts its own refusal).
-    pub(crate) fn enter(self: &Arc<Self>) -> Result<Option<InFlight>, usize> {
-        let Some(bound) = self.limits.max_in_flight else {
-            return Ok(None);
-        };
-        let before = self.in_flight.inc();
-        let slot = InFlight(self.clone());
-        if usize::try_from(before).is_ok_and(|before| before >= bound) {
-            return Err(bound);
-        }
-        Ok(Some(slot))
-    }
-
-    /// `server.request_deadline`; `None` when it is `0s`.
-    pub(crate) fn request_deadline(&self) -> Option<Duration> {
-        self.limits.request_deadline
     }
 }
 
@@ -215,16 +151,6 @@ pub(super) struct OverloadService<S> {
     inner: S,
     /// The limits and counters.
     shared: Arc<Shared>,
-}
-
-/// One counted request in flight; dropping it (the answer is ready, or the client went away)
-/// gives the slot back.
-pub(crate) struct InFlight(Arc<Shared>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.dec();
-    }
 }
 
 impl<S> Service<Request> for OverloadService<S>
@@ -318,25 +244,18 @@ fn wrap<F>(
 /// Takes an in-flight slot for a request on `route` (an index of [`ROUTES`]), or refuses it
 /// `overloaded` when `server.max_in_flight` are in flight; `None` when there is no bound.
 fn take_slot(shared: &Arc<Shared>, route: usize) -> Result<Option<InFlight>, ApiError> {
-    let Some(bound) = shared.limits.max_in_flight else {
-        return Ok(None);
-    };
-    let before = shared.in_flight.inc();
-    let slot = InFlight(shared.clone());
-    if usize::try_from(before).is_ok_and(|before| before >= bound) {
-        drop(slot);
+    shared.bound.enter().map_err(|bound| {
         if let Some(counter) = shared.shed.get(route) {
             counter.inc();
         }
-        return Err(ApiError::new(
+        ApiError::new(
             Code::Overloaded,
             format!(
                 "{bound} requests are in flight (server.max_in_flight); nothing was read or written, retry later"
             ),
         )
-        .retry_later());
-    }
-    Ok(Some(slot))
+        .retry_later()
+    })
 }
 
 /// A publish's admission, put off until its body has arrived: the layer leaves it in the

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use super::auth::AuthLayer;
 use super::handlers::RouteTexts;
-use super::overload::{self, RequestLimits};
+use super::overload;
 use crate::auth::TokenTable;
+use crate::door::Core;
 use crate::fleet::Registry;
 use crate::heal::{HealHandles, StoreProbe};
 use crate::metrics::Metrics;
@@ -24,7 +25,10 @@ pub struct AppState {
 
 /// The parts of [`AppState`].
 pub(crate) struct Inner {
-    /// What a read and a publish mean: the publisher, the reader and session tokens.
+    /// What both doors share: the operations, the token table, the metrics, the in-flight
+    /// bound.
+    pub(crate) core: Core,
+    /// What a read and a publish mean (the core's, held here too for the handlers' one hop).
     pub(crate) ops: Ops,
     /// The store as readiness checks see it.
     pub(crate) store: StoreProbe,
@@ -32,8 +36,6 @@ pub(crate) struct Inner {
     pub(crate) fleet: Arc<dyn FleetStore>,
     /// Metrics to render and to count into.
     pub(crate) metrics: Arc<Metrics>,
-    /// The body limit, in bytes, reported in `value_too_large` answers.
-    pub(crate) max_value_bytes: usize,
     /// `Retry-After` seconds for 503 answers.
     pub(crate) retry_after_secs: u64,
     /// The retry queue and recorded layouts, for `/v1/retry-queue`, `/metrics` and `/readyz`.
@@ -57,16 +59,12 @@ pub(crate) struct Inner {
 
 /// The parts an [`AppState`] is made of, by name.
 pub struct AppParts {
-    /// What a read and a publish mean: the publisher, the reader and session tokens.
-    pub ops: Ops,
+    /// What both doors share (the Redis door holds the same [`Core`]).
+    pub core: Core,
     /// The store as readiness checks see it.
     pub store: StoreProbe,
     /// The fleet's records, for `/v1/fleet`.
     pub fleet: Arc<dyn FleetStore>,
-    /// Metrics to render and to count into.
-    pub metrics: Arc<Metrics>,
-    /// The body limit, in bytes, reported in `value_too_large` answers.
-    pub max_value_bytes: usize,
     /// How long a client should wait before retrying a 503; sent as `Retry-After` in whole
     /// seconds, rounded up, at least 1.
     pub retry_after: Duration,
@@ -74,8 +72,6 @@ pub struct AppParts {
     pub heal: HealHandles,
     /// The instance registry, for `/v1/instances`.
     pub registry: Arc<Registry>,
-    /// The request limits (`[server]`): deadline, in-flight bound, query length.
-    pub limits: RequestLimits,
     /// The startup warm-up `/readyz` waits for (replicas discovered and measured).
     pub warm_up: Arc<WarmUp>,
     /// How long one store `PING` answers every `/readyz` (`heal.probe_interval`).
@@ -86,29 +82,28 @@ impl AppState {
     /// Bundles the parts the handlers use, and registers the request limits' metrics.
     pub fn new(parts: AppParts) -> AppState {
         let AppParts {
-            ops,
+            core,
             store,
             fleet,
-            metrics,
-            max_value_bytes,
             retry_after,
             heal,
             registry,
-            limits,
             warm_up,
             ready_ping_interval,
         } = parts;
         let retry_after_secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
-        let auth = AuthLayer::new(TokenTable::default(), &metrics);
-        let limits = overload::Shared::new(limits, &metrics);
+        let ops = core.ops().clone();
+        let metrics = core.metrics().clone();
+        let auth = AuthLayer::new(core.tokens().clone(), &metrics);
+        let limits = overload::Shared::new(core.in_flight().clone(), &metrics);
         let route_texts = RouteTexts::new(ops.router());
         AppState {
             inner: Arc::new(Inner {
+                core,
                 ops,
                 store,
                 fleet,
                 metrics,
-                max_value_bytes,
                 retry_after_secs,
                 heal,
                 registry,
@@ -131,6 +126,11 @@ impl AppState {
     /// The read router (the reloadable class table lives in it).
     pub fn router(&self) -> &Arc<crate::route::Router> {
         self.inner.ops.router()
+    }
+
+    /// What both doors share: hand it to the Redis door.
+    pub fn core(&self) -> &Core {
+        &self.inner.core
     }
 
     /// The operations the key routes call.

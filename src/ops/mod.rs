@@ -67,6 +67,20 @@ pub struct Ops {
     parts: Arc<Parts>,
 }
 
+/// What [`Ops`] is made of, by name.
+pub struct OpsParts {
+    /// Writes edits to every copy.
+    pub publisher: Publisher,
+    /// Serves affine reads; holds the router whose pins writes leave.
+    pub reader: Reader,
+    /// Session tokens: decoded on the way in, encoded on the way out.
+    pub sessions: Arc<Sessions>,
+    /// The instance-wide high-water.
+    pub high_water: HighWater,
+    /// The largest value a publish may carry (`server.max_value_bytes`).
+    pub max_value_bytes: usize,
+}
+
 /// The parts of [`Ops`].
 struct Parts {
     /// Writes edits to every copy.
@@ -77,30 +91,50 @@ struct Parts {
     sessions: Arc<Sessions>,
     /// The highest version of each key answered or accepted here (both doors record into it).
     high_water: HighWater,
+    /// The largest value a publish may carry (`server.max_value_bytes`): one bound for every
+    /// door.
+    max_value_bytes: usize,
 }
+
+/// The default of `server.max_value_bytes`: 1 MiB.
+pub const DEFAULT_MAX_VALUE_BYTES: usize = 1024 * 1024;
 
 impl Ops {
     /// The operations over `publisher`, `reader` and `sessions`, with a high-water of
-    /// [`high_water::DEFAULT_BYTES`].
+    /// [`high_water::DEFAULT_BYTES`] and values up to [`DEFAULT_MAX_VALUE_BYTES`].
     pub fn new(publisher: Publisher, reader: Reader, sessions: Arc<Sessions>) -> Ops {
-        Ops::with_high_water(publisher, reader, sessions, HighWater::default())
+        Ops::from_parts(OpsParts {
+            publisher,
+            reader,
+            sessions,
+            high_water: HighWater::default(),
+            max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+        })
     }
 
-    /// The operations over `publisher`, `reader`, `sessions` and `high_water`.
-    pub fn with_high_water(
-        publisher: Publisher,
-        reader: Reader,
-        sessions: Arc<Sessions>,
-        high_water: HighWater,
-    ) -> Ops {
+    /// The operations over `parts`.
+    pub fn from_parts(parts: OpsParts) -> Ops {
+        let OpsParts {
+            publisher,
+            reader,
+            sessions,
+            high_water,
+            max_value_bytes,
+        } = parts;
         Ops {
             parts: Arc::new(Parts {
                 publisher,
                 reader,
                 sessions,
                 high_water,
+                max_value_bytes,
             }),
         }
+    }
+
+    /// The largest value a publish may carry.
+    pub fn max_value_bytes(&self) -> usize {
+        self.parts.max_value_bytes
     }
 
     /// The instance-wide per-key high-water ([`HighWater`]): every read answer and every

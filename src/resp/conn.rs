@@ -44,7 +44,7 @@ use super::metrics::{command_index, RespMetrics};
 use super::slots::{Signal, Slot};
 use super::{After, ConnState, Door, Reply};
 use crate::deadline::Deadline;
-use crate::http::overload;
+use crate::door::InFlightBound;
 
 /// The reply to a command refused at `server.max_in_flight`.
 pub(super) const OVERLOADED: &str = "OVERLOADED too many requests in flight, retry later";
@@ -128,7 +128,7 @@ pub(super) struct Connection {
     /// The limits and timeouts.
     pub(super) settings: Arc<Settings>,
     /// The in-flight bound and the request deadline (HTTP's).
-    pub(super) overload: Arc<overload::Shared>,
+    pub(super) overload: Arc<InFlightBound>,
     /// The door's metrics.
     pub(super) metrics: RespMetrics,
     /// How the listener tells it to re-check its token or to shut down.
@@ -276,7 +276,7 @@ impl Connection {
 
     /// Whether `state` must still authenticate: tokens are configured and it has none.
     fn must_authenticate(&self, state: &ConnState) -> bool {
-        state.auth.is_none() && self.door.state().tokens().load().is_some()
+        state.auth.is_none() && self.door.core().tokens().load().is_some()
     }
 
     /// Answers a protocol error (after the replies before it) and ends the connection.

@@ -37,8 +37,7 @@ use super::conn::{Connection, Settings};
 use super::metrics::RespMetrics;
 use super::slots::{Connections, Signal};
 use super::{Door, RespConfig};
-use crate::http::listener::{is_connection_error, Throttle};
-use crate::http::ServerConfig;
+use crate::door::{is_connection_error, ServerConfig, Throttle};
 
 /// The reply to a connection over `resp.max_connections` (Redis's own text).
 pub const MAX_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
@@ -93,7 +92,7 @@ impl RespListener {
         server: &ServerConfig,
         tls: Option<TlsAcceptor>,
     ) -> RespListener {
-        let metrics = RespMetrics::register(&door.state().inner().metrics);
+        let metrics = RespMetrics::register(&door.core().metrics());
         let settings = Settings {
             limits: Limits {
                 max_bulk: server.max_value_bytes.saturating_add(BULK_SLACK),
@@ -122,8 +121,8 @@ impl RespListener {
     /// `connections`; then drops the listening socket and tells every connection to close
     /// once its batch is written.
     pub async fn run(self, shutdown: CancellationToken, tasks: TaskTracker) {
-        let mut tokens = self.door.state().tokens().changes();
-        let overload = self.door.state().inner().limits.clone();
+        let mut tokens = self.door.core().tokens().changes();
+        let overload = self.door.core().in_flight().clone();
         let mut refusals = Throttle::default();
         let mut accept_errors = Throttle::default();
         // False once the table's sender is gone (it lives as long as the state): no more changes.

@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::door::ServerConfig;
 use crate::error::Result;
 use crate::fleet::{LibraryRetirer, Registrar, Registry, RetireMetrics};
 use crate::heal::{
@@ -50,7 +51,7 @@ use crate::heal::{
     RetryWorker, ScrubStatus, Scrubber, StoreProbe,
 };
 use crate::http::listener::tls;
-use crate::http::{AppState, ServerConfig};
+use crate::http::AppState;
 use crate::logging::LogFilter;
 use crate::metrics::Metrics;
 use crate::ops::Ops;

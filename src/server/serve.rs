@@ -200,7 +200,7 @@ impl Service {
             }
             let listener = RespListener::new(
                 tcp,
-                Door::new(drain_state.clone()),
+                Door::new(drain_state.core().clone()),
                 &resp,
                 &server,
                 tls.clone(),

@@ -7,7 +7,9 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
 use super::instance_name;
+use crate::auth::TokenTable;
 use crate::config::Config;
+use crate::door::{Core, CoreParts, InFlightBound, RequestLimits};
 use crate::error::Result;
 use crate::fleet::session::{SessionKey, SessionMetrics};
 use crate::fleet::{Registry, Sessions};
@@ -15,10 +17,10 @@ use crate::heal::{
     HealHandles, Layouts, NodeHealth, Repairer, RetryQueue, ScrubStatus, StoreProbe,
 };
 use crate::hot::HotKeys;
-use crate::http::{AppParts, AppState, RequestLimits};
+use crate::http::{AppParts, AppState};
 use crate::metrics::Metrics;
 use crate::near::{NearCache, NearMetrics};
-use crate::ops::{HighWater, Ops};
+use crate::ops::{HighWater, Ops, OpsParts};
 use crate::publish::Publisher;
 use crate::read::Reader;
 use crate::route::{LagTable, Route, RouteMetrics, Router, WarmUp};
@@ -133,17 +135,23 @@ impl StateParts {
             publisher = publisher.with_near_cache(near.clone());
             reader = reader.with_near_cache(near);
         }
-        let state = AppState::new(AppParts {
-            ops: Ops::with_high_water(
+        let core = Core::new(CoreParts {
+            ops: Ops::from_parts(OpsParts {
                 publisher,
                 reader,
                 sessions,
-                HighWater::with_bytes(config.session.high_water_bytes),
-            ),
+                high_water: HighWater::with_bytes(config.session.high_water_bytes),
+                max_value_bytes: config.server.max_value_bytes,
+            }),
+            tokens: TokenTable::default(),
+            in_flight: InFlightBound::new(RequestLimits::from(&config.server), &metrics),
+            metrics,
+            instance: registry.id().into(),
+        });
+        let state = AppState::new(AppParts {
+            core,
             store: probe,
             fleet,
-            metrics,
-            max_value_bytes: config.server.max_value_bytes,
             retry_after: config.read.retry_after,
             heal: HealHandles {
                 retry_queue,
@@ -151,7 +159,6 @@ impl StateParts {
                 scrub,
             },
             registry,
-            limits: RequestLimits::from(&config.server),
             warm_up,
             ready_ping_interval: config.heal.probe_interval,
         });

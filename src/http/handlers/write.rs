@@ -231,7 +231,7 @@ fn write_version(raw: Option<&str>) -> Result<Option<Version>, ApiError> {
 /// client that waits for it gets the 413 instead and never sends the value. While it arrives
 /// the body counts against the receiving bound, which may refuse it (503 `overloaded`) first.
 async fn read_value(mut request: Request, state: &AppState) -> Result<(Bytes, Admitted), ApiError> {
-    let max = state.inner().max_value_bytes;
+    let max = state.ops().max_value_bytes();
     let too_large = || {
         ApiError::new(
             Code::ValueTooLarge,

@@ -177,7 +177,7 @@ impl Activity {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::ServerConfig;
+    use crate::door::ServerConfig;
 
     fn settings() -> Settings {
         let config = ServerConfig {

@@ -33,7 +33,6 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioTimer;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -42,19 +41,17 @@ use activity::Activity;
 pub use metrics::{ConnectionMetrics, ListenerMetrics};
 use slots::{Admission, Slots};
 
-use super::{App, ServerConfig};
+use super::App;
+use crate::door::{is_connection_error, ServerConfig, Throttle};
 
 /// The connection bound of the admin listener: enough for a few scrapers and probes, and kept
 /// apart from the data listener's, so a flood of data connections cannot lock out `/metrics`
 /// and `/readyz`.
-pub const ADMIN_MAX_CONNECTIONS: usize = 128;
+pub use crate::door::config::ADMIN_MAX_CONNECTIONS;
 
 /// How long the accept loop pauses after an accept error that is not about one connection (the
 /// process or the system is out of file descriptors), so it does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-
-/// How often a repeated warning (a refused connection, an accept error) is logged at most.
-const WARNING_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The problem body of the fixed answer to a connection over the bound.
 const REFUSED_BODY: &str = r#"{"type":"urn:hotsplit:problem:unavailable","title":"unavailable","status":503,"detail":"too many open connections","code":"unavailable"}"#;
@@ -245,47 +242,6 @@ fn refuse(stream: TcpStream) {
     }
 }
 
-/// Accept errors that concern one connection only (it was reset before it was accepted); the
-/// next accept may well succeed. Shared with the Redis-protocol listener.
-pub(crate) fn is_connection_error(err: &std::io::Error) -> bool {
-    use std::io::ErrorKind;
-    matches!(
-        err.kind(),
-        ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
-    )
-}
-
-/// Lets a repeated warning through at most once per [`WARNING_INTERVAL`], counting the ones it
-/// held back.
-/// Shared with the Redis-protocol listener.
-#[derive(Debug, Default)]
-pub(crate) struct Throttle {
-    /// When a warning was last let through.
-    last: Option<Instant>,
-    /// Warnings held back since.
-    suppressed: u64,
-}
-
-impl Throttle {
-    /// `Some(held back since the last one)` when a warning may be logged now.
-    pub(crate) fn due(&mut self) -> Option<u64> {
-        self.due_at(Instant::now())
-    }
-
-    /// [`Throttle::due`] at `now`.
-    fn due_at(&mut self, now: Instant) -> Option<u64> {
-        if self
-            .last
-            .is_some_and(|last| now.duration_since(last) < WARNING_INTERVAL)
-        {
-            self.suppressed += 1;
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.suppressed))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,15 +261,5 @@ mod tests {
             code: crate::http::problem::Code::Unavailable,
         };
         assert_eq!(body, serde_json::to_value(problem).unwrap());
-    }
-
-    #[test]
-    fn the_throttle_lets_one_warning_a_second_through() {
-        let mut throttle = Throttle::default();
-        let start = Instant::now();
-        assert_eq!(throttle.due_at(start), Some(0));
-        assert_eq!(throttle.due_at(start), None);
-        assert_eq!(throttle.due_at(start + WARNING_INTERVAL / 2), None);
-        assert_eq!(throttle.due_at(start + WARNING_INTERVAL), Some(2));
     }
 }

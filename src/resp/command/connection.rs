@@ -92,7 +92,7 @@ pub(crate) fn hotsplit_class(conn: &mut ConnState, args: &[Bytes]) -> Result<Rep
 impl Door {
     /// Whether the instance has tokens configured.
     fn tokens_configured(&self) -> bool {
-        self.state.tokens().load().is_some()
+        self.core.tokens().load().is_some()
     }
 
     /// Authenticates `conn` with `user` and `password` (an API token).
@@ -102,7 +102,7 @@ impl Door {
         user: Option<&Bytes>,
         password: &Bytes,
     ) -> Result<(), RespError> {
-        let tokens = self.state.tokens().load();
+        let tokens = self.core.tokens().load();
         let Some(tokens) = tokens.as_ref() else {
             // No tokens: nothing to check, as a Redis default user with `nopass`.
             return Ok(());
@@ -211,7 +211,7 @@ impl Door {
         conn: &mut ConnState,
         args: &[Bytes],
     ) -> Result<Reply, RespError> {
-        let ops = self.state.ops();
+        let ops = self.core.ops();
         match args {
             [_] => Ok(Reply::Bulk(ops.session_token(&conn.session))),
             [_, token] => {

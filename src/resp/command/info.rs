@@ -122,7 +122,7 @@ impl Door {
             || wanted
                 .iter()
                 .any(|section| matches!(section.as_str(), "all" | "everything" | "default"));
-        let near = self.state.ops().reader().near_cache().is_some();
+        let near = self.core.ops().reader().near_cache().is_some();
         let sections: [(&str, Vec<(&str, String)>); 6] = [
             (
                 "Server",
@@ -160,7 +160,7 @@ impl Door {
                     ),
                     (
                         "hotsplit_high_water_bytes",
-                        self.state.ops().high_water().bytes().to_string(),
+                        self.core.ops().high_water().bytes().to_string(),
                     ),
                 ],
             ),

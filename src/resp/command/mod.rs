@@ -108,7 +108,7 @@ use self::table::{Cmd, Need, Spec};
 use super::reply::{Proto, Reply};
 use crate::auth::{Scope, Scopes, Verdict};
 use crate::deadline::Deadline;
-use crate::http::AppState;
+use crate::door::Core;
 use crate::ops::ClientSession;
 
 pub use errors::Prefix as ErrorPrefix;
@@ -117,22 +117,22 @@ pub use errors::Prefix as ErrorPrefix;
 /// limits. Cheap to clone.
 #[derive(Clone)]
 pub struct Door {
-    /// The HTTP door's state: its operations, tokens, metrics and limits are this door's too.
-    state: AppState,
+    /// What both doors share: the operations, the tokens, the metrics, the in-flight bound.
+    core: Core,
     /// This instance's id: the first part of a connection's default client id.
     instance: Arc<str>,
 }
 
 impl Door {
-    /// The door over the service's `state`.
-    pub fn new(state: AppState) -> Door {
-        let instance = state.inner().registry.id().into();
-        Door { state, instance }
+    /// The door over the service's `core`.
+    pub fn new(core: Core) -> Door {
+        let instance = core.instance().clone();
+        Door { core, instance }
     }
 
-    /// The service state.
-    pub fn state(&self) -> &AppState {
-        &self.state
+    /// What both doors share.
+    pub fn core(&self) -> &Core {
+        &self.core
     }
 
     /// Runs one command (`args[0]` its name, as sent) for the connection `conn`, bounded by
@@ -166,7 +166,7 @@ impl Door {
         let Some(auth) = &conn.auth else {
             return true;
         };
-        let tokens = self.state.tokens().load();
+        let tokens = self.core.tokens().load();
         let Some(tokens) = tokens.as_ref() else {
             // No tokens any more: no command needs one.
             return true;
@@ -252,7 +252,7 @@ impl Door {
             Need::Read => Some(Scope::Read),
             Need::Write => Some(Scope::Write),
         };
-        if self.state.tokens().load().is_none() {
+        if self.core.tokens().load().is_none() {
             return Ok(());
         }
         let Some(auth) = &conn.auth else {

@@ -79,7 +79,7 @@ impl Door {
     ) -> Result<Option<ReadAnswer>, RespError> {
         let key = key(raw)?;
         let (client, explicit) = self.client_id(conn, options.client);
-        let ops = self.state.ops();
+        let ops = self.core.ops();
         let mut min_version = options.min_version;
         if !explicit {
             min_version = min_version.max(ops.high_water().floor(&key, now_unix_ms()));
@@ -218,7 +218,7 @@ impl Door {
         else {
             return Ok(Reply::Nil);
         };
-        let router = self.state.router();
+        let router = self.core.ops().router();
         let class = router.classes().get(route.class).name.clone();
         let mut route_text = format!("class={class};reason={}", route.reason.as_str());
         let age_ms = route.near_cache_age.map(|age| {

@@ -73,7 +73,7 @@ impl Door {
         deadline: Option<Deadline>,
     ) -> Result<PublishOutcome, RespError> {
         if let Edit::Value(value) = &edit {
-            let limit = self.state.inner().max_value_bytes;
+            let limit = self.core.ops().max_value_bytes();
             if value.len() > limit {
                 return Err(RespError::err(format!(
                     "the value is {} bytes, larger than server.max_value_bytes ({limit})",
@@ -93,7 +93,7 @@ impl Door {
             sync,
             deadline,
         };
-        self.state
+        self.core
             .ops()
             .publish(call, &mut conn.session)
             .await
@@ -103,7 +103,7 @@ impl Door {
     /// The version argument of `key`: `*` for an `allocated` family, a version for a
     /// `caller` one.
     fn version_for(&self, key: &Key, raw: &Bytes) -> Result<Option<Version>, RespError> {
-        let family = self.state.ops().reader().families().resolve(key);
+        let family = self.core.ops().reader().families().resolve(key);
         match (family.versioning, raw.as_ref()) {
             (Versioning::Allocated, b"*") => Ok(None),
             (Versioning::Allocated, _) => Err(RespError::err(format!(
@@ -120,7 +120,7 @@ impl Door {
 
     /// Refuses `command` on a `caller` family, naming what to use instead.
     fn allocated_only(&self, key: &Key, command: &str, instead: &str) -> Result<(), RespError> {
-        let family = self.state.ops().reader().families().resolve(key);
+        let family = self.core.ops().reader().families().resolve(key);
         if family.versioning == Versioning::Caller {
             return Err(RespError::err(format!(
                 "{command} needs a version on family {:?} (versioning = caller): use {instead}",

@@ -24,7 +24,7 @@ fn door(max_in_flight: usize) -> Door {
     config.server.max_in_flight = max_in_flight;
     let state = crate::server::app_state(&config, Arc::new(MemoryStore::new()), Metrics::new())
         .expect("a test state");
-    Door::new(state)
+    Door::new(state.core().clone())
 }
 
 fn settings() -> Settings {
@@ -54,7 +54,7 @@ fn serve(
     Arc<Signal>,
     Arc<Connections>,
 ) {
-    let metrics = RespMetrics::register(&door.state().inner().metrics);
+    let metrics = RespMetrics::register(&door.core().metrics());
     let connections = Connections::new(4, metrics.clone());
     let signal = Arc::new(Signal::default());
     let slot = connections.admit(signal.clone()).expect("room");
@@ -63,7 +63,7 @@ fn serve(
         peer: None,
         door: door.clone(),
         settings: Arc::new(settings),
-        overload: door.state().inner().limits.clone(),
+        overload: door.core().in_flight().clone(),
         metrics,
         signal: signal.clone(),
         _slot: slot,
@@ -108,9 +108,8 @@ async fn a_command_over_the_in_flight_bound_is_refused_and_the_next_one_runs() {
     let door = door(1);
     let (mut client, task, _signal, _table) = serve(&door, settings(), 4096);
     let held = door
-        .state()
-        .inner()
-        .limits
+        .core()
+        .in_flight()
         .enter()
         .expect("the one slot")
         .expect("a bound");
@@ -125,7 +124,7 @@ async fn a_command_over_the_in_flight_bound_is_refused_and_the_next_one_runs() {
         assert!(line.starts_with("-ERR "), "{line}");
     }
     // The refused and the run commands gave their slots back.
-    assert!(door.state().inner().limits.enter().is_ok());
+    assert!(door.core().in_flight().enter().is_ok());
     drop(client);
     ends(task).await;
 }

@@ -77,13 +77,13 @@ async fn tokens_are_asked_for_checked_and_scoped_per_command() {
     );
     assert_eq!(run(&door, &mut conn, &["GET", "a:1"]).await, bulk("v"));
     // A reload drops the writer's token and changes nothing of the reader's.
-    door.state()
+    door.core()
         .tokens()
         .store(tokens(&format!("plain:{READER} read # reader\n")));
     assert!(door.still_authorized(&conn));
     assert!(!door.still_authorized(&writer));
     // Another reload gives the reader's token another scope: it must authenticate again.
-    door.state()
+    door.core()
         .tokens()
         .store(tokens(&format!("plain:{READER} read,write # reader\n")));
     assert!(!door.still_authorized(&conn));

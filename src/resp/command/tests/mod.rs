@@ -28,7 +28,7 @@ fn door() -> Door {
     config.validate().unwrap();
     let state =
         crate::server::app_state(&config, Arc::new(MemoryStore::new()), Metrics::new()).unwrap();
-    Door::new(state)
+    Door::new(state.core().clone())
 }
 
 fn tokens(text: &str) -> Option<Tokens> {
@@ -38,7 +38,7 @@ fn tokens(text: &str) -> Option<Tokens> {
 /// A door whose tokens are a reader and a writer.
 fn door_with_tokens() -> Door {
     let door = door();
-    door.state().tokens().store(tokens(&format!(
+    door.core().tokens().store(tokens(&format!(
         "plain:{READER} read # reader\nplain:{WRITER} read,write # writer\n"
     )));
     door
