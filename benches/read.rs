@@ -51,7 +51,7 @@ use hotsplit::config::Config;
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::publish::{Publisher, VersionChoice};
-use hotsplit::read::{CopyChoice, ReadAnswer, ReadRequest, Reader};
+use hotsplit::read::{Caller, Carried, Found, Read, ReadAnswer, ReadRequest, Reader};
 use hotsplit::route::{LagTable, RouteMetrics, Router};
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use hotsplit_devcluster::Standalone;
@@ -250,12 +250,11 @@ impl Fixture {
                 (0..CLIENT_IDS_PER_TASK)
                     .map(|id| ReadRequest {
                         key: key.clone(),
-                        copy: CopyChoice::Client(format!("client-{task:04}-{id:02}")),
+                        caller: Caller::Client(format!("client-{task:04}-{id:02}")),
                         min_version: None,
                         if_none_match: None,
                         class: None,
                         request_id: None,
-                        session: hotsplit::route::Floors::default(),
                         deadline: None,
                     })
                     .collect()
@@ -305,8 +304,12 @@ impl Fixture {
             }
             Side::Hotsplit => {
                 let requests = &self.requests[task];
-                match self.reader.read(&requests[turn % requests.len()]).await {
-                    Ok(ReadAnswer::Value { value, .. }) => Some(value.len()),
+                let request = &requests[turn % requests.len()];
+                match self.reader.read(request, Carried::default()).await {
+                    Ok(Read {
+                        found: Found::Answer(ReadAnswer::Value { value, .. }),
+                        ..
+                    }) => Some(value.len()),
                     Ok(other) => return Err(format!("unexpected answer {other:?}")),
                     Err(err) => return Err(err.to_string()),
                 }
@@ -419,7 +422,9 @@ fn run() -> Result<(), Box<dyn Error>> {
                 side.name()
             );
         }
-        let read = fixture.reader.read(&fixture.requests[0][0]);
+        let read = fixture
+            .reader
+            .read(&fixture.requests[0][0], Carried::default());
         println!(
             "read/future_bytes/hotsplit: {} bytes (the future of one Reader::read)",
             std::mem::size_of_val(&read)

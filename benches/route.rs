@@ -27,7 +27,7 @@ use hotsplit::family::Families;
 use hotsplit::key::{Key, Version};
 use hotsplit::metrics::Metrics;
 use hotsplit::publish::{Publisher, VersionChoice};
-use hotsplit::read::{CopyChoice, ReadRequest, Reader};
+use hotsplit::read::{Caller, Carried, ReadRequest, Reader};
 use hotsplit::route::{LagTable, RouteMetrics, Router};
 use hotsplit::store::memory::MemoryStore;
 use hotsplit::store::redis::{RedisOptions, RedisStore, RedisTarget};
@@ -125,16 +125,21 @@ fn read(c: &mut Criterion) {
     for class in ["primary", "advisory"] {
         let request = ReadRequest {
             key: key.clone(),
-            copy: CopyChoice::Client("alice".to_owned()),
+            caller: Caller::Client("alice".to_owned()),
             min_version: None,
             if_none_match: None,
             class: Some(class.to_owned()),
             request_id: None,
-            session: hotsplit::route::Floors::default(),
             deadline: None,
         };
         group.bench_function(class, |b| {
-            b.iter(|| std::hint::black_box(runtime.block_on(reader.read(&request)).expect("read")))
+            b.iter(|| {
+                std::hint::black_box(
+                    runtime
+                        .block_on(reader.read(&request, Carried::default()))
+                        .expect("read"),
+                )
+            })
         });
     }
     group.finish();

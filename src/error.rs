@@ -94,6 +94,61 @@ pub struct Error {
     /// for a [`ErrorKind::NotFound`] that a tombstone caused: the HTTP
     /// edge reports it as `Hotsplit-Version`, so a reader can hold it as a floor.
     invalidated_at: Option<u64>,
+    /// The rule a publish broke, as facts each door words its own way ([`Refusal`]).
+    refusal: Option<Box<Refusal>>,
+}
+
+/// A publish refused by a rule of its key's family or of the instance, before any copy was
+/// written: the facts, for each door to word in its own vocabulary (HTTP names its query
+/// parameters, the Redis door its arguments). The error's own message says it in neither.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The family takes its versions from the caller (`versioning = caller`) and the publish
+    /// named none ([`ErrorKind::InvalidVersion`]).
+    VersionMissing {
+        /// The family's name (its prefix).
+        family: String,
+    },
+    /// The family allocates its versions (`versioning = allocated`) and the publish named one
+    /// ([`ErrorKind::InvalidVersion`]).
+    VersionGiven {
+        /// The family's name (its prefix).
+        family: String,
+    },
+    /// The value is larger than `server.max_value_bytes` ([`ErrorKind::ValueTooLarge`]).
+    ValueTooLarge {
+        /// The value's length.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+impl Refusal {
+    /// The kind of error it is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Refusal::VersionMissing { .. } | Refusal::VersionGiven { .. } => {
+                ErrorKind::InvalidVersion
+            }
+            Refusal::ValueTooLarge { .. } => ErrorKind::ValueTooLarge,
+        }
+    }
+
+    /// The rule in words of no door: for logs and library callers.
+    fn describe(&self) -> String {
+        match self {
+            Refusal::VersionMissing { family } => {
+                format!("family {family:?} takes versions from the caller, and none was given")
+            }
+            Refusal::VersionGiven { family } => {
+                format!("family {family:?} allocates its versions, and one was given")
+            }
+            Refusal::ValueTooLarge { bytes, limit } => {
+                format!("the value is {bytes} bytes, larger than server.max_value_bytes ({limit})")
+            }
+        }
+    }
 }
 
 impl Error {
@@ -103,7 +158,21 @@ impl Error {
             kind,
             message: message.into(),
             invalidated_at: None,
+            refusal: None,
         }
+    }
+
+    /// The error of a publish refused by `refusal` (its kind, and a message in no door's words).
+    pub fn refused(refusal: Refusal) -> Self {
+        Error {
+            refusal: Some(Box::new(refusal.clone())),
+            ..Error::new(refusal.kind(), refusal.describe())
+        }
+    }
+
+    /// The rule a refused publish broke, for a door to word ([`Error::refused`]).
+    pub fn refusal(&self) -> Option<&Refusal> {
+        self.refusal.as_deref()
     }
 
     /// A [`ErrorKind::NotFound`] caused by a tombstone at `version`.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Refusal, Result};
 use crate::key::Key;
 use crate::placement::Placement;
 
@@ -22,7 +22,8 @@ pub use crate::key::MAX_COPIES;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Versioning {
-    /// The caller sends `?version=V`, an edit counter from its source of truth.
+    /// The caller sends the version with each publish, an edit counter from its source of
+    /// truth.
     #[default]
     Caller,
     /// hotsplit allocates versions from a per-key counter on the primary.
@@ -186,6 +187,24 @@ pub struct Family {
 }
 
 impl Family {
+    /// Whether a publish that names a version (`given`) or none fits who chooses this family's
+    /// versions: the one home of that rule, which the publisher and the operations layer both
+    /// apply.
+    ///
+    /// # Errors
+    /// [`Refusal::VersionMissing`] or [`Refusal::VersionGiven`], naming the family.
+    pub fn check_version(&self, given: bool) -> std::result::Result<(), Refusal> {
+        match (self.versioning, given) {
+            (Versioning::Caller, false) => Err(Refusal::VersionMissing {
+                family: self.name().to_owned(),
+            }),
+            (Versioning::Allocated, true) => Err(Refusal::VersionGiven {
+                family: self.name().to_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// The family's display name: its prefix, or `default`.
     pub fn name(&self) -> &str {
         if self.prefix.is_empty() {

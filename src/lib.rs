@@ -22,6 +22,8 @@
 //!   (`GET /v1/instances`).
 //! - [`near`]: the per-instance near cache of copies, served within each read class's age
 //!   bound, with single-flight fills and high-water records that keep readers monotonic.
+//! - [`sketch`]: [`sketch::MaxSketch`], per-key version maxima in fixed memory, exact or
+//!   estimated: the near cache's floors and the instance high-water.
 //! - [`deadline`]: the per-request deadline that bounds every store call a request makes.
 //! - [`heal`]: the durable retry queue of failed copy writes, read repair and expiry jitter.
 //! - [`auth`]: API bearer tokens with scopes, and the `[auth]` config.
@@ -74,6 +76,7 @@ pub mod reload;
 pub mod resp;
 pub mod route;
 pub mod server;
+pub mod sketch;
 pub mod split;
 pub mod status;
 pub mod store;

@@ -11,7 +11,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, Refusal};
 use crate::key::Version;
 use crate::wire;
 
@@ -235,10 +235,32 @@ impl ApiError {
     }
 }
 
+/// A publish refused by a rule, in the HTTP door's words (its query parameters).
+fn refused(refusal: &Refusal) -> ApiError {
+    let version = crate::wire::query::VERSION;
+    match refusal {
+        Refusal::VersionMissing { family } => ApiError::new(
+            Code::InvalidVersion,
+            format!("family {family:?} takes versions from the caller: send ?{version}=V"),
+        ),
+        Refusal::VersionGiven { family } => ApiError::new(
+            Code::InvalidVersion,
+            format!("family {family:?} allocates versions: do not send ?{version}"),
+        ),
+        Refusal::ValueTooLarge { limit, .. } => ApiError::new(
+            Code::ValueTooLarge,
+            format!("the value is larger than {limit} bytes"),
+        ),
+    }
+}
+
 impl From<Error> for ApiError {
     /// Maps a library error by its kind, hiding internals of store failures from the client
     /// (they go to the log).
     fn from(err: Error) -> ApiError {
+        if let Some(refusal) = err.refusal() {
+            return refused(refusal);
+        }
         let code = match err.kind() {
             ErrorKind::InvalidKey => Code::InvalidKey,
             ErrorKind::InvalidVersion => Code::InvalidVersion,

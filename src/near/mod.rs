@@ -16,7 +16,7 @@
 //!   instant. A compare-and-replace runs under one of [`STRIPES`] mutexes chosen by the copy key.
 //! - **A copy never goes back below what this instance served.** When the byte bound evicts an
 //!   entry, its version stays as a high-water record (bounded too, by an eighth of
-//!   `near_cache.max_bytes`) and is recorded into the high-water sketch (`sketch`: fixed
+//!   `near_cache.max_bytes`) and is recorded into the high-water sketch ([`crate::sketch::MaxSketch`]: fixed
 //!   memory, a thirty-second of `near_cache.max_bytes`, never evicted, only over-states). The
 //!   floor of a copy is its entry's version, else its record's, else the sketch's; a fill below
 //!   it is not cached, and the reader re-reads the primary or a sibling (`read::near`). All
@@ -32,12 +32,10 @@
 //! - `config`: [`NearCacheConfig`], `[near_cache]`.
 //! - `flight`: single-flight fills, spawned on the service's task tracker.
 //! - `metrics`: [`NearMetrics`].
-//! - `sketch`: [`sketch::Sketch`], the high-water floors that survive eviction.
 
 pub mod config;
 pub mod flight;
 pub mod metrics;
-pub mod sketch;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -52,11 +50,11 @@ use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
 use serde::Serialize;
 use tokio_util::task::TaskTracker;
 
+use crate::sketch::MaxSketch;
 pub use config::NearCacheConfig;
 use flight::Flights;
 pub use flight::{Filled, Filling};
 pub use metrics::{EvictionCause, NearMetrics};
-use sketch::Sketch;
 
 use crate::key::{CopyKey, Version};
 use crate::route::{ReadClass, RouteReason};
@@ -178,7 +176,7 @@ struct OnEntryEvict {
     /// Where the record goes.
     marks: Arc<Marks>,
     /// Where the version goes too, to outlive the record.
-    sketch: Arc<Sketch>,
+    sketch: Arc<MaxSketch>,
     /// The metrics.
     metrics: NearMetrics,
 }
@@ -296,7 +294,7 @@ pub struct NearCache {
     /// Copy key → the version of an evicted entry.
     marks: Arc<Marks>,
     /// The versions of evicted entries in fixed memory, for when their records are gone too.
-    sketch: Arc<Sketch>,
+    sketch: Arc<MaxSketch>,
     /// Floors the sketch gave (`high_water_sketch_floors`).
     sketch_floors: AtomicU64,
     /// Serialises the compare-and-replace of one copy's entry.
@@ -339,7 +337,7 @@ impl NearCache {
                 metrics: metrics.clone(),
             },
         ));
-        let sketch = Arc::new(Sketch::with_bytes(config.max_bytes / 32));
+        let sketch = Arc::new(MaxSketch::with_bytes(config.max_bytes / 32, 64));
         let entries = Cache::with(
             usize::try_from(config.max_bytes / 512)
                 .unwrap_or(usize::MAX)
@@ -434,7 +432,7 @@ impl NearCache {
                 return mark.version;
             }
         }
-        let floor = self.sketch.floor(key, now_ms);
+        let floor = self.sketch.floor(key, now_ms).map(|floor| floor.version);
         if floor.is_some() {
             self.sketch_floors.fetch_add(1, Ordering::Relaxed);
         }

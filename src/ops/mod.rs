@@ -42,6 +42,7 @@
 //! carries is one [`ClientSession`] passed to each of its commands in turn, so a read in a
 //! batch sees the floor a write before it left.
 
+mod after;
 pub mod high_water;
 mod publish;
 mod read;
@@ -49,10 +50,12 @@ mod session;
 
 use std::sync::Arc;
 
-pub use high_water::HighWater;
+pub use high_water::{HighWater, Mark};
 pub use publish::{Edit, FloorLeft, PublishCall, PublishOutcome, Writer};
-pub use read::ReadCall;
 pub use session::ClientSession;
+
+/// Who a read or a write is for, and the one read type every door builds (the read path's).
+pub use crate::read::{Caller, ReadRequest};
 
 use crate::fleet::Sessions;
 use crate::publish::Publisher;
@@ -79,6 +82,8 @@ pub struct OpsParts {
     pub high_water: HighWater,
     /// The largest value a publish may carry (`server.max_value_bytes`).
     pub max_value_bytes: usize,
+    /// This instance's name: the first part of a pooled caller's id ([`Ops::pooled`]).
+    pub instance: Arc<str>,
 }
 
 /// The parts of [`Ops`].
@@ -94,6 +99,8 @@ struct Parts {
     /// The largest value a publish may carry (`server.max_value_bytes`): one bound for every
     /// door.
     max_value_bytes: usize,
+    /// This instance's name.
+    instance: Arc<str>,
 }
 
 /// The default of `server.max_value_bytes`: 1 MiB.
@@ -109,6 +116,7 @@ impl Ops {
             sessions,
             high_water: HighWater::default(),
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+            instance: Arc::from("local"),
         })
     }
 
@@ -120,6 +128,7 @@ impl Ops {
             sessions,
             high_water,
             max_value_bytes,
+            instance,
         } = parts;
         Ops {
             parts: Arc::new(Parts {
@@ -128,13 +137,36 @@ impl Ops {
                 sessions,
                 high_water,
                 max_value_bytes,
+                instance,
             }),
         }
+    }
+
+    /// The caller a pooled connection `connection` of a door reads and writes as, when it named
+    /// no client: `INSTANCE/resp/CONNECTION` (stable for the connection's life), floored by the
+    /// instance's high-water ([`Caller::Pooled`]). Made once per connection.
+    pub fn pooled(&self, connection: u64) -> Caller {
+        Caller::Pooled(format!("{}/resp/{connection}", self.parts.instance).into())
     }
 
     /// The largest value a publish may carry.
     pub fn max_value_bytes(&self) -> usize {
         self.parts.max_value_bytes
+    }
+
+    /// Operations over `publisher` and `reader`, with sessions under a random key: for the
+    /// read path's and the publisher's own tests, which read through the after-answer step.
+    #[cfg(test)]
+    pub(crate) fn for_tests(publisher: Publisher, reader: Reader) -> Ops {
+        use crate::fleet::session::{SessionKey, SessionMetrics};
+        let metrics =
+            SessionMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let sessions = Sessions::new(
+            SessionKey::random(),
+            &crate::fleet::SessionConfig::default(),
+            metrics,
+        );
+        Ops::new(publisher, reader, Arc::new(sessions))
     }
 
     /// The instance-wide per-key high-water ([`HighWater`]): every read answer and every

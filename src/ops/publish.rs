@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::after::{Left, Pins};
 use super::{ClientSession, Ops};
 use crate::deadline::Deadline;
-use crate::error::{Error, ErrorKind, Result};
-use crate::fleet::session::SessionFloor;
+use crate::error::{Error, ErrorKind, Refusal, Result};
 use crate::key::{Key, Version};
 use crate::publish::{PublishReport, PublishStatus, SyncReplicas, VersionChoice};
+use crate::read::Caller;
 use crate::store::now_unix_ms;
 
 /// What an edit writes to every copy.
@@ -25,9 +26,10 @@ pub enum Edit {
 /// Who wrote: the identities a write carried, for the floors it leaves.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Writer {
-    /// The writer's client id: its reads of the key on this instance hold the version written
-    /// for the family's `pin_window`.
-    pub client: Option<String>,
+    /// Who the writer reads as ([`Caller::Client`] or [`Caller::Pooled`]): its reads of the key
+    /// on this instance hold the version written for the family's `pin_window`. `None`: no
+    /// client (an HTTP publish without `client_id`).
+    pub caller: Option<Caller>,
     /// The writer's request id: reads carrying it go to primaries for
     /// `route.request_pin_window`.
     pub request_id: Option<String>,
@@ -75,6 +77,13 @@ pub struct PublishOutcome {
     pub floor: Option<FloorLeft>,
 }
 
+impl Writer {
+    /// The writer's client id, if it has one.
+    pub fn client_id(&self) -> Option<&str> {
+        self.caller.as_ref().and_then(Caller::client_id)
+    }
+}
+
 impl Ops {
     /// Publishes or invalidates `call.key`, then leaves the writer the floor of what the edit
     /// did ([`Ops::floor_left`]): the instance's own-write pin for the writer's client id and
@@ -90,6 +99,7 @@ impl Ops {
         call: PublishCall,
         session: &mut ClientSession,
     ) -> Result<PublishOutcome> {
+        self.check_edit(&call.key, call.version, &call.edit)?;
         let PublishCall {
             key,
             version,
@@ -121,34 +131,52 @@ impl Ops {
             }
             (Edit::Tombstone, None, None) => publisher.invalidate(&key, version).await?,
         };
-        let now_ms = now_unix_ms();
         let status = report.status();
-        let floor = self.floor_left(&key, &report, now_ms);
-        if let Some(floor) = floor {
-            // The write reached at least one copy, or is queued for retry: the writer's reads of
-            // this key hold this floor, and its request's reads go to primaries.
-            self.router().record_write(
-                &key,
-                floor.version,
-                writer.client.as_deref(),
-                writer.request_id.as_deref(),
-            );
-            let sessions = self.sessions();
-            let written = SessionFloor {
-                key_hash: sessions.key_hash(&key),
-                version: floor.version,
-                expire_at_ms: floor.expire_at_ms,
+        let floor = self.floor_left(&key, &report, now_unix_ms());
+        // A write that reached at least one copy, or is queued for retry, leaves its version:
+        // the writer's reads of this key hold it, and its request's reads go to primaries.
+        self.leave(
+            Left {
+                key: &key,
+                floor: floor.map(|floor| (floor.version, floor.expire_at_ms)),
                 written: true,
-            };
-            session.record(sessions, written, now_ms);
-            self.high_water()
-                .record(&key, floor.version, floor.expire_at_ms, now_ms);
-        }
+                pins: Pins::Write {
+                    client: writer.client_id(),
+                    request_id: writer.request_id.as_deref(),
+                },
+                void_near: None,
+            },
+            session,
+        );
         Ok(PublishOutcome {
             report,
             status,
             floor,
         })
+    }
+
+    /// Whether an edit of `key` naming `version` (or none) and writing `edit` may be tried: the
+    /// family's versioning rule ([`crate::family::Family::check_version`]) and the value bound
+    /// (`server.max_value_bytes`). [`Ops::publish`] applies it first; a door that writes several
+    /// keys in one command checks each before writing any.
+    ///
+    /// # Errors
+    /// [`Error::refused`] with the [`Refusal`] broken.
+    pub fn check_edit(&self, key: &Key, version: Option<Version>, edit: &Edit) -> Result<()> {
+        if let Edit::Value(value) = edit {
+            let limit = self.max_value_bytes();
+            if value.len() > limit {
+                return Err(Error::refused(Refusal::ValueTooLarge {
+                    bytes: value.len(),
+                    limit,
+                }));
+            }
+        }
+        self.reader()
+            .families()
+            .resolve(key)
+            .check_version(version.is_some())
+            .map_err(Error::refused)
     }
 
     /// The floor an edit whose copies ended as `report` leaves, at `now_ms`: none when it was
@@ -234,7 +262,7 @@ mod tests {
             version: Some(Version::new(version).unwrap()),
             edit,
             writer: Writer {
-                client: Some("alice".into()),
+                caller: Some(Caller::Client("alice".into())),
                 request_id: None,
             },
             sync: None,

@@ -1,81 +1,66 @@
-//! A read for a caller: the session's floors for the key go in, and the version served comes
-//! out as a floor of the session.
+//! A read for a caller: who the caller is decides the floors it brings (its session token's, and
+//! a pooled connection's share of the instance high-water), and what the read found leaves its
+//! floors through the after-answer step (`after`).
 
+use super::after::{Left, Pins};
+use super::high_water::Mark;
 use super::{ClientSession, Ops};
-use crate::deadline::Deadline;
 use crate::error::Result;
-use crate::fleet::session::SessionFloor;
-use crate::key::{Key, Version};
-use crate::read::{CopyChoice, ReadAnswer, ReadRequest};
+use crate::read::{Caller, Carried, Read, ReadAnswer, ReadRequest};
 use crate::store::now_unix_ms;
 
-/// One read, as a door parsed it.
-#[derive(Debug, Clone)]
-pub struct ReadCall {
-    /// The key to read.
-    pub key: Key,
-    /// The client's affine copy, or one named copy.
-    pub copy: CopyChoice,
-    /// A version floor the caller sent itself: a copy below it is never served.
-    pub min_version: Option<Version>,
-    /// The highest version among the caller's entity tags: a floor too, and the answer is "not
-    /// modified" when no consulted copy is newer.
-    pub if_none_match: Option<Version>,
-    /// The read class the caller named; `None` uses the family's default class.
-    pub class: Option<String>,
-    /// The caller's request id: pinned to primaries after that request wrote.
-    pub request_id: Option<String>,
-    /// When the read must be answered (see the module doc); `None`: only the store's own
-    /// command timeout bounds each call.
-    pub deadline: Option<Deadline>,
-}
-
 impl Ops {
-    /// Reads `call.key` for a caller whose session is `session`: the session's floors for the
-    /// key hold as this instance's own memory of the client (a written floor as an own-write
-    /// floor, a served one as a seen floor), and the version served (or found not modified)
-    /// becomes a seen floor of the session until the copy that answered expires, so the
-    /// client's next read, through any instance, does not go below it. A failed read leaves the
-    /// session as it was.
+    /// Reads `request.key` for a caller whose session is `session`. The floors it brings: the
+    /// session's for the key (a written floor as an own-write floor, a served one as a seen
+    /// floor), and for a pooled caller ([`Caller::Pooled`]) the instance's high-water of the
+    /// key — exact, a floor never undercut; estimated, only preferred. What the read showed (a
+    /// value, a "not modified", a tombstone's 404) is left as a floor everywhere by
+    /// [`Ops::leave`]: the session's seen floor until the copy that answered expires, the
+    /// high-water, a seen pin when the read was served away from where the next one goes. A
+    /// failed read leaves nothing.
     ///
     /// No store call is awaited when the near cache answers.
     ///
     /// # Errors
-    /// As [`crate::read::Reader::read`].
-    pub async fn read(&self, call: ReadCall, session: &mut ClientSession) -> Result<ReadAnswer> {
-        let sessions = self.sessions();
+    /// As [`crate::read::Reader::read`], and [`crate::ErrorKind::NotFound`] for a missing key
+    /// or a tombstone ([`crate::Error::invalidated_at`] then names its version).
+    pub async fn read(
+        &self,
+        request: ReadRequest,
+        session: &mut ClientSession,
+    ) -> Result<ReadAnswer> {
         let now_ms = now_unix_ms();
-        let key_hash = sessions.key_hash(&call.key);
-        let request = ReadRequest {
+        let key_hash = self.sessions().key_hash(&request.key);
+        let mut carried = Carried {
             session: session.floors().floors(key_hash, now_ms),
-            key: call.key,
-            copy: call.copy,
-            min_version: call.min_version,
-            if_none_match: call.if_none_match,
-            class: call.class,
-            request_id: call.request_id,
-            deadline: call.deadline,
+            ..Carried::default()
         };
-        let answer = self.reader().read(&request).await?;
-        let (ReadAnswer::Value {
-            version,
-            expire_at_ms,
-            ..
+        if matches!(request.caller, Caller::Pooled(_)) {
+            match self.high_water().floor(&request.key, now_ms) {
+                Some(Mark::Exact(version)) => carried.floor = Some(version),
+                Some(Mark::Estimate(version)) => carried.estimate = Some(version),
+                None => {}
+            }
         }
-        | ReadAnswer::NotModified {
-            version,
-            expire_at_ms,
-            ..
-        }) = &answer;
-        let floor = SessionFloor {
-            key_hash,
-            version: *version,
-            expire_at_ms: *expire_at_ms,
-            written: false,
+        let Read { found, trail } = self.reader().read(&request, carried).await?;
+        let pins = match (trail.seen, request.caller.client_id()) {
+            (Some(version), Some(client)) => Pins::Seen { client, version },
+            _ => Pins::None,
         };
-        session.record(sessions, floor, now_ms);
-        self.high_water()
-            .record(&request.key, *version, *expire_at_ms, now_ms);
-        Ok(answer)
+        self.leave(
+            Left {
+                key: &request.key,
+                floor: trail.shown,
+                written: false,
+                pins,
+                void_near: trail.void_near,
+            },
+            session,
+        );
+        Read {
+            found,
+            trail: Default::default(),
+        }
+        .into_answer()
     }
 }

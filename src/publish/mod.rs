@@ -359,16 +359,12 @@ impl Publisher {
         version: VersionChoice,
         floor: u64,
     ) -> Result<Version> {
-        match (family.versioning, version) {
-            (Versioning::Caller, VersionChoice::Given(version)) => Ok(version),
-            (Versioning::Caller, VersionChoice::Unspecified) => Err(Error::new(
-                ErrorKind::InvalidVersion,
-                format!(
-                    "family {:?} takes versions from the caller: send ?version=V",
-                    family.name()
-                ),
-            )),
-            (Versioning::Allocated, VersionChoice::Unspecified) => {
+        family
+            .check_version(matches!(version, VersionChoice::Given(_)))
+            .map_err(Error::refused)?;
+        match version {
+            VersionChoice::Given(version) => Ok(version),
+            VersionChoice::Unspecified => {
                 // The counter is meant to outlive every copy it versioned, so a later allocation
                 // does not restart below a live copy; when it does not (another instance's
                 // shorter TTL, a failover), the copies' refusals raise it (see `write`).
@@ -377,13 +373,6 @@ impl Publisher {
                     .allocate_version(key, counter_ttl_ms, floor)
                     .await
             }
-            (Versioning::Allocated, VersionChoice::Given(_)) => Err(Error::new(
-                ErrorKind::InvalidVersion,
-                format!(
-                    "family {:?} allocates versions: do not send ?version",
-                    family.name()
-                ),
-            )),
         }
     }
 }

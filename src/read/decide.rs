@@ -55,6 +55,8 @@ pub(super) enum Decision {
     Invalidated {
         /// The tombstone's version.
         version: Version,
+        /// When the tombstone's copy expires, Unix ms: how long the floor it leaves lasts.
+        expire_at_ms: u64,
         /// The copy that held it.
         copy: u32,
         /// The node that served it.
@@ -120,6 +122,7 @@ pub(super) fn decide(
     match record.payload {
         Payload::Tombstone => Ok(Decision::Invalidated {
             version: record.version,
+            expire_at_ms: record.expire_at_ms,
             copy,
             served_by,
             reason,

@@ -74,40 +74,131 @@ impl Default for ReadConfig {
     }
 }
 
-/// Which copy a read targets.
+/// Who a read is for: it decides the copy the read targets and the floors it brings. A door
+/// says which of these its caller is; what each brings is decided below the doors (`ops`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CopyChoice {
-    /// The copy chosen by the client id's hash.
+pub enum Caller {
+    /// A client that named itself (HTTP's `client_id`, the Redis door's `HOTSPLIT.CLIENT`): the
+    /// copy its id hashes to, and the floors this instance holds for it.
     Client(String),
-    /// One named copy, for operators and tests; no fallback.
+    /// A connection of a pool that named no client (the Redis door's): reads as the
+    /// connection's own id (made by [`crate::ops::Ops::pooled`]), and takes the instance's
+    /// high-water of the key as a floor (`ops`), since the application's next command may go
+    /// out on another connection.
+    Pooled(Arc<str>),
+    /// One named copy, for operators and tests: no client, no fallback.
     Named(u32),
 }
 
-/// One read request.
+impl Caller {
+    /// The client id the read goes as; `None` for a named copy.
+    pub fn client_id(&self) -> Option<&str> {
+        match self {
+            Caller::Client(id) => Some(id),
+            Caller::Pooled(id) => Some(id),
+            Caller::Named(_) => None,
+        }
+    }
+}
+
+/// One read, as a door parsed it: the one type every door builds, the operations layer
+/// ([`crate::ops::Ops::read`]) takes and the read path serves.
 #[derive(Debug, Clone)]
 pub struct ReadRequest {
     /// The key to read.
     pub key: Key,
-    /// Which copy.
-    pub copy: CopyChoice,
-    /// `min_version`: a copy below it is never served.
+    /// Who the read is for.
+    pub caller: Caller,
+    /// A version floor the caller sent itself (`min_version`, `MINVERSION`): a copy below it is
+    /// never served.
     pub min_version: Option<Version>,
-    /// The version in `If-None-Match`: a floor too, and the answer is "not modified" when no
-    /// consulted copy is newer.
+    /// The highest version among the caller's entity tags (`If-None-Match`): a floor too, and
+    /// the answer is "not modified" when no consulted copy is newer.
     pub if_none_match: Option<Version>,
-    /// The read class named by the request (`?class=`, `Hotsplit-Read-Class`); `None` uses the
-    /// family's default class.
+    /// The read class the caller named; `None` uses the family's default class (or, on the
+    /// Redis door, the connection's).
     pub class: Option<String>,
-    /// The request id (`Hotsplit-Request`): pinned to primaries after that request wrote.
+    /// The caller's request id (`Hotsplit-Request`): pinned to primaries after that request
+    /// wrote.
     pub request_id: Option<String>,
-    /// The floors the client's session token holds for this key (`Hotsplit-Session`): honoured
-    /// exactly as this instance's own memory of the client (a written floor as an own-write
-    /// floor, a served one as a seen floor).
-    pub session: Floors,
     /// When the read must be answered: every store call it makes is bounded by it, and past it
     /// the read fails with [`ErrorKind::DeadlineExceeded`]. `None`: only the store's own
     /// command timeout bounds each call.
     pub deadline: Option<Deadline>,
+}
+
+/// The floors a read brings besides its own, which the operations layer fills from what the
+/// caller carries (`crate::ops`): its session token's floors for the key, and for a pooled
+/// caller the instance's high-water.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Carried {
+    /// The session token's floors for this key: honoured exactly as this instance's own memory
+    /// of the client (a written floor as an own-write floor, a served one as a seen floor).
+    pub session: Floors,
+    /// A floor the read must meet: a version this instance answered or accepted for this very
+    /// key (the high-water's exact record). Like `min_version`, never undercut: below it the
+    /// answer is `BelowVersionFloor`.
+    pub floor: Option<Version>,
+    /// A floor that may over-state (the high-water's estimate, shared with other keys): a copy
+    /// below it is not served while another consulted copy holds more, but when none does the
+    /// newest is served, as a near-cache rollback is.
+    pub estimate: Option<Version>,
+}
+
+/// What a read found, short of an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// A value or "not modified".
+    Answer(ReadAnswer),
+    /// The newest consulted record is a tombstone at or above every floor (a 404).
+    Invalidated {
+        /// The tombstone's version: what the reader was shown.
+        version: Version,
+        /// When the tombstone's copy expires, Unix ms.
+        expire_at_ms: u64,
+    },
+    /// No consulted copy holds the key.
+    Missing,
+}
+
+/// The floors a read leaves, as the read path found them; the operations layer records them in
+/// its one after-answer step (`crate::ops`), which is the only writer of each.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trail {
+    /// The version the read showed the reader (a value's, a "not modified"'s, a tombstone's)
+    /// and when its copy expires, Unix ms: the floor it leaves in the caller's session and the
+    /// instance's high-water.
+    pub shown: Option<(Version, u64)>,
+    /// A seen floor to hold for the client on this instance, when the read was served from
+    /// somewhere its next read may not go (see `Reader::remember`).
+    pub seen: Option<Version>,
+    /// The near-cache copy whose entry and record a rollback voids: every consulted copy was
+    /// below the version this instance served from it.
+    pub void_near: Option<CopyKey>,
+}
+
+/// One read's outcome: what it found and the floors it leaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    /// What it found.
+    pub found: Found,
+    /// The floors it leaves.
+    pub trail: Trail,
+}
+
+impl Read {
+    /// The answer as the read path's callers see it: a tombstone or a missing key is
+    /// [`ErrorKind::NotFound`] (with the tombstone's version, [`crate::Error::invalidated_at`]).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when nothing was found.
+    pub fn into_answer(self) -> Result<ReadAnswer> {
+        match self.found {
+            Found::Answer(answer) => Ok(answer),
+            Found::Invalidated { version, .. } => Err(crate::Error::invalidated(version.get())),
+            Found::Missing => Err(crate::Error::new(ErrorKind::NotFound, "key not found")),
+        }
+    }
 }
 
 /// Where and why a read was served.
@@ -313,21 +404,23 @@ impl Reader {
         }
     }
 
-    /// Reads `request.key` for one client.
+    /// Reads `request.key` for one caller, with the floors it `carried`: what was found, and
+    /// the floors the read leaves ([`Trail`]), which the caller records (`crate::ops` does, in
+    /// one step). A tombstone or a missing key is found, not an error.
     ///
     /// # Errors
     /// - [`ErrorKind::MissingClient`] when the client id is empty;
     /// - [`ErrorKind::InvalidCopy`] when a named copy is out of range;
-    /// - [`ErrorKind::NotFound`] for a missing key or a tombstone;
     /// - [`ErrorKind::BelowVersionFloor`] when no consulted copy reaches the floor;
     /// - [`ErrorKind::UnknownClass`] / [`ErrorKind::ClassNotAllowed`] for a bad class;
     /// - [`ErrorKind::StalenessBudgetExceeded`] when the class fails over budget;
     /// - [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when no copy could be read;
     /// - [`ErrorKind::DeadlineExceeded`] when the request's deadline passed first (the store
     ///   calls still running are dropped; nothing the read does on the way is left half done:
-    ///   repairs run off the request path, and pins are recorded only once an answer is chosen).
-    pub async fn read(&self, request: &ReadRequest) -> Result<ReadAnswer> {
-        let result = match self.prepare(request) {
+    ///   repairs run off the request path, and floors are recorded only once an answer is
+    ///   chosen, by the caller).
+    pub async fn read(&self, request: &ReadRequest, carried: Carried) -> Result<Read> {
+        let result = match self.prepare(request, carried) {
             Err(err) => Err(err),
             Ok(prepared) => match self.near_hit(request, &prepared) {
                 Some(hit) => hit,
@@ -343,33 +436,50 @@ impl Reader {
                 }
             },
         };
-        if let Ok((
-            ReadAnswer::Value {
-                route, served_by, ..
+        match &result {
+            Ok(Concluded {
+                found:
+                    Found::Answer(
+                        ReadAnswer::Value {
+                            route, served_by, ..
+                        }
+                        | ReadAnswer::NotModified {
+                            route, served_by, ..
+                        },
+                    ),
+                ..
+            }) => {
+                // An answer from the near cache was served by no node: the bill counts store
+                // reads.
+                if route.near_cache_age.is_none() {
+                    self.count(&request.key, served_by, *route);
+                }
+                if let Some(hot) = &self.hot {
+                    hot.observe(request.key.as_str(), route.near_cache_age.is_none());
+                }
             }
-            | ReadAnswer::NotModified {
-                route, served_by, ..
-            },
-            _,
-        )) = &result
-        {
-            // An answer from the near cache was served by no node: the bill counts store reads.
-            if route.near_cache_age.is_none() {
-                self.count(&request.key, served_by, *route);
-            }
-            if let Some(hot) = &self.hot {
-                hot.observe(request.key.as_str(), route.near_cache_age.is_none());
-            }
-        } else if let (Some(hot), Err(err)) = (&self.hot, &result) {
             // A miss asked for the key too (and was looked up in the store).
-            if err.kind() == ErrorKind::NotFound {
-                hot.observe(request.key.as_str(), true);
+            Ok(_) => {
+                if let Some(hot) = &self.hot {
+                    hot.observe(request.key.as_str(), true);
+                }
             }
+            Err(_) => {}
         }
         let outcome = match &result {
-            Ok((ReadAnswer::NotModified { .. }, _)) => ReadOutcome::NotModified,
-            Ok((ReadAnswer::Value { .. }, Served::Affine)) => ReadOutcome::Affine,
-            Ok((ReadAnswer::Value { .. }, Served::Sibling)) => ReadOutcome::Fallback,
+            Ok(Concluded {
+                found: Found::Answer(ReadAnswer::NotModified { .. }),
+                ..
+            }) => ReadOutcome::NotModified,
+            Ok(Concluded {
+                found: Found::Answer(ReadAnswer::Value { .. }),
+                served,
+                ..
+            }) => match served {
+                Served::Affine => ReadOutcome::Affine,
+                Served::Sibling => ReadOutcome::Fallback,
+            },
+            Ok(_) => ReadOutcome::NotFound,
             Err(err) => match err.kind() {
                 ErrorKind::NotFound => ReadOutcome::NotFound,
                 ErrorKind::BelowVersionFloor => ReadOutcome::BelowFloor,
@@ -377,11 +487,31 @@ impl Reader {
                 | ErrorKind::Timeout
                 | ErrorKind::NodeFailing
                 | ErrorKind::DeadlineExceeded => ReadOutcome::Unavailable,
-                _ => return result.map(|(answer, _)| answer),
+                _ => return result.map(Concluded::into_read),
             },
         };
         self.metrics.read(outcome);
-        result.map(|(answer, _)| answer)
+        result.map(Concluded::into_read)
+    }
+}
+
+/// A read as the path concluded it: what it found, where, and the floors it leaves.
+struct Concluded {
+    /// What it found.
+    found: Found,
+    /// Whether the affine copy or a sibling answered.
+    served: Served,
+    /// The floors it leaves.
+    trail: Trail,
+}
+
+impl Concluded {
+    /// The outcome the read path's callers get.
+    fn into_read(self) -> Read {
+        Read {
+            found: self.found,
+            trail: self.trail,
+        }
     }
 }
 
@@ -394,10 +524,27 @@ mod tests {
     use crate::store::memory::MemoryStore;
     use crate::store::{CopyRead, CopyRecord, Payload, ServedBy};
 
+    impl Fixture {
+        fn reader(&self) -> &Reader {
+            self.ops.reader()
+        }
+
+        fn publisher(&self) -> &Publisher {
+            self.ops.publisher()
+        }
+
+        /// Reads through the operations layer (and so its after-answer step), as a caller
+        /// with no session.
+        async fn read_raw(&self, request: &ReadRequest) -> Result<ReadAnswer> {
+            self.ops
+                .read(request.clone(), &mut crate::ops::ClientSession::none())
+                .await
+        }
+    }
+
     struct Fixture {
         store: Arc<MemoryStore>,
-        publisher: Publisher,
-        reader: Reader,
+        ops: crate::ops::Ops,
     }
 
     fn fixture() -> Fixture {
@@ -407,17 +554,19 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let metrics = Metrics::new();
         Fixture {
-            publisher: Publisher::new(store.clone(), families.clone(), metrics.clone()),
-            reader: Reader::new(
-                store.clone(),
-                families.clone(),
-                ReadConfig::default(),
-                metrics,
-                Arc::new(Router::for_tests(
-                    &sections.route,
-                    &sections.classes,
-                    families,
-                )),
+            ops: crate::ops::Ops::for_tests(
+                Publisher::new(store.clone(), families.clone(), metrics.clone()),
+                Reader::new(
+                    store.clone(),
+                    families.clone(),
+                    ReadConfig::default(),
+                    metrics,
+                    Arc::new(Router::for_tests(
+                        &sections.route,
+                        &sections.classes,
+                        families,
+                    )),
+                ),
             ),
             store,
         }
@@ -430,12 +579,11 @@ mod tests {
     fn request(client: &str, min_version: Option<u64>, if_none_match: Option<u64>) -> ReadRequest {
         ReadRequest {
             key: Key::parse("p:1").unwrap(),
-            copy: CopyChoice::Client(client.into()),
+            caller: Caller::Client(client.into()),
             min_version: min_version.map(version),
             if_none_match: if_none_match.map(version),
             class: None,
             request_id: None,
-            session: crate::route::Floors::default(),
             deadline: None,
         }
     }
@@ -448,15 +596,14 @@ mod tests {
         if_none_match: Option<u64>,
     ) -> Result<ReadAnswer> {
         fixture
-            .reader
-            .read(&request(client, min_version, if_none_match))
+            .read_raw(&request(client, min_version, if_none_match))
             .await
     }
 
     async fn publish(fixture: &Fixture, n: u64, value: &'static str) {
         let key = Key::parse("p:1").unwrap();
         fixture
-            .publisher
+            .publisher()
             .publish(
                 &key,
                 VersionChoice::Given(version(n)),
@@ -468,7 +615,9 @@ mod tests {
 
     /// Makes the copy `client` reads hold `n` with `value`, bypassing the compare-and-set.
     fn regress_affine_copy(fixture: &Fixture, client: &str, n: u64, value: &'static str) -> u32 {
-        let affinity = fixture.reader.affinity(&Key::parse("p:1").unwrap(), client);
+        let affinity = fixture
+            .reader()
+            .affinity(&Key::parse("p:1").unwrap(), client);
         fixture.store.overwrite_for_test(
             &affinity.copy_key,
             Some(CopyRecord {
@@ -525,7 +674,7 @@ mod tests {
         let affine = regress_affine_copy(&fixture, "alice", 4, "four");
         let key = Key::parse("p:1").unwrap();
         fixture
-            .reader
+            .reader()
             .router()
             .record_write(&key, version(5), Some("alice"), None);
         let answer = read(&fixture, "alice", None, None).await.unwrap();
@@ -534,7 +683,7 @@ mod tests {
             "{answer:?}"
         );
         // Another client reading the same copy has no floor: best effort, the old value.
-        let bob_copy = fixture.reader.affinity(&key, "bob").copy;
+        let bob_copy = fixture.reader().affinity(&key, "bob").copy;
         if bob_copy == affine {
             let answer = read(&fixture, "bob", None, None).await.unwrap();
             assert!(matches!(answer, ReadAnswer::Value { version: v, .. } if v.get() == 4));
@@ -546,7 +695,7 @@ mod tests {
         let fixture = fixture();
         publish(&fixture, 5, "five").await;
         let affinity = fixture
-            .reader
+            .reader()
             .affinity(&Key::parse("p:1").unwrap(), "alice");
         fixture.store.overwrite_for_test(&affinity.copy_key, None);
         // A sibling serves 5, and this instance remembers it as alice's seen floor.
@@ -603,7 +752,7 @@ mod tests {
         publish(&fixture, 5, "five").await;
         let key = Key::parse("p:1").unwrap();
         fixture
-            .publisher
+            .publisher()
             .invalidate(&key, VersionChoice::Given(version(6)))
             .await
             .unwrap();
@@ -749,14 +898,14 @@ mod tests {
         let fixture = fixture();
         publish(&fixture, 5, "five").await;
         let mut named = request("x", None, None);
-        named.copy = CopyChoice::Named(7);
+        named.caller = Caller::Named(7);
         assert!(matches!(
-            fixture.reader.read(&named).await.unwrap(),
+            fixture.read_raw(&named).await.unwrap(),
             ReadAnswer::Value { copy: 7, .. }
         ));
-        named.copy = CopyChoice::Named(8);
+        named.caller = Caller::Named(8);
         assert_eq!(
-            fixture.reader.read(&named).await.unwrap_err().kind(),
+            fixture.read_raw(&named).await.unwrap_err().kind(),
             ErrorKind::InvalidCopy
         );
         let err = read(&fixture, "", None, None).await.unwrap_err();

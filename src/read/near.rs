@@ -86,7 +86,7 @@ impl Reader {
         }) else {
             return None;
         };
-        if below(Some(&entry.record), prepared.floor) {
+        if below(Some(&entry.record), prepared.preferred) {
             return None;
         }
         Some(self.serve_entry(near, &entry, age, prepared, || self.copy_key(key, copy)))
@@ -136,7 +136,7 @@ impl Reader {
             affine: copy,
             ref plan,
             client_floor,
-            floor,
+            preferred: floor,
             near: Some((near, max_age)),
             ..
         } = *prepared
@@ -148,7 +148,7 @@ impl Reader {
                     prepared.affine,
                     &prepared.plan,
                     prepared.client_floor,
-                    prepared.floor,
+                    prepared.preferred,
                 )
                 .await?;
             return Ok(NearConsult {
@@ -281,31 +281,38 @@ impl Reader {
     }
 
     /// After a read of the affine copy decided: when the answer is below the copy's high-water
-    /// version (every consulted copy was set back), counts the rollback and drops the copy's
-    /// entry and record, so the next fill takes what the copies hold now.
-    pub(super) fn settle_high_water(
+    /// version (every consulted copy was set back), the copy whose near-cache entry and record
+    /// the rollback voids (the after-answer step drops them, [`Reader::void_near`], so the next
+    /// fill takes what the copies hold now).
+    pub(super) fn rollback_of(
         &self,
-        near: &NearCache,
         key: &Key,
         affine: u32,
         high_water: Option<Version>,
         decision: &Result<Decision>,
-    ) {
-        let Some(high_water) = high_water else {
-            return;
-        };
+    ) -> Option<CopyKey> {
+        let high_water = high_water?;
         let served = match decision {
             Ok(Decision::Answer(
                 ReadAnswer::Value { version, .. } | ReadAnswer::NotModified { version, .. },
             ))
             | Ok(Decision::Invalidated { version, .. }) => Some(*version),
             Err(err) if err.kind() == crate::ErrorKind::NotFound => None,
-            Err(_) => return,
+            Err(_) => return None,
         };
-        if served.is_none_or(|served| served < high_water) {
-            let copy_key = self.copy_key(key, affine);
-            tracing::warn!(copy_key = %copy_key, high_water = %high_water, served = ?served.map(|v| v.get()), "every consulted copy is below the version this instance served: serving the older one (a rollback)");
-            near.forget(&copy_key);
+        if served.is_some_and(|served| served >= high_water) {
+            return None;
+        }
+        let copy_key = self.copy_key(key, affine);
+        tracing::warn!(copy_key = %copy_key, high_water = %high_water, served = ?served.map(|v| v.get()), "every consulted copy is below the version this instance served: serving the older one (a rollback)");
+        Some(copy_key)
+    }
+
+    /// Drops `copy_key`'s near-cache entry and record after a rollback ([`Reader::rollback_of`]).
+    /// Called by the after-answer step only (`crate::ops`).
+    pub fn void_near(&self, copy_key: &CopyKey) {
+        if let Some(near) = &self.near {
+            near.forget(copy_key);
         }
     }
 
@@ -436,7 +443,7 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::near::{NearCacheConfig, NearMetrics};
     use crate::publish::{Publisher, VersionChoice};
-    use crate::read::{CopyChoice, ReadRequest};
+    use crate::read::{Caller, ReadRequest};
     use crate::route::Router;
     use crate::store::memory::MemoryStore;
     use crate::store::now_unix_ms;
@@ -444,10 +451,27 @@ mod tests {
 
     const CONFIG: &str = "[[family]]\nprefix = \"p:\"\ncopies = 8\ndefault_class = \"advisory\"\n[classes.advisory]\nroute = \"replica\"\nreason = \"x\"\nstaleness_budget = \"250ms\"\nnear_cache_max_age = \"40ms\"";
 
+    impl Fixture {
+        fn reader(&self) -> &Reader {
+            self.ops.reader()
+        }
+
+        fn publisher(&self) -> &Publisher {
+            self.ops.publisher()
+        }
+
+        /// Reads through the operations layer (and so its after-answer step), as a caller
+        /// with no session.
+        async fn read_raw(&self, request: &ReadRequest) -> Result<ReadAnswer> {
+            self.ops
+                .read(request.clone(), &mut crate::ops::ClientSession::none())
+                .await
+        }
+    }
+
     struct Fixture {
         store: Arc<MemoryStore>,
-        publisher: Publisher,
-        reader: Reader,
+        ops: crate::ops::Ops,
         near: Arc<NearCache>,
     }
 
@@ -468,16 +492,18 @@ mod tests {
             TaskTracker::new(),
         ));
         Fixture {
-            publisher: Publisher::new(store.clone(), families.clone(), metrics.clone())
+            ops: crate::ops::Ops::for_tests(
+                Publisher::new(store.clone(), families.clone(), metrics.clone())
+                    .with_near_cache(near.clone()),
+                Reader::new(
+                    store.clone(),
+                    families,
+                    crate::read::ReadConfig::default(),
+                    metrics,
+                    router,
+                )
                 .with_near_cache(near.clone()),
-            reader: Reader::new(
-                store.clone(),
-                families,
-                crate::read::ReadConfig::default(),
-                metrics,
-                router,
-            )
-            .with_near_cache(near.clone()),
+            ),
             store,
             near,
         }
@@ -494,19 +520,18 @@ mod tests {
     fn request(client: &str) -> ReadRequest {
         ReadRequest {
             key: key(),
-            copy: CopyChoice::Client(client.into()),
+            caller: Caller::Client(client.into()),
             min_version: None,
             if_none_match: None,
             class: None,
             request_id: None,
-            session: crate::route::Floors::default(),
             deadline: None,
         }
     }
 
     /// The version read and whether the near cache answered.
     async fn read(fixture: &Fixture, request: &ReadRequest) -> Result<(u64, bool)> {
-        match fixture.reader.read(request).await? {
+        match fixture.read_raw(request).await? {
             ReadAnswer::Value { version, route, .. }
             | ReadAnswer::NotModified { version, route, .. } => {
                 Ok((version.get(), route.near_cache_age.is_some()))
@@ -516,7 +541,7 @@ mod tests {
 
     async fn publish(fixture: &Fixture, n: u64) {
         fixture
-            .publisher
+            .publisher()
             .publish(
                 &key(),
                 VersionChoice::Given(v(n)),
@@ -582,7 +607,7 @@ mod tests {
         // If-None-Match is a floor too.
         let mut tagged = request("alice");
         tagged.if_none_match = Some(v(9));
-        let err = fixture.reader.read(&tagged).await;
+        let err = fixture.read_raw(&tagged).await;
         assert!(
             matches!(err, Ok(ReadAnswer::NotModified { route, .. }) if route.near_cache_age.is_none())
         );
@@ -593,14 +618,14 @@ mod tests {
         let fixture = fixture();
         publish(&fixture, 5).await;
         fixture
-            .reader
+            .reader()
             .router()
             .record_write(&key(), v(5), None, Some("req-1"));
         let mut pinned = request("alice");
         pinned.request_id = Some("req-1".into());
         assert_eq!(read(&fixture, &pinned).await.unwrap(), (5, false));
         let mut named = request("alice");
-        named.copy = CopyChoice::Named(3);
+        named.caller = Caller::Named(3);
         assert_eq!(read(&fixture, &named).await.unwrap(), (5, true));
         let mut primary = request("alice");
         primary.class = Some("primary".into());
@@ -613,7 +638,7 @@ mod tests {
         let fixture = fixture();
         publish(&fixture, 5).await;
         fixture
-            .publisher
+            .publisher()
             .invalidate(&key(), VersionChoice::Given(v(6)))
             .await
             .unwrap();
@@ -632,7 +657,7 @@ mod tests {
             Some(Duration::from_millis(1)),
         );
         assert!(!taken);
-        let err = fixture.reader.read(&request("alice")).await.unwrap_err();
+        let err = fixture.read_raw(&request("alice")).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NotFound);
         assert_eq!(err.invalidated_at(), Some(6));
     }

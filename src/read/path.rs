@@ -8,10 +8,10 @@ use futures_util::future::join_all;
 
 use super::prepare::Prepared;
 use super::{
-    decide, repair_of, Consulted, CopyChoice, Decision, ReadAnswer, ReadRequest, Reader, RouteNote,
-    Served,
+    decide, repair_of, Caller, Concluded, Consulted, Decision, Found, ReadAnswer, ReadRequest,
+    Reader, RouteNote, Served, Trail,
 };
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{ErrorKind, Result};
 use crate::key::{Key, Version};
 use crate::route::ServedRole;
 use crate::store::{Role, ServedBy};
@@ -23,7 +23,7 @@ impl Reader {
         &self,
         request: &ReadRequest,
         prepared: &Prepared<'_>,
-    ) -> Option<Result<(ReadAnswer, Served)>> {
+    ) -> Option<Result<Concluded>> {
         let found = self.consult_near_hit(&request.key, prepared)?;
         // An entry that meets every floor is the whole answer: no sibling is consulted.
         Some(self.conclude(
@@ -41,13 +41,13 @@ impl Reader {
         &self,
         request: &ReadRequest,
         prepared: Prepared<'_>,
-    ) -> Result<(ReadAnswer, Served)> {
+    ) -> Result<Concluded> {
         let Prepared {
             copies,
             affine,
             ref plan,
             client_floor,
-            floor,
+            preferred: floor,
             near,
             ..
         } = prepared;
@@ -67,7 +67,7 @@ impl Reader {
         // answer while a sibling holds more (`near::high_water`).
         let floor = floor.max(high_water);
         let satisfied = matches!(&first.read.record, Ok(Some(record)) if floor.is_none_or(|floor| record.version >= floor));
-        let named = matches!(request.copy, CopyChoice::Named(_));
+        let named = matches!(request.caller, Caller::Named(_));
         if satisfied || named || copies == 1 {
             return self.conclude(request, &prepared, [first], near_cache_age, high_water);
         }
@@ -102,8 +102,10 @@ impl Reader {
         self.conclude(request, &prepared, all, near_cache_age, high_water)
     }
 
-    /// Decides the read from the copies it consulted (the affine copy first), then repairs,
-    /// settles the near cache's high-water version, counts and remembers, as the answer says.
+    /// Decides the read from the copies it consulted (the affine copy first), then repairs and
+    /// counts, and gathers the floors the answer leaves ([`Trail`]): the version shown, a seen
+    /// floor, a near-cache rollback. It records none of them (the caller's after-answer step
+    /// does).
     fn conclude<C>(
         &self,
         request: &ReadRequest,
@@ -111,7 +113,7 @@ impl Reader {
         consulted: C,
         near_cache_age: Option<Duration>,
         high_water: Option<Version>,
-    ) -> Result<(ReadAnswer, Served)>
+    ) -> Result<Concluded>
     where
         C: AsRef<[Consulted]> + IntoIterator<Item = Consulted>,
     {
@@ -119,6 +121,7 @@ impl Reader {
             affine,
             ref plan,
             near,
+            min_version,
             ..
         } = *prepared;
         let repair = self.repairer.as_ref().and_then(|_| {
@@ -129,7 +132,7 @@ impl Reader {
                 consulted.as_ref(),
             )
         });
-        let min_version = request.min_version.max(plan.held_floor());
+        let min_version = min_version.max(plan.held_floor());
         // A read that ends without a value (not found, below the floor) was still served by
         // someone: the affine copy's node and reason are what the bill counts for it.
         let first = consulted
@@ -137,9 +140,11 @@ impl Reader {
             .first()
             .map(|first| (first.read.served_by.clone(), first.reason));
         let decision = decide(consulted, min_version, request.if_none_match, plan.class);
-        if let Some((near, _)) = near {
-            self.settle_high_water(near, &request.key, affine, high_water, &decision);
-        }
+        let mut trail = Trail {
+            void_near: near
+                .and_then(|_| self.rollback_of(&request.key, affine, high_water, &decision)),
+            ..Trail::default()
+        };
         if let (Some(repairer), Some(write)) = (&self.repairer, repair) {
             if decision.is_ok() {
                 repairer.repair(write);
@@ -152,26 +157,40 @@ impl Reader {
                 route.near_cache_age = near_cache_age;
                 answer
             }
-            Ok(Decision::Invalidated { version, .. }) if near_cache_age.is_some() => {
-                return Err(Error::invalidated(version.get()));
-            }
             Ok(Decision::Invalidated {
                 version,
+                expire_at_ms,
                 copy,
                 served_by,
                 reason,
             }) => {
-                self.remember(&request.key, prepared, copy, &served_by, version);
-                self.count(
-                    &request.key,
-                    &served_by,
-                    RouteNote {
-                        class: plan.class,
-                        reason,
-                        near_cache_age: None,
+                // A near-cache answer leaves no seen floor (see below), nor counts in the bill.
+                if near_cache_age.is_none() {
+                    trail.seen = self.remember(prepared, copy, &served_by, version);
+                    self.count(
+                        &request.key,
+                        &served_by,
+                        RouteNote {
+                            class: plan.class,
+                            reason,
+                            near_cache_age: None,
+                        },
+                    );
+                }
+                trail.shown = Some((version, expire_at_ms));
+                let served = if copy == affine {
+                    Served::Affine
+                } else {
+                    Served::Sibling
+                };
+                return Ok(Concluded {
+                    found: Found::Invalidated {
+                        version,
+                        expire_at_ms,
                     },
-                );
-                return Err(Error::invalidated(version.get()));
+                    served,
+                    trail,
+                });
             }
             Err(err) => {
                 if let (
@@ -189,6 +208,13 @@ impl Reader {
                         },
                     );
                 }
+                if err.kind() == ErrorKind::NotFound {
+                    return Ok(Concluded {
+                        found: Found::Missing,
+                        served: Served::Affine,
+                        trail,
+                    });
+                }
                 return Err(err);
             }
         };
@@ -196,12 +222,14 @@ impl Reader {
             copy,
             version,
             served_by,
+            expire_at_ms,
             ..
         }
         | ReadAnswer::NotModified {
             copy,
             version,
             served_by,
+            expire_at_ms,
             ..
         }) = &answer;
         let served = if *copy == affine {
@@ -209,12 +237,17 @@ impl Reader {
         } else {
             Served::Sibling
         };
+        trail.shown = Some((*version, *expire_at_ms));
         // A near-cache answer leaves no seen floor: the copy's high-water version keeps every
         // reader of the copy through this instance from going below it.
         if near_cache_age.is_none() {
-            self.remember(&request.key, prepared, *copy, served_by, *version);
+            trail.seen = self.remember(prepared, *copy, served_by, *version);
         }
-        Ok((answer, served))
+        Ok(Concluded {
+            found: Found::Answer(answer),
+            served,
+            trail,
+        })
     }
 
     /// Leaves the reader a seen floor when its read was served from somewhere its next read may
@@ -233,31 +266,27 @@ impl Reader {
     /// A floor started when a version was first served outlives the replica's lag: a replica
     /// within its budget holds every version older than the budget.
     ///
-    /// A read of a named copy has no client to remember.
+    /// A read of a named copy has no client to remember. The floor is returned for the
+    /// after-answer step to record (`crate::ops`), never recorded here.
     fn remember(
         &self,
-        key: &Key,
         prepared: &Prepared<'_>,
         copy: u32,
         served_by: &ServedBy,
         version: Version,
-    ) {
-        let Some(client) = prepared.client else {
-            return;
-        };
+    ) -> Option<Version> {
+        prepared.client?;
         if prepared
             .plan
             .held_floor()
             .is_some_and(|held| held >= version)
         {
-            return;
+            return None;
         }
         let lag = self.router.lag();
         let moved = copy != prepared.affine
             || (served_by.role == Role::Primary && (lag.replicated() || lag.warming()));
-        if moved {
-            self.router.record_seen(key, version, client);
-        }
+        moved.then_some(version)
     }
 
     /// Counts a served read in the routing bill and logs where it was served.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CopyChoice, ReadRequest, Reader};
+use super::{Caller, Carried, ReadRequest, Reader};
 use crate::affinity;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::Version;
@@ -21,21 +21,34 @@ pub(super) struct Prepared<'a> {
     pub(super) client: Option<&'a str>,
     /// The route, holding the session token's floors too.
     pub(super) plan: Plan,
-    /// The floors the request carries itself (`min_version`, `If-None-Match`).
+    /// The floors the request carries itself (`min_version`, `If-None-Match`, the carried
+    /// exact floor).
     pub(super) client_floor: Option<Version>,
-    /// Every floor: the request's and those held for the client.
-    pub(super) floor: Option<Version>,
+    /// The floor a value must meet to answer: `min_version` and the carried exact floor.
+    pub(super) min_version: Option<Version>,
+    /// Every floor (the request's and those held for the client) and the carried estimate
+    /// ([`Carried::estimate`]), which may over-state: a copy below it is passed over while
+    /// another consulted copy holds more, but the answer is refused only below the hard floors
+    /// (`min_version`, the plan's held floors).
+    pub(super) preferred: Option<Version>,
     /// The near cache and the class's max age, when this read may be answered from memory.
     pub(super) near: Option<(&'a Arc<NearCache>, Duration)>,
 }
 
 impl Reader {
     /// Chooses the copy and plans the route of `request`: no store call, no await.
-    pub(super) fn prepare<'a>(&'a self, request: &'a ReadRequest) -> Result<Prepared<'a>> {
+    pub(super) fn prepare<'a>(
+        &'a self,
+        request: &'a ReadRequest,
+        carried: Carried,
+    ) -> Result<Prepared<'a>> {
         let copies = self.key_copies(&request.key);
-        let floor = request.min_version.max(request.if_none_match);
-        let affine = match &request.copy {
-            CopyChoice::Named(copy) if *copy >= copies => {
+        let floor = request
+            .min_version
+            .max(request.if_none_match)
+            .max(carried.floor);
+        let affine = match &request.caller {
+            Caller::Named(copy) if *copy >= copies => {
                 return Err(Error::new(
                     ErrorKind::InvalidCopy,
                     format!(
@@ -44,17 +57,14 @@ impl Reader {
                     ),
                 ))
             }
-            CopyChoice::Named(copy) => *copy,
-            CopyChoice::Client(client) if client.is_empty() => {
+            Caller::Named(copy) => *copy,
+            Caller::Client(client) if client.is_empty() => {
                 return Err(Error::new(ErrorKind::MissingClient, "client id is empty"))
             }
-            CopyChoice::Client(client) => affinity::copy_index(client, copies),
+            Caller::Client(client) => affinity::copy_index(client, copies),
+            Caller::Pooled(client) => affinity::copy_index(client, copies),
         };
-
-        let client = match &request.copy {
-            CopyChoice::Client(client) => Some(client.as_str()),
-            CopyChoice::Named(_) => None,
-        };
+        let client = request.caller.client_id();
         let mut plan = self.router.plan(
             &request.key,
             request.class.as_deref(),
@@ -62,8 +72,8 @@ impl Reader {
             request.request_id.as_deref(),
         )?;
         // The session token's floors count as this instance's own memory of the client.
-        plan.own_floor = plan.own_floor.max(request.session.written);
-        plan.seen_floor = plan.seen_floor.max(request.session.seen);
+        plan.own_floor = plan.own_floor.max(carried.session.written);
+        plan.seen_floor = plan.seen_floor.max(carried.session.seen);
         let client_floor = floor;
         let floor = floor.max(plan.held_floor());
         let near = self
@@ -75,7 +85,8 @@ impl Reader {
             client,
             plan,
             client_floor,
-            floor,
+            min_version: request.min_version.max(carried.floor),
+            preferred: floor.max(carried.estimate),
             near,
         })
     }

@@ -92,7 +92,7 @@ impl RespListener {
         server: &ServerConfig,
         tls: Option<TlsAcceptor>,
     ) -> RespListener {
-        let metrics = RespMetrics::register(&door.core().metrics());
+        let metrics = RespMetrics::register(door.core().metrics());
         let settings = Settings {
             limits: Limits {
                 max_bulk: server.max_value_bytes.saturating_add(BULK_SLACK),

@@ -142,6 +142,7 @@ impl StateParts {
                 sessions,
                 high_water: HighWater::with_bytes(config.session.high_water_bytes),
                 max_value_bytes: config.server.max_value_bytes,
+                instance: registry.id().into(),
             }),
             tokens: TokenTable::default(),
             in_flight: InFlightBound::new(RequestLimits::from(&config.server), &metrics),

@@ -13,9 +13,9 @@ use bytes::Bytes;
 use hotsplit::fleet::session::Session;
 use hotsplit::http::problem::ApiError;
 use hotsplit::key::{Key, Version};
-use hotsplit::ops::{ClientSession, Edit, Ops, PublishCall, ReadCall, Writer};
+use hotsplit::ops::{Caller, ClientSession, Edit, Ops, PublishCall, ReadRequest, Writer};
 use hotsplit::publish::PublishStatus;
-use hotsplit::read::{CopyChoice, ReadAnswer};
+use hotsplit::read::ReadAnswer;
 use hotsplit::server::Service;
 use hotsplit::store::{now_unix_ms, Role};
 use hotsplit_devcluster::{self as devcluster, PrimaryReplica};
@@ -180,7 +180,7 @@ impl Door for Direct<'_> {
             version: Some(Version::new(version).expect("a version")),
             edit: Edit::Value(Bytes::from(format!("value {version}"))),
             writer: Writer {
-                client: Some("alice".into()),
+                caller: Some(Caller::Client("alice".into())),
                 request_id: None,
             },
             sync: None,
@@ -207,9 +207,9 @@ impl Door for Direct<'_> {
 
     async fn read(&mut self, on: usize, min_version: Option<u64>) -> Outcome {
         let mut session = self.session(on);
-        let call = ReadCall {
+        let call = ReadRequest {
             key: self.key.clone(),
-            copy: CopyChoice::Client("alice".into()),
+            caller: Caller::Client("alice".into()),
             min_version: min_version.map(|floor| Version::new(floor).expect("a version")),
             if_none_match: None,
             class: None,

@@ -13,8 +13,8 @@ use crate::http::problem::{ApiError, Code};
 use crate::http::session::{SessionToken, WithSession};
 use crate::http::AppState;
 use crate::key::{Key, Version};
-use crate::ops::{ClientSession, ReadCall};
-use crate::read::{CopyChoice, ReadAnswer};
+use crate::ops::{Caller, ClientSession, ReadRequest};
+use crate::read::ReadAnswer;
 use crate::wire;
 
 /// The headers a read answer carries: its own eight at most, the session's two
@@ -179,10 +179,10 @@ async fn read(
 
 /// Puts a read's path, query and headers together: the query's client and class win over the
 /// headers'; floors combine by maximum.
-fn read_call(key: Key, params: ReadParams, headers: ReadHeaders) -> Result<ReadCall, ApiError> {
+fn read_call(key: Key, params: ReadParams, headers: ReadHeaders) -> Result<ReadRequest, ApiError> {
     // The client id is moved into the call, not copied.
     let client = params.client.or(headers.client);
-    let copy = match (&params.copy, client) {
+    let caller = match (&params.copy, client) {
         (Some(raw), _) => {
             let index = params::parse_canonical_u64(raw, wire::query::COPY)
                 .and_then(|index| {
@@ -191,9 +191,9 @@ fn read_call(key: Key, params: ReadParams, headers: ReadHeaders) -> Result<ReadC
                     })
                 })
                 .map_err(|why| ApiError::new(Code::InvalidCopy, why))?;
-            CopyChoice::Named(index)
+            Caller::Named(index)
         }
-        (None, Some(client)) if !client.is_empty() => CopyChoice::Client(client),
+        (None, Some(client)) if !client.is_empty() => Caller::Client(client),
         _ => {
             return Err(ApiError::new(
                 Code::MissingClient,
@@ -207,9 +207,9 @@ fn read_call(key: Key, params: ReadParams, headers: ReadHeaders) -> Result<ReadC
         .map(|raw| params::parse_version(raw, wire::query::MIN_VERSION))
         .transpose()?;
     let min_version = query_floor.max(headers.min_version);
-    Ok(ReadCall {
+    Ok(ReadRequest {
         key,
-        copy,
+        caller,
         min_version,
         if_none_match: headers.if_none_match,
         class: params.class.or(headers.read_class),

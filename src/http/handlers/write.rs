@@ -9,13 +9,14 @@ use serde::Deserialize;
 
 use super::VERSION;
 use crate::deadline::Deadline;
+use crate::error::{Error, Refusal};
 use crate::http::overload::{Admission, Admitted};
 use crate::http::params::{self, KeyPath, StrictQuery};
 use crate::http::problem::{ApiError, Code};
 use crate::http::session::{SessionToken, WithSession};
 use crate::http::AppState;
 use crate::key::{Key, Version};
-use crate::ops::{ClientSession, Edit, PublishCall, PublishOutcome, Writer};
+use crate::ops::{Caller, ClientSession, Edit, PublishCall, PublishOutcome, Writer};
 use crate::publish::{PublishReport, PublishStatus, SyncReplicas};
 use crate::wire;
 
@@ -95,7 +96,10 @@ fn parse_sync(params: &WriteParams) -> Result<Option<SyncReplicas>, ApiError> {
 fn writer(params_client: Option<String>, headers: &HeaderMap) -> Result<Writer, ApiError> {
     let client = params::one_identity(params_client, headers, &params::CLIENT)?;
     let request_id = params::request_id(headers)?;
-    Ok(Writer { client, request_id })
+    Ok(Writer {
+        caller: client.map(Caller::Client),
+        request_id,
+    })
 }
 
 /// Renders what a write did: the report with 200 or 202, or the problem of a refused or
@@ -232,11 +236,12 @@ fn write_version(raw: Option<&str>) -> Result<Option<Version>, ApiError> {
 /// the body counts against the receiving bound, which may refuse it (503 `overloaded`) first.
 async fn read_value(mut request: Request, state: &AppState) -> Result<(Bytes, Admitted), ApiError> {
     let max = state.ops().max_value_bytes();
+    // The same refusal the operations layer makes of a value over the bound, worded once.
     let too_large = || {
-        ApiError::new(
-            Code::ValueTooLarge,
-            format!("the value is larger than {max} bytes"),
-        )
+        ApiError::from(Error::refused(Refusal::ValueTooLarge {
+            bytes: max.saturating_add(1),
+            limit: max,
+        }))
     };
     let declared = request
         .headers()

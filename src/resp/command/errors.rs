@@ -6,7 +6,7 @@
 //! `BUSY`: clients act on those (redirect, reconnect, retry in a loop), and none of them means
 //! what a refused read means here.
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, Refusal};
 
 /// The first word of an error reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -163,10 +163,39 @@ impl RespError {
         )
     }
 
+    /// A publish refused by a rule, in this door's words (its arguments).
+    pub fn refused(refusal: &Refusal) -> RespError {
+        RespError::err(match refusal {
+            Refusal::VersionMissing { family } => format!(
+                "family {family:?} takes the caller's versions (versioning = caller): send the version"
+            ),
+            Refusal::VersionGiven { family } => format!(
+                "family {family:?} allocates its versions (versioning = allocated): send * as the version"
+            ),
+            Refusal::ValueTooLarge { bytes, limit } => format!(
+                "the value is {bytes} bytes, larger than server.max_value_bytes ({limit})"
+            ),
+        })
+    }
+
+    /// A write command that needs a version (`SET`, `DEL`) refused on a family that takes the
+    /// caller's: names `instead`, the command to use. Other errors as [`RespError::from_error`].
+    pub fn versionless(error: &Error, command: &str, instead: &str) -> RespError {
+        match error.refusal() {
+            Some(Refusal::VersionMissing { family }) => RespError::err(format!(
+                "{command} needs a version on family {family:?} (versioning = caller): use {instead}"
+            )),
+            _ => RespError::from_error(error),
+        }
+    }
+
     /// The error reply for a library error of a read or a publish. Input errors carry their
     /// sentence (it names the rule broken: `ERR invalid key: key contains '{' …`); store
     /// failures say only what to do, never a node's internals.
     pub fn from_error(error: &Error) -> RespError {
+        if let Some(refusal) = error.refusal() {
+            return RespError::refused(refusal);
+        }
         let message = error.message();
         match error.kind() {
             ErrorKind::InvalidKey => RespError::err(format!("invalid key: {message}")),

@@ -130,7 +130,7 @@ impl Door {
                     ("redis_version", REDIS_VERSION.to_owned()),
                     ("redis_mode", "standalone".to_owned()),
                     ("hotsplit_version", env!("CARGO_PKG_VERSION").to_owned()),
-                    ("run_id", self.instance.to_string()),
+                    ("run_id", self.core.instance().to_string()),
                     ("process_id", std::process::id().to_string()),
                 ],
             ),
@@ -153,7 +153,7 @@ impl Door {
             (
                 "Hotsplit",
                 vec![
-                    ("hotsplit_instance", self.instance.to_string()),
+                    ("hotsplit_instance", self.core.instance().to_string()),
                     (
                         "hotsplit_near_cache",
                         if near { "on" } else { "off" }.to_owned(),

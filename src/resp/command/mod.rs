@@ -99,8 +99,6 @@ mod table;
 mod tests;
 mod write;
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 
 use self::errors::{Prefix, RespError};
@@ -109,7 +107,7 @@ use super::reply::{Proto, Reply};
 use crate::auth::{Scope, Scopes, Verdict};
 use crate::deadline::Deadline;
 use crate::door::Core;
-use crate::ops::ClientSession;
+use crate::ops::{Caller, ClientSession};
 
 pub use errors::Prefix as ErrorPrefix;
 
@@ -119,15 +117,12 @@ pub use errors::Prefix as ErrorPrefix;
 pub struct Door {
     /// What both doors share: the operations, the tokens, the metrics, the in-flight bound.
     core: Core,
-    /// This instance's id: the first part of a connection's default client id.
-    instance: Arc<str>,
 }
 
 impl Door {
     /// The door over the service's `core`.
     pub fn new(core: Core) -> Door {
-        let instance = core.instance().clone();
-        Door { core, instance }
+        Door { core }
     }
 
     /// What both doors share.
@@ -272,16 +267,16 @@ impl Door {
         }
     }
 
-    /// The client id a read or write of `conn` goes as, and whether the client chose it (an
-    /// explicit id: no high-water floor) or it is the connection's own.
-    fn client_id(&self, conn: &mut ConnState, per_call: Option<String>) -> (String, bool) {
+    /// Who a read or write of `conn` is for: the client it named (for this call, or with
+    /// `HOTSPLIT.CLIENT`), else the connection as a pooled caller (what that brings is the
+    /// operations layer's: [`crate::ops::Ops::pooled`]).
+    fn caller(&self, conn: &mut ConnState, per_call: Option<String>) -> Caller {
         if let Some(id) = per_call.or_else(|| conn.client.clone()) {
-            return (id, true);
+            return Caller::Client(id);
         }
-        let id = conn
-            .default_client
-            .get_or_insert_with(|| format!("{}/resp/{}", self.instance, conn.id));
-        (id.clone(), false)
+        conn.pooled
+            .get_or_insert_with(|| self.core.ops().pooled(conn.id))
+            .clone()
     }
 }
 
@@ -338,8 +333,8 @@ pub struct ConnState {
     pub class: Option<String>,
     /// The open transaction (`MULTI`), if any.
     multi: Option<multi::Multi>,
-    /// The client id it reads as without an explicit one, made on first use.
-    default_client: Option<String>,
+    /// Who it reads and writes as without an explicit client, made on first use.
+    pooled: Option<Caller>,
     /// Commands it sent (`INFO stats`).
     commands: u64,
 }

@@ -1,9 +1,9 @@
 //! The reads: `GET`, `MGET`, `EXISTS`, `TTL`, `PTTL`, `HOTSPLIT.READ`, each one
 //! [`crate::ops::Ops::read`] per key.
 //!
-//! A read without an explicit client id (`HOTSPLIT.CLIENT`, `HOTSPLIT.READ … CLIENT`) reads as
-//! the connection's own id and takes the instance's high-water for the key as its floor
-//! ([`crate::ops::HighWater`]), so a pooled client never sees a key go back on this instance.
+//! A read without an explicit client id (`HOTSPLIT.CLIENT`, `HOTSPLIT.READ … CLIENT`) goes as a
+//! pooled caller ([`crate::ops::Caller::Pooled`]); the floor that brings is the operations
+//! layer's.
 
 use bytes::Bytes;
 
@@ -12,8 +12,8 @@ use super::{ConnState, Door};
 use crate::deadline::Deadline;
 use crate::error::{Error, ErrorKind};
 use crate::key::{Key, Version};
-use crate::ops::ReadCall;
-use crate::read::{CopyChoice, ReadAnswer};
+use crate::ops::ReadRequest;
+use crate::read::ReadAnswer;
 use crate::resp::reply::Reply;
 use crate::route::classes::DECIDES_ON_PRESENCE;
 use crate::store::now_unix_ms;
@@ -78,22 +78,17 @@ impl Door {
         deadline: Option<Deadline>,
     ) -> Result<Option<ReadAnswer>, RespError> {
         let key = key(raw)?;
-        let (client, explicit) = self.client_id(conn, options.client);
-        let ops = self.core.ops();
-        let mut min_version = options.min_version;
-        if !explicit {
-            min_version = min_version.max(ops.high_water().floor(&key, now_unix_ms()));
-        }
-        let call = ReadCall {
+        let caller = self.caller(conn, options.client);
+        let request = ReadRequest {
             key,
-            copy: CopyChoice::Client(client),
-            min_version,
+            caller,
+            min_version: options.min_version,
             if_none_match: None,
             class: options.class.or_else(|| conn.class.clone()),
             request_id: None,
             deadline,
         };
-        match ops.read(call, &mut conn.session).await {
+        match self.core.ops().read(request, &mut conn.session).await {
             Ok(answer) => Ok(Some(answer)),
             Err(error) if error.kind() == ErrorKind::NotFound => Ok(None),
             Err(error) => Err(RespError::from_error(&error)),

@@ -8,7 +8,6 @@ use super::errors::{Prefix, RespError};
 use super::read::{key, version_arg, version_reply};
 use super::{ConnState, Door};
 use crate::deadline::Deadline;
-use crate::family::Versioning;
 use crate::key::{Key, Version};
 use crate::ops::{Edit, PublishCall, PublishOutcome, Writer};
 use crate::publish::{PublishStatus, SyncReplicas};
@@ -72,22 +71,13 @@ impl Door {
         sync: Option<SyncReplicas>,
         deadline: Option<Deadline>,
     ) -> Result<PublishOutcome, RespError> {
-        if let Edit::Value(value) = &edit {
-            let limit = self.core.ops().max_value_bytes();
-            if value.len() > limit {
-                return Err(RespError::err(format!(
-                    "the value is {} bytes, larger than server.max_value_bytes ({limit})",
-                    value.len()
-                )));
-            }
-        }
-        let (client, _) = self.client_id(conn, None);
+        let caller = self.caller(conn, None);
         let call = PublishCall {
             key,
             version,
             edit,
             writer: Writer {
-                client: Some(client),
+                caller: Some(caller),
                 request_id: None,
             },
             sync,
@@ -100,34 +90,13 @@ impl Door {
             .map_err(|error| RespError::from_error(&error))
     }
 
-    /// The version argument of `key`: `*` for an `allocated` family, a version for a
-    /// `caller` one.
-    fn version_for(&self, key: &Key, raw: &Bytes) -> Result<Option<Version>, RespError> {
-        let family = self.core.ops().reader().families().resolve(key);
-        match (family.versioning, raw.as_ref()) {
-            (Versioning::Allocated, b"*") => Ok(None),
-            (Versioning::Allocated, _) => Err(RespError::err(format!(
-                "family {:?} allocates its versions (versioning = allocated): send * as the version",
-                family.name()
-            ))),
-            (Versioning::Caller, b"*") => Err(RespError::err(format!(
-                "family {:?} takes the caller's versions (versioning = caller): send the version",
-                family.name()
-            ))),
-            (Versioning::Caller, _) => version_arg(raw).map(Some),
+    /// A version argument: `*` (none: the family allocates it), or a version. Whether the
+    /// key's family takes that is the operations layer's rule ([`crate::ops::Ops::check_edit`]).
+    fn version_arg_or_star(raw: &Bytes) -> Result<Option<Version>, RespError> {
+        match raw.as_ref() {
+            b"*" => Ok(None),
+            _ => version_arg(raw).map(Some),
         }
-    }
-
-    /// Refuses `command` on a `caller` family, naming what to use instead.
-    fn allocated_only(&self, key: &Key, command: &str, instead: &str) -> Result<(), RespError> {
-        let family = self.core.ops().reader().families().resolve(key);
-        if family.versioning == Versioning::Caller {
-            return Err(RespError::err(format!(
-                "{command} needs a version on family {:?} (versioning = caller): use {instead}",
-                family.name()
-            )));
-        }
-        Ok(())
     }
 
     /// `HOTSPLIT.PUBLISH key version value [SYNC replicas timeout_ms]`.
@@ -138,7 +107,7 @@ impl Door {
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
         let key = key(&args[1])?;
-        let version = self.version_for(&key, &args[2])?;
+        let version = Door::version_arg_or_star(&args[2])?;
         let sync = match &args[4..] {
             [] => None,
             [option, replicas, timeout_ms] if option.eq_ignore_ascii_case(b"SYNC") => {
@@ -170,7 +139,7 @@ impl Door {
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
         let key = key(&args[1])?;
-        let version = self.version_for(&key, &args[2])?;
+        let version = Door::version_arg_or_star(&args[2])?;
         let outcome = self
             .edit(conn, key, version, Edit::Tombstone, None, deadline)
             .await?;
@@ -192,8 +161,13 @@ impl Door {
             )));
         }
         let key = key(&args[1])?;
-        self.allocated_only(&key, "SET", "HOTSPLIT.PUBLISH key version value")?;
         let value = Edit::Value(args[2].clone());
+        self.core
+            .ops()
+            .check_edit(&key, None, &value)
+            .map_err(|error| {
+                RespError::versionless(&error, "SET", "HOTSPLIT.PUBLISH key version value")
+            })?;
         let outcome = self.edit(conn, key, None, value, None, deadline).await?;
         written(&outcome).map(|()| Reply::OK)
     }
@@ -210,8 +184,14 @@ impl Door {
             .iter()
             .map(key)
             .collect::<Result<Vec<Key>, RespError>>()?;
+        // Every key is checked before any is written, so a refusal deletes nothing.
         for key in &keys {
-            self.allocated_only(key, &command, "HOTSPLIT.INVALIDATE key version")?;
+            self.core
+                .ops()
+                .check_edit(key, None, &Edit::Tombstone)
+                .map_err(|error| {
+                    RespError::versionless(&error, &command, "HOTSPLIT.INVALIDATE key version")
+                })?;
         }
         let mut deleted = 0;
         for key in keys {

@@ -54,7 +54,7 @@ fn serve(
     Arc<Signal>,
     Arc<Connections>,
 ) {
-    let metrics = RespMetrics::register(&door.core().metrics());
+    let metrics = RespMetrics::register(door.core().metrics());
     let connections = Connections::new(4, metrics.clone());
     let signal = Arc::new(Signal::default());
     let slot = connections.admit(signal.clone()).expect("room");

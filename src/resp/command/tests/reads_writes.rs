@@ -102,7 +102,10 @@ async fn an_explicit_client_reads_its_affine_copy_and_a_pooled_one_the_high_wate
     run(&door, &mut conn, &["HOTSPLIT.PUBLISH", "p:1", "5", "v"]).await;
     let key = Key::parse("p:1").unwrap();
     let ops = door.core().ops();
-    assert!(ops.high_water().floor(&key, crate::store::now_unix_ms()) >= Version::new(5).ok());
+    assert_eq!(
+        ops.high_water().floor(&key, crate::store::now_unix_ms()),
+        Version::new(5).ok().map(crate::ops::Mark::Exact)
+    );
     assert_eq!(
         run(&door, &mut conn, &["HOTSPLIT.CLIENT", "alice"]).await,
         Reply::OK
