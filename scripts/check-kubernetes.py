@@ -29,6 +29,7 @@ component, it:
 
 Exit status 0 when everything passes, 1 when a check fails, 2 for a usage error or a missing tool.
 """
+
 import argparse
 import base64
 import ipaddress
@@ -86,7 +87,9 @@ def run(command, **kwargs):
 def venv_tool(name):
     tool = pathlib.Path(sys.executable).parent / name
     if not tool.exists():
-        sys.exit(f"check-kubernetes: {name} is not installed beside {sys.executable} (scripts/check-deploy.sh installs it)")
+        sys.exit(
+            f"check-kubernetes: {name} is not installed beside {sys.executable} (scripts/check-deploy.sh installs it)"
+        )
     return str(tool)
 
 
@@ -158,11 +161,16 @@ def validate(name, docs, scratch):
         try:
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
         except SchemaNotFoundError:
-            fail(name, f"{label}: unknown kind {key[0]} {key[1]} (no Kubernetes {KUBERNETES_VERSION} schema, no committed CRD schema)")
+            fail(
+                name,
+                f"{label}: unknown kind {key[0]} {key[1]} (no Kubernetes {KUBERNETES_VERSION} schema, no committed CRD schema)",
+            )
         except ValidationError as err:
             fail(name, f"{label}: {err.message} (at {'.'.join(str(p) for p in err.path)})")
     builtin = sum(1 for doc in docs if (doc.get("apiVersion"), doc.get("kind")) not in CUSTOM_KINDS)
-    ok(f"{name}: {builtin} objects valid for Kubernetes {KUBERNETES_VERSION} (kubernetes-validate --strict)")
+    ok(
+        f"{name}: {builtin} objects valid for Kubernetes {KUBERNETES_VERSION} (kubernetes-validate --strict)"
+    )
     for key, objects in sorted(custom.items()):
         files = []
         for at, doc in enumerate(objects):
@@ -172,13 +180,20 @@ def validate(name, docs, scratch):
         schema = CUSTOM_KINDS[key]
         result = run([venv_tool("check-jsonschema"), "--schemafile", str(schema), *files])
         if result.returncode != 0:
-            fail(name, f"{key[1]} against {schema.relative_to(ROOT)}:\n{result.stdout}{result.stderr}")
+            fail(
+                name,
+                f"{key[1]} against {schema.relative_to(ROOT)}:\n{result.stdout}{result.stderr}",
+            )
         else:
-            ok(f"{name}: {len(objects)} {key[1]} valid against {schema.relative_to(ROOT)} (check-jsonschema)")
+            ok(
+                f"{name}: {len(objects)} {key[1]} valid against {schema.relative_to(ROOT)} (check-jsonschema)"
+            )
 
 
 def lint(paths):
-    result = run([venv_tool("yamllint"), "--strict", "-c", str(ROOT / ".yamllint"), *map(str, paths)])
+    result = run(
+        [venv_tool("yamllint"), "--strict", "-c", str(ROOT / ".yamllint"), *map(str, paths)]
+    )
     if result.returncode != 0:
         fail("yamllint", "\n" + result.stdout + result.stderr)
     else:
@@ -227,14 +242,23 @@ def materialize(name, docs, pod, container, root):
         path = mount["mountPath"]
         target = root / path.lstrip("/")
         target.mkdir(parents=True, exist_ok=True)
-        info = {"readOnly": mount.get("readOnly", False), "claim": mount["name"] in claims, "source": None}
+        info = {
+            "readOnly": mount.get("readOnly", False),
+            "claim": mount["name"] in claims,
+            "source": None,
+        }
         mounts[path] = info
         volume = volumes.get(mount["name"])
         if volume is None:
             if not info["claim"]:
-                fail(name, f"volumeMount {mount['name']} names no volume and no volumeClaimTemplate")
+                fail(
+                    name, f"volumeMount {mount['name']} names no volume and no volumeClaimTemplate"
+                )
             continue
-        for kind, field, ref in (("ConfigMap", "configMap", "name"), ("Secret", "secret", "secretName")):
+        for kind, field, ref in (
+            ("ConfigMap", "configMap", "name"),
+            ("Secret", "secret", "secretName"),
+        ):
             if field not in volume:
                 continue
             source = volume[field]
@@ -245,7 +269,10 @@ def materialize(name, docs, pod, container, root):
                 fail(name, f"the ConfigMap {source[ref]} mounted at {path} is not rendered")
                 continue
             if obj is None and items is None:
-                fail(name, f"the Secret {source[ref]} (created out of band) is mounted at {path} without items: list its keys")
+                fail(
+                    name,
+                    f"the Secret {source[ref]} (created out of band) is mounted at {path} without items: list its keys",
+                )
                 continue
             if items is None:
                 keys = list(obj.get("data", {})) + list(obj.get("stringData", {}))
@@ -256,7 +283,9 @@ def materialize(name, docs, pod, container, root):
                     fail(name, f"{kind} {source[ref]} has no key {item['key']} (mounted at {path})")
                     continue
                 if data is None:
-                    data = (PLACEHOLDER_TOKENS if item["key"] == "tokens" else "placeholder\n").encode()
+                    data = (
+                        PLACEHOLDER_TOKENS if item["key"] == "tokens" else "placeholder\n"
+                    ).encode()
                     info["source"] = f"{kind} {source[ref]} (created out of band: placeholders)"
                 (target / item["path"]).parent.mkdir(parents=True, exist_ok=True)
                 (target / item["path"]).write_bytes(data)
@@ -284,20 +313,31 @@ def effective_config(name, docs, hotsplit, image):
 
     def rooted(text):
         for path in mount_paths:
-            text = re.sub(rf'(^|[="\']){re.escape(path)}(?=/|"|\'|$)', lambda m: m.group(1) + str(root) + path, text, flags=re.M)
+            text = re.sub(
+                rf'(^|[="\']){re.escape(path)}(?=/|"|\'|$)',
+                lambda m: m.group(1) + str(root) + path,
+                text,
+                flags=re.M,
+            )
         return text
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     env.update(image["env"])
     for var in container.get("env", []):
         if "value" in var:
-            env[var["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), var["value"])
+            env[var["name"]] = re.sub(
+                r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), var["value"]
+            )
         else:
             ref = var["valueFrom"]
             if "fieldRef" in ref:
                 env[var["name"]] = "10.0.0.10"
             else:
-                kind, key = ("Secret", ref["secretKeyRef"]) if "secretKeyRef" in ref else ("ConfigMap", ref["configMapKeyRef"])
+                kind, key = (
+                    ("Secret", ref["secretKeyRef"])
+                    if "secretKeyRef" in ref
+                    else ("ConfigMap", ref["configMapKeyRef"])
+                )
                 obj = find(docs, kind, key["name"])
                 data = object_data(obj, key["key"]) if obj else b"placeholder"
                 env[var["name"]] = (data or b"").decode()
@@ -316,14 +356,23 @@ def effective_config(name, docs, hotsplit, image):
     cwd.mkdir(parents=True, exist_ok=True)
     args = container.get("args", image["cmd"])
     if container.get("command") or not args or args[0] != "serve":
-        fail(name, f"the container must run the image's entrypoint with serve, got command {container.get('command')} args {args}")
+        fail(
+            name,
+            f"the container must run the image's entrypoint with serve, got command {container.get('command')} args {args}",
+        )
         return None
     result = run([hotsplit, "config", "check", *args[1:]], env=env, cwd=cwd)
     if result.returncode != 0:
         fail(name, f"hotsplit config check: exit {result.returncode}: {result.stderr.strip()}")
         return None
-    ok(f"{name}: hotsplit config check passes on the rendered config (mounts: "
-       + ", ".join(f"{p} <- {m['source'] or ('claim' if m['claim'] else '?')}" for p, m in sorted(mounts.items())) + ")")
+    ok(
+        f"{name}: hotsplit config check passes on the rendered config (mounts: "
+        + ", ".join(
+            f"{p} <- {m['source'] or ('claim' if m['claim'] else '?')}"
+            for p, m in sorted(mounts.items())
+        )
+        + ")"
+    )
 
     def unrooted(node):
         if isinstance(node, dict):
@@ -331,12 +380,20 @@ def effective_config(name, docs, hotsplit, image):
         if isinstance(node, list):
             return [unrooted(v) for v in node]
         if isinstance(node, str) and node.startswith(str(root)):
-            return node[len(str(root)):]
+            return node[len(str(root)) :]
         return node
 
     config = unrooted(tomllib.loads(result.stdout))
-    return {"workload": workload, "pod": pod, "container": container, "config": config,
-            "file": raw_file, "mounts": mounts, "root": root, "workdir": workdir}
+    return {
+        "workload": workload,
+        "pod": pod,
+        "container": container,
+        "config": config,
+        "file": raw_file,
+        "mounts": mounts,
+        "root": root,
+        "workdir": workdir,
+    }
 
 
 # --- the drift test -----------------------------------------------------------------------------
@@ -344,8 +401,18 @@ def effective_config(name, docs, hotsplit, image):
 
 def seconds(duration):
     """A humantime duration as `hotsplit config check` prints it ("5s", "1m 30s", "250ms")."""
-    units = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400,
-             "days": 86400, "day": 86400}
+    units = {
+        "ns": 1e-9,
+        "us": 1e-6,
+        "ms": 1e-3,
+        "s": 1,
+        "m": 60,
+        "min": 60,
+        "h": 3600,
+        "d": 86400,
+        "days": 86400,
+        "day": 86400,
+    }
     total = 0.0
     for number, unit in re.findall(r"(\d+)\s*([a-z]+)", duration):
         if unit not in units:
@@ -371,16 +438,28 @@ def drift(name, docs, pod_view, openapi_paths, image, alert_jobs):
     for port_name, listen in listeners.items():
         if listen is None:
             if port_name in ports:
-                fail(name, f"containerPort {port_name} ({ports[port_name]}) is declared but nothing listens on it (its listen address is unset)")
+                fail(
+                    name,
+                    f"containerPort {port_name} ({ports[port_name]}) is declared but nothing listens on it (its listen address is unset)",
+                )
             continue
         ip, port = address(listen)
         if ports.get(port_name) != port:
-            fail(name, f"containerPort {port_name} is {ports.get(port_name)}, the binary listens on {listen}")
+            fail(
+                name,
+                f"containerPort {port_name} is {ports.get(port_name)}, the binary listens on {listen}",
+            )
         if not ip.is_unspecified:
-            fail(name, f"{port_name} listens on {listen}: the kubelet and the Service reach the pod's IP, listen on 0.0.0.0")
+            fail(
+                name,
+                f"{port_name} listens on {listen}: the kubelet and the Service reach the pod's IP, listen on 0.0.0.0",
+            )
     file_listen = (pod_view["file"] or {}).get("server", {}).get("listen")
     if file_listen and file_listen != config["server"]["listen"]:
-        fail(name, f"hotsplit.toml says server.listen = {file_listen}, but the environment (HOTSPLIT_LISTEN) makes it {config['server']['listen']}: the file's value is ignored")
+        fail(
+            name,
+            f"hotsplit.toml says server.listen = {file_listen}, but the environment (HOTSPLIT_LISTEN) makes it {config['server']['listen']}: the file's value is ignored",
+        )
     tls = bool(config["server"].get("tls_cert_file"))
     probe_listener = "admin" if listeners["admin"] else "http"
     probe_port = address(listeners[probe_listener])[1]
@@ -388,20 +467,33 @@ def drift(name, docs, pod_view, openapi_paths, image, alert_jobs):
     def port_number(port):
         return ports.get(port) if isinstance(port, str) else port
 
-    for probe, paths in (("startupProbe", ("/healthz", "/readyz")), ("readinessProbe", ("/readyz",)), ("livenessProbe", ("/healthz",))):
+    for probe, paths in (
+        ("startupProbe", ("/healthz", "/readyz")),
+        ("readinessProbe", ("/readyz",)),
+        ("livenessProbe", ("/healthz",)),
+    ):
         spec = container.get(probe, {}).get("httpGet")
         if spec is None:
             fail(name, f"{probe}: missing, or not an httpGet")
             continue
         if spec["path"] not in openapi_paths:
-            fail(name, f"{probe}: path {spec['path']} is not a route of the binary (hotsplit openapi)")
+            fail(
+                name,
+                f"{probe}: path {spec['path']} is not a route of the binary (hotsplit openapi)",
+            )
         elif spec["path"] not in paths:
             fail(name, f"{probe}: path {spec['path']}, expected {' or '.join(paths)}")
         if port_number(spec["port"]) != probe_port:
-            fail(name, f"{probe}: port {spec['port']} ({port_number(spec['port'])}), but /healthz and /readyz are served on {probe_listener} {listeners[probe_listener]}")
+            fail(
+                name,
+                f"{probe}: port {spec['port']} ({port_number(spec['port'])}), but /healthz and /readyz are served on {probe_listener} {listeners[probe_listener]}",
+            )
         scheme = spec.get("scheme", "HTTP")
         if scheme != ("HTTPS" if tls else "HTTP"):
-            fail(name, f"{probe}: scheme {scheme}, but the listeners speak {'HTTPS (server.tls_cert_file)' if tls else 'plain HTTP'}")
+            fail(
+                name,
+                f"{probe}: scheme {scheme}, but the listeners speak {'HTTPS (server.tls_cert_file)' if tls else 'plain HTTP'}",
+            )
     drain_delay = seconds(config["server"]["drain_delay"])
     grace = seconds(config["server"]["shutdown_grace"])
     pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds")
@@ -411,22 +503,43 @@ def drift(name, docs, pod_view, openapi_paths, image, alert_jobs):
     termination = pod.get("terminationGracePeriodSeconds", 30)
     needed = pre_stop + drain_delay + grace + DRAIN_MARGIN_S
     if termination < needed:
-        fail(name, f"terminationGracePeriodSeconds {termination} < preStop {pre_stop} s + server.drain_delay {drain_delay:g} s + server.shutdown_grace {grace:g} s + {DRAIN_MARGIN_S} s = {needed:g} s: the kubelet would SIGKILL a draining instance")
+        fail(
+            name,
+            f"terminationGracePeriodSeconds {termination} < preStop {pre_stop} s + server.drain_delay {drain_delay:g} s + server.shutdown_grace {grace:g} s + {DRAIN_MARGIN_S} s = {needed:g} s: the kubelet would SIGKILL a draining instance",
+        )
     period = container.get("readinessProbe", {}).get("periodSeconds", 10)
     if drain_delay and period >= drain_delay:
-        fail(name, f"readinessProbe.periodSeconds {period} is not below server.drain_delay {drain_delay:g} s")
+        fail(
+            name,
+            f"readinessProbe.periodSeconds {period} is not below server.drain_delay {drain_delay:g} s",
+        )
     # The spool: on a writable volume of the pod's own.
     if config.get("store", {}).get("redis"):
         spool = config["heal"]["spool_dir"]
         spool = spool if spool.startswith("/") else f"{pod_view['workdir'].rstrip('/')}/{spool}"
-        holders = [p for p in pod_view["mounts"] if spool == p or spool.startswith(p.rstrip("/") + "/")]
+        holders = [
+            p for p in pod_view["mounts"] if spool == p or spool.startswith(p.rstrip("/") + "/")
+        ]
         holder = max(holders, key=len) if holders else None
-        if holder is None or not pod_view["mounts"][holder]["claim"] or pod_view["mounts"][holder]["readOnly"]:
-            fail(name, f"heal.spool_dir {spool} is not on a writable volumeClaimTemplate of the pod (the root filesystem is read-only, and a spool must outlive the pod)")
+        if (
+            holder is None
+            or not pod_view["mounts"][holder]["claim"]
+            or pod_view["mounts"][holder]["readOnly"]
+        ):
+            fail(
+                name,
+                f"heal.spool_dir {spool} is not on a writable volumeClaimTemplate of the pod (the root filesystem is read-only, and a spool must outlive the pod)",
+            )
     # Every file the config names is in a mounted volume (config check reads only some of them).
-    for section, field in (("server", "tls_cert_file"), ("server", "tls_key_file"), ("store", "tls_ca_file"),
-                           ("store", "tls_cert_file"), ("store", "tls_key_file"), ("store", "password_file"),
-                           ("auth", "tokens_file")):
+    for section, field in (
+        ("server", "tls_cert_file"),
+        ("server", "tls_key_file"),
+        ("store", "tls_ca_file"),
+        ("store", "tls_cert_file"),
+        ("store", "tls_key_file"),
+        ("store", "password_file"),
+        ("auth", "tokens_file"),
+    ):
         path = config.get(section, {}).get(field)
         if path and not (pod_view["root"] / path.lstrip("/")).is_file():
             fail(name, f"{section}.{field} {path} is not a file in any volume the pod mounts")
@@ -435,48 +548,95 @@ def drift(name, docs, pod_view, openapi_paths, image, alert_jobs):
     own = container.get("securityContext", {})
     expected = [
         (security.get("runAsNonRoot") is True, "securityContext.runAsNonRoot: true"),
-        (security.get("runAsUser") == image["uid"], f"securityContext.runAsUser: {image['uid']} (the Dockerfile's user)"),
-        (security.get("seccompProfile", {}).get("type") == "RuntimeDefault", "seccompProfile RuntimeDefault"),
+        (
+            security.get("runAsUser") == image["uid"],
+            f"securityContext.runAsUser: {image['uid']} (the Dockerfile's user)",
+        ),
+        (
+            security.get("seccompProfile", {}).get("type") == "RuntimeDefault",
+            "seccompProfile RuntimeDefault",
+        ),
         (own.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem: true"),
         (own.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation: false"),
         (own.get("capabilities", {}).get("drop") == ["ALL"], "capabilities.drop: [ALL]"),
-        (pod.get("enableServiceLinks") is False, "enableServiceLinks: false (a Service named hotsplit would set HOTSPLIT_* variables)"),
+        (
+            pod.get("enableServiceLinks") is False,
+            "enableServiceLinks: false (a Service named hotsplit would set HOTSPLIT_* variables)",
+        ),
     ]
     for good, what in expected:
         if not good:
             fail(name, f"the pod needs {what}")
     # Services and the ServiceMonitor.
-    services = [d for d in docs if d["kind"] == "Service"
-                and d["spec"].get("selector", {}).get("app.kubernetes.io/name") == "hotsplit"]
+    services = [
+        d
+        for d in docs
+        if d["kind"] == "Service"
+        and d["spec"].get("selector", {}).get("app.kubernetes.io/name") == "hotsplit"
+    ]
     for service in services:
         for port in service["spec"]["ports"]:
             target = port.get("targetPort", port["port"])
             if port_number(target) is None or port_number(target) not in ports.values():
-                fail(name, f"Service {service['metadata']['name']} port {port.get('name')}: targetPort {target} is no port of the container")
+                fail(
+                    name,
+                    f"Service {service['metadata']['name']} port {port.get('name')}: targetPort {target} is no port of the container",
+                )
     for monitor in (d for d in docs if d["kind"] == "ServiceMonitor"):
-        chosen = [s for s in services if all(s["metadata"].get("labels", {}).get(k) == v
-                                             for k, v in monitor["spec"]["selector"].get("matchLabels", {}).items())]
+        chosen = [
+            s
+            for s in services
+            if all(
+                s["metadata"].get("labels", {}).get(k) == v
+                for k, v in monitor["spec"]["selector"].get("matchLabels", {}).items()
+            )
+        ]
         if not chosen:
             fail(name, "the ServiceMonitor selects no hotsplit Service")
             continue
         job_label = monitor["spec"].get("jobLabel")
-        jobs = {s["metadata"].get("labels", {}).get(job_label) if job_label else s["metadata"]["name"] for s in chosen}
+        jobs = {
+            s["metadata"].get("labels", {}).get(job_label) if job_label else s["metadata"]["name"]
+            for s in chosen
+        }
         if alert_jobs and jobs != alert_jobs:
-            fail(name, f"the ServiceMonitor gives job {sorted(jobs)}, deploy/alerts.yaml expects job {sorted(alert_jobs)}")
+            fail(
+                name,
+                f"the ServiceMonitor gives job {sorted(jobs)}, deploy/alerts.yaml expects job {sorted(alert_jobs)}",
+            )
         for endpoint in monitor["spec"]["endpoints"]:
-            targets = {port_number(p.get("targetPort", p["port"])) for s in chosen for p in s["spec"]["ports"] if p.get("name") == endpoint.get("port")}
+            targets = {
+                port_number(p.get("targetPort", p["port"]))
+                for s in chosen
+                for p in s["spec"]["ports"]
+                if p.get("name") == endpoint.get("port")
+            }
             if targets != {probe_port}:
-                fail(name, f"the ServiceMonitor scrapes port {endpoint.get('port')} ({sorted(t for t in targets if t)}), /metrics is served on {probe_listener} {listeners[probe_listener]}")
+                fail(
+                    name,
+                    f"the ServiceMonitor scrapes port {endpoint.get('port')} ({sorted(t for t in targets if t)}), /metrics is served on {probe_listener} {listeners[probe_listener]}",
+                )
             if endpoint.get("path", "/metrics") not in openapi_paths:
-                fail(name, f"the ServiceMonitor scrapes {endpoint.get('path')}, not a route of the binary")
+                fail(
+                    name,
+                    f"the ServiceMonitor scrapes {endpoint.get('path')}, not a route of the binary",
+                )
             if endpoint.get("scheme", "http") != ("https" if tls else "http"):
-                fail(name, f"the ServiceMonitor scheme is {endpoint.get('scheme', 'http')}, the listeners speak {'https' if tls else 'http'}")
+                fail(
+                    name,
+                    f"the ServiceMonitor scheme is {endpoint.get('scheme', 'http')}, the listeners speak {'https' if tls else 'http'}",
+                )
     for rule in (d for d in docs if d["kind"] == "PrometheusRule"):
         if rule["spec"]["groups"] != yaml.safe_load(ALERTS.read_text())["groups"]:
-            fail(name, f"the PrometheusRule differs from deploy/alerts.yaml: run scripts/check-kubernetes.py --write-rules")
-    ok(f"{name}: listeners {', '.join(f'{k} {v}' for k, v in listeners.items() if v)} match the containerPorts; "
-       f"probes on {probe_listener} :{probe_port} {'HTTPS' if tls else 'HTTP'}; "
-       f"terminationGracePeriodSeconds {termination} >= {pre_stop} + {drain_delay:g} + {grace:g} + {DRAIN_MARGIN_S}")
+            fail(
+                name,
+                f"the PrometheusRule differs from deploy/alerts.yaml: run scripts/check-kubernetes.py --write-rules",
+            )
+    ok(
+        f"{name}: listeners {', '.join(f'{k} {v}' for k, v in listeners.items() if v)} match the containerPorts; "
+        f"probes on {probe_listener} :{probe_port} {'HTTPS' if tls else 'HTTP'}; "
+        f"terminationGracePeriodSeconds {termination} >= {pre_stop} + {drain_delay:g} + {grace:g} + {DRAIN_MARGIN_S}"
+    )
 
 
 def main():
@@ -493,11 +653,17 @@ def main():
         parser.error("--hotsplit BIN is required")
     args.hotsplit = str(pathlib.Path(args.hotsplit).resolve())
     if not os.access(args.hotsplit, os.X_OK):
-        print(f"check-kubernetes: {args.hotsplit} is not an executable hotsplit binary", file=sys.stderr)
+        print(
+            f"check-kubernetes: {args.hotsplit} is not an executable hotsplit binary",
+            file=sys.stderr,
+        )
         return 2
     kubectl = shutil.which(args.kubectl)
     if kubectl is None:
-        print(f"check-kubernetes: kubectl not found ({args.kubectl}): it renders the manifests (kubectl kustomize)", file=sys.stderr)
+        print(
+            f"check-kubernetes: kubectl not found ({args.kubectl}): it renders the manifests (kubectl kustomize)",
+            file=sys.stderr,
+        )
         return 2
     out = pathlib.Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
@@ -507,10 +673,15 @@ def main():
     SCRATCH.mkdir()
 
     if RULES.read_text() != rules_document():
-        fail("prometheus-rule", f"{RULES.relative_to(ROOT)} is not what deploy/alerts.yaml generates: run scripts/check-kubernetes.py --write-rules")
+        fail(
+            "prometheus-rule",
+            f"{RULES.relative_to(ROOT)} is not what deploy/alerts.yaml generates: run scripts/check-kubernetes.py --write-rules",
+        )
     openapi = run([args.hotsplit, "openapi"])
     if openapi.returncode != 0:
-        print(f"check-kubernetes: {args.hotsplit} openapi failed: {openapi.stderr}", file=sys.stderr)
+        print(
+            f"check-kubernetes: {args.hotsplit} openapi failed: {openapi.stderr}", file=sys.stderr
+        )
         return 2
     openapi_paths = set(json.loads(openapi.stdout)["paths"])
     image = dockerfile()
@@ -524,12 +695,16 @@ def main():
         # The overlay with every component, as a user enables them: a kustomization beside it.
         combined = out / "variants" / f"{overlay.name}+components"
         combined.mkdir(parents=True)
-        (combined / "kustomization.yaml").write_text(yaml.safe_dump({
-            "apiVersion": "kustomize.config.k8s.io/v1beta1",
-            "kind": "Kustomization",
-            "resources": [os.path.relpath(overlay, combined)],
-            "components": [os.path.relpath(c, combined) for c in components],
-        }))
+        (combined / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [os.path.relpath(overlay, combined)],
+                    "components": [os.path.relpath(c, combined) for c in components],
+                }
+            )
+        )
         variants.append((f"{overlay.name}+components", combined))
         for name, directory in variants:
             target = out / f"{name}.yaml"

@@ -21,6 +21,7 @@ prometheusrule.json beside this file: the v1 openAPIV3Schema of each CRD, with
 Needs PyYAML (the deploy venv has it). The operator version the schemas come from is recorded in
 each file's `$comment`; re-run this when moving to a newer operator.
 """
+
 import json
 import pathlib
 import re
@@ -79,7 +80,9 @@ def main(checkout):
             "required": ["name"],
             "properties": {"name": {"type": "string", "minLength": 1}},
         }
-        schema["required"] = sorted(set(schema.get("required", [])) | {"apiVersion", "kind", "metadata", "spec"})
+        schema["required"] = sorted(
+            set(schema.get("required", [])) | {"apiVersion", "kind", "metadata", "spec"}
+        )
         document = {
             "$schema": "http://json-schema.org/draft-07/schema#",
             "$comment": (
