@@ -25,7 +25,10 @@ component, it:
    delay, the spool directory against a writable volume of the pod's own, the files the config
    names against the mounts, the pod's user against the Dockerfile's, the ServiceMonitor's port,
    path, scheme and job against the admin listener and deploy/alerts.yaml, and the
-   PrometheusRule against deploy/alerts.yaml.
+   PrometheusRule against deploy/alerts.yaml;
+6. breaks a copy of one rendered overlay in each of those ways (a port, the grace period, a probe's
+   path and scheme, the spool's volume, an unknown kind, unknown fields) and fails unless each
+   is caught, so a check that stopped looking cannot pass quietly.
 
 Exit status 0 when everything passes, 1 when a check fails, 2 for a usage error or a missing tool.
 """
@@ -69,15 +72,21 @@ PLACEHOLDER_TOKENS = (
 )
 
 failures = []
+# While the self-test runs, its expected failures are collected here, not reported.
+expected = None
 
 
 def fail(where, message):
+    if expected is not None:
+        expected.append(f"{where}: {message}")
+        return
     failures.append(f"{where}: {message}")
     print(f"FAIL  {where}: {message}")
 
 
 def ok(message):
-    print(f"ok    {message}")
+    if expected is None:
+        print(f"ok    {message}")
 
 
 def run(command, **kwargs):
@@ -639,6 +648,74 @@ def drift(name, docs, pod_view, openapi_paths, image, alert_jobs):
     )
 
 
+def self_test(docs, hotsplit, openapi_paths, image, alert_jobs):
+    """Breaks a copy of one rendered overlay in the ways the checks exist for, and fails unless
+    each is caught: so a check that stopped looking fails here instead of passing quietly."""
+    global expected
+
+    def container(d):
+        sts = [o for o in d if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "hotsplit"]
+        return sts[0]["spec"]["template"]["spec"]["containers"][0], sts[0]["spec"]["template"]
+
+    def admin_port(d):
+        for port in container(d)[0]["ports"]:
+            if port["name"] == "admin":
+                port["containerPort"] += 1
+
+    def short_grace(d):
+        container(d)[1]["spec"]["terminationGracePeriodSeconds"] = 10
+
+    def wrong_path(d):
+        container(d)[0]["readinessProbe"]["httpGet"]["path"] = "/ready"
+
+    def plain_probe(d):
+        container(d)[0]["livenessProbe"]["httpGet"]["scheme"] = "HTTP"
+
+    def spool_on_root(d):
+        for mount in container(d)[0]["volumeMounts"]:
+            if mount["name"] == "spool":
+                mount["mountPath"] = "/var/lib/elsewhere"
+
+    def unknown_kind(d):
+        d.append({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}})
+
+    def monitor_field(d):
+        monitor = [o for o in d if o["kind"] == "ServiceMonitor"][0]
+        monitor["spec"]["endpoints"][0]["bearerTokenSecretName"] = "x"
+
+    def unknown_field(d):
+        container(d)[0]["securityContext"]["readOnlyRootFilesytem"] = True
+
+    cases = [
+        (admin_port, "containerPort admin is"),
+        (short_grace, "the kubelet would SIGKILL"),
+        (wrong_path, "is not a route of the binary"),
+        (plain_probe, "but the listeners speak HTTPS"),
+        (spool_on_root, "is not on a writable volumeClaimTemplate"),
+        (unknown_kind, "unknown kind example.com/v1 Widget"),
+        (unknown_field, "'readOnlyRootFilesytem' was unexpected"),
+        (monitor_field, "'bearerTokenSecretName' was unexpected"),
+    ]
+    for breaks, message in cases:
+        broken = json.loads(json.dumps(docs))
+        breaks(broken)
+        expected = []
+        try:
+            validate("self-test", broken, SCRATCH)
+            view = effective_config("self-test", broken, hotsplit, image)
+            if view is not None:
+                drift("self-test", broken, view, openapi_paths, image, alert_jobs)
+        finally:
+            caught, expected = expected, None
+        if any(message in line for line in caught):
+            ok(f"self-test: {breaks.__name__} is caught ({message!r})")
+        else:
+            fail(
+                "self-test",
+                f"{breaks.__name__} was not caught (expected {message!r}, got {caught})",
+            )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hotsplit", help="the hotsplit binary")
@@ -690,6 +767,7 @@ def main():
     overlays = sorted(p for p in (KUBERNETES / "overlays").iterdir() if p.is_dir())
     components = sorted(p for p in (KUBERNETES / "components").iterdir() if p.is_dir())
     rendered = []
+    first = None
     for overlay in overlays:
         variants = [(overlay.name, overlay)]
         # The overlay with every component, as a user enables them: a kustomization beside it.
@@ -712,11 +790,15 @@ def main():
             if docs is None:
                 continue
             rendered.append(target)
+            if name == f"{overlays[0].name}+components":
+                first = docs
             validate(name, docs, SCRATCH)
             pod_view = effective_config(name, docs, args.hotsplit, image)
             if pod_view is not None:
                 drift(name, docs, pod_view, openapi_paths, image, alert_jobs)
     lint([KUBERNETES, *rendered])
+    if first is not None:
+        self_test(first, args.hotsplit, openapi_paths, image, alert_jobs)
     if failures:
         print(f"check-kubernetes: {len(failures)} failed", file=sys.stderr)
         return 1
