@@ -156,46 +156,53 @@ def render(kubectl, variant_dir, out):
     return docs
 
 
-def validate(name, docs, scratch):
+def validate(name, docs, custom):
+    """Validates the built-in kinds of `docs` now; queues the CRD kinds' objects in `custom`
+    (kind -> files) for one check-jsonschema run per kind ([`check_custom`])."""
     import kubernetes_validate
     from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
 
-    custom = {}
+    builtin, bad = 0, 0
     for doc in docs:
         key = (doc.get("apiVersion"), doc.get("kind"))
         label = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
         if key in CUSTOM_KINDS:
-            custom.setdefault(key, []).append(doc)
+            path = SCRATCH / f"{name}-{key[1]}-{len(custom.get(key, []))}.json"
+            path.write_text(json.dumps(doc))
+            custom.setdefault(key, []).append(str(path))
             continue
+        builtin += 1
         try:
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
         except SchemaNotFoundError:
+            bad += 1
             fail(
                 name,
-                f"{label}: unknown kind {key[0]} {key[1]} (no Kubernetes {KUBERNETES_VERSION} schema, no committed CRD schema)",
+                f"{label}: unknown kind {key[0]} {key[1]} (no Kubernetes {KUBERNETES_VERSION} "
+                "schema, no committed CRD schema)",
             )
         except ValidationError as err:
+            bad += 1
             fail(name, f"{label}: {err.message} (at {'.'.join(str(p) for p in err.path)})")
-    builtin = sum(1 for doc in docs if (doc.get("apiVersion"), doc.get("kind")) not in CUSTOM_KINDS)
-    ok(
-        f"{name}: {builtin} objects valid for Kubernetes {KUBERNETES_VERSION} (kubernetes-validate --strict)"
-    )
-    for key, objects in sorted(custom.items()):
-        files = []
-        for at, doc in enumerate(objects):
-            path = scratch / f"{name}-{key[1]}-{at}.json"
-            path.write_text(json.dumps(doc))
-            files.append(str(path))
+    if not bad:
+        ok(
+            f"{name}: {builtin} objects valid for Kubernetes {KUBERNETES_VERSION} (kubernetes-validate, strict)"
+        )
+
+
+def check_custom(where, custom):
+    """Runs check-jsonschema once per CRD kind on every queued object of that kind."""
+    for key, files in sorted(custom.items()):
         schema = CUSTOM_KINDS[key]
         result = run([venv_tool("check-jsonschema"), "--schemafile", str(schema), *files])
         if result.returncode != 0:
             fail(
-                name,
+                where,
                 f"{key[1]} against {schema.relative_to(ROOT)}:\n{result.stdout}{result.stderr}",
             )
         else:
             ok(
-                f"{name}: {len(objects)} {key[1]} valid against {schema.relative_to(ROOT)} (check-jsonschema)"
+                f"{where}: {len(files)} {key[1]} valid against {schema.relative_to(ROOT)} (check-jsonschema)"
             )
 
 
@@ -686,25 +693,31 @@ def self_test(docs, hotsplit, openapi_paths, image, alert_jobs):
     def unknown_field(d):
         container(d)[0]["securityContext"]["readOnlyRootFilesytem"] = True
 
+    # Each break, what the report must say, and which stage catches it (schemas or drift).
     cases = [
-        (admin_port, "containerPort admin is"),
-        (short_grace, "the kubelet would SIGKILL"),
-        (wrong_path, "is not a route of the binary"),
-        (plain_probe, "but the listeners speak HTTPS"),
-        (spool_on_root, "is not on a writable volumeClaimTemplate"),
-        (unknown_kind, "unknown kind example.com/v1 Widget"),
-        (unknown_field, "'readOnlyRootFilesytem' was unexpected"),
-        (monitor_field, "'bearerTokenSecretName' was unexpected"),
+        (admin_port, "containerPort admin is", "drift"),
+        (short_grace, "the kubelet would SIGKILL", "drift"),
+        (wrong_path, "is not a route of the binary", "drift"),
+        (plain_probe, "but the listeners speak HTTPS", "drift"),
+        (spool_on_root, "is not on a writable volumeClaimTemplate", "drift"),
+        (unknown_kind, "unknown kind example.com/v1 Widget", "schemas"),
+        (unknown_field, "'readOnlyRootFilesytem' was unexpected", "schemas"),
+        (monitor_field, "'bearerTokenSecretName' was unexpected", "crd"),
     ]
-    for breaks, message in cases:
+    for breaks, message, stage in cases:
         broken = json.loads(json.dumps(docs))
         breaks(broken)
         expected = []
         try:
-            validate("self-test", broken, SCRATCH)
-            view = effective_config("self-test", broken, hotsplit, image)
-            if view is not None:
-                drift("self-test", broken, view, openapi_paths, image, alert_jobs)
+            if stage in ("schemas", "crd"):
+                custom = {}
+                validate("self-test", broken, custom)
+                if stage == "crd":
+                    check_custom("self-test", custom)
+            else:
+                view = effective_config("self-test", broken, hotsplit, image)
+                if view is not None:
+                    drift("self-test", broken, view, openapi_paths, image, alert_jobs)
         finally:
             caught, expected = expected, None
         if any(message in line for line in caught):
@@ -767,6 +780,7 @@ def main():
     overlays = sorted(p for p in (KUBERNETES / "overlays").iterdir() if p.is_dir())
     components = sorted(p for p in (KUBERNETES / "components").iterdir() if p.is_dir())
     rendered = []
+    custom = {}
     first = None
     for overlay in overlays:
         variants = [(overlay.name, overlay)]
@@ -792,10 +806,11 @@ def main():
             rendered.append(target)
             if name == f"{overlays[0].name}+components":
                 first = docs
-            validate(name, docs, SCRATCH)
+            validate(name, docs, custom)
             pod_view = effective_config(name, docs, args.hotsplit, image)
             if pod_view is not None:
                 drift(name, docs, pod_view, openapi_paths, image, alert_jobs)
+    check_custom("crd-schemas", custom)
     lint([KUBERNETES, *rendered])
     if first is not None:
         self_test(first, args.hotsplit, openapi_paths, image, alert_jobs)
