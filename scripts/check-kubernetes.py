@@ -444,7 +444,7 @@ def address(text):
 
 def drift(name, docs, pod_view, openapi_paths, image, alert_jobs):
     config, container, pod = pod_view["config"], pod_view["container"], pod_view["pod"]
-    workload = pod_view["workload"]
+    failed_before = len(failures)
     ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
     listeners = {
         "http": config["server"]["listen"],
@@ -646,8 +646,11 @@ def drift(name, docs, pod_view, openapi_paths, image, alert_jobs):
         if rule["spec"]["groups"] != yaml.safe_load(ALERTS.read_text())["groups"]:
             fail(
                 name,
-                f"the PrometheusRule differs from deploy/alerts.yaml: run scripts/check-kubernetes.py --write-rules",
+                "the PrometheusRule differs from deploy/alerts.yaml: "
+                "run scripts/check-kubernetes.py --write-rules",
             )
+    if len(failures) > failed_before:
+        return
     ok(
         f"{name}: listeners {', '.join(f'{k} {v}' for k, v in listeners.items() if v)} match the containerPorts; "
         f"probes on {probe_listener} :{probe_port} {'HTTPS' if tls else 'HTTP'}; "
