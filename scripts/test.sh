@@ -87,6 +87,12 @@ echo "test.sh: redis-py $REDIS_PY_VERSION, ioredis $IOREDIS_VERSION, $(node --ve
 # they now use the harness's 2 s.
 cargo test --workspace --locked -- --test-threads "${HOTSPLIT_TEST_THREADS:-4}"
 
+# Every file under deploy/: the Kubernetes manifests rendered, validated and compared with the
+# binary the tests just built (target/debug/hotsplit), the systemd unit, the alert rules and
+# their tests, the dashboard's queries and the compose file; it installs the tools it needs and
+# fails when one is missing. About 5 s once its tools are installed (20 s to install them).
+./scripts/check-deploy.sh
+
 # The HTTP API against its own OpenAPI document: schemathesis (pinned, installed into a venv
 # under target/ when missing) on the embedded store and on a standalone redis-server; about two
 # minutes. HOTSPLIT_SKIP_SCHEMATHESIS=1 skips it (for machines without Python).
