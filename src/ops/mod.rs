@@ -45,6 +45,7 @@
 pub mod high_water;
 mod publish;
 mod read;
+mod rollback;
 mod session;
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! A read for a caller: the session's floors for the key go in, and the version served comes
 //! out as a floor of the session.
 
-use super::{ClientSession, Ops};
+use super::{rollback, ClientSession, Ops};
 use crate::deadline::Deadline;
 use crate::error::Result;
 use crate::fleet::session::SessionFloor;
@@ -36,7 +36,8 @@ impl Ops {
     /// floor, a served one as a seen floor), and the version served (or found not modified)
     /// becomes a seen floor of the session until the copy that answered expires, so the
     /// client's next read, through any instance, does not go below it. A failed read leaves the
-    /// session as it was.
+    /// session as it was. A read naming a client is never served below this instance's
+    /// high-water from a primary whose copy was set back (`rollback.rs`).
     ///
     /// No store call is awaited when the near cache answers.
     ///
@@ -56,7 +57,20 @@ impl Ops {
             request_id: call.request_id,
             deadline: call.deadline,
         };
-        let answer = self.reader().read(&request).await?;
+        // The session's floor, when it is the one that binds: a refusal below it says why.
+        let session_floor = request
+            .session
+            .written
+            .max(request.session.seen)
+            .filter(|floor| {
+                Some(*floor) >= request.min_version && Some(*floor) >= request.if_none_match
+            });
+        let answer = self
+            .reader()
+            .read(&request)
+            .await
+            .map_err(|err| rollback::name_session_cause(err, session_floor))?;
+        let answer = self.guard_rollback(&request, answer, now_ms).await?;
         let (ReadAnswer::Value {
             version,
             expire_at_ms,

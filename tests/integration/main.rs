@@ -28,6 +28,7 @@ mod memory;
 mod near_cache;
 mod ops;
 mod overload;
+mod partition;
 mod placement;
 mod redis_security;
 mod redis_store;

@@ -1,0 +1,498 @@
+//! Network partitions, for real: a Redis Cluster (3 masters, 3 replicas, `cluster-node-timeout
+//! 2000`) and two `hotsplit serve` instances, A and B, each in its own network namespace
+//! (`hotsplit_devcluster::Topology`), cut with nftables. The test's own clients run in the
+//! driver's namespace, which both sides of every cut still reach (clients at the edge).
+//!
+//! The split brain: the master owning a one-copy key is isolated together with A while A
+//! publishes, the majority promotes its replica, the partition heals and the old master
+//! rejoins as a replica of the promoted one, dropping what it took alone. Measured: publishes
+//! acknowledged and lost (without the rule, and under it: `sync_replicas=1`, an answer whose
+//! every line says `replicas_acked >= 1`), monotonic reads of a reader with an explicit client
+//! id and of a session-token reader, convergence, and the partition in `/v1/lag`.
+//!
+//! Needs root (namespaces): skipped with a message elsewhere, failed (never skipped) when `CI`
+//! is set.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hotsplit_devcluster::{Host, NetClusterOptions, Partition, Process, Topology};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::harness::{command_timeout_toml, spool_dir};
+
+/// The one-copy family the split brain publishes to.
+const KEY: &str = "sb:post";
+
+/// The HTTP port of every instance, in its own namespace.
+const HTTP_PORT: u16 = 8080;
+
+/// How long A publishes while it and the key's master are cut off.
+const CUT_PUBLISHING: Duration = Duration::from_millis(1500);
+
+/// `WAIT`'s bound in a synced publish during the cut.
+const SYNC_TIMEOUT_MS: u64 = 100;
+
+/// `true` when namespaces work here; otherwise says why and returns `false`, or fails in CI.
+fn namespaces_or_skip(test: &str) -> bool {
+    match hotsplit_devcluster::netns_support() {
+        Ok(()) => true,
+        Err(error) if std::env::var_os("CI").is_some() => {
+            panic!("{test}: network namespaces are required in CI (run as root): {error}")
+        }
+        Err(error) => {
+            eprintln!("SKIPPED {test}: this machine refuses network namespaces: {error}");
+            false
+        }
+    }
+}
+
+/// A `hotsplit serve` in `host`'s namespace on the cluster at `redis_url`.
+struct Instance {
+    /// The process (SIGKILLed when dropped).
+    process: Process,
+    /// `http://<ip>:8080`.
+    base: String,
+}
+
+impl Instance {
+    /// Starts it, with its config and log under `dir`; does not wait.
+    fn spawn(host: &Host, redis_url: &str, dir: &Path) -> Instance {
+        let name = host.name();
+        let config = format!(
+            "[server]\nlisten = \"{ip}:{HTTP_PORT}\"\nshutdown_grace = \"1s\"\nallow_unauthenticated = true\n\
+             [store]\nredis = \"{redis_url}\"\ncommand_timeout = \"{timeout}\"\n\
+             [heal]\nspool_dir = \"{spool}\"\n\
+             [fleet]\nheartbeat_interval = \"1s\"\n\
+             [[family]]\nprefix = \"sb:\"\ncopies = 1\nttl = \"10m\"\n",
+            ip = host.ip(),
+            timeout = command_timeout_toml(),
+            spool = spool_dir().display(),
+        );
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config)
+            .unwrap_or_else(|err| panic!("write {}: {err}", path.display()));
+        let process = host
+            .command(env!("CARGO_BIN_EXE_hotsplit"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&path)
+            .env_remove("HOTSPLIT_REDIS")
+            .env_remove("HOTSPLIT_LISTEN")
+            .env_remove("HOTSPLIT_CONFIG")
+            .env_remove("HOTSPLIT_LOG_FORMAT")
+            .env("HOTSPLIT_LOG", "info")
+            .spawn(dir.join(format!("{name}.log")))
+            .unwrap_or_else(|err| panic!("start hotsplit in {name}: {err}"));
+        Instance {
+            process,
+            base: format!("http://{}:{HTTP_PORT}", host.ip()),
+        }
+    }
+
+    /// Polls `/readyz` (from the driver's namespace) until it answers 2xx.
+    async fn wait_ready(&mut self, http: &reqwest::Client) {
+        let url = format!("{}/readyz", self.base);
+        let mut readiness = self
+            .process
+            .readiness("hotsplit serves /readyz", Duration::from_secs(30));
+        loop {
+            let last = match http.get(&url).send().await {
+                Ok(answer) if answer.status().is_success() => return,
+                Ok(answer) => answer.status().to_string(),
+                Err(err) => format!("no answer: {err}"),
+            };
+            if let Err(failure) = readiness.not_yet(&last) {
+                panic!("{failure}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// One publish during the cut: its version, status and whether every line had a replica ack.
+#[derive(Debug)]
+struct Published {
+    /// The version sent.
+    version: u64,
+    /// The HTTP status.
+    status: u16,
+    /// Every outcome line says `replicas_acked >= 1` (only with `sync_replicas`).
+    replica_acked: bool,
+}
+
+/// A reader that must never go back: the highest version it was served, and what went wrong.
+#[derive(Debug, Default)]
+struct Reader {
+    /// The highest version served so far.
+    floor: u64,
+    /// Reads answered 200.
+    served: usize,
+    /// Reads refused (503 or other non-200).
+    refused: usize,
+    /// Each time a 200 carried a version below `floor`.
+    violations: Vec<String>,
+    /// The last session token, for a session reader.
+    token: Option<String>,
+    /// The last refusal's body.
+    last_refusal: Option<(u16, String)>,
+}
+
+impl Reader {
+    /// Records one answer.
+    async fn record(&mut self, answer: reqwest::Response) {
+        if let Some(token) = answer.headers().get("hotsplit-session") {
+            self.token = token.to_str().ok().map(str::to_owned);
+        }
+        let status = answer.status();
+        if status != StatusCode::OK {
+            self.refused += 1;
+            let body = answer.text().await.unwrap_or_default();
+            self.last_refusal = Some((status.as_u16(), body));
+            return;
+        }
+        let version: u64 = answer
+            .headers()
+            .get("hotsplit-version")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.parse().ok())
+            .unwrap_or_else(|| panic!("no Hotsplit-Version: {:?}", answer.headers()));
+        self.served += 1;
+        if version < self.floor {
+            self.violations
+                .push(format!("served v{version} after v{}", self.floor));
+        }
+        self.floor = self.floor.max(version);
+    }
+}
+
+/// What one split-brain run measured.
+#[derive(Debug)]
+struct SplitBrain {
+    /// The publish of version 1, before the cut.
+    before_cut: Published,
+    /// Every publish A answered during the cut.
+    published: Vec<Published>,
+    /// The version every copy holds once converged after the heal.
+    converged: u64,
+    /// The explicit-client reader of A.
+    client_reader: Reader,
+    /// The session-token reader of A.
+    session_reader: Reader,
+    /// The highest `now` lag A reported for the isolated master's replica during the cut, ms.
+    cut_lag_ms: f64,
+    /// How long the majority took to promote the replica.
+    failover: Duration,
+    /// From the heal to every copy converged (and A reading it).
+    converge: Duration,
+}
+
+impl SplitBrain {
+    /// Publishes A answered 2xx whose version is above what survived: (acknowledged under the
+    /// rule, answered 2xx).
+    fn lost(&self) -> (Vec<u64>, Vec<u64>) {
+        let lost = |acknowledged: &dyn Fn(&Published) -> bool| {
+            self.published
+                .iter()
+                .filter(|p| acknowledged(p) && p.version > self.converged)
+                .map(|p| p.version)
+                .collect::<Vec<_>>()
+        };
+        (
+            lost(&|p| p.status == 200 && p.replica_acked),
+            lost(&|p| (200..300).contains(&p.status)),
+        )
+    }
+}
+
+/// The last lines of a log, for a failure message.
+fn a_log_tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// PUT `version` of `key` through `base`, with `sync_replicas=1` when `synced`.
+async fn publish(http: &reqwest::Client, base: &str, version: u64, synced: bool) -> Published {
+    let mut url = format!("{base}/v1/keys/{KEY}?version={version}");
+    if synced {
+        url.push_str(&format!(
+            "&sync_replicas=1&sync_timeout_ms={SYNC_TIMEOUT_MS}"
+        ));
+    }
+    let answer = http
+        .put(&url)
+        .body(format!("v{version}"))
+        .send()
+        .await
+        .unwrap_or_else(|err| panic!("PUT {url}: {err}"));
+    let status = answer.status().as_u16();
+    let report: Value = answer.json().await.unwrap_or(Value::Null);
+    let replica_acked = report["outcomes"].as_array().is_some_and(|lines| {
+        !lines.is_empty()
+            && lines
+                .iter()
+                .all(|line| line["replicas_acked"].as_u64().is_some_and(|n| n >= 1))
+    });
+    Published {
+        version,
+        status,
+        replica_acked,
+    }
+}
+
+/// Reads the key through `base` as the explicit client `r1`.
+async fn client_read(http: &reqwest::Client, base: &str, reader: &mut Reader) {
+    let url = format!("{base}/v1/keys/{KEY}?client=r1");
+    match http.get(&url).send().await {
+        Ok(answer) => reader.record(answer).await,
+        Err(_) => reader.refused += 1,
+    }
+}
+
+/// Reads the key through `base` carrying the session reader's token.
+async fn session_read(http: &reqwest::Client, base: &str, reader: &mut Reader) {
+    let mut request = http.get(format!("{base}/v1/keys/{KEY}?client=s1"));
+    if let Some(token) = &reader.token {
+        request = request.header("hotsplit-session", token);
+    }
+    match request.send().await {
+        Ok(answer) => reader.record(answer).await,
+        Err(_) => reader.refused += 1,
+    }
+}
+
+/// The version a read of copy 0 of the key through `base` is served (no floor), or why not.
+async fn read_version(http: &reqwest::Client, base: &str) -> Result<u64, String> {
+    let answer = http
+        .get(format!("{base}/v1/keys/{KEY}?copy=0"))
+        .send()
+        .await
+        .map_err(|err| err.to_string())?;
+    let version = answer
+        .headers()
+        .get("hotsplit-version")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse().ok());
+    match version {
+        Some(version) => Ok(version),
+        None => Err(format!(
+            "{}: {}",
+            answer.status(),
+            answer.text().await.unwrap_or_default()
+        )),
+    }
+}
+
+/// The highest `lag_ms.now` `base` reports for `replica` (`ip:port`), 0 when not listed.
+async fn lag_now_ms(http: &reqwest::Client, base: &str, replica: &str) -> f64 {
+    let Ok(answer) = http.get(format!("{base}/v1/lag")).send().await else {
+        return 0.0;
+    };
+    let lines: Value = answer.json().await.unwrap_or(Value::Null);
+    lines
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|line| line["replica"] == replica)
+        .filter_map(|line| line["lag_ms"]["now"].as_f64())
+        .fold(0.0, f64::max)
+}
+
+/// Runs the split brain once; `synced`: publishes ask for `sync_replicas=1`.
+fn split_brain(synced: bool) -> SplitBrain {
+    let options = NetClusterOptions::default();
+    let topology = Topology::start(3, 2, &options).expect("start the namespaced cluster");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let url = topology.cluster.url();
+    let mut a = Instance::spawn(&topology.instances[0], &url, dir.path());
+    let mut b = Instance::spawn(&topology.instances[1], &url, dir.path());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let outcome = topology.driver.run(|| {
+        runtime.block_on(async {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("an HTTP client");
+            a.wait_ready(&http).await;
+            b.wait_ready(&http).await;
+            let cluster = &topology.cluster;
+            let master = cluster.master_for_key(KEY.as_bytes()).expect("the key's master");
+            // The copy key of a one-copy family is `K#0`; its slot decides the master.
+            let master = cluster
+                .master_for_key(format!("{KEY}#0").as_bytes())
+                .unwrap_or(master);
+            let replica = cluster.replicas_of(master).expect("its replica")[0];
+            let replica_addr = replica.addr();
+            let replica_ip = replica.host().ip().to_string();
+
+            let first = publish(&http, &a.base, 1, synced).await;
+            assert_eq!(first.status, 200, "{first:?}");
+            let mut client_reader = Reader::default();
+            let mut session_reader = Reader::default();
+            client_read(&http, &a.base, &mut client_reader).await;
+            session_read(&http, &a.base, &mut session_reader).await;
+            assert_eq!((client_reader.floor, session_reader.floor), (1, 1));
+
+            // Cut the master and A from every other node and instance; the driver reaches all.
+            let network = &topology.network;
+            let inside = [master.host(), &topology.instances[0]];
+            let mut cut = Partition::default();
+            for host in network.hosts() {
+                if inside.contains(&host) || host == &topology.driver {
+                    continue;
+                }
+                for member in inside {
+                    cut = cut.and(Partition::cut(member, host));
+                }
+            }
+            network.apply(&cut).expect("apply the cut");
+            let cut_at = Instant::now();
+            let mut published = Vec::new();
+            let mut version = 2;
+            let mut cut_lag_ms: f64 = 0.0;
+            while cut_at.elapsed() < CUT_PUBLISHING {
+                published.push(publish(&http, &a.base, version, synced).await);
+                version += 1;
+                client_read(&http, &a.base, &mut client_reader).await;
+                session_read(&http, &a.base, &mut session_reader).await;
+            }
+            cut_lag_ms = cut_lag_ms.max(lag_now_ms(&http, &a.base, &replica_addr).await);
+            let promoted = cluster
+                .wait_until(Duration::from_secs(30), "the replica to be promoted", |view| {
+                    view.iter().any(|info| {
+                        info.host == replica_ip && info.is_master() && !info.slots.is_empty()
+                    })
+                });
+            let failover = cut_at.elapsed();
+            cut_lag_ms = cut_lag_ms.max(lag_now_ms(&http, &a.base, &replica_addr).await);
+            network.heal().expect("heal");
+            promoted.expect("the majority promotes the isolated master's replica");
+            let healed_at = Instant::now();
+            cluster
+                .wait_healthy(Duration::from_secs(60))
+                .expect("the cluster heals");
+            // Converged: the promoted master and its replica (the old master) hold one version,
+            // A's retry queue is empty, and B reads that version.
+            let converged = loop {
+                let copy_key = format!("{KEY}#0");
+                let on_new = cluster.cli(replica, &["HGET", &copy_key, "ver"]);
+                let old_link = cluster.cli(master, &["INFO", "replication"]);
+                let old_synced = old_link.as_ref().is_ok_and(|info| {
+                    info.contains("role:slave") && info.contains("master_link_status:up")
+                });
+                let queue: Value = match http.get(format!("{}/v1/retry-queue", a.base)).send().await {
+                    Ok(answer) => answer.json().await.unwrap_or(Value::Null),
+                    Err(_) => Value::Null,
+                };
+                let queued = queue["depth"].as_u64().unwrap_or(1);
+                let via_b = read_version(&http, &b.base).await;
+                let via_a = read_version(&http, &a.base).await;
+                let held = on_new.as_ref().ok().and_then(|text| text.parse::<u64>().ok());
+                if old_synced && queued == 0 && held.is_some() && held == via_b.as_ref().ok().copied() && held == via_a.as_ref().ok().copied() {
+                    break held.unwrap_or(0);
+                }
+                assert!(
+                    healed_at.elapsed() < Duration::from_secs(60),
+                    "no convergence: new master holds {on_new:?}, old master synced {old_synced}, B reads {via_b:?}, A reads {via_a:?}, A's queue {queue}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let converge = healed_at.elapsed();
+            // After the heal: the readers of A read again, a few times each.
+            for _ in 0..5 {
+                client_read(&http, &a.base, &mut client_reader).await;
+                session_read(&http, &a.base, &mut session_reader).await;
+            }
+            SplitBrain {
+                before_cut: first,
+                published,
+                converged,
+                client_reader,
+                session_reader,
+                cut_lag_ms,
+                failover,
+                converge,
+            }
+        })
+    });
+    let outcome = outcome.expect("join the driver's namespace");
+    let log_a = a.process.log_text();
+    drop((a, b));
+    eprintln!(
+        "split brain (synced: {synced}): {} publishes during the cut, converged at v{}, failover after {:?}, converged {:?} after the heal, lag seen {:.0} ms; lost (acknowledged, answered): {:?}; client reader {:?}; session reader {:?}",
+        outcome.published.len(),
+        outcome.converged,
+        outcome.failover,
+        outcome.converge,
+        outcome.cut_lag_ms,
+        outcome.lost(),
+        outcome.client_reader,
+        outcome.session_reader,
+    );
+    // A's log names the rollback whenever a reader was refused for it.
+    if outcome.converged < outcome.client_reader.floor {
+        assert!(
+            log_a.contains("a copy went back below a version this instance served"),
+            "A refused no reader for the rollback, or did not log it: {}",
+            a_log_tail(&log_a)
+        );
+    }
+    outcome
+}
+
+#[test]
+fn partition_split_brain_without_the_rule_loses_answered_publishes_but_no_reader_goes_back() {
+    if !namespaces_or_skip("partition_split_brain_without_the_rule") {
+        return;
+    }
+    let run = split_brain(false);
+    let (_, answered_lost) = run.lost();
+    assert!(
+        !answered_lost.is_empty(),
+        "without the rule the split brain should lose publishes A answered: {run:?}"
+    );
+    assert!(
+        run.cut_lag_ms > 1000.0,
+        "the cut is not visible in A's /v1/lag: {run:?}"
+    );
+    for reader in [&run.client_reader, &run.session_reader] {
+        assert!(
+            reader.violations.is_empty(),
+            "a reader went back: {reader:?}"
+        );
+    }
+}
+
+#[test]
+fn partition_split_brain_under_the_rule_loses_no_acknowledged_publish() {
+    if !namespaces_or_skip("partition_split_brain_under_the_rule") {
+        return;
+    }
+    let run = split_brain(true);
+    let (acknowledged_lost, answered_lost) = run.lost();
+    assert!(
+        acknowledged_lost.is_empty(),
+        "acknowledged publishes lost: {acknowledged_lost:?}"
+    );
+    // The caller tells the two apart: before the cut the replica acknowledged; during it, A
+    // answered with `replicas_acked: 0`, and those are the publishes the failover dropped.
+    assert!(run.before_cut.replica_acked, "{:?}", run.before_cut);
+    assert!(
+        !answered_lost.is_empty(),
+        "the cut lost nothing, so it proved nothing: {run:?}"
+    );
+    assert!(
+        run.cut_lag_ms > 1000.0,
+        "the cut is not visible in A's /v1/lag: {run:?}"
+    );
+    for reader in [&run.client_reader, &run.session_reader] {
+        assert!(
+            reader.violations.is_empty(),
+            "a reader went back: {reader:?}"
+        );
+    }
+}
