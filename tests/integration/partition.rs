@@ -6,8 +6,8 @@
 //! The split brain: the master owning a one-copy key is isolated together with A while A
 //! publishes, the majority promotes its replica, the partition heals and the old master
 //! rejoins as a replica of the promoted one, dropping what it took alone. Measured: publishes
-//! acknowledged and lost (without the rule, and under it: `sync_replicas=1`, an answer whose
-//! every line says `replicas_acked >= 1`), monotonic reads of a reader with an explicit client
+//! acknowledged and lost (without the rule, and under it: the family's `sync_replicas = 1`, an
+//! answer whose every line says `replicas_acked >= 1`), monotonic reads of a reader with an explicit client
 //! id and of a session-token reader, convergence, and the partition in `/v1/lag`.
 //!
 //! Needs root (namespaces): skipped with a message elsewhere, failed (never skipped) when `CI`
@@ -31,7 +31,7 @@ const HTTP_PORT: u16 = 8080;
 /// How long A publishes while it and the key's master are cut off.
 const CUT_PUBLISHING: Duration = Duration::from_millis(1500);
 
-/// `WAIT`'s bound in a synced publish during the cut.
+/// `WAIT`'s bound in a synced family (`sync_timeout`).
 const SYNC_TIMEOUT_MS: u64 = 100;
 
 /// `true` when namespaces work here; otherwise says why and returns `false`, or fails in CI.
@@ -57,15 +57,21 @@ struct Instance {
 }
 
 impl Instance {
-    /// Starts it, with its config and log under `dir`; does not wait.
-    fn spawn(host: &Host, redis_url: &str, dir: &Path) -> Instance {
+    /// Starts it, with its config and log under `dir` (with `synced`, the family's publishes
+    /// wait for a replica: `sync_replicas = 1`); does not wait.
+    fn spawn(host: &Host, redis_url: &str, dir: &Path, synced: bool) -> Instance {
         let name = host.name();
         let config = format!(
             "[server]\nlisten = \"{ip}:{HTTP_PORT}\"\nshutdown_grace = \"1s\"\nallow_unauthenticated = true\n\
              [store]\nredis = \"{redis_url}\"\ncommand_timeout = \"{timeout}\"\n\
              [heal]\nspool_dir = \"{spool}\"\n\
              [fleet]\nheartbeat_interval = \"1s\"\n\
-             [[family]]\nprefix = \"sb:\"\ncopies = 1\nttl = \"10m\"\n",
+             [[family]]\nprefix = \"sb:\"\ncopies = 1\nttl = \"10m\"\n{sync}",
+            sync = if synced {
+                format!("sync_replicas = 1\nsync_timeout = \"{SYNC_TIMEOUT_MS}ms\"\n")
+            } else {
+                String::new()
+            },
             ip = host.ip(),
             timeout = command_timeout_toml(),
             spool = spool_dir().display(),
@@ -212,14 +218,9 @@ fn a_log_tail(log: &str) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
-/// PUT `version` of `key` through `base`, with `sync_replicas=1` when `synced`.
-async fn publish(http: &reqwest::Client, base: &str, version: u64, synced: bool) -> Published {
-    let mut url = format!("{base}/v1/keys/{KEY}?version={version}");
-    if synced {
-        url.push_str(&format!(
-            "&sync_replicas=1&sync_timeout_ms={SYNC_TIMEOUT_MS}"
-        ));
-    }
+/// PUT `version` of the key through `base` (a synced family waits for its replica itself).
+async fn publish(http: &reqwest::Client, base: &str, version: u64) -> Published {
+    let url = format!("{base}/v1/keys/{KEY}?version={version}");
     let answer = http
         .put(&url)
         .body(format!("v{version}"))
@@ -299,14 +300,14 @@ async fn lag_now_ms(http: &reqwest::Client, base: &str, replica: &str) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Runs the split brain once; `synced`: publishes ask for `sync_replicas=1`.
+/// Runs the split brain once; `synced`: the family waits for a replica (`sync_replicas = 1`).
 fn split_brain(synced: bool) -> SplitBrain {
     let options = NetClusterOptions::default();
     let topology = Topology::start(3, 2, &options).expect("start the namespaced cluster");
     let dir = tempfile::tempdir().expect("a temp dir");
     let url = topology.cluster.url();
-    let mut a = Instance::spawn(&topology.instances[0], &url, dir.path());
-    let mut b = Instance::spawn(&topology.instances[1], &url, dir.path());
+    let mut a = Instance::spawn(&topology.instances[0], &url, dir.path(), synced);
+    let mut b = Instance::spawn(&topology.instances[1], &url, dir.path(), synced);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -329,7 +330,7 @@ fn split_brain(synced: bool) -> SplitBrain {
             let replica_addr = replica.addr();
             let replica_ip = replica.host().ip().to_string();
 
-            let first = publish(&http, &a.base, 1, synced).await;
+            let first = publish(&http, &a.base, 1).await;
             assert_eq!(first.status, 200, "{first:?}");
             let mut client_reader = Reader::default();
             let mut session_reader = Reader::default();
@@ -355,7 +356,7 @@ fn split_brain(synced: bool) -> SplitBrain {
             let mut version = 2;
             let mut cut_lag_ms: f64 = 0.0;
             while cut_at.elapsed() < CUT_PUBLISHING {
-                published.push(publish(&http, &a.base, version, synced).await);
+                published.push(publish(&http, &a.base, version).await);
                 version += 1;
                 client_read(&http, &a.base, &mut client_reader).await;
                 session_read(&http, &a.base, &mut session_reader).await;
