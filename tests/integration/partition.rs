@@ -321,11 +321,10 @@ fn split_brain(synced: bool) -> SplitBrain {
             a.wait_ready(&http).await;
             b.wait_ready(&http).await;
             let cluster = &topology.cluster;
-            let master = cluster.master_for_key(KEY.as_bytes()).expect("the key's master");
             // The copy key of a one-copy family is `K#0`; its slot decides the master.
             let master = cluster
                 .master_for_key(format!("{KEY}#0").as_bytes())
-                .unwrap_or(master);
+                .expect("the key's master");
             let replica = cluster.replicas_of(master).expect("its replica")[0];
             let replica_addr = replica.addr();
             let replica_ip = replica.host().ip().to_string();
@@ -496,4 +495,108 @@ fn partition_split_brain_under_the_rule_loses_no_acknowledged_publish() {
             "a reader went back: {reader:?}"
         );
     }
+}
+
+/// An instance cut from the master of a one-copy key (both ways; the master stays in the
+/// majority, so nothing fails over) while it publishes and reads the key, then healed.
+#[test]
+fn partition_an_instance_cut_from_one_master_queues_and_converges_with_nothing_lost() {
+    if !namespaces_or_skip("partition_an_instance_cut_from_one_master") {
+        return;
+    }
+    let topology =
+        Topology::start(3, 1, &NetClusterOptions::default()).expect("start the namespaced cluster");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let mut a = Instance::spawn(
+        &topology.instances[0],
+        &topology.cluster.url(),
+        dir.path(),
+        false,
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (published, reader, converged, converge) = topology
+        .driver
+        .run(|| {
+            runtime.block_on(async {
+                let http = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .expect("an HTTP client");
+                a.wait_ready(&http).await;
+                let master = topology
+                    .cluster
+                    .master_for_key(format!("{KEY}#0").as_bytes())
+                    .expect("the key's master");
+                assert_eq!(publish(&http, &a.base, 1).await.status, 200);
+                let mut reader = Reader::default();
+                client_read(&http, &a.base, &mut reader).await;
+                topology
+                    .network
+                    .apply(&Partition::cut(&topology.instances[0], master.host()))
+                    .expect("cut");
+                let cut_at = Instant::now();
+                let mut published = Vec::new();
+                let mut version = 2;
+                while cut_at.elapsed() < Duration::from_secs(3) {
+                    published.push(publish(&http, &a.base, version).await);
+                    version += 1;
+                    client_read(&http, &a.base, &mut reader).await;
+                }
+                topology.network.heal().expect("heal");
+                let healed_at = Instant::now();
+                let last = version - 1;
+                let converged = loop {
+                    let queue: Value =
+                        match http.get(format!("{}/v1/retry-queue", a.base)).send().await {
+                            Ok(answer) => answer.json().await.unwrap_or(Value::Null),
+                            Err(_) => Value::Null,
+                        };
+                    let held = read_version(&http, &a.base).await;
+                    if queue["depth"].as_u64() == Some(0) && held == Ok(last) {
+                        break last;
+                    }
+                    assert!(
+                        healed_at.elapsed() < Duration::from_secs(30),
+                        "no convergence to v{last}: A reads {held:?}, its queue {queue}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                };
+                let converge = healed_at.elapsed();
+                for _ in 0..3 {
+                    client_read(&http, &a.base, &mut reader).await;
+                }
+                (published, reader, converged, converge)
+            })
+        })
+        .expect("join the driver's namespace");
+    let answered = published
+        .iter()
+        .filter(|p| (200..300).contains(&p.status))
+        .count();
+    let queued = published.iter().filter(|p| p.status == 202).count();
+    eprintln!(
+        "instance cut from one master: {} publishes during the cut ({answered} answered 2xx, {queued} queued), reads {} served / {} refused, converged at v{converged} {converge:?} after the heal",
+        published.len(),
+        reader.served,
+        reader.refused,
+    );
+    assert!(
+        queued > 0,
+        "no publish was queued, so the cut did nothing: {published:?}"
+    );
+    // Every publish answered 2xx survives: the queued ones land once the cut heals.
+    let lost: Vec<u64> = published
+        .iter()
+        .filter(|p| (200..300).contains(&p.status) && p.version > converged)
+        .map(|p| p.version)
+        .collect();
+    assert!(lost.is_empty(), "lost: {lost:?}");
+    assert!(reader.violations.is_empty(), "{reader:?}");
+    assert!(
+        reader.floor >= converged,
+        "the reader reads the converged version: {reader:?}"
+    );
 }
