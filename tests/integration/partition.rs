@@ -600,3 +600,117 @@ fn partition_an_instance_cut_from_one_master_queues_and_converges_with_nothing_l
         "the reader reads the converged version: {reader:?}"
     );
 }
+
+/// The `master_repl_offset` a node reports, if it answers.
+fn repl_offset(
+    cluster: &hotsplit_devcluster::NetCluster,
+    node: &hotsplit_devcluster::NetNode,
+) -> Option<u64> {
+    let info = cluster.cli(node, &["INFO", "replication"]).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("master_repl_offset:"))
+        .and_then(|offset| offset.trim().parse().ok())
+}
+
+/// A master cut from its replica (the majority still reaches both, so nothing fails over) while
+/// a synced family publishes: the answers say `replicas_acked: 0` during the cut, 1 before and
+/// after, nothing answered is lost, and the replica catches up after the heal.
+#[test]
+fn partition_a_master_cut_from_its_replica_answers_unacknowledged_and_catches_up() {
+    if !namespaces_or_skip("partition_a_master_cut_from_its_replica") {
+        return;
+    }
+    let topology =
+        Topology::start(3, 1, &NetClusterOptions::default()).expect("start the namespaced cluster");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let mut a = Instance::spawn(
+        &topology.instances[0],
+        &topology.cluster.url(),
+        dir.path(),
+        true,
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    topology
+        .driver
+        .run(|| {
+            runtime.block_on(async {
+                let http = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .expect("an HTTP client");
+                a.wait_ready(&http).await;
+                let cluster = &topology.cluster;
+                let master = cluster
+                    .master_for_key(format!("{KEY}#0").as_bytes())
+                    .expect("the key's master");
+                let replica = cluster.replicas_of(master).expect("its replica")[0];
+                let before = publish(&http, &a.base, 1).await;
+                assert!(before.status == 200 && before.replica_acked, "{before:?}");
+                topology
+                    .network
+                    .apply(&Partition::cut(master.host(), replica.host()))
+                    .expect("cut");
+                let cut_at = Instant::now();
+                let mut during = Vec::new();
+                let mut version = 2;
+                let mut reader = Reader::default();
+                // Shorter than cluster-node-timeout (2 s): the replica never starts a failover.
+                while cut_at.elapsed() < Duration::from_millis(1200) {
+                    during.push(publish(&http, &a.base, version).await);
+                    version += 1;
+                    client_read(&http, &a.base, &mut reader).await;
+                }
+                topology.network.heal().expect("heal");
+                let healed_at = Instant::now();
+                loop {
+                    let (on_master, on_replica) =
+                        (repl_offset(cluster, master), repl_offset(cluster, replica));
+                    if on_master.is_some() && on_master == on_replica {
+                        break;
+                    }
+                    assert!(
+                        healed_at.elapsed() < Duration::from_secs(30),
+                        "the replica never caught up: master {on_master:?}, replica {on_replica:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // TCP retransmits what the cut dropped with backoff: acknowledgements resume
+                // within a few seconds of the heal.
+                let after = loop {
+                    let after = publish(&http, &a.base, version).await;
+                    if after.replica_acked || healed_at.elapsed() > Duration::from_secs(10) {
+                        break after;
+                    }
+                    version += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                };
+                let held = read_version(&http, &a.base).await;
+                client_read(&http, &a.base, &mut reader).await;
+                eprintln!(
+                    "master cut from its replica: {} publishes during the cut, {} acknowledged; acknowledging again {:?} after the heal; reads {} served / {} refused",
+                    during.len(),
+                    during.iter().filter(|p| p.replica_acked).count(),
+                    healed_at.elapsed(),
+                    reader.served,
+                    reader.refused,
+                );
+                assert!(!during.is_empty());
+                assert!(
+                    during.iter().all(|p| p.status == 200),
+                    "the master kept taking writes: {during:?}"
+                );
+                // WAIT cannot reach the cut replica, so no answer during the cut claims it.
+                assert!(
+                    during.iter().all(|p| !p.replica_acked),
+                    "acknowledged across the cut: {during:?}"
+                );
+                assert!(after.status == 200 && after.replica_acked, "{after:?}");
+                assert_eq!(held, Ok(version), "nothing answered was lost");
+                assert!(reader.violations.is_empty(), "{reader:?}");
+            })
+        })
+        .expect("join the driver's namespace");
+}
