@@ -14,6 +14,7 @@
 //! is set.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hotsplit_devcluster::{Host, NetClusterOptions, Partition, Process, Topology};
@@ -710,6 +711,111 @@ fn partition_a_master_cut_from_its_replica_answers_unacknowledged_and_catches_up
                 assert!(after.status == 200 && after.replica_acked, "{after:?}");
                 assert_eq!(held, Ok(version), "nothing answered was lost");
                 assert!(reader.violations.is_empty(), "{reader:?}");
+            })
+        })
+        .expect("join the driver's namespace");
+}
+
+/// Flapping: an instance cut from the key's master and healed every 250 ms for 3 s while it
+/// publishes and reads; afterwards every answered publish is readable and no reader went back.
+#[test]
+fn partition_flapping_cuts_lose_nothing_answered_and_no_reader_goes_back() {
+    if !namespaces_or_skip("partition_flapping_cuts") {
+        return;
+    }
+    let topology =
+        Topology::start(3, 1, &NetClusterOptions::default()).expect("start the namespaced cluster");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let mut a = Instance::spawn(
+        &topology.instances[0],
+        &topology.cluster.url(),
+        dir.path(),
+        false,
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    topology
+        .driver
+        .run(|| {
+            runtime.block_on(async {
+                let http = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .expect("an HTTP client");
+                a.wait_ready(&http).await;
+                let master = topology
+                    .cluster
+                    .master_for_key(format!("{KEY}#0").as_bytes())
+                    .expect("the key's master");
+                let cut = Partition::cut(&topology.instances[0], master.host());
+                let mut reader = Reader::default();
+                let mut published = Vec::new();
+                let mut version = 1;
+                // The flapping runs beside the publishes, on its own schedule, whatever they
+                // wait for (a cut publish waits up to the command timeout).
+                let done = AtomicBool::new(false);
+                let flipper = async {
+                    let started = Instant::now();
+                    let mut flips = 0;
+                    while started.elapsed() < Duration::from_secs(3) {
+                        if flips % 2 == 0 {
+                            topology.network.apply(&cut).expect("cut");
+                        } else {
+                            topology.network.heal().expect("heal");
+                        }
+                        flips += 1;
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    done.store(true, Ordering::SeqCst);
+                    flips
+                };
+                let traffic = async {
+                    while !done.load(Ordering::SeqCst) {
+                        published.push(publish(&http, &a.base, version).await);
+                        version += 1;
+                        client_read(&http, &a.base, &mut reader).await;
+                    }
+                };
+                let (flips, ()) = tokio::join!(flipper, traffic);
+                topology.network.heal().expect("heal");
+                let healed_at = Instant::now();
+                let answered: Vec<u64> = published
+                    .iter()
+                    .filter(|p| (200..300).contains(&p.status))
+                    .map(|p| p.version)
+                    .collect();
+                let highest = answered.iter().copied().max().unwrap_or(0);
+                loop {
+                    let queue: Value =
+                        match http.get(format!("{}/v1/retry-queue", a.base)).send().await {
+                            Ok(answer) => answer.json().await.unwrap_or(Value::Null),
+                            Err(_) => Value::Null,
+                        };
+                    let held = read_version(&http, &a.base).await;
+                    if queue["depth"].as_u64() == Some(0) && held == Ok(highest) {
+                        break;
+                    }
+                    assert!(
+                        healed_at.elapsed() < Duration::from_secs(30),
+                        "no convergence to v{highest}: A reads {held:?}, its queue {queue}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                client_read(&http, &a.base, &mut reader).await;
+                eprintln!(
+                    "flapping: {flips} flips, {} publishes ({} answered 2xx, {} queued), reads {} served / {} refused, converged at v{highest} {:?} after the last heal",
+                    published.len(),
+                    answered.len(),
+                    published.iter().filter(|p| p.status == 202).count(),
+                    reader.served,
+                    reader.refused,
+                    healed_at.elapsed(),
+                );
+                assert!(flips >= 4, "{flips} flips");
+                assert!(reader.violations.is_empty(), "{reader:?}");
+                assert_eq!(reader.floor, highest, "{reader:?}");
             })
         })
         .expect("join the driver's namespace");
