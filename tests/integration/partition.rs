@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use crate::harness::{command_timeout_toml, spool_dir};
 
-/// The one-copy family the split brain publishes to.
+/// The key of the one-copy family `sb:` the split brain publishes to (`sp:` has 4 copies).
 const KEY: &str = "sb:post";
 
 /// The HTTP port of every instance, in its own namespace.
@@ -67,7 +67,8 @@ impl Instance {
              [store]\nredis = \"{redis_url}\"\ncommand_timeout = \"{timeout}\"\n\
              [heal]\nspool_dir = \"{spool}\"\n\
              [fleet]\nheartbeat_interval = \"1s\"\n\
-             [[family]]\nprefix = \"sb:\"\ncopies = 1\nttl = \"10m\"\n{sync}",
+             [[family]]\nprefix = \"sb:\"\ncopies = 1\nttl = \"10m\"\n{sync}\
+             [[family]]\nprefix = \"sp:\"\ncopies = 4\nttl = \"10m\"\n{sync}",
             sync = if synced {
                 format!("sync_replicas = 1\nsync_timeout = \"{SYNC_TIMEOUT_MS}ms\"\n")
             } else {
@@ -816,6 +817,169 @@ fn partition_flapping_cuts_lose_nothing_answered_and_no_reader_goes_back() {
                 assert!(flips >= 4, "{flips} flips");
                 assert!(reader.violations.is_empty(), "{reader:?}");
                 assert_eq!(reader.floor, highest, "{reader:?}");
+            })
+        })
+        .expect("join the driver's namespace");
+}
+
+/// The split brain on a split family (4 copies on several masters): the master of copy 0 is
+/// isolated with A while A publishes; the other copies' writes are queued, the majority
+/// promotes copy 0's replica, and after the heal every version A answered is readable from the
+/// siblings, while copy 0 alone was set back.
+#[test]
+fn partition_split_brain_on_a_split_family_keeps_every_answered_version_in_the_siblings() {
+    if !namespaces_or_skip("partition_split_brain_on_a_split_family") {
+        return;
+    }
+    const SPLIT_KEY: &str = "sp:post";
+    let topology =
+        Topology::start(3, 2, &NetClusterOptions::default()).expect("start the namespaced cluster");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let url = topology.cluster.url();
+    let mut a = Instance::spawn(&topology.instances[0], &url, dir.path(), false);
+    let mut b = Instance::spawn(&topology.instances[1], &url, dir.path(), false);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    topology
+        .driver
+        .run(|| {
+            runtime.block_on(async {
+                let http = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .expect("an HTTP client");
+                a.wait_ready(&http).await;
+                b.wait_ready(&http).await;
+                let cluster = &topology.cluster;
+                let master = cluster
+                    .master_for_key(format!("{SPLIT_KEY}#0").as_bytes())
+                    .expect("copy 0's master");
+                let replica = cluster.replicas_of(master).expect("its replica")[0];
+                let replica_ip = replica.host().ip().to_string();
+                let put = |version: u64| {
+                    let url = format!("{}/v1/keys/{SPLIT_KEY}?version={version}", a.base);
+                    let http = &http;
+                    async move {
+                        http.put(&url)
+                            .body(format!("v{version}"))
+                            .send()
+                            .await
+                            .map_or(0, |answer| answer.status().as_u16())
+                    }
+                };
+                let read_a = |reader: &'static str| {
+                    let url = format!("{}/v1/keys/{SPLIT_KEY}?client={reader}", a.base);
+                    let http = &http;
+                    async move { http.get(&url).send().await }
+                };
+                assert_eq!(put(1).await, 200);
+                let mut reader = Reader::default();
+                if let Ok(answer) = read_a("r1").await {
+                    reader.record(answer).await;
+                }
+                let inside = [master.host(), &topology.instances[0]];
+                let mut cut = Partition::default();
+                for host in topology.network.hosts() {
+                    if inside.contains(&host) || host == &topology.driver {
+                        continue;
+                    }
+                    for member in inside {
+                        cut = cut.and(Partition::cut(member, host));
+                    }
+                }
+                topology.network.apply(&cut).expect("apply the cut");
+                let cut_at = Instant::now();
+                let mut answered = Vec::new();
+                let mut version = 2;
+                // Longer than the one-copy case: the first publish waits out the command
+                // timeout on the masters it cannot reach; later ones are queued at once.
+                while cut_at.elapsed() < Duration::from_secs(3) {
+                    let status = put(version).await;
+                    if (200..300).contains(&status) {
+                        answered.push((version, status));
+                    }
+                    version += 1;
+                    if let Ok(answer) = read_a("r1").await {
+                        reader.record(answer).await;
+                    }
+                }
+                let promoted = cluster.wait_until(
+                    Duration::from_secs(30),
+                    "copy 0's replica to be promoted",
+                    |view| {
+                        view.iter().any(|info| {
+                            info.host == replica_ip && info.is_master() && !info.slots.is_empty()
+                        })
+                    },
+                );
+                topology.network.heal().expect("heal");
+                promoted.expect("the majority promotes the isolated master's replica");
+                let healed_at = Instant::now();
+                cluster
+                    .wait_healthy(Duration::from_secs(60))
+                    .expect("the cluster heals");
+                let highest = answered.iter().map(|(v, _)| *v).max().unwrap_or(1);
+                // Every answered version is readable: through B, with the highest as the floor,
+                // a sibling serves it once A's queued copies have landed.
+                let served = loop {
+                    let url = format!(
+                        "{}/v1/keys/{SPLIT_KEY}?client=r2&min_version={highest}",
+                        b.base
+                    );
+                    let answer = http.get(&url).send().await.ok();
+                    let version = answer.as_ref().and_then(|answer| {
+                        answer.headers().get("hotsplit-version")?.to_str().ok()?.parse::<u64>().ok()
+                    });
+                    if let Some(version) = version {
+                        break version;
+                    }
+                    assert!(
+                        healed_at.elapsed() < Duration::from_secs(60),
+                        "v{highest} never became readable through B: {:?}",
+                        answer.map(|answer| answer.status())
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                };
+                for _ in 0..3 {
+                    if let Ok(answer) = read_a("r1").await {
+                        reader.record(answer).await;
+                    }
+                }
+                // Every copy converges: A's queued copy writes land, and the copy the failover
+                // set back is written again (its queued write, or read repair).
+                let copy_versions = || -> Vec<String> {
+                    (0..4)
+                        .map(|copy| {
+                            let copy_key = format!("{SPLIT_KEY}#{copy}");
+                            cluster
+                                .master_for_key(copy_key.as_bytes())
+                                .and_then(|node| cluster.cli(node, &["HGET", &copy_key, "ver"]))
+                                .unwrap_or_else(|err| err.to_string())
+                        })
+                        .collect()
+                };
+                let at_heal = copy_versions();
+                let copies = loop {
+                    let copies = copy_versions();
+                    if copies.iter().all(|held| *held == highest.to_string()) {
+                        break copies;
+                    }
+                    assert!(
+                        healed_at.elapsed() < Duration::from_secs(60),
+                        "the copies never converged to v{highest}: {copies:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                };
+                let converge = healed_at.elapsed();
+                eprintln!(
+                    "split brain on a split family: {} publishes answered 2xx during the cut ({} queued), highest v{highest}, served v{served} through B; copies held {at_heal:?} when B served it, all {copies:?} {converge:?} after the heal; reader of A {reader:?}",
+                    answered.len(),
+                    answered.iter().filter(|(_, status)| *status == 202).count(),
+                );
+                assert!(served >= highest, "an answered version was lost: v{served} < v{highest}");
+                assert!(reader.violations.is_empty(), "{reader:?}");
             })
         })
         .expect("join the driver's namespace");
