@@ -10,6 +10,10 @@
 //! answer whose every line says `replicas_acked >= 1`), monotonic reads of a reader with an explicit client
 //! id and of a session-token reader, convergence, and the partition in `/v1/lag`.
 //!
+//! Further scenarios: an instance cut from one master, a master cut from its replica, flapping
+//! cuts, the split brain on a 4-copy family, and an instance cut from the master holding the
+//! registry records.
+//!
 //! Needs root (namespaces): skipped with a message elsewhere, failed (never skipped) when `CI`
 //! is set.
 
@@ -980,6 +984,123 @@ fn partition_split_brain_on_a_split_family_keeps_every_answered_version_in_the_s
                 );
                 assert!(served >= highest, "an answered version was lost: v{served} < v{highest}");
                 assert!(reader.violations.is_empty(), "{reader:?}");
+            })
+        })
+        .expect("join the driver's namespace");
+}
+
+/// The ids `base`'s `/v1/instances` lists, and its own id.
+async fn listed_instances(http: &reqwest::Client, base: &str) -> Option<(String, Vec<String>)> {
+    let view: Value = http
+        .get(format!("{base}/v1/instances"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    let this = view["this"].as_str()?.to_owned();
+    let ids = view["instances"]
+        .as_array()?
+        .iter()
+        .filter_map(|entry| entry["id"].as_str().map(str::to_owned))
+        .collect();
+    Some((this, ids))
+}
+
+/// An instance cut from the master that holds the registry records (`#hotsplit#{fleet}#…`;
+/// instances see each other only through Redis): the other instance stops listing it within
+/// three heartbeats and lists it again after the heal, while its publishes of a key on another
+/// master go on being answered.
+#[test]
+fn partition_an_instance_cut_from_the_registry_master_drops_out_and_returns() {
+    if !namespaces_or_skip("partition_an_instance_cut_from_the_registry_master") {
+        return;
+    }
+    let topology =
+        Topology::start(3, 2, &NetClusterOptions::default()).expect("start the namespaced cluster");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let url = topology.cluster.url();
+    let mut a = Instance::spawn(&topology.instances[0], &url, dir.path(), false);
+    let mut b = Instance::spawn(&topology.instances[1], &url, dir.path(), false);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    topology
+        .driver
+        .run(|| {
+            runtime.block_on(async {
+                let http = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .expect("an HTTP client");
+                a.wait_ready(&http).await;
+                b.wait_ready(&http).await;
+                let cluster = &topology.cluster;
+                let registry = cluster
+                    .master_for_key(b"#hotsplit#{fleet}#instances")
+                    .expect("the registry's master");
+                // A one-copy key whose copy lives on another master.
+                let key = (0..1000)
+                    .map(|n| format!("sb:k{n}"))
+                    .find(|key| {
+                        cluster
+                            .master_for_key(format!("{key}#0").as_bytes())
+                            .is_ok_and(|node| node.addr() != registry.addr())
+                    })
+                    .expect("a key on another master");
+                let (a_id, _) = listed_instances(&http, &a.base).await.expect("A's id");
+                let listed_by_b = || async {
+                    listed_instances(&http, &b.base)
+                        .await
+                        .is_some_and(|(_, ids)| ids.contains(&a_id))
+                };
+                let started = Instant::now();
+                while !listed_by_b().await {
+                    assert!(started.elapsed() < Duration::from_secs(15), "B never listed A");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                topology
+                    .network
+                    .apply(&Partition::cut(&topology.instances[0], registry.host()))
+                    .expect("cut");
+                let cut_at = Instant::now();
+                let mut statuses = Vec::new();
+                let mut version = 1;
+                let mut dropped_after = None;
+                while cut_at.elapsed() < Duration::from_millis(4500) {
+                    let url = format!("{}/v1/keys/{key}?version={version}", a.base);
+                    let status = http
+                        .put(&url)
+                        .body("x")
+                        .send()
+                        .await
+                        .map_or(0, |answer| answer.status().as_u16());
+                    statuses.push(status);
+                    version += 1;
+                    if dropped_after.is_none() && !listed_by_b().await {
+                        dropped_after = Some(cut_at.elapsed());
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                topology.network.heal().expect("heal");
+                let healed_at = Instant::now();
+                while !listed_by_b().await {
+                    assert!(
+                        healed_at.elapsed() < Duration::from_secs(15),
+                        "B never listed A again after the heal"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let returned_after = healed_at.elapsed();
+                let answered = statuses.iter().filter(|s| **s == 200).count();
+                eprintln!(
+                    "instance cut from the registry master: B stopped listing A after {dropped_after:?}, listed it again {returned_after:?} after the heal; {answered} of {} publishes of a key on another master answered 200 during the cut",
+                    statuses.len()
+                );
+                assert!(dropped_after.is_some(), "B kept listing A through a 4.5 s cut");
+                assert_eq!(answered, statuses.len(), "publishes elsewhere failed: {statuses:?}");
             })
         })
         .expect("join the driver's namespace");
