@@ -101,3 +101,39 @@ pub(super) fn name_session_cause(err: Error, session_floor: Option<Version>) -> 
         _ => err,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_readers_below_floor_refusal_names_its_floor_and_what_to_do() {
+        let refusal = Error::new(
+            ErrorKind::BelowVersionFloor,
+            "no consulted copy reached version 9; the newest holds 1",
+        );
+        let named = name_session_cause(refusal, Version::new(9).ok());
+        assert_eq!(named.kind(), ErrorKind::BelowVersionFloor);
+        assert!(
+            named
+                .message()
+                .starts_with("no consulted copy reached version 9")
+                && named
+                    .message()
+                    .contains("this session's token holds version 9")
+                && named
+                    .message()
+                    .contains("publish the key again above that version"),
+            "{}",
+            named.message()
+        );
+        // Another error, or a refusal no session floor bound, is left as it was.
+        let missing = name_session_cause(
+            Error::new(ErrorKind::NotFound, "gone"),
+            Version::new(9).ok(),
+        );
+        assert_eq!(missing.message(), "gone");
+        let unbound = name_session_cause(Error::new(ErrorKind::BelowVersionFloor, "below"), None);
+        assert_eq!(unbound.message(), "below");
+    }
+}
