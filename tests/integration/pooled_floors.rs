@@ -133,8 +133,10 @@ fn command(args: &[&str]) -> Vec<String> {
 /// Redis-protocol listener; the family `p:` has two copies and reads the primary.
 async fn start(dir: &std::path::Path, store: &str) -> (Binary, SocketAddr) {
     let port = harness::free_port();
+    // Each binary's own spool directory: tests run at once.
     let config = format!(
-        "{store}\n[resp]\nlisten = \"127.0.0.1:{port}\"\n[[family]]\nprefix = \"p:\"\ncopies = 2\ndefault_class = \"primary\"\n"
+        "{store}\n[heal]\nspool_dir = \"{}\"\n[resp]\nlisten = \"127.0.0.1:{port}\"\n[[family]]\nprefix = \"p:\"\ncopies = 2\ndefault_class = \"primary\"\n",
+        dir.join("spool").display()
     );
     let binary = Binary::start(dir, "pooled", &config).await;
     (binary, SocketAddr::from(([127, 0, 0, 1], port)))
