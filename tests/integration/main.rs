@@ -33,6 +33,7 @@ mod redis_security;
 mod redis_store;
 mod reload;
 mod resize;
+mod resp_budgets;
 mod resp_clients;
 mod resp_cluster;
 mod resp_conn;
