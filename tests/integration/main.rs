@@ -18,6 +18,7 @@ mod drain;
 mod fast_path;
 mod fleet;
 mod floors;
+mod harden;
 mod harness;
 mod heal;
 mod hot_keys;

@@ -1,0 +1,62 @@
+//! Issue 30's hardening findings outside the Redis-protocol door, on the real binary: a node
+//! that answers again is readable as soon as it is writable.
+
+use std::time::Duration;
+
+use hotsplit_devcluster as devcluster;
+use reqwest::StatusCode;
+
+use crate::harness::{self, get, poll, publish_expecting, Binary};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_answers_again_is_readable_as_soon_as_it_is_writable() {
+    let server = tokio::task::spawn_blocking(|| devcluster::Standalone::start().unwrap())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A slow probe: a node that answers again stays recovering (writable, its queue flushed)
+    // for up to a probe interval before the prober calls it healthy. One missed probe fails
+    // it; the command timeout is long, so only the probe does.
+    let config = format!(
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"30s\"\n[heal]\nprobe_interval = \"3s\"\nprobe_misses = 1\n[[family]]\nprefix = \"back:\"\ncopies = 1\nttl = \"10m\"\n",
+        server.url()
+    );
+    let binary = Binary::start(dir.path(), "back", &config).await;
+    let base = binary.base.clone();
+    let http = reqwest::Client::new();
+    publish_expecting(&http, &base, "back:1", 1, "one", StatusCode::OK).await;
+
+    server.node.pause().expect("SIGSTOP");
+    poll(
+        "the stopped primary misses its probe and is marked failing",
+        Duration::from_secs(20),
+        || async {
+            let url = format!("{base}/readyz");
+            let answer = tokio::time::timeout(Duration::from_secs(2), get(&http, &url, &[])).await;
+            answer.is_ok_and(|answer| answer.status() == StatusCode::SERVICE_UNAVAILABLE)
+        },
+    )
+    .await;
+    publish_expecting(&http, &base, "back:1", 2, "two", StatusCode::ACCEPTED).await;
+
+    server.node.resume().expect("SIGCONT");
+    poll(
+        "the primary answers again: ready",
+        Duration::from_secs(20),
+        || async { get(&http, &format!("{base}/readyz"), &[]).await.status() == StatusCode::OK },
+    )
+    .await;
+    // The publish lands on it, and the read right after is answered.
+    publish_expecting(&http, &base, "back:1", 3, "three", StatusCode::OK).await;
+    let read = get(&http, &format!("{base}/v1/keys/back:1?client=t"), &[]).await;
+    let status = read.status();
+    let body = read.text().await.unwrap_or_default();
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a read right after a publish that landed: {body}"
+    );
+    assert_eq!(body, "three");
+    let read = get(&http, &format!("{base}/v1/keys/back:1?client=u"), &[]).await;
+    assert_eq!(harness::served_version(&read), 3);
+}
