@@ -110,6 +110,11 @@ impl Splitter {
         settle: Duration,
     ) -> Splitter {
         layouts.splits().set_policies(policies.clone());
+        // Until its records are read, a publish to a family is refused: it could miss the
+        // split copies other instances read (`SplitIndex::ensure_read`).
+        layouts
+            .splits()
+            .expect(families.iter().map(|family| family.name()));
         Splitter {
             store,
             live,

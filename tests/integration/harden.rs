@@ -18,8 +18,9 @@ async fn a_node_that_answers_again_is_readable_as_soon_as_it_is_writable() {
     // for up to a probe interval before the prober calls it healthy. One missed probe fails
     // it; the command timeout is long, so only the probe does.
     let config = format!(
-        "[store]\nredis = \"{}\"\ncommand_timeout = \"30s\"\n[heal]\nprobe_interval = \"3s\"\nprobe_misses = 1\n[[family]]\nprefix = \"back:\"\ncopies = 1\nttl = \"10m\"\n",
-        server.url()
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"30s\"\n[heal]\nspool_dir = {:?}\nprobe_interval = \"3s\"\nprobe_misses = 1\n[[family]]\nprefix = \"back:\"\ncopies = 1\nttl = \"10m\"\n",
+        server.url(),
+        dir.path().join("spool").display().to_string()
     );
     let binary = Binary::start(dir.path(), "back", &config).await;
     let base = binary.base.clone();
@@ -59,4 +60,65 @@ async fn a_node_that_answers_again_is_readable_as_soon_as_it_is_writable() {
     assert_eq!(body, "three");
     let read = get(&http, &format!("{base}/v1/keys/back:1?client=u"), &[]).await;
     assert_eq!(harness::served_version(&read), 3);
+}
+
+/// Runs `redis-cli -p PORT ARGS…`; returns its output.
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let output = std::process::Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_cannot_read_the_split_index_refuses_publishes_until_it_can() {
+    let server = tokio::task::spawn_blocking(|| devcluster::Standalone::start().unwrap())
+        .await
+        .unwrap();
+    let port = server.node.port();
+    // The family's split records are not a hash: every read of them fails (WRONGTYPE), from
+    // startup on, while the copies work.
+    redis_cli(port, &["SET", "#hotsplit#splits#idx:", "not-a-hash"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!(
+        "[store]\nredis = \"{}\"\n[heal]\nspool_dir = {:?}\nlayout_interval = \"1s\"\n[[family]]\nprefix = \"idx:\"\ncopies = 2\nttl = \"10m\"\n[family.split]\nmax_copies = 8\n",
+        server.url(),
+        dir.path().join("spool").display().to_string()
+    );
+    let binary = Binary::start(dir.path(), "index", &config).await;
+    let base = binary.base.clone();
+    let http = reqwest::Client::new();
+    let refused = publish_expecting(
+        &http,
+        &base,
+        "idx:1",
+        1,
+        "one",
+        StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await;
+    let problem = refused.text().await.unwrap_or_default();
+    assert!(problem.contains("\"code\":\"unavailable\""), "{problem}");
+    assert!(
+        redis_cli(port, &["EXISTS", "idx:1#0"]).trim() == "0",
+        "a refused publish wrote a copy"
+    );
+    // Once the records can be read, publishes go.
+    redis_cli(port, &["DEL", "#hotsplit#splits#idx:"]);
+    poll(
+        "publishes go once the index is read",
+        Duration::from_secs(20),
+        || async {
+            let answer = http
+                .put(format!("{base}/v1/keys/idx:1?version=1"))
+                .body("one")
+                .send()
+                .await;
+            answer.is_ok_and(|answer| answer.status() == StatusCode::OK)
+        },
+    )
+    .await;
 }
