@@ -122,3 +122,66 @@ async fn an_instance_that_cannot_read_the_split_index_refuses_publishes_until_it
     )
     .await;
 }
+
+/// Unix milliseconds now.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_split_gate_matches_instance_names_not_counts() {
+    let server = tokio::task::spawn_blocking(|| devcluster::Standalone::start().unwrap())
+        .await
+        .unwrap();
+    let port = server.node.port();
+    let until = (now_ms() + 600_000).to_string();
+    // The sets lapse at different moments: "older" (a release without per-key layouts) is live
+    // in the family but not in its split set; "gone" is still in the split set, its live entry
+    // already lapsed. One each: counts match, names do not.
+    redis_cli(port, &["ZADD", "#hotsplit#live#g7:", &until, "2:older"]);
+    redis_cli(
+        port,
+        &["ZADD", "#hotsplit#live##split#g7:", &until, "1:gone"],
+    );
+    let stamp = now_ms().to_string();
+    let record = format!("4:w:{stamp}:{stamp}");
+    redis_cli(port, &["HSET", "#hotsplit#splits#g7:", "g7:hot", &record]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!(
+        "[store]\nredis = \"{}\"\ncommand_timeout = \"100ms\"\n[heal]\nspool_dir = {:?}\nlayout_interval = \"500ms\"\n[[family]]\nprefix = \"g7:\"\ncopies = 2\nttl = \"10m\"\n[family.split]\nmax_copies = 4\n",
+        server.url(),
+        dir.path().join("spool").display().to_string()
+    );
+    let _binary = Binary::start(dir.path(), "gate", &config).await;
+    let phase = || {
+        redis_cli(port, &["HGET", "#hotsplit#splits#g7:", "g7:hot"])
+            .trim()
+            .split(':')
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    // Several settle times (L + 2 x the command timeout = 0.7 s): an instance that took "gone"
+    // for "older" admits readers of the split copies by then.
+    let watch_until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < watch_until {
+        assert_eq!(
+            phase(),
+            "w",
+            "a split admitted readers while an instance without per-key layouts is live"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Once the older release is gone, the same split admits readers.
+    redis_cli(port, &["ZREM", "#hotsplit#live#g7:", "2:older"]);
+    poll(
+        "the split admits readers",
+        Duration::from_secs(20),
+        || async { phase() == "r" },
+    )
+    .await;
+}
