@@ -41,7 +41,7 @@ pub struct RespConfig {
     /// connection when this many are held, or when `resp.max_connections` are, closes the
     /// oldest connection that has not authenticated (it is answered `-ERR max number of
     /// clients reached`) and takes its place: clients without a token cannot keep clients with
-    /// one out. At most `resp.max_connections`. Default: `1024`.
+    /// one out. Above `resp.max_connections` it is `resp.max_connections`. Default: `1024`.
     pub max_unauthenticated: usize,
     /// With tokens configured, how long a connection may take to authenticate (`AUTH` or
     /// `HELLO … AUTH`) from when it is accepted; then it is answered `-NOAUTH …` and closed.
@@ -152,11 +152,8 @@ impl RespConfig {
                 self.max_pending_bytes
             ));
         }
-        if self.max_unauthenticated == 0 || self.max_unauthenticated > self.max_connections {
-            return invalid(format!(
-                "resp.max_unauthenticated: must be in 1..=resp.max_connections ({}), got {}",
-                self.max_connections, self.max_unauthenticated
-            ));
+        if self.max_unauthenticated == 0 {
+            return invalid("resp.max_unauthenticated: must be positive".to_owned());
         }
         if self.auth_timeout.is_zero() {
             return invalid("resp.auth_timeout: must be positive".to_owned());
@@ -218,7 +215,7 @@ mod tests {
         let err = small.validate(1024).unwrap_err();
         assert!(err.to_string().contains("resp.max_inline_bytes"), "{err}");
         for (field, bad) in [
-            ("max_unauthenticated", "max_unauthenticated = 5000"),
+            ("max_unauthenticated", "max_unauthenticated = 0"),
             ("auth_timeout", "auth_timeout = \"0s\""),
             ("receive_timeout", "receive_timeout = \"0s\""),
             ("max_receiving_bytes", "max_receiving_bytes = 1024"),

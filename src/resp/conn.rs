@@ -279,6 +279,13 @@ impl Connection {
                     }
                 };
                 parsed = true;
+                if !authenticated {
+                    // Before AUTH every command is answered at once (`NOAUTH`, the handshake):
+                    // a pipeline of thousands would run without a pause and keep the worker
+                    // from every other connection. Each spends the task's budget, so the task
+                    // yields every few dozen.
+                    tokio::task::consume_budget().await;
+                }
                 let max_output = if authenticated {
                     settings.max_output
                 } else {

@@ -125,7 +125,7 @@ impl RespListener {
             settings: Arc::new(settings),
             connections: Connections::new(
                 resp.max_connections,
-                resp.max_unauthenticated,
+                resp.max_unauthenticated.min(resp.max_connections),
                 metrics.clone(),
             ),
             metrics,

@@ -375,8 +375,10 @@ async fn before_auth_a_client_gets_noauth_a_deadline_and_no_slot_a_token_needs()
     let started = tokio::time::Instant::now();
     for _ in 0..3 {
         guesser.send(&command(&["AUTH", "wrong-token"])).await;
+        let reply = guesser.reply().await;
         assert!(
-            matches!(guesser.reply().await, Value::Error(text) if text.starts_with("WRONGPASS"))
+            matches!(&reply, Value::Error(text) if text.starts_with("WRONGPASS")),
+            "{reply:?}"
         );
     }
     let took = started.elapsed();
