@@ -237,7 +237,23 @@ impl Config {
                         format!("server.allow_unauthenticated: {field} {listen} is not a loopback address and no auth.tokens_file is configured, so anyone who reaches the port could write any key; configure auth.tokens_file, listen on 127.0.0.1, or set server.allow_unauthenticated = true"),
                     ));
                 }
-            } else if self.server.tls_cert_file.is_none() && !self.server.tls_terminated_upstream {
+            } else if self.server.tls_cert_file.is_some() {
+                continue;
+            } else if field == "resp.listen" {
+                // The Redis port has its own flag: a proxy terminating HTTPS in front of
+                // hotsplit says nothing of the Redis port, whose AUTH tokens would go in clear.
+                if !self.resp.tls_terminated_upstream {
+                    let http_flag = if self.server.tls_terminated_upstream {
+                        " (server.tls_terminated_upstream covers the HTTP listener only)"
+                    } else {
+                        ""
+                    };
+                    return Err(Error::new(
+                        ErrorKind::Config,
+                        format!("resp.tls_terminated_upstream: {field} {listen} is not a loopback address and has no TLS (server.tls_cert_file), so AUTH tokens would cross the network in clear{http_flag}; set resp.tls_terminated_upstream = true when TLS for the Redis port ends in a proxy in front of hotsplit"),
+                    ));
+                }
+            } else if !self.server.tls_terminated_upstream {
                 return Err(Error::new(
                     ErrorKind::Config,
                     format!("server.tls_terminated_upstream: {field} {listen} is not a loopback address and has no TLS (server.tls_cert_file), so bearer tokens would cross the network in clear; set server.tls_terminated_upstream = true when TLS ends in a proxy in front of hotsplit"),
@@ -653,6 +669,23 @@ mod tests {
         );
         let local = Config::from_toml("[resp]\nlisten = \"127.0.0.1:6380\"\n").unwrap();
         local.validate().unwrap();
+        let tokens = "[auth]\ntokens_file = \"t\"\n";
+        let http_flag_only = Config::from_toml(&format!(
+            "[server]\ntls_terminated_upstream = true\n{tokens}[resp]\nlisten = \"0.0.0.0:6380\"\n"
+        ))
+        .unwrap();
+        let err = http_flag_only.validate().unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("resp.tls_terminated_upstream: "),
+            "{err}"
+        );
+        assert!(err.to_string().contains("HTTP listener only"), "{err}");
+        let own_flag = Config::from_toml(&format!(
+            "{tokens}[resp]\nlisten = \"0.0.0.0:6380\"\ntls_terminated_upstream = true\n"
+        ))
+        .unwrap();
+        own_flag.validate().unwrap();
         assert!(Config::default().check_file_limit(11_000).is_ok());
         let err = local.check_file_limit(11_000).unwrap_err();
         assert!(err.to_string().contains("resp.max_connections"), "{err}");

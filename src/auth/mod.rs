@@ -170,6 +170,11 @@ impl TokenTable {
     pub fn load(&self) -> arc_swap::Guard<Option<Arc<Tokens>>> {
         self.current.load()
     }
+
+    /// The current table, as an owned handle to keep and compare with a later one.
+    pub fn load_full(&self) -> Option<Arc<Tokens>> {
+        self.current.load_full()
+    }
 }
 
 #[cfg(test)]

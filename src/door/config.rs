@@ -42,7 +42,8 @@ pub struct ServerConfig {
     pub allow_unauthenticated: bool,
     /// TLS is terminated in front of hotsplit (a load balancer or proxy), so bearer tokens may
     /// arrive in clear on a non-loopback listener: the only way to use tokens on such a
-    /// listener without `server.tls_cert_file`. Default: `false`.
+    /// listener without `server.tls_cert_file`. It covers the HTTP listeners (`server.listen`,
+    /// `admin.listen`); the Redis port has `resp.tls_terminated_upstream`. Default: `false`.
     pub tls_terminated_upstream: bool,
     /// How long a client has to send a request's head (request line and headers), counted from
     /// its first byte: a slowloris client that trickles a header is closed after it. Default:

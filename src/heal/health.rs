@@ -11,8 +11,10 @@
 //! `queued` with the error `node_failing`), a version allocation whose counter lives there fails
 //! at once (503 `unavailable`), and reads of its copies fail at once (the reader goes to the
 //! siblings). [`HealthProber`] sends a cheap `PING` with a short timeout to each failing node;
-//! once one answers, the node is *recovering*: writes go to it again (the retry queue flushes),
-//! reads still avoid it until the retry queue holds no entry for it, then it is healthy.
+//! once one answers, the node is *recovering*: writes and reads go to it again (the retry queue
+//! flushes), and once the retry queue holds no entry for it, it is healthy. A node is readable
+//! as soon as it is writable: a read right after a publish that landed on it is answered
+//! there. What it missed while failing is guarded per copy, by the floor below.
 //!
 //! Monotonic reads across an outage: while the retry queue holds a pending entry for a copy,
 //! that entry's version is a floor for reads of that copy, on any node: a read that finds the
@@ -80,9 +82,15 @@ impl NodeHealth {
         self.state(node) == Some(Sick::Failing)
     }
 
-    /// Whether reads avoid `node` (it is failing, or recovering with entries still queued).
+    /// Whether reads avoid `node`: it is failing. A recovering node is read (a copy it holds
+    /// below its queued version is answered as a failed read: [`HealthStore`]).
     pub fn avoids_reads(&self, node: &NodeLabel) -> bool {
-        self.state(node).is_some()
+        self.is_failing(node)
+    }
+
+    /// Whether `node` is healthy: neither failing nor recovering.
+    pub fn is_healthy(&self, node: &NodeLabel) -> bool {
+        self.state(node).is_none()
     }
 
     /// The nodes that are failing, then those recovering, in label order: for `/readyz` and
@@ -139,8 +147,8 @@ impl NodeHealth {
         result
     }
 
-    /// The nodes reads avoid because they are failing or recovering, in label order: for
-    /// `/readyz`.
+    /// The nodes that are failing or recovering (their queued copies not all flushed), in
+    /// label order: for `/readyz`.
     pub fn avoided_nodes(&self) -> Vec<NodeLabel> {
         let (mut failing, recovering) = self.unhealthy();
         failing.extend(recovering);
@@ -408,7 +416,9 @@ impl CopyStore for HealthStore {
     ) -> BoxFuture<'a, Result<Option<CopyRecord>>> {
         Box::pin(async move {
             let node = self.inner.node_of(copy_key);
-            if self.health.avoids_reads(&node) {
+            // No queued-version floor is checked here: a recovering node is left alone until
+            // its queue is flushed.
+            if !self.health.is_healthy(&node) {
                 return Err(not_sent(&node, &format!("read of copy {copy_key}")));
             }
             let record = self.inner.read_copy_stored(copy_key).await;
@@ -537,7 +547,7 @@ impl HealthProber {
         let lone_primary = primaries.len() == 1;
         let healthy: Vec<NodeLabel> = primaries
             .into_iter()
-            .filter(|node| !self.health.avoids_reads(node))
+            .filter(|node| self.health.is_healthy(node))
             .collect();
         let probes = failing
             .iter()
@@ -621,9 +631,10 @@ mod tests {
         assert!(!health.avoids_reads(&other));
         health.mark_recovering(&node);
         assert!(!health.is_failing(&node), "writes go to a recovering node");
-        assert!(health.avoids_reads(&node), "reads wait for its queue");
+        assert!(!health.avoids_reads(&node), "and reads");
+        assert!(!health.is_healthy(&node), "until its queue is flushed");
         health.mark_healthy(&node);
-        assert!(!health.avoids_reads(&node));
+        assert!(health.is_healthy(&node));
         assert_eq!(health.unhealthy.load(Ordering::Acquire), 0);
     }
 

@@ -15,7 +15,9 @@ use crate::key::{CopyKey, Key};
 use crate::placement::Placement;
 use crate::split::record::{decide, Facts, Phase, SplitRecord, Step};
 use crate::split::{SplitConfig, SplitMode};
-use crate::store::{now_unix_ms, CopyRecord, CopyStore, CopyWrite, LayoutStore, SplitStore};
+use crate::store::{
+    now_unix_ms, CopyRecord, CopyStore, CopyWrite, LayoutStore, LiveMember, SplitStore,
+};
 
 /// A stage of one key (copies, phase, since) and when this instance first saw it.
 type Stage = ((u32, Phase, u64), Instant);
@@ -70,9 +72,9 @@ async fn join_split_set(
     family: &str,
     instance: &str,
     interval: Duration,
-) -> Result<Vec<u32>> {
+) -> Result<Vec<LiveMember>> {
     let ttl_ms = crate::duration::millis(interval * 3);
-    live.join_layout(&split_set(family), 1, instance, ttl_ms)
+    live.join_live(&split_set(family), 1, instance, ttl_ms)
         .await
 }
 
@@ -110,6 +112,11 @@ impl Splitter {
         settle: Duration,
     ) -> Splitter {
         layouts.splits().set_policies(policies.clone());
+        // Until its records are read, a publish to a family is refused: it could miss the
+        // split copies other instances read (`SplitIndex::ensure_read`).
+        layouts
+            .splits()
+            .expect(families.iter().map(|family| family.name()));
         Splitter {
             store,
             live,
@@ -266,16 +273,17 @@ impl Splitter {
     async fn every_live_instance_splits(&self, family: &str) -> bool {
         match join_split_set(&*self.live, family, &self.instance, self.interval).await {
             Ok(others) => {
-                let live = self.layouts.live_others(family);
-                if others.len() < live {
+                // Names, not counts: a member of the split set whose live entry lapsed first
+                // must not stand in for an older release in the live set.
+                let missing = LiveMember::missing_from(&self.layouts.live_members(family), &others);
+                if !missing.is_empty() {
                     tracing::debug!(
                         family,
-                        live,
-                        aware = others.len(),
+                        ?missing,
                         "a live instance does not know of per-key layouts: no split admits readers"
                     );
                 }
-                others.len() >= live
+                missing.is_empty()
             }
             Err(err) => {
                 tracing::debug!(family, error = %err, "cannot refresh the split set");

@@ -44,11 +44,15 @@ impl Publisher {
     ///
     /// # Errors
     /// [`ErrorKind::StoreFull`] when the embedded store refused the whole batch (nothing
-    /// changed, nothing is queued).
+    /// changed, nothing is queued); [`ErrorKind::Unavailable`] when the family's split records
+    /// were never read (nothing is written).
     pub(super) async fn write_version(
         &self,
         edit: &VersionWrite<'_>,
     ) -> Result<(PublishReport, Option<Version>)> {
+        if let Some(layouts) = &self.layouts {
+            layouts.splits().ensure_read(edit.family.name())?;
+        }
         let writes = self.copy_writes(edit);
         // The copies an edit applied were at least this new on their primaries from the moment
         // the write began: the age bound of the near-cache entries they become.

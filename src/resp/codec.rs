@@ -22,7 +22,8 @@
 //!   own tighter bounds apply: 10 arguments, 16 KiB a bulk (`unauthenticated multibulk
 //!   length`, `unauthenticated bulk length`). The declared count does not size an allocation (at most 16
 //!   argument slots are reserved up front). The connection bounds the whole of a command held
-//!   with [`Parser::pending`].
+//!   with [`Parser::pending`], which counts a bulk argument's declared
+//!   length from its length line on.
 //! - **Redis's texts.** Every [`ProtocolError`] displays as Redis's own reply text after
 //!   `Protocol error: `; the connection answers `-ERR Protocol error: …` and closes, as Redis
 //!   does. One stricter rule: the two bytes after a bulk argument must be `\r\n` (Redis skips
@@ -100,6 +101,14 @@ pub enum ProtocolError {
     /// A command that holds more than `resp.max_pending_bytes` (the connection's check).
     #[error("too big request")]
     TooBigRequest,
+    /// The commands every connection is receiving hold more than `resp.max_receiving_bytes`
+    /// (the connection's check).
+    #[error("commands being received hold resp.max_receiving_bytes")]
+    ReceivingBudget,
+    /// A command did not all arrive within `resp.receive_timeout` of its first byte (the
+    /// connection's check).
+    #[error("command not received within resp.receive_timeout")]
+    ReceiveTimeout,
 }
 
 impl ProtocolError {
@@ -250,12 +259,14 @@ impl Parser {
         }
     }
 
-    /// The bytes the command being received holds: its arguments already read and `buf`.
+    /// The bytes the command being received holds or declared: its arguments already read,
+    /// `buf`, and the rest of the bulk argument whose length line was read.
     pub fn pending(&self, buf: &BytesMut) -> usize {
         self.multibulk
             .as_ref()
             .map_or(0, |multibulk| multibulk.held)
             .saturating_add(buf.len())
+            .saturating_add(self.wanted(buf))
     }
 
     /// How many more bytes `buf` needs before the awaited bulk argument is whole (0 when none
@@ -302,7 +313,14 @@ impl Parser {
         if line.last() == Some(&b'\r') {
             line.truncate(newline - 1);
         }
-        split_args(&line).map(Some)
+        let args = split_args(&line)?;
+        if args.len() > self.limits.max_args {
+            return Err(ProtocolError::InvalidMultibulkLength);
+        }
+        if self.unauthenticated && args.len() > UNAUTHENTICATED_MAX_ARGS {
+            return Err(ProtocolError::UnauthenticatedMultibulkLength);
+        }
+        Ok(Some(args))
     }
 }
 

@@ -14,12 +14,21 @@
 //!   answered `OVERLOADED …` and does nothing; the next command is still tried.
 //! - **Bounded memory.** Input: every length is bounded by the parser (by Redis's tighter
 //!   pre-authentication bounds until a connection on an instance with tokens authenticates),
-//!   the command being
-//!   received by `resp.max_pending_bytes`, and the buffer grows with the bytes that arrive,
-//!   never ahead of them by more than a read's room. Output: once the replies held pass
-//!   `resp.max_output_bytes` the rest of the batch waits until they are written; a write that
-//!   makes no progress for `resp.write_timeout` closes the connection. An idle connection holds
-//!   no output buffer and at most a small input one.
+//!   the command being received (its declared bulk lengths included) by
+//!   `resp.max_pending_bytes` and, with every other connection's, by `resp.max_receiving_bytes`,
+//!   and it must arrive within `resp.receive_timeout` of its first byte. The buffer grows with
+//!   the bytes that arrive, never ahead of them by more than a read's room, until a read's
+//!   worth of a large bulk argument has come: then the rest of it is reserved at once.
+//!   Output: once the replies held pass `resp.max_output_bytes` (16 KiB before `AUTH`) the
+//!   rest of the batch waits until they are written; a write that makes no progress for
+//!   `resp.write_timeout` (or is still waiting at `resp.auth_timeout` before `AUTH`) closes the
+//!   connection; one reply is at most `resp.max_reply_bytes`. An idle connection holds no
+//!   output buffer and at most a small input one.
+//! - **Before `AUTH`** (with tokens configured): every command but `AUTH`, `HELLO`, `QUIT` and
+//!   `RESET` is answered `NOAUTH` before its name is looked up; a connection that has not
+//!   authenticated within `resp.auth_timeout` is answered `NOAUTH …` and closed; each refused
+//!   `AUTH` is counted and its reply delayed (100 ms more for each failure on the connection,
+//!   at most 2 s).
 //! - **Arguments are slices of the read buffer.** A command that keeps an argument beyond its
 //!   reply (in a cache, a table) must copy it, or it pins the whole read buffer.
 //! - **Closing.** A protocol error is answered `-ERR Protocol error: …` after the replies before
@@ -40,7 +49,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::codec::{encode, Limits, Parser, ProtocolError};
-use super::metrics::{command_index, RespMetrics};
+use super::metrics::{command_index, Budget, RespMetrics};
 use super::slots::{Signal, Slot};
 use super::{After, ConnState, Door, Reply};
 use crate::deadline::Deadline;
@@ -58,6 +67,70 @@ const LARGE_READ: usize = 64 * 1024;
 /// An output buffer larger than this is given back once written, so an idle connection does
 /// not keep the memory of its largest batch.
 const KEEP_OUTPUT: usize = 64 * 1024;
+
+/// How many reply bytes a connection that must still authenticate holds before it writes them
+/// and waits for the client to read them (its replies are `NOAUTH`s and handshakes).
+const UNAUTHENTICATED_MAX_OUTPUT: usize = 16 * 1024;
+
+/// How much longer each refused `AUTH` on a connection waits before its reply than the one
+/// before it.
+const AUTH_FAILURE_DELAY: Duration = Duration::from_millis(100);
+
+/// The longest wait before a refused `AUTH`'s reply.
+const MAX_AUTH_FAILURE_DELAY: Duration = Duration::from_secs(2);
+
+/// The reply to a connection that did not authenticate within `resp.auth_timeout`.
+const AUTH_TIMEOUT: &str =
+    "NOAUTH Authentication required within resp.auth_timeout: closing the connection";
+
+/// The last words of an unauthenticated connection evicted to make room for a new one.
+const EVICTED: &[u8] = b"-ERR max number of clients reached: the oldest connection not yet authenticated is closed to make room (resp.max_unauthenticated)\r\n";
+
+/// Resolves at `at`, never when `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One connection's share of the bytes every connection's commands being received hold
+/// (the `hotsplit_resp_receiving_bytes` gauge, which is the `resp.max_receiving_bytes` count);
+/// given back when the connection ends.
+struct Receiving {
+    /// The gauge.
+    metrics: RespMetrics,
+    /// This connection's share.
+    held: usize,
+}
+
+impl Receiving {
+    /// No share yet.
+    fn new(metrics: RespMetrics) -> Receiving {
+        Receiving { metrics, held: 0 }
+    }
+
+    /// Sets the share to `bytes`; false when the total then passes `bound`.
+    fn hold(&mut self, bytes: usize, bound: Option<usize>) -> bool {
+        let delta =
+            i64::try_from(bytes).unwrap_or(i64::MAX) - i64::try_from(self.held).unwrap_or(i64::MAX);
+        self.held = bytes;
+        if delta == 0 {
+            return true;
+        }
+        let before = self.metrics.receiving().inc_by(delta);
+        let total = usize::try_from(before.saturating_add(delta)).unwrap_or(0);
+        bound.is_none_or(|bound| delta < 0 || total <= bound)
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.metrics
+            .receiving()
+            .dec_by(i64::try_from(self.held).unwrap_or(i64::MAX));
+    }
+}
 
 /// How long a connection closed by the server keeps reading what the client still sends.
 const LINGER: Duration = Duration::from_secs(1);
@@ -90,6 +163,12 @@ pub(super) struct Settings {
     pub(super) limits: Limits,
     /// `resp.max_pending_bytes`.
     pub(super) max_pending: usize,
+    /// `resp.max_receiving_bytes`; `None` when `0`.
+    pub(super) max_receiving: Option<usize>,
+    /// `resp.receive_timeout`.
+    pub(super) receive_timeout: Duration,
+    /// `resp.auth_timeout`.
+    pub(super) auth_timeout: Duration,
     /// `resp.max_output_bytes`.
     pub(super) max_output: usize,
     /// `resp.write_timeout`.
@@ -115,6 +194,10 @@ enum End {
     Shutdown,
     /// `resp.idle_timeout` passed.
     Idle,
+    /// `resp.auth_timeout` passed without `AUTH`.
+    AuthTimeout,
+    /// It was evicted, unauthenticated, to make room for a new connection.
+    Evicted,
 }
 
 /// One connection, ready to serve.
@@ -134,7 +217,7 @@ pub(super) struct Connection {
     /// How the listener tells it to re-check its token or to shut down.
     pub(super) signal: Arc<Signal>,
     /// Its place under `resp.max_connections`, released when the connection ends.
-    pub(super) _slot: Slot,
+    pub(super) slot: Slot,
 }
 
 impl Connection {
@@ -156,7 +239,7 @@ impl Connection {
                 Err(err) => tracing::debug!(error = %err, "connection closed"),
             }
             let _ = tokio::time::timeout(self.settings.write_timeout, stream.shutdown()).await;
-            if matches!(end, Ok(End::Protocol | End::Closed)) {
+            if matches!(end, Ok(End::Protocol | End::Closed | End::AuthTimeout)) {
                 linger(&mut stream).await;
             }
         }
@@ -175,10 +258,18 @@ impl Connection {
         let mut input = BytesMut::new();
         let mut output = BytesMut::new();
         let mut room = SMALL_READ;
+        let mut receiving = Receiving::new(self.metrics.clone());
+        // When the command being received sent its first byte (`resp.receive_timeout`).
+        let mut receiving_since: Option<Instant> = None;
+        // With tokens and no `AUTH` yet: when the connection must have authenticated by.
+        let mut authenticated = !self.must_authenticate(&state);
+        self.slot.set_authenticated(authenticated);
+        let mut auth_deadline = (!authenticated).then(|| Instant::now() + settings.auth_timeout);
         loop {
             let mut end = None;
+            let mut parsed = false;
             loop {
-                parser.set_unauthenticated(self.must_authenticate(&state));
+                parser.set_unauthenticated(!authenticated);
                 let args = match parser.next(&mut input) {
                     Ok(Some(args)) => args,
                     Ok(None) => break,
@@ -187,23 +278,56 @@ impl Connection {
                         break;
                     }
                 };
-                if output.len() >= settings.max_output {
-                    self.write(stream, &mut output).await?;
+                parsed = true;
+                if !authenticated {
+                    // Before AUTH every command is answered at once (`NOAUTH`, the handshake):
+                    // a pipeline of thousands would run without a pause and keep the worker
+                    // from every other connection. Each spends the task's budget, so the task
+                    // yields every few dozen.
+                    tokio::task::consume_budget().await;
+                }
+                let max_output = if authenticated {
+                    settings.max_output
+                } else {
+                    UNAUTHENTICATED_MAX_OUTPUT
+                };
+                if output.len() >= max_output {
+                    self.write(stream, &mut output, auth_deadline).await?;
+                }
+                if auth_deadline.is_some_and(|at| at <= Instant::now()) {
+                    end = Some(self.auth_timeout(&mut output));
+                    break;
                 }
                 if self.signal.take_recheck() && !self.door.still_authorized(&state) {
                     end = Some(self.revoked());
                     break;
                 }
+                let failures = state.auth_failures;
                 if self.command(&mut state, args, &mut output).await == After::Close {
                     end = Some(End::Closed);
                     break;
                 }
+                if state.auth_failures > failures {
+                    self.auth_failed(state.auth_failures, auth_deadline).await;
+                }
+                authenticated = self.authentication(&state, &mut auth_deadline, authenticated);
             }
-            if end.is_none() && parser.pending(&input) > settings.max_pending {
+            let pending = parser.pending(&input);
+            if end.is_none() && pending > settings.max_pending {
+                self.metrics.exceeded(Budget::Pending);
                 end = Some(self.protocol_error(&ProtocolError::TooBigRequest, &mut output));
             }
+            if end.is_none() && !receiving.hold(pending, settings.max_receiving) {
+                self.metrics.exceeded(Budget::Receiving);
+                end = Some(self.protocol_error(&ProtocolError::ReceivingBudget, &mut output));
+            }
+            if pending == 0 {
+                receiving_since = None;
+            } else if parsed || receiving_since.is_none() {
+                receiving_since = Some(Instant::now());
+            }
             if !output.is_empty() {
-                self.write(stream, &mut output).await?;
+                self.write(stream, &mut output, auth_deadline).await?;
             }
             if let Some(end) = end {
                 return Ok(end);
@@ -215,8 +339,17 @@ impl Connection {
                 input = BytesMut::new();
             }
             // Room for what arrives, not for what a length declares: a `$1048576` with nothing
-            // after it costs a read's room, not a megabyte, until the bytes come.
-            input.reserve(parser.wanted(&input).min(LARGE_READ).max(room));
+            // after it costs a read's room, not a megabyte, until the bytes come. Once a large
+            // read's worth of a bulk argument has come, the rest of it (already counted against
+            // the budgets by `pending`) is reserved at once: a buffer grown a read at a time
+            // would be copied and freed at every doubling, and the allocator keeps freed pages
+            // for a while, so RSS would reach a few times the bytes held.
+            let wanted = parser.wanted(&input);
+            if wanted > 0 && input.len() >= LARGE_READ {
+                input.reserve(wanted);
+            } else {
+                input.reserve(wanted.min(LARGE_READ).max(room));
+            }
             let spare = input.capacity() - input.len();
             let idle = async {
                 match settings.idle_timeout {
@@ -224,6 +357,7 @@ impl Connection {
                     None => std::future::pending().await,
                 }
             };
+            let received_by = receiving_since.map(|since| since + settings.receive_timeout);
             tokio::select! {
                 read = stream.read_buf(&mut input) => {
                     let read = read?;
@@ -236,13 +370,80 @@ impl Connection {
                     if self.signal.is_shut_down() {
                         return Ok(End::Shutdown);
                     }
+                    if self.signal.is_evicted() {
+                        let _ = self.finish(stream, EVICTED, auth_deadline).await;
+                        return Ok(End::Evicted);
+                    }
                     if self.signal.take_recheck() && !self.door.still_authorized(&state) {
                         return Ok(self.revoked());
                     }
+                    authenticated = self.authentication(&state, &mut auth_deadline, authenticated);
+                }
+                () = sleep_until(received_by) => {
+                    self.metrics.exceeded(Budget::ReceiveTimeout);
+                    let end = self.protocol_error(&ProtocolError::ReceiveTimeout, &mut output);
+                    self.write(stream, &mut output, None).await?;
+                    return Ok(end);
+                }
+                () = sleep_until(auth_deadline) => {
+                    let end = self.auth_timeout(&mut output);
+                    self.write(stream, &mut output, None).await?;
+                    return Ok(end);
                 }
                 () = idle => return Ok(End::Idle),
             }
         }
+    }
+
+    /// Whether `state` has authenticated (or needs not), updating the connection's slot when
+    /// that changed since `before`, and `auth_deadline`: set (`resp.auth_timeout` from now)
+    /// when it must authenticate and had no deadline, cleared once it need not.
+    fn authentication(
+        &self,
+        state: &ConnState,
+        auth_deadline: &mut Option<Instant>,
+        before: bool,
+    ) -> bool {
+        let authenticated = !self.must_authenticate(state);
+        if authenticated {
+            *auth_deadline = None;
+        } else if auth_deadline.is_none() {
+            *auth_deadline = Some(Instant::now() + self.settings.auth_timeout);
+        }
+        if authenticated != before {
+            self.slot.set_authenticated(authenticated);
+        }
+        authenticated
+    }
+
+    /// Counts a refused `AUTH` and waits before its reply: [`AUTH_FAILURE_DELAY`] times the
+    /// connection's failures so far (at most [`MAX_AUTH_FAILURE_DELAY`]), or until
+    /// `auth_deadline`.
+    async fn auth_failed(&self, failures: u32, auth_deadline: Option<Instant>) {
+        self.metrics.auth_failure();
+        let delay = AUTH_FAILURE_DELAY
+            .saturating_mul(failures)
+            .min(MAX_AUTH_FAILURE_DELAY);
+        let until = Instant::now() + delay;
+        tokio::time::sleep_until(auth_deadline.map_or(until, |at| at.min(until))).await;
+    }
+
+    /// Answers a connection that did not authenticate within `resp.auth_timeout`, and ends it.
+    fn auth_timeout(&self, output: &mut BytesMut) -> End {
+        tracing::debug!("not authenticated within resp.auth_timeout: closing the connection");
+        self.metrics.exceeded(Budget::AuthTimeout);
+        self.metrics.error(AUTH_TIMEOUT);
+        encode(&Reply::error(AUTH_TIMEOUT), super::Proto::Resp2, output);
+        End::AuthTimeout
+    }
+
+    /// Writes `line` (a whole RESP error line) as the connection's last words.
+    async fn finish<S>(&self, stream: &mut S, line: &[u8], until: Option<Instant>) -> io::Result<()>
+    where
+        S: AsyncWrite + Unpin,
+    {
+        let mut output = BytesMut::from(line);
+        self.write(stream, &mut output, until).await
     }
 
     /// Runs one command with its own in-flight slot and deadline, and encodes its reply into
@@ -297,20 +498,30 @@ impl Connection {
     }
 
     /// Writes all of `output`; a write (or flush) that makes no progress for
-    /// `resp.write_timeout` fails with [`io::ErrorKind::TimedOut`].
-    async fn write<S>(&self, stream: &mut S, output: &mut BytesMut) -> io::Result<()>
+    /// `resp.write_timeout`, or is still waiting at `until` (an unauthenticated connection's
+    /// `resp.auth_timeout`), fails with [`io::ErrorKind::TimedOut`].
+    async fn write<S>(
+        &self,
+        stream: &mut S,
+        output: &mut BytesMut,
+        until: Option<Instant>,
+    ) -> io::Result<()>
     where
         S: AsyncWrite + Unpin,
     {
         let timeout = self.settings.write_timeout;
+        let limit = || {
+            let stalled = Instant::now() + timeout;
+            until.map_or(stalled, |until| until.min(stalled))
+        };
         let stalled = || {
             io::Error::new(
                 io::ErrorKind::TimedOut,
-                "the client read nothing for resp.write_timeout",
+                "the client read nothing for resp.write_timeout (or resp.auth_timeout passed)",
             )
         };
         while !output.is_empty() {
-            let written = tokio::time::timeout(timeout, stream.write(output))
+            let written = tokio::time::timeout_at(limit(), stream.write(output))
                 .await
                 .map_err(|_| stalled())??;
             if written == 0 {
@@ -318,7 +529,7 @@ impl Connection {
             }
             output.advance(written);
         }
-        tokio::time::timeout(timeout, stream.flush())
+        tokio::time::timeout_at(limit(), stream.flush())
             .await
             .map_err(|_| stalled())??;
         if output.capacity() > KEEP_OUTPUT {

@@ -4,7 +4,9 @@
 //! service's tracker ([`super::conn`]), with:
 //! - a bound of its own, `resp.max_connections` (Redis's `maxclients`): a connection over it is
 //!   answered `-ERR max number of clients reached` and closed, counted, logged at most once a
-//!   second. Idle connections are never evicted to make room (a pool keeps them on purpose);
+//!   second. Idle authenticated connections are never evicted to make room (a pool keeps them
+//!   on purpose); with tokens configured, the oldest connection not yet authenticated is, when
+//!   a bound is reached (`resp.max_unauthenticated`, see `slots`);
 //! - TLS with the listeners' acceptor (`server.tls_cert_file`), the handshake bounded by
 //!   `server.header_read_timeout`; a client whose first byte opens no handshake is answered in
 //!   clear that the port speaks TLS ([`PLAIN_ON_TLS`]) and closed; over the bound a TLS client gets its refusal after a
@@ -33,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::codec::Limits;
+use super::command::Budgets;
 use super::conn::{Connection, Settings};
 use super::metrics::RespMetrics;
 use super::slots::{Connections, Signal};
@@ -93,6 +96,13 @@ impl RespListener {
         tls: Option<TlsAcceptor>,
     ) -> RespListener {
         let metrics = RespMetrics::register(door.core().metrics());
+        let door = door.with_budgets(
+            Budgets {
+                max_reply_bytes: resp.max_reply_bytes,
+                max_queued_bytes: resp.max_queued_bytes,
+            },
+            metrics.clone(),
+        );
         let settings = Settings {
             limits: Limits {
                 max_bulk: server.max_value_bytes.saturating_add(BULK_SLACK),
@@ -100,6 +110,9 @@ impl RespListener {
                 max_inline: resp.max_inline_bytes,
             },
             max_pending: resp.max_pending_bytes,
+            max_receiving: Some(resp.max_receiving_bytes).filter(|bound| *bound > 0),
+            receive_timeout: resp.receive_timeout,
+            auth_timeout: resp.auth_timeout,
             max_output: resp.max_output_bytes,
             write_timeout: resp.write_timeout,
             idle_timeout: Some(resp.idle_timeout).filter(|timeout| !timeout.is_zero()),
@@ -109,7 +122,11 @@ impl RespListener {
             tcp,
             door,
             settings: Arc::new(settings),
-            connections: Connections::new(resp.max_connections, metrics.clone()),
+            connections: Connections::new(
+                resp.max_connections,
+                resp.max_unauthenticated.min(resp.max_connections),
+                metrics.clone(),
+            ),
             metrics,
             tls,
             next_id: AtomicU64::new(1),
@@ -156,7 +173,8 @@ impl RespListener {
             };
             let _ = stream.set_nodelay(true);
             let signal = Arc::new(Signal::default());
-            let Some(slot) = self.connections.admit(signal.clone()) else {
+            let authenticated = self.door.core().tokens().load().is_none();
+            let Some(slot) = self.connections.admit(signal.clone(), authenticated) else {
                 self.metrics.refused();
                 if let Some(suppressed) = refusals.due() {
                     tracing::warn!(listener = "resp", bound = self.connections.bound, suppressed, "connection refused: the Redis-protocol listener holds its most connections (resp.max_connections)");
@@ -172,7 +190,7 @@ impl RespListener {
                 overload: overload.clone(),
                 metrics: self.metrics.clone(),
                 signal,
-                _slot: slot,
+                slot,
             };
             match &self.tls {
                 None => {

@@ -1,5 +1,8 @@
 //! The Redis-protocol door's metrics, `hotsplit_resp_*`: commands and their latency by
-//! command, error replies by prefix, open and refused connections, protocol errors.
+//! command, error replies by prefix, open and refused connections, protocol errors, the byte
+//! budgets a connection passed (`hotsplit_resp_budget_exceeded_total{budget}`), the bytes the
+//! commands being received hold, failed authentications and evicted unauthenticated
+//! connections.
 //!
 //! Every label set is bounded: a command is counted under its name when it is one of
 //! [`COMMANDS`], else `other`; an error under its first word when it is one of [`PREFIXES`],
@@ -77,6 +80,54 @@ pub const PREFIXES: [&str; 12] = [
     "FULL",
 ];
 
+/// A byte budget or deadline of the door, as the `budget` label names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// `resp.max_pending_bytes`: one command being received.
+    Pending,
+    /// `resp.max_receiving_bytes`: every command being received.
+    Receiving,
+    /// `resp.receive_timeout`.
+    ReceiveTimeout,
+    /// `resp.max_queued_bytes`: one transaction's queue.
+    Queued,
+    /// `resp.max_reply_bytes`: one reply.
+    Reply,
+    /// `resp.auth_timeout`.
+    AuthTimeout,
+}
+
+impl Budget {
+    /// Every budget, in label order.
+    const ALL: [Budget; 6] = [
+        Budget::Pending,
+        Budget::Receiving,
+        Budget::ReceiveTimeout,
+        Budget::Queued,
+        Budget::Reply,
+        Budget::AuthTimeout,
+    ];
+
+    /// The `budget` label: the config field.
+    fn label(self) -> &'static str {
+        match self {
+            Budget::Pending => "max_pending_bytes",
+            Budget::Receiving => "max_receiving_bytes",
+            Budget::ReceiveTimeout => "receive_timeout",
+            Budget::Queued => "max_queued_bytes",
+            Budget::Reply => "max_reply_bytes",
+            Budget::AuthTimeout => "auth_timeout",
+        }
+    }
+}
+
+/// Labels of the budget counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BudgetLabels {
+    /// The `resp.*` field.
+    budget: &'static str,
+}
+
 /// Labels of the per-command families.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CommandLabels {
@@ -118,6 +169,15 @@ struct Handles {
     protocol_errors: Counter,
     /// Connections closed because a reload revoked their token.
     revoked: Counter,
+    /// Budgets passed, indexed like [`Budget::ALL`].
+    budgets: Box<[Counter]>,
+    /// The bytes every command being received holds (the `resp.max_receiving_bytes` count
+    /// itself: `inc_by` answers the total before).
+    receiving: Gauge,
+    /// `AUTH` attempts refused `WRONGPASS`.
+    auth_failures: Counter,
+    /// Unauthenticated connections closed to make room for a new one.
+    evicted: Counter,
 }
 
 /// Which of [`COMMANDS`] (or `other`, `COMMANDS.len()`) the command named `name` is counted
@@ -182,6 +242,37 @@ impl RespMetrics {
                 "resp_connections_revoked",
                 "Redis-protocol connections closed because a reload revoked the token they authenticated with",
             );
+            let budgets: Family<BudgetLabels, Counter> = register(
+                registry,
+                "resp_budget_exceeded",
+                "Redis-protocol commands or connections refused at a [resp] budget, by its field (max_pending_bytes, max_receiving_bytes, receive_timeout, max_queued_bytes, max_reply_bytes, auth_timeout)",
+            );
+            let budgets = Budget::ALL
+                .iter()
+                .map(|budget| {
+                    let counter = budgets
+                        .get_or_create(&BudgetLabels {
+                            budget: budget.label(),
+                        })
+                        .clone();
+                    counter
+                })
+                .collect();
+            let receiving: Gauge = register(
+                registry,
+                "resp_receiving_bytes",
+                "Bytes held by the Redis-protocol commands being received, on every connection (resp.max_receiving_bytes)",
+            );
+            let auth_failures: Counter = register(
+                registry,
+                "resp_auth_failures",
+                "Redis-protocol AUTH attempts refused WRONGPASS (each reply is delayed, more with each failure on its connection)",
+            );
+            let evicted: Counter = register(
+                registry,
+                "resp_connections_evicted",
+                "Unauthenticated Redis-protocol connections closed to make room for a new one (resp.max_connections, resp.max_unauthenticated)",
+            );
             let names = COMMANDS.iter().copied().chain([OTHER]);
             // Each handle is cloned in its own statement: `get_or_create` returns a read guard.
             let commands = names
@@ -211,6 +302,10 @@ impl RespMetrics {
                     refused,
                     protocol_errors,
                     revoked,
+                    budgets,
+                    receiving,
+                    auth_failures,
+                    evicted,
                 }),
             }
         })
@@ -261,6 +356,29 @@ impl RespMetrics {
     /// Counts a connection closed for a revoked token.
     pub(crate) fn revoked(&self) {
         self.inner.revoked.inc();
+    }
+
+    /// Counts a command or a connection refused at `budget`.
+    pub(crate) fn exceeded(&self, budget: Budget) {
+        let at = Budget::ALL.iter().position(|known| *known == budget);
+        if let Some(counter) = at.and_then(|at| self.inner.budgets.get(at)) {
+            counter.inc();
+        }
+    }
+
+    /// The bytes every command being received holds.
+    pub(crate) fn receiving(&self) -> &Gauge {
+        &self.inner.receiving
+    }
+
+    /// Counts an `AUTH` refused `WRONGPASS`.
+    pub(crate) fn auth_failure(&self) {
+        self.inner.auth_failures.inc();
+    }
+
+    /// Counts an unauthenticated connection evicted to make room.
+    pub(crate) fn evicted(&self) {
+        self.inner.evicted.inc();
     }
 }
 

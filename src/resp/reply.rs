@@ -49,4 +49,23 @@ impl Reply {
     pub fn bulk(text: impl Into<Bytes>) -> Reply {
         Reply::Bulk(text.into())
     }
+
+    /// About the bytes the reply takes encoded (at least as many; headers counted at their
+    /// longest): what `resp.max_reply_bytes` is checked against.
+    pub fn size(&self) -> usize {
+        /// A type byte, a length of up to 20 digits, CR LF, and the CR LF after a payload.
+        const HEADER: usize = 25;
+        match self {
+            Reply::Simple(text) => HEADER + text.len(),
+            Reply::Status(text) | Reply::Error(text) | Reply::Verbatim(text) => {
+                HEADER + 4 + text.len()
+            }
+            Reply::Int(_) | Reply::Nil => HEADER,
+            Reply::Bulk(bytes) => HEADER + bytes.len(),
+            Reply::Array(items) => items.iter().fold(HEADER, |sum, item| sum + item.size()),
+            Reply::Map(pairs) => pairs.iter().fold(HEADER, |sum, (name, value)| {
+                sum + name.size() + value.size()
+            }),
+        }
+    }
 }

@@ -84,7 +84,9 @@
 //!
 //! Limits: an instance of an older release that starts while a key is `r` is noticed within one
 //! L, and readers of the split copies may miss its edits until then; an instance whose refreshes of the records fail keeps its last index (logged), and
-//! is then not known to write a split it has not seen (the resize protocol has the same limit
+//! is then not known to write a split it has not seen; an instance that has not read a family's
+//! records once since it started refuses publishes to that family (503 `unavailable`) rather
+//! than write only the family's copies (the resize protocol has the same limit
 //! for its live sets); a retry-queue entry of a split copy may land after that copy was deleted
 //! (it expires with its TTL); the family's shrink sweep skips split keys, but a family grow's
 //! startup cleanup may delete split copies in its range (reads fall back and repair refills them).
@@ -95,11 +97,14 @@ pub mod record;
 pub use config::{SplitConfig, SplitMode};
 pub use record::{Phase, SplitRecord};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+
+use crate::error::{Error, ErrorKind, Result};
 
 /// Family name → key → record: every split key this instance knows of.
 type Records = BTreeMap<String, HashMap<String, SplitRecord>>;
@@ -116,6 +121,11 @@ pub struct SplitIndex {
     /// lock, not in `records`: only the refresh and the scrub's split keys take it, never a
     /// request.
     read_at: Mutex<HashMap<String, Instant>>,
+    /// The families whose records this instance must read before it publishes to them
+    /// ([`SplitIndex::expect`]) and has not read yet.
+    unread: Mutex<HashSet<String>>,
+    /// Whether `unread` holds any family: every publish's check is this one load while none.
+    any_unread: AtomicBool,
 }
 
 impl SplitIndex {
@@ -157,9 +167,50 @@ impl SplitIndex {
         self.records.load().get(family).cloned().unwrap_or_default()
     }
 
+    /// Says that `families`' records must be read once before a publish to them: until then
+    /// [`SplitIndex::ensure_read`] refuses it (the split driver calls this when it is made).
+    pub fn expect<'a>(&self, families: impl IntoIterator<Item = &'a str>) {
+        let mut unread = self.unread.lock().unwrap_or_else(PoisonError::into_inner);
+        unread.extend(families.into_iter().map(str::to_owned));
+        self.any_unread.store(!unread.is_empty(), Ordering::Release);
+    }
+
+    /// Whether a publish to `family` may go: its records were read at least once, or were
+    /// never expected.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unavailable`] while `family`'s records have not been read since startup:
+    /// a split key's publish must write the copies other instances' readers use, and which
+    /// keys are split (with how many copies) is only in the records. Writing a split policy's
+    /// `max_copies` for every key instead would multiply every write and still miss a split
+    /// another instance's policy made larger.
+    pub fn ensure_read(&self, family: &str) -> Result<()> {
+        if !self.any_unread.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let unread = self.unread.lock().unwrap_or_else(PoisonError::into_inner);
+        if !unread.contains(family) {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!("the split records of family {family} could not be read since this instance started, so a publish could miss the split copies other instances read; nothing was written, retry later"),
+        ))
+    }
+
     /// Replaces what is known of `family` with the records a read sent at `read_at` returned.
     pub fn load(&self, family: &str, records: HashMap<String, SplitRecord>, read_at: Instant) {
         self.replace(family, records);
+        if self.any_unread.load(Ordering::Acquire) {
+            let mut unread = self.unread.lock().unwrap_or_else(PoisonError::into_inner);
+            if unread.remove(family) {
+                tracing::info!(
+                    family,
+                    "the split records are read: publishes to the family go again"
+                );
+            }
+            self.any_unread.store(!unread.is_empty(), Ordering::Release);
+        }
         self.read_at
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

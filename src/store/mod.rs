@@ -367,6 +367,25 @@ pub(crate) fn live_key(family: &str) -> String {
 }
 
 /// The live-set member of an instance with `copies` copies: `<copies>:<instance>`.
+/// One other member of a live set ([`LayoutStore::join_live`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveMember {
+    /// Its copy count (a family's live set) or code (a placement set).
+    pub copies: u32,
+    /// The instance's name.
+    pub instance: String,
+}
+
+impl LiveMember {
+    /// The names of `live` that are not in `set`: the live instances another set misses.
+    pub fn missing_from(live: &[LiveMember], set: &[LiveMember]) -> Vec<String> {
+        live.iter()
+            .filter(|member| !set.iter().any(|other| other.instance == member.instance))
+            .map(|member| member.instance.clone())
+            .collect()
+    }
+}
+
 pub(crate) fn live_member(copies: u32, instance: &str) -> String {
     format!("{copies}:{instance}")
 }

@@ -159,7 +159,27 @@ pub trait LayoutStore: Send + Sync + 'static {
         copies: u32,
         instance: &'a str,
         ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Vec<u32>>>;
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
+        Box::pin(async move {
+            let others = self.join_live(family, copies, instance, ttl_ms).await?;
+            Ok(others.into_iter().map(|member| member.copies).collect())
+        })
+    }
+
+    /// [`LayoutStore::join_layout`], returning the other live members whole: each one's copy
+    /// count (or code) and instance name. The gates that ask whether every live instance of a
+    /// family is in another set (the split set, the placement set) match these names: counts
+    /// would let a member that left one set stand in for an instance missing from the other.
+    ///
+    /// # Errors
+    /// As [`LayoutStore::join_layout`].
+    fn join_live<'a>(
+        &'a self,
+        family: &'a str,
+        copies: u32,
+        instance: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<super::LiveMember>>>;
 
     /// Removes this instance's live entry from the family named `family` (at shutdown).
     ///

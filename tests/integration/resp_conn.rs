@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use crate::harness::{self, Binary};
 
 /// How long a test waits for one reply.
-const REPLY_WITHIN: Duration = Duration::from_secs(10);
+pub(crate) const REPLY_WITHIN: Duration = Duration::from_secs(10);
 
 /// A service serving `[resp]` on a free port, with `resp` added to that section; and the
 /// Redis-protocol address.
@@ -30,7 +30,7 @@ async fn start(resp: &str) -> (harness::Service, SocketAddr) {
 
 /// One RESP value as the server sent it.
 #[derive(Debug, Clone, PartialEq)]
-enum Value {
+pub(crate) enum Value {
     /// `+…`.
     Simple(String),
     /// `-…`.
@@ -46,15 +46,15 @@ enum Value {
 }
 
 /// A connection with what it has read and not yet parsed.
-struct Client {
+pub(crate) struct Client {
     /// The socket.
-    stream: TcpStream,
+    pub(crate) stream: TcpStream,
     /// Bytes read, not yet taken by a reply.
     buf: Vec<u8>,
 }
 
 impl Client {
-    async fn connect(address: SocketAddr) -> Client {
+    pub(crate) async fn connect(address: SocketAddr) -> Client {
         let stream = TcpStream::connect(address).await.expect("connect");
         stream.set_nodelay(true).expect("nodelay");
         Client {
@@ -63,12 +63,12 @@ impl Client {
         }
     }
 
-    async fn send(&mut self, bytes: &[u8]) {
+    pub(crate) async fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).await.expect("send");
     }
 
     /// Reads more bytes; false at the end of the stream (or a reset).
-    async fn fill(&mut self) -> bool {
+    pub(crate) async fn fill(&mut self) -> bool {
         let mut chunk = [0u8; 4096];
         match tokio::time::timeout(REPLY_WITHIN, self.stream.read(&mut chunk)).await {
             Ok(Ok(0)) | Ok(Err(_)) => false,
@@ -83,12 +83,12 @@ impl Client {
         }
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.buf).into_owned()
     }
 
     /// The next reply.
-    async fn reply(&mut self) -> Value {
+    pub(crate) async fn reply(&mut self) -> Value {
         loop {
             if let Some((value, used)) = parse(&self.buf) {
                 self.buf.drain(..used);
@@ -103,7 +103,7 @@ impl Client {
     }
 
     /// Asserts the server closes the connection with nothing more to read.
-    async fn closed(&mut self) {
+    pub(crate) async fn closed(&mut self) {
         while self.fill().await {}
         assert!(
             self.buf.is_empty(),
@@ -159,7 +159,7 @@ fn parse(buf: &[u8]) -> Option<(Value, usize)> {
 }
 
 /// A multibulk command.
-fn command(args: &[&str]) -> Vec<u8> {
+pub(crate) fn command(args: &[&str]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for arg in args {
         out.extend(format!("${}\r\n{arg}\r\n", arg.len()).bytes());
@@ -312,7 +312,7 @@ async fn on_shutdown_an_idle_connection_is_closed_and_the_service_stops() {
 }
 
 /// The resident set of process `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
+pub(crate) fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
     status
         .lines()

@@ -98,7 +98,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
-use crate::store::{CopyStore, FleetStore, Layout, LayoutStore, LayoutWriter};
+use crate::store::{CopyStore, FleetStore, Layout, LayoutStore, LayoutWriter, LiveMember};
 use serde::Serialize;
 
 /// What this instance knows of one family's layout.
@@ -120,6 +120,9 @@ struct Known {
     writer: Option<LayoutWriter>,
     /// The copy counts of the other live instances at the last refresh.
     live_others: Vec<u32>,
+    /// The other live instances at the last refresh (the split and placement gates match
+    /// their names).
+    live_members: Vec<LiveMember>,
     /// The largest copy count of the other live instances at the last refresh (0: none).
     live_copies: u32,
     /// When `live_copies` was first read or last changed: the sweep waits [`Liveness::settle`]
@@ -204,11 +207,11 @@ impl Layouts {
         Arc::new(Layouts::default())
     }
 
-    /// How many other instances were live in `family` at the last refresh.
-    pub fn live_others(&self, family: &str) -> usize {
+    /// The other instances live in `family` at the last refresh.
+    pub fn live_members(&self, family: &str) -> Vec<LiveMember> {
         self.lock()
             .get(family)
-            .map_or(0, |known| known.live_others.len())
+            .map_or_else(Vec::new, |known| known.live_members.clone())
     }
 
     /// The per-key layouts of split keys.
@@ -252,11 +255,13 @@ impl Layouts {
             .map_or(configured, |known| known.live_copies.max(configured))
     }
 
-    /// Records the other live instances' copy counts for `family`.
-    fn observe_live(&self, family: &str, others: &[u32]) {
+    /// Records the other live instances of `family` and their copy counts.
+    fn observe_live(&self, family: &str, members: &[LiveMember]) {
+        let others: Vec<u32> = members.iter().map(|member| member.copies).collect();
         let live_copies = others.iter().copied().max().unwrap_or(0);
         if let Some(known) = self.lock().get_mut(family) {
-            known.live_others = others.to_vec();
+            known.live_others = others;
+            known.live_members = members.to_vec();
             if known.live_copies != live_copies {
                 tracing::info!(
                     family,

@@ -55,6 +55,7 @@ use super::{glob_escape, LayoutStores, Layouts, Liveness};
 use crate::error::Result;
 use crate::family::{Families, Family};
 use crate::key::{CopyKey, Key, Placement};
+use crate::store::LiveMember;
 
 /// The live-set code of an instance configured `suffix`.
 const CODE_SUFFIX: u32 = 1;
@@ -179,13 +180,14 @@ impl Layouts {
         }
     }
 
-    /// Records the codes of the other instances in `family`'s placement set and how many other
-    /// instances its live set holds, at `now`; falls back to `K#i` when an older release is
-    /// live, and says whether to switch to the tagged names (`settle`: see the module doc).
+    /// Records the codes of the other instances in `family`'s placement set and the instances
+    /// of its live set `missing` from the placement set (matched by name), at `now`; falls back
+    /// to `K#i` when one is (an older release), and says whether to switch to the tagged names
+    /// (`settle`: see the module doc).
     pub(super) fn observe_placement(
         &self,
         family: &str,
-        live_others: usize,
+        missing: &[String],
         codes: &[u32],
         settle: Duration,
         now: Instant,
@@ -201,12 +203,14 @@ impl Layouts {
             .iter()
             .any(|&code| code == CODE_SPREAD_PENDING || code == CODE_SPREAD_READING);
         placing.others_reading = codes.contains(&CODE_SPREAD_READING);
-        let aware = codes.len() >= live_others;
+        // Names, not counts: a member of the placement set whose live entry lapsed first must
+        // not stand in for an older release in the live set.
+        let aware = missing.is_empty();
         if !aware {
             if placing.aware_since.take().is_some() {
                 tracing::warn!(
                     family,
-                    live = live_others,
+                    ?missing,
                     with_placement = codes.len(),
                     "an instance of a release without copy placement is live: reading and keeping the untagged copy names K#i"
                 );
@@ -355,7 +359,7 @@ pub(super) async fn join_placement(
     family: &Family,
     liveness: &Liveness,
     ttl_ms: u64,
-) -> Option<Vec<u32>> {
+) -> Option<Vec<LiveMember>> {
     let set = placement_set(family.name());
     let code = layouts.placement_code(family);
     let fail = |err: crate::error::Error| {
@@ -364,7 +368,7 @@ pub(super) async fn join_placement(
     let join = || {
         stores
             .layouts
-            .join_layout(&set, code, &liveness.instance, ttl_ms)
+            .join_live(&set, code, &liveness.instance, ttl_ms)
     };
     let codes = join().await.map_err(fail).ok()?;
     let Some(old) = layouts
@@ -427,13 +431,14 @@ mod tests {
         // Alone, just joined: K#i until the settle time has passed, then delete and switch.
         assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
         assert_eq!(layouts.read_placement("x:"), Some(Placement::Suffix));
-        let step = |others: usize, codes: &[u32], at: Instant| {
-            layouts.observe_placement("s:", others, codes, settle, at, &metrics)
+        let step = |missing: &[String], codes: &[u32], at: Instant| {
+            layouts.observe_placement("s:", missing, codes, settle, at, &metrics)
         };
-        assert_eq!(step(0, &[], now), Step::Stay);
-        assert_eq!(step(0, &[], now + settle), Step::CleanThenSwitch);
+        let older = ["older-release".to_owned()];
+        assert_eq!(step(&[], &[], now), Step::Stay);
+        assert_eq!(step(&[], &[], now + settle), Step::CleanThenSwitch);
         // Another instance already reads the tagged names: at once.
-        assert_eq!(step(1, &[CODE_SPREAD_READING], now), Step::Switch);
+        assert_eq!(step(&[], &[CODE_SPREAD_READING], now), Step::Switch);
         layouts.start_reading_spread("s:", &metrics);
         assert_eq!(layouts.read_placement("s:"), Some(Placement::Spread));
         assert_eq!(
@@ -446,14 +451,17 @@ mod tests {
         );
         // An instance in the live set but not in the placement set (an older release): back to
         // K#i at once, and the settle starts over once it has gone.
-        assert_eq!(step(2, &[CODE_SPREAD_READING], now + settle), Step::Stay);
+        assert_eq!(
+            step(&older, &[CODE_SPREAD_READING], now + settle),
+            Step::Stay
+        );
         assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
         let later = now + settle * 2;
-        assert_eq!(step(0, &[], later), Step::Stay);
-        assert_eq!(step(0, &[], later + settle), Step::CleanThenSwitch);
+        assert_eq!(step(&[], &[], later), Step::Stay);
+        assert_eq!(step(&[], &[], later + settle), Step::CleanThenSwitch);
         // A suffix family never switches.
         assert_eq!(
-            layouts.observe_placement("x:", 0, &[], settle, later + settle, &metrics),
+            layouts.observe_placement("x:", &[], &[], settle, later + settle, &metrics),
             Step::Stay
         );
     }
@@ -475,25 +483,63 @@ mod tests {
         let codes = join_placement(&stores, &layouts, &spread, &liveness("a"), 60_000).await;
         assert_eq!(
             codes,
-            Some(vec![CODE_SUFFIX]),
+            Some(vec![LiveMember {
+                copies: CODE_SUFFIX,
+                instance: "b".to_owned()
+            }]),
             "only b's entry is another's"
         );
         assert_eq!(seen_by_b().await.unwrap(), vec![CODE_SPREAD_READING]);
         let settle = Duration::from_secs(10);
         let now = Instant::now();
-        layouts.observe_placement("s:", 2, &[CODE_SUFFIX], settle, now, &metrics);
+        let older = ["older-release".to_owned()];
+        layouts.observe_placement("s:", &older, &[CODE_SUFFIX], settle, now, &metrics);
         assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
-        let codes = join_placement(&stores, &layouts, &spread, &liveness("a"), 60_000)
+        let codes: Vec<u32> = join_placement(&stores, &layouts, &spread, &liveness("a"), 60_000)
             .await
-            .unwrap();
+            .unwrap()
+            .into_iter()
+            .map(|member| member.copies)
+            .collect();
         // Its old `3` is gone: "a" sees no reader of the tagged names, so it deletes them after
         // the settle time before it reads them again.
         assert_eq!(codes, vec![CODE_SUFFIX]);
         assert_eq!(seen_by_b().await.unwrap(), vec![CODE_SPREAD_PENDING]);
         assert_eq!(
-            layouts.observe_placement("s:", 1, &codes, settle, now, &metrics),
+            layouts.observe_placement("s:", &[], &codes, settle, now, &metrics),
             Step::Stay
         );
+    }
+
+    #[tokio::test]
+    async fn the_gate_matches_names_when_the_sets_lapse_at_different_moments() {
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        let layouts = layouts(&store, "a").await;
+        // "older" (a release without placement) is live in the family; "gone" is still in the
+        // placement set, its live entry already lapsed: one other each.
+        store.join_layout("s:", 4, "older", 60_000).await.unwrap();
+        store
+            .join_layout(&placement_set("s:"), CODE_SUFFIX, "gone", 60_000)
+            .await
+            .unwrap();
+        let live = store.join_live("s:", 4, "a", 60_000).await.unwrap();
+        let placed = store
+            .join_live(&placement_set("s:"), CODE_SPREAD_PENDING, "a", 60_000)
+            .await
+            .unwrap();
+        assert_eq!((live.len(), placed.len()), (1, 1));
+        let missing = LiveMember::missing_from(&live, &placed);
+        assert_eq!(missing, vec!["older".to_owned()]);
+        let settle = Duration::from_secs(10);
+        let now = Instant::now();
+        for at in [now, now + settle, now + settle * 2] {
+            assert_eq!(
+                layouts.observe_placement("s:", &missing, &[CODE_SUFFIX], settle, at, &metrics),
+                Step::Stay,
+                "an older release is live: K#i"
+            );
+        }
     }
 
     #[tokio::test]
@@ -509,14 +555,14 @@ mod tests {
         let settle = Duration::from_secs(10);
         layouts.observe_placement(
             "x:",
-            1,
+            &[],
             &[CODE_SPREAD_PENDING],
             settle,
             Instant::now(),
             &metrics,
         );
         assert!(layouts.writes_spread(&suffix));
-        layouts.observe_placement("x:", 1, &[CODE_SUFFIX], settle, Instant::now(), &metrics);
+        layouts.observe_placement("x:", &[], &[CODE_SUFFIX], settle, Instant::now(), &metrics);
         assert!(!layouts.writes_spread(&suffix));
         // The placement set is a live set of its own, beside the family's.
         let others = store

@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::family::Families;
 use crate::metrics::Metrics;
 use crate::store::Layout;
+use crate::store::LiveMember;
 
 /// Copies `from..to` of a family may hold versions that missed edits and are deleted before
 /// this instance serves.
@@ -74,17 +75,18 @@ impl Layouts {
             // instance's copies; one that read it before is waited for below.
             // A join that fails (the store refuses FCALL) does not stop startup: publishes
             // fail the same way then, and the watcher retries the join every interval.
-            let others = match stores
+            let members = match stores
                 .layouts
-                .join_layout(name, family.copies, &liveness.instance, ttl_ms)
+                .join_live(name, family.copies, &liveness.instance, ttl_ms)
                 .await
             {
-                Ok(others) => others,
+                Ok(members) => members,
                 Err(err) => {
                     tracing::warn!(family = name, error = %err, "cannot join the family's live set: retried every layout interval");
                     Vec::new()
                 }
             };
+            let others: Vec<u32> = members.iter().map(|member| member.copies).collect();
             let live = others.iter().copied().max();
             // The placement set is joined before this instance serves too, with code 1 or 2
             // (it reads `K#i` until `placing` says otherwise), so every writer that reads the
@@ -118,18 +120,20 @@ impl Layouts {
                     }),
                     writer,
                     live_others: others.clone(),
+                    live_members: members.clone(),
                     live_copies: live.unwrap_or(0),
                     live_changed: Instant::now(),
                     placing: placing::Placing::joined(family.placement, Instant::now()),
                 },
             );
             metrics.placement_reads_spread(name, false);
-            if let Some(codes) = placement_codes {
+            if let Some(placed) = placement_codes {
+                let codes: Vec<u32> = placed.iter().map(|member| member.copies).collect();
                 // Another live instance that already reads the tagged names keeps them current:
                 // this one reads them from its first request (`placing`, point 2).
                 let step = layouts.observe_placement(
                     name,
-                    others.len(),
+                    &LiveMember::missing_from(&members, &placed),
                     &codes,
                     liveness.settle(),
                     Instant::now(),

@@ -11,6 +11,7 @@ use super::{LayoutStores, Layouts, Liveness};
 use crate::family::{Families, Family};
 use crate::metrics::Metrics;
 use crate::store::LayoutWriter;
+use crate::store::LiveMember;
 
 /// Refreshes this instance's live entries and re-reads the layout records every
 /// `liveness.interval`; sweeps shrunk families every `sweep_interval`.
@@ -69,12 +70,12 @@ impl LayoutWatcher {
             match self
                 .stores
                 .layouts
-                .join_layout(name, family.copies, &self.liveness.instance, ttl_ms)
+                .join_live(name, family.copies, &self.liveness.instance, ttl_ms)
                 .await
             {
                 Ok(others) => {
                     self.layouts.observe_live(name, &others);
-                    self.refresh_placement(family, others.len(), ttl_ms).await;
+                    self.refresh_placement(family, &others, ttl_ms).await;
                 }
                 // The last view is kept: it can only make publishes write more copies.
                 Err(err) => {
@@ -96,16 +97,17 @@ impl LayoutWatcher {
     /// Refreshes this instance's entry in `family`'s placement set, switches its reads as
     /// `placing` says (deleting the tagged copies first when no other instance reads them), and
     /// reports how evenly the names it reads fall on the live slot map.
-    async fn refresh_placement(&self, family: &Family, live_others: usize, ttl_ms: u64) {
+    async fn refresh_placement(&self, family: &Family, live: &[LiveMember], ttl_ms: u64) {
         let name = family.name();
-        let Some(codes) =
+        let Some(members) =
             join_placement(&self.stores, &self.layouts, family, &self.liveness, ttl_ms).await
         else {
             return;
         };
+        let codes: Vec<u32> = members.iter().map(|member| member.copies).collect();
         let step = self.layouts.observe_placement(
             name,
-            live_others,
+            &LiveMember::missing_from(live, &members),
             &codes,
             self.liveness.settle(),
             Instant::now(),

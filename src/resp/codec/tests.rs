@@ -103,14 +103,33 @@ fn a_partial_command_is_kept_and_counted_and_its_bulk_is_announced() {
     let mut buf = BytesMut::from(&b"*2\r\n$3\r\nGET\r\n$10\r\nabc"[..]);
     assert_eq!(parser.next(&mut buf).unwrap(), None);
     assert_eq!(buf.as_ref(), b"abc", "whole elements leave the buffer");
-    assert_eq!(parser.pending(&buf), 3 + 3);
     assert_eq!(parser.wanted(&buf), 10 + 2 - 3);
+    assert_eq!(
+        parser.pending(&buf),
+        3 + 10 + 2,
+        "the awaited bulk counts at its declared length"
+    );
     buf.extend_from_slice(b"defghij\r\n");
     assert_eq!(
         parser.next(&mut buf).unwrap(),
         Some(args(&["GET", "abcdefghij"]))
     );
     assert_eq!(parser.pending(&buf), 0);
+}
+
+#[test]
+fn an_inline_command_has_max_args_too() {
+    let mut parser = Parser::new(LIMITS);
+    let mut buf = BytesMut::from(&b"MGET a b c d e f g\r\n"[..]);
+    assert_eq!(
+        parser.next(&mut buf).unwrap().map(|args| args.len()),
+        Some(8)
+    );
+    let mut buf = BytesMut::from(&b"MGET a b c d e f g h\r\n"[..]);
+    assert_eq!(
+        parser.next(&mut buf).unwrap_err(),
+        ProtocolError::InvalidMultibulkLength
+    );
 }
 
 #[test]

@@ -108,6 +108,7 @@ impl Door {
             return Ok(());
         };
         if user.is_some_and(|user| user.as_ref() != b"default") {
+            conn.auth_failures += 1;
             return Err(RespError::wrong_pass());
         }
         match tokens.verify(password) {
@@ -119,7 +120,10 @@ impl Door {
                 });
                 Ok(())
             }
-            Verdict::Unknown => Err(RespError::wrong_pass()),
+            Verdict::Unknown => {
+                conn.auth_failures += 1;
+                Err(RespError::wrong_pass())
+            }
         }
     }
 

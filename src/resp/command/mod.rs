@@ -117,12 +117,55 @@ pub use errors::Prefix as ErrorPrefix;
 pub struct Door {
     /// What both doors share: the operations, the tokens, the metrics, the in-flight bound.
     core: Core,
+    /// The bounds of what one command may build.
+    budgets: Budgets,
+    /// The door's metrics, where a command passing a budget is counted (`None` in a door no
+    /// listener serves).
+    metrics: Option<super::metrics::RespMetrics>,
+}
+
+/// The bounds of what one command may build (set by the listener from `[resp]`; unbounded
+/// in a door no listener configured, as the unit tests build one).
+#[derive(Debug, Clone, Copy)]
+pub struct Budgets {
+    /// `resp.max_reply_bytes`: the largest reply (an `MGET`, an `EXEC`).
+    pub max_reply_bytes: usize,
+    /// `resp.max_queued_bytes`: the bytes one transaction's queued commands may hold.
+    pub max_queued_bytes: usize,
+}
+
+impl Default for Budgets {
+    fn default() -> Budgets {
+        Budgets {
+            max_reply_bytes: usize::MAX,
+            max_queued_bytes: usize::MAX,
+        }
+    }
 }
 
 impl Door {
     /// The door over the service's `core`.
     pub fn new(core: Core) -> Door {
-        Door { core }
+        Door {
+            core,
+            budgets: Budgets::default(),
+            metrics: None,
+        }
+    }
+
+    /// The door with `budgets` as its bounds, counting the commands refused at them in
+    /// `metrics`.
+    pub fn with_budgets(mut self, budgets: Budgets, metrics: super::metrics::RespMetrics) -> Door {
+        self.budgets = budgets;
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Counts a command refused at `budget`.
+    fn exceeded(&self, budget: super::metrics::Budget) {
+        if let Some(metrics) = &self.metrics {
+            metrics.exceeded(budget);
+        }
     }
 
     /// What both doors share.
@@ -229,6 +272,13 @@ impl Door {
         spec: Option<&'static Spec>,
         args: &[Bytes],
     ) -> Result<&'static Spec, RespError> {
+        // Before authentication anything but the few commands that need no token is answered
+        // `NOAUTH` before its name is looked up: an unknown command's reply (which quotes its
+        // arguments) would give a client without a token more bytes out than it sent.
+        let needs_token = spec.is_none_or(|spec| spec.need != Need::Nothing);
+        if needs_token && conn.auth.is_none() && self.core.tokens().load().is_some() {
+            return Err(RespError::no_auth());
+        }
         let Some(spec) = spec else {
             return Err(table::unknown(args));
         };
@@ -337,6 +387,9 @@ pub struct ConnState {
     pooled: Option<Caller>,
     /// Commands it sent (`INFO stats`).
     commands: u64,
+    /// `AUTH` (or `HELLO … AUTH`) attempts refused `WRONGPASS`: the connection loop counts and
+    /// slows each one.
+    pub auth_failures: u32,
 }
 
 impl ConnState {

@@ -116,11 +116,23 @@ impl Door {
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
         let mut values = Vec::with_capacity(args.len() - 1);
+        let mut size = 0usize;
         for raw in &args[1..] {
             let answer = self
                 .read_key(conn, raw, ReadOptions::default(), deadline)
                 .await?;
-            values.push(value_reply(answer));
+            let value = value_reply(answer);
+            size = size.saturating_add(value.size());
+            if size > self.budgets.max_reply_bytes {
+                self.exceeded(crate::resp::metrics::Budget::Reply);
+                return Err(RespError::err(format!(
+                    "the reply would pass resp.max_reply_bytes ({} bytes) at key {} of {}: MGET fewer keys",
+                    self.budgets.max_reply_bytes,
+                    values.len() + 1,
+                    args.len() - 1
+                )));
+            }
+            values.push(value);
         }
         Ok(Reply::Array(values))
     }

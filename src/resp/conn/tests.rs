@@ -35,6 +35,9 @@ fn settings() -> Settings {
             max_inline: 1024,
         },
         max_pending: 64 * 1024,
+        max_receiving: None,
+        receive_timeout: Duration::from_secs(5),
+        auth_timeout: Duration::from_secs(5),
         max_output: 64 * 1024,
         write_timeout: Duration::from_secs(5),
         idle_timeout: None,
@@ -55,9 +58,9 @@ fn serve(
     Arc<Connections>,
 ) {
     let metrics = RespMetrics::register(door.core().metrics());
-    let connections = Connections::new(4, metrics.clone());
+    let connections = Connections::new(4, 4, metrics.clone());
     let signal = Arc::new(Signal::default());
-    let slot = connections.admit(signal.clone()).expect("room");
+    let slot = connections.admit(signal.clone(), true).expect("room");
     let connection = Connection {
         id: 7,
         peer: None,
@@ -66,7 +69,7 @@ fn serve(
         overload: door.core().in_flight().clone(),
         metrics,
         signal: signal.clone(),
-        _slot: slot,
+        slot,
     };
     let (client, server) = tokio::io::duplex(pipe);
     let task = tokio::spawn(connection.serve(server));

@@ -13,7 +13,7 @@ use super::{glob_matches, MemoryStore};
 use crate::error::{Error, ErrorKind, Result};
 use crate::store::{
     live_member, now_unix_ms, valid_live_instance, FleetStore, InstanceRecord, Layout, LayoutStore,
-    LayoutSwap, LayoutWriter, LibraryStore, NodeLabel, ReplicaSet, TopologyStore,
+    LayoutSwap, LayoutWriter, LibraryStore, LiveMember, NodeLabel, ReplicaSet, TopologyStore,
 };
 
 impl LayoutStore for MemoryStore {
@@ -58,13 +58,13 @@ impl LayoutStore for MemoryStore {
         Box::pin(std::future::ready(Ok(swap)))
     }
 
-    fn join_layout<'a>(
+    fn join_live<'a>(
         &'a self,
         family: &'a str,
         copies: u32,
         instance: &'a str,
         ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Vec<u32>>> {
+    ) -> BoxFuture<'a, Result<Vec<LiveMember>>> {
         if !valid_live_instance(instance) {
             return Box::pin(std::future::ready(Err(Error::new(
                 ErrorKind::Config,
@@ -81,7 +81,13 @@ impl LayoutStore for MemoryStore {
         let others = live
             .iter()
             .filter(|(name, _)| **name != own)
-            .map(|(_, (copies, _))| *copies)
+            .map(|(name, (copies, _))| LiveMember {
+                copies: *copies,
+                instance: name
+                    .split_once(':')
+                    .map_or(name.as_str(), |(_, instance)| instance)
+                    .to_owned(),
+            })
             .collect();
         Box::pin(std::future::ready(Ok(others)))
     }

@@ -12,7 +12,7 @@ use super::RedisStore;
 use crate::error::Result;
 use crate::store::{
     layout_key, layout_writer_key, live_key, live_member, Layout, LayoutStore, LayoutSwap,
-    LayoutWriter, LAYOUT_WRITER_FIELDS,
+    LayoutWriter, LiveMember, LAYOUT_WRITER_FIELDS,
 };
 
 impl LayoutStore for RedisStore {
@@ -57,13 +57,13 @@ impl LayoutStore for RedisStore {
         Box::pin(self.layout_writer(family))
     }
 
-    fn join_layout<'a>(
+    fn join_live<'a>(
         &'a self,
         family: &'a str,
         copies: u32,
         instance: &'a str,
         ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Vec<u32>>> {
+    ) -> BoxFuture<'a, Result<Vec<LiveMember>>> {
         // A ttl of 0 would remove the member: a join always lasts at least a millisecond.
         Box::pin(self.refresh_live(
             live_key(family),
@@ -135,7 +135,12 @@ impl RedisStore {
     /// Refreshes (`ttl_ms > 0`) or removes (`ttl_ms == 0`) `member` of the live set `key`
     /// (`FCALL hotsplit_live_v2`) and returns the other live members' copy counts. The body of
     /// [`LayoutStore::join_layout`] and [`LayoutStore::leave_layout`].
-    async fn refresh_live(&self, key: String, member: String, ttl_ms: u64) -> Result<Vec<u32>> {
+    async fn refresh_live(
+        &self,
+        key: String,
+        member: String,
+        ttl_ms: u64,
+    ) -> Result<Vec<LiveMember>> {
         let args = vec![Value::from(member), Value::from(ttl_ms.to_string())];
         let reply = self
             .fcall_reloading(self.functions.live, &key, args)

@@ -108,7 +108,9 @@ pub(super) fn parse_layout_reply(reply: Value) -> std::result::Result<LayoutSwap
 
 /// Parses `hotsplit_live`'s list of other live members (`<copies>:<instance>`) into their copy
 /// counts.
-pub(super) fn parse_live_reply(reply: Value) -> std::result::Result<Vec<u32>, String> {
+pub(super) fn parse_live_reply(
+    reply: Value,
+) -> std::result::Result<Vec<crate::store::LiveMember>, String> {
     reply
         .into_array()
         .into_iter()
@@ -117,7 +119,12 @@ pub(super) fn parse_live_reply(reply: Value) -> std::result::Result<Vec<u32>, St
                 .as_str()
                 .ok_or_else(|| format!("a member is not text: {member:?}"))?;
             text.split_once(':')
-                .and_then(|(copies, _)| copies.parse().ok())
+                .and_then(|(copies, instance)| {
+                    Some(crate::store::LiveMember {
+                        copies: copies.parse().ok()?,
+                        instance: instance.to_owned(),
+                    })
+                })
                 .ok_or_else(|| format!("member {text:?} is not copies:instance"))
         })
         .collect()

@@ -85,3 +85,62 @@ async fn getters_listings_and_quit_inside_a_transaction() {
         .await;
     assert_eq!(quit, (Reply::OK, After::Close), "QUIT is not queued");
 }
+
+#[tokio::test]
+async fn exec_stops_at_a_revoked_token() {
+    let door = door_with_tokens();
+    let mut conn = ConnState::new(1);
+    assert_eq!(run(&door, &mut conn, &["AUTH", WRITER]).await, Reply::OK);
+    assert_eq!(run(&door, &mut conn, &["MULTI"]).await, Reply::OK);
+    let queued = Reply::Simple("QUEUED");
+    assert_eq!(run(&door, &mut conn, &["SET", "a:rev", "x"]).await, queued);
+    // A reload drops the writer's token before EXEC runs.
+    door.core()
+        .tokens()
+        .store(tokens(&format!("plain:{READER} read # reader\n")));
+    let args = ["EXEC"].iter().map(|part| Bytes::from(*part)).collect();
+    let (reply, after) = door.execute(&mut conn, args, None).await;
+    assert!(
+        error_text(&reply).contains("EXEC stopped before queued command 1 of 1"),
+        "{reply:?}"
+    );
+    assert_eq!(after, After::Close);
+    let mut reader = ConnState::new(2);
+    assert_eq!(run(&door, &mut reader, &["AUTH", READER]).await, Reply::OK);
+    assert_eq!(run(&door, &mut reader, &["GET", "a:rev"]).await, Reply::Nil);
+}
+
+#[tokio::test]
+async fn a_queue_over_its_bytes_is_dropped_and_an_exec_over_its_reply_bound_fails_whole() {
+    let budgets = Budgets {
+        max_reply_bytes: 700,
+        max_queued_bytes: 1000,
+    };
+    let metrics = crate::resp::metrics::RespMetrics::register(&Metrics::new());
+    let door = door().with_budgets(budgets, metrics);
+    let mut conn = ConnState::new(1);
+    let big = "v".repeat(400);
+    assert_eq!(run(&door, &mut conn, &["MULTI"]).await, Reply::OK);
+    let queued = Reply::Simple("QUEUED");
+    assert_eq!(run(&door, &mut conn, &["ECHO", &big]).await, queued);
+    assert_eq!(run(&door, &mut conn, &["ECHO", &big]).await, queued);
+    let over = run(&door, &mut conn, &["ECHO", &big]).await;
+    assert!(
+        error_text(&over).contains("resp.max_queued_bytes"),
+        "{over:?}"
+    );
+    assert_eq!(
+        run(&door, &mut conn, &["EXEC"]).await,
+        err("EXECABORT Transaction discarded because of previous errors.")
+    );
+    let small = "v".repeat(250);
+    run(&door, &mut conn, &["MULTI"]).await;
+    for _ in 0..3 {
+        assert_eq!(run(&door, &mut conn, &["ECHO", &small]).await, queued);
+    }
+    let exec = run(&door, &mut conn, &["EXEC"]).await;
+    assert!(
+        error_text(&exec).starts_with("ERR EXEC stopped after queued command 3 of 3"),
+        "{exec:?}"
+    );
+}
