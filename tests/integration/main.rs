@@ -38,6 +38,7 @@ mod resp_cluster;
 mod resp_conn;
 mod route;
 mod scrub;
+mod sdk;
 mod session;
 mod split;
 mod spool;
