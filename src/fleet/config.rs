@@ -101,8 +101,8 @@ pub struct SessionConfig {
     pub cookie: bool,
     /// The bytes of the instance-wide per-key high-water (`ops::HighWater`): the floor of reads
     /// that name no client (pooled Redis-protocol connections), 0..=1 GiB (a small value is
-    /// raised to the sketch's smallest, 24 KiB; fewer bytes over-state more floors, never
-    /// fewer). Default: 1 MiB.
+    /// raised to the smallest, 256 buckets: about 1,000 keys held exactly; fewer bytes hold
+    /// fewer keys exactly, and estimate more). Default: 1 MiB.
     pub high_water_bytes: u64,
 }
 

@@ -109,6 +109,28 @@ impl PublishReport {
         self.lasts_until_ms
     }
 
+    /// Why an edit that ended `Stale`, `Conflict` or `Incomplete` did not land, in words of no
+    /// door (each door adds what its caller should do); `None` for `Done` and `Queued`.
+    pub fn shortfall(&self) -> Option<String> {
+        let version = self.version;
+        match self.status() {
+            PublishStatus::Done | PublishStatus::Queued => None,
+            PublishStatus::Stale => Some(format!(
+                "no copy applied version {version}: every copy that answered holds a newer version"
+            )),
+            PublishStatus::Conflict => Some(format!(
+                "{} copies hold version {version} with a different body",
+                self.conflict
+            )),
+            PublishStatus::Incomplete => Some(format!(
+                "{} of {} copy writes failed and {} could not be queued",
+                self.failed,
+                self.copies,
+                self.failed - self.queued
+            )),
+        }
+    }
+
     /// The overall result.
     pub fn status(&self) -> PublishStatus {
         if self.conflict > 0 {

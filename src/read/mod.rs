@@ -214,6 +214,29 @@ pub struct RouteNote {
     pub near_cache_age: Option<Duration>,
 }
 
+impl RouteNote {
+    /// What every door says after the prefix for an answer from the near cache, before the
+    /// age in milliseconds.
+    pub const NEAR_CACHE: &'static str = ";source=near-cache;age_ms=";
+
+    /// The first words of every door's route note: `class=NAME;reason=REASON`.
+    pub fn prefix(class_name: &str, reason: RouteReason) -> String {
+        format!("class={class_name};reason={}", reason.as_str())
+    }
+
+    /// The route note as every door words it (HTTP's `Hotsplit-Route`, the Redis door's
+    /// `route`): [`RouteNote::prefix`], then [`RouteNote::NEAR_CACHE`] and the age bound in
+    /// milliseconds for an answer from the near cache. `class_name` is the name of `self.class`.
+    pub fn text(&self, class_name: &str) -> String {
+        let mut text = RouteNote::prefix(class_name, self.reason);
+        if let Some(age) = self.near_cache_age {
+            text.push_str(RouteNote::NEAR_CACHE);
+            text.push_str(&age.as_millis().to_string());
+        }
+        text
+    }
+}
+
 /// A successful read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadAnswer {

@@ -481,7 +481,7 @@ const NOT_INHERITED: [&str; 4] = [
 /// `hotsplit serve` with nothing inherited from the shell that runs the tests
 /// ([`NOT_INHERITED`] removed): the test adds its arguments, environment and stdio.
 pub fn serve_command() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_hotsplit"));
+    let mut command = Command::new(serve_binary());
     command.arg("serve");
     for name in NOT_INHERITED {
         command.env_remove(name);
@@ -489,9 +489,17 @@ pub fn serve_command() -> Command {
     command
 }
 
+/// The `hotsplit` binary the tests run: this build's, or the one `HOTSPLIT_TEST_SERVE_BINARY`
+/// names (to show a test failing on an earlier build: build that commit's binary, point this
+/// at it, run the test).
+fn serve_binary() -> std::ffi::OsString {
+    std::env::var_os("HOTSPLIT_TEST_SERVE_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_hotsplit").into())
+}
+
 /// [`serve_command`] as a [`ProcessBuilder`], for a [`Binary`].
 fn serve_process() -> ProcessBuilder {
-    let mut process = Process::builder(env!("CARGO_BIN_EXE_hotsplit")).arg("serve");
+    let mut process = Process::builder(serve_binary()).arg("serve");
     for name in NOT_INHERITED {
         process = process.env_remove(name);
     }

@@ -29,6 +29,7 @@ mod near_cache;
 mod ops;
 mod overload;
 mod placement;
+mod pooled_floors;
 mod redis_security;
 mod redis_store;
 mod reload;

@@ -18,6 +18,7 @@ use axum::body::Bytes;
 use axum::http::HeaderValue;
 
 use crate::key::Version;
+use crate::read::RouteNote;
 use crate::route::{ReadClass, RouteReason, Router};
 use crate::store::ServedBy;
 
@@ -229,7 +230,7 @@ impl RouteTexts {
             .iter()
             .map(|(_, def)| {
                 RouteReason::ALL.map(|reason| {
-                    let text = format!("class={};reason={}", def.name, reason.as_str());
+                    let text = RouteNote::prefix(&def.name, reason);
                     HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
                 })
             })
@@ -251,26 +252,20 @@ impl RouteTexts {
             // A class the table does not know (it cannot happen: classes are fixed at
             // startup): render it in full.
             let classes = router.classes();
-            let text = format!(
-                "class={};reason={}",
-                classes.get(class).name,
-                reason.as_str()
-            );
-            return match near_cache_age {
-                None => HeaderValue::from_maybe_shared(Bytes::from(text)).ok(),
-                Some(age) => joined(&[
-                    text.as_bytes(),
-                    b";source=near-cache;age_ms=",
-                    Decimal::new(age.as_millis()).digits(),
-                ]),
+            let note = RouteNote {
+                class,
+                reason,
+                near_cache_age,
             };
+            let text = note.text(&classes.get(class).name);
+            return HeaderValue::from_maybe_shared(Bytes::from(text)).ok();
         };
         let prefix = prefix.as_ref()?;
         match near_cache_age {
             None => Some(prefix.clone()),
             Some(age) => joined(&[
                 prefix.as_bytes(),
-                b";source=near-cache;age_ms=",
+                RouteNote::NEAR_CACHE.as_bytes(),
                 Decimal::new(age.as_millis()).digits(),
             ]),
         }

@@ -122,17 +122,15 @@ fn write_response(outcome: PublishOutcome) -> Result<Response, ApiError> {
         PublishStatus::Stale => {
             return Err(refused(
                 Code::StaleVersion,
-                format!(
-                "no copy applied version {version}: every copy that answered holds a newer version"
-            ),
+                report.shortfall().unwrap_or_default(),
             ))
         }
         PublishStatus::Conflict => {
             return Err(refused(
                 Code::VersionConflict,
                 format!(
-                    "{} copies hold version {version} with a different body: publish a new version",
-                    report.conflict
+                    "{}: publish a new version",
+                    report.shortfall().unwrap_or_default()
                 ),
             ))
         }
@@ -140,8 +138,8 @@ fn write_response(outcome: PublishOutcome) -> Result<Response, ApiError> {
             let incomplete = refused(
                 Code::PublishIncomplete,
                 format!(
-                    "{} of {} copy writes failed and {} could not be queued; retrying version {version} is safe",
-                    report.failed, report.copies, report.failed - report.queued
+                    "{}; retrying version {version} is safe",
+                    report.shortfall().unwrap_or_default()
                 ),
             )
             .retry_later();

@@ -309,14 +309,13 @@ impl Door {
                 session,
             ]));
         };
-        let router = self.core.ops().router();
-        let class = router.classes().get(route.class).name.clone();
-        let mut route_text = format!("class={class};reason={}", route.reason.as_str());
-        let age_ms = route.near_cache_age.map(|age| {
-            let ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
-            route_text.push_str(&format!(";source=near-cache;age_ms={ms}"));
-            Reply::Int(i64::try_from(ms).unwrap_or(i64::MAX))
-        });
+        let route_text = {
+            let classes = self.core.ops().router().classes();
+            route.text(&classes.get(route.class).name)
+        };
+        let age_ms = route
+            .near_cache_age
+            .map(|age| Reply::Int(i64::try_from(age.as_millis()).unwrap_or(i64::MAX)));
         let mut fields = vec![
             (Reply::bulk("value"), Reply::Bulk(value)),
             (Reply::bulk("version"), version_reply(version)),

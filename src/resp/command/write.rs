@@ -266,27 +266,15 @@ impl Door {
     }
 }
 
-/// Whether a `SET` or `DEL` write counts as done, else its error.
+/// Whether a `SET` or `DEL` write counts as done, else its error (the report's own shortfall).
 fn written(outcome: &PublishOutcome) -> Result<(), RespError> {
-    let report = &outcome.report;
-    match outcome.status {
-        PublishStatus::Done | PublishStatus::Queued => Ok(()),
-        PublishStatus::Stale => Err(RespError::err(format!(
-            "no copy applied version {}: every copy holds a newer version",
-            report.version
-        ))),
-        PublishStatus::Conflict => Err(RespError::err(format!(
-            "{} copies hold version {} with a different body",
-            report.conflict, report.version
-        ))),
-        PublishStatus::Incomplete => Err(RespError::new(
-            Prefix::Unavailable,
-            format!(
-                "{} of {} copy writes failed and {} could not be queued; retry",
-                report.failed,
-                report.copies,
-                report.failed - report.queued
-            ),
-        )),
-    }
+    let Some(shortfall) = outcome.report.shortfall() else {
+        return Ok(());
+    };
+    Err(match outcome.status {
+        PublishStatus::Incomplete => {
+            RespError::new(Prefix::Unavailable, format!("{shortfall}; retry"))
+        }
+        _ => RespError::err(shortfall),
+    })
 }
