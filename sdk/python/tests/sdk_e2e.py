@@ -85,6 +85,25 @@ def main() -> None:
         raise AssertionError("an invalid key must fail")
     except hotsplit.InvalidError:
         pass
+    # Every prefix has its type, whichever way redis-py hands the error over.
+    from hotsplit.errors import from_redis
+
+    exceptions = redis.exceptions
+    for error, kind in [
+        (exceptions.ResponseError("OVERLOADED in-flight bound"), hotsplit.OverloadedError),
+        (exceptions.ResponseError("UNAVAILABLE node"), hotsplit.UnavailableError),
+        (exceptions.ResponseError("DEADLINE passed"), hotsplit.DeadlineError),
+        (exceptions.ResponseError("STALE over budget"), hotsplit.StaleError),
+        (exceptions.ResponseError("FULL store"), hotsplit.FullError),
+        (exceptions.NoPermissionError("this token lacks write"), hotsplit.NoPermError),
+        (exceptions.AuthenticationError("Authentication required."), hotsplit.NoAuthError),
+        (exceptions.ResponseError("WRONGPASS invalid"), hotsplit.WrongPassError),
+    ]:
+        mapped = from_redis(error)
+        assert type(mapped) is kind and isinstance(mapped, hotsplit.HotsplitError), (error, mapped)
+    timeout = exceptions.TimeoutError("timed out")
+    assert from_redis(timeout) is timeout
+
     # Public get/set of the token; an invalidation carries it too.
     copy = a.session(token=pooled.token)
     assert copy.token == pooled.token

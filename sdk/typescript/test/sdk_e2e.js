@@ -64,6 +64,23 @@ async function main() {
   assert.strictEqual((await b.read(keys[0], { readClass: "primary", clientId: "x", meta: true })).version, 1);
   await assert.rejects(b.read(keys[0], { minVersion: 9 }), (error) => error instanceof hotsplit.FloorError && error.prefix === "FLOOR");
   await assert.rejects(a.publish("sdk:bad{key", 1, "x"), hotsplit.InvalidError);
+  const { ReplyError } = require("ioredis");
+  for (const [prefix, Kind] of [
+    ["OVERLOADED", hotsplit.OverloadedError],
+    ["UNAVAILABLE", hotsplit.UnavailableError],
+    ["DEADLINE", hotsplit.DeadlineError],
+    ["STALE", hotsplit.StaleError],
+    ["FULL", hotsplit.FullError],
+    ["NOPERM", hotsplit.NoPermError],
+    ["NOAUTH", hotsplit.NoAuthError],
+    ["WRONGPASS", hotsplit.WrongPassError],
+  ]) {
+    const mapped = hotsplit.fromReply(new ReplyError(`${prefix} something`));
+    assert.ok(mapped instanceof Kind && mapped instanceof hotsplit.HotsplitError, prefix);
+    assert.strictEqual(mapped.prefix, prefix);
+  }
+  const other = new Error("connection closed");
+  assert.strictEqual(hotsplit.fromReply(other), other);
   const copy = a.session({ token: pooled.token });
   assert.strictEqual(copy.token, pooled.token);
   assert.strictEqual((await copy.invalidate(keys[1], 2)).status, "done");
