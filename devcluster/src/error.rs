@@ -91,6 +91,15 @@ pub enum DevClusterError {
         /// The node's client port.
         port: u16,
     },
+    /// `ip` or `nft` refused to make or change a network namespace, an interface or a rule
+    /// (not root, the tool missing, or a kernel without network namespaces).
+    #[error("`{command}` failed: {message}")]
+    Network {
+        /// The command line.
+        command: String,
+        /// Its exit status and stderr, or why it could not run.
+        message: String,
+    },
     /// The options cannot describe a working deployment.
     #[error("invalid options: {0}")]
     InvalidOptions(String),

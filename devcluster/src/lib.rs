@@ -1,5 +1,6 @@
 //! Throwaway `redis-server` processes on loopback: standalone, primary with replicas, and
-//! cluster; and throwaway child processes of any other program (`hotsplit serve`).
+//! cluster; the same cluster in network namespaces, for partitions; and throwaway child
+//! processes of any other program (`hotsplit serve`).
 //!
 //! This crate owns starting, signalling and stopping real Redis servers and `hotsplit serve`
 //! processes for hotsplit's integration tests, its benches and `hotsplit check`. It is test and experiment
@@ -26,6 +27,10 @@
 //!   and SIGKILL + reap on drop.
 //! - [`ServerOptions`] and [`ClusterOptions`]: another server binary (e.g. `valkey-server`),
 //!   TLS, extra arguments.
+//! - [`Network`], [`Host`] and [`Partition`] (`netns.rs`): hosts in network namespaces on a
+//!   bridge, code and processes run inside them, and partitions (cut, one-way drop, isolate)
+//!   made and healed with nftables; [`NetCluster`] and [`Topology`] (`netcluster.rs`): a Redis
+//!   Cluster whose nodes each live in a namespace, with a driver and instance hosts beside it.
 //! - `process.rs`: binaries, ports, the spawner thread, the pid registry, signals and node
 //!   directories; the only file with `unsafe` code.
 //! - [`NodeInfo`]: the parsed `CLUSTER NODES` view, from the `hotsplit-redis-info` crate that the
@@ -45,6 +50,9 @@
 //!   hit by mistake.
 //! - Ports come from `20000..=50000` (never the developer's Redis on 6379), and a port is only
 //!   used if both it and its cluster bus port (port + 10000) can be bound on 127.0.0.1.
+//! - A namespaced node ([`NetCluster`]) listens on [`NET_PORT`] inside its own namespace, never
+//!   on the machine's; its namespaces are named per run and deleted on drop, and those of dead
+//!   runs at the next [`Network::new`].
 //! - Nothing is printed to stdout; progress goes to `tracing::debug!`.
 
 use std::thread;
@@ -53,6 +61,8 @@ use std::time::{Duration, Instant};
 mod child;
 mod cluster;
 mod error;
+mod netcluster;
+mod netns;
 mod node;
 mod process;
 mod resp;
@@ -63,9 +73,11 @@ pub use child::{Process, ProcessBuilder, Readiness};
 pub use cluster::{Cluster, ClusterOptions};
 pub use error::{DevClusterError, Result};
 pub use hotsplit_redis_info::ClusterNode as NodeInfo;
+pub use netcluster::{NetCluster, NetClusterOptions, NetNode, Topology, NET_PORT};
+pub use netns::{netns_support, Host, Network, Partition};
 pub use node::{NodeRole, RedisNode};
 pub use process::{redis_cli_path, redis_server_path};
-pub use resp::{cli, cli_with_timeout, ping};
+pub use resp::{cli, cli_at, cli_with_timeout, ping};
 pub use standalone::{PrimaryReplica, ServerOptions, Standalone};
 pub use tls::TlsFiles;
 

@@ -102,6 +102,7 @@ impl RedisNode {
     /// Creates the node's directory and spawns its process, without waiting for it to answer.
     fn spawn(program: &Path, port: u16, spec: &NodeSpec) -> Result<RedisNode> {
         let endpoint = Endpoint {
+            ip: std::net::Ipv4Addr::LOCALHOST,
             port,
             tls: spec.tls.as_ref().map(TlsFiles::client_config).transpose()?,
         };

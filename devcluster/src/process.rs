@@ -2,13 +2,14 @@
 //! server from one long-lived spawner thread with `PR_SET_PDEATHSIG`, the pid registry and its
 //! `atexit` handler, signals, and the nodes' temporary directories.
 //!
-//! This is the only file of the crate with `unsafe` code (`pre_exec`, `atexit`, `kill`); each
-//! block says why it is sound.
+//! This is the only file of the crate with `unsafe` code (`pre_exec`, `atexit`, `kill`,
+//! `setns`); each block says why it is sound.
 
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::net::{Ipv4Addr, TcpListener};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -319,6 +320,25 @@ pub(crate) fn send_signal(pid: u32, signal: libc::c_int) -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// Moves the calling thread (only it: a network namespace is per thread) into the network
+/// namespace `handle` refers to (an open `/var/run/netns/<name>`); threads it spawns later
+/// start there too.
+pub(crate) fn join_netns(handle: &File) -> io::Result<()> {
+    // SAFETY: setns only reads the descriptor, which `handle` keeps open for the call.
+    if unsafe { libc::setns(handle.as_raw_fd(), libc::CLONE_NEWNET) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Tells whether no process with this pid exists any more.
+pub(crate) fn process_gone(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks whether the process exists.
+    let failed = unsafe { libc::kill(pid, 0) } != 0;
+    failed && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 /// The prefix of every node directory: `<temp dir>/hotsplit-devcluster-<owner pid>-<port>-<random>`.

@@ -1,6 +1,7 @@
-//! A minimal synchronous RESP2 client: send a command to a node on 127.0.0.1 and read the reply
-//! as text ([`cli`], [`cli_with_timeout`], [`ping`]), or pipeline a few commands for the probes
-//! of the node and cluster polls. It speaks plain TCP, or TLS (rustls) to a TLS node
+//! A minimal synchronous RESP2 client: send a command to a node (on 127.0.0.1, or at an address
+//! inside a network namespace: [`cli_at`]) and read the reply as text ([`cli`],
+//! [`cli_with_timeout`], [`ping`]), or pipeline a few commands for the probes of the node and
+//! cluster polls. It speaks plain TCP, or TLS (rustls) to a TLS node
 //! ([`RedisNode::cli`](crate::RedisNode::cli)).
 
 use std::io::{self, BufRead, BufReader, Write};
@@ -96,9 +97,13 @@ fn read_reply(reader: &mut impl BufRead) -> io::Result<Reply> {
     }
 }
 
-/// Where a node listens on 127.0.0.1, and how to speak to it.
+/// Where a node listens (127.0.0.1, or its address inside a network namespace), and how to
+/// speak to it.
 #[derive(Clone, Debug)]
 pub(crate) struct Endpoint {
+    /// The address: 127.0.0.1, or a namespace address reachable only from a thread that has
+    /// joined one of that network's namespaces ([`Host::run`](crate::Host::run)).
+    pub(crate) ip: Ipv4Addr,
     /// The client port (the TLS port of a TLS node).
     pub(crate) port: u16,
     /// The TLS client configuration of a TLS node; `None` for plain TCP.
@@ -108,7 +113,16 @@ pub(crate) struct Endpoint {
 impl Endpoint {
     /// A plain-TCP node on `port`.
     pub(crate) fn plain(port: u16) -> Endpoint {
-        Endpoint { port, tls: None }
+        Endpoint::at(Ipv4Addr::LOCALHOST, port)
+    }
+
+    /// A plain-TCP node on `ip:port`.
+    pub(crate) fn at(ip: Ipv4Addr, port: u16) -> Endpoint {
+        Endpoint {
+            ip,
+            port,
+            tls: None,
+        }
     }
 }
 
@@ -121,7 +135,7 @@ pub(crate) fn round_trip(
     commands: &[&[&str]],
     timeout: Duration,
 ) -> io::Result<Vec<Reply>> {
-    let address = SocketAddr::from((Ipv4Addr::LOCALHOST, endpoint.port));
+    let address = SocketAddr::from((endpoint.ip, endpoint.port));
     let stream = TcpStream::connect_timeout(&address, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
@@ -189,6 +203,15 @@ pub fn cli_with_timeout(port: u16, args: &[&str], timeout: Duration) -> Result<S
     endpoint_cli(&Endpoint::plain(port), args, timeout)
 }
 
+/// Like [`cli_with_timeout`], to `ip:port`: for a node in a network namespace, called from a
+/// thread inside one of that network's namespaces ([`Host::run`](crate::Host::run)).
+///
+/// # Errors
+/// As for [`cli_with_timeout`].
+pub fn cli_at(ip: Ipv4Addr, port: u16, args: &[&str], timeout: Duration) -> Result<String> {
+    endpoint_cli(&Endpoint::at(ip, port), args, timeout)
+}
+
 /// Like [`cli_with_timeout`], to `endpoint` (plain or TLS).
 pub(crate) fn endpoint_cli(
     endpoint: &Endpoint,
@@ -198,7 +221,7 @@ pub(crate) fn endpoint_cli(
     let port = endpoint.port;
     let command_line = args.join(" ");
     let replies = round_trip(endpoint, &[args], timeout).map_err(|source| DevClusterError::Io {
-        context: format!("sending `{command_line}` to 127.0.0.1:{port}"),
+        context: format!("sending `{command_line}` to {}:{port}", endpoint.ip),
         source: name_timeout(source, timeout),
     })?;
     let mut text = String::new();

@@ -46,6 +46,7 @@ mod after;
 pub mod high_water;
 mod publish;
 mod read;
+mod rollback;
 mod session;
 
 use std::sync::Arc;

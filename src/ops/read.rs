@@ -4,7 +4,7 @@
 
 use super::after::{Left, Pins};
 use super::high_water::Mark;
-use super::{ClientSession, Ops};
+use super::{rollback, ClientSession, Ops};
 use crate::error::Result;
 use crate::read::{Caller, Carried, Read, ReadAnswer, ReadRequest};
 use crate::store::now_unix_ms;
@@ -17,7 +17,8 @@ impl Ops {
     /// value, a "not modified", a tombstone's 404) is left as a floor everywhere by
     /// [`Ops::leave`]: the session's seen floor until the copy that answered expires, the
     /// high-water, a seen pin when the read was served away from where the next one goes. A
-    /// failed read leaves nothing.
+    /// failed read leaves nothing. A read naming a client is never served below an exact mark
+    /// of this instance's high-water from a primary whose copy was set back (`rollback.rs`).
     ///
     /// No store call is awaited when the near cache answers.
     ///
@@ -42,7 +43,20 @@ impl Ops {
                 None => {}
             }
         }
-        let Read { found, trail } = self.reader().read(&request, carried).await?;
+        // The session's floor, when it is the one that binds: a refusal below it says why.
+        let session_floor = carried
+            .session
+            .written
+            .max(carried.session.seen)
+            .filter(|floor| {
+                Some(*floor) >= request.min_version && Some(*floor) >= request.if_none_match
+            });
+        let read = self
+            .reader()
+            .read(&request, carried)
+            .await
+            .map_err(|err| rollback::name_session_cause(err, session_floor))?;
+        let Read { found, trail } = self.guard_rollback(&request, read, carried, now_ms).await?;
         let pins = match (trail.seen, request.caller.client_id()) {
             (Some(version), Some(client)) => Pins::Seen { client, version },
             _ => Pins::None,

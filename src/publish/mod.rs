@@ -308,6 +308,16 @@ impl Publisher {
         if let Some(sync) = sync {
             self.check_sync(key, family, sync)?;
         }
+        // A family's own `sync_replicas` applies to its publishes that name none; it is not
+        // checked against the replicas known (a node that lost its replica answers
+        // `replicas_acked: 0`, which is what the caller must see).
+        let sync = sync.or(match op {
+            WriteOp::Publish if family.sync_replicas > 0 => Some(SyncReplicas {
+                replicas: family.sync_replicas,
+                timeout_ms: u64::try_from(family.sync_timeout.as_millis()).unwrap_or(u64::MAX),
+            }),
+            _ => None,
+        });
         let until = deadline.map(|deadline| deadline.copy_writes_until());
         let mut floor = 0;
         let mut allocations = 1;

@@ -28,6 +28,7 @@ mod memory;
 mod near_cache;
 mod ops;
 mod overload;
+mod partition;
 mod placement;
 mod pooled_floors;
 mod redis_security;
