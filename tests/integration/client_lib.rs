@@ -158,6 +158,8 @@ async fn a_tombstones_404_names_its_version_and_the_client_holds_it_as_a_floor()
 async fn concurrent_calls_of_one_client_each_leave_their_floor_in_its_session() {
     let server = harness::shared_standalone();
     let service = Service::start(config_with_family(Some(&server.url()), "clm:", 8)).await;
+    // Reads go through another instance, which saw none of the writes.
+    let other = Service::start(config_with_family(Some(&server.url()), "clm:", 8)).await;
     let client = std::sync::Arc::new(Client::new(&service.base, "carol").unwrap());
     let keys: Vec<String> = (0..16)
         .map(|n| format!("clm:{:08x}-{n}", rand::random::<u32>()))
@@ -173,7 +175,8 @@ async fn concurrent_calls_of_one_client_each_leave_their_floor_in_its_session() 
     }
     let token = client.session_token().expect("a token");
     // Every key's copy that zed reads goes back to 9 in Redis: only a floor from the token
-    // keeps zed's read at 10 (zed has no pin of its own on the instance).
+    // keeps zed's read at 10 (zed has no pin of its own, and the other instance answered and
+    // accepted nothing of these keys).
     let zed_copy = hotsplit::affinity::copy_index("zed", 8);
     for key in &keys {
         devcluster::cli(
@@ -192,7 +195,7 @@ async fn concurrent_calls_of_one_client_each_leave_their_floor_in_its_session() 
     let http = reqwest::Client::new();
     let read = |key: &str, token: Option<&str>| {
         let mut request = http
-            .get(format!("{}/v1/keys/{key}", service.base))
+            .get(format!("{}/v1/keys/{key}", other.base))
             .header("hotsplit-client", "zed");
         if let Some(token) = token {
             request = request.header("hotsplit-session", token);
@@ -208,4 +211,5 @@ async fn concurrent_calls_of_one_client_each_leave_their_floor_in_its_session() 
         );
     }
     service.stop().await;
+    other.stop().await;
 }
