@@ -90,6 +90,40 @@ fi
 export HOTSPLIT_REQUIRE_RESP_CLIENTS=1
 echo "test.sh: redis-py $REDIS_PY_VERSION, ioredis $IOREDIS_VERSION, $(node --version)"
 
+# The SDKs (tests/integration/sdk.rs), built and installed as their ecosystems do, from copies
+# under target/ so the source tree stays clean: sdk/python (pyproject.toml, setuptools) is
+# pip-installed into a venv under target/ beside redis-py; sdk/typescript is compiled by tsc
+# (its pinned devDependencies from npm), packed with `npm pack` and installed from that tarball
+# under target/ beside ioredis. Rebuilt on every run (about 10 s with warm pip and npm caches).
+# The tests find them through HOTSPLIT_SDK_PY and HOTSPLIT_SDK_NODE_PATH and, with
+# HOTSPLIT_REQUIRE_RESP_CLIENTS set, fail rather than skip when one is missing.
+sdk_py_venv=target/sdk-py-venv
+sdk_py_build=target/sdk-py-build
+sdk_ts_build=target/sdk-ts
+sdk_node=target/sdk-node
+if [ -z "${HOTSPLIT_SDK_PY:-}" ]; then
+    echo "test.sh: building the Python SDK into $sdk_py_venv ..."
+    if [ ! -x "$sdk_py_venv/bin/python" ]; then
+        python3 -m venv "$sdk_py_venv"
+    fi
+    "$sdk_py_venv/bin/pip" install --quiet --disable-pip-version-check "redis==$REDIS_PY_VERSION"
+    rm -rf "$sdk_py_build"
+    cp -r sdk/python "$sdk_py_build"
+    "$sdk_py_venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "./$sdk_py_build"
+    HOTSPLIT_SDK_PY="$(pwd)/$sdk_py_venv/bin/python"
+    export HOTSPLIT_SDK_PY
+fi
+if [ -z "${HOTSPLIT_SDK_NODE_PATH:-}" ]; then
+    echo "test.sh: building the TypeScript SDK into $sdk_node ..."
+    rm -rf "$sdk_ts_build"
+    mkdir -p "$sdk_ts_build" "$sdk_node"
+    cp -r sdk/typescript/package.json sdk/typescript/tsconfig.json sdk/typescript/README.md sdk/typescript/src "$sdk_ts_build/"
+    (cd "$sdk_ts_build" && npm install --silent --no-audit --no-fund && npm run --silent build && npm pack --silent >/dev/null)
+    npm install --silent --no-audit --no-fund --prefix "$sdk_node" "ioredis@$IOREDIS_VERSION" "./$sdk_ts_build/hotsplit-0.1.0.tgz"
+    HOTSPLIT_SDK_NODE_PATH="$(pwd)/$sdk_node/node_modules"
+    export HOTSPLIT_SDK_NODE_PATH
+fi
+
 # Every workspace member's tests run (the hotsplit package, devcluster, redis-info).
 # Integration tests mostly wait on Redis and the network, so run more of them at once than
 # there are cores; fault-injection tests each start their own cluster. Four at once on two cores:

@@ -2,9 +2,11 @@
 //!
 //! It publishes and invalidates, reads through the client's affine copy, and remembers the
 //! highest version it has seen per key (a tombstone's 404 included), sending it as the
-//! `min_version` floor on the next read. It also echoes the service's session token
-//! (`Hotsplit-Session`): it sends back the last token it received, unchanged. Together that
-//! gives monotonic reads and read-your-writes through any hotsplit instance.
+//! `min_version` floor on the next read. It also carries the service's session token
+//! (`Hotsplit-Session`): it sends every token it holds (one, unless calls ran at once) and, when
+//! an answer comes, keeps the token it carries in place of the ones that call sent, so the
+//! service merges answers that arrived out of order and no floor is lost. Together that gives
+//! monotonic reads and read-your-writes through any hotsplit instance.
 //!
 //! ```no_run
 //! # async fn demo() -> hotsplit::Result<()> {
@@ -75,8 +77,9 @@ pub struct Client {
     floors: Mutex<HashMap<String, Version>>,
     /// The bearer token sent with every request, if the service asks for one.
     token: Option<String>,
-    /// The last session token the service sent, sent back with every request.
-    session: Mutex<Option<reqwest::header::HeaderValue>>,
+    /// The session tokens held, all sent with every request: one, or one per call that
+    /// answered since the last call that sent them all (calls that ran at once).
+    session: Mutex<Vec<reqwest::header::HeaderValue>>,
 }
 
 impl Client {
@@ -102,7 +105,7 @@ impl Client {
             http: http_client(DEFAULT_TIMEOUT)?,
             floors: Mutex::new(HashMap::new()),
             token: None,
-            session: Mutex::new(None),
+            session: Mutex::new(Vec::new()),
         })
     }
 
@@ -141,33 +144,42 @@ impl Client {
             .copied()
     }
 
-    /// The session token this client sends, if the service gave it one.
+    /// The session token this client sends, if the service gave it one: several tokens
+    /// (answers to calls that ran at once) comma-separated, as one `Hotsplit-Session` value the
+    /// service merges.
     pub fn session_token(&self) -> Option<String> {
-        self.session
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_owned)
+        let held = self.session.lock().unwrap_or_else(PoisonError::into_inner);
+        let texts: Vec<&str> = held
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .collect();
+        (!texts.is_empty()).then(|| texts.join(", "))
     }
 
-    /// Adds the last session token received, if any, to `request`.
-    fn with_session(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        let token = self
+    /// Adds every session token held to `request`, one `Hotsplit-Session` line each; returns
+    /// what was sent, for [`Client::keep_session`].
+    fn with_session(
+        &self,
+        mut request: reqwest::RequestBuilder,
+    ) -> (reqwest::RequestBuilder, Vec<reqwest::header::HeaderValue>) {
+        let sent = self
             .session
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        match token {
-            Some(token) => request.header(wire::header::SESSION, token),
-            None => request,
+        for token in &sent {
+            request = request.header(wire::header::SESSION, token.clone());
         }
+        (request, sent)
     }
 
-    /// Keeps the session token of `response`, when it carries one.
-    fn keep_session(&self, response: &reqwest::Response) {
+    /// Keeps the session token of `response`, when it carries one, in place of the tokens its
+    /// request `sent` (it merged them); tokens other calls brought back meanwhile stay.
+    fn keep_session(&self, response: &reqwest::Response, sent: &[reqwest::header::HeaderValue]) {
         if let Some(token) = response.headers().get(wire::header::SESSION) {
-            *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(token.clone());
+            let mut held = self.session.lock().unwrap_or_else(PoisonError::into_inner);
+            held.retain(|kept| !sent.contains(kept) && kept != token);
+            held.push(token.clone());
         }
     }
 
@@ -209,12 +221,9 @@ impl Client {
     }
 
     async fn write(&self, key: &str, request: reqwest::RequestBuilder) -> Result<Published> {
-        let response = self
-            .authorized(self.with_session(request))
-            .send()
-            .await
-            .map_err(unreachable)?;
-        self.keep_session(&response);
+        let (request, sent) = self.with_session(request);
+        let response = self.authorized(request).send().await.map_err(unreachable)?;
+        self.keep_session(&response, &sent);
         if !response.status().is_success() {
             return Err(problem(response).await);
         }
@@ -240,12 +249,9 @@ impl Client {
         if let Some(floor) = self.floor(key) {
             request = request.header(wire::header::MIN_VERSION, floor.to_string());
         }
-        let response = self
-            .authorized(self.with_session(request))
-            .send()
-            .await
-            .map_err(unreachable)?;
-        self.keep_session(&response);
+        let (request, sent) = self.with_session(request);
+        let response = self.authorized(request).send().await.map_err(unreachable)?;
+        self.keep_session(&response, &sent);
         match response.status() {
             reqwest::StatusCode::OK => {}
             reqwest::StatusCode::NOT_FOUND => {

@@ -34,6 +34,18 @@
 //! stricter). A token is never an error: an absent, garbled, oversized, unverified or
 //! unknown-version token is ignored (and counted, `hotsplit_session_tokens_total{outcome}`), so
 //! a rolling upgrade to a new format never turns into 400s.
+//!
+//! # Several tokens, merged
+//! A request may carry several tokens (several `Hotsplit-Session` lines or comma-separated
+//! values; several tokens after `SESSION` on the Redis door), at most [`MAX_TOKENS`]: a client
+//! whose calls ran at once holds one answer's token per call. They are merged
+//! ([`Session::merge`]) so that a floor only ever rises: per key the highest version (an equal
+//! version keeps the later expiry and is written if either was), whichever token held it; each
+//! token that cannot be read is ignored (and counted) alone. A full token drops the least
+//! recently used keys: beyond `session.max_keys` (32 by default) the merged floors keep the most
+//! recently used of every token (their last floors first), and a key dropped has no floor from
+//! the token any more (its reads then hold only what the serving instance remembers of the
+//! client). Tokens past the [`MAX_TOKENS`]th are ignored, counted as `oversized`.
 
 use std::hash::Hasher;
 
@@ -57,6 +69,9 @@ pub const FORMAT_VERSION: u8 = 1;
 /// The most floors a token may hold, whatever `session.max_keys` says: a longer token is
 /// ignored as oversized.
 pub const MAX_FLOORS: usize = 64;
+
+/// The most tokens one request may carry: more are ignored (counted `oversized`).
+pub const MAX_TOKENS: usize = 64;
 
 /// Bytes per floor: key hash, version, expiry, kind.
 const FLOOR_BYTES: usize = 25;
@@ -146,6 +161,22 @@ pub struct SessionFloor {
     pub written: bool,
 }
 
+impl SessionFloor {
+    /// The higher of two floors of one key: the higher version (with its expiry and kind); of
+    /// equal versions, the later expiry, written if either was.
+    fn higher(held: SessionFloor, floor: SessionFloor) -> SessionFloor {
+        match held.version.cmp(&floor.version) {
+            std::cmp::Ordering::Less => floor,
+            std::cmp::Ordering::Greater => held,
+            std::cmp::Ordering::Equal => SessionFloor {
+                expire_at_ms: held.expire_at_ms.max(floor.expire_at_ms),
+                written: held.written || floor.written,
+                ..held
+            },
+        }
+    }
+}
+
 /// A client's floors, least recently used first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Session {
@@ -229,16 +260,7 @@ impl Session {
                 let held = self.floors.remove(at);
                 // It was not the most recently used: it moves to the end.
                 changed |= at != self.floors.len();
-                let merged = match held.version.cmp(&floor.version) {
-                    std::cmp::Ordering::Less => floor,
-                    std::cmp::Ordering::Greater => held,
-                    std::cmp::Ordering::Equal => SessionFloor {
-                        expire_at_ms: held.expire_at_ms.max(floor.expire_at_ms),
-                        written: held.written || floor.written,
-                        ..held
-                    },
-                };
-                (merged, Some(held))
+                (SessionFloor::higher(held, floor), Some(held))
             }
         };
         if merged.expire_at_ms > now_ms {
@@ -264,6 +286,48 @@ impl Session {
     /// How many floors it holds.
     pub fn len(&self) -> usize {
         self.floors.len()
+    }
+
+    /// The sessions of several tokens as one, so that no floor goes down: per key the higher
+    /// floor ([`SessionFloor::higher`]), whichever token held it. The merged floors are ordered
+    /// by recency within their tokens, each token's most recently used last (a key in several
+    /// tokens takes its most recent place), and beyond `max_floors` the least recently used
+    /// are dropped. One session is kept as it is.
+    pub fn merge(sessions: Vec<Session>, max_floors: usize) -> Session {
+        if sessions.len() <= 1 {
+            return sessions.into_iter().next().unwrap_or_default();
+        }
+        // Per floor: its recency (higher: more recent; each token's last floor has the same
+        // recency, MAX_FLOORS) and the floor; per key hash, where it is.
+        let mut merged: Vec<(usize, SessionFloor)> = Vec::new();
+        let mut at_key: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+        for session in sessions {
+            let held = session.floors.len();
+            for (at, floor) in session.floors.into_iter().enumerate() {
+                let recency = MAX_FLOORS.saturating_sub(held - at);
+                match at_key.get(&floor.key_hash) {
+                    Some(&index) => {
+                        let (kept_recency, kept) = &mut merged[index];
+                        *kept = SessionFloor::higher(*kept, floor);
+                        *kept_recency = (*kept_recency).max(recency);
+                    }
+                    None => {
+                        at_key.insert(floor.key_hash, merged.len());
+                        merged.push((recency, floor));
+                    }
+                }
+            }
+        }
+        // Stable: floors of equal recency stay in token order.
+        merged.sort_by_key(|(recency, _)| *recency);
+        let excess = merged.len().saturating_sub(max_floors.clamp(1, MAX_FLOORS));
+        Session {
+            floors: merged
+                .into_iter()
+                .skip(excess)
+                .map(|(_, floor)| floor)
+                .collect(),
+        }
     }
 
     /// The token text: the unpadded base64url encoding of the format above.
@@ -326,14 +390,9 @@ impl Session {
         f(buffer)
     }
 
-    /// Reads a token; `lines` are the values of every `Hotsplit-Session` line sent (more than
-    /// one is garbled). Floors expired at `now_ms` are dropped.
-    pub fn decode(lines: &[&[u8]], key: &SessionKey, now_ms: u64) -> Decoded {
-        let text = match lines {
-            [] => return Decoded::Absent,
-            [one] => *one,
-            _ => return Decoded::Garbled,
-        };
+    /// Reads one token (one of the values [`tokens`] splits a request's lines into). Floors
+    /// expired at `now_ms` are dropped.
+    pub fn decode(text: &[u8], key: &SessionKey, now_ms: u64) -> Decoded {
         if text.len() > MAX_TOKEN_CHARS {
             return Decoded::Oversized;
         }
@@ -415,25 +474,35 @@ impl Sessions {
         self.incoming_exact(lines, now_ms).0
     }
 
-    /// [`Sessions::incoming`], and whether the session is exactly the token sent: a valid
+    /// [`Sessions::incoming`], and whether the session is exactly the token sent: one valid
     /// token none of whose floors expired, so [`Sessions::encode`] of the session unchanged
-    /// would give back the token's own text.
+    /// would give back the token's own text. Several tokens are merged ([`Session::merge`],
+    /// within `session.max_keys`), each counted by its own outcome.
     pub fn incoming_exact(&self, lines: &[&[u8]], now_ms: u64) -> (Session, bool) {
-        let decoded = Session::decode(lines, &self.key, now_ms);
-        self.metrics.count(&decoded);
-        let exact = match (&decoded, lines) {
-            // A valid token is 1 + 25 n + 8 bytes, so its length tells how many floors it
-            // held before the expired ones were dropped.
-            (Decoded::Valid(session), [text]) => {
+        let mut texts = tokens(lines);
+        let mut sessions = Vec::new();
+        let mut count = 0;
+        let mut exact = false;
+        for text in texts.by_ref().take(MAX_TOKENS) {
+            count += 1;
+            let decoded = Session::decode(text, &self.key, now_ms);
+            self.metrics.count(&decoded);
+            if let Decoded::Valid(session) = decoded {
+                // A valid token is 1 + 25 n + 8 bytes, so its length tells how many floors it
+                // held before the expired ones were dropped.
                 let bytes = text.len() * 3 / 4;
-                bytes
+                exact = bytes
                     .checked_sub(1 + TAG_BYTES)
                     .map(|body| body / FLOOR_BYTES)
-                    == Some(session.len())
+                    == Some(session.len());
+                sessions.push(session);
             }
-            _ => false,
-        };
-        (decoded.into_session(), exact)
+        }
+        for _ in texts {
+            self.metrics.count(&Decoded::Oversized);
+            count += 1;
+        }
+        (Session::merge(sessions, self.max_keys), exact && count == 1)
     }
 
     /// The hash `key` has in tokens.
@@ -461,6 +530,22 @@ impl Sessions {
     pub fn cookie(&self) -> bool {
         self.cookie
     }
+}
+
+/// The tokens a request's lines carry: each line split at commas (a token's base64url alphabet
+/// has none), each value trimmed of spaces and tabs, empty values between commas skipped; a line
+/// that holds nothing else is one empty (garbled) token.
+pub fn tokens<'a>(lines: &'a [&'a [u8]]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    lines.iter().flat_map(|line| {
+        let whole = line.trim_ascii();
+        let values = whole
+            .split(|&byte| byte == b',')
+            .map(<[u8]>::trim_ascii)
+            .filter(|value| !value.is_empty());
+        std::iter::once(whole)
+            .filter(|whole| whole.is_empty())
+            .chain(values)
+    })
 }
 
 /// The label of [`SessionMetrics::tokens`].
@@ -614,7 +699,7 @@ mod tests {
     }
 
     fn decode(text: &str, now_ms: u64) -> Decoded {
-        Session::decode(&[text.as_bytes()], &key(), now_ms)
+        Session::decode(text.as_bytes(), &key(), now_ms)
     }
 
     #[test]
@@ -757,11 +842,10 @@ mod tests {
         assert_eq!((later.len(), exact), (1, false), "a floor expired");
         assert!(!sessions.incoming_exact(&[], 0).1, "no token");
         assert!(!sessions.incoming_exact(&[b"!!"], 0).1, "a garbled token");
-        assert!(
-            !sessions
-                .incoming_exact(&[text.as_bytes(), text.as_bytes()], 0)
-                .1,
-            "two lines"
+        assert_eq!(
+            sessions.incoming_exact(&[text.as_bytes(), text.as_bytes()], 1_000),
+            (session.clone(), false),
+            "two lines of one token: its floors, merged, never exact"
         );
     }
 
@@ -778,21 +862,17 @@ mod tests {
             decode(&base64url::encode(&other), 0),
             Decoded::UnknownVersion
         );
-        // Garbled: not base64url, empty, a truncated floor, two lines.
+        // Garbled: not base64url, empty, a truncated floor.
         for bad in ["!!", "", "AQ", &text[..text.len() - 2]] {
             assert_eq!(decode(bad, 0), Decoded::Garbled, "{bad:?}");
         }
-        assert_eq!(
-            Session::decode(&[text.as_bytes(), text.as_bytes()], &key(), 0),
-            Decoded::Garbled
-        );
         // A raised floor (a forgery) or another deployment's key fails the tag.
         let mut forged = base64url::decode(text.as_bytes()).unwrap();
         forged[16] ^= 1;
         assert_eq!(decode(&base64url::encode(&forged), 0), Decoded::Unverified);
         let other_key = SessionKey::from_hex("ffffffffffffffffffffffffffffffff").unwrap();
         assert_eq!(
-            Session::decode(&[text.as_bytes()], &other_key, 0),
+            Session::decode(text.as_bytes(), &other_key, 0),
             Decoded::Unverified
         );
         // Oversized, before any decoding.
@@ -853,5 +933,112 @@ mod tests {
         session.record(floor(3, 1, 4_102_444_800_002, false), 1_000, 32);
         assert_eq!(decode(golden, 1_000), Decoded::Valid(session.clone()));
         assert_eq!(session.encode(&key()), golden);
+    }
+
+    fn sessions(max_keys: usize) -> Sessions {
+        let mut registry = prometheus_client::registry::Registry::default();
+        Sessions::new(
+            key(),
+            &SessionConfig {
+                max_keys,
+                ..SessionConfig::default()
+            },
+            SessionMetrics::register(&mut registry),
+        )
+    }
+
+    #[test]
+    fn lines_split_at_commas_into_tokens() {
+        let lines: [&[u8]; 3] = [b"aa, bb,,cc ", b"", b" dd"];
+        let split: Vec<&[u8]> = tokens(&lines).collect();
+        assert_eq!(split, [&b"aa"[..], b"bb", b"cc", b"", b"dd"]);
+    }
+
+    #[test]
+    fn merged_tokens_keep_every_key_at_its_highest_floor() {
+        let sessions = sessions(32);
+        // Two answers that came back out of order, from one older token: each added a key,
+        // and they disagree on key 1 (5 written against 7 seen) and key 2 (equal versions).
+        let mut first = Session::default();
+        first.record(floor(1, 5, 9_000, true), 0, 32);
+        first.record(floor(2, 3, 8_000, true), 0, 32);
+        first.record(floor(10, 1, 9_000, false), 0, 32);
+        let mut second = Session::default();
+        second.record(floor(1, 7, 9_500, false), 0, 32);
+        second.record(floor(2, 3, 8_500, false), 0, 32);
+        second.record(floor(11, 1, 9_000, true), 0, 32);
+        let (a, b) = (sessions.encode(&first), sessions.encode(&second));
+        for lines in [
+            vec![a.as_bytes(), b.as_bytes()],
+            vec![b.as_bytes(), a.as_bytes()],
+        ] {
+            let (merged, exact) = sessions.incoming_exact(&lines, 1_000);
+            assert!(!exact);
+            assert_eq!(merged.len(), 4);
+            assert_eq!(merged.floors(1, 1_000).seen, Version::new(7).ok());
+            assert_eq!(
+                merged.floors(1, 1_000).written,
+                None,
+                "7 seen is above 5 written"
+            );
+            assert_eq!(merged.floors(2, 1_000).written, Version::new(3).ok());
+            assert_eq!(
+                merged.floors(2, 8_200).written,
+                Version::new(3).ok(),
+                "later expiry"
+            );
+            assert_eq!(merged.floors(10, 1_000).seen, Version::new(1).ok());
+            assert_eq!(merged.floors(11, 1_000).written, Version::new(1).ok());
+        }
+        // One line, comma-separated, is the same merge; a bad token beside them is ignored.
+        let joined = format!("{a}, !!,{b}");
+        let (merged, _) = sessions.incoming_exact(&[joined.as_bytes()], 1_000);
+        assert_eq!(merged.floors(1, 1_000).seen, Version::new(7).ok());
+        assert_eq!(merged.len(), 4);
+        // Merging never lowers: whichever order, against every single token.
+        for one in [&first, &second] {
+            for hash in [1, 2, 10, 11] {
+                let own = one.floors(hash, 1_000);
+                let all = merged.floors(hash, 1_000);
+                assert!(all.written.max(all.seen) >= own.written.max(own.seen));
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_merge_drops_the_least_recently_used_of_every_token() {
+        let sessions = sessions(4);
+        let mut first = Session::default();
+        let mut second = Session::default();
+        for hash in 0..4 {
+            first.record(floor(hash, 1, 9_000, false), 0, 4);
+            second.record(floor(100 + hash, 1, 9_000, false), 0, 4);
+        }
+        let (a, b) = (sessions.encode(&first), sessions.encode(&second));
+        let (merged, _) = sessions.incoming_exact(&[a.as_bytes(), b.as_bytes()], 0);
+        assert_eq!(merged.len(), 4);
+        // The two most recent keys of each token stay.
+        for hash in [2, 3, 102, 103] {
+            assert!(merged.floors(hash, 0).seen.is_some(), "{hash}");
+        }
+        for hash in [0, 1, 100, 101] {
+            assert!(merged.floors(hash, 0).seen.is_none(), "{hash}");
+        }
+    }
+
+    #[test]
+    fn tokens_beyond_the_bound_are_ignored() {
+        let sessions = sessions(MAX_FLOORS);
+        let mut texts = Vec::new();
+        for hash in 0..(MAX_TOKENS as u64 + 2) {
+            let mut one = Session::default();
+            one.record(floor(hash, 1, 9_000, false), 0, 32);
+            texts.push(sessions.encode(&one));
+        }
+        let lines: Vec<&[u8]> = texts.iter().map(|text| text.as_bytes()).collect();
+        let (merged, _) = sessions.incoming_exact(&lines, 0);
+        assert_eq!(merged.len(), MAX_TOKENS);
+        assert!(merged.floors(0, 0).seen.is_some());
+        assert!(merged.floors(MAX_TOKENS as u64, 0).seen.is_none());
     }
 }

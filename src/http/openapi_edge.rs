@@ -107,7 +107,7 @@ fn describe(path: &str, method: &Method, operation: &mut Operation) {
 /// `Hotsplit-Session`, the session token a key operation's answer carries.
 const SESSION_HEADER: (&str, &str, Option<&str>) = (
     "Hotsplit-Session",
-    "The session token holding this client's floors, this answer's included: keep the last one received and send it back unchanged on the next request, to any instance",
+    "The session token holding this client's floors, this answer's included, and those of the tokens the request sent, merged: keep it in place of the tokens the request sent and send every token held on the next request, to any instance",
     Some("^[A-Za-z0-9_-]+$"),
 );
 

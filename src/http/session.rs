@@ -1,5 +1,6 @@
 //! Session tokens at the HTTP edge (`crate::fleet::session`, carried through the operations as
-//! [`ClientSession`]): [`SessionToken`] reads the request's `Hotsplit-Session` (or, with
+//! [`ClientSession`]): [`SessionToken`] reads the request's `Hotsplit-Session` lines (several
+//! lines or comma-separated tokens are merged, a floor only ever rising; or, with
 //! `session.cookie`, the `hotsplit_session` cookie when no header came) and never rejects a
 //! request; [`WithSession`] puts the answer's token on the response, errors included, with
 //! `Cache-Control: private` and `Vary: Hotsplit-Session`, and the cookie when configured.
@@ -37,7 +38,7 @@ impl axum::extract::FromRequestParts<AppState> for SessionToken {
     ) -> Result<Self, Infallible> {
         let ops = state.ops();
         let mut values = parts.headers.get_all(&SESSION).iter();
-        // One line is the usual case; more are garbled, and the decoder says so.
+        // One line is the usual case; several lines (or comma-separated tokens) are merged.
         let (first, second) = (values.next(), values.next());
         if first.is_none() && !ops.sessions().cookie() {
             return Ok(SessionToken {

@@ -32,6 +32,15 @@ impl ClientSession {
         ClientSession::default()
     }
 
+    /// The session of a caller that asked for one but holds no token yet (the Redis door's
+    /// `SESSION` with no token): empty, and its answer carries a token.
+    pub fn started() -> ClientSession {
+        ClientSession {
+            sent: true,
+            ..ClientSession::default()
+        }
+    }
+
     /// The floors held.
     pub fn floors(&self) -> &Session {
         &self.floors
@@ -64,9 +73,12 @@ impl ClientSession {
 }
 
 impl Ops {
-    /// The session the token `lines` carry (every line of it as sent; none when no token came),
-    /// counted by outcome. A token is never an error: an unknown, garbled, oversized or forged
-    /// token starts an empty session, and the answer carries a fresh token in its place.
+    /// The session the tokens `lines` carry (every line as sent, each one or several
+    /// comma-separated tokens; none when no token came), counted by outcome. Several tokens are
+    /// merged so that a floor only ever rises ([`crate::fleet::session::Session::merge`]): a
+    /// client whose calls ran at once sends every token it holds and keeps the one answered. A
+    /// token is never an error: an unknown, garbled, oversized or forged token is ignored (alone
+    /// it starts an empty session), and the answer carries a fresh token in its place.
     pub fn session(&self, lines: &[&[u8]], now_ms: u64) -> ClientSession {
         if lines.is_empty() {
             return ClientSession::none();

@@ -153,3 +153,63 @@ async fn a_tombstones_404_names_its_version_and_the_client_holds_it_as_a_floor()
     assert_eq!(reader.floor("cl:never"), None);
     service.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_of_one_client_each_leave_their_floor_in_its_session() {
+    let server = harness::shared_standalone();
+    let service = Service::start(config_with_family(Some(&server.url()), "clm:", 8)).await;
+    // Reads go through another instance, which saw none of the writes.
+    let other = Service::start(config_with_family(Some(&server.url()), "clm:", 8)).await;
+    let client = std::sync::Arc::new(Client::new(&service.base, "carol").unwrap());
+    let keys: Vec<String> = (0..16)
+        .map(|n| format!("clm:{:08x}-{n}", rand::random::<u32>()))
+        .collect();
+    // Sixteen writes at once, each sending the tokens held when it started.
+    let writes = keys.iter().map(|key| {
+        let client = client.clone();
+        let key = key.clone();
+        tokio::spawn(async move { client.publish(&key, Some(10), b"ten".to_vec()).await })
+    });
+    for write in futures_util::future::join_all(writes).await {
+        assert_eq!(write.unwrap().unwrap().version, 10);
+    }
+    let token = client.session_token().expect("a token");
+    // Every key's copy that zed reads goes back to 9 in Redis: only a floor from the token
+    // keeps zed's read at 10 (zed has no pin of its own, and the other instance answered and
+    // accepted nothing of these keys).
+    let zed_copy = hotsplit::affinity::copy_index("zed", 8);
+    for key in &keys {
+        devcluster::cli(
+            server.node.port(),
+            &[
+                "HSET",
+                &format!("{key}#{zed_copy}"),
+                "ver",
+                "9",
+                "val",
+                "nine",
+            ],
+        )
+        .unwrap();
+    }
+    let http = reqwest::Client::new();
+    let read = |key: &str, token: Option<&str>| {
+        let mut request = http
+            .get(format!("{}/v1/keys/{key}", other.base))
+            .header("hotsplit-client", "zed");
+        if let Some(token) = token {
+            request = request.header("hotsplit-session", token);
+        }
+        async move { request.send().await.unwrap().text().await.unwrap() }
+    };
+    assert_eq!(read(&keys[0], None).await, "nine", "the rollback shows");
+    for key in &keys {
+        assert_eq!(
+            read(key, Some(&token)).await,
+            "ten",
+            "{key}: its floor was lost"
+        );
+    }
+    service.stop().await;
+    other.stop().await;
+}

@@ -42,6 +42,7 @@ mod resp_cluster;
 mod resp_conn;
 mod route;
 mod scrub;
+mod sdk;
 mod session;
 mod split;
 mod spool;

@@ -236,18 +236,23 @@ async fn session_tokens_of_unknown_version_garbled_oversized_or_forged_are_ignor
         let again = read(&http, base, "ses:ign", "erin", Some(&fresh)).await;
         assert_eq!(again.status, StatusCode::OK);
     }
-    // Two token lines are garbled, and a write never refuses a token either.
-    let before = tokens_counted(&http, base, "garbled").await;
+    // Two token lines are two tokens, merged: each counted; a garbled one beside a good one is
+    // ignored alone, and a write never refuses a token either.
+    let (valid, garbled) = (
+        tokens_counted(&http, base, "valid").await,
+        tokens_counted(&http, base, "garbled").await,
+    );
     let answer = http
         .put(format!("{base}/v1/keys/ses:ign?version=2"))
         .header("hotsplit-session", good.as_str())
-        .header("hotsplit-session", good.as_str())
+        .header("hotsplit-session", format!("{good}, !!"))
         .body("two")
         .send()
         .await
         .expect("PUT");
     assert_eq!(answer.status(), StatusCode::OK);
-    assert_eq!(tokens_counted(&http, base, "garbled").await, before + 1);
+    assert_eq!(tokens_counted(&http, base, "valid").await, valid + 2);
+    assert_eq!(tokens_counted(&http, base, "garbled").await, garbled + 1);
     service.stop().await;
 }
 

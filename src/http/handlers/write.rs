@@ -167,7 +167,7 @@ fn write_response(outcome: PublishOutcome) -> Result<Response, ApiError> {
         WriteParams,
         ("Hotsplit-Client" = Option<String>, Header, nullable = false, description = "The writer's client id, instead of ?client= (which wins): its reads of this key see at least this version for pin_window. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
         ("Hotsplit-Request" = Option<String>, Header, nullable = false, description = "A request id: later reads carrying it go to primaries for route.request_pin_window. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
-        ("Hotsplit-Session" = Option<String>, Header, nullable = false, description = "The session token of the last answer this client received (send it back unchanged): its floors hold on any instance. An unknown version, a garbled, oversized or forged token is ignored, never refused"),
+        ("Hotsplit-Session" = Option<String>, Header, nullable = false, description = "The session token of the last answer this client received (send it back unchanged): its floors hold on any instance. With calls at once, send every token held (several lines, or comma-separated): they are merged, a floor only ever rising. An unknown version, a garbled, oversized or forged token is ignored, never refused"),
     ),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw value"),
     responses(
@@ -285,7 +285,7 @@ async fn read_value(mut request: Request, state: &AppState) -> Result<(Bytes, Ad
         InvalidateParams,
         ("Hotsplit-Client" = Option<String>, Header, nullable = false, description = "The writer's client id, instead of ?client= (which wins). Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
         ("Hotsplit-Request" = Option<String>, Header, nullable = false, description = "A request id: later reads carrying it go to primaries. Repeated lines must be equal", pattern = r"^[\t -~]*[!-~][\t -~]*$"),
-        ("Hotsplit-Session" = Option<String>, Header, nullable = false, description = "The session token of the last answer this client received (send it back unchanged): its floors hold on any instance. An unknown version, a garbled, oversized or forged token is ignored, never refused"),
+        ("Hotsplit-Session" = Option<String>, Header, nullable = false, description = "The session token of the last answer this client received (send it back unchanged): its floors hold on any instance. With calls at once, send every token held (several lines, or comma-separated): they are merged, a floor only ever rising. An unknown version, a garbled, oversized or forged token is ignored, never refused"),
     ),
     responses(
         (status = 200, description = "No copy failed; at least one applied or all are current", body = PublishReport),

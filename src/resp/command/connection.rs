@@ -209,7 +209,7 @@ impl Door {
         Reply::Simple("RESET")
     }
 
-    /// `HOTSPLIT.SESSION [token]`.
+    /// `HOTSPLIT.SESSION [token…]`: several tokens are merged, a floor only ever rising.
     pub(crate) fn hotsplit_session(
         &self,
         conn: &mut ConnState,
@@ -218,11 +218,12 @@ impl Door {
         let ops = self.core.ops();
         match args {
             [_] => Ok(Reply::Bulk(ops.session_token(&conn.session))),
-            [_, token] => {
-                conn.session = ops.session(&[token.as_ref()], now_unix_ms());
+            [_, tokens @ ..] => {
+                let lines: Vec<&[u8]> = tokens.iter().map(Bytes::as_ref).collect();
+                conn.session = ops.session(&lines, now_unix_ms());
                 Ok(Reply::OK)
             }
-            _ => Err(RespError::arity("hotsplit.session")),
+            [] => Err(RespError::arity("hotsplit.session")),
         }
     }
 

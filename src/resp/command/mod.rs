@@ -37,9 +37,10 @@
 //!   `HOTSPLIT.CLIENT ""` drops the explicit id.
 //! - `HOTSPLIT.CLASS [name]`: sets (or answers) the read class of `GET`/`MGET`/`TTL`;
 //!   `HOTSPLIT.CLASS ""` goes back to each family's default class.
-//! - `HOTSPLIT.SESSION [token]`: answers the connection's session token (the floors of its
-//!   reads and writes, as HTTP's `Hotsplit-Session`), or takes one from another instance (an
-//!   unknown or garbled token starts an empty session, never an error) and answers `+OK`.
+//! - `HOTSPLIT.SESSION [token…]`: answers the connection's session token (the floors of its
+//!   reads and writes, as HTTP's `Hotsplit-Session`), or takes one from another instance
+//!   (several are merged, a floor only ever rising; an unknown or garbled token starts an empty
+//!   session, never an error) and answers `+OK`.
 //!
 //! **Introspection** (`info.rs`): `COMMAND` (Redis's 10-field entries), `COMMAND COUNT`,
 //! `COMMAND INFO name…`, `COMMAND LIST`, `COMMAND DOCS` (an empty map); `INFO [section…]` (a
@@ -54,11 +55,18 @@
 //! error), `EXISTS key…` (how many are present, read as `decides-on-presence`: refused on a
 //! family with more than one copy, whose copies can disagree on presence), `TTL`/`PTTL key`
 //! (the served copy's remaining life; -2 when missing), `HOTSPLIT.READ key [CLASS c]
-//! [MINVERSION v] [CLIENT id]` (a map: `value`, `version`, `copy`, `served_by`, `route`,
-//! `age_ms` — nil unless the near cache answered; nil when missing).
+//! [MINVERSION v] [CLIENT id] [SESSION token…]` (a map: `value`, `version`, `copy`,
+//! `served_by`, `route`, `age_ms` — nil unless the near cache answered; nil when missing).
 //!
-//! **Writes** (`write.rs`): `HOTSPLIT.PUBLISH key version value [SYNC replicas timeout_ms]`
-//! (`*` as the version on an `allocated` family), `HOTSPLIT.INVALIDATE key version|*`: the
+//! **Per-call sessions**: `SESSION token…`, the last option of `HOTSPLIT.READ`,
+//! `HOTSPLIT.PUBLISH` and `HOTSPLIT.INVALIDATE` (every argument after it is a token), gives the
+//! call a session of its own (the tokens merged), leaving the connection's untouched; the
+//! answer's map gains `session`, the call's new token (a read's miss then answers a map of nils
+//! with it).
+//!
+//! **Writes** (`write.rs`): `HOTSPLIT.PUBLISH key version value [SYNC replicas timeout_ms]
+//! [SESSION token…]` (`*` as the version on an `allocated` family), `HOTSPLIT.INVALIDATE key
+//! version|* [SESSION token…]`: the
 //! publish report as a map (`key`, `version`, `copies`, `applied`, `current`, `stale`,
 //! `conflict`, `failed`, `queued`, `dropped`, `status`, `http_status`: what the HTTP answer's
 //! status would be). `SET key value` (no options) and `DEL`/`UNLINK key…` on `allocated`

@@ -1,6 +1,13 @@
 //! The reads: `GET`, `MGET`, `EXISTS`, `TTL`, `PTTL`, `HOTSPLIT.READ`, each one
 //! [`crate::ops::Ops::read`] per key.
 //!
+//! `HOTSPLIT.READ`, `HOTSPLIT.PUBLISH` and `HOTSPLIT.INVALIDATE` take a per-call session
+//! (`SESSION tok…`, always the last option: every argument after it is a token, none at all
+//! starts an empty session): the tokens are merged ([`crate::ops::Ops::session`]), the call
+//! reads and leaves its floors in that session instead of the connection's, and the answer's
+//! `session` field is the call's new token. The connection's `HOTSPLIT.SESSION` is untouched, so
+//! the calls of a pooled connection each carry their own caller's session.
+//!
 //! A read without an explicit client id (`HOTSPLIT.CLIENT`, `HOTSPLIT.READ … CLIENT`) goes as a
 //! pooled caller ([`crate::ops::Caller::Pooled`]); the floor that brings is the operations
 //! layer's.
@@ -12,7 +19,7 @@ use super::{ConnState, Door};
 use crate::deadline::Deadline;
 use crate::error::{Error, ErrorKind};
 use crate::key::{Key, Version};
-use crate::ops::ReadRequest;
+use crate::ops::{ClientSession, Ops, ReadRequest};
 use crate::read::ReadAnswer;
 use crate::resp::reply::Reply;
 use crate::route::classes::DECIDES_ON_PRESENCE;
@@ -27,6 +34,60 @@ pub(crate) struct ReadOptions {
     pub(crate) min_version: Option<Version>,
     /// A client id for this read only.
     pub(crate) client: Option<String>,
+}
+
+/// The session of one call (`SESSION tok…`): the tokens merged, the floors the call leaves.
+#[derive(Debug)]
+pub(crate) struct CallSession {
+    /// The floors: the tokens', then what the call added.
+    pub(crate) session: ClientSession,
+    /// The token as sent, when one came: sent back as it came while the session is exactly it.
+    as_sent: Option<Bytes>,
+}
+
+impl CallSession {
+    /// The session `tokens` carry (none: an empty one), merged and counted by `ops`.
+    pub(crate) fn new(ops: &Ops, tokens: &[Bytes]) -> CallSession {
+        let lines: Vec<&[u8]> = tokens.iter().map(Bytes::as_ref).collect();
+        let session = match lines.is_empty() {
+            true => ClientSession::started(),
+            false => ops.session(&lines, now_unix_ms()),
+        };
+        CallSession {
+            session,
+            as_sent: match tokens {
+                [one] => Some(one.clone()),
+                _ => None,
+            },
+        }
+    }
+
+    /// The `session` field of the answer: the call's new token.
+    pub(crate) fn reply(&self, ops: &Ops) -> (Reply, Reply) {
+        let token = match &self.as_sent {
+            Some(text) if self.session.is_exact() => text.clone(),
+            _ => ops.session_token(&self.session),
+        };
+        (Reply::bulk("session"), Reply::Bulk(token))
+    }
+}
+
+/// Splits a command's options at `SESSION`: the options before it, and the tokens after it
+/// (`None` when the call names no `SESSION`). `SESSION` is matched only where an option's name
+/// may stand (`at`, then every `stride(name)` arguments), so an option's value is never taken
+/// for it.
+pub(crate) fn split_session(
+    args: &[Bytes],
+    mut at: usize,
+    stride: impl Fn(&[u8]) -> usize,
+) -> (&[Bytes], Option<&[Bytes]>) {
+    while at < args.len() {
+        if args[at].eq_ignore_ascii_case(b"SESSION") {
+            return (&args[..at], Some(&args[at + 1..]));
+        }
+        at += stride(&args[at]);
+    }
+    (args, None)
 }
 
 /// `key` as a [`Key`], or the `ERR invalid key: …` naming the rule it breaks.
@@ -77,6 +138,18 @@ impl Door {
         options: ReadOptions,
         deadline: Option<Deadline>,
     ) -> Result<Option<ReadAnswer>, RespError> {
+        self.read_key_in(conn, raw, options, deadline, None).await
+    }
+
+    /// [`Door::read_key`] in `per_call`'s session when given, else in the connection's.
+    async fn read_key_in(
+        &self,
+        conn: &mut ConnState,
+        raw: &Bytes,
+        options: ReadOptions,
+        deadline: Option<Deadline>,
+        per_call: Option<&mut ClientSession>,
+    ) -> Result<Option<ReadAnswer>, RespError> {
         let key = key(raw)?;
         let caller = self.caller(conn, options.client);
         let request = ReadRequest {
@@ -88,7 +161,11 @@ impl Door {
             request_id: None,
             deadline,
         };
-        match self.core.ops().read(request, &mut conn.session).await {
+        let session = match per_call {
+            Some(session) => session,
+            None => &mut conn.session,
+        };
+        match self.core.ops().read(request, session).await {
             Ok(answer) => Ok(Some(answer)),
             Err(error) if error.kind() == ErrorKind::NotFound => Ok(None),
             Err(error) => Err(RespError::from_error(&error)),
@@ -181,14 +258,17 @@ impl Door {
         Ok(Reply::Int(i64::try_from(left).unwrap_or(i64::MAX)))
     }
 
-    /// `HOTSPLIT.READ key [CLASS c] [MINVERSION v] [CLIENT id]`: the value with where it came
-    /// from, as a map.
+    /// `HOTSPLIT.READ key [CLASS c] [MINVERSION v] [CLIENT id] [SESSION tok…]`: the value with
+    /// where it came from, as a map (nil when missing; with `SESSION`, a map of nils and the
+    /// `session` field, so the call's token comes back).
     pub(crate) async fn hotsplit_read(
         &self,
         conn: &mut ConnState,
         args: &[Bytes],
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
+        let (args, tokens) = split_session(args, 2, |_| 2);
+        let mut call = tokens.map(|tokens| CallSession::new(self.core.ops(), tokens));
         let mut options = ReadOptions::default();
         let mut at = 2;
         while at < args.len() {
@@ -213,7 +293,11 @@ impl Door {
             }
             at += 2;
         }
-        let answer = self.read_key(conn, &args[1], options, deadline).await?;
+        let per_call = call.as_mut().map(|call| &mut call.session);
+        let answer = self
+            .read_key_in(conn, &args[1], options, deadline, per_call)
+            .await?;
+        let session = call.map(|call| call.reply(self.core.ops()));
         let Some(ReadAnswer::Value {
             value,
             version,
@@ -223,7 +307,19 @@ impl Door {
             ..
         }) = answer
         else {
-            return Ok(Reply::Nil);
+            let Some(session) = session else {
+                return Ok(Reply::Nil);
+            };
+            let nil = |name: &'static str| (Reply::bulk(name), Reply::Nil);
+            return Ok(Reply::Map(vec![
+                nil("value"),
+                nil("version"),
+                nil("copy"),
+                nil("served_by"),
+                nil("route"),
+                nil("age_ms"),
+                session,
+            ]));
         };
         let route_text = {
             let classes = self.core.ops().router().classes();
@@ -232,14 +328,16 @@ impl Door {
         let age_ms = route
             .near_cache_age
             .map(|age| Reply::Int(i64::try_from(age.as_millis()).unwrap_or(i64::MAX)));
-        Ok(Reply::Map(vec![
+        let mut fields = vec![
             (Reply::bulk("value"), Reply::Bulk(value)),
             (Reply::bulk("version"), version_reply(version)),
             (Reply::bulk("copy"), Reply::Int(i64::from(copy))),
             (Reply::bulk("served_by"), Reply::bulk(served_by.to_string())),
             (Reply::bulk("route"), Reply::bulk(route_text)),
             (Reply::bulk("age_ms"), age_ms.unwrap_or(Reply::Nil)),
-        ]))
+        ];
+        fields.extend(session);
+        Ok(Reply::Map(fields))
     }
 }
 

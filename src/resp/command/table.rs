@@ -300,7 +300,7 @@ pub(crate) static TABLE: &[Spec] = &[
     ),
     spec(
         "hotsplit.invalidate",
-        3,
+        -3,
         Need::Write,
         Cmd::HotsplitInvalidate,
         &["write"],

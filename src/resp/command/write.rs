@@ -1,15 +1,18 @@
 //! The writes: `HOTSPLIT.PUBLISH`, `HOTSPLIT.INVALIDATE`, and `SET`, `DEL`, `UNLINK` on
 //! `allocated` families, each one [`crate::ops::Ops::publish`] per key. A write goes as the
 //! connection's client id (explicit or its own), so its reads hold the version it wrote.
+//! `HOTSPLIT.PUBLISH` and `HOTSPLIT.INVALIDATE` take a per-call session as `HOTSPLIT.READ`
+//! does (`SESSION tok…`, last; see `read.rs`): the written floor goes into it, and the report's
+//! `session` field is the call's new token.
 
 use bytes::Bytes;
 
 use super::errors::{Prefix, RespError};
-use super::read::{key, version_arg, version_reply};
+use super::read::{key, split_session, version_arg, version_reply, CallSession};
 use super::{ConnState, Door};
 use crate::deadline::Deadline;
 use crate::key::{Key, Version};
-use crate::ops::{Edit, PublishCall, PublishOutcome, Writer};
+use crate::ops::{ClientSession, Edit, PublishCall, PublishOutcome, Writer};
 use crate::publish::{PublishStatus, SyncReplicas};
 use crate::resp::reply::Reply;
 
@@ -34,11 +37,11 @@ fn status_name(status: PublishStatus) -> &'static str {
     }
 }
 
-/// The publish report as a map.
-fn report_reply(outcome: &PublishOutcome) -> Reply {
+/// The publish report as a map, with the call's `session` field when it carried one.
+fn report_reply(outcome: &PublishOutcome, session: Option<(Reply, Reply)>) -> Reply {
     let report = &outcome.report;
     let count = |name: &'static str, value: u32| (Reply::bulk(name), Reply::Int(i64::from(value)));
-    Reply::Map(vec![
+    let mut fields = vec![
         (Reply::bulk("key"), Reply::bulk(report.key.clone())),
         (Reply::bulk("version"), version_reply(report.version)),
         count("copies", report.copies),
@@ -57,11 +60,13 @@ fn report_reply(outcome: &PublishOutcome) -> Reply {
             Reply::bulk("http_status"),
             Reply::Int(http_status(outcome.status)),
         ),
-    ])
+    ];
+    fields.extend(session);
+    Reply::Map(fields)
 }
 
 impl Door {
-    /// Publishes or invalidates `key` for `conn`.
+    /// Publishes or invalidates `key` for `conn`, in the connection's session.
     async fn edit(
         &self,
         conn: &mut ConnState,
@@ -70,6 +75,22 @@ impl Door {
         edit: Edit,
         sync: Option<SyncReplicas>,
         deadline: Option<Deadline>,
+    ) -> Result<PublishOutcome, RespError> {
+        self.edit_in(conn, key, version, edit, sync, deadline, None)
+            .await
+    }
+
+    /// [`Door::edit`] in `per_call`'s session when given, else in the connection's.
+    #[allow(clippy::too_many_arguments)]
+    async fn edit_in(
+        &self,
+        conn: &mut ConnState,
+        key: Key,
+        version: Option<Version>,
+        edit: Edit,
+        sync: Option<SyncReplicas>,
+        deadline: Option<Deadline>,
+        per_call: Option<&mut ClientSession>,
     ) -> Result<PublishOutcome, RespError> {
         let caller = self.caller(conn, None);
         let call = PublishCall {
@@ -83,9 +104,13 @@ impl Door {
             sync,
             deadline,
         };
+        let session = match per_call {
+            Some(session) => session,
+            None => &mut conn.session,
+        };
         self.core
             .ops()
-            .publish(call, &mut conn.session)
+            .publish(call, session)
             .await
             .map_err(|error| RespError::from_error(&error))
     }
@@ -99,16 +124,23 @@ impl Door {
         }
     }
 
-    /// `HOTSPLIT.PUBLISH key version value [SYNC replicas timeout_ms]`.
+    /// `HOTSPLIT.PUBLISH key version value [SYNC replicas timeout_ms] [SESSION tok…]`.
     pub(crate) async fn hotsplit_publish(
         &self,
         conn: &mut ConnState,
         args: &[Bytes],
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
+        let (args, tokens) = split_session(args, 4, |name| {
+            if name.eq_ignore_ascii_case(b"SYNC") {
+                3
+            } else {
+                1
+            }
+        });
         let key = key(&args[1])?;
         let version = Door::version_arg_or_star(&args[2])?;
-        let sync = match &args[4..] {
+        let sync = match args.get(4..).unwrap_or_default() {
             [] => None,
             [option, replicas, timeout_ms] if option.eq_ignore_ascii_case(b"SYNC") => {
                 let number = |raw: &Bytes| {
@@ -126,24 +158,51 @@ impl Door {
             }
             _ => return Err(RespError::syntax()),
         };
-        let value = Edit::Value(args[3].clone());
-        let outcome = self.edit(conn, key, version, value, sync, deadline).await?;
-        Ok(report_reply(&outcome))
+        let Some(value) = args.get(3) else {
+            return Err(RespError::arity("hotsplit.publish"));
+        };
+        let value = Edit::Value(value.clone());
+        let mut call = tokens.map(|tokens| CallSession::new(self.core.ops(), tokens));
+        let per_call = call.as_mut().map(|call| &mut call.session);
+        let outcome = self
+            .edit_in(conn, key, version, value, sync, deadline, per_call)
+            .await?;
+        Ok(report_reply(
+            &outcome,
+            call.map(|call| call.reply(self.core.ops())),
+        ))
     }
 
-    /// `HOTSPLIT.INVALIDATE key version`.
+    /// `HOTSPLIT.INVALIDATE key version [SESSION tok…]`.
     pub(crate) async fn hotsplit_invalidate(
         &self,
         conn: &mut ConnState,
         args: &[Bytes],
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
+        let (args, tokens) = split_session(args, 3, |_| 1);
+        if args.len() != 3 {
+            return Err(RespError::syntax());
+        }
         let key = key(&args[1])?;
         let version = Door::version_arg_or_star(&args[2])?;
+        let mut call = tokens.map(|tokens| CallSession::new(self.core.ops(), tokens));
+        let per_call = call.as_mut().map(|call| &mut call.session);
         let outcome = self
-            .edit(conn, key, version, Edit::Tombstone, None, deadline)
+            .edit_in(
+                conn,
+                key,
+                version,
+                Edit::Tombstone,
+                None,
+                deadline,
+                per_call,
+            )
             .await?;
-        Ok(report_reply(&outcome))
+        Ok(report_reply(
+            &outcome,
+            call.map(|call| call.reply(self.core.ops())),
+        ))
     }
 
     /// `SET key value`, on an `allocated` family: `+OK` once every copy applied it or a failed

@@ -201,3 +201,128 @@ async fn set_and_del_work_on_allocated_families_and_name_publish_on_caller_ones(
         (&bulk("stale"), &Reply::Int(409))
     );
 }
+
+/// The text of a bulk reply.
+fn bulk_text(reply: &Reply) -> String {
+    match reply {
+        Reply::Bulk(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+        other => panic!("not a bulk string: {other:?}"),
+    }
+}
+
+/// How many floors a token holds, from its length (1 + 25 n + 8 bytes, base64url).
+fn floors_in(token: &str) -> usize {
+    (token.len() * 3 / 4 - 9) / 25
+}
+
+#[tokio::test]
+async fn a_per_call_session_merges_its_tokens_answers_its_own_and_leaves_the_connections_alone() {
+    let door = door();
+    let mut conn = ConnState::new(1);
+    let before = run(&door, &mut conn, &["HOTSPLIT.SESSION"]).await;
+    // Two writes that each start from no token, as two concurrent calls of one scope.
+    let first = run(
+        &door,
+        &mut conn,
+        &["HOTSPLIT.PUBLISH", "p:s1", "3", "x", "SESSION"],
+    )
+    .await;
+    assert_eq!(field(&first, "status"), &bulk("done"));
+    let first = bulk_text(field(&first, "session"));
+    let second = run(
+        &door,
+        &mut conn,
+        &["HOTSPLIT.PUBLISH", "p:s2", "4", "y", "session"],
+    )
+    .await;
+    // SESSION may follow SYNC (the embedded store has no replica to wait for).
+    let synced = run(
+        &door,
+        &mut conn,
+        &[
+            "HOTSPLIT.PUBLISH",
+            "p:s2",
+            "4",
+            "y",
+            "SYNC",
+            "0",
+            "10",
+            "SESSION",
+        ],
+    )
+    .await;
+    assert!(error_text(&synced).contains("sync_replicas"), "{synced:?}");
+    let second = bulk_text(field(&second, "session"));
+    assert_eq!((floors_in(&first), floors_in(&second)), (1, 1));
+    // The connection's own session saw none of it.
+    assert_eq!(run(&door, &mut conn, &["HOTSPLIT.SESSION"]).await, before);
+    // A read sending both keeps both floors and adds its own; a miss still answers the token.
+    let read = run(
+        &door,
+        &mut conn,
+        &[
+            "HOTSPLIT.READ",
+            "p:s3",
+            "CLIENT",
+            "c1",
+            "SESSION",
+            &first,
+            &second,
+        ],
+    )
+    .await;
+    assert_eq!(field(&read, "value"), &Reply::Nil);
+    let merged = bulk_text(field(&read, "session"));
+    assert_eq!(floors_in(&merged), 2);
+    let read = run(
+        &door,
+        &mut conn,
+        &["HOTSPLIT.READ", "p:s1", "SESSION", &merged],
+    )
+    .await;
+    assert_eq!(field(&read, "value"), &bulk("x"));
+    assert_eq!(floors_in(&bulk_text(field(&read, "session"))), 2);
+    // An invalidation takes one too; a garbled token beside a good one is ignored alone.
+    let gone = run(
+        &door,
+        &mut conn,
+        &["HOTSPLIT.INVALIDATE", "p:s9", "1", "SESSION", "!!", &merged],
+    )
+    .await;
+    assert_eq!(floors_in(&bulk_text(field(&gone, "session"))), 3);
+    // Without SESSION the answers keep their shape.
+    let read = run(&door, &mut conn, &["HOTSPLIT.READ", "p:s1"]).await;
+    let Reply::Map(fields) = &read else {
+        panic!("a map: {read:?}");
+    };
+    assert!(fields.iter().all(|(name, _)| *name != bulk("session")));
+    assert_eq!(
+        run(&door, &mut conn, &["HOTSPLIT.READ", "p:none"]).await,
+        Reply::Nil
+    );
+    // SESSION is an option's name only where one may stand: a value named SESSION is a value.
+    let report = run(
+        &door,
+        &mut conn,
+        &["HOTSPLIT.PUBLISH", "p:s4", "1", "SESSION"],
+    )
+    .await;
+    assert_eq!(field(&report, "status"), &bulk("done"));
+    let read = run(
+        &door,
+        &mut conn,
+        &["HOTSPLIT.READ", "p:s4", "CLIENT", "SESSION"],
+    )
+    .await;
+    assert_eq!(field(&read, "value"), &bulk("SESSION"));
+    for bad in [
+        &["HOTSPLIT.INVALIDATE", "p:s4", "2", "EXTRA"][..],
+        &["HOTSPLIT.READ", "p:s4", "CLASS", "SESSION", "x"][..],
+    ] {
+        assert_eq!(
+            run(&door, &mut conn, bad).await,
+            err("ERR syntax error"),
+            "{bad:?}"
+        );
+    }
+}
