@@ -87,22 +87,8 @@ pub struct OpsParts {
     pub instance: Arc<str>,
 }
 
-/// The parts of [`Ops`].
-struct Parts {
-    /// Writes edits to every copy.
-    publisher: Publisher,
-    /// Serves affine reads; holds the router whose pins writes leave.
-    reader: Reader,
-    /// Session tokens: decoded on the way in, encoded on the way out.
-    sessions: Arc<Sessions>,
-    /// The highest version of each key answered or accepted here (both doors record into it).
-    high_water: HighWater,
-    /// The largest value a publish may carry (`server.max_value_bytes`): one bound for every
-    /// door.
-    max_value_bytes: usize,
-    /// This instance's name.
-    instance: Arc<str>,
-}
+/// The parts of [`Ops`]: what it was made of.
+type Parts = OpsParts;
 
 /// The default of `server.max_value_bytes`: 1 MiB.
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 1024 * 1024;
@@ -123,23 +109,8 @@ impl Ops {
 
     /// The operations over `parts`.
     pub fn from_parts(parts: OpsParts) -> Ops {
-        let OpsParts {
-            publisher,
-            reader,
-            sessions,
-            high_water,
-            max_value_bytes,
-            instance,
-        } = parts;
         Ops {
-            parts: Arc::new(Parts {
-                publisher,
-                reader,
-                sessions,
-                high_water,
-                max_value_bytes,
-                instance,
-            }),
+            parts: Arc::new(parts),
         }
     }
 

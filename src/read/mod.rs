@@ -314,6 +314,17 @@ enum Served {
     Sibling,
 }
 
+impl Served {
+    /// Who served, when `copy` answered a read whose affine copy is `affine`.
+    fn of(copy: u32, affine: u32) -> Served {
+        if copy == affine {
+            Served::Affine
+        } else {
+            Served::Sibling
+        }
+    }
+}
+
 /// One consulted copy and what it held.
 struct Consulted {
     copy: u32,

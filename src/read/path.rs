@@ -178,17 +178,12 @@ impl Reader {
                     );
                 }
                 trail.shown = Some((version, expire_at_ms));
-                let served = if copy == affine {
-                    Served::Affine
-                } else {
-                    Served::Sibling
-                };
                 return Ok(Concluded {
                     found: Found::Invalidated {
                         version,
                         expire_at_ms,
                     },
-                    served,
+                    served: Served::of(copy, affine),
                     trail,
                 });
             }
@@ -232,11 +227,7 @@ impl Reader {
             expire_at_ms,
             ..
         }) = &answer;
-        let served = if *copy == affine {
-            Served::Affine
-        } else {
-            Served::Sibling
-        };
+        let served = Served::of(*copy, affine);
         trail.shown = Some((*version, *expire_at_ms));
         // A near-cache answer leaves no seen floor: the copy's high-water version keeps every
         // reader of the copy through this instance from going below it.

@@ -314,16 +314,10 @@ fn split_brain(synced: bool) -> SplitBrain {
     let url = topology.cluster.url();
     let mut a = Instance::spawn(&topology.instances[0], &url, dir.path(), synced);
     let mut b = Instance::spawn(&topology.instances[1], &url, dir.path(), synced);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = runtime();
     let outcome = topology.driver.run(|| {
         runtime.block_on(async {
-            let http = reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .expect("an HTTP client");
+            let http = http_client();
             a.wait_ready(&http).await;
             b.wait_ready(&http).await;
             let cluster = &topology.cluster;
@@ -450,6 +444,28 @@ fn split_brain(synced: bool) -> SplitBrain {
     outcome
 }
 
+/// The current-thread runtime a test drives its clients with, inside the driver's namespace.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// The HTTP client of a test's driver: every request bounded, so a cut shows as an error.
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// Three masters with a replica each, and `instances` hotsplit hosts, in namespaces.
+fn topology(instances: usize) -> Topology {
+    Topology::start(3, instances, &NetClusterOptions::default())
+        .expect("start the namespaced cluster")
+}
+
 #[test]
 fn partition_split_brain_without_the_rule_loses_answered_publishes_but_no_reader_goes_back() {
     if !namespaces_or_skip("partition_split_brain_without_the_rule") {
@@ -510,8 +526,7 @@ fn partition_an_instance_cut_from_one_master_queues_and_converges_with_nothing_l
     if !namespaces_or_skip("partition_an_instance_cut_from_one_master") {
         return;
     }
-    let topology =
-        Topology::start(3, 1, &NetClusterOptions::default()).expect("start the namespaced cluster");
+    let topology = topology(1);
     let dir = tempfile::tempdir().expect("a temp dir");
     let mut a = Instance::spawn(
         &topology.instances[0],
@@ -519,18 +534,12 @@ fn partition_an_instance_cut_from_one_master_queues_and_converges_with_nothing_l
         dir.path(),
         false,
     );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = runtime();
     let (published, reader, converged, converge) = topology
         .driver
         .run(|| {
             runtime.block_on(async {
-                let http = reqwest::Client::builder()
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .expect("an HTTP client");
+                let http = http_client();
                 a.wait_ready(&http).await;
                 let master = topology
                     .cluster
@@ -626,8 +635,7 @@ fn partition_a_master_cut_from_its_replica_answers_unacknowledged_and_catches_up
     if !namespaces_or_skip("partition_a_master_cut_from_its_replica") {
         return;
     }
-    let topology =
-        Topology::start(3, 1, &NetClusterOptions::default()).expect("start the namespaced cluster");
+    let topology = topology(1);
     let dir = tempfile::tempdir().expect("a temp dir");
     let mut a = Instance::spawn(
         &topology.instances[0],
@@ -635,18 +643,12 @@ fn partition_a_master_cut_from_its_replica_answers_unacknowledged_and_catches_up
         dir.path(),
         true,
     );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = runtime();
     topology
         .driver
         .run(|| {
             runtime.block_on(async {
-                let http = reqwest::Client::builder()
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .expect("an HTTP client");
+                let http = http_client();
                 a.wait_ready(&http).await;
                 let cluster = &topology.cluster;
                 let master = cluster
@@ -728,8 +730,7 @@ fn partition_flapping_cuts_lose_nothing_answered_and_no_reader_goes_back() {
     if !namespaces_or_skip("partition_flapping_cuts") {
         return;
     }
-    let topology =
-        Topology::start(3, 1, &NetClusterOptions::default()).expect("start the namespaced cluster");
+    let topology = topology(1);
     let dir = tempfile::tempdir().expect("a temp dir");
     let mut a = Instance::spawn(
         &topology.instances[0],
@@ -737,18 +738,12 @@ fn partition_flapping_cuts_lose_nothing_answered_and_no_reader_goes_back() {
         dir.path(),
         false,
     );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = runtime();
     topology
         .driver
         .run(|| {
             runtime.block_on(async {
-                let http = reqwest::Client::builder()
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .expect("an HTTP client");
+                let http = http_client();
                 a.wait_ready(&http).await;
                 let master = topology
                     .cluster
@@ -836,24 +831,17 @@ fn partition_split_brain_on_a_split_family_keeps_every_answered_version_in_the_s
         return;
     }
     const SPLIT_KEY: &str = "sp:post";
-    let topology =
-        Topology::start(3, 2, &NetClusterOptions::default()).expect("start the namespaced cluster");
+    let topology = topology(2);
     let dir = tempfile::tempdir().expect("a temp dir");
     let url = topology.cluster.url();
     let mut a = Instance::spawn(&topology.instances[0], &url, dir.path(), false);
     let mut b = Instance::spawn(&topology.instances[1], &url, dir.path(), false);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = runtime();
     topology
         .driver
         .run(|| {
             runtime.block_on(async {
-                let http = reqwest::Client::builder()
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .expect("an HTTP client");
+                let http = http_client();
                 a.wait_ready(&http).await;
                 b.wait_ready(&http).await;
                 let cluster = &topology.cluster;
@@ -1017,24 +1005,17 @@ fn partition_an_instance_cut_from_the_registry_master_drops_out_and_returns() {
     if !namespaces_or_skip("partition_an_instance_cut_from_the_registry_master") {
         return;
     }
-    let topology =
-        Topology::start(3, 2, &NetClusterOptions::default()).expect("start the namespaced cluster");
+    let topology = topology(2);
     let dir = tempfile::tempdir().expect("a temp dir");
     let url = topology.cluster.url();
     let mut a = Instance::spawn(&topology.instances[0], &url, dir.path(), false);
     let mut b = Instance::spawn(&topology.instances[1], &url, dir.path(), false);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = runtime();
     topology
         .driver
         .run(|| {
             runtime.block_on(async {
-                let http = reqwest::Client::builder()
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .expect("an HTTP client");
+                let http = http_client();
                 a.wait_ready(&http).await;
                 b.wait_ready(&http).await;
                 let cluster = &topology.cluster;

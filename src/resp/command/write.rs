@@ -66,43 +66,17 @@ fn report_reply(outcome: &PublishOutcome, session: Option<(Reply, Reply)>) -> Re
 }
 
 impl Door {
-    /// Publishes or invalidates `key` for `conn`, in the connection's session.
+    /// Publishes or invalidates as `call` says (its writer filled in: `conn`'s caller), in
+    /// `per_call`'s session when given, else in the connection's.
     async fn edit(
         &self,
         conn: &mut ConnState,
-        key: Key,
-        version: Option<Version>,
-        edit: Edit,
-        sync: Option<SyncReplicas>,
-        deadline: Option<Deadline>,
-    ) -> Result<PublishOutcome, RespError> {
-        self.edit_in(conn, key, version, edit, sync, deadline, None)
-            .await
-    }
-
-    /// [`Door::edit`] in `per_call`'s session when given, else in the connection's.
-    #[allow(clippy::too_many_arguments)]
-    async fn edit_in(
-        &self,
-        conn: &mut ConnState,
-        key: Key,
-        version: Option<Version>,
-        edit: Edit,
-        sync: Option<SyncReplicas>,
-        deadline: Option<Deadline>,
+        mut call: PublishCall,
         per_call: Option<&mut ClientSession>,
     ) -> Result<PublishOutcome, RespError> {
-        let caller = self.caller(conn, None);
-        let call = PublishCall {
-            key,
-            version,
-            edit,
-            writer: Writer {
-                caller: Some(caller),
-                request_id: None,
-            },
-            sync,
-            deadline,
+        call.writer = Writer {
+            caller: Some(self.caller(conn, None)),
+            request_id: None,
         };
         let session = match per_call {
             Some(session) => session,
@@ -165,7 +139,11 @@ impl Door {
         let mut call = tokens.map(|tokens| CallSession::new(self.core.ops(), tokens));
         let per_call = call.as_mut().map(|call| &mut call.session);
         let outcome = self
-            .edit_in(conn, key, version, value, sync, deadline, per_call)
+            .edit(
+                conn,
+                edit_call(key, version, value, sync, deadline),
+                per_call,
+            )
             .await?;
         Ok(report_reply(
             &outcome,
@@ -189,13 +167,9 @@ impl Door {
         let mut call = tokens.map(|tokens| CallSession::new(self.core.ops(), tokens));
         let per_call = call.as_mut().map(|call| &mut call.session);
         let outcome = self
-            .edit_in(
+            .edit(
                 conn,
-                key,
-                version,
-                Edit::Tombstone,
-                None,
-                deadline,
+                edit_call(key, version, Edit::Tombstone, None, deadline),
                 per_call,
             )
             .await?;
@@ -227,7 +201,9 @@ impl Door {
             .map_err(|error| {
                 RespError::versionless(&error, "SET", "HOTSPLIT.PUBLISH key version value")
             })?;
-        let outcome = self.edit(conn, key, None, value, None, deadline).await?;
+        let outcome = self
+            .edit(conn, edit_call(key, None, value, None, deadline), None)
+            .await?;
         written(&outcome).map(|()| Reply::OK)
     }
 
@@ -255,7 +231,11 @@ impl Door {
         let mut deleted = 0;
         for key in keys {
             let outcome = self
-                .edit(conn, key, None, Edit::Tombstone, None, deadline)
+                .edit(
+                    conn,
+                    edit_call(key, None, Edit::Tombstone, None, deadline),
+                    None,
+                )
                 .await?;
             written(&outcome)?;
             if outcome.floor.is_some() {
@@ -263,6 +243,24 @@ impl Door {
             }
         }
         Ok(Reply::Int(deleted))
+    }
+}
+
+/// A publish or invalidate of `key` as a command parsed it; the door fills in the writer.
+fn edit_call(
+    key: Key,
+    version: Option<Version>,
+    edit: Edit,
+    sync: Option<SyncReplicas>,
+    deadline: Option<Deadline>,
+) -> PublishCall {
+    PublishCall {
+        key,
+        version,
+        edit,
+        writer: Writer::default(),
+        sync,
+        deadline,
     }
 }
 
