@@ -17,13 +17,16 @@
 use super::{ClientSession, Ops};
 use crate::fleet::session::SessionFloor;
 use crate::key::{CopyKey, Key, Version};
-use crate::store::now_unix_ms;
 
 /// The floors one answer leaves, as the read path or the publish found them.
 #[derive(Debug)]
 pub(crate) struct Left<'a> {
     /// The key answered.
     pub(crate) key: &'a Key,
+    /// The key's session hash (`Sessions::key_hash`), as the caller computed it already.
+    pub(crate) key_hash: u64,
+    /// The moment the answer was decided, Unix ms.
+    pub(crate) now_ms: u64,
     /// The version the answer showed or wrote and when it expires, Unix ms; `None`: the
     /// answer leaves no floor (nothing found, a refused or lost write).
     pub(crate) floor: Option<(Version, u64)>,
@@ -63,6 +66,8 @@ impl Ops {
     pub(crate) fn leave(&self, left: Left<'_>, session: &mut ClientSession) {
         let Left {
             key,
+            key_hash,
+            now_ms,
             floor,
             written,
             pins,
@@ -83,10 +88,9 @@ impl Ops {
         let Some((version, expire_at_ms)) = floor else {
             return;
         };
-        let now_ms = now_unix_ms();
         let sessions = self.sessions();
         let session_floor = SessionFloor {
-            key_hash: sessions.key_hash(key),
+            key_hash,
             version,
             expire_at_ms,
             written,

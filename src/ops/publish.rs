@@ -132,12 +132,15 @@ impl Ops {
             (Edit::Tombstone, None, None) => publisher.invalidate(&key, version).await?,
         };
         let status = report.status();
-        let floor = self.floor_left(&key, &report, now_unix_ms());
+        let now_ms = now_unix_ms();
+        let floor = self.floor_left(&key, &report, now_ms);
         // A write that reached at least one copy, or is queued for retry, leaves its version:
         // the writer's reads of this key hold it, and its request's reads go to primaries.
         self.leave(
             Left {
                 key: &key,
+                key_hash: self.sessions().key_hash(&key),
+                now_ms,
                 floor: floor.map(|floor| (floor.version, floor.expire_at_ms)),
                 written: true,
                 pins: Pins::Write {

@@ -64,6 +64,8 @@ impl Ops {
         self.leave(
             Left {
                 key: &request.key,
+                key_hash,
+                now_ms,
                 floor: trail.shown,
                 written: false,
                 pins,
