@@ -126,21 +126,6 @@ impl Ops {
         self.parts.max_value_bytes
     }
 
-    /// Operations over `publisher` and `reader`, with sessions under a random key: for the
-    /// read path's and the publisher's own tests, which read through the after-answer step.
-    #[cfg(test)]
-    pub(crate) fn for_tests(publisher: Publisher, reader: Reader) -> Ops {
-        use crate::fleet::session::{SessionKey, SessionMetrics};
-        let metrics =
-            SessionMetrics::register(&mut prometheus_client::registry::Registry::default());
-        let sessions = Sessions::new(
-            SessionKey::random(),
-            &crate::fleet::SessionConfig::default(),
-            metrics,
-        );
-        Ops::new(publisher, reader, Arc::new(sessions))
-    }
-
     /// The instance-wide per-key high-water ([`HighWater`]): every read answer and every
     /// publish that left a floor is recorded into it.
     pub fn high_water(&self) -> &HighWater {

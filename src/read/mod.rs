@@ -529,6 +529,25 @@ impl Reader {
     }
 }
 
+#[cfg(test)]
+impl Reader {
+    /// The read path's own tests read through this, not through `crate::ops` (which imports
+    /// this module): `request` with no carried floors, its trail's seen pin and near-cache void
+    /// recorded as the after-answer step (`crate::ops::Ops::leave`) records them — the parts
+    /// of the step that are the reader's own (its router's pins, its near cache); the session
+    /// and the high-water are the operations layer's, and no test here carries either.
+    pub(crate) async fn read_for_tests(&self, request: &ReadRequest) -> Result<ReadAnswer> {
+        let read = self.read(request, Carried::default()).await?;
+        if let (Some(version), Some(client)) = (read.trail.seen, request.caller.client_id()) {
+            self.router.record_seen(&request.key, version, client);
+        }
+        if let Some(copy_key) = &read.trail.void_near {
+            self.void_near(copy_key);
+        }
+        read.into_answer()
+    }
+}
+
 /// A read as the path concluded it: what it found, where, and the floors it leaves.
 struct Concluded {
     /// What it found.
@@ -560,25 +579,23 @@ mod tests {
 
     impl Fixture {
         fn reader(&self) -> &Reader {
-            self.ops.reader()
+            &self.reader
         }
 
         fn publisher(&self) -> &Publisher {
-            self.ops.publisher()
+            &self.publisher
         }
 
-        /// Reads through the operations layer (and so its after-answer step), as a caller
-        /// with no session.
+        /// Reads as a caller with no session ([`Reader::read_for_tests`]).
         async fn read_raw(&self, request: &ReadRequest) -> Result<ReadAnswer> {
-            self.ops
-                .read(request.clone(), &mut crate::ops::ClientSession::none())
-                .await
+            self.reader.read_for_tests(request).await
         }
     }
 
     struct Fixture {
         store: Arc<MemoryStore>,
-        ops: crate::ops::Ops,
+        publisher: Publisher,
+        reader: Reader,
     }
 
     fn fixture() -> Fixture {
@@ -588,19 +605,17 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let metrics = Metrics::new();
         Fixture {
-            ops: crate::ops::Ops::for_tests(
-                Publisher::new(store.clone(), families.clone(), metrics.clone()),
-                Reader::new(
-                    store.clone(),
-                    families.clone(),
-                    ReadConfig::default(),
-                    metrics,
-                    Arc::new(Router::for_tests(
-                        &sections.route,
-                        &sections.classes,
-                        families,
-                    )),
-                ),
+            publisher: Publisher::new(store.clone(), families.clone(), metrics.clone()),
+            reader: Reader::new(
+                store.clone(),
+                families.clone(),
+                ReadConfig::default(),
+                metrics,
+                Arc::new(Router::for_tests(
+                    &sections.route,
+                    &sections.classes,
+                    families,
+                )),
             ),
             store,
         }

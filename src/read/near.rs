@@ -453,25 +453,23 @@ mod tests {
 
     impl Fixture {
         fn reader(&self) -> &Reader {
-            self.ops.reader()
+            &self.reader
         }
 
         fn publisher(&self) -> &Publisher {
-            self.ops.publisher()
+            &self.publisher
         }
 
-        /// Reads through the operations layer (and so its after-answer step), as a caller
-        /// with no session.
+        /// Reads as a caller with no session ([`Reader::read_for_tests`]).
         async fn read_raw(&self, request: &ReadRequest) -> Result<ReadAnswer> {
-            self.ops
-                .read(request.clone(), &mut crate::ops::ClientSession::none())
-                .await
+            self.reader.read_for_tests(request).await
         }
     }
 
     struct Fixture {
         store: Arc<MemoryStore>,
-        ops: crate::ops::Ops,
+        publisher: Publisher,
+        reader: Reader,
         near: Arc<NearCache>,
     }
 
@@ -492,18 +490,16 @@ mod tests {
             TaskTracker::new(),
         ));
         Fixture {
-            ops: crate::ops::Ops::for_tests(
-                Publisher::new(store.clone(), families.clone(), metrics.clone())
-                    .with_near_cache(near.clone()),
-                Reader::new(
-                    store.clone(),
-                    families,
-                    crate::read::ReadConfig::default(),
-                    metrics,
-                    router,
-                )
+            publisher: Publisher::new(store.clone(), families.clone(), metrics.clone())
                 .with_near_cache(near.clone()),
-            ),
+            reader: Reader::new(
+                store.clone(),
+                families,
+                crate::read::ReadConfig::default(),
+                metrics,
+                router,
+            )
+            .with_near_cache(near.clone()),
             store,
             near,
         }
