@@ -29,7 +29,7 @@ use std::thread;
 
 use crate::child::ProcessBuilder;
 use crate::error::{io_error, DevClusterError, Result};
-use crate::process::{join_netns, process_gone};
+use crate::process::{join_netns, lock_exclusive, process_gone};
 
 /// The prefix of every namespace this module makes.
 const PREFIX: &str = "hsp-";
@@ -208,14 +208,14 @@ impl Network {
             dropped: Mutex::new(BTreeSet::new()),
         };
         let switch = format!("{}-sw", network.run);
-        ip(&["netns", "add", &switch])?;
+        add_namespace(&switch)?;
         network.switch = Some(switch.clone());
         ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"])?;
         ip(&["-n", &switch, "link", "set", "br0", "up"])?;
         ip(&["-n", &switch, "link", "set", "lo", "up"])?;
         for (index, name) in names.iter().enumerate() {
             let namespace = format!("{}-{name}", network.run);
-            ip(&["netns", "add", &namespace])?;
+            add_namespace(&namespace)?;
             let [a, b, c] = SUBNET;
             let octet = u8::try_from(index + 1).map_err(|_| {
                 DevClusterError::InvalidOptions(format!("more than {MAX_HOSTS} hosts"))
@@ -366,6 +366,49 @@ pub fn netns_support() -> Result<()> {
     Ok(())
 }
 
+/// Serializes making and sweeping namespaces in this process. A sweep by one test
+/// ([`sweep_leftovers`]) must not delete a namespace another test is still adding: `ip netns
+/// add` creates the file under `/var/run/netns` first and bind-mounts the namespace on it
+/// after, so a sweep in between fails the add ("Bind /proc/self/ns/net -> … failed: No such
+/// file or directory"). [`NAMESPACES_LOCK`]'s `flock` holds it across processes too.
+static NAMESPACES: Mutex<()> = Mutex::new(());
+
+/// The file whose `flock` serializes adding and sweeping namespaces between processes.
+const NAMESPACES_LOCK: &str = "/run/hsp-netns.lock";
+
+/// Holds both locks of [`NAMESPACES`] until dropped.
+struct NamespacesHeld {
+    _in_process: std::sync::MutexGuard<'static, ()>,
+    _file: Option<File>,
+}
+
+/// Takes [`NAMESPACES`] and the `flock` beside it (without the file, as on a read-only `/run`,
+/// the in-process lock still holds).
+fn hold_namespaces() -> NamespacesHeld {
+    let in_process = NAMESPACES.lock().unwrap_or_else(PoisonError::into_inner);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(NAMESPACES_LOCK)
+        .ok()
+        .filter(|file| lock_exclusive(file).is_ok());
+    NamespacesHeld {
+        _in_process: in_process,
+        _file: file,
+    }
+}
+
+/// Makes the named network namespace with `ip netns add`, never while a sweep runs (see
+/// [`NAMESPACES`]). Tests that make a namespace by hand go through this too.
+///
+/// # Errors
+/// [`DevClusterError::Network`] when `ip` refuses (not root, the name exists).
+pub fn add_namespace(name: &str) -> Result<()> {
+    let _held = hold_namespaces();
+    ip(&["netns", "add", name])
+}
+
 /// Names must be non-empty, distinct, short and plain (they end up in namespace names).
 fn validate_names(names: &[&str]) -> Result<()> {
     if names.len() > MAX_HOSTS {
@@ -396,6 +439,7 @@ fn validate_names(names: &[&str]) -> Result<()> {
 
 /// Deletes the namespaces of earlier runs whose process no longer exists.
 fn sweep_leftovers() {
+    let _held = hold_namespaces();
     let Ok(entries) = fs::read_dir(NETNS_DIR) else {
         return;
     };

@@ -334,6 +334,16 @@ pub(crate) fn join_netns(handle: &File) -> io::Result<()> {
     }
 }
 
+/// Takes an exclusive `flock` on `file`, waiting for it; it is released when `file` closes.
+pub(crate) fn lock_exclusive(file: &File) -> io::Result<()> {
+    // SAFETY: flock only acts on the descriptor, which `file` keeps open for the call.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Tells whether no process with this pid exists any more.
 pub(crate) fn process_gone(pid: libc::pid_t) -> bool {
     // SAFETY: signal 0 only checks whether the process exists.

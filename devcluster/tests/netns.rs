@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hotsplit_devcluster::{
-    cli_at, netns_support, redis_server_path, Host, NetClusterOptions, Network, Partition,
-    Topology, NET_PORT,
+    add_namespace, cli_at, netns_support, redis_server_path, Host, NetClusterOptions, Network,
+    Partition, Topology, NET_PORT,
 };
 
 /// `true` when namespaces work here; otherwise says why and returns `false`, or fails in CI.
@@ -149,11 +149,7 @@ fn netns_namespaces_are_removed_after_a_panic_and_leftovers_at_start() {
     let dead_pid = gone.id();
     gone.wait().unwrap();
     let leftover = format!("hsp-{dead_pid}-0-x");
-    let status = Command::new("ip")
-        .args(["netns", "add", &leftover])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    add_namespace(&leftover).unwrap();
 
     let made = Mutex::new(Vec::new());
     let outcome = std::panic::catch_unwind(|| {
