@@ -234,7 +234,7 @@ pub struct Family {
     /// How long a client's write floor holds its reads of a key.
     pub pin_window: Duration,
     /// How the family's copies are named, as configured (which names reads use while a
-    /// placement change rolls out is `heal::layout`'s to say).
+    /// placement change rolls out is `layout`'s to say).
     pub placement: Placement,
     /// The mode of the family's `split` table (`None`: no automatic split). A family with one
     /// may get copies of its own for a key, so it refuses presence reads like a split family.

@@ -64,6 +64,7 @@ pub mod heal;
 pub mod hot;
 pub mod http;
 pub mod key;
+pub mod layout;
 pub mod logging;
 pub mod metrics;
 pub mod near;

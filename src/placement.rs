@@ -16,7 +16,7 @@
 //! slots `slot_0 + j·16384/N` (`j < N`), the even spread; for other `N` every prefix of the
 //! sequence is still spread within a factor of two of even. It is used instead of `i·16384/N`
 //! because a copy's name must not depend on the copy count: a rolling resize (grow or shrink,
-//! `heal::layout`) keeps copies `0..min` under the names every instance already reads, so the
+//! `layout`) keeps copies `0..min` under the names every instance already reads, so the
 //! resize protocol needs no renaming. Names depend on `(K, i)` only, never on the live slot map,
 //! so every instance names every copy the same whatever topology it last saw, and a reshard
 //! never renames a copy under its readers. With equal slot ranges this is even; after a reshard

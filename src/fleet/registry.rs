@@ -15,7 +15,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
-use crate::heal::layout::LayoutMismatch;
+use crate::layout::LayoutMismatch;
 use crate::store::{now_unix_ms, FleetStore, InstanceRecord};
 
 /// The release this binary runs: the package version.

@@ -13,8 +13,6 @@
 //! - [`drain`]: `hotsplit spool drain DIR`, the replay of a dead instance's spool into the
 //!   store.
 //! - [`repair`]: read repair of a stale or missing affine copy, off the request path.
-//! - [`layout`]: each family's copy layout recorded in the store, mismatch detection, and the
-//!   deletion of copies removed by a shrink.
 //! - [`scrub`]: anti-entropy: a background walk over the split families' keys that repairs
 //!   copies missing or behind a sibling (one instance at a time, through a lease).
 //! - [`jitter`]: per-copy expiry jitter, so the copies of a hot key do not expire together.
@@ -22,22 +20,18 @@
 pub mod config;
 pub mod drain;
 pub mod health;
-pub mod layout;
 pub mod queue;
 pub mod repair;
 pub mod scrub;
-pub mod splitter;
 pub mod spool;
 pub mod worker;
 
 pub use config::HealConfig;
 pub use drain::{drain_spool, DrainProgress, DrainSummary};
 pub use health::{HealthProber, HealthStore, NodeHealth, StoreProbe};
-pub use layout::{LayoutStores, LayoutWatcher, Layouts, Liveness};
 pub use queue::{Admission, DropReason, FailedCopy, RetryQueue, RetryQueueView};
 pub use repair::Repairer;
 pub use scrub::{ScrubConfig, ScrubStatus, Scrubber};
-pub use splitter::{join_split_sets, Splitter};
 pub use worker::RetryWorker;
 
 /// The healing state the HTTP layer shows: the retry queue, the recorded layouts and the
@@ -47,7 +41,7 @@ pub struct HealHandles {
     /// The retry queue, for `GET /v1/retry-queue` and its gauges.
     pub retry_queue: std::sync::Arc<RetryQueue>,
     /// Recorded family layouts, for the mismatches `/readyz` lists.
-    pub layouts: std::sync::Arc<Layouts>,
+    pub layouts: std::sync::Arc<crate::layout::Layouts>,
     /// The scrub's figures, for `GET /v1/scrub`.
     pub scrub: std::sync::Arc<ScrubStatus>,
 }

@@ -48,7 +48,7 @@ use crate::publish::{CopyOutcome, CopyReport, PublishReport};
         handlers::metrics,
         serve,
     ),
-    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, super::probes::StatusBody, crate::route::WarmUpPending, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::heal::layout::LayoutMismatch, crate::store::LayoutWriter, crate::near::NearCacheView, crate::near::HotCopy, crate::status::FleetView, crate::status::FleetMember, crate::status::InstanceStatus, crate::status::ClassBudget, crate::status::FamilyStatus, crate::heal::scrub::ScrubView, crate::heal::scrub::PassFigures)),
+    components(schemas(PublishReport, CopyReport, CopyOutcome, Problem, Code, handlers::AffinityBody, super::probes::StatusBody, crate::route::WarmUpPending, crate::route::ClassView, crate::route::ReplicaLagView, crate::route::LagFigures, crate::route::ClassRouting, RetryQueueView, NodeView, EntryView, NodeState, crate::fleet::InstancesView, crate::store::InstanceRecord, crate::layout::LayoutMismatch, crate::store::LayoutWriter, crate::near::NearCacheView, crate::near::HotCopy, crate::status::FleetView, crate::status::FleetMember, crate::status::InstanceStatus, crate::status::ClassBudget, crate::status::FamilyStatus, crate::heal::scrub::ScrubView, crate::heal::scrub::PassFigures)),
     // The request limits' answers first, so the edge gives them their headers too.
     modifiers(&RequestLimitAnswers, &Edge),
     tags(

@@ -109,7 +109,7 @@ impl Publisher {
         let write_count = self.layouts.as_ref().map_or(edit.family.copies, |layouts| {
             layouts.key_write_copies(edit.family.name(), edit.key.as_str(), edit.family.copies)
         });
-        // The names written (`heal::layout::placing`): with layouts, `K#i` always and the
+        // The names written (`layout::placing`): with layouts, `K#i` always and the
         // tagged names too while this family is, or another live instance is, configured
         // `spread`; without (no live instances to agree with), the configured names only.
         let placements: &[Placement] = match &self.layouts {

@@ -44,9 +44,10 @@ use crate::affinity;
 use crate::deadline::{self, Deadline};
 use crate::error::{ErrorKind, Result};
 use crate::family::Families;
-use crate::heal::{Layouts, Repairer};
+use crate::heal::Repairer;
 use crate::hot::HotKeys;
 use crate::key::{CopyKey, Key, Placement, Version};
+use crate::layout::Layouts;
 use crate::metrics::{Metrics, ReadOutcome};
 use crate::near::NearCache;
 use crate::route::{Floors, ReadClass, RouteReason, Router};
@@ -302,7 +303,7 @@ pub struct Reader {
     near: Option<Arc<NearCache>>,
     /// The hot-key detector every answered read is offered to; `None`: none.
     hot: Option<Arc<HotKeys>>,
-    /// Which copy names each family is read under now (`heal::layout::placing`); `None`: the
+    /// Which copy names each family is read under now (`layout::placing`); `None`: the
     /// configured ones.
     layouts: Option<Arc<Layouts>>,
 }

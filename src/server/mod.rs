@@ -47,11 +47,11 @@ use crate::door::ServerConfig;
 use crate::error::Result;
 use crate::fleet::{LibraryRetirer, Registrar, Registry, RetireMetrics};
 use crate::heal::{
-    HealthProber, LayoutStores, LayoutWatcher, Layouts, Liveness, NodeHealth, RetryQueue,
-    RetryWorker, ScrubStatus, Scrubber, StoreProbe,
+    HealthProber, NodeHealth, RetryQueue, RetryWorker, ScrubStatus, Scrubber, StoreProbe,
 };
 use crate::http::listener::tls;
 use crate::http::AppState;
+use crate::layout::{LayoutStores, LayoutWatcher, Layouts, Liveness};
 use crate::logging::LogFilter;
 use crate::metrics::Metrics;
 use crate::ops::Ops;
@@ -122,7 +122,7 @@ struct Background {
     /// store or with `scrub.enabled = false`.
     scrubber: Option<Scrubber>,
     /// Refreshes the index of split keys and moves them through the split protocol.
-    splitter: crate::heal::Splitter,
+    splitter: crate::layout::Splitter,
 }
 
 impl Service {
@@ -185,7 +185,7 @@ impl Service {
             command_timeout: config.store.command_timeout,
         };
         // Before the family live sets: an instance live in a family is in its split set too.
-        crate::heal::join_split_sets(
+        crate::layout::join_split_sets(
             &*layout_stores.layouts,
             &families,
             &liveness.instance,
@@ -308,7 +308,7 @@ impl Service {
             }
         };
         state.tokens().store(tokens);
-        let splitter = crate::heal::Splitter::new(
+        let splitter = crate::layout::Splitter::new(
             splits,
             split_live,
             instance.clone(),

@@ -13,11 +13,10 @@ use crate::door::{Core, CoreParts, InFlightBound, RequestLimits};
 use crate::error::Result;
 use crate::fleet::session::{SessionKey, SessionMetrics};
 use crate::fleet::{Registry, Sessions};
-use crate::heal::{
-    HealHandles, Layouts, NodeHealth, Repairer, RetryQueue, ScrubStatus, StoreProbe,
-};
+use crate::heal::{HealHandles, NodeHealth, Repairer, RetryQueue, ScrubStatus, StoreProbe};
 use crate::hot::HotKeys;
 use crate::http::{AppParts, AppState};
+use crate::layout::Layouts;
 use crate::metrics::Metrics;
 use crate::near::{NearCache, NearMetrics};
 use crate::ops::{HighWater, Ops, OpsParts};

@@ -16,7 +16,7 @@
 //! # The index
 //! [`SplitIndex`] is the in-memory copy every publish and read consults (a lock-free load of an
 //! `Arc`, then one map look-up; no store call), replaced whole for each family by the
-//! [`crate::heal::Splitter`] every layout interval, and loaded once at startup before the instance serves.
+//! [`crate::layout::Splitter`] every layout interval, and loaded once at startup before the instance serves.
 //! Every family's hash is read, whatever this instance's config says of splitting, so an
 //! instance whose config has no `split` table still writes every copy another instance's readers
 //! use. The index of a family holds what the store holds; the splitters keep it at
@@ -30,7 +30,7 @@
 //!   `max_split_keys` and `max_splits_per_minute`.
 //! - **Reading** (`r`): reads use `0..copies` too. An instance moves `w` to `r` only once it has
 //!   seen that record for the resize protocol's settle time `L + 2 × command timeout`
-//!   ([`crate::heal::Liveness::settle`]) *and* it has filled the new copies: it reads the
+//!   ([`crate::layout::Liveness::settle`]) *and* it has filled the new copies: it reads the
 //!   family's copies from their primaries, takes the newest, and writes it to the new copies by
 //!   the same compare-and-set a publish uses (so a fill never moves a copy backwards, and an
 //!   edit that lands after it is kept). Why no reader is served a copy that missed an edit:

@@ -204,7 +204,7 @@ impl HotKeysView {
     pub fn of(
         hot: &HotKeys,
         families: &Families,
-        layouts: Option<&crate::heal::Layouts>,
+        layouts: Option<&crate::layout::Layouts>,
     ) -> HotKeysView {
         let config = hot.config();
         let window = hot.last_window();

@@ -182,7 +182,8 @@ mod tests {
     use std::sync::Arc;
 
     use crate::family::fixture;
-    use crate::heal::{HealConfig, HealHandles, Layouts, RetryQueue, ScrubStatus};
+    use crate::heal::{HealConfig, HealHandles, RetryQueue, ScrubStatus};
+    use crate::layout::Layouts;
     use crate::metrics::Metrics;
     use crate::read::{ReadConfig, Reader};
     use crate::route::{RouteConfig, Router};

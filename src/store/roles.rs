@@ -4,7 +4,7 @@
 //! | Role | What it holds | Who uses it |
 //! |---|---|---|
 //! | [`CopyStore`] | the copies `K#i`, their version counters | publish, read, retry queue, repair, scrub |
-//! | [`LayoutStore`] | family layout records, their writers, the live sets | `heal::layout` |
+//! | [`LayoutStore`] | family layout records, their writers, the live sets | `layout` |
 //! | [`SplitStore`] | each family's split keys and their phases | `split` |
 //! | [`FleetStore`] | the instance registry, the session key, status summaries | `fleet`, `status`, the server |
 //! | [`ScrubStore`] | the walk over every stored key, the scrub lease | `heal::scrub` |
@@ -104,7 +104,7 @@ pub trait CopyStore: Send + Sync + 'static {
 
 /// The family layouts shared by every instance: each family's layout record and who wrote it,
 /// the live set of the instances running it, and the scan that finds the copies a shrink left.
-/// What `heal::layout` needs.
+/// What `layout` needs.
 pub trait LayoutStore: Send + Sync + 'static {
     /// Reads the layout recorded for the family named `family` (its prefix, or `default`).
     ///

@@ -178,8 +178,8 @@ async fn resize_shrink_then_grow_within_the_ttl_serves_no_missed_edit() {
 }
 
 /// This instance's live entries, refreshed every `interval`.
-fn liveness(instance: &str, interval: Duration) -> hotsplit::heal::Liveness {
-    hotsplit::heal::Liveness {
+fn liveness(instance: &str, interval: Duration) -> hotsplit::layout::Liveness {
+    hotsplit::layout::Liveness {
         instance: instance.to_owned(),
         release: "0.1.0".to_owned(),
         interval,
@@ -200,41 +200,42 @@ async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
             .families()
     };
     let (four, twelve) = (families(4), families(12));
-    hotsplit::heal::Layouts::reconcile(
-        &hotsplit::heal::LayoutStores::of(&store),
+    hotsplit::layout::Layouts::reconcile(
+        &hotsplit::layout::LayoutStores::of(&store),
         &twelve,
         &metrics,
         &liveness("old", Duration::from_secs(1)),
     )
     .await
     .unwrap();
-    let publish =
-        |families: &hotsplit::family::Families, layouts: Arc<hotsplit::heal::Layouts>, version| {
-            let publisher = hotsplit::publish::Publisher::new(
-                store.clone(),
-                Arc::new(families.clone()),
-                metrics.clone(),
-            )
-            .with_layouts(layouts);
-            async move {
-                publisher
-                    .publish(
-                        &hotsplit::key::Key::parse("g:1").unwrap(),
-                        hotsplit::publish::VersionChoice::Given(
-                            hotsplit::key::Version::new(version).unwrap(),
-                        ),
-                        bytes::Bytes::from(format!("v{version}")),
-                    )
-                    .await
-                    .unwrap()
-            }
-        };
-    publish(&twelve, hotsplit::heal::Layouts::unrecorded(), 1).await;
+    let publish = |families: &hotsplit::family::Families,
+                   layouts: Arc<hotsplit::layout::Layouts>,
+                   version| {
+        let publisher = hotsplit::publish::Publisher::new(
+            store.clone(),
+            Arc::new(families.clone()),
+            metrics.clone(),
+        )
+        .with_layouts(layouts);
+        async move {
+            publisher
+                .publish(
+                    &hotsplit::key::Key::parse("g:1").unwrap(),
+                    hotsplit::publish::VersionChoice::Given(
+                        hotsplit::key::Version::new(version).unwrap(),
+                    ),
+                    bytes::Bytes::from(format!("v{version}")),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    publish(&twelve, hotsplit::layout::Layouts::unrecorded(), 1).await;
     // The twelve-copy writer is gone; a four-copy instance shrinks, and a stale copy 7
     // survives (as after a failed delete).
     store.leave_layout("g:", 12, "old").await.unwrap();
-    let small = hotsplit::heal::Layouts::reconcile(
-        &hotsplit::heal::LayoutStores::of(&store),
+    let small = hotsplit::layout::Layouts::reconcile(
+        &hotsplit::layout::LayoutStores::of(&store),
         &four,
         &metrics,
         &liveness("small", Duration::from_secs(1)),
@@ -255,8 +256,8 @@ async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
         .await;
     // A twelve-copy instance starts while the small one is live: copies 4..12 are deleted.
     let quick = liveness("new", Duration::from_millis(10));
-    let grown = hotsplit::heal::Layouts::reconcile(
-        &hotsplit::heal::LayoutStores::of(&store),
+    let grown = hotsplit::layout::Layouts::reconcile(
+        &hotsplit::layout::LayoutStores::of(&store),
         &twelve,
         &metrics,
         &quick,
@@ -289,8 +290,8 @@ async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
     let shutdown = CancellationToken::new();
     let watcher = |layouts, families: &hotsplit::family::Families, liveness| {
         tokio::spawn(
-            hotsplit::heal::LayoutWatcher {
-                stores: hotsplit::heal::LayoutStores::of(&store),
+            hotsplit::layout::LayoutWatcher {
+                stores: hotsplit::layout::LayoutStores::of(&store),
                 layouts,
                 families: Arc::new(families.clone()),
                 metrics: metrics.clone(),

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hotsplit::config::Config;
-use hotsplit::heal::{Layouts, NodeHealth, ScrubStatus, Scrubber};
+use hotsplit::heal::{NodeHealth, ScrubStatus, Scrubber};
+use hotsplit::layout::Layouts;
 use hotsplit::metrics::Metrics;
 use hotsplit_devcluster::{self as devcluster, Cluster};
 use reqwest::StatusCode;

@@ -73,7 +73,7 @@ use crate::key::{Key, Placement};
 use crate::store::{now_unix_ms, CasOutcome, CopyStore, Lease, ScrubStore};
 
 use super::health::NodeHealth;
-use super::layout::Layouts;
+use crate::layout::Layouts;
 use status::ScrubFailure;
 
 /// The name of the scrub's lease.

@@ -6,8 +6,8 @@ use crate::key::{CopyKey, Key, Placement};
 use crate::split::SplitMode;
 use crate::store::{CopyRecord, CopyWrite};
 
-use super::super::layout::glob_escape;
 use super::status::RepairCause;
+use crate::layout::glob_escape;
 
 /// The `SCAN MATCH` patterns a pass walks: every copy key (`*#*`) when the default family has
 /// more than one copy, else the prefix of each family that has. A one-copy family's keys have
@@ -45,7 +45,7 @@ pub(super) fn copy_count(family: &Family, split: Option<u32>) -> u32 {
 
 /// The key a scanned key is a copy of, with its family, when the scrub checks it: a copy of a
 /// valid key named as its family's publishes name copies (`K#i` always, and `K#i{t}` in a
-/// `spread` family, see `heal::layout::placing`; copy 0 is `K#0` in both), of a family not in
+/// `spread` family, see `layout::placing`; copy 0 is `K#0` in both), of a family not in
 /// `paused`, with `i` below the key's [`copy_count`] (`split_copies` gives a key's split copies,
 /// `None` when publishes write none), which is more than one. Anything else (`foo#bar`, `K#v`,
 /// `K#99` beyond N, a key of a one-copy family that is not split, a split copy beyond the split

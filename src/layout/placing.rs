@@ -393,7 +393,7 @@ mod tests {
 
     use super::*;
     use crate::family::fixture;
-    use crate::heal::layout::Liveness;
+    use crate::layout::Liveness;
     use crate::metrics::Metrics;
     use crate::store::memory::MemoryStore;
     use crate::store::{CopyStore, CopyWrite, LayoutStore, Payload};

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::Layouts;
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::{Families, Family};
-use crate::heal::Layouts;
 use crate::hot::HotKeys;
 use crate::key::{CopyKey, Key};
 use crate::placement::Placement;
@@ -531,8 +531,8 @@ mod tests {
 
     use super::Splitter;
     use crate::family::fixture;
-    use crate::heal::Layouts;
     use crate::key::{Key, Version};
+    use crate::layout::Layouts;
     use crate::placement::Placement;
     use crate::split::{Phase, SplitRecord};
     use crate::store::memory::MemoryStore;

@@ -1,3 +1,7 @@
+//! Where each key's copies are, as the request path sees it: family layouts, per-key split
+//! layouts ([`Layouts::splits`]) and the split driver ([`splitter`]), which carries out what
+//! [`crate::split::record`]'s state machine decides.
+//!
 //! Family layouts: each family's copy count is recorded in the store, so instances can tell
 //! when their config disagrees; every instance keeps itself in the family's live set, so
 //! writers keep writing the copies a larger instance still reads; copies removed by shrinking a
@@ -44,7 +48,7 @@
 //! the command timeout after the largest live count it sees last changed (a publish that read the
 //! larger count, here or on an instance that has not refreshed yet, ends within that time, so no
 //! copy beyond the count lands after the sweep that lowers the record; test:
-//! `heal::layout::tests::the_sweep_deletes_removed_copies_of_its_family_only`), and lowers the
+//! `layout::tests::the_sweep_deletes_removed_copies_of_its_family_only`), and lowers the
 //! record only by compare-and-set from the value it read (an instance that raised the record
 //! meanwhile wins); (3) an instance joins the live set *before* it reads the record and serves; if
 //! it joined next to live instances with fewer copies (count `m`), it waits L + 2 × the store
@@ -88,9 +92,11 @@
 mod placing;
 mod reconcile;
 mod record;
+pub mod splitter;
 mod sweep;
 mod watcher;
 
+pub use splitter::{join_split_sets, Splitter};
 pub use watcher::LayoutWatcher;
 
 use std::collections::BTreeMap;
@@ -370,7 +376,7 @@ impl LayoutStores {
 }
 
 /// Escapes Redis glob metacharacters.
-pub(in crate::heal) fn glob_escape(text: &str) -> String {
+pub(crate) fn glob_escape(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
     for c in text.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
