@@ -235,28 +235,13 @@ impl Splitter {
                 let facts = Facts {
                     hot,
                     may_start: self.may_start(&name, policy, split_keys, now),
-                    // While a live instance does not know of per-key layouts (an older release),
-                    // no split admits readers: it writes only the family's copies.
-                    settled: record.is_some_and(|record| {
-                        (aware || record.phase != Phase::Writing)
-                            && self.settled(&name, &key, &record, now)
-                    }),
+                    settled: record.is_some_and(|record| self.settled(&name, &key, &record, now)),
+                    all_aware: aware,
                     now_ms: now_unix_ms(),
                     cool_down: policy.map_or(DEFAULT_COOL_DOWN, |policy| policy.cool_down),
                     max_copies: policy.map_or(0, |policy| policy.max_copies),
                 };
-                let step = match record {
-                    // Readers leave at once when an instance that writes only the family's copies
-                    // is live.
-                    Some(record) if !aware && record.phase == Phase::Reading => {
-                        Step::Record(SplitRecord {
-                            phase: Phase::Leaving,
-                            since_ms: facts.now_ms.max(record.since_ms + 1),
-                            ..record
-                        })
-                    }
-                    _ => decide(record.as_ref(), &facts),
-                };
+                let step = decide(record.as_ref(), &facts);
                 if let Err(err) = self.apply(family, &key, record, step, now).await {
                     tracing::warn!(family = %name, key = %key, error = %err, "a split move failed; retried on the next tick");
                 }

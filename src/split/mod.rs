@@ -55,8 +55,9 @@
 //! *split set* (a live set of its own, `#hotsplit#live##split#<family>`, joined at startup before
 //! the family's live set and refreshed every L), and a driver that sees fewer other members in
 //! the split set than in the family's live set starts no split, admits no readers (`w` stays),
-//! and moves `r` records to `m` at once (test:
-//! `split::no_key_splits_while_a_live_instance_does_not_know_of_splits`). An older instance that
+//! and moves `r` records to `m` at once, all decided by `record::decide` from `Facts::all_aware`
+//! (tests: `split::no_key_splits_while_a_live_instance_does_not_know_of_splits`,
+//! `split::tests::while_a_live_instance_knows_no_per_key_layouts_no_split_admits_readers_and_readers_leave`). An older instance that
 //! starts while a key is `r` is seen within one L; edits it makes meanwhile miss the split copies
 //! (a limit, below).
 //!

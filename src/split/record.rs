@@ -124,6 +124,10 @@ pub struct Facts {
     pub may_start: bool,
     /// Whether this instance has seen the record's current stage for the settle time.
     pub settled: bool,
+    /// Whether every live instance of the family knows of per-key layouts (is in its split
+    /// set). While one does not (an older release), it writes only the family's copies: no
+    /// split starts or admits readers, and readers of a split key leave at once.
+    pub all_aware: bool,
     /// Now, Unix ms.
     pub now_ms: u64,
     /// The family's `split.cool_down`.
@@ -156,7 +160,7 @@ fn touch_every(cool_down: Duration) -> u64 {
 pub fn decide(record: Option<&SplitRecord>, facts: &Facts) -> Step {
     let now = facts.now_ms;
     let Some(record) = record else {
-        return if facts.hot && facts.may_start {
+        return if facts.hot && facts.may_start && facts.all_aware {
             Step::Record(SplitRecord {
                 copies: facts.max_copies,
                 phase: Phase::Writing,
@@ -171,7 +175,8 @@ pub fn decide(record: Option<&SplitRecord>, facts: &Facts) -> Step {
     let cooled = !facts.hot
         && now.saturating_sub(record.seen_ms) >= crate::duration::millis(facts.cool_down);
     match record.phase {
-        Phase::Writing if facts.settled => {
+        Phase::Reading if !facts.all_aware => Step::Record(record.moved(Phase::Leaving, now)),
+        Phase::Writing if facts.settled && facts.all_aware => {
             let mut next = record.moved(Phase::Reading, now);
             if facts.hot {
                 next.seen_ms = now;

@@ -12,6 +12,7 @@ fn facts(hot: bool, settled: bool, now_ms: u64) -> Facts {
         hot,
         may_start: true,
         settled,
+        all_aware: true,
         now_ms,
         cool_down: COOL,
         max_copies: 16,
@@ -251,4 +252,41 @@ fn every_split_field_is_checked_by_name() {
         let err = config.validate("family[0].split", 1).unwrap_err();
         assert!(err.to_string().contains(field), "{err} names {field}");
     }
+}
+
+#[test]
+fn while_a_live_instance_knows_no_per_key_layouts_no_split_admits_readers_and_readers_leave() {
+    let unaware = |hot, settled, now| Facts {
+        all_aware: false,
+        ..facts(hot, settled, now)
+    };
+    // Writing, settled: it would move to Reading, but it stays while an instance is unaware.
+    let writing = record(Phase::Writing, 10, 10);
+    assert_eq!(
+        decide(Some(&writing), &unaware(false, true, 20)),
+        Step::Stay
+    );
+    assert!(matches!(
+        decide(Some(&writing), &facts(false, true, 20)),
+        Step::FillThenRecord(next) if next.phase == Phase::Reading
+    ));
+    // Reading: readers leave at once, hot or not, settled or not, with a later `since`.
+    let reading = record(Phase::Reading, 10, 10);
+    for (hot, settled) in [(true, true), (true, false), (false, false)] {
+        let Step::Record(next) = decide(Some(&reading), &unaware(hot, settled, 10)) else {
+            panic!("readers must leave");
+        };
+        assert_eq!(next.phase, Phase::Leaving);
+        assert!(next.since_ms > reading.since_ms);
+        assert_eq!(
+            (next.copies, next.seen_ms),
+            (reading.copies, reading.seen_ms)
+        );
+    }
+    // No split starts.
+    assert_eq!(decide(None, &unaware(true, false, 5)), Step::Stay);
+    assert!(matches!(
+        decide(None, &facts(true, false, 5)),
+        Step::Record(next) if next.phase == Phase::Writing
+    ));
 }
