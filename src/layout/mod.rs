@@ -96,7 +96,7 @@ pub mod splitter;
 mod sweep;
 mod watcher;
 
-pub use splitter::{join_split_sets, Splitter};
+pub use splitter::{join_split_sets, Splitter, SplitterParts};
 pub use watcher::LayoutWatcher;
 
 use std::collections::BTreeMap;

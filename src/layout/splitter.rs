@@ -60,6 +60,15 @@ pub struct Splitter {
     memory: Mutex<Memory>,
 }
 
+/// What [`decide`] chose for one key, and the record it chose from.
+#[derive(Debug, Clone, Copy)]
+struct Decision {
+    /// The record read this tick; `None`: the key is not split.
+    record: Option<SplitRecord>,
+    /// The move to carry out.
+    step: Step,
+}
+
 /// The name of `family`'s split set among the live sets.
 fn split_set(family: &str) -> String {
     format!("#split#{family}")
@@ -96,21 +105,46 @@ pub async fn join_split_sets(
 /// The cool-down of families with no `split` table, for records another instance made.
 const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(60);
 
+/// What a [`Splitter`] is made of (see its fields).
+pub struct SplitterParts {
+    /// The split records.
+    pub store: Arc<dyn SplitStore>,
+    /// The live sets (the split sets among them).
+    pub live: Arc<dyn LayoutStore>,
+    /// This process's name in the live sets.
+    pub instance: String,
+    /// The copies filled and deleted.
+    pub copies: Arc<dyn CopyStore>,
+    /// The index and the copy names of each family.
+    pub layouts: Arc<Layouts>,
+    /// The families.
+    pub families: Arc<Families>,
+    /// Family name → its `split` table.
+    pub policies: BTreeMap<String, SplitConfig>,
+    /// The detector; `None`: nothing is ever hot here.
+    pub hot: Option<Arc<HotKeys>>,
+    /// How often the records are re-read (`heal.layout_interval`).
+    pub interval: Duration,
+    /// The resize protocol's settle time (`Liveness::settle`).
+    pub settle: Duration,
+}
+
 impl Splitter {
-    /// A driver over `families`, each with its `split` table in `policies` (by family name).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        store: Arc<dyn SplitStore>,
-        live: Arc<dyn LayoutStore>,
-        instance: String,
-        copies: Arc<dyn CopyStore>,
-        layouts: Arc<Layouts>,
-        families: Arc<Families>,
-        policies: BTreeMap<String, SplitConfig>,
-        hot: Option<Arc<HotKeys>>,
-        interval: Duration,
-        settle: Duration,
-    ) -> Splitter {
+    /// A driver over `parts.families`, each with its `split` table in `parts.policies` (by
+    /// family name).
+    pub fn new(parts: SplitterParts) -> Splitter {
+        let SplitterParts {
+            store,
+            live,
+            instance,
+            copies,
+            layouts,
+            families,
+            policies,
+            hot,
+            interval,
+            settle,
+        } = parts;
         layouts.splits().set_policies(policies.clone());
         // Until its records are read, a publish to a family is refused: it could miss the
         // split copies other instances read (`SplitIndex::ensure_read`).
@@ -242,7 +276,8 @@ impl Splitter {
                     max_copies: policy.map_or(0, |policy| policy.max_copies),
                 };
                 let step = decide(record.as_ref(), &facts);
-                if let Err(err) = self.apply(family, &key, record, step, now).await {
+                let decision = Decision { record, step };
+                if let Err(err) = self.apply(family, &key, decision, now).await {
                     tracing::warn!(family = %name, key = %key, error = %err, "a split move failed; retried on the next tick");
                 }
             }
@@ -347,15 +382,15 @@ impl Splitter {
             })
     }
 
-    /// Carries out `step` for `key` (whose record was `record`).
+    /// Carries out `decision.step` for `key` (whose record was `decision.record`).
     async fn apply(
         &self,
         family: &Family,
         key: &str,
-        record: Option<SplitRecord>,
-        step: Step,
+        decision: Decision,
         now: Instant,
     ) -> Result<()> {
+        let Decision { record, step } = decision;
         let name = family.name();
         let expected = record.map(|record| record.encode());
         match step {
@@ -514,7 +549,7 @@ mod tests {
 
     use bytes::Bytes;
 
-    use super::Splitter;
+    use super::{Splitter, SplitterParts};
     use crate::family::fixture;
     use crate::key::{Key, Version};
     use crate::layout::Layouts;
@@ -524,18 +559,18 @@ mod tests {
     use crate::store::{CopyStore, CopyWrite, Payload, SplitStore};
 
     fn splitter(store: &Arc<MemoryStore>, layouts: &Arc<Layouts>) -> Splitter {
-        Splitter::new(
-            store.clone(),
-            store.clone(),
-            "test-instance".to_owned(),
-            store.clone(),
-            layouts.clone(),
-            Arc::new(fixture::families("[[family]]\nprefix = \"p:\"\ncopies = 1")),
-            BTreeMap::new(),
-            None,
-            Duration::from_secs(1),
-            Duration::ZERO,
-        )
+        Splitter::new(SplitterParts {
+            store: store.clone(),
+            live: store.clone(),
+            instance: "test-instance".to_owned(),
+            copies: store.clone(),
+            layouts: layouts.clone(),
+            families: Arc::new(fixture::families("[[family]]\nprefix = \"p:\"\ncopies = 1")),
+            policies: BTreeMap::new(),
+            hot: None,
+            interval: Duration::from_secs(1),
+            settle: Duration::ZERO,
+        })
     }
 
     async fn version_of(store: &MemoryStore, key: &Key, index: u32) -> Option<u64> {

@@ -25,6 +25,7 @@
 //! HTTP listeners, on the same tracker and cancel token, over the same state
 //! ([`crate::resp::Door`]).
 
+mod build;
 mod purger;
 mod serve;
 mod state;
@@ -35,7 +36,6 @@ pub use state::{app_state, StateParts};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -45,21 +45,16 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::door::ServerConfig;
 use crate::error::Result;
-use crate::fleet::{LibraryRetirer, Registrar, Registry, RetireMetrics};
-use crate::heal::{
-    HealthProber, NodeHealth, RetryQueue, RetryWorker, ScrubStatus, Scrubber, StoreProbe,
-};
-use crate::http::listener::tls;
+use crate::fleet::Registry;
+use crate::heal::{RetryQueue, StoreProbe};
 use crate::http::AppState;
-use crate::layout::{LayoutStores, LayoutWatcher, Layouts, Liveness};
 use crate::logging::LogFilter;
 use crate::metrics::Metrics;
 use crate::ops::Ops;
 use crate::reload::{ConfigSource, Reloader};
-use crate::route::{LagMonitor, LagTable};
-use crate::status::{Sources, StatusPublisher};
-use purger::Purger;
-use store::{deployment_session_key, Connected, Roles};
+use crate::route::LagTable;
+use build::Background;
+use store::deployment_session_key;
 
 /// A service built from a validated config, with nothing bound and no task started yet.
 pub struct Service {
@@ -100,31 +95,6 @@ pub struct Listeners {
     pub admin: Option<TcpListener>,
 }
 
-/// The background tasks of a built service, ready to start.
-struct Background {
-    /// Drops expired copies from the embedded store; `None` with Redis.
-    purger: Option<Purger>,
-    /// Probes failing nodes and returns them to service; `None` on the embedded store.
-    health_prober: Option<HealthProber>,
-    /// Probes failing nodes and flushes the retry queue.
-    retry_worker: RetryWorker,
-    /// Re-reads the layout records and sweeps shrunk families.
-    layout_watcher: LayoutWatcher,
-    /// Writes and reads heartbeats.
-    lag_monitor: LagMonitor,
-    /// Keeps this instance's registry entry alive.
-    registrar: Registrar,
-    /// Deletes older releases' function libraries once no registered instance runs them.
-    retirer: LibraryRetirer,
-    /// Stores this instance's figures for the other instances' status pages.
-    status_publisher: StatusPublisher,
-    /// Repairs copies missing or behind while it holds the lease; `None` on the embedded
-    /// store or with `scrub.enabled = false`.
-    scrubber: Option<Scrubber>,
-    /// Refreshes the index of split keys and moves them through the split protocol.
-    splitter: crate::layout::Splitter,
-}
-
 impl Service {
     /// Does every startup step that can fail, and binds nothing: validates `config`, connects
     /// the store (and loads its function library), reconciles each family's layout record,
@@ -136,256 +106,73 @@ impl Service {
     /// message names the URL); [`ErrorKind::Io`] when the spool cannot be opened or another
     /// process holds its lock (the message names the spool).
     pub async fn build(config: Config) -> Result<Service> {
-        config.validate()?;
-        let tokens = config.auth.load_tokens()?;
-        match &tokens {
-            Some(tokens) => tracing::info!(
-                tokens = tokens.len(),
-                "api tokens loaded: every endpoint but /healthz and /readyz needs a bearer token"
-            ),
-            None if config.serves_unauthenticated_publicly() => {
-                tracing::warn!(listen = %config.server.listen, resp = ?config.resp.listen, "server.allow_unauthenticated: serving without tokens on a non-loopback address: anyone who reaches it can read and write every key")
-            }
-            None => {}
-        }
-        let tls = match (&config.server.tls_cert_file, &config.server.tls_key_file) {
-            (Some(cert_file), Some(key_file)) => Some(tls::acceptor(cert_file, key_file)?),
-            _ => None,
-        };
+        let (tokens, tls) = build::admit(&config)?;
         let metrics = Metrics::new();
         let tracker = TaskTracker::new();
-        let cancel = CancellationToken::new();
         // One name for this process in every shared record: live sets, heartbeats, registry.
         let instance = instance_name();
-
-        let connected =
-            Connected::connect(&config.store, config.version_retention(), &metrics).await?;
-        // With Redis, the copies are seen through node health: a node known to be failing
-        // costs no command timeout (`heal::health`).
-        let health = NodeHealth::new();
-        let Roles {
-            copies,
-            layouts: layout_records,
-            splits,
-            fleet,
-            topology,
-            library,
-        } = connected.roles(&health);
-        let layout_stores = LayoutStores {
-            layouts: layout_records,
-            copies: copies.clone(),
-            fleet: fleet.clone(),
-        };
-        // Record each family's layout before anything else can fail or start.
-        let families = Arc::new(config.families());
-        let liveness = Liveness {
-            instance: instance.clone(),
-            release: crate::fleet::registry::RELEASE.to_owned(),
-            interval: config.heal.layout_interval,
-            command_timeout: config.store.command_timeout,
-        };
-        // Before the family live sets: an instance live in a family is in its split set too.
-        crate::layout::join_split_sets(
-            &*layout_stores.layouts,
-            &families,
-            &liveness.instance,
-            liveness.interval,
-        )
-        .await;
-        let layouts = Layouts::reconcile(&layout_stores, &families, &metrics, &liveness).await?;
-        // The scrub runs with Redis only: the embedded store never fails a copy write, so its
-        // copies never fall behind one another.
-        let scan = match &connected {
-            Connected::Redis(redis) if config.scrub.enabled => Some(redis.clone()),
-            _ => None,
-        };
-        let scrub_status = Arc::new(ScrubStatus::new(&metrics, scan.is_some(), &instance));
-        let scrubber = scan.map(|scan| Scrubber {
-            copies: copies.clone(),
-            scan,
-            health: health.clone(),
-            families: families.clone(),
-            layouts: layouts.clone(),
-            status: scrub_status.clone(),
-            config: config.scrub.clone(),
-            instance: liveness.instance.clone(),
-            split_index_max_age: liveness.interval + liveness.command_timeout,
-        });
-        let (retry_queue, purger, health_prober) = match connected {
-            // The embedded store never fails a single copy write (a publish past its memory bound
-            // is refused whole, before any copy changes): nothing to spool.
-            Connected::Memory(memory) => (
-                Arc::new(RetryQueue::in_memory(config.heal.clone(), metrics.clone())),
-                Some(Purger {
-                    store: memory,
-                    interval: Duration::from_secs(1),
-                }),
-                None,
-            ),
-            Connected::Redis(redis) => {
-                let placement = copies.clone();
-                let queue = RetryQueue::open(
-                    config.heal.clone(),
-                    config.server.max_value_bytes,
-                    metrics.clone(),
-                    move |copy_key| placement.node_of(copy_key),
-                )?;
-                tracing::info!(spool = %config.heal.spool_dir.display(), entries = queue.depth(), "retry spool opened");
-                let queue = Arc::new(queue);
-                health.attach_queue(queue.clone());
-                let prober = HealthProber {
-                    health: health.clone(),
-                    store: redis,
-                    queue: queue.clone(),
-                    interval: config.heal.probe_interval,
-                    timeout: config.heal.probe_timeout,
-                    misses_to_fail: config.heal.probe_misses,
-                };
-                (queue, None, Some(prober))
-            }
-        };
-        // The worker's final drain ends before the grace period does, so its leftovers are
-        // logged.
-        let drain_for = config.server.shutdown_grace.mul_f64(0.8);
-        let retry_worker = RetryWorker::new(
-            retry_queue.clone(),
-            copies.clone(),
-            metrics.clone(),
-            config.heal.flush_batch,
-            drain_for,
-        );
-        let split_families = families.clone();
-        let split_live = layout_stores.layouts.clone();
-        let split_copies = copies.clone();
-        let split_interval = liveness.interval;
-        let split_settle = liveness.settle();
-        let layout_watcher = LayoutWatcher {
-            stores: layout_stores,
-            layouts: layouts.clone(),
-            families,
-            metrics: metrics.clone(),
-            liveness,
-            sweep_interval: config.heal.sweep_interval,
-        };
+        let recorded = build::Recorded::connect(&config, &metrics, &instance).await?;
+        let healing = build::Healing::open(&config, &metrics, &recorded)?;
         let lag = Arc::new(LagTable::new(
             config.route.heartbeat_interval,
             config.route.lag_window,
         ));
         let registry = Arc::new(Registry::new(
-            fleet.clone(),
-            library.library_name(),
+            recorded.fleet.clone(),
+            recorded.library.library_name(),
             instance.clone(),
             config.fleet.entry_ttl(),
         ));
-        let session_key = deployment_session_key(&*fleet).await;
-        let retire_store = library.clone();
         let probe = StoreProbe {
-            topology,
-            library,
-            health,
+            topology: recorded.topology.clone(),
+            library: recorded.library.clone(),
+            health: recorded.health.clone(),
         };
-        let retire_metrics = metrics.register_with(RetireMetrics::register);
         let wired = StateParts {
-            session_key,
+            session_key: deployment_session_key(&*recorded.fleet).await,
             registry: registry.clone(),
-            copies,
+            copies: recorded.copies.clone(),
             probe: probe.clone(),
-            fleet,
-            metrics,
-            retry_queue: retry_queue.clone(),
-            layouts: layouts.clone(),
+            fleet: recorded.fleet.clone(),
+            metrics: metrics.clone(),
+            retry_queue: healing.retry_queue.clone(),
+            layouts: recorded.layouts.clone(),
             tracker: tracker.clone(),
             lag: lag.clone(),
-            scrub: scrub_status,
+            scrub: healing.scrub_status.clone(),
             warm_up: Some(config.server.readiness_warm_up),
         }
         .wire(&config);
         let (state, route_metrics) = match wired {
             Ok(wired) => wired,
             Err(err) => {
-                retry_queue.close().await;
+                healing.retry_queue.close().await;
                 return Err(err);
             }
         };
         state.tokens().store(tokens);
-        let splitter = crate::layout::Splitter::new(
-            splits,
-            split_live,
-            instance.clone(),
-            split_copies,
-            layouts,
-            split_families,
-            config.split_policies(),
-            state.ops().reader().hot_keys().cloned(),
-            split_interval,
-            split_settle,
-        );
-        // Before serving: every publish writes the copies another instance's readers use.
-        if let Err(err) = splitter.load().await {
-            tracing::warn!(error = %err, "cannot read the split records at startup; retried every layout interval");
-        }
+        let wired = build::Wired {
+            state: &state,
+            registry: &registry,
+            lag_monitor: build::lag_monitor(&config, probe, lag, instance, route_metrics),
+        };
+        let background = build::background(&config, recorded, healing, wired).await;
         let reloader = Reloader::new(
             config.clone(),
             state.tokens().clone(),
             state.router().clone(),
             &state.metrics(),
         );
-        // The lag monitor always runs: a read may name a replica class on any family, and the
-        // lag it finds must be measured, not missing. With no replicas (embedded store, a
-        // standalone Redis without configured replicas) it has nothing to do on each tick.
-        let lag_monitor = LagMonitor {
-            probe,
-            table: lag,
-            instance,
-            // About once a second, whatever the interval.
-            offset_every: u32::try_from(
-                Duration::from_secs(1).as_micros()
-                    / config.route.heartbeat_interval.as_micros().max(1),
-            )
-            .unwrap_or(u32::MAX)
-            .max(1),
-            metrics: route_metrics,
-        };
-        let status_publisher = StatusPublisher {
-            sources: Arc::new(Sources::new(
-                state.ops().reader(),
-                state.inner().heal.clone(),
-            )),
-            store: state.inner().fleet.clone(),
-            id: registry.id(),
-            interval: config.fleet.heartbeat_interval,
-            ttl: config.fleet.entry_ttl(),
-        };
         Ok(Service {
             admin_listen: config.admin.listen,
             resp: config.resp.clone(),
             tls,
             server: config.server.clone(),
+            retry_queue: state.inner().heal.retry_queue.clone(),
             state,
-            retry_queue,
             tracker,
-            cancel,
-            background: Background {
-                purger,
-                health_prober,
-                retry_worker,
-                layout_watcher,
-                lag_monitor,
-                registrar: Registrar {
-                    registry: registry.clone(),
-                    interval: config.fleet.heartbeat_interval,
-                },
-                retirer: LibraryRetirer {
-                    store: retire_store,
-                    registry: registry.clone(),
-                    interval: config.fleet.retire_interval,
-                    grace: config.fleet.entry_ttl(),
-                    metrics: retire_metrics,
-                },
-                status_publisher,
-                scrubber,
-                splitter,
-            },
+            cancel: CancellationToken::new(),
+            background,
             registry,
             advertise: config.fleet.advertise.clone(),
             reloader,

@@ -5,13 +5,16 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use super::build::Background;
 use super::{Listeners, Service};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::http::listener::{ConnectionMetrics, Listener, ListenerMetrics, Role};
-use crate::http::{admin_app, app, data_app};
-use crate::reload::HangupReloader;
+use crate::http::{admin_app, app, data_app, AppState};
+use crate::reload::{ConfigSource, HangupReloader, Reloader};
 use crate::resp::{Door, RespListener};
 use crate::route::WarmUpWatch;
 
@@ -87,34 +90,94 @@ impl Service {
             reloader,
             config_source,
         } = self;
-        let Listeners {
-            data: listener,
-            admin,
-        } = listeners;
-        let grace = server.shutdown_grace;
-        let addresses = listener.local_addr().and_then(|local| {
-            let admin_local = admin.as_ref().map(TcpListener::local_addr).transpose()?;
-            Ok((local, admin_local))
-        });
-        let (local, admin_local) = match addresses {
-            Ok(addresses) => addresses,
+        let bound = match Bound::of(listeners, &resp).await {
+            Ok(bound) => bound,
             Err(err) => {
                 spool_owner.close().await;
-                return Err(err.into());
+                return Err(err);
             }
         };
-        // The Redis-protocol listener is bound here, before any task starts, so a port that is
-        // taken fails the start as a taken HTTP port does.
-        let resp_listener = match resp.listen {
-            Some(address) => match bind(address).await {
-                Ok(tcp) => Some(tcp),
-                Err(err) => {
-                    spool_owner.close().await;
-                    return Err(err);
-                }
-            },
+        let tasks = Tasks { tracker, cancel };
+        registry.set_listen(advertise.unwrap_or_else(|| bound.local.to_string()));
+        tasks.start_background(background, &state);
+        if let Some(source) = config_source {
+            tasks.start_hangup(reloader, source);
+        }
+        let doors = Doors {
+            server: &server,
+            resp: &resp,
+            tls,
+        };
+        tasks.start_doors(bound, &state, &doors);
+        tasks.decide_on(shutdown, state, server.drain_delay);
+        tasks.drain(server.shutdown_grace).await;
+        // Whatever was not drained is in the spool; sync it and release the directory.
+        spool_owner.close().await;
+        Ok(())
+    }
+}
+
+/// Every socket a service serves on, bound, with the addresses it logs.
+struct Bound {
+    /// The data listener (every route without an admin listener).
+    data: TcpListener,
+    /// Its local address.
+    local: SocketAddr,
+    /// The admin listener, and its local address.
+    admin: Option<(TcpListener, SocketAddr)>,
+    /// The Redis-protocol listener, when `[resp] listen` is set.
+    resp: Option<TcpListener>,
+}
+
+impl Bound {
+    /// Reads the listeners' local addresses and binds the Redis-protocol listener, before any
+    /// task starts, so a port that is taken fails the start as a taken HTTP port does.
+    async fn of(listeners: Listeners, resp: &crate::resp::RespConfig) -> Result<Bound> {
+        let Listeners { data, admin } = listeners;
+        let local = data.local_addr()?;
+        let admin = match admin {
+            Some(admin) => {
+                let address = admin.local_addr()?;
+                Some((admin, address))
+            }
             None => None,
         };
+        let resp = match resp.listen {
+            Some(address) => Some(bind(address).await?),
+            None => None,
+        };
+        Ok(Bound {
+            data,
+            local,
+            admin,
+            resp,
+        })
+    }
+}
+
+/// What the doors are served with.
+struct Doors<'a> {
+    /// `[server]`: limits, timeouts, the drain.
+    server: &'a crate::door::ServerConfig,
+    /// `[resp]`.
+    resp: &'a crate::resp::RespConfig,
+    /// The TLS acceptor of both doors, when `server.tls_*` is set.
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// The tracker every task runs on and the token that tells them to stop.
+struct Tasks {
+    /// Every spawned task, waited for on shutdown.
+    tracker: TaskTracker,
+    /// Cancelled when the drain delay ends.
+    cancel: CancellationToken,
+}
+
+impl Tasks {
+    /// Starts every background task of `background`, and the ones of the state (the warm-up
+    /// watch, the hot-key detector).
+    fn start_background(&self, background: Background, state: &AppState) {
+        let (tracker, cancel) = (&self.tracker, &self.cancel);
         if let Some(purger) = background.purger {
             tracker.spawn(purger.run(cancel.clone()));
         }
@@ -124,13 +187,8 @@ impl Service {
         tracker.spawn(background.retry_worker.run(cancel.clone()));
         tracker.spawn(background.layout_watcher.run(cancel.clone()));
         tracker.spawn(background.lag_monitor.run(cancel.clone()));
-        tracker.spawn(
-            WarmUpWatch {
-                warm_up: state.warm_up().clone(),
-            }
-            .run(cancel.clone()),
-        );
-        registry.set_listen(advertise.unwrap_or_else(|| local.to_string()));
+        let warm_up = state.warm_up().clone();
+        tracker.spawn(WarmUpWatch { warm_up }.run(cancel.clone()));
         tracker.spawn(background.registrar.run(cancel.clone()));
         tracker.spawn(background.retirer.run(cancel.clone()));
         tracker.spawn(background.status_publisher.run(cancel.clone()));
@@ -141,89 +199,93 @@ impl Service {
         if let Some(scrubber) = background.scrubber {
             tracker.spawn(scrubber.run(cancel.clone()));
         }
-        if let Some(source) = config_source {
-            // Registered here, before the port answers: a SIGHUP that found no handler would
-            // end the process (its default action).
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-                Ok(hangups) => {
-                    tracker.spawn(
-                        HangupReloader {
-                            reloader,
-                            source,
-                            hangups,
-                        }
-                        .run(cancel.clone()),
-                    );
-                }
-                Err(err) => {
-                    tracing::error!(error = %err, "cannot listen for SIGHUP; config reload is off")
-                }
+    }
+
+    /// Reloads on SIGHUP. Registered before the port answers: a SIGHUP that found no handler
+    /// would end the process (its default action).
+    fn start_hangup(&self, reloader: Reloader, source: ConfigSource) {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(hangups) => {
+                let reload = HangupReloader {
+                    reloader,
+                    source,
+                    hangups,
+                };
+                self.tracker.spawn(reload.run(self.cancel.clone()));
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "cannot listen for SIGHUP; config reload is off")
             }
         }
+    }
+
+    /// Serves HTTP on the data listener (the data routes only when there is an admin listener,
+    /// which serves the admin routes) and the Redis protocol on its listener.
+    fn start_doors(&self, bound: Bound, state: &AppState, doors: &Doors<'_>) {
         let connection_metrics = state
             .inner()
             .metrics
             .register_with(ConnectionMetrics::register);
-        let drain_state = state.clone();
-        let data_routes = match &admin {
+        let data_routes = match &bound.admin {
             Some(_) => data_app(state.clone()),
             None => app(state.clone()),
         };
-        let data = Listener::new(
-            Role::Data,
-            listener,
-            data_routes,
-            &server,
-            ListenerMetrics::for_role(&connection_metrics, Role::Data),
-            tls.clone(),
-        );
-        tracker.spawn(data.run(cancel.clone(), tracker.clone()));
-        if let Some(admin) = admin {
-            let admin = Listener::new(
-                Role::Admin,
-                admin,
-                admin_app(state),
-                &server,
-                ListenerMetrics::for_role(&connection_metrics, Role::Admin),
-                tls.clone(),
-            );
-            tracker.spawn(admin.run(cancel.clone(), tracker.clone()));
+        let listen = |role, tcp, routes| {
+            let metrics = ListenerMetrics::for_role(&connection_metrics, role);
+            let listener =
+                Listener::new(role, tcp, routes, doors.server, metrics, doors.tls.clone());
+            self.tracker
+                .spawn(listener.run(self.cancel.clone(), self.tracker.clone()));
+        };
+        let admin_address = bound.admin.as_ref().map(|(_, address)| *address);
+        listen(Role::Data, bound.data, data_routes);
+        if let Some((admin, _)) = bound.admin {
+            listen(Role::Admin, admin, admin_app(state.clone()));
         }
-        if let Some(tcp) = resp_listener {
-            match tcp.local_addr() {
-                Ok(address) => {
-                    tracing::info!(listen = %address, tls = tls.is_some(), "serving the Redis protocol")
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "the Redis-protocol listener has no local address")
-                }
-            }
-            let listener = RespListener::new(
-                tcp,
-                Door::new(drain_state.core().clone()),
-                &resp,
-                &server,
-                tls.clone(),
-            );
-            tracker.spawn(listener.run(cancel.clone(), tracker.clone()));
+        if let Some(tcp) = bound.resp {
+            self.start_resp(tcp, state, doors);
         }
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        match admin_local {
-            Some(admin_local) => {
-                tracing::info!(listen = %local, admin = %admin_local, scheme, "hotsplit is serving")
+        let scheme = if doors.tls.is_some() { "https" } else { "http" };
+        let local = bound.local;
+        match admin_address {
+            Some(admin) => {
+                tracing::info!(listen = %local, admin = %admin, scheme, "hotsplit is serving")
             }
             None => tracing::info!(listen = %local, scheme, "hotsplit is serving"),
         }
+    }
 
-        // Decide: the caller's shutdown future (signals, or a test's channel) starts the drain:
-        // `/readyz` turns 503 at once, the listeners keep serving for `server.drain_delay` so
-        // load balancers notice, then the token is cancelled and they close.
-        let decide = cancel.clone();
-        let drain_delay = server.drain_delay;
-        tracker.spawn(async move {
+    /// Serves the Redis protocol on `tcp`.
+    fn start_resp(&self, tcp: TcpListener, state: &AppState, doors: &Doors<'_>) {
+        let tls = doors.tls.clone();
+        match tcp.local_addr() {
+            Ok(address) => {
+                tracing::info!(listen = %address, tls = tls.is_some(), "serving the Redis protocol")
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "the Redis-protocol listener has no local address")
+            }
+        }
+        let door = Door::new(state.core().clone());
+        let listener = RespListener::new(tcp, door, doors.resp, doors.server, tls);
+        self.tracker
+            .spawn(listener.run(self.cancel.clone(), self.tracker.clone()));
+    }
+
+    /// Decide: the caller's shutdown future (signals, or a test's channel) starts the drain:
+    /// `/readyz` turns 503 at once, the listeners keep serving for `drain_delay` so load
+    /// balancers notice, then the token is cancelled and they close.
+    fn decide_on(
+        &self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        state: AppState,
+        drain_delay: std::time::Duration,
+    ) {
+        let decide = self.cancel.clone();
+        self.tracker.spawn(async move {
             tokio::select! {
                 () = shutdown => {
-                    drain_state.start_draining();
+                    state.start_draining();
                     tracing::info!(drain_delay = ?drain_delay, "draining: /readyz answers 503; the listeners close after the drain delay");
                     tokio::select! {
                         () = tokio::time::sleep(drain_delay) => {}
@@ -234,20 +296,21 @@ impl Service {
                 () = decide.cancelled() => {}
             }
         });
+    }
 
-        cancel.cancelled().await;
+    /// Tell and wait: once the token is cancelled, in-flight requests and every task drain
+    /// within `grace`, or a warning says how many were cut off.
+    async fn drain(self, grace: std::time::Duration) {
+        self.cancel.cancelled().await;
         tracing::info!(grace = ?grace, "shutting down: draining requests and background tasks");
-        tracker.close();
-        let drained = tokio::time::timeout(grace, tracker.wait()).await;
-        // Whatever was not drained is in the spool; sync it and release the directory.
-        spool_owner.close().await;
+        self.tracker.close();
+        let drained = tokio::time::timeout(grace, self.tracker.wait()).await;
         match drained {
             Ok(()) => tracing::info!("shutdown complete"),
             Err(_) => {
-                tracing::warn!(grace = ?grace, tasks = tracker.len(), "shutdown grace period ended with work still running");
+                tracing::warn!(grace = ?grace, tasks = self.tracker.len(), "shutdown grace period ended with work still running");
             }
         }
-        Ok(())
     }
 }
 
