@@ -195,6 +195,85 @@ impl Drop for RedisStore {
     }
 }
 
+/// The client's server config for `target`, and the node label of a standalone primary.
+///
+/// # Errors
+/// Why an address is malformed, or that a cluster has no seed.
+fn server_config(
+    target: &RedisTarget,
+) -> std::result::Result<(ServerConfig, Option<NodeLabel>), String> {
+    match target {
+        RedisTarget::Standalone(address) => {
+            let (host, port) = parse_address(address)?;
+            let label = NodeLabel::new(format_address(&host, port));
+            Ok((ServerConfig::new_centralized(host, port), Some(label)))
+        }
+        RedisTarget::Cluster(addresses) => {
+            if addresses.is_empty() {
+                return Err("a cluster needs at least one seed node".to_owned());
+            }
+            let hosts = addresses
+                .iter()
+                .map(|address| parse_address(address).map(|(host, port)| Server::new(host, port)))
+                .collect::<std::result::Result<Vec<Server>, String>>()?;
+            let server = ServerConfig::Clustered {
+                hosts,
+                // Also try nodes from the last slot map when the seeds are gone.
+                policy: ClusterDiscoveryPolicy::UseCache,
+            };
+            Ok((server, None))
+        }
+    }
+}
+
+/// Starts `client`'s connection within one connect timeout per cluster seed plus one.
+///
+/// # Errors
+/// [`ErrorKind::Unavailable`] naming the URL when Redis cannot be reached in time.
+async fn init_client(
+    client: &Client,
+    options: &RedisOptions,
+    metrics: &Metrics,
+) -> Result<ConnectHandle> {
+    let url = options.url();
+    // fred tries the seeds one after another, each within the connect timeout, then
+    // connects every primary at once: a paused seed costs one connect timeout when another
+    // seed answers, so the whole connection may take one per seed plus one.
+    let seeds = match &options.target {
+        RedisTarget::Standalone(_) => 0,
+        RedisTarget::Cluster(addresses) => addresses.len(),
+    };
+    let init_timeout = options
+        .connect_timeout
+        .saturating_mul(u32::try_from(seeds).unwrap_or(u32::MAX).saturating_add(1));
+    match tokio::time::timeout(init_timeout, client.init()).await {
+        Ok(Ok(task)) => Ok(task),
+        Ok(Err(err)) => {
+            metrics.store_error(Failure::of(&err).as_str());
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "could not connect to redis at {url}: {}{}",
+                    failure::details(&err),
+                    Failure::connect_hint(&err)
+                ),
+            ))
+        }
+        Err(_) => {
+            metrics.store_error(Failure::Timeout.as_str());
+            // The connection task outlives the dropped `init` future; ask it to stop.
+            let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "could not connect to redis at {url} within {} ms",
+                    init_timeout.as_millis()
+                ),
+            ))
+        }
+    }
+}
+
 impl RedisStore {
     /// Connects to `options.target`, waits for the connection (at most `connect_timeout`, or
     /// one `connect_timeout` per cluster seed plus one: fred tries the seeds in turn) and loads
@@ -229,33 +308,7 @@ impl RedisStore {
         let url = options.url();
         let config_error =
             |why: String| Error::new(ErrorKind::Config, format!("redis target {url:?}: {why}"));
-        let (server, standalone_node) = match &options.target {
-            RedisTarget::Standalone(address) => {
-                let (host, port) = parse_address(address).map_err(config_error)?;
-                let label = NodeLabel::new(format_address(&host, port));
-                (ServerConfig::new_centralized(host, port), Some(label))
-            }
-            RedisTarget::Cluster(addresses) => {
-                if addresses.is_empty() {
-                    return Err(config_error(
-                        "a cluster needs at least one seed node".to_owned(),
-                    ));
-                }
-                let hosts = addresses
-                    .iter()
-                    .map(|address| {
-                        parse_address(address).map(|(host, port)| Server::new(host, port))
-                    })
-                    .collect::<std::result::Result<Vec<Server>, String>>()
-                    .map_err(config_error)?;
-                let server = ServerConfig::Clustered {
-                    hosts,
-                    // Also try nodes from the last slot map when the seeds are gone.
-                    policy: ClusterDiscoveryPolicy::UseCache,
-                };
-                (server, None)
-            }
-        };
+        let (server, standalone_node) = server_config(&options.target).map_err(config_error)?;
 
         // READONLY is left out of the reconnect errors: a write that reaches a replica should
         // fail now, not after a reconnect loop.
@@ -274,42 +327,7 @@ impl RedisStore {
             )
         })?;
 
-        // fred tries the seeds one after another, each within the connect timeout, then
-        // connects every primary at once: a paused seed costs one connect timeout when another
-        // seed answers, so the whole connection may take one per seed plus one.
-        let seeds = match &options.target {
-            RedisTarget::Standalone(_) => 0,
-            RedisTarget::Cluster(addresses) => addresses.len(),
-        };
-        let init_timeout = options
-            .connect_timeout
-            .saturating_mul(u32::try_from(seeds).unwrap_or(u32::MAX).saturating_add(1));
-        let connection_task = match tokio::time::timeout(init_timeout, client.init()).await {
-            Ok(Ok(task)) => task,
-            Ok(Err(err)) => {
-                metrics.store_error(Failure::of(&err).as_str());
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "could not connect to redis at {url}: {}{}",
-                        failure::details(&err),
-                        Failure::connect_hint(&err)
-                    ),
-                ));
-            }
-            Err(_) => {
-                metrics.store_error(Failure::Timeout.as_str());
-                // The connection task outlives the dropped `init` future; ask it to stop.
-                let _ = tokio::time::timeout(QUIT_AFTER_TIMEOUT, client.quit()).await;
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "could not connect to redis at {url} within {} ms",
-                        init_timeout.as_millis()
-                    ),
-                ));
-            }
-        };
+        let connection_task = init_client(&client, &options, &metrics).await?;
 
         let mut replica_clients = Vec::with_capacity(options.replicas.len());
         if !options.replicas.is_empty() && standalone_node.is_none() {
