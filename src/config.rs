@@ -466,119 +466,121 @@ mod tests {
         assert!(err.message().contains("suffix"), "{err}");
     }
 
+    /// Invalid configs and the field each error must name.
+    const INVALID_FIELDS: &[(&str, &str)] = &[
+        ("[[family]]\nprefix = \"a\"\ncopies = 0", "family[0].copies"),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 1025",
+            "family[0].copies",
+        ),
+        (
+            "[[family]]\nprefix = \"a{\"\ncopies = 2",
+            "family[0].prefix",
+        ),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 2\n[[family]]\nprefix = \"a\"\ncopies = 3",
+            "family[1].prefix",
+        ),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 2\nttl = \"0s\"",
+            "family[0].ttl",
+        ),
+        ("[store]\nredis = \"http://x\"", "store.redis"),
+        ("[default_family]\ncopies = 0", "default_family.copies"),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 2\ndefault_class = \"decides-on-presence\"",
+            "family[0].default_class",
+        ),
+        (
+            "[default_family]\ncopies = 2\ndefault_class = \"decides-on-presence\"",
+            "default_family.default_class",
+        ),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 1\ndefault_class = \"nope\"",
+            "family[0].default_class",
+        ),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\nsplit = { max_copies = 8 }",
+            "family[0].split: the family's default_class",
+        ),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 4\nsplit = { max_copies = 4 }",
+            "family[0].split.max_copies",
+        ),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 1\nsplit = { max_copies = 8, cool_down = \"0s\" }",
+            "family[0].split.cool_down",
+        ),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 1\nsplit = { max_copies = 8, mode = \"bogus\" }",
+            "mode",
+        ),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 1\npin_window = \"0s\"",
+            "family[0].pin_window",
+        ),
+        (
+            "[[family]]\nprefix = \"a\"\ncopies = 1\nsync_replicas = 1",
+            "family[0].sync_replicas: needs a Redis store",
+        ),
+        (
+            "[store]\nredis = \"redis://127.0.0.1:6379\"\n[default_family]\nsync_replicas = 1\nsync_timeout = \"6s\"",
+            "default_family.sync_timeout",
+        ),
+        (
+            "[classes.x]\nroute = \"replica\"\nreason = \"r\"",
+            "classes.x.staleness_budget",
+        ),
+        (
+            "[route]\nheartbeat_interval = \"0s\"",
+            "route.heartbeat_interval",
+        ),
+        ("[route]\nlag_window = \"1ms\"", "route.lag_window"),
+        (
+            "[route]\nrequest_pin_window = \"0s\"",
+            "route.request_pin_window",
+        ),
+        ("[store]\nreplicas = [\"redis://r:1\"]", "store.replicas"),
+        (
+            "[store]\nredis = \"redis-cluster://a:1\"\nreplicas = [\"redis://r:1\"]",
+            "store.replicas",
+        ),
+        (
+            "[store]\nredis = \"redis://a:1\"\nreplicas = [\"http://r:1\"]",
+            "store.replicas[0]",
+        ),
+        ("[heal]\nmax_entries = 0", "heal.max_entries"),
+        ("[heal]\nexpiry_jitter_max = 0.1", "heal.expiry_jitter_max"),
+        ("[heal]\nbackoff_cap = \"1ms\"", "heal.backoff_cap"),
+        ("[scrub]\ninterval = \"1ms\"", "scrub.interval"),
+        (
+            "[store]\nversion_retention = \"1m\"\n[heal]\nexpiry_jitter_min = -0.1",
+            "store.version_retention",
+        ),
+        (
+            "[server]\nlisten = \"0.0.0.0:7070\"",
+            "server.allow_unauthenticated",
+        ),
+        (
+            "[server]\nlisten = \"10.1.2.3:7070\"\n[auth]\ntokens_file = \"t\"",
+            "server.tls_terminated_upstream",
+        ),
+        (
+            "[server]\nlisten = \"[::]:7070\"\nallow_unauthenticated = true\n[auth]\ntokens_file = \"t\"",
+            "server.tls_terminated_upstream",
+        ),
+        ("[server]\ntls_cert_file = \"c.pem\"", "server.tls_cert_file"),
+        (
+            "[admin]\nlisten = \"10.1.2.3:7071\"",
+            "server.allow_unauthenticated",
+        ),
+        ("[admin]\nlisten = \"127.0.0.1:7070\"", "admin.listen"),
+        ("[server]\nlog_level = \"info,=nope\"", "server.log_level"),
+    ];
+
     #[test]
     fn invalid_fields_are_named() {
-        let cases = [
-            ("[[family]]\nprefix = \"a\"\ncopies = 0", "family[0].copies"),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 1025",
-                "family[0].copies",
-            ),
-            (
-                "[[family]]\nprefix = \"a{\"\ncopies = 2",
-                "family[0].prefix",
-            ),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 2\n[[family]]\nprefix = \"a\"\ncopies = 3",
-                "family[1].prefix",
-            ),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 2\nttl = \"0s\"",
-                "family[0].ttl",
-            ),
-            ("[store]\nredis = \"http://x\"", "store.redis"),
-            ("[default_family]\ncopies = 0", "default_family.copies"),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 2\ndefault_class = \"decides-on-presence\"",
-                "family[0].default_class",
-            ),
-            (
-                "[default_family]\ncopies = 2\ndefault_class = \"decides-on-presence\"",
-                "default_family.default_class",
-            ),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 1\ndefault_class = \"nope\"",
-                "family[0].default_class",
-            ),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 1\ndefault_class = \"decides-on-presence\"\nsplit = { max_copies = 8 }",
-                "family[0].split: the family's default_class",
-            ),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 4\nsplit = { max_copies = 4 }",
-                "family[0].split.max_copies",
-            ),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 1\nsplit = { max_copies = 8, cool_down = \"0s\" }",
-                "family[0].split.cool_down",
-            ),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 1\nsplit = { max_copies = 8, mode = \"bogus\" }",
-                "mode",
-            ),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 1\npin_window = \"0s\"",
-                "family[0].pin_window",
-            ),
-            (
-                "[[family]]\nprefix = \"a\"\ncopies = 1\nsync_replicas = 1",
-                "family[0].sync_replicas: needs a Redis store",
-            ),
-            (
-                "[store]\nredis = \"redis://127.0.0.1:6379\"\n[default_family]\nsync_replicas = 1\nsync_timeout = \"6s\"",
-                "default_family.sync_timeout",
-            ),
-            (
-                "[classes.x]\nroute = \"replica\"\nreason = \"r\"",
-                "classes.x.staleness_budget",
-            ),
-            (
-                "[route]\nheartbeat_interval = \"0s\"",
-                "route.heartbeat_interval",
-            ),
-            ("[route]\nlag_window = \"1ms\"", "route.lag_window"),
-            (
-                "[route]\nrequest_pin_window = \"0s\"",
-                "route.request_pin_window",
-            ),
-            ("[store]\nreplicas = [\"redis://r:1\"]", "store.replicas"),
-            (
-                "[store]\nredis = \"redis-cluster://a:1\"\nreplicas = [\"redis://r:1\"]",
-                "store.replicas",
-            ),
-            (
-                "[store]\nredis = \"redis://a:1\"\nreplicas = [\"http://r:1\"]",
-                "store.replicas[0]",
-            ),
-            ("[heal]\nmax_entries = 0", "heal.max_entries"),
-            ("[heal]\nexpiry_jitter_max = 0.1", "heal.expiry_jitter_max"),
-            ("[heal]\nbackoff_cap = \"1ms\"", "heal.backoff_cap"),
-            ("[scrub]\ninterval = \"1ms\"", "scrub.interval"),
-            (
-                "[store]\nversion_retention = \"1m\"\n[heal]\nexpiry_jitter_min = -0.1",
-                "store.version_retention",
-            ),
-            (
-                "[server]\nlisten = \"0.0.0.0:7070\"",
-                "server.allow_unauthenticated",
-            ),
-            (
-                "[server]\nlisten = \"10.1.2.3:7070\"\n[auth]\ntokens_file = \"t\"",
-                "server.tls_terminated_upstream",
-            ),
-            (
-                "[server]\nlisten = \"[::]:7070\"\nallow_unauthenticated = true\n[auth]\ntokens_file = \"t\"",
-                "server.tls_terminated_upstream",
-            ),
-            ("[server]\ntls_cert_file = \"c.pem\"", "server.tls_cert_file"),
-            (
-                "[admin]\nlisten = \"10.1.2.3:7071\"",
-                "server.allow_unauthenticated",
-            ),
-            ("[admin]\nlisten = \"127.0.0.1:7070\"", "admin.listen"),
-            ("[server]\nlog_level = \"info,=nope\"", "server.log_level"),
-        ];
-        for (text, field) in cases {
+        for (text, field) in INVALID_FIELDS {
             let err = Config::from_toml(text)
                 .and_then(|config| config.validate())
                 .unwrap_err();
