@@ -8,6 +8,37 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::key::{Key, Version};
 use crate::route::{Plan, RouteReason, Target};
 
+/// The floors one copy read answers to: the plan (its own-write floor among them), the reader's
+/// floor and the floor it prefers (the reader's, or an instance high-water mark above it).
+#[derive(Clone, Copy)]
+pub(super) struct Floors<'a> {
+    /// Where the read goes, and the reader's own-write floor.
+    pub(super) plan: &'a Plan,
+    /// The reader's floor.
+    pub(super) client: Option<Version>,
+    /// The floor the read prefers to meet.
+    pub(super) preferred: Option<Version>,
+}
+
+impl<'a> Floors<'a> {
+    /// The floors of a prepared read.
+    pub(super) fn of(prepared: &'a super::prepare::Prepared<'_>) -> Floors<'a> {
+        Floors {
+            plan: &prepared.plan,
+            client: prepared.client_floor,
+            preferred: prepared.preferred,
+        }
+    }
+
+    /// These floors with `preferred` raised to `floor`.
+    pub(super) fn at_least(self, floor: Option<Version>) -> Floors<'a> {
+        Floors {
+            preferred: self.preferred.max(floor),
+            ..self
+        }
+    }
+}
+
 impl Reader {
     /// Reads one copy where the plan sends it. A replica copy below the floor is re-read from
     /// the primary (reason `own-write` when the reader's own write floor is what it missed,
@@ -17,10 +48,13 @@ impl Reader {
         &self,
         key: &Key,
         copy: u32,
-        plan: &Plan,
-        client_floor: Option<Version>,
-        floor: Option<Version>,
+        floors: Floors<'_>,
     ) -> Result<Consulted> {
+        let Floors {
+            plan,
+            client: client_floor,
+            preferred: floor,
+        } = floors;
         let copy_key = self.copy_key(key, copy);
         let primary = self.store.node_of(&copy_key);
         let reason = match self.router.target(plan, &primary) {

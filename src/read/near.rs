@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt};
 
-use super::consult::breach;
+use super::consult::{breach, Floors};
 use super::prepare::Prepared;
 use super::{Consulted, Decision, ReadAnswer, Reader};
 use crate::error::Result;
@@ -89,7 +89,7 @@ impl Reader {
         if below(Some(&entry.record), prepared.preferred) {
             return None;
         }
-        Some(self.serve_entry(near, &entry, age, prepared, || self.copy_key(key, copy)))
+        Some(self.serve_entry(near, (&entry, age), prepared, || self.copy_key(key, copy)))
     }
 
     /// Answers the affine copy from its fresh near-cache `entry`, `age` old: counted as a hit,
@@ -98,8 +98,7 @@ impl Reader {
     fn serve_entry(
         &self,
         near: &Arc<NearCache>,
-        entry: &Entry,
-        age: Duration,
+        (entry, age): (&Entry, Duration),
         prepared: &Prepared<'_>,
         copy_key: impl FnOnce() -> CopyKey,
     ) -> NearConsult {
@@ -135,7 +134,6 @@ impl Reader {
         let Prepared {
             affine: copy,
             ref plan,
-            client_floor,
             preferred: floor,
             near: Some((near, max_age)),
             ..
@@ -143,13 +141,7 @@ impl Reader {
         else {
             // Not a read the cache may answer: the copy as without a cache.
             let consulted = self
-                .consult(
-                    key,
-                    prepared.affine,
-                    &prepared.plan,
-                    prepared.client_floor,
-                    prepared.preferred,
-                )
+                .consult(key, prepared.affine, Floors::of(prepared))
                 .await?;
             return Ok(NearConsult {
                 consulted,
@@ -157,15 +149,16 @@ impl Reader {
                 high_water: None,
             });
         };
+        let floors = Floors::of(prepared);
         let copy_key = self.copy_key(key, copy);
         if let Lookup::Fresh(entry, age) = near.lookup(&copy_key, max_age) {
             if !below(Some(&entry.record), floor) {
-                return Ok(self.serve_entry(near, &entry, age, prepared, || copy_key.clone()));
+                return Ok(self.serve_entry(near, (&entry, age), prepared, || copy_key.clone()));
             }
             near.metrics().floor_reads.inc();
             let high_water = near.high_water(&copy_key);
             let consulted = self
-                .consult_offered(near, key, copy, plan, client_floor, floor.max(high_water))
+                .consult_offered(near, key, copy, floors.at_least(high_water))
                 .await?;
             return Ok(NearConsult {
                 consulted,
@@ -177,7 +170,7 @@ impl Reader {
         let Some((source, label)) = self.fill_source(plan, &copy_key)? else {
             // The replica's lag is unknown again (a topology change): no fill.
             let consulted = self
-                .consult_offered(near, key, copy, plan, client_floor, floor.max(high_water))
+                .consult_offered(near, key, copy, floors.at_least(high_water))
                 .await?;
             return Ok(NearConsult {
                 consulted,
@@ -218,7 +211,7 @@ impl Reader {
             }
         }
         let consulted = self
-            .consult_offered(near, key, copy, plan, client_floor, floor.max(high_water))
+            .consult_offered(near, key, copy, floors.at_least(high_water))
             .await?;
         Ok(NearConsult {
             consulted,
@@ -233,12 +226,10 @@ impl Reader {
         near: &Arc<NearCache>,
         key: &Key,
         copy: u32,
-        plan: &Plan,
-        client_floor: Option<Version>,
-        floor: Option<Version>,
+        floors: Floors<'_>,
     ) -> Result<Consulted> {
         let started = Instant::now();
-        let consulted = self.consult(key, copy, plan, client_floor, floor).await?;
+        let consulted = self.consult(key, copy, floors).await?;
         self.offer(near, key, &consulted, started);
         Ok(consulted)
     }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 
+use super::consult::Floors;
 use super::prepare::Prepared;
 use super::{
     decide, repair_of, Caller, Concluded, Consulted, Decision, Found, ReadAnswer, ReadRequest,
@@ -13,8 +14,18 @@ use super::{
 };
 use crate::error::{ErrorKind, Result};
 use crate::key::{Key, Version};
-use crate::route::ServedRole;
+use crate::route::{RouteReason, ServedRole};
 use crate::store::{Role, ServedBy};
+
+/// What the near cache told of the affine copy: the entry's age bound when it answered, and the
+/// copy's high-water version when the read began.
+#[derive(Clone, Copy, Default)]
+struct NearSeen {
+    /// The entry's age bound when the answer came from the cache.
+    age: Option<Duration>,
+    /// The copy's high-water version when the read began.
+    high_water: Option<Version>,
+}
 
 impl Reader {
     /// The answer when the affine copy's near-cache entry gives it (see `near::consult_near_hit`):
@@ -26,13 +37,11 @@ impl Reader {
     ) -> Option<Result<Concluded>> {
         let found = self.consult_near_hit(&request.key, prepared)?;
         // An entry that meets every floor is the whole answer: no sibling is consulted.
-        Some(self.conclude(
-            request,
-            prepared,
-            [found.consulted],
-            found.age,
-            found.high_water,
-        ))
+        let seen = NearSeen {
+            age: found.age,
+            high_water: found.high_water,
+        };
+        Some(self.conclude(request, prepared, [found.consulted], seen))
     }
 
     /// The read of `request` from the store (through the near cache's fills when it has one),
@@ -45,42 +54,36 @@ impl Reader {
         let Prepared {
             copies,
             affine,
-            ref plan,
-            client_floor,
-            preferred: floor,
             near,
             ..
         } = prepared;
-        let (first, near_cache_age, high_water) = match near {
+        let (first, seen) = match near {
             Some(_) => {
                 let found = self.consult_near(&request.key, &prepared).await?;
-                (found.consulted, found.age, found.high_water)
+                let seen = NearSeen {
+                    age: found.age,
+                    high_water: found.high_water,
+                };
+                (found.consulted, seen)
             }
-            None => (
-                self.consult(&request.key, affine, plan, client_floor, floor)
-                    .await?,
-                None,
-                None,
-            ),
+            None => {
+                let floors = Floors::of(&prepared);
+                let first = self.consult(&request.key, affine, floors).await?;
+                (first, NearSeen::default())
+            }
         };
         // Below what this instance already served from the copy, the affine copy is not the
         // answer while a sibling holds more (`near::high_water`).
-        let floor = floor.max(high_water);
+        let floors = Floors::of(&prepared).at_least(seen.high_water);
+        let floor = floors.preferred;
         let satisfied = matches!(&first.read.record, Ok(Some(record)) if floor.is_none_or(|floor| record.version >= floor));
         let named = matches!(request.caller, Caller::Named(_));
         if satisfied || named || copies == 1 {
-            return self.conclude(request, &prepared, [first], near_cache_age, high_water);
+            return self.conclude(request, &prepared, [first], seen);
         }
         let siblings_started = Instant::now();
-        let siblings = (1..=self.config.fallback_copies.min(copies - 1)).map(|step| {
-            self.consult(
-                &request.key,
-                (affine + step) % copies,
-                plan,
-                client_floor,
-                floor,
-            )
-        });
+        let siblings = (1..=self.config.fallback_copies.min(copies - 1))
+            .map(|step| self.consult(&request.key, (affine + step) % copies, floors));
         let mut all = vec![first];
         for sibling in join_all(siblings).await {
             all.push(sibling?);
@@ -94,12 +97,9 @@ impl Reader {
         // repaired, so ask copy 0, which exists in every layout, before answering 404.
         let all_missing = all.iter().all(|c| matches!(c.read.record, Ok(None)));
         if all_missing && all.iter().all(|c| c.copy != 0) {
-            all.push(
-                self.consult(&request.key, 0, plan, client_floor, floor)
-                    .await?,
-            );
+            all.push(self.consult(&request.key, 0, floors).await?);
         }
-        self.conclude(request, &prepared, all, near_cache_age, high_water)
+        self.conclude(request, &prepared, all, seen)
     }
 
     /// Decides the read from the copies it consulted (the affine copy first), then repairs and
@@ -111,8 +111,7 @@ impl Reader {
         request: &ReadRequest,
         prepared: &Prepared<'_>,
         consulted: C,
-        near_cache_age: Option<Duration>,
-        high_water: Option<Version>,
+        seen: NearSeen,
     ) -> Result<Concluded>
     where
         C: AsRef<[Consulted]> + IntoIterator<Item = Consulted>,
@@ -124,6 +123,10 @@ impl Reader {
             min_version,
             ..
         } = *prepared;
+        let NearSeen {
+            age: near_cache_age,
+            high_water,
+        } = seen;
         let repair = self.repairer.as_ref().and_then(|_| {
             repair_of(
                 &request.key,
@@ -167,15 +170,7 @@ impl Reader {
                 // A near-cache answer leaves no seen floor (see below), nor counts in the bill.
                 if near_cache_age.is_none() {
                     trail.seen = self.remember(prepared, copy, &served_by, version);
-                    self.count(
-                        &request.key,
-                        &served_by,
-                        RouteNote {
-                            class: plan.class,
-                            reason,
-                            near_cache_age: None,
-                        },
-                    );
+                    self.bill(&request.key, &served_by, plan, reason);
                 }
                 trail.shown = Some((version, expire_at_ms));
                 return Ok(Concluded {
@@ -193,15 +188,7 @@ impl Reader {
                     Some((served_by, reason)),
                 ) = (err.kind(), first)
                 {
-                    self.count(
-                        &request.key,
-                        &served_by,
-                        RouteNote {
-                            class: plan.class,
-                            reason,
-                            near_cache_age: None,
-                        },
-                    );
+                    self.bill(&request.key, &served_by, plan, reason);
                 }
                 if err.kind() == ErrorKind::NotFound {
                     return Ok(Concluded {
@@ -213,6 +200,18 @@ impl Reader {
                 return Err(err);
             }
         };
+        Ok(self.answered(prepared, answer, trail, near_cache_age))
+    }
+
+    /// The answer's conclusion: which copy served it, the version shown, and the reader's
+    /// seen floor when the store (not the near cache) served it.
+    fn answered(
+        &self,
+        prepared: &Prepared<'_>,
+        answer: ReadAnswer,
+        mut trail: Trail,
+        near_cache_age: Option<Duration>,
+    ) -> Concluded {
         let (ReadAnswer::Value {
             copy,
             version,
@@ -227,18 +226,34 @@ impl Reader {
             expire_at_ms,
             ..
         }) = &answer;
-        let served = Served::of(*copy, affine);
+        let served = Served::of(*copy, prepared.affine);
         trail.shown = Some((*version, *expire_at_ms));
         // A near-cache answer leaves no seen floor: the copy's high-water version keeps every
         // reader of the copy through this instance from going below it.
         if near_cache_age.is_none() {
             trail.seen = self.remember(prepared, *copy, served_by, *version);
         }
-        Ok(Concluded {
+        Concluded {
             found: Found::Answer(answer),
             served,
             trail,
-        })
+        }
+    }
+
+    /// Counts a read the store served (not the near cache) in the bill and the route metrics.
+    fn bill(
+        &self,
+        key: &Key,
+        served_by: &ServedBy,
+        plan: &crate::route::Plan,
+        reason: RouteReason,
+    ) {
+        let note = RouteNote {
+            class: plan.class,
+            reason,
+            near_cache_age: None,
+        };
+        self.count(key, served_by, note);
     }
 
     /// Leaves the reader a seen floor when its read was served from somewhere its next read may
