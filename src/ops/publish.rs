@@ -10,7 +10,7 @@ use super::{ClientSession, Ops};
 use crate::deadline::Deadline;
 use crate::error::{Error, ErrorKind, Refusal, Result};
 use crate::key::{Key, Version};
-use crate::publish::{PublishReport, PublishStatus, SyncReplicas, VersionChoice};
+use crate::publish::{PublishReport, PublishStatus, SyncReplicas, VersionChoice, Within};
 use crate::read::Caller;
 use crate::store::now_unix_ms;
 
@@ -113,7 +113,7 @@ impl Ops {
         let report = match (edit, sync, deadline) {
             (Edit::Value(value), sync, Some(deadline)) => {
                 publisher
-                    .publish_within(&key, version, value, sync, deadline)
+                    .publish_within(&key, version, value, Within { sync, deadline })
                     .await?
             }
             (Edit::Value(value), None, None) => publisher.publish(&key, version, value).await?,

@@ -99,6 +99,24 @@ pub struct Publisher {
     near: Option<Arc<NearCache>>,
 }
 
+/// What bounds a publish with a deadline ([`Publisher::publish_within`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Within {
+    /// Replicas to wait for after the writes (`WAIT`), as [`Publisher::publish_synced`].
+    pub sync: Option<SyncReplicas>,
+    /// When the publish must be answered.
+    pub deadline: Deadline,
+}
+
+/// The optional bounds of one write: replicas to wait for, and a deadline.
+#[derive(Debug, Clone, Copy, Default)]
+struct WriteBounds {
+    /// Replicas to wait for after the writes.
+    sync: Option<SyncReplicas>,
+    /// When the write must be answered.
+    deadline: Option<Deadline>,
+}
+
 impl Publisher {
     /// A publisher writing through `store`.
     pub fn new(
@@ -169,7 +187,8 @@ impl Publisher {
         version: VersionChoice,
         value: Bytes,
     ) -> Result<PublishReport> {
-        self.write_value(key, version, value, None, None).await
+        self.write_value(key, version, value, WriteBounds::default())
+            .await
     }
 
     /// Like [`Publisher::publish`] (or [`Publisher::publish_synced`] with `sync`), bounded by
@@ -185,11 +204,13 @@ impl Publisher {
         key: &Key,
         version: VersionChoice,
         value: Bytes,
-        sync: Option<SyncReplicas>,
-        deadline: Deadline,
+        within: Within,
     ) -> Result<PublishReport> {
-        self.write_value(key, version, value, sync, Some(deadline))
-            .await
+        let bounds = WriteBounds {
+            sync: within.sync,
+            deadline: Some(within.deadline),
+        };
+        self.write_value(key, version, value, bounds).await
     }
 
     /// Like [`Publisher::publish`], then waits for `sync.replicas` replicas of each written
@@ -205,8 +226,11 @@ impl Publisher {
         value: Bytes,
         sync: SyncReplicas,
     ) -> Result<PublishReport> {
-        self.write_value(key, version, value, Some(sync), None)
-            .await
+        let bounds = WriteBounds {
+            sync: Some(sync),
+            deadline: None,
+        };
+        self.write_value(key, version, value, bounds).await
     }
 
     /// Writes a tombstone at `version` to every copy of `key`.
@@ -214,7 +238,8 @@ impl Publisher {
     /// # Errors
     /// As [`Publisher::publish`].
     pub async fn invalidate(&self, key: &Key, version: VersionChoice) -> Result<PublishReport> {
-        self.write_tombstone(key, version, None).await
+        self.write(key, version, Payload::Tombstone, WriteBounds::default())
+            .await
     }
 
     /// Like [`Publisher::invalidate`], bounded by `deadline` as [`Publisher::publish_within`].
@@ -227,7 +252,11 @@ impl Publisher {
         version: VersionChoice,
         deadline: Deadline,
     ) -> Result<PublishReport> {
-        self.write_tombstone(key, version, Some(deadline)).await
+        let bounds = WriteBounds {
+            sync: None,
+            deadline: Some(deadline),
+        };
+        self.write(key, version, Payload::Tombstone, bounds).await
     }
 
     /// Publishes `value`: the body of the `publish*` methods.
@@ -236,24 +265,9 @@ impl Publisher {
         key: &Key,
         version: VersionChoice,
         value: Bytes,
-        sync: Option<SyncReplicas>,
-        deadline: Option<Deadline>,
+        bounds: WriteBounds,
     ) -> Result<PublishReport> {
-        let payload = owned_value(&value);
-        self.write(key, version, payload, WriteOp::Publish, sync, deadline)
-            .await
-    }
-
-    /// Writes a tombstone: the body of the `invalidate*` methods.
-    async fn write_tombstone(
-        &self,
-        key: &Key,
-        version: VersionChoice,
-        deadline: Option<Deadline>,
-    ) -> Result<PublishReport> {
-        let payload = Payload::Tombstone;
-        self.write(key, version, payload, WriteOp::Invalidate, None, deadline)
-            .await
+        self.write(key, version, owned_value(&value), bounds).await
     }
 
     /// Checks `sync` against the replicas known for every copy's node.
@@ -296,15 +310,20 @@ impl Publisher {
         Ok(())
     }
 
+    /// Writes `payload` to every copy of `key`: a value is a publish, a tombstone an
+    /// invalidation.
     async fn write(
         &self,
         key: &Key,
         choice: VersionChoice,
         payload: Payload,
-        op: WriteOp,
-        sync: Option<SyncReplicas>,
-        deadline: Option<Deadline>,
+        bounds: WriteBounds,
     ) -> Result<PublishReport> {
+        let WriteBounds { sync, deadline } = bounds;
+        let op = match payload {
+            Payload::Tombstone => WriteOp::Invalidate,
+            Payload::Value(_) => WriteOp::Publish,
+        };
         let family = self.families.resolve(key);
         if let Some(sync) = sync {
             self.check_sync(key, family, sync)?;
