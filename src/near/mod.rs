@@ -322,6 +322,22 @@ impl std::fmt::Debug for NearCache {
     }
 }
 
+/// What a read (or a write) found of one copy, offered to the cache ([`NearCache::offer`]).
+#[derive(Debug, Clone)]
+pub struct Offer {
+    /// The copy's record.
+    pub record: CopyRecord,
+    /// Who served it.
+    pub served_by: ServedBy,
+    /// Why the read went there.
+    pub reason: RouteReason,
+    /// The moment the record is known to have been current.
+    pub as_of: Instant,
+    /// How long the read took; `None` for a write's record (the entry keeps the held entry's
+    /// fill time).
+    pub fill_time: Option<Duration>,
+}
+
 impl NearCache {
     /// An empty cache bounded by `config.max_bytes`, running fills on `tracker`.
     pub fn new(config: &NearCacheConfig, metrics: NearMetrics, tracker: TaskTracker) -> NearCache {
@@ -443,15 +459,14 @@ impl NearCache {
     /// (`None` for a write's record: the entry keeps the held entry's fill time): it becomes the
     /// entry unless the entry held comes after it or it is below the copy's high-water record.
     /// Returns whether it was taken.
-    pub fn offer(
-        &self,
-        copy_key: &CopyKey,
-        record: CopyRecord,
-        served_by: ServedBy,
-        reason: RouteReason,
-        as_of: Instant,
-        fill_time: Option<Duration>,
-    ) -> bool {
+    pub fn offer(&self, copy_key: &CopyKey, offer: Offer) -> bool {
+        let Offer {
+            record,
+            served_by,
+            reason,
+            as_of,
+            fill_time,
+        } = offer;
         let now_ms = now_unix_ms();
         if record.expire_at_ms <= now_ms {
             return false;
@@ -659,11 +674,13 @@ mod tests {
     fn offer(cache: &NearCache, key: &CopyKey, record: CopyRecord, as_of: Instant) -> bool {
         cache.offer(
             key,
-            record,
-            ServedBy::primary(NodeLabel::new("p:1")),
-            RouteReason::Class,
-            as_of,
-            Some(Duration::from_millis(1)),
+            Offer {
+                record,
+                served_by: ServedBy::primary(NodeLabel::new("p:1")),
+                reason: RouteReason::Class,
+                as_of,
+                fill_time: Some(Duration::from_millis(1)),
+            },
         )
     }
 
@@ -854,11 +871,13 @@ mod tests {
         let fill = |key: &CopyKey, version: u64, fill_time: Option<Duration>| {
             cache.offer(
                 key,
-                record(version, Some("v")),
-                ServedBy::primary(NodeLabel::new("p:1")),
-                RouteReason::Class,
-                Instant::now(),
-                fill_time,
+                Offer {
+                    record: record(version, Some("v")),
+                    served_by: ServedBy::primary(NodeLabel::new("p:1")),
+                    reason: RouteReason::Class,
+                    as_of: Instant::now(),
+                    fill_time,
+                },
             )
         };
         // Filled in 2 ms: refreshed from 998 ms of its 1 s, not before.
@@ -899,11 +918,13 @@ mod tests {
         );
         assert!(off.offer(
             &quick,
-            record(1, Some("v")),
-            ServedBy::primary(NodeLabel::new("p:1")),
-            RouteReason::Class,
-            Instant::now(),
-            Some(ms(2)),
+            Offer {
+                record: record(1, Some("v")),
+                served_by: ServedBy::primary(NodeLabel::new("p:1")),
+                reason: RouteReason::Class,
+                as_of: Instant::now(),
+                fill_time: Some(ms(2))
+            }
         ));
         let Lookup::Fresh(entry, _) = off.lookup(&quick, max_age) else {
             panic!("no entry");

@@ -14,6 +14,7 @@ use crate::family::Family;
 use crate::heal::{jitter, Admission, FailedCopy};
 use crate::key::{Key, Placement, Version};
 use crate::metrics::{CopyWriteOutcome, WriteOp};
+use crate::near::Offer;
 use crate::route::RouteReason;
 use crate::store::{
     now_unix_ms, CasOutcome, CopyRecord, CopyWrite, NodeLabel, Payload, ServedBy, WriteResult,
@@ -214,15 +215,17 @@ impl Publisher {
         };
         near.offer(
             &write.copy_key,
-            CopyRecord {
-                version: write.version,
-                payload: write.payload.clone(),
-                expire_at_ms: write.expire_at_ms,
+            Offer {
+                record: CopyRecord {
+                    version: write.version,
+                    payload: write.payload.clone(),
+                    expire_at_ms: write.expire_at_ms,
+                },
+                served_by,
+                reason: RouteReason::Class,
+                as_of: started,
+                fill_time: None,
             },
-            served_by,
-            RouteReason::Class,
-            started,
-            None,
         );
     }
 

@@ -31,7 +31,7 @@ use super::prepare::Prepared;
 use super::{Consulted, Decision, ReadAnswer, Reader};
 use crate::error::Result;
 use crate::key::{CopyKey, Key, Version};
-use crate::near::{Entry, Filled, Lookup, NearCache};
+use crate::near::{Entry, Filled, Lookup, NearCache, Offer};
 use crate::route::{Plan, RouteReason, Target};
 use crate::store::{CopyRead, CopyRecord, CopyStore, Role};
 
@@ -263,11 +263,13 @@ impl Reader {
         };
         near.offer(
             &copy_key,
-            record.clone(),
-            consulted.read.served_by.clone(),
-            consulted.reason,
-            as_of,
-            Some(started.elapsed()),
+            Offer {
+                record: record.clone(),
+                served_by: consulted.read.served_by.clone(),
+                reason: consulted.reason,
+                as_of,
+                fill_time: Some(started.elapsed()),
+            },
         );
     }
 
@@ -409,14 +411,7 @@ fn fill(
             if below(Some(record), high_water) {
                 near.metrics().below_high_water.inc();
             } else {
-                near.offer(
-                    &copy_key,
-                    record.clone(),
-                    read.served_by.clone(),
-                    reason,
-                    began.checked_sub(lag).unwrap_or(began),
-                    Some(fill_time),
-                );
+                near.offer(&copy_key, Offer { record: record.clone(), served_by: read.served_by.clone(), reason, as_of: began.checked_sub(lag).unwrap_or(began), fill_time: Some(fill_time) });
             }
         }
         Filled { read, reason }
@@ -633,15 +628,17 @@ mod tests {
         let affine = crate::affinity::copy_index("alice", 8);
         let taken = fixture.near.offer(
             &key().copy_key(affine, crate::key::Placement::Suffix),
-            CopyRecord {
-                version: v(5),
-                payload: crate::store::Payload::Value(Bytes::from_static(b"value 5")),
-                expire_at_ms: now_unix_ms() + 60_000,
+            Offer {
+                record: CopyRecord {
+                    version: v(5),
+                    payload: crate::store::Payload::Value(Bytes::from_static(b"value 5")),
+                    expire_at_ms: now_unix_ms() + 60_000,
+                },
+                served_by: crate::store::ServedBy::embedded(),
+                reason: RouteReason::Class,
+                as_of: Instant::now(),
+                fill_time: Some(Duration::from_millis(1)),
             },
-            crate::store::ServedBy::embedded(),
-            RouteReason::Class,
-            Instant::now(),
-            Some(Duration::from_millis(1)),
         );
         assert!(!taken);
         let err = fixture.read_raw(&request("alice")).await.unwrap_err();
