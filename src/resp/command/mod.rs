@@ -102,7 +102,7 @@ pub mod errors;
 mod info;
 mod multi;
 mod read;
-mod table;
+pub(crate) mod table;
 #[cfg(test)]
 mod tests;
 mod write;

@@ -349,9 +349,14 @@ pub(crate) static TABLE: &[Spec] = &[
 
 /// The command named `name` (any case), if the door knows it.
 pub(crate) fn find(name: &[u8]) -> Option<&'static Spec> {
+    position(name).map(|at| &TABLE[at])
+}
+
+/// Where the command named `name` (any case) stands in [`TABLE`] (its metric's index).
+pub(crate) fn position(name: &[u8]) -> Option<usize> {
     TABLE
         .iter()
-        .find(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name))
+        .position(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// Whether `args` (the name included) fits `spec`'s arity.
