@@ -64,7 +64,11 @@ impl Door {
         let run = spec.map(|spec| spec.run);
         let reply = match run {
             Some(Run::Quit | Run::Reset) => return None,
-            Some(Run::Exec) if args.len() == 1 => return Some(self.exec(conn, deadline).await),
+            // Boxed: `EXEC` is rare, and its future (holding a queued command's) would otherwise
+            // be a part of every command's.
+            Some(Run::Exec) if args.len() == 1 => {
+                return Some(Box::pin(self.exec(conn, deadline)).await)
+            }
             Some(Run::Discard) if args.len() == 1 => {
                 conn.multi = None;
                 Reply::OK
