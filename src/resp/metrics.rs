@@ -163,15 +163,16 @@ fn prefix_index(text: &str) -> usize {
         .unwrap_or(PREFIXES.len())
 }
 
-/// The per-command families, registered with their handles resolved: a counter per command of
-/// the table (then `other`), the latency family, and a slot per command for its histogram.
-fn command_handles(
-    registry: &mut Registry,
-) -> (
+/// The per-command handles of [`Handles`]: `commands`, `latency`, `latency_by_index`.
+type CommandHandles = (
     Box<[Counter]>,
     Family<CommandLabels, Histogram>,
     Box<[OnceLock<Histogram>]>,
-) {
+);
+
+/// The per-command families, registered with their handles resolved: a counter per command of
+/// the table (then `other`), the latency family, and a slot per command for its histogram.
+fn command_handles(registry: &mut Registry) -> CommandHandles {
     let family: Family<CommandLabels, Counter> = register(
         registry,
         "resp_commands",
