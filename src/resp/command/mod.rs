@@ -2,6 +2,17 @@
 //! [`crate::ops`], transactions, and the refusals. The connection loop (`resp::conn`) calls
 //! [`Door::execute`] once per command, in order, with the connection's [`ConnState`].
 //!
+//! # How a command runs
+//! `Door::execute` finds its name in the table (`table.rs`: each command once, with its
+//! arity, the scope it needs, `COMMAND`'s flags and how it runs), checks the token and the
+//! arity (`Door::admit`), then parses the arguments once, through the cursor of `parse.rs`,
+//! into the command's struct (`Get { key }`, `Set { key, value }`, …) and hands that to its
+//! handler: a `Local` one answered at once, or a `Store` one that reads or writes through
+//! [`crate::ops`]. No handler reads the arguments. Inside `MULTI` a command is checked (name,
+//! arity, token) and queued as sent, and parsed when `EXEC` runs it, so its other errors are
+//! among `EXEC`'s replies, as Redis answers them. The metrics' command labels come from the
+//! table (`resp::metrics`).
+//!
 //! # Commands
 //! Names are case-insensitive; an argument count Redis would refuse answers
 //! `ERR wrong number of arguments for 'get' command`. Answers are the same in RESP2 and RESP3
