@@ -83,7 +83,7 @@ impl Args {
     }
 
     /// Every argument left, dropped (the few commands that ignore what follows, as they always
-    /// have: `QUIT x`, `COMMAND COUNT x`).
+    /// have: `COMMAND COUNT x`, `CLUSTER …`).
     pub(crate) fn ignore_rest(&mut self) {
         self.rest = Default::default();
     }
@@ -206,4 +206,48 @@ fn run_store<'a, C: Store>(
     let command = C::parse(&mut args)?;
     args.finish()?;
     Ok(Box::pin(command.apply(door, conn, deadline)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(parts: &[&'static str]) -> Args {
+        Args::new(
+            "get",
+            parts
+                .iter()
+                .map(|part| Bytes::from_static(part.as_bytes()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_cursor_takes_arguments_in_order_and_answers_in_redis_words() {
+        let mut cursor = args(&["GET", "k", "12", "x", "opt", "a", "b"]);
+        assert_eq!(cursor.name(), "get");
+        assert_eq!(cursor.next_bytes().unwrap(), "k");
+        assert_eq!(cursor.next_int::<u32>().unwrap(), 12);
+        assert_eq!(
+            cursor.next_int::<u32>().unwrap_err().line(),
+            "ERR value is not an integer or out of range"
+        );
+        assert_eq!(cursor.next_option().unwrap(), b"OPT");
+        assert_eq!(cursor.len(), 2);
+        assert_eq!(
+            cursor.finish().unwrap_err().line(),
+            "ERR wrong number of arguments for 'get' command"
+        );
+        assert_eq!(cursor.rest().collect::<Vec<_>>(), ["a", "b"]);
+        assert!(cursor.is_empty() && cursor.finish().is_ok());
+        assert_eq!(cursor.next_optional(), None);
+        assert_eq!(
+            cursor.next_bytes().unwrap_err().line(),
+            "ERR wrong number of arguments for 'get' command"
+        );
+        assert_eq!(
+            text(b"\xff", "a class name").unwrap_err().line(),
+            "ERR a class name is not valid UTF-8"
+        );
+    }
 }
