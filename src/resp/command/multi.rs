@@ -167,7 +167,7 @@ impl Door {
                 ));
                 return (revoked.into(), After::Close);
             }
-            let spec = super::table::find(&args[0]);
+            let spec = args.first().and_then(|name| super::table::find(name));
             let (reply, then) = self.run(conn, spec, args, deadline).await;
             size = size.saturating_add(reply.size());
             if size > self.budgets.max_reply_bytes {
