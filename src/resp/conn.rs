@@ -200,6 +200,50 @@ enum End {
     Evicted,
 }
 
+/// What one connection's loop carries from turn to turn.
+struct Serving {
+    /// The connection's state, as its commands left it.
+    state: ConnState,
+    /// The request parser (its bounds tighter until the connection authenticates).
+    parser: Parser,
+    /// What was read and not parsed yet.
+    input: BytesMut,
+    /// The replies not written yet.
+    output: BytesMut,
+    /// How much room the next read has at least ([`SMALL_READ`] or [`LARGE_READ`]).
+    room: usize,
+    /// This connection's share of `resp.max_receiving_bytes`.
+    receiving: Receiving,
+    /// When the command being received sent its first byte (`resp.receive_timeout`).
+    receiving_since: Option<Instant>,
+    /// Whether it has authenticated (or needs not).
+    authenticated: bool,
+    /// With tokens and no `AUTH` yet: when the connection must have authenticated by.
+    auth_deadline: Option<Instant>,
+}
+
+impl Serving {
+    /// Gives back a large empty input buffer, and reserves room for the next read.
+    fn make_room(&mut self) {
+        let input = &mut self.input;
+        if input.is_empty() && input.capacity() > LARGE_READ {
+            *input = BytesMut::new();
+        }
+        // Room for what arrives, not for what a length declares: a `$1048576` with nothing
+        // after it costs a read's room, not a megabyte, until the bytes come. Once a large
+        // read's worth of a bulk argument has come, the rest of it (already counted against
+        // the budgets by `pending`) is reserved at once: a buffer grown a read at a time
+        // would be copied and freed at every doubling, and the allocator keeps freed pages
+        // for a while, so RSS would reach a few times the bytes held.
+        let wanted = self.parser.wanted(input);
+        if wanted > 0 && input.len() >= LARGE_READ {
+            input.reserve(wanted);
+        } else {
+            input.reserve(wanted.min(LARGE_READ).max(self.room));
+        }
+    }
+}
+
 /// One connection, ready to serve.
 pub(super) struct Connection {
     /// Its id (`CLIENT ID`, the log span).
@@ -247,87 +291,21 @@ impl Connection {
         .await;
     }
 
-    /// The loop; see the module documentation.
+    /// The loop; see the module documentation. Each turn: run every whole command received
+    /// ([`Connection::batch`]), bound what is still being received
+    /// ([`Connection::bound_receiving`]), write the replies, make room, wait for more input or
+    /// a signal ([`Connection::wait`]).
     async fn run<S>(&self, stream: &mut S) -> io::Result<End>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let settings = &self.settings;
-        let mut state = ConnState::new(self.id);
-        let mut parser = Parser::new(settings.limits);
-        let mut input = BytesMut::new();
-        let mut output = BytesMut::new();
-        let mut room = SMALL_READ;
-        let mut receiving = Receiving::new(self.metrics.clone());
-        // When the command being received sent its first byte (`resp.receive_timeout`).
-        let mut receiving_since: Option<Instant> = None;
-        // With tokens and no `AUTH` yet: when the connection must have authenticated by.
-        let mut authenticated = !self.must_authenticate(&state);
-        self.slot.set_authenticated(authenticated);
-        let mut auth_deadline = (!authenticated).then(|| Instant::now() + settings.auth_timeout);
+        let mut serving = self.start();
         loop {
-            let mut end = None;
-            let mut parsed = false;
-            loop {
-                parser.set_unauthenticated(!authenticated);
-                let args = match parser.next(&mut input) {
-                    Ok(Some(args)) => args,
-                    Ok(None) => break,
-                    Err(err) => {
-                        end = Some(self.protocol_error(&err, &mut output));
-                        break;
-                    }
-                };
-                parsed = true;
-                if !authenticated {
-                    // Before AUTH every command is answered at once (`NOAUTH`, the handshake):
-                    // a pipeline of thousands would run without a pause and keep the worker
-                    // from every other connection. Each spends the task's budget, so the task
-                    // yields every few dozen.
-                    tokio::task::consume_budget().await;
-                }
-                let max_output = if authenticated {
-                    settings.max_output
-                } else {
-                    UNAUTHENTICATED_MAX_OUTPUT
-                };
-                if output.len() >= max_output {
-                    self.write(stream, &mut output, auth_deadline).await?;
-                }
-                if auth_deadline.is_some_and(|at| at <= Instant::now()) {
-                    end = Some(self.auth_timeout(&mut output));
-                    break;
-                }
-                if self.signal.take_recheck() && !self.door.still_authorized(&state) {
-                    end = Some(self.revoked());
-                    break;
-                }
-                let failures = state.auth_failures;
-                if self.command(&mut state, args, &mut output).await == After::Close {
-                    end = Some(End::Closed);
-                    break;
-                }
-                if state.auth_failures > failures {
-                    self.auth_failed(state.auth_failures, auth_deadline).await;
-                }
-                authenticated = self.authentication(&state, &mut auth_deadline, authenticated);
-            }
-            let pending = parser.pending(&input);
-            if end.is_none() && pending > settings.max_pending {
-                self.metrics.exceeded(Budget::Pending);
-                end = Some(self.protocol_error(&ProtocolError::TooBigRequest, &mut output));
-            }
-            if end.is_none() && !receiving.hold(pending, settings.max_receiving) {
-                self.metrics.exceeded(Budget::Receiving);
-                end = Some(self.protocol_error(&ProtocolError::ReceivingBudget, &mut output));
-            }
-            if pending == 0 {
-                receiving_since = None;
-            } else if parsed || receiving_since.is_none() {
-                receiving_since = Some(Instant::now());
-            }
-            if !output.is_empty() {
-                self.write(stream, &mut output, auth_deadline).await?;
+            let (end, parsed) = self.batch(stream, &mut serving).await?;
+            let end = self.bound_receiving(&mut serving, end, parsed);
+            if !serving.output.is_empty() {
+                self.write(stream, &mut serving.output, serving.auth_deadline)
+                    .await?;
             }
             if let Some(end) = end {
                 return Ok(end);
@@ -335,64 +313,183 @@ impl Connection {
             if self.signal.is_shut_down() {
                 return Ok(End::Shutdown);
             }
-            if input.is_empty() && input.capacity() > LARGE_READ {
-                input = BytesMut::new();
-            }
-            // Room for what arrives, not for what a length declares: a `$1048576` with nothing
-            // after it costs a read's room, not a megabyte, until the bytes come. Once a large
-            // read's worth of a bulk argument has come, the rest of it (already counted against
-            // the budgets by `pending`) is reserved at once: a buffer grown a read at a time
-            // would be copied and freed at every doubling, and the allocator keeps freed pages
-            // for a while, so RSS would reach a few times the bytes held.
-            let wanted = parser.wanted(&input);
-            if wanted > 0 && input.len() >= LARGE_READ {
-                input.reserve(wanted);
-            } else {
-                input.reserve(wanted.min(LARGE_READ).max(room));
-            }
-            let spare = input.capacity() - input.len();
-            let idle = async {
-                match settings.idle_timeout {
-                    Some(timeout) => tokio::time::sleep(timeout).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let received_by = receiving_since.map(|since| since + settings.receive_timeout);
-            tokio::select! {
-                read = stream.read_buf(&mut input) => {
-                    let read = read?;
-                    if read == 0 {
-                        return Ok(End::Eof);
-                    }
-                    room = if read >= spare { LARGE_READ } else { SMALL_READ };
-                }
-                () = self.signal.notified() => {
-                    if self.signal.is_shut_down() {
-                        return Ok(End::Shutdown);
-                    }
-                    if self.signal.is_evicted() {
-                        let _ = self.finish(stream, EVICTED, auth_deadline).await;
-                        return Ok(End::Evicted);
-                    }
-                    if self.signal.take_recheck() && !self.door.still_authorized(&state) {
-                        return Ok(self.revoked());
-                    }
-                    authenticated = self.authentication(&state, &mut auth_deadline, authenticated);
-                }
-                () = sleep_until(received_by) => {
-                    self.metrics.exceeded(Budget::ReceiveTimeout);
-                    let end = self.protocol_error(&ProtocolError::ReceiveTimeout, &mut output);
-                    self.write(stream, &mut output, None).await?;
-                    return Ok(end);
-                }
-                () = sleep_until(auth_deadline) => {
-                    let end = self.auth_timeout(&mut output);
-                    self.write(stream, &mut output, None).await?;
-                    return Ok(end);
-                }
-                () = idle => return Ok(End::Idle),
+            serving.make_room();
+            if let Some(end) = self.wait(stream, &mut serving).await? {
+                return Ok(end);
             }
         }
+    }
+
+    /// The loop's state when the connection opens.
+    fn start(&self) -> Serving {
+        let state = ConnState::new(self.id);
+        let authenticated = !self.must_authenticate(&state);
+        self.slot.set_authenticated(authenticated);
+        Serving {
+            state,
+            parser: Parser::new(self.settings.limits),
+            input: BytesMut::new(),
+            output: BytesMut::new(),
+            room: SMALL_READ,
+            receiving: Receiving::new(self.metrics.clone()),
+            receiving_since: None,
+            authenticated,
+            auth_deadline: (!authenticated).then(|| Instant::now() + self.settings.auth_timeout),
+        }
+    }
+
+    /// Runs every whole command in the input, in order, encoding their replies; answers how the
+    /// connection ends, if it does, and whether a command was parsed.
+    async fn batch<S>(
+        &self,
+        stream: &mut S,
+        serving: &mut Serving,
+    ) -> io::Result<(Option<End>, bool)>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let mut parsed = false;
+        loop {
+            let authenticated = serving.authenticated;
+            serving.parser.set_unauthenticated(!authenticated);
+            let args = match serving.parser.next(&mut serving.input) {
+                Ok(Some(args)) => args,
+                Ok(None) => return Ok((None, parsed)),
+                Err(err) => {
+                    let end = self.protocol_error(&err, &mut serving.output);
+                    return Ok((Some(end), parsed));
+                }
+            };
+            parsed = true;
+            if !authenticated {
+                // Before AUTH every command is answered at once (`NOAUTH`, the handshake):
+                // a pipeline of thousands would run without a pause and keep the worker
+                // from every other connection. Each spends the task's budget, so the task
+                // yields every few dozen.
+                tokio::task::consume_budget().await;
+            }
+            let max_output = if authenticated {
+                self.settings.max_output
+            } else {
+                UNAUTHENTICATED_MAX_OUTPUT
+            };
+            if serving.output.len() >= max_output {
+                self.write(stream, &mut serving.output, serving.auth_deadline)
+                    .await?;
+            }
+            if serving.auth_deadline.is_some_and(|at| at <= Instant::now()) {
+                return Ok((Some(self.auth_timeout(&mut serving.output)), parsed));
+            }
+            if self.signal.take_recheck() && !self.door.still_authorized(&serving.state) {
+                return Ok((Some(self.revoked()), parsed));
+            }
+            let failures = serving.state.auth_failures;
+            let after = self
+                .command(&mut serving.state, args, &mut serving.output)
+                .await;
+            if after == After::Close {
+                return Ok((Some(End::Closed), parsed));
+            }
+            if serving.state.auth_failures > failures {
+                self.auth_failed(serving.state.auth_failures, serving.auth_deadline)
+                    .await;
+            }
+            serving.authenticated =
+                self.authentication(&serving.state, &mut serving.auth_deadline, authenticated);
+        }
+    }
+
+    /// Bounds the command still being received (`resp.max_pending_bytes`, with every other
+    /// connection's `resp.max_receiving_bytes`) unless the connection already ends (`end`),
+    /// and restarts its `resp.receive_timeout` when a command was `parsed` or one starts.
+    fn bound_receiving(
+        &self,
+        serving: &mut Serving,
+        mut end: Option<End>,
+        parsed: bool,
+    ) -> Option<End> {
+        let settings = &self.settings;
+        let pending = serving.parser.pending(&serving.input);
+        if end.is_none() && pending > settings.max_pending {
+            self.metrics.exceeded(Budget::Pending);
+            end = Some(self.protocol_error(&ProtocolError::TooBigRequest, &mut serving.output));
+        }
+        if end.is_none() && !serving.receiving.hold(pending, settings.max_receiving) {
+            self.metrics.exceeded(Budget::Receiving);
+            end = Some(self.protocol_error(&ProtocolError::ReceivingBudget, &mut serving.output));
+        }
+        if pending == 0 {
+            serving.receiving_since = None;
+        } else if parsed || serving.receiving_since.is_none() {
+            serving.receiving_since = Some(Instant::now());
+        }
+        end
+    }
+
+    /// Waits for input (read into the buffer: `None`), a signal, or a timeout; answers how the
+    /// connection ends when it does.
+    async fn wait<S>(&self, stream: &mut S, serving: &mut Serving) -> io::Result<Option<End>>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let settings = &self.settings;
+        let spare = serving.input.capacity() - serving.input.len();
+        let idle = async {
+            match settings.idle_timeout {
+                Some(timeout) => tokio::time::sleep(timeout).await,
+                None => std::future::pending().await,
+            }
+        };
+        let received_by = serving
+            .receiving_since
+            .map(|since| since + settings.receive_timeout);
+        tokio::select! {
+            read = stream.read_buf(&mut serving.input) => {
+                let read = read?;
+                if read == 0 {
+                    return Ok(Some(End::Eof));
+                }
+                serving.room = if read >= spare { LARGE_READ } else { SMALL_READ };
+            }
+            () = self.signal.notified() => return self.signalled(stream, serving).await,
+            () = sleep_until(received_by) => {
+                self.metrics.exceeded(Budget::ReceiveTimeout);
+                let end = self.protocol_error(&ProtocolError::ReceiveTimeout, &mut serving.output);
+                self.write(stream, &mut serving.output, None).await?;
+                return Ok(Some(end));
+            }
+            () = sleep_until(serving.auth_deadline) => {
+                let end = self.auth_timeout(&mut serving.output);
+                self.write(stream, &mut serving.output, None).await?;
+                return Ok(Some(end));
+            }
+            () = idle => return Ok(Some(End::Idle)),
+        }
+        Ok(None)
+    }
+
+    /// What the listener's signal asks of an idle connection: shut down, make room (evicted),
+    /// re-check its token, or look again at whether it must authenticate.
+    async fn signalled<S>(&self, stream: &mut S, serving: &mut Serving) -> io::Result<Option<End>>
+    where
+        S: AsyncWrite + Unpin,
+    {
+        if self.signal.is_shut_down() {
+            return Ok(Some(End::Shutdown));
+        }
+        if self.signal.is_evicted() {
+            let _ = self.finish(stream, EVICTED, serving.auth_deadline).await;
+            return Ok(Some(End::Evicted));
+        }
+        if self.signal.take_recheck() && !self.door.still_authorized(&serving.state) {
+            return Ok(Some(self.revoked()));
+        }
+        serving.authenticated = self.authentication(
+            &serving.state,
+            &mut serving.auth_deadline,
+            serving.authenticated,
+        );
+        Ok(None)
     }
 
     /// Whether `state` has authenticated (or needs not), updating the connection's slot when
@@ -459,9 +556,10 @@ impl Connection {
         let (reply, after) = match self.overload.enter() {
             Ok(slot) => {
                 let deadline = self.overload.request_deadline().map(Deadline::after);
-                // Boxed: the command's future is only as large as it needs while it runs, not
-                // a part of every idle connection's task.
-                let answered = Box::pin(self.door.execute(state, args, deadline)).await;
+                // Not boxed here: a command that waits on the store boxes its own future (the
+                // table's `Run::Store`), so what an idle connection's task holds for this call
+                // is small, and a command answered at once allocates nothing for it.
+                let answered = self.door.execute(state, args, deadline).await;
                 drop(slot);
                 answered
             }

@@ -1,7 +1,7 @@
 //! The Redis-protocol accept loop: the connection bound, TLS, token revocation, drain.
 //!
 //! A [`RespListener`] accepts TCP connections on `resp.listen` and serves each on a task of the
-//! service's tracker ([`super::conn`]), with:
+//! service's tracker (`resp::conn`), with:
 //! - a bound of its own, `resp.max_connections` (Redis's `maxclients`): a connection over it is
 //!   answered `-ERR max number of clients reached` and closed, counted, logged at most once a
 //!   second. Idle authenticated connections are never evicted to make room (a pool keeps them
@@ -14,7 +14,7 @@
 //!   without a word);
 //! - `TCP_NODELAY`: a batch's replies go out in one write, and waiting for an ACK before the
 //!   next would only add latency to pipelined clients;
-//! - a per-connection [`Signal`], not a shared token: when a reload stores a new token table
+//! - a per-connection `Signal`, not a shared token: when a reload stores a new token table
 //!   (the accept loop watches [`crate::auth::TokenTable::changes`]) every connection is told to
 //!   re-check its token, and on shutdown every connection is told to close once its batch is
 //!   written. A connection's wake-ups then take no lock another connection takes (the reason

@@ -4,8 +4,9 @@
 //! commands being received hold, failed authentications and evicted unauthenticated
 //! connections.
 //!
-//! Every label set is bounded: a command is counted under its name when it is one of
-//! [`COMMANDS`], else `other`; an error under its first word when it is one of [`PREFIXES`],
+//! Every label set is bounded: a command is counted under its name when the command table
+//! lists it (`resp::command::table::TABLE`, the one list of commands: a command added there
+//! has its label), else `other`; an error under its first word when it is one of [`PREFIXES`],
 //! else `other`. A client sending random command names cannot grow the exposition. Every handle
 //! is resolved once, at startup, so counting is an index and an atomic add.
 
@@ -17,48 +18,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Unit;
+use prometheus_client::registry::{Registry, Unit};
 
+use super::command::table::TABLE;
 use crate::metrics::{register, register_with_unit, Metrics};
-
-/// The command names counted under their own label (lowercase, as Redis's `cmdstat_*`); any
-/// other is `other`.
-pub const COMMANDS: [&str; 34] = [
-    "get",
-    "mget",
-    "set",
-    "del",
-    "unlink",
-    "exists",
-    "ttl",
-    "pttl",
-    "hello",
-    "auth",
-    "ping",
-    "echo",
-    "quit",
-    "reset",
-    "select",
-    "client",
-    "command",
-    "info",
-    "config",
-    "cluster",
-    "multi",
-    "exec",
-    "discard",
-    "watch",
-    "unwatch",
-    "subscribe",
-    "hotsplit.read",
-    "hotsplit.publish",
-    "hotsplit.invalidate",
-    "hotsplit.client",
-    "hotsplit.session",
-    "hotsplit.class",
-    "hotsplit.affinity",
-    "hotsplit.info",
-];
 
 /// The label of a command or an error prefix not listed.
 const OTHER: &str = "other";
@@ -131,7 +94,7 @@ struct BudgetLabels {
 /// Labels of the per-command families.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CommandLabels {
-    /// One of [`COMMANDS`], or `other`.
+    /// A command's name in the command table, or `other`.
     command: &'static str,
 }
 
@@ -152,7 +115,7 @@ pub struct RespMetrics {
 /// The handles of [`RespMetrics`].
 #[derive(Debug)]
 struct Handles {
-    /// Commands run, indexed like [`COMMANDS`], then `other`.
+    /// Commands run, indexed like the command table, then `other`.
     commands: Box<[Counter]>,
     /// Command latency by command.
     latency: Family<CommandLabels, Histogram>,
@@ -180,13 +143,15 @@ struct Handles {
     evicted: Counter,
 }
 
-/// Which of [`COMMANDS`] (or `other`, `COMMANDS.len()`) the command named `name` is counted
-/// under.
+/// Where the command named `name` (any case) is counted: its place in the command table, or
+/// `other` (the table's length).
 pub fn command_index(name: &[u8]) -> usize {
-    COMMANDS
-        .iter()
-        .position(|known| known.as_bytes().eq_ignore_ascii_case(name))
-        .unwrap_or(COMMANDS.len())
+    super::command::table::position(name).unwrap_or(TABLE.len())
+}
+
+/// The `command` label of the count at `index` (from [`command_index`]).
+fn command_label(index: usize) -> &'static str {
+    TABLE.get(index).map_or(OTHER, |spec| spec.name)
 }
 
 /// Which of [`PREFIXES`] (or `other`) the error reply `text` is counted under.
@@ -198,117 +163,137 @@ fn prefix_index(text: &str) -> usize {
         .unwrap_or(PREFIXES.len())
 }
 
+/// The per-command handles of [`Handles`]: `commands`, `latency`, `latency_by_index`.
+type CommandHandles = (
+    Box<[Counter]>,
+    Family<CommandLabels, Histogram>,
+    Box<[OnceLock<Histogram>]>,
+);
+
+/// The per-command families, registered with their handles resolved: a counter per command of
+/// the table (then `other`), the latency family, and a slot per command for its histogram.
+fn command_handles(registry: &mut Registry) -> CommandHandles {
+    let family: Family<CommandLabels, Counter> = register(
+        registry,
+        "resp_commands",
+        "Commands run on the Redis-protocol listener, by command (the known names, else other)",
+    );
+    let latency = register_with_unit(
+        registry,
+        "resp_command_duration",
+        "Latency of Redis-protocol commands, by command, from the start of the command to its reply being ready (not written)",
+        Unit::Seconds,
+        Family::<CommandLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_005, 2.0, 22))
+        }),
+    );
+    let names = TABLE.iter().map(|spec| spec.name).chain([OTHER]);
+    // Each handle is cloned in its own statement: `get_or_create` returns a read guard.
+    let commands = names
+        .clone()
+        .map(|command| {
+            let counter = family.get_or_create(&CommandLabels { command }).clone();
+            counter
+        })
+        .collect();
+    let latency_by_index = names.map(|_| OnceLock::new()).collect();
+    (commands, latency, latency_by_index)
+}
+
+/// The error counter, registered, with a handle per prefix (then `other`).
+fn error_handles(registry: &mut Registry) -> Box<[Counter]> {
+    let errors: Family<PrefixLabels, Counter> = register(
+        registry,
+        "resp_errors",
+        "Error replies of the Redis-protocol listener, by prefix (ERR, NOAUTH, OVERLOADED, ...; else other)",
+    );
+    PREFIXES
+        .iter()
+        .copied()
+        .chain([OTHER])
+        .map(|prefix| {
+            let counter = errors.get_or_create(&PrefixLabels { prefix }).clone();
+            counter
+        })
+        .collect()
+}
+
+/// The budget counter, registered, with a handle per budget.
+fn budget_handles(registry: &mut Registry) -> Box<[Counter]> {
+    let budgets: Family<BudgetLabels, Counter> = register(
+        registry,
+        "resp_budget_exceeded",
+        "Redis-protocol commands or connections refused at a [resp] budget, by its field (max_pending_bytes, max_receiving_bytes, receive_timeout, max_queued_bytes, max_reply_bytes, auth_timeout)",
+    );
+    Budget::ALL
+        .iter()
+        .map(|budget| {
+            let counter = budgets
+                .get_or_create(&BudgetLabels {
+                    budget: budget.label(),
+                })
+                .clone();
+            counter
+        })
+        .collect()
+}
+
+impl Handles {
+    /// Registers every family in `registry` (in exposition order) and resolves the handles.
+    fn register(registry: &mut Registry) -> Handles {
+        let (commands, latency, latency_by_index) = command_handles(registry);
+        Handles {
+            commands,
+            latency,
+            latency_by_index,
+            errors: error_handles(registry),
+            open: register(
+                registry,
+                "resp_connections",
+                "Open Redis-protocol connections",
+            ),
+            refused: register(
+                registry,
+                "resp_connections_refused",
+                "Redis-protocol connections answered 'max number of clients reached' and closed (resp.max_connections)",
+            ),
+            protocol_errors: register(
+                registry,
+                "resp_protocol_errors",
+                "Redis-protocol connections answered 'Protocol error' and closed (malformed input or a bound: resp.max_args, resp.max_inline_bytes, resp.max_pending_bytes, server.max_value_bytes)",
+            ),
+            revoked: register(
+                registry,
+                "resp_connections_revoked",
+                "Redis-protocol connections closed because a reload revoked the token they authenticated with",
+            ),
+            budgets: budget_handles(registry),
+            receiving: register(
+                registry,
+                "resp_receiving_bytes",
+                "Bytes held by the Redis-protocol commands being received, on every connection (resp.max_receiving_bytes)",
+            ),
+            auth_failures: register(
+                registry,
+                "resp_auth_failures",
+                "Redis-protocol AUTH attempts refused WRONGPASS (each reply is delayed, more with each failure on its connection)",
+            ),
+            evicted: register(
+                registry,
+                "resp_connections_evicted",
+                "Unauthenticated Redis-protocol connections closed to make room for a new one (resp.max_connections, resp.max_unauthenticated)",
+            ),
+        }
+    }
+}
+
 impl RespMetrics {
     /// Creates the families in `metrics`' registry and resolves every handle (once per
     /// service).
     pub fn register(metrics: &Metrics) -> RespMetrics {
-        metrics.register_with(|registry| {
-            let commands: Family<CommandLabels, Counter> = register(
-                registry,
-                "resp_commands",
-                "Commands run on the Redis-protocol listener, by command (the known names, else other)",
-            );
-            let latency = register_with_unit(
-                registry,
-                "resp_command_duration",
-                "Latency of Redis-protocol commands, by command, from the start of the command to its reply being ready (not written)",
-                Unit::Seconds,
-                Family::<CommandLabels, Histogram>::new_with_constructor(|| {
-                    Histogram::new(exponential_buckets(0.000_005, 2.0, 22))
-                }),
-            );
-            let errors: Family<PrefixLabels, Counter> = register(
-                registry,
-                "resp_errors",
-                "Error replies of the Redis-protocol listener, by prefix (ERR, NOAUTH, OVERLOADED, ...; else other)",
-            );
-            let open: Gauge = register(
-                registry,
-                "resp_connections",
-                "Open Redis-protocol connections",
-            );
-            let refused: Counter = register(
-                registry,
-                "resp_connections_refused",
-                "Redis-protocol connections answered 'max number of clients reached' and closed (resp.max_connections)",
-            );
-            let protocol_errors: Counter = register(
-                registry,
-                "resp_protocol_errors",
-                "Redis-protocol connections answered 'Protocol error' and closed (malformed input or a bound: resp.max_args, resp.max_inline_bytes, resp.max_pending_bytes, server.max_value_bytes)",
-            );
-            let revoked: Counter = register(
-                registry,
-                "resp_connections_revoked",
-                "Redis-protocol connections closed because a reload revoked the token they authenticated with",
-            );
-            let budgets: Family<BudgetLabels, Counter> = register(
-                registry,
-                "resp_budget_exceeded",
-                "Redis-protocol commands or connections refused at a [resp] budget, by its field (max_pending_bytes, max_receiving_bytes, receive_timeout, max_queued_bytes, max_reply_bytes, auth_timeout)",
-            );
-            let budgets = Budget::ALL
-                .iter()
-                .map(|budget| {
-                    let counter = budgets
-                        .get_or_create(&BudgetLabels {
-                            budget: budget.label(),
-                        })
-                        .clone();
-                    counter
-                })
-                .collect();
-            let receiving: Gauge = register(
-                registry,
-                "resp_receiving_bytes",
-                "Bytes held by the Redis-protocol commands being received, on every connection (resp.max_receiving_bytes)",
-            );
-            let auth_failures: Counter = register(
-                registry,
-                "resp_auth_failures",
-                "Redis-protocol AUTH attempts refused WRONGPASS (each reply is delayed, more with each failure on its connection)",
-            );
-            let evicted: Counter = register(
-                registry,
-                "resp_connections_evicted",
-                "Unauthenticated Redis-protocol connections closed to make room for a new one (resp.max_connections, resp.max_unauthenticated)",
-            );
-            let names = COMMANDS.iter().copied().chain([OTHER]);
-            // Each handle is cloned in its own statement: `get_or_create` returns a read guard.
-            let commands = names
-                .clone()
-                .map(|command| {
-                    let counter = commands.get_or_create(&CommandLabels { command }).clone();
-                    counter
-                })
-                .collect();
-            let latency_by_index = names.map(|_| OnceLock::new()).collect();
-            let errors = PREFIXES
-                .iter()
-                .copied()
-                .chain([OTHER])
-                .map(|prefix| {
-                    let counter = errors.get_or_create(&PrefixLabels { prefix }).clone();
-                    counter
-                })
-                .collect();
-            RespMetrics {
-                inner: Arc::new(Handles {
-                    commands,
-                    latency,
-                    latency_by_index,
-                    errors,
-                    open,
-                    refused,
-                    protocol_errors,
-                    revoked,
-                    budgets,
-                    receiving,
-                    auth_failures,
-                    evicted,
-                }),
-            }
-        })
+        RespMetrics {
+            inner: Arc::new(metrics.register_with(Handles::register)),
+        }
     }
 
     /// Counts one command (`index` from [`command_index`]) that took `took`.
@@ -320,7 +305,7 @@ impl RespMetrics {
             return;
         };
         let histogram = slot.get_or_init(|| {
-            let command = COMMANDS.get(index).copied().unwrap_or(OTHER);
+            let command = command_label(index);
             let histogram = self
                 .inner
                 .latency
@@ -388,9 +373,12 @@ mod tests {
 
     #[test]
     fn names_and_prefixes_fall_into_a_bounded_set() {
-        assert_eq!(COMMANDS[command_index(b"GET")], "get");
-        assert_eq!(COMMANDS[command_index(b"HotSplit.Read")], "hotsplit.read");
-        assert_eq!(command_index(b"FLUSHALL"), COMMANDS.len());
+        assert_eq!(command_label(command_index(b"GET")), "get");
+        assert_eq!(
+            command_label(command_index(b"HotSplit.Read")),
+            "hotsplit.read"
+        );
+        assert_eq!(command_label(command_index(b"FLUSHALL")), OTHER);
         assert_eq!(
             PREFIXES[prefix_index("NOAUTH Authentication required.")],
             "NOAUTH"
@@ -413,5 +401,25 @@ mod tests {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
         assert!(!text.contains(r#"command_duration_seconds_count{command="set"}"#));
+    }
+
+    #[test]
+    fn every_command_of_the_table_is_counted_under_its_own_label() {
+        let metrics = Metrics::new();
+        let resp = RespMetrics::register(&metrics);
+        for spec in TABLE {
+            let sent = spec.name.to_ascii_uppercase();
+            let index = command_index(sent.as_bytes());
+            assert_eq!(command_label(index), spec.name);
+            resp.command(index, Duration::from_micros(30));
+        }
+        let text = metrics.render();
+        for spec in TABLE {
+            let line = format!(
+                r#"hotsplit_resp_commands_total{{command="{}"}} 1"#,
+                spec.name
+            );
+            assert!(text.contains(&line), "{line} missing from\n{text}");
+        }
     }
 }

@@ -8,7 +8,8 @@
 //!   write their replies together.
 //! - [`listener`]: the accept loop: the connection bound, TLS, token revocation, drain.
 //! - [`metrics`]: the `hotsplit_resp_*` metrics.
-//! - [`command`]: what each command does for a connection ([`command::Door::execute`]).
+//! - [`command`]: what each command does for a connection ([`command::Door::execute`]): the
+//!   table lists each command once, and each is parsed once into its own struct for its handler.
 //! - [`reply`]: the replies, independent of the protocol version.
 
 pub mod codec;

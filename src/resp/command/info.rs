@@ -1,10 +1,12 @@
-//! `COMMAND`, `INFO` and `CONFIG GET`: what clients ask before they send anything else
-//! (redis-cli's hints, ioredis's ready check, redis-benchmark's `CONFIG GET save`).
+//! `COMMAND`, `INFO`, `CONFIG GET` and `CLUSTER`: what clients ask before they send anything
+//! else (redis-cli's hints, ioredis's ready check, redis-benchmark's `CONFIG GET save`), each a
+//! struct parsed from its arguments ([`super::parse`]).
 
 use bytes::Bytes;
 
 use super::connection::REDIS_VERSION;
 use super::errors::RespError;
+use super::parse::{Args, Local, Parse};
 use super::table::{self, Spec, TABLE};
 use super::{ConnState, Door};
 use crate::resp::reply::Reply;
@@ -28,24 +30,72 @@ fn entry(spec: &Spec) -> Reply {
 }
 
 /// `COMMAND [COUNT|INFO name…|LIST|DOCS [name…]]`.
-pub(crate) fn command(args: &[Bytes]) -> Result<Reply, RespError> {
-    let Some(sub) = args.get(1) else {
-        return Ok(Reply::Array(TABLE.iter().map(entry).collect()));
-    };
-    match sub.to_ascii_uppercase().as_slice() {
-        b"COUNT" => Ok(Reply::Int(TABLE.len() as i64)),
-        b"LIST" => Ok(Reply::Array(
-            TABLE.iter().map(|spec| Reply::bulk(spec.name)).collect(),
-        )),
-        b"INFO" => Ok(Reply::Array(
-            args[2..]
-                .iter()
-                .map(|name| table::find(name).map_or(Reply::Nil, entry))
-                .collect(),
-        )),
-        // No documentation to give: an empty map, which every client reads as "no hints".
-        b"DOCS" => Ok(Reply::Map(Vec::new())),
-        _ => Err(table::unknown_subcommand("command", sub)),
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Every command's entry.
+    All,
+    /// `COUNT`.
+    Count,
+    /// `LIST`.
+    List,
+    /// `INFO name…`: each name's entry, or nil.
+    Info(Vec<Bytes>),
+    /// `DOCS`: no documentation to give.
+    Docs,
+}
+
+impl Parse for Command {
+    fn parse(args: &mut Args) -> Result<Command, RespError> {
+        let Some(sub) = args.next_optional() else {
+            return Ok(Command::All);
+        };
+        let command = match sub.to_ascii_uppercase().as_slice() {
+            b"COUNT" => Command::Count,
+            b"LIST" => Command::List,
+            b"INFO" => Command::Info(args.rest().collect()),
+            b"DOCS" => Command::Docs,
+            _ => return Err(table::unknown_subcommand("command", &sub)),
+        };
+        // `COUNT`, `LIST` and `DOCS` ignore what follows them, as they always have.
+        args.ignore_rest();
+        Ok(command)
+    }
+}
+
+impl Local for Command {
+    fn apply(self, _door: &Door, _conn: &mut ConnState) -> Result<Reply, RespError> {
+        Ok(match self {
+            Command::All => Reply::Array(TABLE.iter().map(entry).collect()),
+            Command::Count => Reply::Int(TABLE.len() as i64),
+            Command::List => {
+                Reply::Array(TABLE.iter().map(|spec| Reply::bulk(spec.name)).collect())
+            }
+            Command::Info(names) => Reply::Array(
+                names
+                    .iter()
+                    .map(|name| table::find(name).map_or(Reply::Nil, entry))
+                    .collect(),
+            ),
+            // An empty map, which every client reads as "no hints".
+            Command::Docs => Reply::Map(Vec::new()),
+        })
+    }
+}
+
+/// `CLUSTER …`: refused (hotsplit is one Redis to a client, never a cluster); queued in a
+/// transaction like any command.
+pub(crate) struct Cluster;
+
+impl Parse for Cluster {
+    fn parse(args: &mut Args) -> Result<Cluster, RespError> {
+        args.ignore_rest();
+        Ok(Cluster)
+    }
+}
+
+impl Local for Cluster {
+    fn apply(self, _door: &Door, _conn: &mut ConnState) -> Result<Reply, RespError> {
+        Err(RespError::err("This instance has cluster support disabled"))
     }
 }
 
@@ -81,43 +131,74 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
 }
 
 /// `CONFIG GET pattern…` (a map of what matches); other subcommands are refused.
-pub(crate) fn config(args: &[Bytes]) -> Result<Reply, RespError> {
-    let sub = &args[1];
-    if !sub.eq_ignore_ascii_case(b"GET") {
-        return Err(RespError::err(format!(
-            "CONFIG {} is not supported by hotsplit: its configuration is its TOML file",
-            String::from_utf8_lossy(sub).to_ascii_uppercase()
-        )));
+pub(crate) struct ConfigGet {
+    /// The glob patterns (each at most 128 bytes).
+    patterns: Vec<Bytes>,
+}
+
+impl Parse for ConfigGet {
+    fn parse(args: &mut Args) -> Result<ConfigGet, RespError> {
+        let sub = args.next_bytes()?;
+        if !sub.eq_ignore_ascii_case(b"GET") {
+            return Err(RespError::err(format!(
+                "CONFIG {} is not supported by hotsplit: its configuration is its TOML file",
+                String::from_utf8_lossy(&sub).to_ascii_uppercase()
+            )));
+        }
+        if args.is_empty() {
+            return Err(RespError::arity("config|get"));
+        }
+        let patterns: Vec<Bytes> = args.rest().collect();
+        if patterns.iter().any(|pattern| pattern.len() > 128) {
+            return Err(RespError::err(
+                "a CONFIG GET pattern is longer than 128 bytes",
+            ));
+        }
+        Ok(ConfigGet { patterns })
     }
-    if args.len() < 3 {
-        return Err(RespError::arity("config|get"));
+}
+
+impl Local for ConfigGet {
+    fn apply(self, _door: &Door, _conn: &mut ConnState) -> Result<Reply, RespError> {
+        let matched = CONFIG
+            .iter()
+            .filter(|(name, _)| {
+                self.patterns
+                    .iter()
+                    .any(|pattern| glob(pattern, name.as_bytes()))
+            })
+            .map(|(name, value)| (Reply::bulk(*name), Reply::bulk(*value)))
+            .collect();
+        Ok(Reply::Map(matched))
     }
-    let patterns = &args[2..];
-    if patterns.iter().any(|pattern| pattern.len() > 128) {
-        return Err(RespError::err(
-            "a CONFIG GET pattern is longer than 128 bytes",
-        ));
+}
+
+/// `INFO [section…]`: `server`, `clients`, `persistence`, `replication`, `stats` and
+/// `hotsplit`, as Redis writes them (`# Name`, then `field:value` lines, CRLF).
+pub(crate) struct Info {
+    /// The sections asked for, lowercase; none: the default ones (all of them).
+    sections: Vec<String>,
+}
+
+impl Parse for Info {
+    fn parse(args: &mut Args) -> Result<Info, RespError> {
+        let sections = args
+            .rest()
+            .map(|section| String::from_utf8_lossy(&section).to_ascii_lowercase())
+            .collect();
+        Ok(Info { sections })
     }
-    let matched = CONFIG
-        .iter()
-        .filter(|(name, _)| {
-            patterns
-                .iter()
-                .any(|pattern| glob(pattern, name.as_bytes()))
-        })
-        .map(|(name, value)| (Reply::bulk(*name), Reply::bulk(*value)))
-        .collect();
-    Ok(Reply::Map(matched))
+}
+
+impl Local for Info {
+    fn apply(self, door: &Door, conn: &mut ConnState) -> Result<Reply, RespError> {
+        Ok(door.info(conn, &self.sections))
+    }
 }
 
 impl Door {
-    /// `INFO [section…]`: `server`, `clients`, `persistence`, `replication`, `stats` and
-    /// `hotsplit`, as Redis writes them (`# Name`, then `field:value` lines, CRLF).
-    pub(crate) fn info(&self, conn: &ConnState, args: &[Bytes]) -> Reply {
-        let wanted: Vec<String> = args[1..]
-            .iter()
-            .map(|section| String::from_utf8_lossy(section).to_ascii_lowercase())
-            .collect();
+    /// The `INFO` text of the `wanted` sections (lowercase; none: all of them).
+    fn info(&self, conn: &ConnState, wanted: &[String]) -> Reply {
         let all = wanted.is_empty()
             || wanted
                 .iter()

@@ -2,6 +2,17 @@
 //! [`crate::ops`], transactions, and the refusals. The connection loop (`resp::conn`) calls
 //! [`Door::execute`] once per command, in order, with the connection's [`ConnState`].
 //!
+//! # How a command runs
+//! `Door::execute` finds its name in the table (`table.rs`: each command once, with its
+//! arity, the scope it needs, `COMMAND`'s flags and how it runs), checks the token and the
+//! arity (`Door::admit`), then parses the arguments once, through the cursor of `parse.rs`,
+//! into the command's struct (`Get { key }`, `Set { key, value }`, …) and hands that to its
+//! handler: a `Local` one answered at once, or a `Store` one that reads or writes through
+//! [`crate::ops`]. No handler reads the arguments. Inside `MULTI` a command is checked (name,
+//! arity, token) and queued as sent, and parsed when `EXEC` runs it, so its other errors are
+//! among `EXEC`'s replies, as Redis answers them. The metrics' command labels come from the
+//! table (`resp::metrics`).
+//!
 //! # Commands
 //! Names are case-insensitive; an argument count Redis would refuse answers
 //! `ERR wrong number of arguments for 'get' command`. Answers are the same in RESP2 and RESP3
@@ -101,8 +112,9 @@ mod connection;
 pub mod errors;
 mod info;
 mod multi;
+mod parse;
 mod read;
-mod table;
+pub(crate) mod table;
 #[cfg(test)]
 mod tests;
 mod write;
@@ -110,7 +122,8 @@ mod write;
 use bytes::Bytes;
 
 use self::errors::{Prefix, RespError};
-use self::table::{Cmd, Need, Spec};
+use self::parse::Run;
+use self::table::{Need, Spec};
 use super::reply::{Proto, Reply};
 use crate::auth::{Scope, Scopes, Verdict};
 use crate::deadline::Deadline;
@@ -235,40 +248,24 @@ impl Door {
             Ok(spec) => spec,
             Err(error) => return (error.into(), After::Continue),
         };
-        let reply = match spec.cmd {
-            Cmd::Quit => return (Reply::OK, After::Close),
-            Cmd::Hello => self.hello(conn, &args),
-            Cmd::Auth => self.auth(conn, &args),
-            Cmd::Ping => connection::ping(&args),
-            Cmd::Echo => Ok(Reply::Bulk(args[1].clone())),
-            Cmd::Reset => Ok(self.reset(conn)),
-            Cmd::Select => connection::select(&args),
-            Cmd::Client => self.client(conn, &args),
-            Cmd::HotsplitClient => connection::hotsplit_client(conn, &args),
-            Cmd::HotsplitClass => connection::hotsplit_class(conn, &args),
-            Cmd::HotsplitSession => self.hotsplit_session(conn, &args),
-            Cmd::Command => info::command(&args),
-            Cmd::Info => Ok(self.info(conn, &args)),
-            Cmd::Config => info::config(&args),
-            Cmd::Cluster => Err(RespError::err("This instance has cluster support disabled")),
-            Cmd::Get => self.get(conn, &args, deadline).await,
-            Cmd::Mget => self.mget(conn, &args, deadline).await,
-            Cmd::Exists => self.exists(conn, &args, deadline).await,
-            Cmd::Ttl => self.ttl(conn, &args, deadline, false).await,
-            Cmd::Pttl => self.ttl(conn, &args, deadline, true).await,
-            Cmd::HotsplitRead => self.hotsplit_read(conn, &args, deadline).await,
-            Cmd::Set => self.set(conn, &args, deadline).await,
-            Cmd::Del => self.del(conn, &args, deadline).await,
-            Cmd::HotsplitPublish => self.hotsplit_publish(conn, &args, deadline).await,
-            Cmd::HotsplitInvalidate => self.hotsplit_invalidate(conn, &args, deadline).await,
-            Cmd::Multi => {
+        // Parsed into the command's struct here, once: a queued command is parsed when `EXEC`
+        // runs it, so its syntax errors are among `EXEC`'s replies, as Redis answers them.
+        let args = parse::Args::new(spec.name, args);
+        let reply = match spec.run {
+            Run::Local(run) => run(self, conn, args),
+            Run::Store(start) => match start(self, conn, args, deadline) {
+                Ok(pending) => pending.await,
+                Err(error) => Err(error),
+            },
+            Run::Quit => return (Reply::OK, After::Close),
+            Run::Reset => Ok(self.reset(conn)),
+            Run::Multi => {
                 conn.multi = Some(multi::Multi::default());
                 Ok(Reply::OK)
             }
-            Cmd::Exec => Err(RespError::err("EXEC without MULTI")),
-            Cmd::Discard => Err(RespError::err("DISCARD without MULTI")),
-            Cmd::Unwatch => Ok(Reply::OK),
-            Cmd::Refused => Err(RespError::err(spec.refusal)),
+            Run::Exec => Err(RespError::err("EXEC without MULTI")),
+            Run::Discard => Err(RespError::err("DISCARD without MULTI")),
+            Run::Refused(refusal) => Err(RespError::err(refusal)),
         };
         (reply.unwrap_or_else(Reply::from), After::Continue)
     }

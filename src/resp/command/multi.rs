@@ -10,7 +10,8 @@
 use bytes::Bytes;
 
 use super::errors::{Prefix, RespError};
-use super::table::{Cmd, Spec};
+use super::parse::{Args, Local, Parse, Run};
+use super::table::Spec;
 use super::{After, ConnState, Door};
 use crate::deadline::Deadline;
 use crate::resp::metrics::Budget;
@@ -22,6 +23,21 @@ pub(crate) const MAX_QUEUED: usize = 10_000;
 
 /// What a queued command is counted for beyond its arguments' bytes (its slots).
 const QUEUED_OVERHEAD: usize = 32;
+
+/// `UNWATCH`: `+OK` (there is never a `WATCH` to forget).
+pub(crate) struct Unwatch;
+
+impl Parse for Unwatch {
+    fn parse(_args: &mut Args) -> Result<Unwatch, RespError> {
+        Ok(Unwatch)
+    }
+}
+
+impl Local for Unwatch {
+    fn apply(self, _door: &Door, _conn: &mut ConnState) -> Result<Reply, RespError> {
+        Ok(Reply::OK)
+    }
+}
 
 /// An open transaction.
 #[derive(Debug, Default)]
@@ -45,15 +61,19 @@ impl Door {
         args: &[Bytes],
         deadline: Option<Deadline>,
     ) -> Option<(Reply, After)> {
-        let cmd = spec.map(|spec| spec.cmd);
-        let reply = match cmd {
-            Some(Cmd::Quit | Cmd::Reset) => return None,
-            Some(Cmd::Exec) if args.len() == 1 => return Some(self.exec(conn, deadline).await),
-            Some(Cmd::Discard) if args.len() == 1 => {
+        let run = spec.map(|spec| spec.run);
+        let reply = match run {
+            Some(Run::Quit | Run::Reset) => return None,
+            // Boxed: `EXEC` is rare, and its future (holding a queued command's) would otherwise
+            // be a part of every command's.
+            Some(Run::Exec) if args.len() == 1 => {
+                return Some(Box::pin(self.exec(conn, deadline)).await)
+            }
+            Some(Run::Discard) if args.len() == 1 => {
                 conn.multi = None;
                 Reply::OK
             }
-            Some(Cmd::Multi) => RespError::err("MULTI calls can not be nested").into(),
+            Some(Run::Multi) => RespError::err("MULTI calls can not be nested").into(),
             _ => match self.queue(conn, spec, args) {
                 Ok(()) => Reply::Simple("QUEUED"),
                 Err(error) => {
@@ -75,8 +95,8 @@ impl Door {
         args: &[Bytes],
     ) -> Result<(), RespError> {
         let spec = self.admit(conn, spec, args)?;
-        if spec.cmd == Cmd::Refused {
-            return Err(RespError::err(spec.refusal));
+        if let Run::Refused(refusal) = spec.run {
+            return Err(RespError::err(refusal));
         }
         let Some(multi) = conn.multi.as_mut() else {
             return Ok(());
@@ -147,7 +167,7 @@ impl Door {
                 ));
                 return (revoked.into(), After::Close);
             }
-            let spec = super::table::find(&args[0]);
+            let spec = args.first().and_then(|name| super::table::find(name));
             let (reply, then) = self.run(conn, spec, args, deadline).await;
             size = size.saturating_add(reply.size());
             if size > self.budgets.max_reply_bytes {

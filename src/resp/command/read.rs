@@ -1,5 +1,7 @@
-//! The reads: `GET`, `MGET`, `EXISTS`, `TTL`, `PTTL`, `HOTSPLIT.READ`, each one
-//! [`crate::ops::Ops::read`] per key.
+//! The reads: `GET`, `MGET`, `EXISTS`, `TTL`, `PTTL`, `HOTSPLIT.READ`, each a struct parsed
+//! from its arguments ([`super::parse`]) and one [`crate::ops::Ops::read`] per key. A key is
+//! checked (`ERR invalid key: …`) when it is read: an `MGET` answers the first failure among
+//! its keys in order, whether a key breaks a rule or its read fails.
 //!
 //! `HOTSPLIT.READ`, `HOTSPLIT.PUBLISH` and `HOTSPLIT.INVALIDATE` take a per-call session
 //! (`SESSION tok…`, always the last option: every argument after it is a token, none at all
@@ -15,6 +17,7 @@
 use bytes::Bytes;
 
 use super::errors::RespError;
+use super::parse::{text, Args, Parse, Store};
 use super::{ConnState, Door};
 use crate::deadline::Deadline;
 use crate::error::{Error, ErrorKind};
@@ -34,6 +37,18 @@ pub(crate) struct ReadOptions {
     pub(crate) min_version: Option<Version>,
     /// A client id for this read only.
     pub(crate) client: Option<String>,
+    /// The command's deadline (`server.request_deadline`), where the read calls the store.
+    pub(crate) deadline: Option<Deadline>,
+}
+
+impl ReadOptions {
+    /// No option but the command's `deadline`.
+    pub(crate) fn until(deadline: Option<Deadline>) -> ReadOptions {
+        ReadOptions {
+            deadline,
+            ..ReadOptions::default()
+        }
+    }
 }
 
 /// The session of one call (`SESSION tok…`): the tokens merged, the floors the call leaves.
@@ -70,24 +85,6 @@ impl CallSession {
         };
         (Reply::bulk("session"), Reply::Bulk(token))
     }
-}
-
-/// Splits a command's options at `SESSION`: the options before it, and the tokens after it
-/// (`None` when the call names no `SESSION`). `SESSION` is matched only where an option's name
-/// may stand (`at`, then every `stride(name)` arguments), so an option's value is never taken
-/// for it.
-pub(crate) fn split_session(
-    args: &[Bytes],
-    mut at: usize,
-    stride: impl Fn(&[u8]) -> usize,
-) -> (&[Bytes], Option<&[Bytes]>) {
-    while at < args.len() {
-        if args[at].eq_ignore_ascii_case(b"SESSION") {
-            return (&args[..at], Some(&args[at + 1..]));
-        }
-        at += stride(&args[at]);
-    }
-    (args, None)
 }
 
 /// `key` as a [`Key`], or the `ERR invalid key: …` naming the rule it breaks.
@@ -136,9 +133,8 @@ impl Door {
         conn: &mut ConnState,
         raw: &Bytes,
         options: ReadOptions,
-        deadline: Option<Deadline>,
     ) -> Result<Option<ReadAnswer>, RespError> {
-        self.read_key_in(conn, raw, options, deadline, None).await
+        self.read_key_in(conn, raw, options, None).await
     }
 
     /// [`Door::read_key`] in `per_call`'s session when given, else in the connection's.
@@ -147,7 +143,6 @@ impl Door {
         conn: &mut ConnState,
         raw: &Bytes,
         options: ReadOptions,
-        deadline: Option<Deadline>,
         per_call: Option<&mut ClientSession>,
     ) -> Result<Option<ReadAnswer>, RespError> {
         let key = key(raw)?;
@@ -159,7 +154,7 @@ impl Door {
             if_none_match: None,
             class: options.class.or_else(|| conn.class.clone()),
             request_id: None,
-            deadline,
+            deadline: options.deadline,
         };
         let session = match per_call {
             Some(session) => session,
@@ -171,81 +166,184 @@ impl Door {
             Err(error) => Err(RespError::from_error(&error)),
         }
     }
+}
 
-    /// `GET key`.
-    pub(crate) async fn get(
-        &self,
+/// `GET key`.
+pub(crate) struct Get {
+    /// The key as sent.
+    key: Bytes,
+}
+
+impl Parse for Get {
+    // No allocation: the key is moved out of the frame (a slice of the read buffer), and it is
+    // checked as a `Key` only when read.
+    fn parse(args: &mut Args) -> Result<Get, RespError> {
+        Ok(Get {
+            key: args.next_bytes()?,
+        })
+    }
+}
+
+impl Store for Get {
+    async fn apply(
+        self,
+        door: &Door,
         conn: &mut ConnState,
-        args: &[Bytes],
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
-        let answer = self
-            .read_key(conn, &args[1], ReadOptions::default(), deadline)
+        let answer = door
+            .read_key(conn, &self.key, ReadOptions::until(deadline))
             .await?;
         Ok(value_reply(answer))
     }
+}
 
-    /// `MGET key…`: every key or none (the first error fails the command).
-    pub(crate) async fn mget(
-        &self,
+/// `MGET key…`: every key or none (the first error fails the command).
+pub(crate) struct Mget {
+    /// The keys as sent, each checked as it is read.
+    keys: std::vec::IntoIter<Bytes>,
+}
+
+impl Parse for Mget {
+    fn parse(args: &mut Args) -> Result<Mget, RespError> {
+        Ok(Mget { keys: args.rest() })
+    }
+}
+
+impl Store for Mget {
+    async fn apply(
+        self,
+        door: &Door,
         conn: &mut ConnState,
-        args: &[Bytes],
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
-        let mut values = Vec::with_capacity(args.len() - 1);
+        let count = self.keys.len();
+        let mut values = Vec::with_capacity(count);
         let mut size = 0usize;
-        for raw in &args[1..] {
-            let answer = self
-                .read_key(conn, raw, ReadOptions::default(), deadline)
+        for raw in self.keys {
+            let answer = door
+                .read_key(conn, &raw, ReadOptions::until(deadline))
                 .await?;
             let value = value_reply(answer);
             size = size.saturating_add(value.size());
-            if size > self.budgets.max_reply_bytes {
-                self.exceeded(crate::resp::metrics::Budget::Reply);
+            if size > door.budgets.max_reply_bytes {
+                door.exceeded(crate::resp::metrics::Budget::Reply);
                 return Err(RespError::err(format!(
-                    "the reply would pass resp.max_reply_bytes ({} bytes) at key {} of {}: MGET fewer keys",
-                    self.budgets.max_reply_bytes,
+                    "the reply would pass resp.max_reply_bytes ({} bytes) at key {} of {count}: MGET fewer keys",
+                    door.budgets.max_reply_bytes,
                     values.len() + 1,
-                    args.len() - 1
                 )));
             }
             values.push(value);
         }
         Ok(Reply::Array(values))
     }
+}
 
-    /// `EXISTS key…`: how many of the keys (counted as often as named) hold a value, each read
-    /// as `decides-on-presence`, which a family with several copies refuses.
-    pub(crate) async fn exists(
-        &self,
+/// `EXISTS key…`: how many of the keys (counted as often as named) hold a value, each read as
+/// `decides-on-presence`, which a family with several copies refuses.
+pub(crate) struct Exists {
+    /// The keys as sent, each checked as it is read.
+    keys: std::vec::IntoIter<Bytes>,
+}
+
+impl Parse for Exists {
+    fn parse(args: &mut Args) -> Result<Exists, RespError> {
+        Ok(Exists { keys: args.rest() })
+    }
+}
+
+impl Store for Exists {
+    async fn apply(
+        self,
+        door: &Door,
         conn: &mut ConnState,
-        args: &[Bytes],
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
         let mut present = 0;
-        for raw in &args[1..] {
+        for raw in self.keys {
             let options = ReadOptions {
                 class: Some(DECIDES_ON_PRESENCE.to_owned()),
-                ..ReadOptions::default()
+                ..ReadOptions::until(deadline)
             };
-            if self.read_key(conn, raw, options, deadline).await?.is_some() {
+            if door.read_key(conn, &raw, options).await?.is_some() {
                 present += 1;
             }
         }
         Ok(Reply::Int(present))
     }
+}
 
-    /// `TTL key` (seconds, rounded) or `PTTL key` (milliseconds): the served copy's remaining
-    /// life; -2 when missing.
-    pub(crate) async fn ttl(
+/// The unit `TTL` (seconds, rounded) and `PTTL` (milliseconds) answer in.
+#[derive(Debug, Clone, Copy)]
+enum Unit {
+    /// `TTL`.
+    Seconds,
+    /// `PTTL`.
+    Millis,
+}
+
+/// `TTL key`: the served copy's remaining life in seconds; -2 when missing, -1 without one.
+pub(crate) struct Ttl {
+    /// The key as sent.
+    key: Bytes,
+}
+
+/// `PTTL key`: as `TTL`, in milliseconds.
+pub(crate) struct Pttl {
+    /// The key as sent.
+    key: Bytes,
+}
+
+impl Parse for Ttl {
+    fn parse(args: &mut Args) -> Result<Ttl, RespError> {
+        Ok(Ttl {
+            key: args.next_bytes()?,
+        })
+    }
+}
+
+impl Parse for Pttl {
+    fn parse(args: &mut Args) -> Result<Pttl, RespError> {
+        Ok(Pttl {
+            key: args.next_bytes()?,
+        })
+    }
+}
+
+impl Store for Ttl {
+    async fn apply(
+        self,
+        door: &Door,
+        conn: &mut ConnState,
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        door.ttl(conn, &self.key, deadline, Unit::Seconds).await
+    }
+}
+
+impl Store for Pttl {
+    async fn apply(
+        self,
+        door: &Door,
+        conn: &mut ConnState,
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        door.ttl(conn, &self.key, deadline, Unit::Millis).await
+    }
+}
+
+impl Door {
+    /// The remaining life of the copy `raw` reads, in `unit`.
+    async fn ttl(
         &self,
         conn: &mut ConnState,
-        args: &[Bytes],
+        raw: &Bytes,
         deadline: Option<Deadline>,
-        millis: bool,
+        unit: Unit,
     ) -> Result<Reply, RespError> {
         let answer = self
-            .read_key(conn, &args[1], ReadOptions::default(), deadline)
+            .read_key(conn, raw, ReadOptions::until(deadline))
             .await?;
         let Some(ReadAnswer::Value { expire_at_ms, .. }) = answer else {
             return Ok(Reply::Int(-2));
@@ -254,50 +352,88 @@ impl Door {
             return Ok(Reply::Int(-1));
         }
         let left = expire_at_ms.saturating_sub(now_unix_ms());
-        let left = if millis { left } else { (left + 500) / 1000 };
+        let left = match unit {
+            Unit::Millis => left,
+            Unit::Seconds => (left + 500) / 1000,
+        };
         Ok(Reply::Int(i64::try_from(left).unwrap_or(i64::MAX)))
     }
+}
 
-    /// `HOTSPLIT.READ key [CLASS c] [MINVERSION v] [CLIENT id] [SESSION tok…]`: the value with
-    /// where it came from, as a map (nil when missing; with `SESSION`, a map of nils and the
-    /// `session` field, so the call's token comes back).
-    pub(crate) async fn hotsplit_read(
-        &self,
-        conn: &mut ConnState,
-        args: &[Bytes],
-        deadline: Option<Deadline>,
-    ) -> Result<Reply, RespError> {
-        let (args, tokens) = split_session(args, 2, |_| 2);
-        let mut call = tokens.map(|tokens| CallSession::new(self.core.ops(), tokens));
+/// `HOTSPLIT.READ key [CLASS c] [MINVERSION v] [CLIENT id] [SESSION tok…]`: the value with
+/// where it came from, as a map (nil when missing; with `SESSION`, a map of nils and the
+/// `session` field, so the call's token comes back).
+pub(crate) struct HotsplitRead {
+    /// The key as sent (checked after the options, as their errors come first).
+    key: Bytes,
+    /// `CLASS`, `MINVERSION`, `CLIENT`.
+    options: ReadOptions,
+    /// `SESSION tok…`: the call's own session's tokens (`None`: the connection's session).
+    session: Option<Vec<Bytes>>,
+}
+
+impl Parse for HotsplitRead {
+    fn parse(args: &mut Args) -> Result<HotsplitRead, RespError> {
+        let key = args.next_bytes()?;
         let mut options = ReadOptions::default();
-        let mut at = 2;
-        while at < args.len() {
-            let (name, Some(value)) = (&args[at], args.get(at + 1)) else {
+        let mut session = None;
+        // Each option once, in any order; `SESSION` last (every argument after it a token).
+        while let Some(name) = args.next_option() {
+            if name == b"SESSION" {
+                session = Some(args.rest().collect());
+                break;
+            }
+            let Some(value) = args.next_optional() else {
                 return Err(RespError::syntax());
             };
-            let name = name.to_ascii_uppercase();
             match name.as_slice() {
                 b"CLASS" if options.class.is_none() => {
-                    options.class = Some(super::connection::text(value, "a class name")?);
+                    options.class = Some(text(&value, "a class name")?);
                 }
                 b"MINVERSION" if options.min_version.is_none() => {
-                    options.min_version = Some(version_arg(value)?);
+                    options.min_version = Some(version_arg(&value)?);
                 }
                 b"CLIENT" if options.client.is_none() => {
                     if value.is_empty() {
                         return Err(RespError::err("CLIENT needs a non-empty client id"));
                     }
-                    options.client = Some(super::connection::text(value, "a client id")?);
+                    options.client = Some(text(&value, "a client id")?);
                 }
                 _ => return Err(RespError::syntax()),
             }
-            at += 2;
         }
+        Ok(HotsplitRead {
+            key,
+            options,
+            session,
+        })
+    }
+}
+
+impl Store for HotsplitRead {
+    async fn apply(
+        self,
+        door: &Door,
+        conn: &mut ConnState,
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        let ops = door.core.ops();
+        let mut call = self.session.map(|tokens| CallSession::new(ops, &tokens));
         let per_call = call.as_mut().map(|call| &mut call.session);
-        let answer = self
-            .read_key_in(conn, &args[1], options, deadline, per_call)
-            .await?;
-        let session = call.map(|call| call.reply(self.core.ops()));
+        let options = ReadOptions {
+            deadline,
+            ..self.options
+        };
+        let answer = door.read_key_in(conn, &self.key, options, per_call).await?;
+        let session = call.map(|call| call.reply(ops));
+        Ok(door.read_reply(answer, session))
+    }
+}
+
+impl Door {
+    /// `HOTSPLIT.READ`'s answer: the map of `answer` (nil when missing, or a map of nils when
+    /// the call carries a `session`), with its `session` field.
+    fn read_reply(&self, answer: Option<ReadAnswer>, session: Option<(Reply, Reply)>) -> Reply {
         let Some(ReadAnswer::Value {
             value,
             version,
@@ -308,10 +444,10 @@ impl Door {
         }) = answer
         else {
             let Some(session) = session else {
-                return Ok(Reply::Nil);
+                return Reply::Nil;
             };
             let nil = |name: &'static str| (Reply::bulk(name), Reply::Nil);
-            return Ok(Reply::Map(vec![
+            return Reply::Map(vec![
                 nil("value"),
                 nil("version"),
                 nil("copy"),
@@ -319,7 +455,7 @@ impl Door {
                 nil("route"),
                 nil("age_ms"),
                 session,
-            ]));
+            ]);
         };
         let route_text = {
             let classes = self.core.ops().router().classes();
@@ -337,7 +473,7 @@ impl Door {
             (Reply::bulk("age_ms"), age_ms.unwrap_or(Reply::Nil)),
         ];
         fields.extend(session);
-        Ok(Reply::Map(fields))
+        Reply::Map(fields)
     }
 }
 

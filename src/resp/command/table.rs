@@ -1,9 +1,18 @@
-//! The command table: every command the door knows, its arity as Redis counts it, what it
-//! needs of the connection's token, and what `COMMAND` tells a client about it.
+//! The command table: every command the door knows, once — its arity as Redis counts it, what
+//! it needs of the connection's token, what `COMMAND` tells a client about it, and how it runs
+//! (its struct's parser and handler, [`Run`]). The metrics' command labels come from it too.
+//!
+//! # Adding a command
+//! Write its struct beside its kin (`read.rs`, `write.rs`, `connection.rs`, `info.rs`) with a
+//! [`super::parse::Parse`] impl (its arguments through the cursor) and a
+//! [`super::parse::Local`] or [`super::parse::Store`] impl (what it does), then add one row
+//! here. Nothing else lists commands.
 
 use bytes::Bytes;
 
 use super::errors::RespError;
+use super::parse::Run;
+use super::{connection, info, multi, read, write};
 
 /// What a command needs of the connection's token (with tokens configured; without, nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,90 +27,53 @@ pub(crate) enum Need {
     Write,
 }
 
-/// Which command a name is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cmd {
-    Hello,
-    Auth,
-    Ping,
-    Echo,
-    Quit,
-    Reset,
-    Select,
-    Client,
-    Command,
-    Info,
-    Config,
-    Cluster,
-    Get,
-    Mget,
-    Exists,
-    Ttl,
-    Pttl,
-    Set,
-    Del,
-    Multi,
-    Exec,
-    Discard,
-    Unwatch,
-    HotsplitRead,
-    HotsplitPublish,
-    HotsplitInvalidate,
-    HotsplitClient,
-    HotsplitClass,
-    HotsplitSession,
-    /// Known to Redis, refused here with the reason ([`Spec::refusal`]).
-    Refused,
-}
-
-/// One command.
+/// One command: how Redis describes it and how the door runs it.
 #[derive(Debug)]
 pub(crate) struct Spec {
-    /// The name, lowercase (as `COMMAND` and error texts spell it).
+    /// The name, lowercase (as `COMMAND`, error texts and the metrics spell it).
     pub(crate) name: &'static str,
     /// Redis's arity: `n` exactly n arguments with the name, `-n` at least n.
     pub(crate) arity: i64,
     /// What it needs of the token.
     pub(crate) need: Need,
-    /// Which command it is.
-    pub(crate) cmd: Cmd,
+    /// How it is parsed and run.
+    pub(crate) run: Run,
     /// `COMMAND`'s flags.
     pub(crate) flags: &'static [&'static str],
     /// `COMMAND`'s first key, last key, step.
     pub(crate) keys: (i64, i64, i64),
-    /// For a refused command, why.
-    pub(crate) refusal: &'static str,
 }
 
-const fn spec(
-    name: &'static str,
-    arity: i64,
-    need: Need,
-    cmd: Cmd,
-    flags: &'static [&'static str],
-    keys: (i64, i64, i64),
-) -> Spec {
-    Spec {
-        name,
-        arity,
-        need,
-        cmd,
-        flags,
-        keys,
-        refusal: "",
+impl Spec {
+    /// The command `name` with `arity`, needing `need` of the token, run as `run`; no flags,
+    /// no keys.
+    const fn new(name: &'static str, arity: i64, need: Need, run: Run) -> Spec {
+        Spec {
+            name,
+            arity,
+            need,
+            run,
+            flags: &[],
+            keys: (0, 0, 0),
+        }
+    }
+
+    /// With `COMMAND`'s `flags`.
+    const fn flags(mut self, flags: &'static [&'static str]) -> Spec {
+        self.flags = flags;
+        self
+    }
+
+    /// With `COMMAND`'s key positions.
+    const fn keys(mut self, first: i64, last: i64, step: i64) -> Spec {
+        self.keys = (first, last, step);
+        self
     }
 }
 
+/// A command known to Redis that the door refuses with `refusal`, whatever its arguments.
 const fn refused(name: &'static str, arity: i64, refusal: &'static str) -> Spec {
-    Spec {
-        name,
-        arity,
-        need: Need::Token,
-        cmd: Cmd::Refused,
-        flags: &[],
-        keys: (0, 0, 0),
-        refusal,
-    }
+    Spec::new(name, arity, Need::Token, Run::Refused(refusal))
 }
 
 const PUBSUB: &str =
@@ -109,227 +81,118 @@ const PUBSUB: &str =
 const NO_WATCH: &str =
     "WATCH is not supported by hotsplit: EXEC runs queued commands in order without isolation";
 
-/// Every command, in `COMMAND`'s order; the most frequent first, as [`find`] walks it.
+/// `COMMAND`'s flags of a read.
+const READ_FAST: &[&str] = &["readonly", "fast"];
+/// `COMMAND`'s flags of the commands that run before `AUTH`.
+const HANDSHAKE: &[&str] = &["noscript", "loading", "stale", "fast", "no_auth"];
+/// `COMMAND`'s flags of the introspection commands.
+const LOADING_STALE: &[&str] = &["loading", "stale"];
+/// `COMMAND`'s flags of `MULTI`, `DISCARD`, `UNWATCH`.
+const TRANSACTION_FAST: &[&str] = &["noscript", "loading", "stale", "fast"];
+
+/// Every command, once, in `COMMAND`'s order; the most frequent first, as [`find`] walks it.
+/// A row names the command's struct, whose [`super::parse::Parse`] impl is its parser and whose
+/// [`super::parse::Local`] or [`super::parse::Store`] impl is its handler; the metrics take
+/// their labels from here.
 pub(crate) static TABLE: &[Spec] = &[
-    spec(
-        "get",
-        2,
-        Need::Read,
-        Cmd::Get,
-        &["readonly", "fast"],
-        (1, 1, 1),
-    ),
-    spec(
-        "mget",
-        -2,
-        Need::Read,
-        Cmd::Mget,
-        &["readonly", "fast"],
-        (1, -1, 1),
-    ),
-    spec(
+    Spec::new("get", 2, Need::Read, Run::store::<read::Get>())
+        .flags(READ_FAST)
+        .keys(1, 1, 1),
+    Spec::new("mget", -2, Need::Read, Run::store::<read::Mget>())
+        .flags(READ_FAST)
+        .keys(1, -1, 1),
+    Spec::new(
         "hello",
         -1,
         Need::Nothing,
-        Cmd::Hello,
-        &["noscript", "loading", "stale", "fast", "no_auth"],
-        (0, 0, 0),
-    ),
-    spec(
-        "auth",
-        -2,
-        Need::Nothing,
-        Cmd::Auth,
-        &["noscript", "loading", "stale", "fast", "no_auth"],
-        (0, 0, 0),
-    ),
-    spec("ping", -1, Need::Token, Cmd::Ping, &["fast"], (0, 0, 0)),
-    spec("echo", 2, Need::Token, Cmd::Echo, &["fast"], (0, 0, 0)),
-    spec(
-        "quit",
-        -1,
-        Need::Nothing,
-        Cmd::Quit,
-        &["noscript", "loading", "stale", "fast", "no_auth"],
-        (0, 0, 0),
-    ),
-    spec(
-        "reset",
-        1,
-        Need::Nothing,
-        Cmd::Reset,
-        &["noscript", "loading", "stale", "fast", "no_auth"],
-        (0, 0, 0),
-    ),
-    spec(
-        "select",
-        2,
-        Need::Token,
-        Cmd::Select,
-        &["loading", "stale", "fast"],
-        (0, 0, 0),
-    ),
-    spec(
+        Run::local::<connection::Hello>(),
+    )
+    .flags(HANDSHAKE),
+    Spec::new("auth", -2, Need::Nothing, Run::local::<connection::Auth>()).flags(HANDSHAKE),
+    Spec::new("ping", -1, Need::Token, Run::local::<connection::Ping>()).flags(&["fast"]),
+    Spec::new("echo", 2, Need::Token, Run::local::<connection::Echo>()).flags(&["fast"]),
+    Spec::new("quit", -1, Need::Nothing, Run::Quit).flags(HANDSHAKE),
+    Spec::new("reset", 1, Need::Nothing, Run::Reset).flags(HANDSHAKE),
+    Spec::new("select", 2, Need::Token, Run::local::<connection::Select>())
+        .flags(&["loading", "stale", "fast"]),
+    Spec::new(
         "client",
         -2,
         Need::Token,
-        Cmd::Client,
-        &["loading", "stale"],
-        (0, 0, 0),
-    ),
-    spec(
-        "command",
-        -1,
-        Need::Token,
-        Cmd::Command,
-        &["loading", "stale"],
-        (0, 0, 0),
-    ),
-    spec(
-        "info",
-        -1,
-        Need::Token,
-        Cmd::Info,
-        &["loading", "stale"],
-        (0, 0, 0),
-    ),
-    spec(
-        "config",
-        -2,
-        Need::Token,
-        Cmd::Config,
-        &["loading", "stale"],
-        (0, 0, 0),
-    ),
-    spec(
-        "cluster",
-        -2,
-        Need::Token,
-        Cmd::Cluster,
-        &["loading", "stale"],
-        (0, 0, 0),
-    ),
-    spec(
-        "exists",
-        -2,
-        Need::Read,
-        Cmd::Exists,
-        &["readonly", "fast"],
-        (1, -1, 1),
-    ),
-    spec(
-        "ttl",
-        2,
-        Need::Read,
-        Cmd::Ttl,
-        &["readonly", "fast"],
-        (1, 1, 1),
-    ),
-    spec(
-        "pttl",
-        2,
-        Need::Read,
-        Cmd::Pttl,
-        &["readonly", "fast"],
-        (1, 1, 1),
-    ),
-    spec(
-        "set",
-        -3,
-        Need::Write,
-        Cmd::Set,
-        &["write", "denyoom"],
-        (1, 1, 1),
-    ),
-    spec("del", -2, Need::Write, Cmd::Del, &["write"], (1, -1, 1)),
-    spec(
-        "unlink",
-        -2,
-        Need::Write,
-        Cmd::Del,
-        &["write", "fast"],
-        (1, -1, 1),
-    ),
-    spec(
-        "multi",
-        1,
-        Need::Token,
-        Cmd::Multi,
-        &["noscript", "loading", "stale", "fast"],
-        (0, 0, 0),
-    ),
-    spec(
-        "exec",
-        1,
-        Need::Token,
-        Cmd::Exec,
-        &["noscript", "loading", "stale"],
-        (0, 0, 0),
-    ),
-    spec(
-        "discard",
-        1,
-        Need::Token,
-        Cmd::Discard,
-        &["noscript", "loading", "stale", "fast"],
-        (0, 0, 0),
-    ),
-    spec(
-        "unwatch",
-        1,
-        Need::Token,
-        Cmd::Unwatch,
-        &["noscript", "loading", "stale", "fast"],
-        (0, 0, 0),
-    ),
-    spec(
+        Run::local::<connection::Client>(),
+    )
+    .flags(LOADING_STALE),
+    Spec::new("command", -1, Need::Token, Run::local::<info::Command>()).flags(LOADING_STALE),
+    Spec::new("info", -1, Need::Token, Run::local::<info::Info>()).flags(LOADING_STALE),
+    Spec::new("config", -2, Need::Token, Run::local::<info::ConfigGet>()).flags(LOADING_STALE),
+    Spec::new("cluster", -2, Need::Token, Run::local::<info::Cluster>()).flags(LOADING_STALE),
+    Spec::new("exists", -2, Need::Read, Run::store::<read::Exists>())
+        .flags(READ_FAST)
+        .keys(1, -1, 1),
+    Spec::new("ttl", 2, Need::Read, Run::store::<read::Ttl>())
+        .flags(READ_FAST)
+        .keys(1, 1, 1),
+    Spec::new("pttl", 2, Need::Read, Run::store::<read::Pttl>())
+        .flags(READ_FAST)
+        .keys(1, 1, 1),
+    Spec::new("set", -3, Need::Write, Run::store::<write::Set>())
+        .flags(&["write", "denyoom"])
+        .keys(1, 1, 1),
+    Spec::new("del", -2, Need::Write, Run::store::<write::Del>())
+        .flags(&["write"])
+        .keys(1, -1, 1),
+    Spec::new("unlink", -2, Need::Write, Run::store::<write::Del>())
+        .flags(&["write", "fast"])
+        .keys(1, -1, 1),
+    Spec::new("multi", 1, Need::Token, Run::Multi).flags(TRANSACTION_FAST),
+    Spec::new("exec", 1, Need::Token, Run::Exec).flags(&["noscript", "loading", "stale"]),
+    Spec::new("discard", 1, Need::Token, Run::Discard).flags(TRANSACTION_FAST),
+    Spec::new("unwatch", 1, Need::Token, Run::local::<multi::Unwatch>()).flags(TRANSACTION_FAST),
+    Spec::new(
         "hotsplit.read",
         -2,
         Need::Read,
-        Cmd::HotsplitRead,
-        &["readonly", "fast"],
-        (1, 1, 1),
-    ),
-    spec(
+        Run::store::<read::HotsplitRead>(),
+    )
+    .flags(READ_FAST)
+    .keys(1, 1, 1),
+    Spec::new(
         "hotsplit.publish",
         -4,
         Need::Write,
-        Cmd::HotsplitPublish,
-        &["write", "denyoom"],
-        (1, 1, 1),
-    ),
-    spec(
+        Run::store::<write::HotsplitPublish>(),
+    )
+    .flags(&["write", "denyoom"])
+    .keys(1, 1, 1),
+    Spec::new(
         "hotsplit.invalidate",
         -3,
         Need::Write,
-        Cmd::HotsplitInvalidate,
-        &["write"],
-        (1, 1, 1),
-    ),
-    spec(
+        Run::store::<write::HotsplitInvalidate>(),
+    )
+    .flags(&["write"])
+    .keys(1, 1, 1),
+    Spec::new(
         "hotsplit.client",
         -1,
         Need::Token,
-        Cmd::HotsplitClient,
-        &["fast"],
-        (0, 0, 0),
-    ),
-    spec(
+        Run::local::<connection::HotsplitClient>(),
+    )
+    .flags(&["fast"]),
+    Spec::new(
         "hotsplit.class",
         -1,
         Need::Token,
-        Cmd::HotsplitClass,
-        &["fast"],
-        (0, 0, 0),
-    ),
-    spec(
+        Run::local::<connection::HotsplitClass>(),
+    )
+    .flags(&["fast"]),
+    Spec::new(
         "hotsplit.session",
         -1,
         Need::Token,
-        Cmd::HotsplitSession,
-        &["fast"],
-        (0, 0, 0),
-    ),
+        Run::local::<connection::HotsplitSession>(),
+    )
+    .flags(&["fast"]),
     refused("watch", -2, NO_WATCH),
     refused("subscribe", -2, PUBSUB),
     refused("psubscribe", -2, PUBSUB),
@@ -349,9 +212,14 @@ pub(crate) static TABLE: &[Spec] = &[
 
 /// The command named `name` (any case), if the door knows it.
 pub(crate) fn find(name: &[u8]) -> Option<&'static Spec> {
+    position(name).map(|at| &TABLE[at])
+}
+
+/// Where the command named `name` (any case) stands in [`TABLE`] (its metric's index).
+pub(crate) fn position(name: &[u8]) -> Option<usize> {
     TABLE
         .iter()
-        .find(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name))
+        .position(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// Whether `args` (the name included) fits `spec`'s arity.

@@ -1,5 +1,6 @@
 //! The writes: `HOTSPLIT.PUBLISH`, `HOTSPLIT.INVALIDATE`, and `SET`, `DEL`, `UNLINK` on
-//! `allocated` families, each one [`crate::ops::Ops::publish`] per key. A write goes as the
+//! `allocated` families, each a struct parsed from its arguments ([`super::parse`]) and one
+//! [`crate::ops::Ops::publish`] per key. A write goes as the
 //! connection's client id (explicit or its own), so its reads hold the version it wrote.
 //! `HOTSPLIT.PUBLISH` and `HOTSPLIT.INVALIDATE` take a per-call session as `HOTSPLIT.READ`
 //! does (`SESSION tok…`, last; see `read.rs`): the written floor goes into it, and the report's
@@ -8,7 +9,8 @@
 use bytes::Bytes;
 
 use super::errors::{Prefix, RespError};
-use super::read::{key, split_session, version_arg, version_reply, CallSession};
+use super::parse::{integer, Args, Parse, Store};
+use super::read::{key as key_arg, version_arg, version_reply, CallSession};
 use super::{ConnState, Door};
 use crate::deadline::Deadline;
 use crate::key::{Key, Version};
@@ -88,140 +90,221 @@ impl Door {
             .await
             .map_err(|error| RespError::from_error(&error))
     }
+}
 
-    /// A version argument: `*` (none: the family allocates it), or a version. Whether the
-    /// key's family takes that is the operations layer's rule ([`crate::ops::Ops::check_edit`]).
-    fn version_arg_or_star(raw: &Bytes) -> Result<Option<Version>, RespError> {
-        match raw.as_ref() {
-            b"*" => Ok(None),
-            _ => version_arg(raw).map(Some),
-        }
+/// A version argument: `*` (none: the family allocates it), or a version. Whether the key's
+/// family takes that is the operations layer's rule ([`crate::ops::Ops::check_edit`]).
+fn version_arg_or_star(raw: &Bytes) -> Result<Option<Version>, RespError> {
+    match raw.as_ref() {
+        b"*" => Ok(None),
+        _ => version_arg(raw).map(Some),
     }
+}
 
-    /// `HOTSPLIT.PUBLISH key version value [SYNC replicas timeout_ms] [SESSION tok…]`.
-    pub(crate) async fn hotsplit_publish(
-        &self,
+/// `HOTSPLIT.PUBLISH key version value [SYNC replicas timeout_ms] [SESSION tok…]`.
+pub(crate) struct HotsplitPublish {
+    /// The key, checked.
+    key: Key,
+    /// The version (`None`: `*`, the family allocates it).
+    version: Option<Version>,
+    /// The value.
+    value: Bytes,
+    /// `SYNC replicas timeout_ms`.
+    sync: Option<SyncReplicas>,
+    /// `SESSION tok…`: the call's own session's tokens.
+    session: Option<Vec<Bytes>>,
+}
+
+impl Parse for HotsplitPublish {
+    fn parse(args: &mut Args) -> Result<HotsplitPublish, RespError> {
+        let key = args.next_bytes()?;
+        let version = args.next_bytes()?;
+        let value = args.next_bytes()?;
+        let key = key_arg(&key)?;
+        let version = version_arg_or_star(&version)?;
+        // The options' shape is checked before their numbers: `SYNC` once, with two values;
+        // `SESSION` last.
+        let mut sync = None;
+        let mut session = None;
+        while let Some(name) = args.next_option() {
+            match name.as_slice() {
+                b"SESSION" => {
+                    session = Some(args.rest().collect());
+                    break;
+                }
+                b"SYNC" if sync.is_none() && args.len() >= 2 => {
+                    sync = Some((args.next_bytes()?, args.next_bytes()?));
+                }
+                _ => return Err(RespError::syntax()),
+            }
+        }
+        let sync = match sync {
+            Some((replicas, timeout_ms)) => Some(SyncReplicas {
+                replicas: integer(&replicas)?,
+                timeout_ms: integer(&timeout_ms)?,
+            }),
+            None => None,
+        };
+        Ok(HotsplitPublish {
+            key,
+            version,
+            value,
+            sync,
+            session,
+        })
+    }
+}
+
+impl Store for HotsplitPublish {
+    async fn apply(
+        self,
+        door: &Door,
         conn: &mut ConnState,
-        args: &[Bytes],
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
-        let (args, tokens) = split_session(args, 4, |name| {
-            if name.eq_ignore_ascii_case(b"SYNC") {
-                3
-            } else {
-                1
-            }
-        });
-        let key = key(&args[1])?;
-        let version = Door::version_arg_or_star(&args[2])?;
-        let sync = match args.get(4..).unwrap_or_default() {
-            [] => None,
-            [option, replicas, timeout_ms] if option.eq_ignore_ascii_case(b"SYNC") => {
-                let number = |raw: &Bytes| {
-                    std::str::from_utf8(raw)
-                        .ok()
-                        .and_then(|text| text.parse::<u64>().ok())
-                        .ok_or_else(RespError::not_integer)
-                };
-                let replicas =
-                    u32::try_from(number(replicas)?).map_err(|_| RespError::not_integer())?;
-                Some(SyncReplicas {
-                    replicas,
-                    timeout_ms: number(timeout_ms)?,
-                })
-            }
-            _ => return Err(RespError::syntax()),
+        let edit = Edit::Value(self.value);
+        let call = edit_call(self.key, self.version, edit, self.sync, deadline);
+        door.edit_in_call(conn, call, self.session).await
+    }
+}
+
+/// `HOTSPLIT.INVALIDATE key version [SESSION tok…]`.
+pub(crate) struct HotsplitInvalidate {
+    /// The key, checked.
+    key: Key,
+    /// The version (`None`: `*`).
+    version: Option<Version>,
+    /// `SESSION tok…`: the call's own session's tokens.
+    session: Option<Vec<Bytes>>,
+}
+
+impl Parse for HotsplitInvalidate {
+    fn parse(args: &mut Args) -> Result<HotsplitInvalidate, RespError> {
+        let key = args.next_bytes()?;
+        let version = args.next_bytes()?;
+        // Anything but `SESSION` after the version is refused before the key is checked.
+        let session = match args.next_option() {
+            None => None,
+            Some(name) if name == b"SESSION" => Some(args.rest().collect()),
+            Some(_) => return Err(RespError::syntax()),
         };
-        let Some(value) = args.get(3) else {
-            return Err(RespError::arity("hotsplit.publish"));
-        };
-        let value = Edit::Value(value.clone());
-        let mut call = tokens.map(|tokens| CallSession::new(self.core.ops(), tokens));
-        let per_call = call.as_mut().map(|call| &mut call.session);
-        let outcome = self
-            .edit(
-                conn,
-                edit_call(key, version, value, sync, deadline),
-                per_call,
-            )
-            .await?;
+        Ok(HotsplitInvalidate {
+            key: key_arg(&key)?,
+            version: version_arg_or_star(&version)?,
+            session,
+        })
+    }
+}
+
+impl Store for HotsplitInvalidate {
+    async fn apply(
+        self,
+        door: &Door,
+        conn: &mut ConnState,
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        let call = edit_call(self.key, self.version, Edit::Tombstone, None, deadline);
+        door.edit_in_call(conn, call, self.session).await
+    }
+}
+
+impl Door {
+    /// Runs `call` in the session its `SESSION` tokens carry (`None`: the connection's), and
+    /// answers its report (with the call's `session` field when it carried one).
+    async fn edit_in_call(
+        &self,
+        conn: &mut ConnState,
+        call: PublishCall,
+        tokens: Option<Vec<Bytes>>,
+    ) -> Result<Reply, RespError> {
+        let ops = self.core.ops();
+        let mut session = tokens.map(|tokens| CallSession::new(ops, &tokens));
+        let per_call = session.as_mut().map(|session| &mut session.session);
+        let outcome = self.edit(conn, call, per_call).await?;
         Ok(report_reply(
             &outcome,
-            call.map(|call| call.reply(self.core.ops())),
+            session.map(|session| session.reply(ops)),
         ))
     }
+}
 
-    /// `HOTSPLIT.INVALIDATE key version [SESSION tok…]`.
-    pub(crate) async fn hotsplit_invalidate(
-        &self,
-        conn: &mut ConnState,
-        args: &[Bytes],
-        deadline: Option<Deadline>,
-    ) -> Result<Reply, RespError> {
-        let (args, tokens) = split_session(args, 3, |_| 1);
-        if args.len() != 3 {
-            return Err(RespError::syntax());
-        }
-        let key = key(&args[1])?;
-        let version = Door::version_arg_or_star(&args[2])?;
-        let mut call = tokens.map(|tokens| CallSession::new(self.core.ops(), tokens));
-        let per_call = call.as_mut().map(|call| &mut call.session);
-        let outcome = self
-            .edit(
-                conn,
-                edit_call(key, version, Edit::Tombstone, None, deadline),
-                per_call,
-            )
-            .await?;
-        Ok(report_reply(
-            &outcome,
-            call.map(|call| call.reply(self.core.ops())),
-        ))
-    }
+/// `SET key value`, on an `allocated` family: `+OK` once every copy applied it or a failed copy
+/// is queued for retry.
+pub(crate) struct Set {
+    /// The key as sent (checked after the options are refused).
+    key: Bytes,
+    /// The value.
+    value: Bytes,
+}
 
-    /// `SET key value`, on an `allocated` family: `+OK` once every copy applied it or a failed
-    /// copy is queued for retry.
-    pub(crate) async fn set(
-        &self,
-        conn: &mut ConnState,
-        args: &[Bytes],
-        deadline: Option<Deadline>,
-    ) -> Result<Reply, RespError> {
-        if args.len() > 3 {
+impl Parse for Set {
+    fn parse(args: &mut Args) -> Result<Set, RespError> {
+        let key = args.next_bytes()?;
+        let value = args.next_bytes()?;
+        if let Some(option) = args.next_optional() {
             return Err(RespError::err(format!(
                 "SET option '{}' is not supported by hotsplit (no EX, PX, EXAT, PXAT, NX, XX, GET or KEEPTTL): a key lives its family's ttl",
-                String::from_utf8_lossy(&args[3][..args[3].len().min(32)])
+                String::from_utf8_lossy(&option[..option.len().min(32)])
             )));
         }
-        let key = key(&args[1])?;
-        let value = Edit::Value(args[2].clone());
-        self.core
+        Ok(Set { key, value })
+    }
+}
+
+impl Store for Set {
+    async fn apply(
+        self,
+        door: &Door,
+        conn: &mut ConnState,
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, RespError> {
+        let key = key_arg(&self.key)?;
+        let value = Edit::Value(self.value);
+        door.core
             .ops()
             .check_edit(&key, None, &value)
             .map_err(|error| {
                 RespError::versionless(&error, "SET", "HOTSPLIT.PUBLISH key version value")
             })?;
-        let outcome = self
+        let outcome = door
             .edit(conn, edit_call(key, None, value, None, deadline), None)
             .await?;
         written(&outcome).map(|()| Reply::OK)
     }
+}
 
-    /// `DEL key…` and `UNLINK key…`, on `allocated` families: how many invalidations landed.
-    pub(crate) async fn del(
-        &self,
+/// `DEL key…` and `UNLINK key…`, on `allocated` families: how many invalidations landed.
+pub(crate) struct Del {
+    /// `del` or `unlink`: the refusal names it.
+    name: &'static str,
+    /// The keys as sent.
+    keys: std::vec::IntoIter<Bytes>,
+}
+
+impl Parse for Del {
+    fn parse(args: &mut Args) -> Result<Del, RespError> {
+        Ok(Del {
+            name: args.name(),
+            keys: args.rest(),
+        })
+    }
+}
+
+impl Store for Del {
+    async fn apply(
+        self,
+        door: &Door,
         conn: &mut ConnState,
-        args: &[Bytes],
         deadline: Option<Deadline>,
     ) -> Result<Reply, RespError> {
-        let command = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
-        let keys = args[1..]
-            .iter()
-            .map(key)
+        let command = self.name.to_ascii_uppercase();
+        let keys = self
+            .keys
+            .map(|raw| key_arg(&raw))
             .collect::<Result<Vec<Key>, RespError>>()?;
         // Every key is checked before any is written, so a refusal deletes nothing.
         for key in &keys {
-            self.core
+            door.core
                 .ops()
                 .check_edit(key, None, &Edit::Tombstone)
                 .map_err(|error| {
@@ -230,13 +313,8 @@ impl Door {
         }
         let mut deleted = 0;
         for key in keys {
-            let outcome = self
-                .edit(
-                    conn,
-                    edit_call(key, None, Edit::Tombstone, None, deadline),
-                    None,
-                )
-                .await?;
+            let call = edit_call(key, None, Edit::Tombstone, None, deadline);
+            let outcome = door.edit(conn, call, None).await?;
             written(&outcome)?;
             if outcome.floor.is_some() {
                 deleted += 1;

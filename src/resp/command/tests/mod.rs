@@ -14,6 +14,7 @@ use crate::store::memory::MemoryStore;
 
 mod command_table;
 mod conn_commands;
+mod parse_edges;
 mod reads_writes;
 mod transactions;
 

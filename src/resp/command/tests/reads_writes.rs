@@ -300,7 +300,13 @@ async fn a_per_call_session_merges_its_tokens_answers_its_own_and_leaves_the_con
         run(&door, &mut conn, &["HOTSPLIT.READ", "p:none"]).await,
         Reply::Nil
     );
-    // SESSION is an option's name only where one may stand: a value named SESSION is a value.
+}
+
+#[tokio::test]
+async fn session_is_an_option_only_where_an_option_name_may_stand() {
+    let door = door();
+    let mut conn = ConnState::new(1);
+    // A value named SESSION is a value.
     let report = run(
         &door,
         &mut conn,
