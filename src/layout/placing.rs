@@ -154,6 +154,18 @@ impl Reading {
     }
 }
 
+/// What one look at a family's sets found: the instances of its live set missing from its
+/// placement set (older releases, by name), and the codes of the placement set's members.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sighting<'a> {
+    /// Live instances missing from the placement set.
+    pub(super) missing: &'a [String],
+    /// The placement set's members' codes.
+    pub(super) codes: &'a [u32],
+    /// When the sets were read.
+    pub(super) at: Instant,
+}
+
 impl Layouts {
     /// The placement reads of `family` use now (see the module doc); `None` for a family these
     /// layouts do not know (then its configured placement).
@@ -181,18 +193,21 @@ impl Layouts {
     }
 
     /// Records the codes of the other instances in `family`'s placement set and the instances
-    /// of its live set `missing` from the placement set (matched by name), at `now`; falls back
+    /// of its live set missing from the placement set (matched by name), as `seen`; falls back
     /// to `K#i` when one is (an older release), and says whether to switch to the tagged names
     /// (`settle`: see the module doc).
     pub(super) fn observe_placement(
         &self,
         family: &str,
-        missing: &[String],
-        codes: &[u32],
+        seen: Sighting<'_>,
         settle: Duration,
-        now: Instant,
         metrics: &crate::metrics::Metrics,
     ) -> Step {
+        let Sighting {
+            missing,
+            codes,
+            at: now,
+        } = seen;
         let mut families = self.lock();
         let Some(known) = families.get_mut(family) else {
             return Step::Stay;
@@ -432,7 +447,16 @@ mod tests {
         assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
         assert_eq!(layouts.read_placement("x:"), Some(Placement::Suffix));
         let step = |missing: &[String], codes: &[u32], at: Instant| {
-            layouts.observe_placement("s:", missing, codes, settle, at, &metrics)
+            layouts.observe_placement(
+                "s:",
+                Sighting {
+                    missing: missing,
+                    codes: codes,
+                    at: at,
+                },
+                settle,
+                &metrics,
+            )
         };
         let older = ["older-release".to_owned()];
         assert_eq!(step(&[], &[], now), Step::Stay);
@@ -461,7 +485,16 @@ mod tests {
         assert_eq!(step(&[], &[], later + settle), Step::CleanThenSwitch);
         // A suffix family never switches.
         assert_eq!(
-            layouts.observe_placement("x:", &[], &[], settle, later + settle, &metrics),
+            layouts.observe_placement(
+                "x:",
+                Sighting {
+                    missing: &[],
+                    codes: &[],
+                    at: later + settle
+                },
+                settle,
+                &metrics
+            ),
             Step::Stay
         );
     }
@@ -493,7 +526,16 @@ mod tests {
         let settle = Duration::from_secs(10);
         let now = Instant::now();
         let older = ["older-release".to_owned()];
-        layouts.observe_placement("s:", &older, &[CODE_SUFFIX], settle, now, &metrics);
+        layouts.observe_placement(
+            "s:",
+            Sighting {
+                missing: &older,
+                codes: &[CODE_SUFFIX],
+                at: now,
+            },
+            settle,
+            &metrics,
+        );
         assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
         let codes: Vec<u32> = join_placement(&stores, &layouts, &spread, &liveness("a"), 60_000)
             .await
@@ -506,7 +548,16 @@ mod tests {
         assert_eq!(codes, vec![CODE_SUFFIX]);
         assert_eq!(seen_by_b().await.unwrap(), vec![CODE_SPREAD_PENDING]);
         assert_eq!(
-            layouts.observe_placement("s:", &[], &codes, settle, now, &metrics),
+            layouts.observe_placement(
+                "s:",
+                Sighting {
+                    missing: &[],
+                    codes: &codes,
+                    at: now
+                },
+                settle,
+                &metrics
+            ),
             Step::Stay
         );
     }
@@ -535,7 +586,16 @@ mod tests {
         let now = Instant::now();
         for at in [now, now + settle, now + settle * 2] {
             assert_eq!(
-                layouts.observe_placement("s:", &missing, &[CODE_SUFFIX], settle, at, &metrics),
+                layouts.observe_placement(
+                    "s:",
+                    Sighting {
+                        missing: &missing,
+                        codes: &[CODE_SUFFIX],
+                        at: at
+                    },
+                    settle,
+                    &metrics
+                ),
                 Step::Stay,
                 "an older release is live: K#i"
             );
@@ -555,14 +615,25 @@ mod tests {
         let settle = Duration::from_secs(10);
         layouts.observe_placement(
             "x:",
-            &[],
-            &[CODE_SPREAD_PENDING],
+            Sighting {
+                missing: &[],
+                codes: &[CODE_SPREAD_PENDING],
+                at: Instant::now(),
+            },
             settle,
-            Instant::now(),
             &metrics,
         );
         assert!(layouts.writes_spread(&suffix));
-        layouts.observe_placement("x:", &[], &[CODE_SUFFIX], settle, Instant::now(), &metrics);
+        layouts.observe_placement(
+            "x:",
+            Sighting {
+                missing: &[],
+                codes: &[CODE_SUFFIX],
+                at: Instant::now(),
+            },
+            settle,
+            &metrics,
+        );
         assert!(!layouts.writes_spread(&suffix));
         // The placement set is a live set of its own, beside the family's.
         let others = store

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::placing;
+use super::placing::Sighting;
 use super::record::record_configured;
 use super::sweep::delete_copies_from;
 use super::{Known, LayoutStores, Layouts, Liveness};
@@ -133,10 +134,12 @@ impl Layouts {
                 // this one reads them from its first request (`placing`, point 2).
                 let step = layouts.observe_placement(
                     name,
-                    &LiveMember::missing_from(&members, &placed),
-                    &codes,
+                    Sighting {
+                        missing: &LiveMember::missing_from(&members, &placed),
+                        codes: &codes,
+                        at: Instant::now(),
+                    },
                     liveness.settle(),
-                    Instant::now(),
                     metrics,
                 );
                 if step == placing::Step::Switch {
@@ -162,8 +165,7 @@ impl Layouts {
                 families,
                 layouts.splits(),
                 family,
-                strays.from,
-                Some(strays.to),
+                (strays.from, Some(strays.to)),
             )
             .await?;
             tracing::info!(

@@ -22,8 +22,7 @@ pub(super) async fn delete_copies_from(
     families: &Families,
     splits: &crate::split::SplitIndex,
     family: &Family,
-    from: u32,
-    to: Option<u32>,
+    (from, to): (u32, Option<u32>),
 ) -> Result<(u64, bool)> {
     let name = family.name();
     let pattern = format!("{}*#*", glob_escape(&family.prefix));
@@ -92,8 +91,7 @@ impl LayoutWatcher {
             &self.families,
             self.layouts.splits(),
             family,
-            family.copies,
-            None,
+            (family.copies, None),
         )
         .await?;
         if deleted > 0 {

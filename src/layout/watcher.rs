@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::placing::Sighting;
 use super::placing::{delete_tagged_copies, join_placement, spread_share, Step};
 use super::{LayoutStores, Layouts, Liveness};
 use crate::family::{Families, Family};
@@ -107,10 +108,12 @@ impl LayoutWatcher {
         let codes: Vec<u32> = members.iter().map(|member| member.copies).collect();
         let step = self.layouts.observe_placement(
             name,
-            &LiveMember::missing_from(live, &members),
-            &codes,
+            Sighting {
+                missing: &LiveMember::missing_from(live, &members),
+                codes: &codes,
+                at: Instant::now(),
+            },
             self.liveness.settle(),
-            Instant::now(),
             &self.metrics,
         );
         match step {

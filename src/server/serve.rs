@@ -233,7 +233,7 @@ impl Tasks {
         let listen = |role, tcp, routes| {
             let metrics = ListenerMetrics::for_role(&connection_metrics, role);
             let listener =
-                Listener::new(role, tcp, routes, doors.server, metrics, doors.tls.clone());
+                Listener::new(role, tcp, routes, doors.server, metrics).with_tls(doors.tls.clone());
             self.tracker
                 .spawn(listener.run(self.cancel.clone(), self.tracker.clone()));
         };

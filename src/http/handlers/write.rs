@@ -4,7 +4,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use serde::Deserialize;
 
 use super::VERSION;
@@ -301,11 +301,10 @@ pub async fn invalidate_key(
     KeyPath(key): KeyPath,
     StrictQuery(params): StrictQuery<InvalidateParams>,
     mut token: SessionToken,
-    deadline: Option<Extension<Deadline>>,
-    headers: HeaderMap,
+    request: Request,
 ) -> WithSession<Result<Response, ApiError>> {
-    let deadline = deadline.map(|Extension(deadline)| deadline);
-    let answer = invalidate(&state, key, params, deadline, &headers, &mut token.session).await;
+    let (parts, _) = request.into_parts();
+    let answer = invalidate(&state, key, params, &parts, &mut token.session).await;
     token.answer(answer, &state)
 }
 
@@ -314,8 +313,7 @@ async fn invalidate(
     state: &AppState,
     key: Key,
     params: InvalidateParams,
-    deadline: Option<Deadline>,
-    headers: &HeaderMap,
+    request: &axum::http::request::Parts,
     session: &mut ClientSession,
 ) -> Result<Response, ApiError> {
     if params.sync_replicas.is_some() || params.sync_timeout_ms.is_some() {
@@ -329,12 +327,12 @@ async fn invalidate(
         ));
     }
     let call = PublishCall {
-        writer: writer(params.client, headers)?,
+        writer: writer(params.client, &request.headers)?,
         version: write_version(params.version.as_deref())?,
         key,
         edit: Edit::Tombstone,
         sync: None,
-        deadline,
+        deadline: request.extensions.get::<Deadline>().copied(),
     };
     write_response(state.ops().publish(call, session).await?)
 }

@@ -137,16 +137,15 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// A listener serving `app` on `tcp` with `config`'s timeouts and limits, over TLS when
-    /// `tls` is given: the data listener's bound is `server.max_connections`, the admin
-    /// listener's [`ADMIN_MAX_CONNECTIONS`].
+    /// A listener serving `app` on `tcp` with `config`'s timeouts and limits, in plain HTTP
+    /// ([`Listener::with_tls`] makes it HTTPS): the data listener's bound is
+    /// `server.max_connections`, the admin listener's [`ADMIN_MAX_CONNECTIONS`].
     pub fn new(
         role: Role,
         tcp: TcpListener,
         app: App,
         config: &ServerConfig,
         metrics: ListenerMetrics,
-        tls: Option<TlsAcceptor>,
     ) -> Listener {
         let bound = match role {
             Role::Data => config.max_connections,
@@ -159,8 +158,14 @@ impl Listener {
             settings: Arc::new(Settings::new(config)),
             slots: Slots::new(bound),
             metrics,
-            tls,
+            tls: None,
         }
+    }
+
+    /// This listener speaking HTTPS through `tls` when it is given.
+    #[must_use]
+    pub fn with_tls(self, tls: Option<TlsAcceptor>) -> Listener {
+        Listener { tls, ..self }
     }
 
     /// Accepts connections until `shutdown` is cancelled, serving each on a task of
