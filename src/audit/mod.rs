@@ -260,8 +260,7 @@ pub async fn audit(options: &AuditOptions, progress: &mut impl FnMut(&Progress))
 /// # Errors
 /// [`ErrorKind::Config`] for invalid options, before anything is served.
 pub async fn watch(
-    options: &AuditOptions,
-    interval: Duration,
+    (options, interval): (&AuditOptions, Duration),
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
     mut on_round: impl FnMut(std::result::Result<&Report, &Error>),

@@ -158,8 +158,7 @@ impl Candidates {
     fn add(
         &mut self,
         key: Key,
-        index: u32,
-        placement: Placement,
+        (index, placement): (u32, Placement),
         copies: &CopyCount,
         splits: &SplitLayouts,
     ) {
@@ -336,7 +335,7 @@ pub(crate) async fn sample_keys(
             for raw in page.keys {
                 scanned += 1;
                 if let Some((key, index, placement)) = parse_copy_key(&raw) {
-                    candidates.add(key, index, placement, &options.copies, &splits);
+                    candidates.add(key, (index, placement), &options.copies, &splits);
                 }
             }
         }
@@ -618,7 +617,7 @@ mod tests {
     fn add_all(candidates: &mut Candidates, raw: &[&str], copies: &CopyCount) {
         for raw in raw {
             let (key, index, placement) = parse_copy_key(raw).unwrap();
-            candidates.add(key, index, placement, copies, &SplitLayouts::new());
+            candidates.add(key, (index, placement), copies, &SplitLayouts::new());
         }
     }
 
@@ -718,7 +717,7 @@ mod tests {
         }
         for raw in &raw {
             let (key, index, placement) = parse_copy_key(raw).unwrap();
-            candidates.add(key, index, placement, &copies, &splits);
+            candidates.add(key, (index, placement), &copies, &splits);
         }
         let found: Vec<(String, u32, u64)> = candidates
             .split()

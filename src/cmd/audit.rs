@@ -206,8 +206,7 @@ pub(crate) fn audit_watch(
             );
         }
         hotsplit::audit::watch(
-            options,
-            interval,
+            (options, interval),
             listener,
             shutdown_signal(),
             on_round,

@@ -44,7 +44,7 @@ pub(super) struct NodeClient {
 impl NodeClient {
     /// Builds a centralized client of the node `label` from `builder` and connects it within
     /// `options.connect_timeout`; a client that did not connect in time is asked to quit.
-    /// `noun` comes before the label in messages (`"replica "`, or `""`); `metrics`, when
+    /// `noun` comes before `label` in messages (`"replica "`, or `""`); `metrics`, when
     /// given, counts a failed connection (the audit has no service metrics).
     ///
     /// # Errors
@@ -52,8 +52,7 @@ impl NodeClient {
     /// when the node cannot be reached within the connect timeout.
     pub(super) async fn connect(
         builder: Builder,
-        label: &NodeLabel,
-        noun: &str,
+        (noun, label): (&str, &NodeLabel),
         options: &RedisOptions,
         cluster_replica: bool,
         metrics: Option<&Metrics>,
@@ -474,5 +473,5 @@ async fn connect_node(
         options,
         Vec::new(),
     )?;
-    NodeClient::connect(builder, label, "", options, cluster_replica, None).await
+    NodeClient::connect(builder, ("", label), options, cluster_replica, None).await
 }

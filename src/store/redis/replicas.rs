@@ -322,8 +322,14 @@ pub(super) async fn connect_replica(
         options,
         vec![ReconnectError::Loading],
     )?;
-    let node =
-        NodeClient::connect(builder, &label, "replica ", options, cluster, Some(metrics)).await?;
+    let node = NodeClient::connect(
+        builder,
+        ("replica ", &label),
+        options,
+        cluster,
+        Some(metrics),
+    )
+    .await?;
     Ok(ReplicaClient { label, node })
 }
 

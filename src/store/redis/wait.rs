@@ -53,7 +53,7 @@ impl RedisStore {
         let sent = join_all(groups.into_iter().map(|(node, positions)| async move {
             let batch: Vec<&CopyWrite> = positions.iter().map(|&at| &writes[at]).collect();
             let (replies, acked) = self
-                .cas_then_wait(client, node, &batch, replicas, timeout_ms)
+                .cas_then_wait(client, node, &batch, (replicas, timeout_ms))
                 .await;
             (positions, replies, acked)
         }))
@@ -100,8 +100,7 @@ impl RedisStore {
         client: &Client,
         node: &NodeLabel,
         batch: &[&CopyWrite],
-        replicas: u32,
-        timeout_ms: u64,
+        (replicas, timeout_ms): (u32, u64),
     ) -> (Vec<FredResult<Value>>, Option<u32>) {
         let replies = self.cas_pipeline_on(client, batch).await;
         if replies.iter().all(Result::is_err) {
