@@ -71,7 +71,7 @@ impl PartitionReport {
     /// The table as markdown, with each row's notes under it.
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "## Partitions (seed {}, cuts of about {:.1} s)\n\n| scenario | rule | partition | publishes | reads | monotonic-read violations (client id / session token) | read-your-writes violations | acknowledged publishes lost | answered publishes lost | during the cut: reads answered / refused | during the cut: publishes answered / refused | converged after the heal | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "## Partitions (seed {}, cuts of about {:.1} s)\n\n| scenario | rule | partition | publishes | reads (served without / with the token) | monotonic-read violations (client id / session token) | read-your-writes violations | acknowledged publishes lost | answered publishes lost | during the cut: reads answered / refused | during the cut: publishes answered / refused | converged after the heal | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.seed,
             self.cut_ms as f64 / 1000.0
         );
@@ -79,8 +79,23 @@ impl PartitionReport {
             out.push_str(&row_line(row));
         }
         out.push('\n');
-        for row in self.rows.iter().filter(|row| !row.note.is_empty()) {
-            out.push_str(&format!("- {}: {}\n", row.scenario, row.note));
+        for row in &self.rows {
+            let refusals: Vec<String> = row
+                .cut_refusals
+                .iter()
+                .map(|(code, count)| format!("{count} {code}"))
+                .collect();
+            let mut notes = vec![format!("key {}", row.key)];
+            if !refusals.is_empty() {
+                notes.push(format!(
+                    "reads refused during the cut: {}",
+                    refusals.join(", ")
+                ));
+            }
+            if !row.note.is_empty() {
+                notes.push(row.note.clone());
+            }
+            out.push_str(&format!("- {}: {}\n", row.scenario, notes.join("; ")));
         }
         out
     }
@@ -119,7 +134,7 @@ fn row_line(row: &PartitionRow) -> String {
         _ => "not converged".to_owned(),
     };
     format!(
-        "| {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} / {} | {} / {} | {} | {} |\n",
+        "| {} | {} | {} | {} | {} ({} / {}) | {} / {} | {} | {} | {} | {} / {} | {} / {} | {} | {} |\n",
         row.scenario,
         if row.rule {
             "sync_replicas = 1"
@@ -129,6 +144,8 @@ fn row_line(row: &PartitionRow) -> String {
         row.partition,
         row.publishes,
         row.reads,
+        row.served_client,
+        row.served_session,
         row.monotonic_client,
         row.monotonic_session,
         row.read_your_writes,

@@ -11,6 +11,8 @@
 //! unless nothing was published on the majority side and the copies converged to it or above
 //! (its queued write landed after the heal).
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::checkers::{monotonic_reads, read_your_writes};
@@ -116,9 +118,14 @@ pub struct PartitionRow {
     pub publishes: usize,
     /// Reads sent.
     pub reads: usize,
-    /// Monotonic-read violations of readers with an explicit client id (the writers included).
+    /// Reads served (a version answered) to the readers without the token (`ca`, `cb`).
+    pub served_client: usize,
+    /// Reads served to the readers carrying the session token (`sa`, `sb`).
+    pub served_session: usize,
+    /// Monotonic-read violations of readers with an explicit client id and no token (the
+    /// writers, which carry their token, counted here too).
     pub monotonic_client: usize,
-    /// Monotonic-read violations of readers carrying only the session token.
+    /// Monotonic-read violations of the readers carrying the session token.
     pub monotonic_session: usize,
     /// Read-your-writes violations.
     pub read_your_writes: usize,
@@ -134,6 +141,9 @@ pub struct PartitionRow {
     pub cut_reads_answered: usize,
     /// Reads refused (or unanswered) during the cut.
     pub cut_reads_refused: usize,
+    /// Why reads were refused during the cut: problem code (or `http <status>`, `transport`)
+    /// → count.
+    pub cut_refusals: BTreeMap<String, usize>,
     /// Publishes answered 200 or 202 during the cut.
     pub cut_publishes_answered: usize,
     /// Publishes refused (or unanswered) during the cut.
@@ -169,6 +179,12 @@ impl PartitionRow {
         if self.converge_ms.is_none() {
             failures.push("the copies did not converge after the heal".to_owned());
         }
+        if self.served_client == 0 || self.served_session == 0 {
+            failures.push(format!(
+                "reads served: {} without the token, {} with it; a row must serve both",
+                self.served_client, self.served_session
+            ));
+        }
         if self.acknowledged == 0 && self.judged == Judged::Judged && !self.rule {
             failures.push("no publish was answered, so the row proves nothing".to_owned());
         }
@@ -201,8 +217,20 @@ pub(super) fn figures(
         .iter()
         .filter(|event| matches!(event.outcome, Outcome::Error(_)))
         .count();
+    let mut cut_refusals = BTreeMap::new();
+    for event in &cut_reads {
+        if let Outcome::Error(code) = &event.outcome {
+            *cut_refusals.entry(code.clone()).or_insert(0) += 1;
+        }
+    }
     let cut_publishes: Vec<&Published> = published.iter().filter(|p| during(p.start_us)).collect();
     let cut_publishes_answered = cut_publishes.iter().filter(|p| p.answered()).count();
+    let served = |prefix: char| {
+        events
+            .iter()
+            .filter(|event| event.session.starts_with(prefix) && event.read_version().is_some())
+            .count()
+    };
     PartitionRow {
         scenario: spec.scenario,
         rule: spec.rule,
@@ -213,6 +241,8 @@ pub(super) fn figures(
         cut_ms: nemesis.cut_to_us.saturating_sub(nemesis.cut_from_us) / 1000,
         publishes: published.len(),
         reads: events.iter().filter(|event| event.op == Op::Read).count(),
+        served_client: served('c'),
+        served_session: served('s'),
         monotonic_client: monotonic.len() - monotonic_session,
         monotonic_session,
         read_your_writes: read_your_writes(events).len(),
@@ -224,6 +254,7 @@ pub(super) fn figures(
         answered_lost: lost(&Published::answered),
         cut_reads_answered: cut_reads.len() - cut_reads_refused,
         cut_reads_refused,
+        cut_refusals,
         cut_publishes_answered,
         cut_publishes_refused: cut_publishes.len() - cut_publishes_answered,
         converged_version: nemesis.converged.map(|(version, _)| version),

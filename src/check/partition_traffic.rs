@@ -1,8 +1,9 @@
 //! The traffic of one partition scenario ([`Traffic`]): two writer sessions (`wa` publishes
 //! through instance A, `wb` through B; a scenario switches which one writes), readers with an
 //! explicit client id pinned to one instance each (`ca`, `cb`: across instances only the
-//! reader's own floor carries over), and readers carrying only the session token that roam
-//! over both instances (`sa`, `sb`). Every operation goes to the shared [`Recorder`]; every
+//! reader's own floor carries over), and readers that carry the session token as well as their
+//! client id and roam over both instances (`sa`, `sb`: the token carries their floors from one
+//! instance to the other). Every operation goes to the shared [`Recorder`]; every
 //! publish is also kept as a [`Published`], with whether each answer line said
 //! `replicas_acked >= 1`.
 //!
@@ -176,32 +177,41 @@ impl Traffic {
         }
     }
 
-    /// One reader: `ca` reads through A and `cb` through B with their client ids; `sa` and
-    /// `sb` carry only the session token and pick an instance at random for every read.
+    /// One reader: `ca` reads through A and `cb` through B with their client ids and no
+    /// token; `sa` and `sb` send their client id and the session token, and pick an instance at
+    /// random for every read.
     async fn read_loop(self: Arc<Self>, index: usize, session: &str, stop: CancellationToken) {
         let mut rng = self.rng(200 + index as u64);
         let mut token: Option<String> = None;
-        let explicit = session.starts_with('c');
+        let carries_token = session.starts_with('s');
         while !stop.is_cancelled() {
             let door = match session {
                 "ca" => A,
                 "cb" => B,
                 _ => rng.random_range(A..=B),
             };
-            self.read(door, session, explicit, &mut token).await;
+            self.read(door, session, carries_token, &mut token).await;
             pause(&mut rng, &stop, 5..40).await;
         }
     }
 
-    /// Reads the key through `door` (with `session` as the client id when `explicit`), sending
-    /// the session token and keeping the one answered, and records the read.
-    async fn read(&self, door: usize, session: &str, explicit: bool, token: &mut Option<String>) {
-        let mut url = format!("{}/v1/keys/{}", self.bases[door], self.key);
-        if explicit {
-            url.push_str(&format!("?{}={session}", query::CLIENT));
-        }
+    /// Reads the key through `door` with `session` as the client id (and, with
+    /// `carries_token`, the session token, keeping the one answered), and records the read.
+    async fn read(
+        &self,
+        door: usize,
+        session: &str,
+        carries_token: bool,
+        token: &mut Option<String>,
+    ) {
+        let url = format!(
+            "{}/v1/keys/{}?{}={session}",
+            self.bases[door],
+            self.key,
+            query::CLIENT
+        );
         let mut request = self.http.get(url);
-        if let Some(token) = token.as_deref() {
+        if let Some(token) = token.as_deref().filter(|_| carries_token) {
             request = request.header(header::SESSION, token);
         }
         let start_us = self.recorder.now_us();
