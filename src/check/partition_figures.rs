@@ -7,9 +7,10 @@
 //! A publish is *lost* when it was acknowledged and the copies never held it after the heal.
 //! Versions only grow, so without a failover that means a version above the one every copy
 //! converged to. In the split brain the survivor is the promoted replica: a publish through
-//! the isolated instance is lost when it is above what that replica held at the promotion,
-//! unless nothing was published on the majority side and the copies converged to it or above
-//! (its queued write landed after the heal).
+//! the isolated instance that was applied there (answered 200) is lost when it is above what
+//! that replica held at the promotion, unless nothing was published on the majority side and
+//! the copies converged to it or above; one that was queued (202) lands after the heal or is
+//! superseded by a newer version there, so only one above the converged version is lost.
 
 use std::collections::BTreeMap;
 
@@ -279,7 +280,9 @@ fn lost_versions(
         .iter()
         .filter(|p| acknowledged(p))
         .filter(|p| match survivor {
-            Some((isolated, held)) if p.door == isolated => {
+            // Applied on the isolated master alone: gone with it. A queued one (202) lands
+            // after the heal, or finds a newer version there: superseded, not lost.
+            Some((isolated, held)) if p.door == isolated && p.status == 200 => {
                 p.version > held && (p.version > final_version || majority_published)
             }
             _ => p.version > final_version,
@@ -347,9 +350,10 @@ mod tests {
             published(4, 1, 200, false),
         ];
         let survivor = Some((0, 1));
+        // 2 was applied on the isolated master alone; 3 was queued and found 4 after the heal.
         assert_eq!(
             lost_versions(&all, 4, survivor, &Published::answered),
-            vec![2, 3]
+            vec![2]
         );
         assert!(lost_versions(&all, 4, survivor, &|p| p.acknowledged(true)).is_empty());
         // Nothing published on the majority side: A's queued 3 landed after the heal.
