@@ -26,8 +26,8 @@ pub struct CheckArgs {
     /// an instance cut from one master, a master cut from its replica, the split brain under
     /// `sync_replicas = 1` and without it, an instance cut from the registry master, flapping
     /// cuts; --duration sets each cut to about a sixth of it (at least 1.5 s), --seed picks the
-    /// instance, master, key, cut lengths and interleaving, --out gets partition.md and
-    /// partition.json. --keys, --readers, --copies and --token-file do not apply to it.
+    /// instance, master, key, cut lengths and interleaving, --out gets partition.md,
+    /// partition.json and each scenario's history (partition-<n>.jsonl). --keys, --readers, --copies and --token-file do not apply to it.
     #[arg(long, value_enum, default_value_t = Nemesis::Process)]
     pub(crate) nemesis: Nemesis,
     /// Total duration of the workload phases (modes and presence), e.g. 60s.
@@ -244,7 +244,9 @@ pub(crate) fn finish_partition(
         let json = serde_json::to_vec_pretty(&report).unwrap_or_default();
         let written = std::fs::create_dir_all(dir)
             .and_then(|()| std::fs::write(dir.join("partition.md"), report.markdown()))
-            .and_then(|()| std::fs::write(dir.join("partition.json"), json));
+            .and_then(|()| std::fs::write(dir.join("partition.json"), json))
+            .map_err(|err| err.to_string())
+            .and_then(|()| write_partition_histories(dir, &report));
         if let Err(err) = written {
             eprintln!("hotsplit check: cannot write {}: {err}", dir.display());
             return ExitCode::from(2);
@@ -259,6 +261,21 @@ pub(crate) fn finish_partition(
         println!("FAIL: {failure}");
     }
     ExitCode::FAILURE
+}
+
+/// Writes each scenario's history as `partition-<n>.jsonl` (`n` from 1, in the table's
+/// order) under `dir`.
+fn write_partition_histories(dir: &Path, report: &PartitionReport) -> Result<(), String> {
+    for (index, row) in report.rows.iter().enumerate() {
+        let path = dir.join(format!("partition-{}.jsonl", index + 1));
+        let mut file = std::io::BufWriter::new(
+            std::fs::File::create(&path).map_err(|err| format!("{}: {err}", path.display()))?,
+        );
+        super::history::write_jsonl(&mut file, &row.history)
+            .and_then(|()| std::io::Write::flush(&mut file).map_err(Into::into))
+            .map_err(|err| format!("{}: {err}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// The API token from `file` (its content, one trailing newline dropped), else from

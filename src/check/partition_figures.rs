@@ -155,6 +155,9 @@ pub struct PartitionRow {
     pub converge_ms: Option<u64>,
     /// What the scenario noted.
     pub note: String,
+    /// Every operation of the scenario (written as JSON lines beside the summary).
+    #[serde(skip)]
+    pub history: Vec<Event>,
 }
 
 impl PartitionRow {
@@ -263,6 +266,7 @@ pub(super) fn figures(
             .converged
             .map(|(_, at_us)| at_us.saturating_sub(nemesis.cut_to_us) / 1000),
         note: nemesis.note.clone(),
+        history: events.to_vec(),
     }
 }
 

@@ -431,8 +431,8 @@ impl Bench<'_> {
 
     /// The split brain: the key's master and A isolated from every other node and instance
     /// (the driver reaches all); A publishes until the majority has promoted the replica; the
-    /// version the promoted replica holds then is what survived; B publishes for half the base
-    /// cut length; the heal.
+    /// version the promoted replica holds then is what survived; the readers read it alone for
+    /// 0.5-1.5 s; B publishes for half the base cut length; the heal.
     async fn split_brain(
         &self,
         plan: &Plan<'_>,
@@ -483,14 +483,19 @@ impl Bench<'_> {
             tokio::task::block_in_place(|| topology.cluster.cli(replica, &["HGET", &copy, "ver"]))
                 .map_err(unavailable)?;
         record.survivor = Some((A, held.trim().parse().unwrap_or(0)));
+        // Before B publishes, the readers read the set-back copy for a while: whoever was served
+        // a version it lacks must be refused, never served the older one.
+        let gap = Duration::from_millis(rng.random_range(500..=1500));
+        tokio::time::sleep(gap).await;
         traffic.set_writer(B);
         tokio::time::sleep(self.jittered(rng) / 2).await;
         topology.network.heal().map_err(unavailable)?;
         record.cut_to_us = record.clock.now_us();
         record.note = format!(
-            "failover after {:.1} s; the promoted replica held v{}",
+            "failover after {:.1} s; the promoted replica held v{}; B began publishing {:.1} s later",
             failover.as_secs_f64(),
-            record.survivor.map_or(0, |(_, version)| version)
+            record.survivor.map_or(0, |(_, version)| version),
+            gap.as_secs_f64()
         );
         Ok(())
     }

@@ -330,6 +330,11 @@ fn check_partition_nemesis_passes_with_a_row_per_scenario() {
         );
     }
     let markdown = std::fs::read_to_string(out.path().join("partition.md")).unwrap();
+    for n in 1..=scenarios.len() {
+        let history =
+            std::fs::read_to_string(out.path().join(format!("partition-{n}.jsonl"))).unwrap();
+        assert!(history.contains(r#""op":"write""#), "history {n}");
+    }
     assert!(
         markdown.contains("| split brain, under the rule |"),
         "{markdown}"
