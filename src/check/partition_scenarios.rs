@@ -33,6 +33,10 @@ pub(super) const PLAIN_FAMILY: &str = "pn:";
 /// How long the cluster may take to be healthy again before a scenario starts.
 const HEALTHY_WITHIN: Duration = Duration::from_secs(60);
 
+/// How long the split brain waits for B to serve the set-back copy before B publishes (B
+/// publishes then anyway: the note says whether it served).
+const SERVED_WITHIN: Duration = Duration::from_secs(3);
+
 /// A settling longer than this is noted in the row.
 const SETTLED_NOTE: Duration = Duration::from_millis(500);
 
@@ -431,8 +435,8 @@ impl Bench<'_> {
 
     /// The split brain: the key's master and A isolated from every other node and instance
     /// (the driver reaches all); A publishes until the majority has promoted the replica; the
-    /// version the promoted replica holds then is what survived; the readers read it alone for
-    /// 0.5-1.5 s; B publishes for half the base cut length; the heal.
+    /// version the promoted replica holds then is what survived; once B serves it, the readers
+    /// read it alone for 0.3-0.8 s more; B publishes for half the base cut length; the heal.
     async fn split_brain(
         &self,
         plan: &Plan<'_>,
@@ -484,17 +488,24 @@ impl Bench<'_> {
                 .map_err(unavailable)?;
         record.survivor = Some((A, held.trim().parse().unwrap_or(0)));
         // Before B publishes, the readers read the set-back copy for a while: whoever was served
-        // a version it lacks must be refused, never served the older one.
-        let gap = Duration::from_millis(rng.random_range(500..=1500));
-        tokio::time::sleep(gap).await;
+        // a version it lacks must be refused, never served the older one. B serves the key again
+        // only once it routes to the promoted replica.
+        let promoted_at = Instant::now();
+        let served_by_b = self.served(&self.bases[B], &plan.key).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(300..=800))).await;
+        let gap = promoted_at.elapsed();
         traffic.set_writer(B);
         tokio::time::sleep(self.jittered(rng) / 2).await;
         topology.network.heal().map_err(unavailable)?;
         record.cut_to_us = record.clock.now_us();
         record.note = format!(
-            "failover after {:.1} s; the promoted replica held v{}; B began publishing {:.1} s later",
+            "failover after {:.1} s; the promoted replica held v{}; B {} and began publishing {:.1} s after the promotion",
             failover.as_secs_f64(),
             record.survivor.map_or(0, |(_, version)| version),
+            served_by_b.map_or_else(
+                || format!("served no read of the key within {} s", SERVED_WITHIN.as_secs()),
+                |after| format!("served it {:.1} s after the promotion", after.as_secs_f64())
+            ),
             gap.as_secs_f64()
         );
         Ok(())
@@ -533,6 +544,21 @@ impl Bench<'_> {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Polls a plain read of copy 0 of `key` through `base` until it is served, for at most
+    /// [`SERVED_WITHIN`]; returns how long that took.
+    async fn served(&self, base: &str, key: &str) -> Option<Duration> {
+        let started = Instant::now();
+        let url = format!("{base}/v1/keys/{key}?copy=0");
+        while started.elapsed() < SERVED_WITHIN {
+            let answer = self.http.get(&url).send().await;
+            if answer.is_ok_and(|answer| answer.status().is_success()) {
+                return Some(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
     }
 
     /// The base cut length drawn within ±20 %.
