@@ -27,7 +27,6 @@ use serde::Serialize;
 
 use super::partition_figures::{Judged, PartitionRow};
 use super::partition_scenarios::{unavailable, Bench, Scenario, PLAIN_FAMILY, RULE_FAMILY};
-use super::partition_traffic::A;
 use hotsplit::error::{Error, ErrorKind, Result};
 use hotsplit_devcluster::{Host, NetClusterOptions, Process, Topology};
 
@@ -205,7 +204,10 @@ fn run_in(dir: &Path, options: &PartitionOptions, started: Instant) -> Result<Pa
         instances.push(Instance::spawn(host, &url, dir)?);
     }
     let cut = (options.duration / 6).max(SHORTEST_CUT);
-    let bases = [instances[A].base.clone(), instances[1].base.clone()];
+    let bases = match instances.as_slice() {
+        [a, b] => [a.base.clone(), b.base.clone()],
+        _ => return Err(unavailable("the topology has no two instance hosts")),
+    };
     let rows = topology.driver.run(|| {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
