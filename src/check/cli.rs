@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use hotsplit_devcluster::TlsFiles;
 
 use super::fleet::{FleetOptions, FleetReport};
+use super::partition::{PartitionOptions, PartitionReport};
 use super::report::CheckReport;
 use super::run::CheckOptions;
 
@@ -18,6 +19,17 @@ const TOKEN_HELP: &str = "Environment:\n  HOTSPLIT_TOKEN  the API bearer token (
 #[derive(Debug, clap::Args)]
 #[command(after_help = TOKEN_HELP)]
 pub struct CheckArgs {
+    /// The faults the run injects. `process` (the default): the seeded process faults on a
+    /// loopback cluster (replica pauses, CLIENT PAUSE, SIGSTOP, restarts, a failover).
+    /// `partition`: real network partitions (nftables cuts between network namespaces, which
+    /// needs root) on a 3-master/3-replica cluster with two instances, one row per scenario:
+    /// an instance cut from one master, a master cut from its replica, the split brain under
+    /// `sync_replicas = 1` and without it, an instance cut from the registry master, flapping
+    /// cuts; --duration sets each cut to about a sixth of it (at least 1.5 s), --seed picks the
+    /// instance, master, key, cut lengths and interleaving, --out gets partition.md,
+    /// partition.json and each scenario's history (partition-<n>.jsonl). --keys, --readers, --copies and --token-file do not apply to it.
+    #[arg(long, value_enum, default_value_t = Nemesis::Process)]
+    pub(crate) nemesis: Nemesis,
     /// Total duration of the workload phases (modes and presence), e.g. 60s.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub(crate) duration: std::time::Duration,
@@ -71,6 +83,15 @@ pub struct CheckArgs {
     pub(crate) log: Option<String>,
 }
 
+/// What `--nemesis` injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Nemesis {
+    /// Process faults on a loopback cluster (the default).
+    Process,
+    /// Network partitions between network namespaces (needs root).
+    Partition,
+}
+
 impl CheckArgs {
     /// The one-instance run these flags ask for.
     ///
@@ -102,6 +123,26 @@ impl CheckArgs {
             readers: self.readers,
             copies: self.copies,
             tls: self.tls()?,
+        })
+    }
+
+    /// The `--nemesis partition` run these flags ask for.
+    ///
+    /// # Errors
+    /// A message naming the flag that does not apply to it: `--instances 2` (it runs its own
+    /// two instances) or the TLS files (its nodes speak plain TCP in their namespaces).
+    pub(crate) fn partition_options(&self) -> Result<PartitionOptions, String> {
+        if self.instances != 1 {
+            return Err(
+                "--nemesis partition runs two instances of its own; drop --instances".to_owned(),
+            );
+        }
+        if self.tls_ca_file.is_some() {
+            return Err("--nemesis partition runs without TLS; drop --tls-ca-file, --tls-cert-file and --tls-key-file".to_owned());
+        }
+        Ok(PartitionOptions {
+            duration: self.duration,
+            seed: self.seed,
         })
     }
 
@@ -182,6 +223,59 @@ pub(crate) fn finish_fleet(result: hotsplit::Result<FleetReport>, out: Option<&P
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints a partition run's table and verdict (and writes `partition.md` and `partition.json`
+/// under `out`); exit 0 when it passes, 1 when a claim failed, 2 when the run could not be made
+/// (namespaces refused, say).
+pub(crate) fn finish_partition(
+    result: hotsplit::Result<PartitionReport>,
+    out: Option<&Path>,
+) -> ExitCode {
+    let report = match result {
+        Ok(report) => report,
+        Err(err) => {
+            eprintln!("hotsplit check: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    println!("{}", report.markdown());
+    if let Some(dir) = out {
+        let json = serde_json::to_vec_pretty(&report).unwrap_or_default();
+        let written = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(dir.join("partition.md"), report.markdown()))
+            .and_then(|()| std::fs::write(dir.join("partition.json"), json))
+            .map_err(|err| err.to_string())
+            .and_then(|()| write_partition_histories(dir, &report));
+        if let Err(err) = written {
+            eprintln!("hotsplit check: cannot write {}: {err}", dir.display());
+            return ExitCode::from(2);
+        }
+    }
+    let failures = report.failures();
+    if failures.is_empty() {
+        println!("PASS: no monotonic-read and no read-your-writes violation in any partition scenario, no acknowledged publish lost under the rule or where nothing failed over, every copy converged after every heal (the losses without the rule are shown, not judged).");
+        return ExitCode::SUCCESS;
+    }
+    for failure in failures {
+        println!("FAIL: {failure}");
+    }
+    ExitCode::FAILURE
+}
+
+/// Writes each scenario's history as `partition-<n>.jsonl` (`n` from 1, in the table's
+/// order) under `dir`.
+fn write_partition_histories(dir: &Path, report: &PartitionReport) -> Result<(), String> {
+    for (index, row) in report.rows.iter().enumerate() {
+        let path = dir.join(format!("partition-{}.jsonl", index + 1));
+        let mut file = std::io::BufWriter::new(
+            std::fs::File::create(&path).map_err(|err| format!("{}: {err}", path.display()))?,
+        );
+        super::history::write_jsonl(&mut file, &row.history)
+            .and_then(|()| std::io::Write::flush(&mut file).map_err(Into::into))
+            .map_err(|err| format!("{}: {err}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// The API token from `file` (its content, one trailing newline dropped), else from

@@ -17,7 +17,12 @@
 //! [`fleet`] is `--instances 2`: two `hotsplit serve` processes, sessions spread over both
 //! (`fleet_phase`, the workload of each row),
 //! and the convergence after one is SIGKILLed with its spool deleted; [`autosplit`] its row
-//! where keys of one copy are split by hot-key detection and merged mid-run.
+//! where keys of one copy are split by hot-key detection and merged mid-run. [`partition`] is
+//! `--nemesis partition`: real network partitions between network namespaces (a namespaced
+//! cluster and two instances), one row per scenario; `partition_scenarios` (the scenarios and
+//! their nemeses), `partition_traffic` (writers and readers of one key) and
+//! `partition_figures` (a row from a history: the shared checkers, losses, availability,
+//! convergence).
 //!
 //! This module is part of the `hotsplit` binary, not of the library: it starts servers with
 //! `hotsplit-devcluster`, which the library does not depend on.
@@ -29,6 +34,10 @@ mod faults;
 pub mod fleet;
 mod fleet_phase;
 pub mod history;
+pub mod partition;
+mod partition_figures;
+mod partition_scenarios;
+mod partition_traffic;
 mod presence;
 mod recorder;
 pub mod report;

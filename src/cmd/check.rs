@@ -7,9 +7,12 @@ use hotsplit::door::LogFormat;
 
 use super::common::{init_tracing, runtime, shutdown_signal, LogStream};
 use crate::check;
-use crate::check::cli::CheckArgs;
+use crate::check::cli::{CheckArgs, Nemesis};
 
 pub(crate) fn check(args: CheckArgs) -> ExitCode {
+    if args.nemesis == Nemesis::Partition {
+        return check_partition(&args);
+    }
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
@@ -73,4 +76,25 @@ pub(crate) fn check_fleet(runtime: &tokio::runtime::Runtime, args: &CheckArgs) -
         check::fleet::run(options, cancel).await
     });
     check::cli::finish_fleet(result, args.out.as_deref())
+}
+
+/// `check --nemesis partition`: the partition experiment (`check::partition`). It makes its own
+/// runtime inside the driver's network namespace; an interrupted run's children die with it
+/// (their parent-death signal) and its namespaces are deleted by the next run.
+fn check_partition(args: &CheckArgs) -> ExitCode {
+    if let Some(filter) = &args.log {
+        if let Err(err) = init_tracing(Some(filter), "off", LogFormat::default(), LogStream::Stderr)
+        {
+            eprintln!("hotsplit check: {err}");
+            return ExitCode::from(2);
+        }
+    }
+    let options = match args.partition_options() {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("hotsplit check: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    check::cli::finish_partition(check::partition::run(&options), args.out.as_deref())
 }

@@ -269,3 +269,98 @@ fn check_across_two_instances_holds_with_the_token_and_the_scrub_levels_a_lost_s
     );
     assert!(out.path().join("fleet.md").is_file());
 }
+
+/// `true` when network namespaces work here; otherwise says why and returns `false`, or fails
+/// when `CI` is set (the pattern of `partition.rs`).
+fn namespaces_or_skip(test: &str) -> bool {
+    match hotsplit_devcluster::netns_support() {
+        Ok(()) => true,
+        Err(error) if std::env::var_os("CI").is_some() => {
+            panic!("{test}: network namespaces are required in CI (run as root): {error}")
+        }
+        Err(error) => {
+            eprintln!("SKIPPED {test}: this machine refuses network namespaces: {error}");
+            false
+        }
+    }
+}
+
+/// `hotsplit check --nemesis partition`, short: every scenario's row is printed and written,
+/// the run passes, and the row without the rule shows the losses the rule prevents.
+#[test]
+fn check_partition_nemesis_passes_with_a_row_per_scenario() {
+    if !namespaces_or_skip("check_partition_nemesis") {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .args([
+            "check",
+            "--nemesis",
+            "partition",
+            "--duration",
+            "6s",
+            "--seed",
+            "3",
+            "--out",
+        ])
+        .arg(out.path())
+        .output()
+        .expect("run hotsplit check --nemesis partition");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("PASS"), "{stdout}");
+    let scenarios = [
+        "instance cut from one master",
+        "master cut from its replica",
+        "split brain, under the rule",
+        "split brain, without the rule",
+        "instance cut from the registry master",
+        "flapping cuts",
+    ];
+    for scenario in scenarios {
+        assert!(
+            stdout.contains(&format!("| {scenario} |")),
+            "{scenario}: {stdout}"
+        );
+    }
+    let markdown = std::fs::read_to_string(out.path().join("partition.md")).unwrap();
+    for n in 1..=scenarios.len() {
+        let history =
+            std::fs::read_to_string(out.path().join(format!("partition-{n}.jsonl"))).unwrap();
+        assert!(history.contains(r#""op":"write""#), "history {n}");
+    }
+    assert!(
+        markdown.contains("| split brain, under the rule |"),
+        "{markdown}"
+    );
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("partition.json")).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let names: Vec<&str> = rows
+        .iter()
+        .filter_map(|row| row["scenario"].as_str())
+        .collect();
+    assert_eq!(names, scenarios);
+    for row in rows {
+        for figure in ["monotonic_client", "monotonic_session", "read_your_writes"] {
+            assert_eq!(row[figure].as_u64(), Some(0), "{figure}: {row}");
+        }
+        assert!(row["converge_ms"].is_u64(), "{row}");
+        assert!(row["reads"].as_u64().unwrap() > 0, "{row}");
+        if row["judged"] == "judged" {
+            assert_eq!(row["acknowledged_lost"], serde_json::json!([]), "{row}");
+        }
+    }
+    // Without the rule the split brain loses publishes the isolated instance answered.
+    let without = &rows[3];
+    assert!(
+        !without["answered_lost"].as_array().unwrap().is_empty(),
+        "the split brain lost nothing without the rule, so it proved nothing: {without}"
+    );
+}
