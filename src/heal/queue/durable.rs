@@ -33,22 +33,38 @@ pub(super) fn code_of(copy_key: &CopyKey) -> u8 {
     }
 }
 
+/// One enqueue record as replayed: every copy with its placement code.
+struct Replayed {
+    /// The hot key.
+    key: String,
+    /// The version queued.
+    version: u64,
+    /// Whether the edit is a deletion.
+    tombstone: bool,
+    /// The value (empty for a tombstone).
+    value: Vec<u8>,
+    /// Each copy: index, expiry (Unix ms) and placement code.
+    copies: Vec<(u32, u64, u8)>,
+}
+
 impl RetryQueue {
     /// Admits the copies of one replayed enqueue record, each under the name its placement
     /// gives it.
-    #[allow(clippy::too_many_arguments)]
     fn replay_enqueue(
         &self,
         state: &mut State,
-        key: &str,
-        version: u64,
-        tombstone: bool,
-        value: Vec<u8>,
-        copies: Vec<(u32, u64, u8)>,
+        record: Replayed,
         node_of: &impl Fn(&CopyKey) -> NodeLabel,
         now_ms: u64,
     ) -> Result<()> {
-        let key = Key::parse(key).map_err(|err| {
+        let Replayed {
+            key,
+            version,
+            tombstone,
+            value,
+            copies,
+        } = record;
+        let key = Key::parse(&key).map_err(|err| {
             Error::new(ErrorKind::Io, format!("spool record has a bad key: {err}"))
         })?;
         let version = Version::new(version).map_err(|err| {
@@ -106,9 +122,14 @@ impl RetryQueue {
                         .into_iter()
                         .map(|(index, expire_at_ms)| (index, expire_at_ms, spool::PLACED_SUFFIX))
                         .collect();
-                    self.replay_enqueue(
-                        &mut state, &key, version, tombstone, value, copies, &node_of, now_ms,
-                    )?;
+                    let record = Replayed {
+                        key,
+                        version,
+                        tombstone,
+                        value,
+                        copies,
+                    };
+                    self.replay_enqueue(&mut state, record, &node_of, now_ms)?;
                 }
                 Record::EnqueuePlaced {
                     key,
@@ -117,9 +138,14 @@ impl RetryQueue {
                     value,
                     copies,
                 } => {
-                    self.replay_enqueue(
-                        &mut state, &key, version, tombstone, value, copies, &node_of, now_ms,
-                    )?;
+                    let record = Replayed {
+                        key,
+                        version,
+                        tombstone,
+                        value,
+                        copies,
+                    };
+                    self.replay_enqueue(&mut state, record, &node_of, now_ms)?;
                 }
                 Record::Complete {
                     copy_key,

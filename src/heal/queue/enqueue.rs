@@ -95,10 +95,9 @@ impl RetryQueue {
         let mut admissions = Vec::with_capacity(failed.len());
         let mut offered: Vec<Entry> = Vec::new();
         let mut positions: Vec<usize> = Vec::new();
-        let tombstone = matches!(payload, Payload::Tombstone);
-        let value_len = match payload {
-            Payload::Value(bytes) => bytes.len(),
-            Payload::Tombstone => 0,
+        let (tombstone, value_len) = match payload {
+            Payload::Value(bytes) => (false, bytes.len()),
+            Payload::Tombstone => (true, 0),
         };
         let mut state = self.core.state();
         let config = &self.core.config;
@@ -160,27 +159,7 @@ impl RetryQueue {
             self.core.wake.notify_one();
             return (admissions, None);
         };
-        let copies: Vec<(u32, u64, u8)> = offered
-            .iter()
-            .map(|entry| {
-                (
-                    entry.copy_key.index(),
-                    entry.expire_at_ms,
-                    super::durable::code_of(&entry.copy_key),
-                )
-            })
-            .collect();
-        let value: &[u8] = match payload {
-            Payload::Value(bytes) => bytes,
-            Payload::Tombstone => &[],
-        };
-        let record = match spool::encode_enqueue(
-            key.as_str(),
-            version.get(),
-            tombstone,
-            value,
-            &copies,
-        ) {
+        let record = match spool_record(key, version, payload, &offered) {
             Ok(record) => record,
             Err(err) => {
                 tracing::error!(error = %err, "cannot encode a spool record: reporting the copies dropped");
@@ -234,6 +213,33 @@ impl RetryQueue {
             self.core.publish_gauges(&state);
         }
     }
+}
+
+/// The spool record of `offered` (the copies of `key` at `version` admitted together).
+///
+/// # Errors
+/// As `spool::encode_enqueue`.
+fn spool_record(
+    key: &Key,
+    version: Version,
+    payload: &Payload,
+    offered: &[Entry],
+) -> crate::error::Result<bytes::Bytes> {
+    let copies: Vec<(u32, u64, u8)> = offered
+        .iter()
+        .map(|entry| {
+            (
+                entry.copy_key.index(),
+                entry.expire_at_ms,
+                super::durable::code_of(&entry.copy_key),
+            )
+        })
+        .collect();
+    let (tombstone, value): (bool, &[u8]) = match payload {
+        Payload::Value(bytes) => (false, bytes),
+        Payload::Tombstone => (true, &[]),
+    };
+    spool::encode_enqueue(key.as_str(), version.get(), tombstone, value, &copies)
 }
 
 #[cfg(test)]
