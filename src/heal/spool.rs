@@ -177,6 +177,43 @@ pub(crate) enum Gate {
     Crash,
 }
 
+/// Creates `dir` and takes its lock file's exclusive, non-blocking lock (flock on Linux), held
+/// as long as the returned file lives.
+///
+/// # Errors
+/// [`ErrorKind::Io`] naming the directory when it cannot be made or locked, or another process
+/// holds the lock.
+fn lock_dir(dir: &Path) -> Result<std::fs::File> {
+    let io_error = |what: &str, err: io::Error| {
+        Error::new(
+            ErrorKind::Io,
+            format!("spool {}: {what}: {err}", dir.display()),
+        )
+    };
+    std::fs::create_dir_all(dir).map_err(|err| io_error("cannot create the directory", err))?;
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_FILE))
+        .map_err(|err| io_error("cannot open the lock file", err))?;
+    // An exclusive, non-blocking lock (flock on Linux), held as long as `lock` lives.
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "spool {} is locked by another process (heal.spool_dir must not be shared)",
+                    dir.display()
+                ),
+            ))
+        }
+        Err(TryLockError::Error(err)) => return Err(io_error("cannot lock the lock file", err)),
+    }
+    Ok(lock)
+}
+
 impl Spool {
     /// Opens (creating it if needed) the spool in `dir`, takes its lock, reads every intact
     /// record, and starts the writer thread. A damaged, torn or format-0 file is first
@@ -213,29 +250,7 @@ impl Spool {
                 format!("spool {}: {what}: {err}", dir.display()),
             )
         };
-        std::fs::create_dir_all(dir).map_err(|err| io_error("cannot create the directory", err))?;
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join(LOCK_FILE))
-            .map_err(|err| io_error("cannot open the lock file", err))?;
-        // An exclusive, non-blocking lock (flock on Linux), held as long as `lock` lives.
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                return Err(Error::new(
-                    ErrorKind::Io,
-                    format!(
-                        "spool {} is locked by another process (heal.spool_dir must not be shared)",
-                        dir.display()
-                    ),
-                ))
-            }
-            Err(TryLockError::Error(err)) => {
-                return Err(io_error("cannot lock the lock file", err))
-            }
-        }
+        let lock = lock_dir(dir)?;
         // A compaction interrupted by a crash leaves its temporary file behind.
         let _ = std::fs::remove_file(dir.join(TMP_FILE));
 
