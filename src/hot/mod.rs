@@ -389,16 +389,7 @@ impl HotKeys {
         let scale = 1.0 / seconds;
         let total = table.counts.total();
         let ranked = table.counts.into_ranked();
-        if self.config.samples_per_s > 0 {
-            let wanted = (total as f64 * scale / f64::from(self.config.samples_per_s)).ceil();
-            let every = if wanted >= f64::from(MAX_SAMPLE_EVERY) {
-                MAX_SAMPLE_EVERY
-            } else {
-                (wanted as u32).max(self.config.sample_every)
-            };
-            self.every.store(every, Ordering::Relaxed);
-            self.metrics.sample_every.set(i64::from(every));
-        }
+        self.adapt_sampling(total as f64 * scale);
         let cooling_rate = self.config.threshold * self.config.cool_ratio;
         let mut changes = Vec::new();
         let mut rates: HashMap<&str, f64> = HashMap::with_capacity(ranked.len());
@@ -479,6 +470,22 @@ impl HotKeys {
         let mut all = found;
         all.extend(changes);
         all
+    }
+
+    /// Samples one read in `every`, chosen so that `reads_per_s` gives about
+    /// `samples_per_s` samples a second (never fewer than one in `sample_every`).
+    fn adapt_sampling(&self, reads_per_s: f64) {
+        if self.config.samples_per_s == 0 {
+            return;
+        }
+        let wanted = (reads_per_s / f64::from(self.config.samples_per_s)).ceil();
+        let every = if wanted >= f64::from(MAX_SAMPLE_EVERY) {
+            MAX_SAMPLE_EVERY
+        } else {
+            (wanted as u32).max(self.config.sample_every)
+        };
+        self.every.store(every, Ordering::Relaxed);
+        self.metrics.sample_every.set(i64::from(every));
     }
 
     /// The last closed window, with the keys found hot since it closed.
