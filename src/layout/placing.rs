@@ -450,9 +450,9 @@ mod tests {
             layouts.observe_placement(
                 "s:",
                 Sighting {
-                    missing: missing,
-                    codes: codes,
-                    at: at,
+                    missing,
+                    codes,
+                    at,
                 },
                 settle,
                 &metrics,

@@ -74,19 +74,7 @@ impl Layouts {
             let name = family.name();
             // Join first: an instance that reads the live set after this call writes this
             // instance's copies; one that read it before is waited for below.
-            // A join that fails (the store refuses FCALL) does not stop startup: publishes
-            // fail the same way then, and the watcher retries the join every interval.
-            let members = match stores
-                .layouts
-                .join_live(name, family.copies, &liveness.instance, ttl_ms)
-                .await
-            {
-                Ok(members) => members,
-                Err(err) => {
-                    tracing::warn!(family = name, error = %err, "cannot join the family's live set: retried every layout interval");
-                    Vec::new()
-                }
-            };
+            let members = join_family(stores, family, liveness, ttl_ms).await;
             let others: Vec<u32> = members.iter().map(|member| member.copies).collect();
             let live = others.iter().copied().max();
             // The placement set is joined before this instance serves too, with code 1 or 2
@@ -178,5 +166,28 @@ impl Layouts {
             );
         }
         Ok(Arc::new(layouts))
+    }
+}
+
+/// Joins `family`'s live set and returns its members. A join that fails (the store refuses
+/// FCALL) does not stop startup: publishes fail the same way then, and the watcher retries the
+/// join every interval.
+async fn join_family(
+    stores: &LayoutStores,
+    family: &crate::family::Family,
+    liveness: &Liveness,
+    ttl_ms: u64,
+) -> Vec<LiveMember> {
+    let name = family.name();
+    match stores
+        .layouts
+        .join_live(name, family.copies, &liveness.instance, ttl_ms)
+        .await
+    {
+        Ok(members) => members,
+        Err(err) => {
+            tracing::warn!(family = name, error = %err, "cannot join the family's live set: retried every layout interval");
+            Vec::new()
+        }
     }
 }
