@@ -139,6 +139,42 @@ impl fmt::Debug for ReadOnlyNodes {
     }
 }
 
+/// Connects the first seed of `options.target` that answers.
+///
+/// # Errors
+/// [`ErrorKind::Unavailable`] naming every seed's failure when none answers.
+async fn connect_seed(options: &RedisOptions) -> Result<(NodeLabel, NodeClient)> {
+    let seeds: Vec<String> = match &options.target {
+        RedisTarget::Standalone(address) => vec![address.clone()],
+        RedisTarget::Cluster(addresses) => addresses.clone(),
+    };
+    let mut failures = Vec::new();
+    let mut seed = None;
+    for address in &seeds {
+        let label = NodeLabel::new(address);
+        match connect_node(&label, options, false).await {
+            Ok(client) => {
+                seed = Some((label, client));
+                break;
+            }
+            Err(err) => failures.push(err.message().to_owned()),
+        }
+    }
+    let Some(seed) = seed else {
+        let why = failures.join("; ");
+        return Err(Error::new(
+            ErrorKind::Unavailable,
+            match &options.target {
+                RedisTarget::Standalone(_) => why,
+                RedisTarget::Cluster(_) => {
+                    format!("no seed node of {} answers: {why}", options.target)
+                }
+            },
+        ));
+    };
+    Ok(seed)
+}
+
 impl ReadOnlyNodes {
     /// Discovers the nodes of `options.target` from the first seed that answers and connects a
     /// client to each, every node at once, each within `options.connect_timeout`. Every
@@ -150,34 +186,7 @@ impl ReadOnlyNodes {
     /// fails, or a primary cannot be connected. A replica that cannot be connected is no error:
     /// it is listed by [`ReadOnlyNodes::unreachable`].
     pub(crate) async fn connect(options: &RedisOptions) -> Result<ReadOnlyNodes> {
-        let seeds: Vec<String> = match &options.target {
-            RedisTarget::Standalone(address) => vec![address.clone()],
-            RedisTarget::Cluster(addresses) => addresses.clone(),
-        };
-        let mut failures = Vec::new();
-        let mut seed = None;
-        for address in &seeds {
-            let label = NodeLabel::new(address);
-            match connect_node(&label, options, false).await {
-                Ok(client) => {
-                    seed = Some((label, client));
-                    break;
-                }
-                Err(err) => failures.push(err.message().to_owned()),
-            }
-        }
-        let Some((seed_label, seed)) = seed else {
-            let why = failures.join("; ");
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                match &options.target {
-                    RedisTarget::Standalone(_) => why,
-                    RedisTarget::Cluster(_) => {
-                        format!("no seed node of {} answers: {why}", options.target)
-                    }
-                },
-            ));
-        };
+        let (seed_label, seed) = connect_seed(options).await?;
         let timeout = options.command_timeout;
         let cluster_info = seed
             .client
