@@ -237,6 +237,26 @@ pub(crate) fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// Counts the reads of a key present nowhere: every answer agrees (missing), nothing is
+/// behind. Returns whether any copy answered (the key vanished rather than being unreadable).
+fn tally_vanished(sample: &KeySample, primary: &mut RoleTally, replica: &mut RoleTally) -> bool {
+    let mut answered = false;
+    for read in &sample.reads {
+        let tally = match read.role {
+            ReadRole::Primary => &mut *primary,
+            ReadRole::Replica => &mut *replica,
+        };
+        match read.state {
+            CopyState::Failed => tally.failed_reads += 1,
+            _ => {
+                tally.copy_reads += 1;
+                answered = true;
+            }
+        }
+    }
+    answered
+}
+
 /// Computes the figures of `samples` (see the module documentation for the definitions).
 pub(crate) fn compute(samples: &[KeySample]) -> Figures {
     let mut primary = RoleTally::default();
@@ -256,22 +276,7 @@ pub(crate) fn compute(samples: &[KeySample]) -> Figures {
             })
             .max();
         let Some(newest) = newest else {
-            // Nothing present anywhere: every answer agrees (missing), nothing is behind.
-            let mut answered = false;
-            for read in &sample.reads {
-                let tally = match read.role {
-                    ReadRole::Primary => &mut primary,
-                    ReadRole::Replica => &mut replica,
-                };
-                match read.state {
-                    CopyState::Failed => tally.failed_reads += 1,
-                    _ => {
-                        tally.copy_reads += 1;
-                        answered = true;
-                    }
-                }
-            }
-            if answered {
+            if tally_vanished(sample, &mut primary, &mut replica) {
                 figures.vanished_keys += 1;
             }
             continue;

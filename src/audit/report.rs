@@ -101,36 +101,7 @@ impl Report {
             self.elapsed_ms as f64 / 1000.0,
             self.rate,
         );
-        let _ = writeln!(
-            out,
-            "| reads on | copy reads | failed | behind | of which missing | share behind | inconsistent per million | skew p50 | skew p99 | skew max | keys |"
-        );
-        let _ = writeln!(
-            out,
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-        );
-        for role in ReadRole::ALL {
-            let RoleFigures {
-                copy_reads,
-                failed_reads,
-                copies_behind,
-                missing_copies,
-                share_behind,
-                inconsistency_per_million,
-                skew,
-                ..
-            } = figures.role(role);
-            let _ = writeln!(
-                out,
-                "| {} | {copy_reads} | {failed_reads} | {copies_behind} | {missing_copies} | {:.4}% | {inconsistency_per_million:.1} | {} | {} | {} | {} |",
-                role.as_str(),
-                share_behind * 100.0,
-                skew.p50,
-                skew.p99,
-                skew.max,
-                skew.keys,
-            );
-        }
+        role_table(&mut out, figures);
         let _ = writeln!(
             out,
             "\nSkew is in versions: a key's newest version minus its oldest present copy read in that role. Replica reads include replication lag at the moment of the read; a primary copy behind missed a write (it heals on the next publish, retry or read repair).\n"
@@ -183,6 +154,40 @@ impl Report {
             );
         }
         out
+    }
+}
+
+/// The table of one row per role: reads, failures, copies behind and the skew.
+fn role_table(out: &mut String, figures: &Figures) {
+    let _ = writeln!(
+        *out,
+        "| reads on | copy reads | failed | behind | of which missing | share behind | inconsistent per million | skew p50 | skew p99 | skew max | keys |"
+    );
+    let _ = writeln!(
+        *out,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for role in ReadRole::ALL {
+        let RoleFigures {
+            copy_reads,
+            failed_reads,
+            copies_behind,
+            missing_copies,
+            share_behind,
+            inconsistency_per_million,
+            skew,
+            ..
+        } = figures.role(role);
+        let _ = writeln!(
+            out,
+            "| {} | {copy_reads} | {failed_reads} | {copies_behind} | {missing_copies} | {:.4}% | {inconsistency_per_million:.1} | {} | {} | {} | {} |",
+            role.as_str(),
+            share_behind * 100.0,
+            skew.p50,
+            skew.p99,
+            skew.max,
+            skew.keys,
+        );
     }
 }
 
