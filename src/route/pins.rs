@@ -217,13 +217,12 @@ impl IdHasher {
         }
     }
 
-    // std's SipHasher is deprecated only in favour of the unkeyed DefaultHasher; it is the one
-    // keyed SipHash-2-4 in std, and keyed is the point here.
-    #[allow(deprecated)]
+    /// Keyed SipHash-2-4 (the `siphasher` crate, as the session key and the spool use) of
+    /// `domain` then `id`, twice with independent keys.
     fn hash(&self, domain: u8, id: &str) -> IdHash {
         use std::hash::Hasher;
         let half = |(k0, k1): (u64, u64)| {
-            let mut hasher = std::hash::SipHasher::new_with_keys(k0, k1);
+            let mut hasher = siphasher::sip::SipHasher24::new_with_keys(k0, k1);
             hasher.write_u8(domain);
             hasher.write(id.as_bytes());
             hasher.finish()
