@@ -128,6 +128,11 @@ impl AppState {
         self.inner.ops.router()
     }
 
+    /// The status layer's view of this instance: what the admin views show.
+    pub fn sources(&self) -> crate::status::Sources {
+        crate::status::Sources::new(self.inner.ops.reader(), self.inner.heal.clone())
+    }
+
     /// What both doors share: hand it to the Redis door.
     pub fn core(&self) -> &Core {
         &self.inner.core

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::AppState;
-use crate::status::{fleet_view, FleetView, Sources};
+use crate::status::{fleet_view, FleetView};
 
 /// The page's policy: its own script and stylesheet, fetches to its own origin, no inline
 /// script or style, no frames, no forms, no `<base>`.
@@ -106,7 +106,7 @@ pub async fn icon() -> Response {
 )]
 pub async fn fleet(State(state): State<AppState>) -> Json<FleetView> {
     let inner = state.inner();
-    let sources = Sources::new(inner.ops.reader(), inner.heal.clone());
+    let sources = state.sources();
     let interval_ms = crate::duration::millis(inner.registry.heartbeat_interval());
     Json(fleet_view(&inner.registry, &*inner.fleet, &sources, interval_ms).await)
 }

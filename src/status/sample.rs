@@ -127,6 +127,21 @@ impl Sources {
         view
     }
 
+    /// Every read class, its reason and the families that use it by default (`/v1/classes`).
+    pub fn classes(&self) -> Vec<crate::route::ClassView> {
+        self.router.classes_view()
+    }
+
+    /// Replica lag per replica (`/v1/lag`).
+    pub fn lag(&self) -> Vec<crate::route::ReplicaLagView> {
+        self.router.lag_view()
+    }
+
+    /// Per class: the reads primaries served, and why (`/v1/routing`).
+    pub fn routing(&self) -> Vec<crate::route::ClassRouting> {
+        self.router.metrics().summary()
+    }
+
     /// This instance's figures now.
     pub fn sample(&self) -> InstanceStatus {
         let class_views = self.router.classes_view();

@@ -48,7 +48,7 @@ pub struct AffinityBody {
     responses((status = 200, description = "Every read class", body = Vec<crate::route::ClassView>))
 )]
 pub async fn classes(State(state): State<AppState>) -> Response {
-    Json(state.router().classes_view()).into_response()
+    Json(state.sources().classes()).into_response()
 }
 
 /// Replica lag per replica: now, p50, p99, p999, max over the window, offset gap, and whether
@@ -60,7 +60,7 @@ pub async fn classes(State(state): State<AppState>) -> Response {
     responses((status = 200, description = "One line per replica", body = Vec<crate::route::ReplicaLagView>))
 )]
 pub async fn lag(State(state): State<AppState>) -> Response {
-    Json(state.router().lag_view()).into_response()
+    Json(state.sources().lag()).into_response()
 }
 
 /// Per class: how many reads the primary served, and why.
@@ -71,7 +71,7 @@ pub async fn lag(State(state): State<AppState>) -> Response {
     responses((status = 200, description = "One line per class", body = Vec<crate::route::ClassRouting>))
 )]
 pub async fn routing(State(state): State<AppState>) -> Response {
-    Json(state.router().metrics().summary()).into_response()
+    Json(state.sources().routing()).into_response()
 }
 
 /// Which copy a client reads for a key, and where it lives.
@@ -186,7 +186,7 @@ pub async fn hot_keys(
     State(state): State<AppState>,
 ) -> Json<crate::status::hot_keys::HotKeysAnswer> {
     let inner = state.inner();
-    let sources = crate::status::Sources::new(inner.ops.reader(), inner.heal.clone());
+    let sources = state.sources();
     let list = inner
         .ops
         .reader()
