@@ -582,7 +582,7 @@ mod tests {
                     Sighting {
                         missing: &missing,
                         codes: &[CODE_SUFFIX],
-                        at: at
+                        at
                     },
                     settle,
                     &metrics

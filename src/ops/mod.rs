@@ -48,6 +48,7 @@ mod publish;
 mod read;
 mod rollback;
 mod session;
+pub mod wire;
 
 use std::sync::Arc;
 

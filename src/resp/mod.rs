@@ -16,6 +16,8 @@ pub mod codec;
 pub mod command;
 pub mod config;
 mod conn;
+#[cfg(test)]
+pub(crate) mod fixture;
 pub mod listener;
 pub mod metrics;
 pub mod reply;

@@ -11,18 +11,14 @@ use crate::auth::TokenTable;
 use crate::config::Config;
 use crate::door::{Core, CoreParts, InFlightBound, RequestLimits};
 use crate::error::Result;
-use crate::fleet::session::{SessionKey, SessionMetrics};
-use crate::fleet::{Registry, Sessions};
-use crate::heal::{HealHandles, NodeHealth, Repairer, RetryQueue, ScrubStatus, StoreProbe};
-use crate::hot::HotKeys;
+use crate::fleet::session::SessionKey;
+use crate::fleet::Registry;
+use crate::heal::{HealHandles, NodeHealth, RetryQueue, ScrubStatus, StoreProbe};
 use crate::http::{AppParts, AppState};
 use crate::layout::Layouts;
 use crate::metrics::Metrics;
-use crate::near::{NearCache, NearMetrics};
-use crate::ops::{HighWater, Ops, OpsParts};
-use crate::publish::Publisher;
-use crate::read::Reader;
-use crate::route::{LagTable, Route, RouteMetrics, Router, WarmUp};
+use crate::ops::wire::{wire, OpsSettings, OpsStores};
+use crate::route::{LagTable, RouteMetrics, WarmUp};
 use crate::store::{CopyStore, FleetStore, LibraryStore, TopologyStore};
 
 /// The parts the HTTP state is wired from, besides the config: [`app_state`] fills them for
@@ -78,75 +74,42 @@ impl StateParts {
             scrub,
             warm_up,
         } = self;
-        let session_metrics = metrics.register_with(SessionMetrics::register);
-        let sessions = Arc::new(Sessions::new(session_key, &config.session, session_metrics));
-        let families = Arc::new(config.families());
-        let classes = config.classes()?;
-        let route_metrics =
-            Arc::new(metrics.register_with(|registry| RouteMetrics::register(registry, &classes)));
-        let replica_routed = classes
-            .iter()
-            .any(|(_, def)| matches!(def.route, Route::Replica { .. }));
-        let warm_up = Arc::new(match warm_up {
-            Some(bound) => WarmUp::new(probe.topology.clone(), lag.clone(), bound, replica_routed),
-            // No warm-up: one that has already ended and never waits.
-            None => WarmUp::new(probe.topology.clone(), lag.clone(), Duration::ZERO, false),
-        });
-        let router = Arc::new(Router::new(
-            &config.route,
-            classes,
-            families.clone(),
-            lag,
-            route_metrics.clone(),
-        )?);
-        // The near cache is off on the embedded store: its copies are in this process already.
-        let near = (config.near_cache.enabled && probe.kind() != "embedded").then(|| {
-            let near_metrics = metrics
-                .register_with(|registry| NearMetrics::register(registry, &router.classes()));
-            Arc::new(NearCache::new(
-                &config.near_cache,
-                near_metrics,
-                tracker.clone(),
-            ))
-        });
-        let mut publisher = Publisher::new(copies.clone(), families.clone(), metrics.clone())
-            .with_topology(probe.topology.clone())
-            .with_retry_queue(retry_queue.clone())
-            .with_layouts(layouts.clone())
-            .with_expiry_jitter(config.heal.expiry_jitter_min, config.heal.expiry_jitter_max);
-        let repairer = Repairer::new(
-            copies.clone(),
-            config.heal.repair_concurrency,
-            tracker,
-            metrics.clone(),
-        );
-        let mut reader = Reader::new(
-            copies,
-            families,
-            config.read.clone(),
-            metrics.clone(),
-            router,
-        )
-        .with_repairer(repairer)
-        .with_layouts(layouts.clone())
-        .with_hot_keys(HotKeys::new(config.hot_keys.clone(), &metrics));
-        if let Some(near) = near {
-            publisher = publisher.with_near_cache(near.clone());
-            reader = reader.with_near_cache(near);
-        }
-        let core = Core::new(CoreParts {
-            ops: Ops::from_parts(OpsParts {
-                publisher,
-                reader,
-                sessions,
-                high_water: HighWater::with_bytes(config.session.high_water_bytes),
+        let instance: Arc<str> = registry.id().into();
+        let wired = wire(
+            OpsSettings {
+                families: config.families(),
+                classes: config.classes()?,
+                route: &config.route,
+                read: &config.read,
+                near_cache: &config.near_cache,
+                heal: &config.heal,
+                session: &config.session,
+                hot_keys: &config.hot_keys,
                 max_value_bytes: config.server.max_value_bytes,
-                instance: registry.id().into(),
-            }),
+            },
+            OpsStores {
+                copies,
+                topology: probe.topology.clone(),
+                metrics: metrics.clone(),
+                retry_queue: retry_queue.clone(),
+                layouts: layouts.clone(),
+                tracker,
+                lag: lag.clone(),
+                session_key,
+                instance: instance.clone(),
+            },
+        )?;
+        let warm_up = Arc::new(match warm_up {
+            Some(bound) => WarmUp::new(probe.topology.clone(), lag, bound, wired.replica_routed),
+            // No warm-up: one that has already ended and never waits.
+            None => WarmUp::new(probe.topology.clone(), lag, Duration::ZERO, false),
+        });
+        let core = Core::new(CoreParts {
+            ops: wired.ops,
             tokens: TokenTable::default(),
             in_flight: InFlightBound::new(RequestLimits::from(&config.server), &metrics),
             metrics,
-            instance: registry.id().into(),
+            instance,
         });
         let state = AppState::new(AppParts {
             core,
@@ -162,7 +125,7 @@ impl StateParts {
             warm_up,
             ready_ping_interval: config.heal.probe_interval,
         });
-        Ok((state, route_metrics))
+        Ok((state, wired.route_metrics))
     }
 }
 

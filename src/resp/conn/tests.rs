@@ -11,20 +11,17 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 use super::*;
-use crate::config::Config;
-use crate::metrics::Metrics;
 use crate::resp::slots::Connections;
-use crate::store::memory::MemoryStore;
 
 /// How long a test waits for the loop.
 const WITHIN: Duration = Duration::from_secs(10);
 
 fn door(max_in_flight: usize) -> Door {
-    let mut config = Config::default();
-    config.server.max_in_flight = max_in_flight;
-    let state = crate::server::app_state(&config, Arc::new(MemoryStore::new()), Metrics::new())
-        .expect("a test state");
-    Door::new(state.core().clone())
+    let server = crate::door::ServerConfig {
+        max_in_flight,
+        ..crate::door::ServerConfig::default()
+    };
+    crate::resp::fixture::door("", &server)
 }
 
 fn settings() -> Settings {

@@ -1,16 +1,12 @@
 //! [`Door::execute`] over the embedded store: every command and every error text the module
 //! doc promises. The helpers live here; each file tests one part of the door.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 
 use super::*;
 use crate::auth::Tokens;
-use crate::config::Config;
 use crate::key::{Key, Version};
 use crate::metrics::Metrics;
-use crate::store::memory::MemoryStore;
 
 mod command_table;
 mod conn_commands;
@@ -25,11 +21,7 @@ const WRITER: &str = "writer-token-0123456789";
 /// `one:` with a single copy.
 fn door() -> Door {
     let text = "[[family]]\nprefix = \"p:\"\ncopies = 4\n[[family]]\nprefix = \"a:\"\ncopies = 4\nversioning = \"allocated\"\n[[family]]\nprefix = \"one:\"\ncopies = 1\n";
-    let config = Config::from_toml(text).unwrap();
-    config.validate().unwrap();
-    let state =
-        crate::server::app_state(&config, Arc::new(MemoryStore::new()), Metrics::new()).unwrap();
-    Door::new(state.core().clone())
+    crate::resp::fixture::door(text, &crate::door::ServerConfig::default())
 }
 
 fn tokens(text: &str) -> Option<Tokens> {
