@@ -447,16 +447,7 @@ mod tests {
         assert_eq!(layouts.read_placement("s:"), Some(Placement::Suffix));
         assert_eq!(layouts.read_placement("x:"), Some(Placement::Suffix));
         let step = |missing: &[String], codes: &[u32], at: Instant| {
-            layouts.observe_placement(
-                "s:",
-                Sighting {
-                    missing: missing,
-                    codes: codes,
-                    at: at,
-                },
-                settle,
-                &metrics,
-            )
+            layouts.observe_placement("s:", Sighting { missing, codes, at }, settle, &metrics)
         };
         let older = ["older-release".to_owned()];
         assert_eq!(step(&[], &[], now), Step::Stay);
@@ -591,7 +582,7 @@ mod tests {
                     Sighting {
                         missing: &missing,
                         codes: &[CODE_SUFFIX],
-                        at: at
+                        at
                     },
                     settle,
                     &metrics
