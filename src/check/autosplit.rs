@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::fleet_phase::{phase, FleetFigures, FleetOptions, ReadMode, Row};
+use super::fleet_phase::{phase, Fleet, FleetFigures, FleetOptions, ReadMode, Row};
 use hotsplit_devcluster::Cluster;
 
 /// The split row's family prefix (and name).
@@ -176,10 +176,13 @@ pub(super) async fn run(
         stop.cancel();
         (split_after_ms, merged_after_ms)
     };
-    let (figures, (split_after_ms, merged_after_ms)) = tokio::join!(
-        phase(http, bases, cluster, options, &row, stop.clone()),
-        drive
-    );
+    let fleet = Fleet {
+        http,
+        bases,
+        cluster,
+    };
+    let (figures, (split_after_ms, merged_after_ms)) =
+        tokio::join!(phase(&fleet, options, &row, stop.clone()), drive);
     SplitRow {
         keys: options.keys,
         copies,

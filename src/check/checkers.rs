@@ -454,21 +454,20 @@ pub fn staleness(events: &[Event]) -> Staleness {
 mod tests {
     use super::*;
 
+    /// An event on key `k` that names no copy (a read or sample sets `copy` on it).
     fn event(
         session: &str,
         op: Op,
-        key: &str,
         version: Option<u64>,
-        copy: Option<u32>,
         (start_us, end_us): (u64, u64),
         outcome: Outcome,
     ) -> Event {
         Event {
             session: session.into(),
             op,
-            key: key.into(),
+            key: "k".into(),
             version,
-            copy,
+            copy: None,
             served_by: None,
             route: None,
             start_us,
@@ -483,15 +482,16 @@ mod tests {
         } else {
             Outcome::NotFound
         };
-        event(
-            session,
-            Op::Read,
-            "k",
-            version,
-            Some(0),
-            (start_us, start_us + 5),
-            outcome,
-        )
+        Event {
+            copy: Some(0),
+            ..event(
+                session,
+                Op::Read,
+                version,
+                (start_us, start_us + 5),
+                outcome,
+            )
+        }
     }
 
     /// A read answered 404 by a tombstone at `version` (the answer names it, and no copy).
@@ -499,9 +499,7 @@ mod tests {
         event(
             session,
             Op::Read,
-            "k",
             Some(version),
-            None,
             (start_us, start_us + 5),
             Outcome::NotFound,
         )
@@ -511,9 +509,7 @@ mod tests {
         event(
             session,
             Op::Write,
-            "k",
             Some(version),
-            None,
             (start_us, start_us + 5),
             Outcome::Ok,
         )
@@ -525,15 +521,10 @@ mod tests {
         } else {
             Outcome::NotFound
         };
-        event(
-            "sampler",
-            Op::Sample,
-            "k",
-            version,
-            Some(copy),
-            (at_us, at_us),
-            outcome,
-        )
+        Event {
+            copy: Some(copy),
+            ..event("sampler", Op::Sample, version, (at_us, at_us), outcome)
+        }
     }
 
     #[test]
@@ -559,8 +550,8 @@ mod tests {
         );
         // Overlapping reads are concurrent: no order, no violation.
         let overlapping = vec![
-            event("a", Op::Read, "k", Some(3), None, (0, 100), Outcome::Ok),
-            event("a", Op::Read, "k", Some(2), None, (50, 60), Outcome::Ok),
+            event("a", Op::Read, Some(3), (0, 100), Outcome::Ok),
+            event("a", Op::Read, Some(2), (50, 60), Outcome::Ok),
         ];
         assert!(monotonic_reads(&overlapping).is_empty());
         // Another session's newer read does not bind this one.
@@ -610,15 +601,7 @@ mod tests {
         assert!(monotonic_reads(&[tombstone("b", 5, 0), read("a", Some(3), 10)]).is_empty());
         // A tombstone read overlapping the older read is concurrent with it.
         let overlapping = vec![
-            event(
-                "a",
-                Op::Read,
-                "k",
-                Some(5),
-                None,
-                (0, 100),
-                Outcome::NotFound,
-            ),
+            event("a", Op::Read, Some(5), (0, 100), Outcome::NotFound),
             read("a", Some(3), 50),
         ];
         assert!(monotonic_reads(&overlapping).is_empty());
@@ -676,13 +659,13 @@ mod tests {
         assert_eq!(read_your_writes(&missing)[0].read, None);
         let deleted = vec![
             write("w", 5, 0),
-            event("x", Op::Delete, "k", Some(6), None, (6, 8), Outcome::Ok),
+            event("x", Op::Delete, Some(6), (6, 8), Outcome::Ok),
             read("w", None, 10),
         ];
         assert!(read_your_writes(&deleted).is_empty());
         // A read that started before the write was acknowledged is not bound by it.
         let early = vec![
-            event("w", Op::Write, "k", Some(5), None, (0, 50), Outcome::Ok),
+            event("w", Op::Write, Some(5), (0, 50), Outcome::Ok),
             read("w", Some(4), 10),
         ];
         assert!(read_your_writes(&early).is_empty());

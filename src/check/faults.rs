@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use hotsplit_devcluster::Cluster;
 
 use super::history::{Op, Outcome};
-use super::recorder::{event, Recorder};
+use super::recorder::{event, Recorder, Span};
 
 /// A fault applied to one master, on a blocking thread.
 #[derive(Debug, Clone, Copy)]
@@ -79,8 +79,10 @@ pub(super) async fn inject(
             "faults",
             Op::Fault,
             "",
-            start,
-            end,
+            Span {
+                start_us: start,
+                end_us: end,
+            },
             Outcome::Error(fault.name().to_owned()),
         );
         record.served_by = Some(format!("127.0.0.1:{port}"));
@@ -144,8 +146,10 @@ pub(super) async fn lag_replicas(
                 "faults",
                 Op::Fault,
                 "",
-                start,
-                start + 200_000,
+                Span {
+                    start_us: start,
+                    end_us: start + 200_000,
+                },
                 Outcome::Error("replica-replication-pause".into()),
             );
             record.served_by = Some(format!("127.0.0.1:{port}"));

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::fleet_phase::{phase, ReadMode, Row, READER_PAUSE_MS};
+use super::fleet_phase::{phase, Fleet, ReadMode, Row, READER_PAUSE_MS};
 pub use super::fleet_phase::{FleetFigures, FleetOptions};
 use hotsplit::error::{Error, ErrorKind, Result};
 use hotsplit::wire::query::VERSION;
@@ -329,7 +329,12 @@ async fn run_in(
         );
         let stop = shutdown.child_token();
         let timer = tokio::spawn(cancel_after(options.duration / 4, stop.clone()));
-        let figures = phase(&http, &bases, cluster, &options, &row, stop).await;
+        let fleet = Fleet {
+            http: &http,
+            bases: &bases,
+            cluster,
+        };
+        let figures = phase(&fleet, &options, &row, stop).await;
         timer.abort();
         rows.push(FleetRow {
             mode: mode.as_str(),

@@ -136,132 +136,88 @@ fn read_url(base: &str, key: &str, mode: ReadMode, session: &str, copy: u32) -> 
     }
 }
 
+/// What a phase runs against: the instances under test and the cluster under them.
+pub(super) struct Fleet<'a> {
+    /// The HTTP client every request of the check uses (it sends the token).
+    pub(super) http: &'a reqwest::Client,
+    /// The base URL of each instance; writers and readers take turns through them, and the
+    /// lost-edit check reads through the first.
+    pub(super) bases: &'a [String],
+    /// The cluster both instances run on; its replicas are paused to make them lag.
+    pub(super) cluster: &'a Arc<Cluster>,
+}
+
+/// What every task of one phase shares: the instances, the row's counts and accepted versions,
+/// how it reads, and when to stop. Cheap to clone: each task takes its own copy.
+#[derive(Clone)]
+struct PhaseTasks {
+    /// The HTTP client of the check.
+    http: reqwest::Client,
+    /// The base URL of each instance, taken in turns.
+    bases: Vec<String>,
+    /// Writes, reads, monotonic-read and read-your-writes violations, and a bit per copy that
+    /// served a read.
+    counts: Arc<[AtomicU64; 5]>,
+    /// Each key's last version answered 2xx.
+    accepted: Arc<Vec<AtomicU64>>,
+    /// How reads pick a copy.
+    mode: ReadMode,
+    /// Whether sessions send back their session token.
+    carry: bool,
+    /// Copies per hot key.
+    copies: u32,
+    /// Cancelled when the phase ends.
+    stop: CancellationToken,
+}
+
 /// One workload phase over both instances, until `stop` is cancelled; then the check that no
 /// accepted edit was lost.
 pub(super) async fn phase(
-    http: &reqwest::Client,
-    bases: &[String],
-    cluster: &Arc<Cluster>,
+    fleet: &Fleet<'_>,
     options: &FleetOptions,
     row: &Row,
     stop: CancellationToken,
 ) -> FleetFigures {
-    // Writes, reads, monotonic-read and read-your-writes violations, and a bit per copy that
-    // served a read.
-    let counts: Arc<[AtomicU64; 5]> = Arc::new(Default::default());
     let keys: Vec<String> = (0..options.keys)
         .map(|k| format!("{}{k}", row.prefix))
         .collect();
-    let (mode, carry, copies) = (row.mode, row.token, options.copies);
-    // Each key's last version answered 2xx.
-    let accepted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let shared = PhaseTasks {
+        http: fleet.http.clone(),
+        bases: fleet.bases.to_vec(),
+        counts: Arc::new(Default::default()),
+        accepted: Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect()),
+        mode: row.mode,
+        carry: row.token,
+        copies: options.copies,
+        stop: stop.clone(),
+    };
     let mut rng = StdRng::seed_from_u64(options.seed);
     let mut tasks = tokio::task::JoinSet::new();
     for (index, key) in keys.iter().enumerate() {
-        let (http, bases, key, counts, stop, accepted) = (
-            http.clone(),
-            bases.to_vec(),
-            key.clone(),
-            counts.clone(),
-            stop.clone(),
-            accepted.clone(),
-        );
-        let mut rng = StdRng::seed_from_u64(rng.random());
-        tasks.spawn(async move {
-            let session = format!("writer-{index}");
-            let mut held = Session::default();
-            let mut turn = 0usize;
-            for version in 1u64.. {
-                if stop.is_cancelled() {
-                    break;
-                }
-                let write = send(
-                    held.attach(
-                        carry,
-                        http.put(format!(
-                            "{}/v1/keys/{key}?{VERSION}={version}&{CLIENT}={session}",
-                            bases[turn % bases.len()]
-                        )),
-                    )
-                    .body(format!("v{version}")),
-                )
-                .await;
-                held.keep(&write);
-                turn += 1;
-                if !(200..300).contains(&write.status) {
-                    continue;
-                }
-                counts[0].fetch_add(1, Ordering::Relaxed);
-                accepted[index].fetch_max(version, Ordering::Relaxed);
-                let copy = rng.random_range(0..copies);
-                let url = read_url(&bases[turn % bases.len()], &key, mode, &session, copy);
-                let read = held.read(&http, carry, url).await;
-                turn += 1;
-                if read.status == 200 {
-                    counts[1].fetch_add(1, Ordering::Relaxed);
-                    note_copy(&counts[4], &read);
-                    if read.version.is_some_and(|served| served < version) {
-                        counts[3].fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        });
+        let rng = StdRng::seed_from_u64(rng.random());
+        tasks.spawn(write_and_read_back(shared.clone(), index, key.clone(), rng));
     }
     for reader in 0..options.readers {
-        let (http, bases, keys, counts, stop, pause) = (
-            http.clone(),
-            bases.to_vec(),
+        let rng = StdRng::seed_from_u64(rng.random());
+        let pause = row.reader_pause.clone();
+        tasks.spawn(read_in_turns(
+            shared.clone(),
+            reader,
             keys.clone(),
-            counts.clone(),
-            stop.clone(),
-            row.reader_pause.clone(),
-        );
-        let mut rng = StdRng::seed_from_u64(rng.random());
-        tasks.spawn(async move {
-            let session = format!("reader-{reader}");
-            let mut held = Session::default();
-            let mut seen = vec![0u64; keys.len()];
-            let mut turn = 0usize;
-            while !stop.is_cancelled() {
-                let index = rng.random_range(0..keys.len());
-                let copy = rng.random_range(0..copies);
-                let url = read_url(
-                    &bases[turn % bases.len()],
-                    &keys[index],
-                    mode,
-                    &session,
-                    copy,
-                );
-                let read = held.read(&http, carry, url).await;
-                turn += 1;
-                if let Some(version) = read.version.filter(|_| read.status == 200) {
-                    counts[1].fetch_add(1, Ordering::Relaxed);
-                    note_copy(&counts[4], &read);
-                    if version < seen[index] {
-                        counts[2].fetch_add(1, Ordering::Relaxed);
-                    }
-                    seen[index] = seen[index].max(version);
-                }
-                tokio::time::sleep(Duration::from_millis(pause.load(Ordering::Relaxed))).await;
-            }
-        });
+            pause,
+            rng,
+        ));
     }
     tasks.spawn(lag_replicas(
-        cluster.clone(),
+        fleet.cluster.clone(),
         Recorder::new(),
         stop.clone(),
         StdRng::seed_from_u64(options.seed.wrapping_add(1)),
     ));
     stop.cancelled().await;
     while tasks.join_next().await.is_some() {}
-    let mut lost_edits = 0;
-    for (key, accepted) in keys.iter().zip(accepted.iter()) {
-        let accepted = accepted.load(Ordering::Relaxed);
-        if accepted > 0 && !served_at_least(http, &bases[0], key, accepted).await {
-            lost_edits += 1;
-        }
-    }
+    let lost_edits = count_lost_edits(fleet, &keys, &shared.accepted).await;
+    let counts = &shared.counts;
     FleetFigures {
         writes: counts[0].load(Ordering::Relaxed),
         reads: counts[1].load(Ordering::Relaxed),
@@ -270,6 +226,119 @@ pub(super) async fn phase(
         lost_edits,
         copies_served: counts[4].load(Ordering::Relaxed).count_ones(),
     }
+}
+
+/// The writer of key `index`, until `stop`: publishes the next version through one instance
+/// and, once accepted, reads it back through the other, counting read-your-writes violations.
+async fn write_and_read_back(shared: PhaseTasks, index: usize, key: String, mut rng: StdRng) {
+    let PhaseTasks {
+        http,
+        bases,
+        counts,
+        accepted,
+        mode,
+        carry,
+        copies,
+        stop,
+    } = shared;
+    let session = format!("writer-{index}");
+    let mut held = Session::default();
+    let mut turn = 0usize;
+    for version in 1u64.. {
+        if stop.is_cancelled() {
+            break;
+        }
+        let write = send(
+            held.attach(
+                carry,
+                http.put(format!(
+                    "{}/v1/keys/{key}?{VERSION}={version}&{CLIENT}={session}",
+                    bases[turn % bases.len()]
+                )),
+            )
+            .body(format!("v{version}")),
+        )
+        .await;
+        held.keep(&write);
+        turn += 1;
+        if !(200..300).contains(&write.status) {
+            continue;
+        }
+        counts[0].fetch_add(1, Ordering::Relaxed);
+        accepted[index].fetch_max(version, Ordering::Relaxed);
+        let copy = rng.random_range(0..copies);
+        let url = read_url(&bases[turn % bases.len()], &key, mode, &session, copy);
+        let read = held.read(&http, carry, url).await;
+        turn += 1;
+        if read.status == 200 {
+            counts[1].fetch_add(1, Ordering::Relaxed);
+            note_copy(&counts[4], &read);
+            if read.version.is_some_and(|served| served < version) {
+                counts[3].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Reader session `reader`, until `stop`: reads random keys through the instances in turn,
+/// counting monotonic-read violations, and waits `pause` ms between reads.
+async fn read_in_turns(
+    shared: PhaseTasks,
+    reader: u32,
+    keys: Vec<String>,
+    pause: Arc<AtomicU64>,
+    mut rng: StdRng,
+) {
+    let PhaseTasks {
+        http,
+        bases,
+        counts,
+        mode,
+        carry,
+        copies,
+        stop,
+        ..
+    } = shared;
+    let session = format!("reader-{reader}");
+    let mut held = Session::default();
+    let mut seen = vec![0u64; keys.len()];
+    let mut turn = 0usize;
+    while !stop.is_cancelled() {
+        let index = rng.random_range(0..keys.len());
+        let copy = rng.random_range(0..copies);
+        let url = read_url(
+            &bases[turn % bases.len()],
+            &keys[index],
+            mode,
+            &session,
+            copy,
+        );
+        let read = held.read(&http, carry, url).await;
+        turn += 1;
+        if let Some(version) = read.version.filter(|_| read.status == 200) {
+            counts[1].fetch_add(1, Ordering::Relaxed);
+            note_copy(&counts[4], &read);
+            if version < seen[index] {
+                counts[2].fetch_add(1, Ordering::Relaxed);
+            }
+            seen[index] = seen[index].max(version);
+        }
+        tokio::time::sleep(Duration::from_millis(pause.load(Ordering::Relaxed))).await;
+    }
+}
+
+/// How many keys' last accepted version a `primary` read through the first instance did not
+/// serve within [`LOST_EDIT_LIMIT`]: edits lost.
+async fn count_lost_edits(fleet: &Fleet<'_>, keys: &[String], accepted: &[AtomicU64]) -> u64 {
+    let mut lost_edits = 0;
+    for (key, accepted) in keys.iter().zip(accepted.iter()) {
+        let accepted = accepted.load(Ordering::Relaxed);
+        if accepted > 0 && !served_at_least(fleet.http, &fleet.bases[0], key, accepted).await {
+            lost_edits += 1;
+        }
+    }
+    lost_edits
 }
 
 /// Sets the bit of the copy that served `read` (copies 0..63; the check splits into fewer).

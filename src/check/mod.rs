@@ -9,7 +9,8 @@
 //!
 //! [`cli`] is the command line (flags, the options they make, the printed verdict). The
 //! experiment itself, in the shape of `audit/`: [`run`] (options and orchestration: start
-//! the cluster and the service, run each phase, write the histories and the report), `workload`
+//! the cluster and the service, run each phase, write the histories and the report), `services`
+//! (the two services under test, near cache off and on: configured, started, stopped), `workload`
 //! (one mode's writers, readers and sampler), `resp` (the `resp` mode's clients on the
 //! Redis-protocol door), `presence` (the presence experiment), `faults`
 //! (the seeded fault schedule and replica lag), `recorder` (the shared history, requests and
@@ -43,4 +44,5 @@ mod recorder;
 pub mod report;
 mod resp;
 pub mod run;
+mod services;
 mod workload;

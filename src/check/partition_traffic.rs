@@ -269,8 +269,7 @@ impl Traffic {
             session,
             Op::Write,
             &self.key,
-            start_us,
-            self.recorder.now_us(),
+            self.recorder.since(start_us),
             outcome,
         );
         write.version = Some(version);

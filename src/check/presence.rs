@@ -42,8 +42,7 @@ impl Experiment {
                         "claimer",
                         op,
                         key,
-                        start,
-                        recorder.now_us(),
+                        recorder.since(start),
                         outcome_of(&answer),
                     );
                     record.version = Some(version);

@@ -35,6 +35,14 @@ impl Recorder {
         u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
+    /// The span of an operation that started at `start_us` and ends now.
+    pub(super) fn since(&self, start_us: u64) -> Span {
+        Span {
+            start_us,
+            end_us: self.now_us(),
+        }
+    }
+
     pub(super) fn push(&self, event: Event) {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.events
@@ -49,8 +57,7 @@ impl Recorder {
             session,
             Op::Read,
             key,
-            start_us,
-            self.now_us(),
+            self.since(start_us),
             outcome_of(answer),
         );
         read.version = answer.version;
@@ -65,14 +72,19 @@ impl Recorder {
     }
 }
 
-pub(super) fn event(
-    session: &str,
-    op: Op,
-    key: &str,
-    start_us: u64,
-    end_us: u64,
-    outcome: Outcome,
-) -> Event {
+/// When an operation ran, in µs on the recorder's clock ([`Recorder::now_us`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Span {
+    /// When the operation started.
+    pub(super) start_us: u64,
+    /// When it ended (a sample or a fault: when it was taken or done).
+    pub(super) end_us: u64,
+}
+
+/// An event of `session` on `key` that ran over `span`, with no version, copy, server or route
+/// yet (the caller sets those it knows).
+pub(super) fn event(session: &str, op: Op, key: &str, span: Span, outcome: Outcome) -> Event {
+    let Span { start_us, end_us } = span;
     Event {
         session: session.to_owned(),
         op,
@@ -207,8 +219,7 @@ pub(super) async fn sample_copies(
                     "sampler",
                     Op::Sample,
                     key,
-                    start,
-                    recorder.now_us(),
+                    recorder.since(start),
                     Outcome::Ok,
                 );
                 sample.copy = Some(copy);

@@ -49,16 +49,31 @@ pub(super) struct RespDoors {
     pub(super) token: String,
 }
 
+/// What every `resp` client task of a phase holds: where to connect, the history and when to
+/// stop. Cheap to clone: each task takes its own copy.
+#[derive(Clone)]
+pub(super) struct RespClient {
+    /// Where the readers and writers connect, and the token they authenticate with.
+    pub(super) doors: Arc<RespDoors>,
+    /// The history the client's operations go to.
+    pub(super) recorder: Recorder,
+    /// Cancelled when the phase ends.
+    pub(super) stop: CancellationToken,
+}
+
 /// One writer: publishes `key` at the next version of `source[index]` through its own
-/// connection (client id `writer-<index>`), then reads it back, until `stop`.
+/// connection (client id `writer-<index>`), then reads it back, until the client's `stop`.
 pub(super) async fn writer(
-    doors: Arc<RespDoors>,
+    client: RespClient,
     index: usize,
     key: String,
     source: Arc<Vec<AtomicU64>>,
-    recorder: Recorder,
-    stop: CancellationToken,
 ) {
+    let RespClient {
+        doors,
+        recorder,
+        stop,
+    } = client;
     let session = format!("writer-{index}");
     let mut conn: Option<RespConn> = None;
     while !stop.is_cancelled() {
@@ -84,8 +99,7 @@ pub(super) async fn writer(
             &session,
             Op::Write,
             &key,
-            start,
-            recorder.now_us(),
+            recorder.since(start),
             outcome_of(&answer),
         );
         record.version = Some(version);
@@ -110,15 +124,13 @@ pub(super) async fn writer(
 
 /// One reader session over `keys`: explicit (`HOTSPLIT.CLIENT reader-<n>`, `HOTSPLIT.READ`) for
 /// even `reader`, pooled (plain `GET` over [`POOL_CONNECTIONS`] connections with no client id)
-/// for odd, until `stop`.
-pub(super) async fn reader(
-    doors: Arc<RespDoors>,
-    reader: u32,
-    keys: Vec<String>,
-    mut rng: StdRng,
-    recorder: Recorder,
-    stop: CancellationToken,
-) {
+/// for odd, until the client's `stop`.
+pub(super) async fn reader(client: RespClient, reader: u32, keys: Vec<String>, mut rng: StdRng) {
+    let RespClient {
+        doors,
+        recorder,
+        stop,
+    } = client;
     let explicit = reader.is_multiple_of(2);
     let session = if explicit {
         format!("reader-{reader}")

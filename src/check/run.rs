@@ -1,6 +1,7 @@
 //! `hotsplit check`: a self-contained, seeded experiment that reproduces hotsplit's claims.
-//! This file holds the options and the orchestration ([`run`]); the phases, faults, recorder
-//! and figures are in the sibling files (see `mod.rs`).
+//! This file holds the options and the orchestration ([`run`]: progress, the cluster, the
+//! modes, presence, the report); the services under test, the phases, faults, recorder and
+//! figures are in the sibling files (see `mod.rs`).
 //!
 //! It starts a throwaway 3-master/3-replica cluster (`hotsplit_devcluster`) and a hotsplit
 //! service on it, then runs the same seeded fault schedule once per [`Mode`] while writers
@@ -26,14 +27,13 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::history::Event;
 use super::recorder::Recorder;
-use super::report::{judge, CheckReport, Mode};
+use super::report::{judge, CheckReport, Mode, ModeResult};
 use super::resp::RespDoors;
-use hotsplit::config::Config;
+use super::services::Services;
 use hotsplit::error::{Error, ErrorKind, Result};
 use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions, TlsFiles};
 
@@ -173,139 +173,130 @@ pub async fn run(
     shutdown: CancellationToken,
     progress: impl Fn(Progress) + Send + Sync + 'static,
 ) -> Result<CheckReport> {
-    let started = Instant::now();
-    let progress = Arc::new(progress);
     let recorder = Recorder::new();
-    let phase = Arc::new(Mutex::new(String::from("setup")));
-    let say = {
-        let progress = progress.clone();
-        let recorder = recorder.clone();
-        let phase = phase.clone();
-        move |name: &str| {
-            *phase.lock().unwrap_or_else(PoisonError::into_inner) = name.to_owned();
-            progress(Progress {
-                phase: name.to_owned(),
-                elapsed: started.elapsed(),
-                operations: recorder.count.load(Ordering::Relaxed),
-            })
-        }
-    };
-    // Progress every 2 s while a phase runs.
-    let ticker_stop = CancellationToken::new();
-    let ticker = {
-        let (progress, recorder, phase, stop) = (
-            progress.clone(),
-            recorder.clone(),
-            phase.clone(),
-            ticker_stop.clone(),
-        );
-        tokio::spawn(async move {
-            let mut interval = tokio::time::interval(Duration::from_secs(2));
-            interval.tick().await;
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    _ = interval.tick() => progress(Progress {
-                        phase: phase.lock().unwrap_or_else(PoisonError::into_inner).clone(),
-                        elapsed: started.elapsed(),
-                        operations: recorder.count.load(Ordering::Relaxed),
-                    }),
-                }
-            }
-        })
-    };
-    say(if options.tls.is_some() {
+    let reporter = Reporter::start(Arc::new(progress), recorder.clone());
+    reporter.say(if options.tls.is_some() {
         "setup: starting a 3-master/3-replica redis cluster over tls"
     } else {
         "setup: starting a 3-master/3-replica redis cluster"
     });
     let cluster = Arc::new(start_cluster(options.tls.clone()).await?);
 
-    say("setup: starting hotsplit on the cluster");
-    // A 2 s command timeout, as `--instances 2` and the integration tests use: at 300 ms, healthy
-    // masters timed out on a loaded 2-core machine (load 13-26) and were marked failing, so more
-    // than half of a phase's reads were refused `unavailable`, no reader met a lagging replica,
-    // and the random-suffix control showed no violation. A stopped master is still found at once
-    // by the health probes; the faults still lose writes and stall them.
-    let config = Config::from_toml(&format!(
-        "[store]\ncommand_timeout = \"2s\"\n[[family]]\nprefix = \"check:\"\ncopies = {}\nttl = \"10m\"\ndefault_class = \"advisory\"\n[[family]]\nprefix = \"claim:\"\ncopies = 1\nttl = \"10m\"\ndefault_class = \"advisory\"\n[near_cache]\nenabled = false\n",
-        options.copies
-    ))?;
-    let mut config = config;
-    config.store.redis = Some(cluster.url());
-    if let Some(tls) = &options.tls {
-        config.store.tls_ca_file = Some(tls.ca_file.clone());
-        config.store.tls_cert_file = Some(tls.cert_file.clone());
-        config.store.tls_key_file = Some(tls.key_file.clone());
-    }
-    // The run's own spool, removed with the run: never a spool another process owns.
-    let spool = std::env::temp_dir().join(format!(
-        "hotsplit-check-{}-{}",
-        std::process::id(),
-        options.seed
-    ));
-    config.heal.spool_dir = spool.clone();
-    // The service asks for a token, so every request of the run passes the token check too.
-    let token = options
-        .token
-        .clone()
-        .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
-    let tokens_file = spool.with_extension("tokens");
-    std::fs::write(
-        &tokens_file,
-        format!(
-            "{} read,write,admin  # hotsplit check\n",
-            hotsplit::auth::hash_line(&token)
-        ),
-    )?;
-    config.auth.tokens_file = Some(tokens_file.clone());
-    // The same service with its near cache on, for the near-cache rows; a spool of its own.
-    let mut near_config = config.clone();
-    near_config.near_cache.enabled = true;
-    let near_spool = spool.with_extension("near");
-    near_config.heal.spool_dir = near_spool.clone();
-    // Each service's Redis-protocol door, for the `resp` mode, on a port free a moment ago.
-    let resp_address = free_address().await?;
-    let near_resp_address = free_address().await?;
-    config.resp.listen = Some(resp_address);
-    near_config.resp.listen = Some(near_resp_address);
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let near_listener = TcpListener::bind("127.0.0.1:0").await?;
-    let near_base = format!("http://{}", near_listener.local_addr()?);
-    let service_stop = CancellationToken::new();
-    let mut service = tokio::spawn(hotsplit::server::run(listener, config, {
-        let stop = service_stop.clone();
-        async move { stop.cancelled().await }
-    }));
-    let mut near_service = tokio::spawn(hotsplit::server::run(near_listener, near_config, {
-        let stop = service_stop.clone();
-        async move { stop.cancelled().await }
-    }));
-    let mut authorization = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
-        .map_err(|_| Error::new(ErrorKind::Config, "the token must be visible ASCII"))?;
-    authorization.set_sensitive(true);
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .default_headers(
-            [(reqwest::header::AUTHORIZATION, authorization)]
-                .into_iter()
-                .collect(),
-        )
-        .build()
-        .map_err(|err| Error::new(ErrorKind::Io, format!("http client: {err}")))?;
-    wait_ready(&http, &base, &mut service).await?;
-    wait_ready(&http, &near_base, &mut near_service).await?;
-    say("setup: waiting until hotsplit measures the lag of all three replicas");
-    wait_replicas_measured(&http, &base).await?;
-    wait_replicas_measured(&http, &near_base).await?;
+    reporter.say("setup: starting hotsplit on the cluster");
+    let services = Services::start(&options, &cluster).await?;
+    reporter.say("setup: waiting until hotsplit measures the lag of all three replicas");
+    services.wait_replicas_measured().await?;
 
+    let (experiment, near_experiment) =
+        experiments(&services, &options, cluster, &recorder, &shutdown);
+    let modes = run_modes(&experiment, &near_experiment, &options, &reporter).await?;
+    drop(near_experiment);
+    reporter.say("presence");
+    let presence = experiment.presence().await;
+    write_history(&options, "presence", &recorder.take())?;
+
+    reporter.say("report");
+    reporter.stop().await;
+    let files = services.stop().await;
+    drop(experiment);
+    files.remove();
+    let report = CheckReport {
+        seed: options.seed,
+        modes,
+        presence,
+    };
+    write_report(&options, &report)?;
+    Ok(report)
+}
+
+/// The caller's progress callback: called at each phase's start ([`Reporter::say`]) and every
+/// 2 s while a phase runs, by a ticker task, until [`Reporter::stop`].
+struct Reporter {
+    /// The caller's callback.
+    progress: Arc<dyn Fn(Progress) + Send + Sync>,
+    /// The run's history, whose count of operations each report carries.
+    recorder: Recorder,
+    /// The phase running now, as last said.
+    phase: Arc<Mutex<String>>,
+    /// When the run started.
+    started: Instant,
+    /// Cancelled to stop the ticker.
+    ticker_stop: CancellationToken,
+    /// The ticker task.
+    ticker: tokio::task::JoinHandle<()>,
+}
+
+impl Reporter {
+    /// Starts the ticker, in the `setup` phase.
+    fn start(progress: Arc<dyn Fn(Progress) + Send + Sync>, recorder: Recorder) -> Reporter {
+        let started = Instant::now();
+        let phase = Arc::new(Mutex::new(String::from("setup")));
+        let ticker_stop = CancellationToken::new();
+        let ticker = {
+            let (progress, recorder, phase, stop) = (
+                progress.clone(),
+                recorder.clone(),
+                phase.clone(),
+                ticker_stop.clone(),
+            );
+            tokio::spawn(async move {
+                let mut interval = tokio::time::interval(Duration::from_secs(2));
+                interval.tick().await;
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        _ = interval.tick() => progress(Progress {
+                            phase: phase.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+                            elapsed: started.elapsed(),
+                            operations: recorder.count.load(Ordering::Relaxed),
+                        }),
+                    }
+                }
+            })
+        };
+        Reporter {
+            progress,
+            recorder,
+            phase,
+            started,
+            ticker_stop,
+            ticker,
+        }
+    }
+
+    /// Enters the phase `name` and reports it at once.
+    fn say(&self, name: &str) {
+        *self.phase.lock().unwrap_or_else(PoisonError::into_inner) = name.to_owned();
+        (self.progress)(Progress {
+            phase: name.to_owned(),
+            elapsed: self.started.elapsed(),
+            operations: self.recorder.count.load(Ordering::Relaxed),
+        });
+    }
+
+    /// Stops the ticker and waits for it.
+    async fn stop(self) {
+        self.ticker_stop.cancel();
+        let _ = self.ticker.await;
+    }
+}
+
+/// The experiment against the service with its near cache off, and the one whose readers
+/// read the service with it on (its writers still publish through the first); each phase
+/// lasts an equal share of `options.duration` (at least 2 s).
+fn experiments(
+    services: &Services,
+    options: &CheckOptions,
+    cluster: Arc<Cluster>,
+    recorder: &Recorder,
+    shutdown: &CancellationToken,
+) -> (Experiment, Experiment) {
     let phases = (Mode::ALL.len() + NEAR_CACHE_MODES.len()) as u32 + 1;
     let phase_length = (options.duration / phases).max(Duration::from_secs(2));
     let experiment = Experiment {
-        http,
-        write_base: base.clone(),
-        base,
+        http: services.http.clone(),
+        write_base: services.base.clone(),
+        base: services.base.clone(),
         cluster,
         recorder: recorder.clone(),
         keys: options.keys,
@@ -315,14 +306,14 @@ pub async fn run(
         shutdown: shutdown.clone(),
         key_tag: "",
         resp: Some(Arc::new(RespDoors {
-            read: resp_address.to_string(),
-            write: resp_address.to_string(),
-            token: token.clone(),
+            read: services.resp_address.to_string(),
+            write: services.resp_address.to_string(),
+            token: services.token.clone(),
         })),
     };
     let near_experiment = Experiment {
         http: experiment.http.clone(),
-        base: near_base,
+        base: services.near_base.clone(),
         write_base: experiment.base.clone(),
         cluster: experiment.cluster.clone(),
         recorder: recorder.clone(),
@@ -333,75 +324,83 @@ pub async fn run(
         shutdown: shutdown.clone(),
         key_tag: "-near",
         resp: Some(Arc::new(RespDoors {
-            read: near_resp_address.to_string(),
-            write: resp_address.to_string(),
-            token: token.clone(),
+            read: services.near_resp_address.to_string(),
+            write: services.resp_address.to_string(),
+            token: services.token.clone(),
         })),
     };
-    let runs = Mode::ALL.into_iter().map(|mode| (mode, &experiment)).chain(
+    (experiment, near_experiment)
+}
+
+/// Runs every mode against `experiment`, then the near-cache modes against `near_experiment`,
+/// each seeded with the run's seed plus its index, until the run's shutdown; writes each mode's
+/// history and gives each judged row.
+///
+/// # Errors
+/// I/O errors writing a history.
+async fn run_modes(
+    experiment: &Experiment,
+    near_experiment: &Experiment,
+    options: &CheckOptions,
+    reporter: &Reporter,
+) -> Result<Vec<ModeResult>> {
+    let runs = Mode::ALL.into_iter().map(|mode| (mode, experiment)).chain(
         NEAR_CACHE_MODES
             .into_iter()
-            .map(|mode| (mode, &near_experiment)),
+            .map(|mode| (mode, near_experiment)),
     );
     let mut modes = Vec::new();
     for (index, (mode, experiment)) in runs.enumerate() {
-        if shutdown.is_cancelled() {
+        if experiment.shutdown.is_cancelled() {
             break;
         }
-        let near_cache = !experiment.key_tag.is_empty();
         let name = format!("{}{}", mode.as_str(), experiment.key_tag);
-        say(&name);
+        reporter.say(&name);
         let mut rng = StdRng::seed_from_u64(options.seed.wrapping_add(index as u64));
         let reads_before = copy_reads(&experiment.cluster);
         let phase_started = Instant::now();
         let loss_windows = experiment.run_mode(mode, &mut rng).await;
-        // A node restarted by the faults starts its counts again: its reads since the restart.
-        let reads: u64 = copy_reads(&experiment.cluster)
-            .iter()
-            .zip(&reads_before)
-            .map(|(after, before)| {
-                if after >= before {
-                    after - before
-                } else {
-                    *after
-                }
-            })
-            .sum();
+        let reads = copy_reads_since(&experiment.cluster, &reads_before);
         let reads_per_s = reads as f64 / phase_started.elapsed().as_secs_f64().max(0.001);
-        let events = recorder.take();
-        write_history(&options, &name, &events)?;
+        let events = experiment.recorder.take();
+        write_history(options, &name, &events)?;
         let mut result = judge(mode, &events, &loss_windows);
-        result.near_cache = near_cache;
+        result.near_cache = !experiment.key_tag.is_empty();
         result.redis_reads_per_s = reads_per_s;
         modes.push(result);
     }
-    drop(near_experiment);
-    say("presence");
-    let presence = experiment.presence().await;
-    write_history(&options, "presence", &recorder.take())?;
+    Ok(modes)
+}
 
-    say("report");
-    ticker_stop.cancel();
-    let _ = ticker.await;
-    service_stop.cancel();
-    let _ = service.await;
-    let _ = near_service.await;
-    drop(experiment);
-    let _ = std::fs::remove_dir_all(&spool);
-    let _ = std::fs::remove_file(&tokens_file);
-    let _ = std::fs::remove_dir_all(&near_spool);
-    let report = CheckReport {
-        seed: options.seed,
-        modes,
-        presence,
-    };
+/// Copy reads `cluster` served since `before` (from [`copy_reads`]), summed over its nodes.
+fn copy_reads_since(cluster: &Cluster, before: &[u64]) -> u64 {
+    // A node restarted by the faults starts its counts again: its reads since the restart.
+    copy_reads(cluster)
+        .iter()
+        .zip(before)
+        .map(|(after, before)| {
+            if after >= before {
+                after - before
+            } else {
+                *after
+            }
+        })
+        .sum()
+}
+
+/// Writes the report (`report.md`) and its JSON summary (`summary.json`) into `options.out`,
+/// when set.
+///
+/// # Errors
+/// I/O errors writing either file.
+fn write_report(options: &CheckOptions, report: &CheckReport) -> Result<()> {
     if let Some(dir) = &options.out {
         std::fs::write(dir.join("report.md"), report.markdown())?;
-        let summary = serde_json::to_string_pretty(&report)
+        let summary = serde_json::to_string_pretty(report)
             .map_err(|err| Error::new(ErrorKind::Io, err.to_string()))?;
         std::fs::write(dir.join("summary.json"), summary)?;
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Starts the run's throwaway 3-master/3-replica cluster (`cluster-require-full-coverage no`),
@@ -429,12 +428,6 @@ pub(super) async fn start_cluster(tls: Option<TlsFiles>) -> Result<Cluster> {
     })
 }
 
-/// A loopback address no socket was bound to a moment ago (the service binds it next).
-async fn free_address() -> Result<std::net::SocketAddr> {
-    let probe = TcpListener::bind("127.0.0.1:0").await?;
-    Ok(probe.local_addr()?)
-}
-
 /// The modes that run a second time against the service with its near cache on.
 const NEAR_CACHE_MODES: [Mode; 3] = [Mode::Affine, Mode::Floor, Mode::Resp];
 
@@ -457,99 +450,6 @@ fn copy_reads(cluster: &Cluster) -> Vec<u64> {
                 .unwrap_or(0)
         })
         .collect()
-}
-
-/// Polls `ready` every 50 ms until it holds; after `limit`, an error saying `what` did not happen.
-async fn wait_for<F, Fut>(what: &str, limit: Duration, mut ready: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !ready().await {
-        if Instant::now() > deadline {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!("{what} within {} s", limit.as_secs()),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
-
-/// Polls `base`'s `/readyz` until it answers 2xx; fails at once, with its error, when the
-/// service at `base` (`service`) stops first, e.g. because it could not connect to the cluster,
-/// and after 20 s with the last answer (or why there was none).
-async fn wait_ready(
-    http: &reqwest::Client,
-    base: &str,
-    service: &mut tokio::task::JoinHandle<Result<()>>,
-) -> Result<()> {
-    let last = Mutex::new(String::from("no answer yet"));
-    let waited = wait_for(
-        "hotsplit did not become ready on the cluster",
-        Duration::from_secs(20),
-        || async {
-            if service.is_finished() {
-                return true;
-            }
-            let seen = match http.get(format!("{base}/readyz")).send().await {
-                Ok(answer) if answer.status().is_success() => return true,
-                Ok(answer) => {
-                    let status = answer.status();
-                    format!("{status}: {}", answer.text().await.unwrap_or_default())
-                }
-                Err(err) => err.to_string(),
-            };
-            *last.lock().unwrap_or_else(PoisonError::into_inner) = seen;
-            false
-        },
-    )
-    .await;
-    if let Err(err) = waited {
-        let last = last.into_inner().unwrap_or_else(PoisonError::into_inner);
-        return Err(Error::new(
-            err.kind(),
-            format!("{}; the last /readyz: {last}", err.message()),
-        ));
-    }
-    if !service.is_finished() {
-        return Ok(());
-    }
-    let why = match service.await {
-        Ok(Ok(())) => "it stopped without an error".to_owned(),
-        Ok(Err(err)) => err.to_string(),
-        Err(err) => format!("its task failed: {err}"),
-    };
-    Err(Error::new(
-        ErrorKind::Unavailable,
-        format!("hotsplit could not start on the cluster: {why}"),
-    ))
-}
-
-/// Waits until `/v1/lag` lists three replicas with a measured lag within the advisory budget,
-/// so the first mode does not run while replicas are still being discovered.
-async fn wait_replicas_measured(http: &reqwest::Client, base: &str) -> Result<()> {
-    wait_for(
-        "hotsplit did not measure the lag of three replicas",
-        Duration::from_secs(30),
-        || async {
-            let Ok(answer) = http.get(format!("{base}/v1/lag")).send().await else {
-                return false;
-            };
-            let Ok(serde_json::Value::Array(replicas)) = answer.json::<serde_json::Value>().await
-            else {
-                return false;
-            };
-            let measured = replicas
-                .iter()
-                .filter(|replica| replica["within_budget"]["advisory"] == true)
-                .count();
-            measured >= 3
-        },
-    )
-    .await
 }
 
 fn write_history(options: &CheckOptions, name: &str, events: &[Event]) -> Result<()> {
