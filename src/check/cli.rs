@@ -213,6 +213,7 @@ pub(crate) fn finish_fleet(result: hotsplit::Result<FleetReport>, out: Option<&P
                 println!("FAIL: {failure}");
             }
             if failures.is_empty() {
+                println!("PASS: no accepted edit lost in any row, no monotonic-read or read-your-writes violation with the session token, the split and merge happened, and the scrub levelled every copy after the spool was lost.");
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
