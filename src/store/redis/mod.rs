@@ -78,6 +78,7 @@ use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use fred::types::config::{
     ClusterDiscoveryPolicy, Config, ReconnectError, ReconnectPolicy, Server, ServerConfig,
+    UnresponsiveConfig,
 };
 use fred::types::{Builder, ConnectHandle, Key as FredKey};
 
@@ -438,6 +439,9 @@ impl RedisStore {
 ///
 /// # Errors
 /// As for [`client_builder_without_reconnects`].
+/// The least time a connection may go without replies before it is closed as unresponsive.
+const UNRESPONSIVE_MIN: Duration = Duration::from_secs(1);
+
 fn client_builder(
     server: ServerConfig,
     options: &RedisOptions,
@@ -445,6 +449,20 @@ fn client_builder(
 ) -> Result<Builder> {
     let mut builder = client_builder_without_reconnects(server, options, reconnect_errors)?;
     builder.set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
+    // A connection whose replies stop (a node cut off by a partition, its TCP connection open
+    // and silent) is closed and reconnected after twice the command timeout, at least 1 s:
+    // the reconnect re-reads the slot map, so a replica promoted in the meantime is found
+    // instead of every read of its slots timing out on the old master until a redirect.
+    let unresponsive = options
+        .command_timeout
+        .saturating_mul(2)
+        .max(UNRESPONSIVE_MIN);
+    builder.with_connection_config(|conn| {
+        conn.unresponsive = UnresponsiveConfig {
+            max_timeout: Some(unresponsive),
+            interval: (unresponsive / 4).max(Duration::from_millis(10)),
+        };
+    });
     Ok(builder)
 }
 
