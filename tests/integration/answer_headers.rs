@@ -13,7 +13,7 @@
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::harness::{self, config_from_toml, Service};
+use crate::harness::{self, config_from_toml, Edit, Service};
 
 /// One answer, read off the socket.
 struct RawAnswer {
@@ -114,9 +114,7 @@ async fn a_reads_head_is_pinned_byte_for_byte_for_a_fill_a_hit_a_304_and_a_404()
     harness::publish_expecting(
         &http,
         &writer.base,
-        &key,
-        7,
-        "seven",
+        Edit::new(&key, 7, "seven"),
         reqwest::StatusCode::OK,
     )
     .await;

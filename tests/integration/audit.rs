@@ -10,7 +10,7 @@ use hotsplit_devcluster::{self as devcluster, Cluster};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::harness;
+use crate::harness::{self, Edit};
 
 /// Commands an audit may send, plus the replication traffic a quiet cluster has anyway
 /// (`replconf`: each replica ACKs every second; `ping`: each master pings its replicas), plus
@@ -107,8 +107,13 @@ async fn publish(url: &str, prefix: &str, copies: u32, keys: &[&str], version: u
     let http = reqwest::Client::new();
     for key in keys {
         let value = format!("value of {key}");
-        harness::publish_expecting(&http, &service.base, key, version, &value, StatusCode::OK)
-            .await;
+        harness::publish_expecting(
+            &http,
+            &service.base,
+            Edit::new(key, version, &value),
+            StatusCode::OK,
+        )
+        .await;
     }
     service.stop().await;
 }

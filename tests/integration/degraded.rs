@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::harness::{
     self, affinity, config_with_family, copy_on_owner, get, get_json, owner_port, poll,
-    publish_expecting, Service,
+    publish_expecting, Edit, Service,
 };
 use crate::heal::{queued_exactly_on, retry_queue, wait_drained};
 
@@ -184,7 +184,7 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    publish_expecting(&http, &base, "sick:1", 1, "v1", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("sick:1", 1, "v1"), StatusCode::OK).await;
     let victim = owner_port(&cluster, "sick:1#0");
     let victim_label = format!("127.0.0.1:{victim}");
 
@@ -228,8 +228,13 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
     let mut fast = None;
     for _ in 0..20 {
         version += 1;
-        let answer =
-            publish_expecting(&http, &base, "sick:1", version, "v", StatusCode::ACCEPTED).await;
+        let answer = publish_expecting(
+            &http,
+            &base,
+            Edit::new("sick:1", version, "v"),
+            StatusCode::ACCEPTED,
+        )
+        .await;
         let body: Value = answer.json().await.unwrap();
         let victim_lines: Vec<&Value> = body["outcomes"]
             .as_array()
@@ -411,7 +416,7 @@ async fn sick_a_stopped_standalone_primary_is_probed_and_failed_fast_around() {
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    publish_expecting(&http, &base, "lone:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("lone:1", 1, "one"), StatusCode::OK).await;
 
     server.node.pause().expect("SIGSTOP");
     // Until it is marked, /readyz's own PING of the stopped server waits out the command

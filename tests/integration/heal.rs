@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::harness::{
     self, affinity, config_with_family, copy_on_owner, get, get_json, hgetall, metrics_text,
-    owner_port, poll, publish_expecting, publish_succeeds, Binary, Service,
+    owner_port, poll, publish_expecting, publish_succeeds, Binary, Edit, Service,
 };
 
 /// The stored version of `key` on `port`, 0 when missing.
@@ -115,7 +115,7 @@ async fn queued_then_drained(fault: Fault) {
     let service = Service::start(config_with_family(Some(&cluster.url()), "pause:", 16)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "pause:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("pause:1", 1, "one"), StatusCode::OK).await;
 
     let victim = owner_port(&cluster, "pause:1#0");
     fault.inject(&cluster, victim);
@@ -201,9 +201,7 @@ async fn heal_a_thousand_edits_while_paused_leave_one_entry_per_copy() {
                     publish_expecting(
                         &http,
                         &base,
-                        "hot:1",
-                        version,
-                        &format!("v{version}"),
+                        Edit::new("hot:1", version, &format!("v{version}")),
                         StatusCode::ACCEPTED,
                     )
                     .await;
@@ -549,7 +547,13 @@ async fn heal_shutdown_drains_what_it_can_and_spools_the_rest() {
     }
     devcluster::cli(port, &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
     let service = Service::start(config.clone()).await;
-    publish_expecting(&http, &service.base, "sd:1", 1, "one", StatusCode::ACCEPTED).await;
+    publish_expecting(
+        &http,
+        &service.base,
+        Edit::new("sd:1", 1, "one"),
+        StatusCode::ACCEPTED,
+    )
+    .await;
     service.stop().await;
 
     // A new process on the same spool finds the entries; this time shutdown drains them.
@@ -587,7 +591,7 @@ async fn restart_cycle(wait_for_failover: bool) {
     let service = Service::start(config).await;
     let base = service.base.clone();
     let http = reqwest::Client::new();
-    publish_expecting(&http, &base, "ns:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("ns:1", 1, "one"), StatusCode::OK).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..20)
@@ -619,7 +623,13 @@ async fn restart_cycle(wait_for_failover: bool) {
     let slot = fred::util::redis_keyslot(b"ns:1#0");
     let node = cluster.node(victim).unwrap();
     tokio::task::block_in_place(|| node.shutdown_nosave()).unwrap();
-    let answer = publish_expecting(&http, &base, "ns:1", 2, "two", StatusCode::ACCEPTED).await;
+    let answer = publish_expecting(
+        &http,
+        &base,
+        Edit::new("ns:1", 2, "two"),
+        StatusCode::ACCEPTED,
+    )
+    .await;
     let report: Value = answer.json().await.unwrap();
     assert!(report["queued"].as_u64().unwrap() > 0, "{report}");
 
@@ -687,7 +697,13 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
     };
     let mut service = Service::start(config(8)).await;
     let http = reqwest::Client::new();
-    publish_expecting(&http, &service.base, "resize:1", 1, "v1", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &service.base,
+        Edit::new("resize:1", 1, "v1"),
+        StatusCode::OK,
+    )
+    .await;
     let base = Arc::new(std::sync::RwLock::new(service.base.clone()));
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicUsize::new(0));

@@ -24,7 +24,7 @@ use hotsplit_devcluster::{
 };
 use reqwest::StatusCode;
 
-use crate::harness::{self, config_from_toml, poll, publish_expecting, Service};
+use crate::harness::{self, config_from_toml, poll, publish_expecting, Edit, Service};
 use crate::tls_pki::pki;
 
 // ---------------------------------------------------------------------------------------------
@@ -152,7 +152,13 @@ async fn tls_standalone_with_a_ca_file_publishes_and_reads() {
     );
     let service = Service::start(config_from_toml(&text)).await;
     let http = reqwest::Client::new();
-    publish_expecting(&http, &service.base, "sec:tls1", 1, "v1", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &service.base,
+        Edit::new("sec:tls1", 1, "v1"),
+        StatusCode::OK,
+    )
+    .await;
     let served_by = read_value(&http, &service.base, "sec:tls1", "a").await;
     assert!(served_by.ends_with("role=primary"), "{served_by}");
     // The copy really is on the TLS server (whose only port speaks TLS).
@@ -184,7 +190,13 @@ async fn tls_cluster_with_client_certificates_publishes_reads_replicas_waits_and
     let http = reqwest::Client::new();
     let base = service.base.clone();
     // Nodes discovered with CLUSTER SLOTS and the data client; the per-replica clients and the lag monitor: an advisory read served by a replica.
-    publish_expecting(&http, &base, "secr:tlsc", 1, "v1", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &base,
+        Edit::new("secr:tlsc", 1, "v1"),
+        StatusCode::OK,
+    )
+    .await;
     wait_for_replica_read(&http, &base, "secr:tlsc").await;
     // The WAIT connection, once every replica is known and measured.
     poll(
@@ -318,7 +330,13 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
     let text = format!("[store]\nredis = {url:?}\n{FAMILIES}");
     let service = Service::start(config_from_toml(&text)).await;
     let key = format!("sec:{prefix}full");
-    publish_expecting(&http, &service.base, &key, 1, "v1", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &service.base,
+        Edit::new(&key, 1, "v1"),
+        StatusCode::OK,
+    )
+    .await;
     read_value(&http, &service.base, &key, "a").await;
     service.stop().await;
 
@@ -375,7 +393,13 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         .expect("PUT");
     assert_eq!(allocated.status(), StatusCode::OK, "allocated publish");
     let replica_key = format!("secr:{prefix}least");
-    publish_expecting(&http, &base, &replica_key, 1, "v1", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &base,
+        Edit::new(&replica_key, 1, "v1"),
+        StatusCode::OK,
+    )
+    .await;
     wait_for_replica_read(&http, &base, &replica_key).await;
     // Read repair: the affine copy is deleted behind hotsplit's back; a read writes it again.
     let affinity = harness::affinity(&http, &base, &key, "a").await;
@@ -601,7 +625,7 @@ async fn a_password_never_shows_in_logs_endpoints_metrics_or_help() {
     let child = harness::spawn_serve(command, port).await;
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    publish_expecting(&http, &base, "sec:leak", 1, "v1", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("sec:leak", 1, "v1"), StatusCode::OK).await;
     let mut shown = String::new();
     for path in [
         "/v1/keys/sec:leak?client=a",

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::harness::{
     self, affinity, config_from_toml, get_json, metrics_text, owner_and_replica, poll, problem,
-    publish_expecting, Service,
+    publish_expecting, Edit, Service,
 };
 
 /// How many `HMGET`s `port` has served.
@@ -178,7 +178,7 @@ async fn unknown_and_disallowed_classes_are_refused_and_classes_are_listed() {
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "s:1", 1, "x", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("s:1", 1, "x"), StatusCode::OK).await;
     let url = format!("{base}/v1/keys/s:1?client=a&class=nope");
     let response = harness::get(&http, &url, &[]).await;
     problem(response, StatusCode::BAD_REQUEST, "unknown_class", &url).await;
@@ -244,7 +244,7 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
     let http = reqwest::Client::new();
     let base = service.base.clone();
     let adv_1 = format!("{base}/v1/keys/adv:1?client=a");
-    publish_expecting(&http, &base, "adv:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("adv:1", 1, "one"), StatusCode::OK).await;
     // Once the replica has the value and its lag is known, advisory reads are the replica's.
     wait_for_read(
         &http,
@@ -373,7 +373,7 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     let http = reqwest::Client::new();
     let base = service.base.clone();
     for key in ["own:1", "own:other"] {
-        publish_expecting(&http, &base, key, 1, "one", StatusCode::OK).await;
+        publish_expecting(&http, &base, Edit::new(key, 1, "one"), StatusCode::OK).await;
     }
     for instance in [&service.base, &other.base] {
         wait_for_read(
@@ -528,7 +528,13 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
     };
 
     // Decision reads never touch a replica, even with every replica healthy.
-    publish_expecting(&http, &base, "claim:1", 1, "held", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &base,
+        Edit::new("claim:1", 1, "held"),
+        StatusCode::OK,
+    )
+    .await;
     poll(
         "every replica's lag is known",
         Duration::from_secs(10),
@@ -565,7 +571,7 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
     assert_eq!(total_hmget(), before, "no decision read reached a replica");
 
     // Advisory reads of a split key are served by the replica of the copy's owner.
-    publish_expecting(&http, &base, "adv:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("adv:1", 1, "one"), StatusCode::OK).await;
     let affinity = affinity(&http, &base, "adv:1", "a").await;
     let copy_key = affinity["copy_key"].as_str().unwrap().to_owned();
     let (_, replica_port) = owner_and_replica(&cluster, &copy_key);
@@ -688,7 +694,7 @@ async fn a_killed_cluster_replica_is_confined_to_its_own_reads() {
     let service = Service::start(cluster_config(&cluster)).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    publish_expecting(&http, &base, "adv:k", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("adv:k", 1, "one"), StatusCode::OK).await;
     let affinity = affinity(&http, &base, "adv:k", "a").await;
     let (_, replica_port) = owner_and_replica(&cluster, affinity["copy_key"].as_str().unwrap());
     let adv_k = format!("{base}/v1/keys/adv:k?client=a");
@@ -721,7 +727,13 @@ async fn a_killed_cluster_replica_is_confined_to_its_own_reads() {
     )
     .await;
     for version in 2..=6 {
-        publish_expecting(&http, &base, "adv:k", version, "again", StatusCode::OK).await;
+        publish_expecting(
+            &http,
+            &base,
+            Edit::new("adv:k", version, "again"),
+            StatusCode::OK,
+        )
+        .await;
         let Read {
             status, served_by, ..
         } = read(&http, &adv_k, &[]).await;
@@ -745,7 +757,7 @@ async fn a_configured_replica_that_is_down_does_not_stop_startup() {
     let service = Service::start(config_from_toml(&text)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "down:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("down:1", 1, "one"), StatusCode::OK).await;
     let Read {
         status,
         body,
@@ -786,7 +798,7 @@ async fn a_reader_moved_to_the_primary_by_a_lag_breach_does_not_go_back_on_the_r
         .expect("a client of the same copy");
     let copy_key = format!("adv:9#{copy}");
     let adv_9_a = format!("{base}/v1/keys/adv:9?client=a");
-    publish_expecting(&http, &base, "adv:9", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("adv:9", 1, "one"), StatusCode::OK).await;
     wait_for_read(
         &http,
         &adv_9_a,
@@ -798,7 +810,7 @@ async fn a_reader_moved_to_the_primary_by_a_lag_breach_does_not_go_back_on_the_r
 
     // Replication held back, version 2 written: the lag breach sends `a` to the primary.
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"]).expect("CLIENT PAUSE");
-    publish_expecting(&http, &base, "adv:9", 2, "two", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("adv:9", 2, "two"), StatusCode::OK).await;
     wait_for_lag(
         &http,
         &base,

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::harness::{
     command_timeout_toml, config_from_toml, copy_on_owner, get, get_json, metrics_text,
-    own_cluster, poll, publish_expecting, publish_succeeds, served_version, Service,
+    own_cluster, poll, publish_expecting, publish_succeeds, served_version, Edit, Service,
     COMMAND_TIMEOUT,
 };
 
@@ -251,9 +251,7 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
     publish_expecting(
         &http,
         &current.base,
-        key,
-        2,
-        "current-2",
+        Edit::new(key, 2, "current-2"),
         StatusCode::CONFLICT,
     )
     .await;
