@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -704,7 +704,7 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
         StatusCode::OK,
     )
     .await;
-    let base = Arc::new(std::sync::RwLock::new(service.base.clone()));
+    let base = Arc::new(RwLock::new(service.base.clone()));
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicUsize::new(0));
     let published = Arc::new(AtomicUsize::new(1));
@@ -712,56 +712,20 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
     // 100 readers carrying floors: never a lower version, never a 404.
     let readers: Vec<_> = (0..100)
         .map(|reader| {
-            let (base, stop, reads) = (base.clone(), stop.clone(), reads.clone());
-            tokio::spawn(async move {
-                let http = reqwest::Client::new();
-                let mut floor = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let base = base.read().unwrap().clone();
-                    let mut request =
-                        http.get(format!("{base}/v1/keys/resize:1?client=reader-{reader}"));
-                    if floor > 0 {
-                        request = request.header("hotsplit-min-version", floor.to_string());
-                    }
-                    if let Ok(answer) = request.send().await {
-                        assert_ne!(
-                            answer.status(),
-                            StatusCode::NOT_FOUND,
-                            "reader-{reader}: 404 for a key that exists"
-                        );
-                        harness::record_monotonic_read(
-                            &format!("reader-{reader}"),
-                            &answer,
-                            &mut floor,
-                            &reads,
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(2)).await; // Pacing, not a wait.
-                }
-            })
+            tokio::spawn(read_with_floors(
+                reader,
+                base.clone(),
+                stop.clone(),
+                reads.clone(),
+            ))
         })
         .collect();
     // One writer keeps publishing newer versions through the current instance.
-    let writer = {
-        let (base, stop, published) = (base.clone(), stop.clone(), published.clone());
-        tokio::spawn(async move {
-            let http = reqwest::Client::new();
-            let mut version = 1;
-            while !stop.load(Ordering::Relaxed) {
-                version += 1;
-                let base = base.read().unwrap().clone();
-                let sent = http
-                    .put(format!("{base}/v1/keys/resize:1?version={version}"))
-                    .body(format!("v{version}"))
-                    .send()
-                    .await;
-                if sent.is_ok_and(|answer| answer.status().is_success()) {
-                    published.store(version, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await; // Pacing, not a wait.
-            }
-        })
-    };
+    let writer = tokio::spawn(publish_newer_versions(
+        base.clone(),
+        stop.clone(),
+        published.clone(),
+    ));
 
     for copies in [12, 4, 8] {
         // A rolling resize: the new instance starts (recording its layout), takes the
@@ -790,20 +754,7 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
             }
             _ => {}
         }
-        let (seen_reads, seen_published) = (
-            reads.load(Ordering::Relaxed),
-            published.load(Ordering::Relaxed),
-        );
-        poll(
-            "reads and publishes go on after the resize",
-            Duration::from_secs(20),
-            || {
-                let ok = reads.load(Ordering::Relaxed) >= seen_reads + 1000
-                    && published.load(Ordering::Relaxed) >= seen_published + 5;
-                std::future::ready(ok)
-            },
-        )
-        .await;
+        wait_for_reads_and_publishes(&reads, &published).await;
     }
     stop.store(true, Ordering::Relaxed);
     writer.await.unwrap();
@@ -839,4 +790,79 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
         }
     }
     service.stop().await;
+}
+
+/// Reader `reader` of `resize:1` through the instance at `base`, carrying its floor: never a
+/// lower version, never a 404; counts its reads in `reads` until `stop`.
+async fn read_with_floors(
+    reader: usize,
+    base: Arc<RwLock<String>>,
+    stop: Arc<AtomicBool>,
+    reads: Arc<AtomicUsize>,
+) {
+    let http = reqwest::Client::new();
+    let mut floor = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let base = base.read().unwrap().clone();
+        let mut request = http.get(format!("{base}/v1/keys/resize:1?client=reader-{reader}"));
+        if floor > 0 {
+            request = request.header("hotsplit-min-version", floor.to_string());
+        }
+        if let Ok(answer) = request.send().await {
+            assert_ne!(
+                answer.status(),
+                StatusCode::NOT_FOUND,
+                "reader-{reader}: 404 for a key that exists"
+            );
+            harness::record_monotonic_read(
+                &format!("reader-{reader}"),
+                &answer,
+                &mut floor,
+                &reads,
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await; // Pacing, not a wait.
+    }
+}
+
+/// Publishes ever newer versions of `resize:1` through the instance at `base`, recording the
+/// last one accepted in `published`, until `stop`.
+async fn publish_newer_versions(
+    base: Arc<RwLock<String>>,
+    stop: Arc<AtomicBool>,
+    published: Arc<AtomicUsize>,
+) {
+    let http = reqwest::Client::new();
+    let mut version = 1;
+    while !stop.load(Ordering::Relaxed) {
+        version += 1;
+        let base = base.read().unwrap().clone();
+        let sent = http
+            .put(format!("{base}/v1/keys/resize:1?version={version}"))
+            .body(format!("v{version}"))
+            .send()
+            .await;
+        if sent.is_ok_and(|answer| answer.status().is_success()) {
+            published.store(version, Ordering::Relaxed);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await; // Pacing, not a wait.
+    }
+}
+
+/// Waits until 1000 more reads and 5 more publishes than now have gone through.
+async fn wait_for_reads_and_publishes(reads: &AtomicUsize, published: &AtomicUsize) {
+    let (seen_reads, seen_published) = (
+        reads.load(Ordering::Relaxed),
+        published.load(Ordering::Relaxed),
+    );
+    poll(
+        "reads and publishes go on after the resize",
+        Duration::from_secs(20),
+        || {
+            let ok = reads.load(Ordering::Relaxed) >= seen_reads + 1000
+                && published.load(Ordering::Relaxed) >= seen_published + 5;
+            std::future::ready(ok)
+        },
+    )
+    .await;
 }
