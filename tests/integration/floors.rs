@@ -238,21 +238,7 @@ async fn moves_caused_by_floors_classes_and_tombstones_leave_floors_against_a_la
 
     // Replication held back. Alice writes 2, someone else 3; carol's key is deleted at 2.
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"]).expect("CLIENT PAUSE");
-    let written = put(
-        &http,
-        format!("{base}/v1/keys/flo:1?version=2&client=alice"),
-        "two",
-        &[],
-    )
-    .await;
-    assert_eq!(written.status(), StatusCode::OK);
-    publish_expecting(&http, &base, Edit::new("flo:1", 3, "three"), StatusCode::OK).await;
-    let deleted = http
-        .delete(format!("{base}/v1/keys/del:1?version=2"))
-        .send()
-        .await
-        .expect("DELETE");
-    assert_eq!(deleted.status(), StatusCode::OK);
+    alice_writes_2_someone_3_and_carols_key_is_deleted(&http, &base).await;
     // Alice's own floor (2) moves her read to the primary, which serves 3.
     assert_read(
         &read(&http, &alice, &[]).await,
@@ -329,6 +315,25 @@ async fn moves_caused_by_floors_classes_and_tombstones_leave_floors_against_a_la
         "class=lenient;reason=class",
     );
     service.stop().await;
+}
+
+/// Alice writes 2 of `flo:1`, someone else 3, and `del:1` is deleted at 2, through `base`.
+async fn alice_writes_2_someone_3_and_carols_key_is_deleted(http: &reqwest::Client, base: &str) {
+    let written = put(
+        http,
+        format!("{base}/v1/keys/flo:1?version=2&client=alice"),
+        "two",
+        &[],
+    )
+    .await;
+    assert_eq!(written.status(), StatusCode::OK);
+    publish_expecting(http, base, Edit::new("flo:1", 3, "three"), StatusCode::OK).await;
+    let deleted = http
+        .delete(format!("{base}/v1/keys/del:1?version=2"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(deleted.status(), StatusCode::OK);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -458,24 +458,7 @@ async fn a_master_restart_that_lost_writes_shows_up_as_one_counted_rollback() {
         server.node.restart().expect("restart");
     });
     // While the entry is young alice is still answered five; once it ages out, the loss shows.
-    poll(
-        "the lost write shows up as a 404",
-        Duration::from_secs(30),
-        || async {
-            let answer = read(&http, &url, &[]).await;
-            match answer.status {
-                StatusCode::OK => {
-                    assert_eq!(answer.body, "five", "{}", answer.route);
-                    false
-                }
-                StatusCode::NOT_FOUND => true,
-                // The service reconnecting to the restarted server.
-                status if status.is_server_error() => false,
-                status => panic!("{status}: {} {}", answer.body, answer.route),
-            }
-        },
-    )
-    .await;
+    wait_for_the_lost_write_to_show(&http, &url).await;
     let rollbacks = || async {
         sample(
             &metrics_text(&http, base).await,
@@ -548,6 +531,29 @@ async fn a_master_restart_that_lost_writes_shows_up_as_one_counted_rollback() {
     );
     service.stop().await;
     other.stop().await;
+}
+
+/// Waits until `url` answers the lost write's 404; until then it answers five (or a server
+/// error while the service reconnects), nothing else.
+async fn wait_for_the_lost_write_to_show(http: &reqwest::Client, url: &str) {
+    poll(
+        "the lost write shows up as a 404",
+        Duration::from_secs(30),
+        || async {
+            let answer = read(http, url, &[]).await;
+            match answer.status {
+                StatusCode::OK => {
+                    assert_eq!(answer.body, "five", "{}", answer.route);
+                    false
+                }
+                StatusCode::NOT_FOUND => true,
+                // The service reconnecting to the restarted server.
+                status if status.is_server_error() => false,
+                status => panic!("{status}: {} {}", answer.body, answer.route),
+            }
+        },
+    )
+    .await;
 }
 
 /// The embedded store is memory already: its reads never use the near cache, though
