@@ -103,23 +103,8 @@ async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries
 
     // By hand: copy 1 behind (version 1), copy 2 deleted, one tombstone copy deleted, and keys
     // the scrub must never touch: not copies, and a copy beyond N.
-    on_owner(
-        &cluster,
-        "sc:a#1",
-        &["HSET", "sc:a#1", "ver", "1", "val", "one"],
-    );
-    on_owner(&cluster, "sc:a#2", &["DEL", "sc:a#2"]);
-    on_owner(&cluster, "sc:gone#3", &["DEL", "sc:gone#3"]);
     let strangers = ["sc:a#9", "sc:x#bar", "sc:a#07"];
-    for stranger in strangers {
-        on_owner(
-            &cluster,
-            stranger,
-            &[
-                "HSET", stranger, "ver", "1", "val", "old", "tomb", "0", "exp", "1",
-            ],
-        );
-    }
+    break_copies_by_hand(&cluster, &strangers);
     let passes = scrub_view(&http, base).await["passes"]
         .as_u64()
         .unwrap_or(0);
@@ -194,6 +179,27 @@ async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries
     }
     assert!(metrics.contains("hotsplit_scrub_passes_total{result=\"complete\"}"));
     service.stop().await;
+}
+
+/// Sets `sc:a#1` behind (version 1), deletes `sc:a#2` and the tombstone copy `sc:gone#3`, and
+/// writes the `strangers`, keys the scrub must never touch.
+fn break_copies_by_hand(cluster: &Cluster, strangers: &[&str]) {
+    on_owner(
+        cluster,
+        "sc:a#1",
+        &["HSET", "sc:a#1", "ver", "1", "val", "one"],
+    );
+    on_owner(cluster, "sc:a#2", &["DEL", "sc:a#2"]);
+    on_owner(cluster, "sc:gone#3", &["DEL", "sc:gone#3"]);
+    for &stranger in strangers {
+        on_owner(
+            cluster,
+            stranger,
+            &[
+                "HSET", stranger, "ver", "1", "val", "old", "tomb", "0", "exp", "1",
+            ],
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
