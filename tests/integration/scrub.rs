@@ -272,51 +272,15 @@ async fn two_scrubbers_at_once_converge_and_never_roll_a_copy_back() {
 
     // Two scrubbers, each with a store of its own, run passes back to back with no lease,
     // while the even keys keep being published and a sampler watches every copy.
-    let scrubber = |instance: &str| {
-        let config = config.clone();
-        let url = cluster.url();
-        let instance = instance.to_owned();
-        async move {
-            let store = harness::redis_store(&url, Duration::from_secs(2)).await;
-            Scrubber {
-                copies: store.clone(),
-                scan: store,
-                health: NodeHealth::new(),
-                families: Arc::new(config.families()),
-                layouts: Layouts::unrecorded(),
-                status: Arc::new(ScrubStatus::new(&Metrics::new(), true, &instance)),
-                config: config.scrub.clone(),
-                instance,
-                split_index_max_age: Duration::from_secs(1),
-            }
-        }
-    };
-    let scrubbers = [scrubber("one").await, scrubber("two").await];
+    let scrubbers = [
+        scrubber(&config, &cluster.url(), "one").await,
+        scrubber(&config, &cluster.url(), "two").await,
+    ];
     let stop = CancellationToken::new();
     let writing = Arc::new(AtomicBool::new(true));
     let sampler = {
         let (cluster, keys, writing) = (cluster.clone(), keys.clone(), writing.clone());
-        tokio::task::spawn_blocking(move || {
-            let mut seen: BTreeMap<String, u64> = BTreeMap::new();
-            let mut rounds = 0;
-            while writing.load(Ordering::Acquire) || rounds < 2 {
-                if !writing.load(Ordering::Acquire) {
-                    rounds += 1;
-                }
-                for key in &keys {
-                    for copy in 0..4 {
-                        let copy_key = format!("{key}#{copy}");
-                        let Some(now) = version_of(&cluster, &copy_key) else {
-                            assert!(!seen.contains_key(&copy_key), "{copy_key} vanished");
-                            continue;
-                        };
-                        let last = seen.entry(copy_key.clone()).or_insert(now);
-                        assert!(now >= *last, "{copy_key} went back from {last} to {now}");
-                        *last = now;
-                    }
-                }
-            }
-        })
+        tokio::task::spawn_blocking(move || watch_copies_never_go_back(&cluster, &keys, &writing))
     };
     let writer = async {
         for version in 3..=12u64 {
@@ -367,6 +331,47 @@ async fn two_scrubbers_at_once_converge_and_never_roll_a_copy_back() {
         .sum();
     assert_eq!(repaired, 0, "the last passes found nothing left to repair");
     service.stop().await;
+}
+
+/// A scrubber named `instance` with a store of its own on `url`, scrubbing under `config`.
+async fn scrubber(config: &Config, url: &str, instance: &str) -> Scrubber {
+    let instance = instance.to_owned();
+    let store = harness::redis_store(url, Duration::from_secs(2)).await;
+    Scrubber {
+        copies: store.clone(),
+        scan: store,
+        health: NodeHealth::new(),
+        families: Arc::new(config.families()),
+        layouts: Layouts::unrecorded(),
+        status: Arc::new(ScrubStatus::new(&Metrics::new(), true, &instance)),
+        config: config.scrub.clone(),
+        instance,
+        split_index_max_age: Duration::from_secs(1),
+    }
+}
+
+/// Reads every copy of `keys` round after round while `writing`, and two rounds more: no copy
+/// goes back to a lower version, nor vanishes once seen.
+fn watch_copies_never_go_back(cluster: &Cluster, keys: &[String], writing: &AtomicBool) {
+    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    let mut rounds = 0;
+    while writing.load(Ordering::Acquire) || rounds < 2 {
+        if !writing.load(Ordering::Acquire) {
+            rounds += 1;
+        }
+        for key in keys {
+            for copy in 0..4 {
+                let copy_key = format!("{key}#{copy}");
+                let Some(now) = version_of(cluster, &copy_key) else {
+                    assert!(!seen.contains_key(&copy_key), "{copy_key} vanished");
+                    continue;
+                };
+                let last = seen.entry(copy_key.clone()).or_insert(now);
+                assert!(now >= *last, "{copy_key} went back from {last} to {now}");
+                *last = now;
+            }
+        }
+    }
 }
 
 #[tokio::test]
