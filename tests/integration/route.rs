@@ -319,7 +319,20 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
         },
     )
     .await;
-    let metrics = metrics_text(&http, &base).await;
+    assert_breaches_and_the_lag_histogram(&http, &base, &group).await;
+    service.stop().await;
+}
+
+/// The metrics of `base` count the lag breaches, export the replica's lag of `group` as a
+/// histogram in seconds with samples on both sides of the advisory budget, and show the
+/// replica up.
+async fn assert_breaches_and_the_lag_histogram(
+    http: &reqwest::Client,
+    base: &str,
+    group: &PrimaryReplica,
+) {
+    let replica_label = group.replicas[0].addr();
+    let metrics = metrics_text(http, base).await;
     let breaches: u64 = metrics
         .lines()
         .find_map(|line| {
@@ -361,7 +374,6 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
         )),
         "{metrics}"
     );
-    service.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
