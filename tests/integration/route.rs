@@ -398,30 +398,7 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
         .await;
     }
 
-    // sync_replicas: WAIT on the written node, through a dedicated connection.
-    let (acked, report) = publish_synced(
-        &http,
-        format!("{base}/v1/keys/own:sync?version=1&sync_replicas=1&sync_timeout_ms=2000"),
-    )
-    .await;
-    assert_eq!(acked, vec![1, 1, 1, 1], "{report}");
-    for query in [
-        "sync_replicas=2&sync_timeout_ms=100",
-        "sync_replicas=0&sync_timeout_ms=100",
-        "sync_replicas=1&sync_timeout_ms=0",
-        "sync_replicas=1&sync_timeout_ms=5001",
-        "sync_replicas=1",
-        "sync_replicas=x&sync_timeout_ms=100",
-    ] {
-        let refused = put(
-            &http,
-            format!("{base}/v1/keys/own:sync?version=9&{query}"),
-            "s",
-            &[],
-        )
-        .await;
-        problem(refused, StatusCode::BAD_REQUEST, "invalid_parameter", query).await;
-    }
+    sync_replicas_waits_and_bad_parameters_are_refused(&http, &base).await;
 
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"]).expect("CLIENT PAUSE");
     // A paused replica does not acknowledge: WAIT times out with 0.
@@ -482,21 +459,7 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     .await
     .served_by;
     assert!(served_by.ends_with("role=replica"), "{served_by}");
-    // A client that sends its floor back gets the new version through another instance.
-    let Read {
-        status,
-        body,
-        served_by,
-        route,
-    } = read(
-        &http,
-        &format!("{}/v1/keys/own:1?client=alice&min_version=2", other.base),
-        &[],
-    )
-    .await;
-    assert_eq!((status, body.as_str()), (StatusCode::OK, "two"));
-    assert!(served_by.ends_with("role=primary"), "{served_by}");
-    assert_eq!(route, "class=lenient;reason=version-floor");
+    a_floor_sent_back_reads_the_new_version_through(&http, &other.base).await;
     // After the pin window (700 ms) the writer reads the replica again.
     wait_for_read(
         &http,
@@ -509,6 +472,54 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     devcluster::cli(replica.port(), &["CLIENT", "UNPAUSE"]).expect("CLIENT UNPAUSE");
     service.stop().await;
     other.stop().await;
+}
+
+/// A client that sends its floor back gets the new version through another instance (`other`).
+async fn a_floor_sent_back_reads_the_new_version_through(http: &reqwest::Client, other: &str) {
+    // A client that sends its floor back gets the new version through another instance.
+    let Read {
+        status,
+        body,
+        served_by,
+        route,
+    } = read(
+        http,
+        &format!("{other}/v1/keys/own:1?client=alice&min_version=2"),
+        &[],
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "two"));
+    assert!(served_by.ends_with("role=primary"), "{served_by}");
+    assert_eq!(route, "class=lenient;reason=version-floor");
+}
+
+/// `sync_replicas`: WAIT on the written node, through a dedicated connection; bad parameters
+/// are refused.
+async fn sync_replicas_waits_and_bad_parameters_are_refused(http: &reqwest::Client, base: &str) {
+    // sync_replicas: WAIT on the written node, through a dedicated connection.
+    let (acked, report) = publish_synced(
+        http,
+        format!("{base}/v1/keys/own:sync?version=1&sync_replicas=1&sync_timeout_ms=2000"),
+    )
+    .await;
+    assert_eq!(acked, vec![1, 1, 1, 1], "{report}");
+    for query in [
+        "sync_replicas=2&sync_timeout_ms=100",
+        "sync_replicas=0&sync_timeout_ms=100",
+        "sync_replicas=1&sync_timeout_ms=0",
+        "sync_replicas=1&sync_timeout_ms=5001",
+        "sync_replicas=1",
+        "sync_replicas=x&sync_timeout_ms=100",
+    ] {
+        let refused = put(
+            http,
+            format!("{base}/v1/keys/own:sync?version=9&{query}"),
+            "s",
+            &[],
+        )
+        .await;
+        problem(refused, StatusCode::BAD_REQUEST, "invalid_parameter", query).await;
+    }
 }
 
 fn cluster_config(cluster: &Cluster) -> Config {
@@ -547,27 +558,7 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
         StatusCode::OK,
     )
     .await;
-    poll(
-        "every replica's lag is known",
-        Duration::from_secs(10),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            async move {
-                let lines: Value = match http.get(format!("{base}/v1/lag")).send().await {
-                    Ok(response) => response.json().await.unwrap_or_default(),
-                    Err(_) => return false,
-                };
-                lines.as_array().is_some_and(|lines| {
-                    lines.len() == 3
-                        && lines
-                            .iter()
-                            .all(|line| line["within_budget"]["advisory"] == true)
-                })
-            }
-        },
-    )
-    .await;
+    wait_until_every_lag_is_known(&http, &base).await;
     let before = total_hmget();
     for _ in 0..20 {
         let Read {
@@ -644,6 +635,31 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
     )
     .await;
     service.stop().await;
+}
+
+/// Waits until `base` knows the lag of all 3 replicas, each within the advisory budget.
+async fn wait_until_every_lag_is_known(http: &reqwest::Client, base: &str) {
+    poll(
+        "every replica's lag is known",
+        Duration::from_secs(10),
+        || {
+            let http = http.clone();
+            let base = base.to_owned();
+            async move {
+                let lines: Value = match http.get(format!("{base}/v1/lag")).send().await {
+                    Ok(response) => response.json().await.unwrap_or_default(),
+                    Err(_) => return false,
+                };
+                lines.as_array().is_some_and(|lines| {
+                    lines.len() == 3
+                        && lines
+                            .iter()
+                            .all(|line| line["within_budget"]["advisory"] == true)
+                })
+            }
+        },
+    )
+    .await;
 }
 
 /// A measurement, not a timed test (run with `--ignored --nocapture`): replication of a replica
