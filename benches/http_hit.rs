@@ -147,7 +147,8 @@ enum Target {
     App(App),
 }
 
-/// A side's service and the paths it is asked for.
+/// A side's service and the paths it is asked for; cheap to clone (one clone per task).
+#[derive(Clone)]
 struct Side {
     /// One of [`NAMES`].
     name: &'static str,
@@ -179,14 +180,7 @@ impl Side {
                 // Each task starts at its own client id, so the tasks do not read the same
                 // copy in lockstep.
                 let first = task * self.paths.len() / tasks;
-                tokio::spawn(requests(
-                    self.name,
-                    self.app.clone(),
-                    self.paths.clone(),
-                    first,
-                    per_task,
-                    self.near,
-                ))
+                tokio::spawn(requests(self.clone(), first, per_task))
             })
             .collect();
         let mut misses = 0;
@@ -209,16 +203,15 @@ impl Side {
     }
 }
 
-/// One task of a side: `count` requests in a row, from the client id `first` on; returns how
-/// many answers did not come from the near cache (counted only when `near`).
-async fn requests(
-    name: &'static str,
-    mut app: Target,
-    paths: Arc<[String]>,
-    first: usize,
-    count: usize,
-    near: bool,
-) -> Result<usize, BenchError> {
+/// One task of `side`: `count` requests in a row, from the client id `first` on; returns how
+/// many answers did not come from the near cache (counted only when the side's `near`).
+async fn requests(side: Side, first: usize, count: usize) -> Result<usize, BenchError> {
+    let Side {
+        name,
+        mut app,
+        paths,
+        near,
+    } = side;
     let mut misses = 0;
     for turn in 0..count {
         if turn % 64 == 0 {

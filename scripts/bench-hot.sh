@@ -13,7 +13,7 @@
 # configs (HOT_HIT_ROUNDS paired rounds of HOT_HIT_REQUESTS requests over HOT_HIT_TASKS
 # concurrent tasks, so the sampled reads contend for the detector's table lock), judged on its
 # median of the per-round ratios of ns/request. Then (7b) the detector and the automatic split
-# under a moving hotspot, benches/hot_moving.rs (its own 3x3 cluster and two hotsplit
+# under a moving hotspot, benches/hot_moving/ (its own 3x3 cluster and two hotsplit
 # processes; built by the script's `cargo bench --no-run`), whose markdown table is appended as
 # it prints it. Figures land in HOT_SECTION and HOT_SUMMARY.
 #
@@ -25,7 +25,7 @@ knob HOT_ROUNDS 3 1
 knob HOT_HIT_ROUNDS 15 2
 knob HOT_HIT_REQUESTS 150000 20000
 knob HOT_HIT_TASKS 2 2
-# benches/hot_moving.rs: part 1's length (the moving hotspot) and any further arguments
+# benches/hot_moving/: part 1's length (the moving hotspot) and any further arguments
 # (--hot-every, --seed, --rate, --split-hold, --layout-interval, …; see the bench's header).
 knob HOT_MOVING_DURATION 60s 16s
 knob HOT_MOVING_ARGS "" "--split-hold 30s"
@@ -146,28 +146,28 @@ two sides run back to back. Time per request: wall time × tasks ÷ requests (th
 "
 }
 
-# hot_moving_part: runs benches/hot_moving.rs and appends its table to HOT_SECTION and a row
+# hot_moving_part: runs benches/hot_moving/ and appends its table to HOT_SECTION and a row
 # counting its met and missed targets to HOT_SUMMARY.
 hot_moving_part() {
     local out="$WORK/hot-moving.md" args met missed
     read -ra args <<<"$HOT_MOVING_ARGS"
-    log "benches/hot_moving.rs --duration $HOT_MOVING_DURATION ${args[*]} (its own 3x3 cluster, ~1.5 min)"
+    log "benches/hot_moving/ --duration $HOT_MOVING_DURATION ${args[*]} (its own 3x3 cluster, ~1.5 min)"
     if ! bounded 600 cargo bench --quiet --bench hot_moving -- --duration "$HOT_MOVING_DURATION" "${args[@]}" \
         >"$out" 2>"$WORK/hot-moving.err"; then
-        log "benches/hot_moving.rs failed: $(tail -n 5 "$WORK/hot-moving.err")"
+        log "benches/hot_moving/ failed: $(tail -n 5 "$WORK/hot-moving.err")"
         KEEP_WORK=1
         HOT_SECTION+="
-### 7b. The detector and the split under a moving hotspot: benches/hot_moving.rs failed (output kept in $WORK)
+### 7b. The detector and the split under a moving hotspot: benches/hot_moving/ failed (output kept in $WORK)
 "
         return 0
     fi
     met=$(grep -c '| met |$' "$out" || true)
     missed=$(grep -c '| missed |$' "$out" || true)
     HOT_SECTION+="
-### 7b. The detector and the split under a moving hotspot (benches/hot_moving.rs, --duration $HOT_MOVING_DURATION${HOT_MOVING_ARGS:+ $HOT_MOVING_ARGS})
+### 7b. The detector and the split under a moving hotspot (benches/hot_moving/, --duration $HOT_MOVING_DURATION${HOT_MOVING_ARGS:+ $HOT_MOVING_ARGS})
 
 $(sed '1{/^## /d}' "$out")
 "
-    HOT_SUMMARY+="| Moving hotspot and split (benches/hot_moving.rs, section 7b): targets met | $met of $((met + missed)) | – | – | all — $([ "$missed" = 0 ] && echo ok || echo MISSED) |
+    HOT_SUMMARY+="| Moving hotspot and split (benches/hot_moving/, section 7b): targets met | $met of $((met + missed)) | – | – | all — $([ "$missed" = 0 ] && echo ok || echo MISSED) |
 "
 }

@@ -19,7 +19,7 @@
 #      in rotating rounds, on a standalone Redis and on the embedded store;
 #   7. the hot-key detector's cost on the near-cache hit path (scripts/bench-hot.sh): the same
 #      read with [hot_keys] at its defaults and off, in rotating rounds; 7b. the detector and the
-#      automatic split under a moving hotspot (benches/hot_moving.rs);
+#      automatic split under a moving hotspot (benches/hot_moving/);
 #   6. the Redis-protocol door (scripts/bench-resp.sh): redis-benchmark GET of a hot key through
 #      hotsplit's RESP port beside Redis directly, twemproxy and the RESP ceiling
 #      (benches/resp_ceiling.rs), at -P 1 and -P 16, with each server's CPU per GET; the
@@ -49,7 +49,7 @@
 #   LAYER_ROUNDS=3 [1]   rotating wrk rounds over part 5's four sides per store (medians are reported)
 #   HOT_ROUNDS=3 [1]     rotating wrk rounds of part 7 (detection on and off)
 #   HOT_MOVING_DURATION=60s [16s], HOT_MOVING_ARGS="" [--split-hold 30s]: part 7b's moving hotspot
-#                        (benches/hot_moving.rs --duration, and further arguments of it)
+#                        (benches/hot_moving/ --duration, and further arguments of it)
 #   PUBLISH_ARGS=""      extra criterion arguments of the publish run
 #                        [--warm-up-time 0.5 --measurement-time 1 --sample-size 10 --nresamples 10000]
 #

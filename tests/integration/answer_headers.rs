@@ -13,7 +13,7 @@
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::harness::{self, config_from_toml, Service};
+use crate::harness::{self, config_from_toml, Edit, Service};
 
 /// One answer, read off the socket.
 struct RawAnswer {
@@ -114,9 +114,7 @@ async fn a_reads_head_is_pinned_byte_for_byte_for_a_fill_a_hit_a_304_and_a_404()
     harness::publish_expecting(
         &http,
         &writer.base,
-        &key,
-        7,
-        "seven",
+        Edit::new(&key, 7, "seven"),
         reqwest::StatusCode::OK,
     )
     .await;
@@ -127,22 +125,7 @@ async fn a_reads_head_is_pinned_byte_for_byte_for_a_fill_a_hit_a_304_and_a_404()
     assert_eq!(fill.body, b"seven");
     assert_eq!(
         masked(&fill.head, port),
-        format!(
-            "HTTP/1.1 200 OK\n\
-             content-type: application/octet-stream\n\
-             etag: \"7\"\n\
-             hotsplit-version: 7\n\
-             hotsplit-copy: {copy}\n\
-             hotsplit-served-by: 127.0.0.1:<port>;role=primary\n\
-             hotsplit-route: class=patient;reason=no-replica\n\
-             vary: Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session\n\
-             hotsplit-session: <token of 46 chars>\n\
-             cache-control: private\n\
-             x-request-id: <request id>\n\
-             content-length: 5\n\
-             connection: close\n\
-             date: <date>"
-        ),
+        fill_head(copy),
         "a fill: {}",
         fill.head
     );
@@ -151,23 +134,7 @@ async fn a_reads_head_is_pinned_byte_for_byte_for_a_fill_a_hit_a_304_and_a_404()
     assert_eq!(hit.body, b"seven");
     assert_eq!(
         masked(&hit.head, port),
-        format!(
-            "HTTP/1.1 200 OK\n\
-             content-type: application/octet-stream\n\
-             etag: \"7\"\n\
-             hotsplit-version: 7\n\
-             hotsplit-copy: {copy}\n\
-             hotsplit-served-by: 127.0.0.1:<port>;role=primary\n\
-             hotsplit-route: class=patient;reason=no-replica;source=near-cache;age_ms=<ms>\n\
-             age: 0\n\
-             vary: Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session\n\
-             hotsplit-session: <token of 46 chars>\n\
-             cache-control: private\n\
-             x-request-id: <request id>\n\
-             content-length: 5\n\
-             connection: close\n\
-             date: <date>"
-        ),
+        hit_head(copy),
         "a hit: {}",
         hit.head
     );
@@ -182,21 +149,7 @@ async fn a_reads_head_is_pinned_byte_for_byte_for_a_fill_a_hit_a_304_and_a_404()
     assert!(not_modified.body.is_empty());
     assert_eq!(
         masked(&not_modified.head, port),
-        format!(
-            "HTTP/1.1 304 Not Modified\n\
-             etag: \"7\"\n\
-             hotsplit-version: 7\n\
-             hotsplit-copy: {copy}\n\
-             hotsplit-served-by: 127.0.0.1:<port>;role=primary\n\
-             hotsplit-route: class=patient;reason=no-replica;source=near-cache;age_ms=<ms>\n\
-             age: 0\n\
-             vary: Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session\n\
-             hotsplit-session: <token of 46 chars>\n\
-             cache-control: private\n\
-             x-request-id: <request id>\n\
-             connection: close\n\
-             date: <date>"
-        ),
+        not_modified_head(copy),
         "a 304: {}",
         not_modified.head
     );
@@ -205,22 +158,7 @@ async fn a_reads_head_is_pinned_byte_for_byte_for_a_fill_a_hit_a_304_and_a_404()
     let primary = raw_get(&reader.base, &format!("{target}&class=primary"), &[]).await;
     assert_eq!(
         masked(&primary.head, port),
-        format!(
-            "HTTP/1.1 200 OK\n\
-             content-type: application/octet-stream\n\
-             etag: \"7\"\n\
-             hotsplit-version: 7\n\
-             hotsplit-copy: {copy}\n\
-             hotsplit-served-by: 127.0.0.1:<port>;role=primary\n\
-             hotsplit-route: class=primary;reason=class\n\
-             vary: Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session\n\
-             hotsplit-session: <token of 46 chars>\n\
-             cache-control: private\n\
-             x-request-id: <request id>\n\
-             content-length: 5\n\
-             connection: close\n\
-             date: <date>"
-        ),
+        primary_class_head(copy),
         "a primary-class read: {}",
         primary.head
     );
@@ -247,4 +185,84 @@ async fn a_reads_head_is_pinned_byte_for_byte_for_a_fill_a_hit_a_304_and_a_404()
     );
     reader.stop().await;
     writer.stop().await;
+}
+
+/// The head of a fill (a store read) of copy `copy`.
+fn fill_head(copy: u32) -> String {
+    format!(
+        "HTTP/1.1 200 OK\n\
+         content-type: application/octet-stream\n\
+         etag: \"7\"\n\
+         hotsplit-version: 7\n\
+         hotsplit-copy: {copy}\n\
+         hotsplit-served-by: 127.0.0.1:<port>;role=primary\n\
+         hotsplit-route: class=patient;reason=no-replica\n\
+         vary: Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session\n\
+         hotsplit-session: <token of 46 chars>\n\
+         cache-control: private\n\
+         x-request-id: <request id>\n\
+         content-length: 5\n\
+         connection: close\n\
+         date: <date>"
+    )
+}
+
+/// The head of a near-cache hit of copy `copy`.
+fn hit_head(copy: u32) -> String {
+    format!(
+        "HTTP/1.1 200 OK\n\
+         content-type: application/octet-stream\n\
+         etag: \"7\"\n\
+         hotsplit-version: 7\n\
+         hotsplit-copy: {copy}\n\
+         hotsplit-served-by: 127.0.0.1:<port>;role=primary\n\
+         hotsplit-route: class=patient;reason=no-replica;source=near-cache;age_ms=<ms>\n\
+         age: 0\n\
+         vary: Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session\n\
+         hotsplit-session: <token of 46 chars>\n\
+         cache-control: private\n\
+         x-request-id: <request id>\n\
+         content-length: 5\n\
+         connection: close\n\
+         date: <date>"
+    )
+}
+
+/// The head of a 304 for copy `copy`, answered from the near cache.
+fn not_modified_head(copy: u32) -> String {
+    format!(
+        "HTTP/1.1 304 Not Modified\n\
+         etag: \"7\"\n\
+         hotsplit-version: 7\n\
+         hotsplit-copy: {copy}\n\
+         hotsplit-served-by: 127.0.0.1:<port>;role=primary\n\
+         hotsplit-route: class=patient;reason=no-replica;source=near-cache;age_ms=<ms>\n\
+         age: 0\n\
+         vary: Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session\n\
+         hotsplit-session: <token of 46 chars>\n\
+         cache-control: private\n\
+         x-request-id: <request id>\n\
+         connection: close\n\
+         date: <date>"
+    )
+}
+
+/// The head of a `primary`-class read of copy `copy` (a store read every time).
+fn primary_class_head(copy: u32) -> String {
+    format!(
+        "HTTP/1.1 200 OK\n\
+         content-type: application/octet-stream\n\
+         etag: \"7\"\n\
+         hotsplit-version: 7\n\
+         hotsplit-copy: {copy}\n\
+         hotsplit-served-by: 127.0.0.1:<port>;role=primary\n\
+         hotsplit-route: class=primary;reason=class\n\
+         vary: Hotsplit-Client, Hotsplit-Min-Version, Hotsplit-Read-Class, Hotsplit-Session\n\
+         hotsplit-session: <token of 46 chars>\n\
+         cache-control: private\n\
+         x-request-id: <request id>\n\
+         content-length: 5\n\
+         connection: close\n\
+         date: <date>"
+    )
 }

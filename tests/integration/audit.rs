@@ -10,7 +10,7 @@ use hotsplit_devcluster::{self as devcluster, Cluster};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::harness;
+use crate::harness::{self, Edit};
 
 /// Commands an audit may send, plus the replication traffic a quiet cluster has anyway
 /// (`replconf`: each replica ACKs every second; `ping`: each master pings its replicas), plus
@@ -107,8 +107,13 @@ async fn publish(url: &str, prefix: &str, copies: u32, keys: &[&str], version: u
     let http = reqwest::Client::new();
     for key in keys {
         let value = format!("value of {key}");
-        harness::publish_expecting(&http, &service.base, key, version, &value, StatusCode::OK)
-            .await;
+        harness::publish_expecting(
+            &http,
+            &service.base,
+            Edit::new(key, version, &value),
+            StatusCode::OK,
+        )
+        .await;
     }
     service.stop().await;
 }
@@ -142,23 +147,7 @@ async fn audit_reports_exactly_the_stale_copy_on_its_primary_and_replica_and_wri
     let keys = ["aud:k0", "aud:k1", "aud:k2", "aud:k3", "aud:k4", "aud:k5"];
     publish(&url, "aud:", 4, &keys, 7).await;
 
-    // A tombstone and an allocated key (whose version counter `alloc:a#v` is no copy).
-    let service = harness::Service::start(harness::config_with_family(Some(&url), "aud:", 4)).await;
-    let http = reqwest::Client::new();
-    let answer = http
-        .delete(format!("{}/v1/keys/aud:gone?version=9", service.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
-    let answer = http
-        .put(format!("{}/v1/keys/alloc:a", service.base))
-        .body("v")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
-    service.stop().await;
+    publish_a_tombstone_and_an_allocated_key(&url).await;
 
     // One copy stale by hand, on its master: version 7 → 4.
     let stale = "aud:k2#1";
@@ -204,10 +193,38 @@ async fn audit_reports_exactly_the_stale_copy_on_its_primary_and_replica_and_wri
     assert_eq!(status, Some(3), "stdout:\n{markdown}\nstderr:\n{stderr}");
     assert!(markdown.contains("| `aud:k2` | 4 | 7 | 3 |"), "{markdown}");
 
-    // Nothing was written: no node's dirty counter moved, and every command any node ran
-    // meanwhile is a read (the stats reads of this test included).
     let after: Vec<NodeStats> = ports.iter().map(|&port| node_stats(port)).collect();
-    for ((port, before), after) in ports.iter().zip(&before).zip(&after) {
+    assert_only_reads_ran(&ports, &before, &after);
+
+    let report: Value = serde_json::from_str(&stdout).expect("JSON report");
+    assert_report_names_the_stale_copy(&report, master, replica);
+}
+
+/// A tombstone and an allocated key (whose version counter `alloc:a#v` is no copy), through a
+/// service on `url`.
+async fn publish_a_tombstone_and_an_allocated_key(url: &str) {
+    let service = harness::Service::start(harness::config_with_family(Some(url), "aud:", 4)).await;
+    let http = reqwest::Client::new();
+    let answer = http
+        .delete(format!("{}/v1/keys/aud:gone?version=9", service.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let answer = http
+        .put(format!("{}/v1/keys/alloc:a", service.base))
+        .body("v")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    service.stop().await;
+}
+
+/// Nothing was written: no node's dirty counter moved, and every command any node ran
+/// meanwhile is a read (the stats reads of this test included); one `HMGET` per copy per node.
+fn assert_only_reads_ran(ports: &[u16], before: &[NodeStats], after: &[NodeStats]) {
+    for ((port, before), after) in ports.iter().zip(before).zip(after) {
         assert_eq!(
             before.rdb_changes_since_last_save, after.rdb_changes_since_last_save,
             "node {port} changed data"
@@ -225,7 +242,7 @@ async fn audit_reports_exactly_the_stale_copy_on_its_primary_and_replica_and_wri
     }
     let hmget_calls: u64 = after
         .iter()
-        .zip(&before)
+        .zip(before)
         .map(|(after, before)| {
             after.calls.get("hmget").copied().unwrap_or(0)
                 - before.calls.get("hmget").copied().unwrap_or(0)
@@ -237,8 +254,11 @@ async fn audit_reports_exactly_the_stale_copy_on_its_primary_and_replica_and_wri
         (32 + 32) + (28 + 28),
         "one HMGET per copy per node"
     );
+}
 
-    let report: Value = serde_json::from_str(&stdout).expect("JSON report");
+/// The JSON report counts the cluster's keys and copies and names the one stale copy, on its
+/// primary (`master`) and its `replica`.
+fn assert_report_names_the_stale_copy(report: &Value, master: u16, replica: u16) {
     assert_eq!(report["cluster"], true);
     assert_eq!(report["primaries"], 3);
     assert_eq!(report["replicas"], 3);

@@ -1,7 +1,8 @@
 //! `hotsplit check` end to end: short seeded runs, each on its own throwaway cluster, one of
 //! them over TLS end to end.
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 
 use hotsplit_devcluster::TlsFiles;
 use serde_json::Value;
@@ -22,19 +23,7 @@ fn short_checks_pass_and_their_checkers_fire_where_they_should() {
 /// Runs `hotsplit check` for 10 s with `seed` (over TLS with `tls`) and asserts its verdicts.
 fn short_check(seed: &str, tls: Option<&TlsFiles>) {
     let out = tempfile::tempdir().unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_hotsplit"));
-    command.args(["check", "--duration", "10s", "--seed", seed, "--out"]);
-    command.arg(out.path());
-    if let Some(tls) = tls {
-        command
-            .arg("--tls-ca-file")
-            .arg(&tls.ca_file)
-            .arg("--tls-cert-file")
-            .arg(&tls.cert_file)
-            .arg("--tls-key-file")
-            .arg(&tls.key_file);
-    }
-    let output = command.output().expect("run hotsplit check");
+    let output = run_check(seed, tls, out.path());
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(
@@ -49,51 +38,92 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
             stderr.contains("redis cluster over tls"),
             "the run says it uses TLS: {stderr}"
         );
-        // The run's own connections spoke TLS too: the sampler read copies' versions from the
-        // masters, and replica pauses (recorded only once a node accepted them) were sent.
-        let history = std::fs::read_to_string(out.path().join("history-affine.jsonl")).unwrap();
-        let events: Vec<Value> = history
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect();
-        assert!(
-            events
-                .iter()
-                .any(|event| event["op"] == "sample" && event["version"].is_u64()),
-            "no copy was sampled over TLS"
-        );
-        assert!(
-            events
-                .iter()
-                .any(|event| event["outcome"]["error"] == "replica-replication-pause"),
-            "no replica was paused over TLS"
-        );
+        assert_the_runs_own_connections_spoke_tls(out.path());
     }
 
     let summary: Value =
         serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
-    let mode = |name: &str| {
-        summary["modes"]
-            .as_array()
-            .unwrap()
+    assert_judged_modes(seed, &summary);
+    assert_near_cache_modes(seed, &summary);
+    assert_read_your_writes_and_presence(seed, &summary);
+    for name in [
+        "report.md",
+        "history-random-suffix.jsonl",
+        "history-affine.jsonl",
+        "history-floor.jsonl",
+        "history-delete.jsonl",
+        "history-presence.jsonl",
+    ] {
+        assert!(out.path().join(name).is_file(), "{name} is written");
+    }
+}
+
+/// `hotsplit check` for 10 s with `seed` (over TLS with `tls`), its files under `out`.
+fn run_check(seed: &str, tls: Option<&TlsFiles>, out: &Path) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hotsplit"));
+    command.args(["check", "--duration", "10s", "--seed", seed, "--out"]);
+    command.arg(out);
+    if let Some(tls) = tls {
+        command
+            .arg("--tls-ca-file")
+            .arg(&tls.ca_file)
+            .arg("--tls-cert-file")
+            .arg(&tls.cert_file)
+            .arg("--tls-key-file")
+            .arg(&tls.key_file);
+    }
+    command.output().expect("run hotsplit check")
+}
+
+/// The run's own connections spoke TLS too: the sampler read copies' versions from the
+/// masters, and replica pauses (recorded only once a node accepted them) were sent.
+fn assert_the_runs_own_connections_spoke_tls(out: &Path) {
+    let history = std::fs::read_to_string(out.join("history-affine.jsonl")).unwrap();
+    let events: Vec<Value> = history
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert!(
+        events
             .iter()
-            .find(|mode| mode["mode"] == name && mode["near_cache"] == false)
-            .unwrap()
-            .clone()
-    };
-    // Every monotonic-read violation, whatever explains it.
-    let violations = |mode: &Value| {
-        [
-            "monotonic_violations",
-            "monotonic_violations_in_loss_windows",
-            "monotonic_violations_across_copies",
-            "monotonic_violations_across_roles",
-        ]
+            .any(|event| event["op"] == "sample" && event["version"].is_u64()),
+        "no copy was sampled over TLS"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|event| event["outcome"]["error"] == "replica-replication-pause"),
+        "no replica was paused over TLS"
+    );
+}
+
+/// The row of mode `name` without the near cache in `summary`.
+fn mode(summary: &Value, name: &str) -> Value {
+    summary["modes"]
+        .as_array()
+        .unwrap()
         .iter()
-        .map(|field| mode[field].as_u64().unwrap())
-        .sum::<u64>()
-    };
-    let random = mode("random-suffix");
+        .find(|mode| mode["mode"] == name && mode["near_cache"] == false)
+        .unwrap()
+        .clone()
+}
+
+/// Every monotonic-read violation of `mode`, whatever explains it.
+fn violations(mode: &Value) -> u64 {
+    [
+        "monotonic_violations",
+        "monotonic_violations_in_loss_windows",
+        "monotonic_violations_across_copies",
+        "monotonic_violations_across_roles",
+    ]
+    .iter()
+    .map(|field| mode[field].as_u64().unwrap())
+    .sum::<u64>()
+}
+
+/// Random suffixes break monotonic reads; outside loss windows no judged mode does.
+fn assert_judged_modes(seed: &str, summary: &Value) {
+    let random = mode(summary, "random-suffix");
     assert!(
         violations(&random) > 0,
         "seed {seed}: random suffixes under lagging replicas must break monotonic reads: {random}"
@@ -101,7 +131,7 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
     // Outside loss windows, no judged mode shows a violation of any scope, nor a writer one of
     // its own writes (the exit status says so too; this names the mode).
     for name in ["affine", "floor", "delete", "resp"] {
-        let judged = mode(name);
+        let judged = mode(summary, name);
         assert!(
             judged["reads"].as_u64().unwrap() > 0,
             "seed {seed}: {name} read nothing: {judged}"
@@ -112,10 +142,13 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
                 .unwrap();
         assert_eq!(outside, 0, "seed {seed}: {judged}");
     }
-    let floor = mode("floor");
+    let floor = mode(summary, "floor");
     assert_eq!(violations(&floor), 0, "seed {seed}: {floor}");
-    // The same three modes against a service answering from its near cache: judged by the same
-    // rules, with the staleness of every read and Redis's copy reads measured.
+}
+
+/// The same three modes against a service answering from its near cache: judged by the same
+/// rules, with the staleness of every read and Redis's copy reads measured.
+fn assert_near_cache_modes(seed: &str, summary: &Value) {
     let near_rows: Vec<Value> = summary["modes"]
         .as_array()
         .unwrap()
@@ -154,8 +187,13 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
         "seed {seed}: {}",
         near_rows[1]
     );
+}
+
+/// No mode reads past its own writes; invalidation costs source loads; only the primary
+/// decides on presence without a wrong answer.
+fn assert_read_your_writes_and_presence(seed: &str, summary: &Value) {
     for name in ["random-suffix", "affine", "floor", "delete"] {
-        let judged = mode(name);
+        let judged = mode(summary, name);
         assert_eq!(
             judged["read_your_writes_violations"].as_u64(),
             Some(0),
@@ -163,7 +201,7 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
         );
     }
     assert!(
-        mode("delete")["source_loads"].as_u64().unwrap() > 0,
+        mode(summary, "delete")["source_loads"].as_u64().unwrap() > 0,
         "invalidation costs source loads"
     );
 
@@ -184,17 +222,6 @@ fn short_check(seed: &str, tls: Option<&TlsFiles>) {
     );
     assert!(primary["decisions"].as_u64().unwrap() > 0, "{primary}");
     assert_eq!(primary["wrong"].as_u64(), Some(0), "{primary}");
-
-    for name in [
-        "report.md",
-        "history-random-suffix.jsonl",
-        "history-affine.jsonl",
-        "history-floor.jsonl",
-        "history-delete.jsonl",
-        "history-presence.jsonl",
-    ] {
-        assert!(out.path().join(name).is_file(), "{name} is written");
-    }
 }
 
 /// `check --instances 2`, short: two `hotsplit serve` processes on one throwaway cluster, every

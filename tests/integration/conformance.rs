@@ -58,6 +58,23 @@ async fn read_one(
 /// Runs every conformance check against `store`, with keys under `prefix`.
 async fn suite<S: CopyStore + LayoutStore + TopologyStore>(store: Arc<S>, prefix: &str) {
     let later = now_unix_ms() + 600_000;
+    compare_and_set_rules(store.clone(), prefix, later).await;
+    versions_compare_exactly(store.clone(), prefix, later).await;
+    expired_copies_are_gone(store.clone(), prefix).await;
+    expiry_never_brings_an_older_version_back(store.clone(), prefix, later).await;
+    each_copy_of_a_call_has_its_outcome(store.clone(), prefix, later).await;
+    racing_writers_end_at_the_maximum(store.clone(), prefix, later).await;
+    allocated_versions_count_up(store.clone(), prefix).await;
+    live_sets_show_the_other_instances(store.clone(), prefix).await;
+    store.ping().await.expect("ping");
+}
+
+/// Compare-and-set on one copy: applied, current, stale, and tombstones against values.
+async fn compare_and_set_rules<S: CopyStore + LayoutStore + TopologyStore>(
+    store: Arc<S>,
+    prefix: &str,
+    later: u64,
+) {
     let key = Key::parse(&format!("{prefix}:basic")).unwrap();
 
     // A write applies; the copy holds value, version and the absolute expiry.
@@ -130,7 +147,14 @@ async fn suite<S: CopyStore + LayoutStore + TopologyStore>(store: Arc<S>, prefix
         write_one(&*store, write(&key, 0, 9, value("nine"), later)).await,
         CasOutcome::Applied
     );
+}
 
+/// Versions compare as numbers: above 2^53 exactly, and by length before bytes.
+async fn versions_compare_exactly<S: CopyStore + LayoutStore + TopologyStore>(
+    store: Arc<S>,
+    prefix: &str,
+    later: u64,
+) {
     // Versions above 2^53 compare exactly.
     let big = Key::parse(&format!("{prefix}:big")).unwrap();
     let two53 = 1u64 << 53;
@@ -168,7 +192,13 @@ async fn suite<S: CopyStore + LayoutStore + TopologyStore>(store: Arc<S>, prefix
             stored: version(10)
         }
     );
+}
 
+/// A copy past its expiry is gone: written already expired, or expiring soon after.
+async fn expired_copies_are_gone<S: CopyStore + LayoutStore + TopologyStore>(
+    store: Arc<S>,
+    prefix: &str,
+) {
     // A write whose expiry has passed leaves nothing behind.
     let gone = Key::parse(&format!("{prefix}:expired")).unwrap();
     write_one(
@@ -195,7 +225,14 @@ async fn suite<S: CopyStore + LayoutStore + TopologyStore>(store: Arc<S>, prefix
         },
     )
     .await;
+}
 
+/// Copies past their expiry still keep an older version out, and their own version's rules.
+async fn expiry_never_brings_an_older_version_back<S: CopyStore + LayoutStore + TopologyStore>(
+    store: Arc<S>,
+    prefix: &str,
+    later: u64,
+) {
     // Expiry never brings an older version back. Version 7 is on 8 copies; copies 1 and 4 expire
     // early (the jitter window). A late write of version 1 is stale on every copy, the copies past
     // their expiry included, and no read returns version 1.
@@ -265,7 +302,14 @@ async fn suite<S: CopyStore + LayoutStore + TopologyStore>(store: Arc<S>, prefix
         write_one(&*store, write(&jitter, 4, 7, Payload::Tombstone, later)).await,
         CasOutcome::Applied
     );
+}
 
+/// One call writing several copies answers each copy's own outcome, in order.
+async fn each_copy_of_a_call_has_its_outcome<S: CopyStore + LayoutStore + TopologyStore>(
+    store: Arc<S>,
+    prefix: &str,
+    later: u64,
+) {
     // Several copies in one call, each with its own outcome, in order.
     let multi = Key::parse(&format!("{prefix}:multi")).unwrap();
     write_one(&*store, write(&multi, 2, 9, value("nine"), later)).await;
@@ -281,7 +325,14 @@ async fn suite<S: CopyStore + LayoutStore + TopologyStore>(store: Arc<S>, prefix
         };
         assert_eq!(result.outcome.clone().unwrap(), expected, "copy {copy}");
     }
+}
 
+/// Concurrent writers of random versions leave every copy at the highest.
+async fn racing_writers_end_at_the_maximum<S: CopyStore + LayoutStore + TopologyStore>(
+    store: Arc<S>,
+    prefix: &str,
+    later: u64,
+) {
     // 50 concurrent writers racing random versions: every copy ends at the maximum.
     let race = Key::parse(&format!("{prefix}:race")).unwrap();
     let mut tasks = Vec::new();
@@ -308,7 +359,13 @@ async fn suite<S: CopyStore + LayoutStore + TopologyStore>(store: Arc<S>, prefix
         assert_eq!(record.version, version(max), "copy {copy}");
         assert_eq!(record.payload, value(&max.to_string()), "copy {copy}");
     }
+}
 
+/// Allocated versions count up from 1 and jump past a higher floor.
+async fn allocated_versions_count_up<S: CopyStore + LayoutStore + TopologyStore>(
+    store: Arc<S>,
+    prefix: &str,
+) {
     // Allocated versions count up from 1.
     let counted = Key::parse(&format!("{prefix}:counted")).unwrap();
     for expected in 1..=3 {
@@ -326,7 +383,13 @@ async fn suite<S: CopyStore + LayoutStore + TopologyStore>(store: Arc<S>, prefix
         store.allocate_version(&counted, 60_000, 2).await.unwrap(),
         version(11)
     );
+}
 
+/// Live sets: each instance sees the others' copy counts, and entries lapse.
+async fn live_sets_show_the_other_instances<S: CopyStore + LayoutStore + TopologyStore>(
+    store: Arc<S>,
+    prefix: &str,
+) {
     // Live sets: each instance sees the others' copy counts, never its own; one leaving hides
     // no other with the same count; an entry lapses when not refreshed.
     let family = format!("{prefix}:live");
@@ -373,8 +436,6 @@ async fn suite<S: CopyStore + LayoutStore + TopologyStore>(store: Arc<S>, prefix
     .await;
     // An instance name outside the allowed characters is refused, not stored.
     assert!(store.join_layout(&family, 4, "a b", 60_000).await.is_err());
-
-    store.ping().await.expect("ping");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::harness::{
     self, affinity, config_with_family, copy_on_owner, get, get_json, owner_port, poll,
-    publish_expecting, Service,
+    publish_expecting, Edit, Service,
 };
 use crate::heal::{queued_exactly_on, retry_queue, wait_drained};
 
@@ -184,7 +184,7 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    publish_expecting(&http, &base, "sick:1", 1, "v1", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("sick:1", 1, "v1"), StatusCode::OK).await;
     let victim = owner_port(&cluster, "sick:1#0");
     let victim_label = format!("127.0.0.1:{victim}");
 
@@ -193,27 +193,12 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
     let reads = Arc::new(AtomicUsize::new(0));
     let readers: Vec<_> = (0..8)
         .map(|reader| {
-            let (base, stop, reads) = (base.clone(), stop.clone(), reads.clone());
-            tokio::spawn(async move {
-                let http = reqwest::Client::new();
-                let mut seen = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let mut request =
-                        http.get(format!("{base}/v1/keys/sick:1?client=reader-{reader}"));
-                    if reader % 2 == 0 && seen > 0 {
-                        request = request.header("hotsplit-min-version", seen.to_string());
-                    }
-                    if let Ok(answer) = request.send().await {
-                        harness::record_monotonic_read(
-                            &format!("reader-{reader}"),
-                            &answer,
-                            &mut seen,
-                            &reads,
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await; // Pacing, not a wait.
-                }
-            })
+            tokio::spawn(read_sick_key(
+                reader,
+                base.clone(),
+                stop.clone(),
+                reads.clone(),
+            ))
         })
         .collect();
 
@@ -228,8 +213,13 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
     let mut fast = None;
     for _ in 0..20 {
         version += 1;
-        let answer =
-            publish_expecting(&http, &base, "sick:1", version, "v", StatusCode::ACCEPTED).await;
+        let answer = publish_expecting(
+            &http,
+            &base,
+            Edit::new("sick:1", version, "v"),
+            StatusCode::ACCEPTED,
+        )
+        .await;
         let body: Value = answer.json().await.unwrap();
         let victim_lines: Vec<&Value> = body["outcomes"]
             .as_array()
@@ -257,29 +247,7 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
     );
 
     // A read whose affine copy is on the victim is served by a sibling at the newest version.
-    let mut checked = 0;
-    for client in 0..64 {
-        let client = format!("probe-{client}");
-        let route = affinity(&http, &base, "sick:1", &client).await;
-        if route["node"] != victim_label.as_str() {
-            continue;
-        }
-        let answer = get(
-            &http,
-            &format!("{base}/v1/keys/sick:1?client={client}"),
-            &[],
-        )
-        .await;
-        assert_eq!(answer.status(), StatusCode::OK);
-        assert_eq!(harness::served_version(&answer), version, "{client}");
-        let served_by = answer.headers()["hotsplit-served-by"].to_str().unwrap();
-        assert!(
-            !served_by.starts_with(&victim_label),
-            "{client}: {served_by}"
-        );
-        checked += 1;
-    }
-    assert!(checked > 0, "some client reads a copy on the victim");
+    assert_a_sibling_serves_the_victims_readers(&http, &base, &victim_label, version).await;
 
     resume_and_recover(&cluster, victim, &http, &base).await;
     // Readers keep reading after the recovery, through the victim again.
@@ -307,6 +275,51 @@ async fn sick_a_stopped_master_fails_fast_and_no_reader_goes_back_in_time() {
         );
     }
     service.stop().await;
+}
+
+/// Reader `reader` of `sick:1` through `base`: even readers carry the highest version they saw
+/// as a floor; each read must not go back in time; counts reads in `reads` until `stop`.
+async fn read_sick_key(reader: i32, base: String, stop: Arc<AtomicBool>, reads: Arc<AtomicUsize>) {
+    let http = reqwest::Client::new();
+    let mut seen = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let mut request = http.get(format!("{base}/v1/keys/sick:1?client=reader-{reader}"));
+        if reader % 2 == 0 && seen > 0 {
+            request = request.header("hotsplit-min-version", seen.to_string());
+        }
+        if let Ok(answer) = request.send().await {
+            harness::record_monotonic_read(&format!("reader-{reader}"), &answer, &mut seen, &reads);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await; // Pacing, not a wait.
+    }
+}
+
+/// Every client whose affine copy of `sick:1` is on the victim (`victim_label`) is served by a
+/// sibling at `version`.
+async fn assert_a_sibling_serves_the_victims_readers(
+    http: &reqwest::Client,
+    base: &str,
+    victim_label: &str,
+    version: u64,
+) {
+    let mut checked = 0;
+    for client in 0..64 {
+        let client = format!("probe-{client}");
+        let route = affinity(http, base, "sick:1", &client).await;
+        if route["node"] != victim_label {
+            continue;
+        }
+        let answer = get(http, &format!("{base}/v1/keys/sick:1?client={client}"), &[]).await;
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert_eq!(harness::served_version(&answer), version, "{client}");
+        let served_by = answer.headers()["hotsplit-served-by"].to_str().unwrap();
+        assert!(
+            !served_by.starts_with(victim_label),
+            "{client}: {served_by}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 0, "some client reads a copy on the victim");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -411,7 +424,7 @@ async fn sick_a_stopped_standalone_primary_is_probed_and_failed_fast_around() {
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    publish_expecting(&http, &base, "lone:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("lone:1", 1, "one"), StatusCode::OK).await;
 
     server.node.pause().expect("SIGSTOP");
     // Until it is marked, /readyz's own PING of the stopped server waits out the command

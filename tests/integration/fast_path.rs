@@ -194,7 +194,31 @@ async fn the_fast_path_answers_what_the_router_answers() {
     assert_eq!(hit.body, b"three");
     let session = session_of(&hit).expect("a read answer carries a session token");
     let id = [("x-request-id", "fast-path-7")];
-    let cases: Vec<Case> = vec![
+    let cases: Vec<Case> = [
+        near_cache_hit_cases(&id, &session),
+        redis_and_refusal_cases(),
+        unmatched_route_cases(),
+    ]
+    .concat();
+    let mut statuses = Vec::new();
+    for (method, uri, headers, fast) in &cases {
+        let answer = same_answer(&app, method.clone(), uri, headers, *fast).await;
+        statuses.push(answer.status.as_u16());
+    }
+    // The cases cover what they say: hits, a 304, Redis reads, 404s, refusals.
+    for status in [200, 304, 400, 404, 405, 414, 503] {
+        assert!(
+            statuses.contains(&status),
+            "no case answered {status}: {statuses:?}"
+        );
+    }
+}
+
+/// Reads the near cache answers: plain, `HEAD`, a client header with a trace, percent-encoded,
+/// conditional, with a floor, with a session token (`session`) and a garbled one; the first
+/// carries the request id `id`.
+fn near_cache_hit_cases<'a>(id: &[(&'a str, &'a str)], session: &'a str) -> Vec<Case<'a>> {
+    vec![
         (
             Method::GET,
             "/v1/keys/fp:k?client=alice".into(),
@@ -241,7 +265,7 @@ async fn the_fast_path_answers_what_the_router_answers() {
         (
             Method::GET,
             "/v1/keys/fp:k?client=alice".into(),
-            vec![("hotsplit-session", session.as_str())],
+            vec![("hotsplit-session", session)],
             true,
         ),
         (
@@ -250,6 +274,12 @@ async fn the_fast_path_answers_what_the_router_answers() {
             vec![("hotsplit-session", "garbled!")],
             true,
         ),
+    ]
+}
+
+/// Reads from Redis (a class without the near cache, a missing key) and refused reads.
+fn redis_and_refusal_cases() -> Vec<Case<'static>> {
+    vec![
         // From Redis: a class without the near cache, a missing key.
         (
             Method::GET,
@@ -319,6 +349,12 @@ async fn the_fast_path_answers_what_the_router_answers() {
             vec![],
             true,
         ),
+    ]
+}
+
+/// Requests the read route does not match: the router answers both sides.
+fn unmatched_route_cases() -> Vec<Case<'static>> {
+    vec![
         // What the read route does not match: the router answers both.
         (
             Method::GET,
@@ -339,19 +375,7 @@ async fn the_fast_path_answers_what_the_router_answers() {
             vec![],
             false,
         ),
-    ];
-    let mut statuses = Vec::new();
-    for (method, uri, headers, fast) in &cases {
-        let answer = same_answer(&app, method.clone(), uri, headers, *fast).await;
-        statuses.push(answer.status.as_u16());
-    }
-    // The cases cover what they say: hits, a 304, Redis reads, 404s, refusals.
-    for status in [200, 304, 400, 404, 405, 414, 503] {
-        assert!(
-            statuses.contains(&status),
-            "no case answered {status}: {statuses:?}"
-        );
-    }
+    ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@ use reqwest::StatusCode;
 
 use crate::harness::{
     self, config_with_family, metrics_text, poll, problem, publish_expecting, shared_standalone,
-    Service,
+    Edit, Service,
 };
 use crate::route::{put, read, standalone_config, wait_for_lag, wait_for_read, Read};
 
@@ -84,7 +84,7 @@ async fn a_tombstone_below_if_none_match_is_never_a_404() {
     let http = reqwest::Client::new();
     let base = &service.base;
     let port = shared_standalone().node.port();
-    publish_expecting(&http, base, "inm:1", 7, "seven", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("inm:1", 7, "seven"), StatusCode::OK).await;
     // A late invalidate at 3 tombstoned every copy (as when copies expired early): set by hand.
     for copy in 0..4 {
         devcluster::cli(
@@ -149,7 +149,13 @@ async fn an_own_write_reads_through_a_replica_that_has_not_received_it() {
     let other = Service::start(standalone_config(&group, LONG_WINDOWS)).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    publish_expecting(&http, &base, "flo:ready", 1, "one", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &base,
+        Edit::new("flo:ready", 1, "one"),
+        StatusCode::OK,
+    )
+    .await;
     for instance in [&service.base, &other.base] {
         wait_for_read(
             &http,
@@ -217,8 +223,8 @@ async fn moves_caused_by_floors_classes_and_tombstones_leave_floors_against_a_la
     let bob_id = same_copy_as("alice", "bob");
     let bob = format!("{base}/v1/keys/flo:1?client={bob_id}");
     let carol = format!("{base}/v1/keys/del:1?client=carol");
-    publish_expecting(&http, &base, "flo:1", 1, "one", StatusCode::OK).await;
-    publish_expecting(&http, &base, "del:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("flo:1", 1, "one"), StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("del:1", 1, "one"), StatusCode::OK).await;
     for url in [&alice, &carol] {
         wait_for_read(
             &http,
@@ -232,21 +238,7 @@ async fn moves_caused_by_floors_classes_and_tombstones_leave_floors_against_a_la
 
     // Replication held back. Alice writes 2, someone else 3; carol's key is deleted at 2.
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"]).expect("CLIENT PAUSE");
-    let written = put(
-        &http,
-        format!("{base}/v1/keys/flo:1?version=2&client=alice"),
-        "two",
-        &[],
-    )
-    .await;
-    assert_eq!(written.status(), StatusCode::OK);
-    publish_expecting(&http, &base, "flo:1", 3, "three", StatusCode::OK).await;
-    let deleted = http
-        .delete(format!("{base}/v1/keys/del:1?version=2"))
-        .send()
-        .await
-        .expect("DELETE");
-    assert_eq!(deleted.status(), StatusCode::OK);
+    alice_writes_2_someone_3_and_carols_key_is_deleted(&http, &base).await;
     // Alice's own floor (2) moves her read to the primary, which serves 3.
     assert_read(
         &read(&http, &alice, &[]).await,
@@ -325,6 +317,25 @@ async fn moves_caused_by_floors_classes_and_tombstones_leave_floors_against_a_la
     service.stop().await;
 }
 
+/// Alice writes 2 of `flo:1`, someone else 3, and `del:1` is deleted at 2, through `base`.
+async fn alice_writes_2_someone_3_and_carols_key_is_deleted(http: &reqwest::Client, base: &str) {
+    let written = put(
+        http,
+        format!("{base}/v1/keys/flo:1?version=2&client=alice"),
+        "two",
+        &[],
+    )
+    .await;
+    assert_eq!(written.status(), StatusCode::OK);
+    publish_expecting(http, base, Edit::new("flo:1", 3, "three"), StatusCode::OK).await;
+    let deleted = http
+        .delete(format!("{base}/v1/keys/del:1?version=2"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(deleted.status(), StatusCode::OK);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_moved_by_a_failed_replica_leaves_a_floor() {
     let group = PrimaryReplica::start(1).expect("primary and replica");
@@ -333,8 +344,8 @@ async fn a_read_moved_by_a_failed_replica_leaves_a_floor() {
     let http = reqwest::Client::new();
     let base = service.base.clone();
     let erin = format!("{base}/v1/keys/flo:2?client=erin");
-    publish_expecting(&http, &base, "flo:2", 1, "one", StatusCode::OK).await;
-    publish_expecting(&http, &base, "flo:2", 2, "two", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("flo:2", 1, "one"), StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("flo:2", 2, "two"), StatusCode::OK).await;
     wait_for_read(
         &http,
         &erin,
@@ -374,7 +385,7 @@ async fn a_flood_of_client_ids_does_not_evict_another_clients_floor() {
     let http = reqwest::Client::new();
     let base = service.base.clone();
     let alice = format!("{base}/v1/keys/flo:3?client=alice");
-    publish_expecting(&http, &base, "flo:3", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("flo:3", 1, "one"), StatusCode::OK).await;
     wait_for_read(
         &http,
         &alice,

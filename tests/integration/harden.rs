@@ -6,7 +6,7 @@ use std::time::Duration;
 use hotsplit_devcluster as devcluster;
 use reqwest::StatusCode;
 
-use crate::harness::{self, get, poll, publish_expecting, Binary};
+use crate::harness::{self, get, poll, publish_expecting, Binary, Edit};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_answers_again_is_readable_as_soon_as_it_is_writable() {
@@ -25,7 +25,7 @@ async fn a_node_that_answers_again_is_readable_as_soon_as_it_is_writable() {
     let binary = Binary::start(dir.path(), "back", &config).await;
     let base = binary.base.clone();
     let http = reqwest::Client::new();
-    publish_expecting(&http, &base, "back:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("back:1", 1, "one"), StatusCode::OK).await;
 
     server.node.pause().expect("SIGSTOP");
     poll(
@@ -38,7 +38,13 @@ async fn a_node_that_answers_again_is_readable_as_soon_as_it_is_writable() {
         },
     )
     .await;
-    publish_expecting(&http, &base, "back:1", 2, "two", StatusCode::ACCEPTED).await;
+    publish_expecting(
+        &http,
+        &base,
+        Edit::new("back:1", 2, "two"),
+        StatusCode::ACCEPTED,
+    )
+    .await;
 
     server.node.resume().expect("SIGCONT");
     poll(
@@ -48,7 +54,13 @@ async fn a_node_that_answers_again_is_readable_as_soon_as_it_is_writable() {
     )
     .await;
     // The publish lands on it, and the read right after is answered.
-    publish_expecting(&http, &base, "back:1", 3, "three", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &base,
+        Edit::new("back:1", 3, "three"),
+        StatusCode::OK,
+    )
+    .await;
     let read = get(&http, &format!("{base}/v1/keys/back:1?client=t"), &[]).await;
     let status = read.status();
     let body = read.text().await.unwrap_or_default();
@@ -94,9 +106,7 @@ async fn an_instance_that_cannot_read_the_split_index_refuses_publishes_until_it
     let refused = publish_expecting(
         &http,
         &base,
-        "idx:1",
-        1,
-        "one",
+        Edit::new("idx:1", 1, "one"),
         StatusCode::SERVICE_UNAVAILABLE,
     )
     .await;

@@ -398,17 +398,34 @@ pub async fn problem(answer: Response, status: StatusCode, code: &str, what: &st
     body
 }
 
-/// Publishes `body` as `version` of `key` through `base`; asserts `accepts(status)`, naming the
-/// key, the version and the `wanted` status, and showing the answer's body otherwise.
+/// One edit to publish: `body` as `version` of `key`.
+#[derive(Clone, Copy, Debug)]
+pub struct Edit<'a> {
+    /// The key the edit writes.
+    pub key: &'a str,
+    /// The version the edit claims (`?version=`).
+    pub version: u64,
+    /// The value the edit writes.
+    pub body: &'a str,
+}
+
+impl<'a> Edit<'a> {
+    /// `body` as `version` of `key`.
+    pub fn new(key: &'a str, version: u64, body: &'a str) -> Self {
+        Self { key, version, body }
+    }
+}
+
+/// Publishes `edit` through `base`; asserts `accepts(status)`, naming the key, the version and
+/// the `wanted` status, and showing the answer's body otherwise.
 async fn publish_checked(
     http: &reqwest::Client,
     base: &str,
-    key: &str,
-    version: u64,
-    body: &str,
+    edit: Edit<'_>,
     accepts: impl Fn(StatusCode) -> bool,
     wanted: &str,
 ) -> Response {
+    let Edit { key, version, body } = edit;
     let answer = http
         .put(format!("{base}/v1/keys/{key}?version={version}"))
         .body(body.to_owned())
@@ -423,26 +440,15 @@ async fn publish_checked(
     answer
 }
 
-/// Publishes `body` as `version` of `key`; asserts the status is `expected`, naming both.
+/// Publishes `edit`; asserts the status is `expected`, naming both.
 pub async fn publish_expecting(
     http: &reqwest::Client,
     base: &str,
-    key: &str,
-    version: u64,
-    body: &str,
+    edit: Edit<'_>,
     expected: StatusCode,
 ) -> Response {
     let wanted = expected.to_string();
-    publish_checked(
-        http,
-        base,
-        key,
-        version,
-        body,
-        |status| status == expected,
-        &wanted,
-    )
-    .await
+    publish_checked(http, base, edit, |status| status == expected, &wanted).await
 }
 
 /// Publishes `body` as `version` of `key`; asserts a 2xx (applied or queued), naming both.
@@ -456,9 +462,7 @@ pub async fn publish_succeeds(
     publish_checked(
         http,
         base,
-        key,
-        version,
-        body,
+        Edit::new(key, version, body),
         |status| status.is_success(),
         "a 2xx",
     )

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::harness::{
     self, affinity, config_with_family, copy_on_owner, get, get_json, hgetall, metrics_text,
-    owner_port, poll, publish_expecting, publish_succeeds, Binary, Service,
+    owner_port, poll, publish_expecting, publish_succeeds, Binary, Edit, Service,
 };
 
 /// The stored version of `key` on `port`, 0 when missing.
@@ -115,7 +115,7 @@ async fn queued_then_drained(fault: Fault) {
     let service = Service::start(config_with_family(Some(&cluster.url()), "pause:", 16)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "pause:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("pause:1", 1, "one"), StatusCode::OK).await;
 
     let victim = owner_port(&cluster, "pause:1#0");
     fault.inject(&cluster, victim);
@@ -201,9 +201,7 @@ async fn heal_a_thousand_edits_while_paused_leave_one_entry_per_copy() {
                     publish_expecting(
                         &http,
                         &base,
-                        "hot:1",
-                        version,
-                        &format!("v{version}"),
+                        Edit::new("hot:1", version, &format!("v{version}")),
                         StatusCode::ACCEPTED,
                     )
                     .await;
@@ -549,7 +547,13 @@ async fn heal_shutdown_drains_what_it_can_and_spools_the_rest() {
     }
     devcluster::cli(port, &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
     let service = Service::start(config.clone()).await;
-    publish_expecting(&http, &service.base, "sd:1", 1, "one", StatusCode::ACCEPTED).await;
+    publish_expecting(
+        &http,
+        &service.base,
+        Edit::new("sd:1", 1, "one"),
+        StatusCode::ACCEPTED,
+    )
+    .await;
     service.stop().await;
 
     // A new process on the same spool finds the entries; this time shutdown drains them.
@@ -587,7 +591,7 @@ async fn restart_cycle(wait_for_failover: bool) {
     let service = Service::start(config).await;
     let base = service.base.clone();
     let http = reqwest::Client::new();
-    publish_expecting(&http, &base, "ns:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("ns:1", 1, "one"), StatusCode::OK).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..20)
@@ -619,7 +623,13 @@ async fn restart_cycle(wait_for_failover: bool) {
     let slot = fred::util::redis_keyslot(b"ns:1#0");
     let node = cluster.node(victim).unwrap();
     tokio::task::block_in_place(|| node.shutdown_nosave()).unwrap();
-    let answer = publish_expecting(&http, &base, "ns:1", 2, "two", StatusCode::ACCEPTED).await;
+    let answer = publish_expecting(
+        &http,
+        &base,
+        Edit::new("ns:1", 2, "two"),
+        StatusCode::ACCEPTED,
+    )
+    .await;
     let report: Value = answer.json().await.unwrap();
     assert!(report["queued"].as_u64().unwrap() > 0, "{report}");
 
@@ -687,8 +697,14 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
     };
     let mut service = Service::start(config(8)).await;
     let http = reqwest::Client::new();
-    publish_expecting(&http, &service.base, "resize:1", 1, "v1", StatusCode::OK).await;
-    let base = Arc::new(std::sync::RwLock::new(service.base.clone()));
+    publish_expecting(
+        &http,
+        &service.base,
+        Edit::new("resize:1", 1, "v1"),
+        StatusCode::OK,
+    )
+    .await;
+    let base = Arc::new(RwLock::new(service.base.clone()));
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicUsize::new(0));
     let published = Arc::new(AtomicUsize::new(1));
@@ -696,56 +712,20 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
     // 100 readers carrying floors: never a lower version, never a 404.
     let readers: Vec<_> = (0..100)
         .map(|reader| {
-            let (base, stop, reads) = (base.clone(), stop.clone(), reads.clone());
-            tokio::spawn(async move {
-                let http = reqwest::Client::new();
-                let mut floor = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let base = base.read().unwrap().clone();
-                    let mut request =
-                        http.get(format!("{base}/v1/keys/resize:1?client=reader-{reader}"));
-                    if floor > 0 {
-                        request = request.header("hotsplit-min-version", floor.to_string());
-                    }
-                    if let Ok(answer) = request.send().await {
-                        assert_ne!(
-                            answer.status(),
-                            StatusCode::NOT_FOUND,
-                            "reader-{reader}: 404 for a key that exists"
-                        );
-                        harness::record_monotonic_read(
-                            &format!("reader-{reader}"),
-                            &answer,
-                            &mut floor,
-                            &reads,
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(2)).await; // Pacing, not a wait.
-                }
-            })
+            tokio::spawn(read_with_floors(
+                reader,
+                base.clone(),
+                stop.clone(),
+                reads.clone(),
+            ))
         })
         .collect();
     // One writer keeps publishing newer versions through the current instance.
-    let writer = {
-        let (base, stop, published) = (base.clone(), stop.clone(), published.clone());
-        tokio::spawn(async move {
-            let http = reqwest::Client::new();
-            let mut version = 1;
-            while !stop.load(Ordering::Relaxed) {
-                version += 1;
-                let base = base.read().unwrap().clone();
-                let sent = http
-                    .put(format!("{base}/v1/keys/resize:1?version={version}"))
-                    .body(format!("v{version}"))
-                    .send()
-                    .await;
-                if sent.is_ok_and(|answer| answer.status().is_success()) {
-                    published.store(version, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await; // Pacing, not a wait.
-            }
-        })
-    };
+    let writer = tokio::spawn(publish_newer_versions(
+        base.clone(),
+        stop.clone(),
+        published.clone(),
+    ));
 
     for copies in [12, 4, 8] {
         // A rolling resize: the new instance starts (recording its layout), takes the
@@ -774,20 +754,7 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
             }
             _ => {}
         }
-        let (seen_reads, seen_published) = (
-            reads.load(Ordering::Relaxed),
-            published.load(Ordering::Relaxed),
-        );
-        poll(
-            "reads and publishes go on after the resize",
-            Duration::from_secs(20),
-            || {
-                let ok = reads.load(Ordering::Relaxed) >= seen_reads + 1000
-                    && published.load(Ordering::Relaxed) >= seen_published + 5;
-                std::future::ready(ok)
-            },
-        )
-        .await;
+        wait_for_reads_and_publishes(&reads, &published).await;
     }
     stop.store(true, Ordering::Relaxed);
     writer.await.unwrap();
@@ -823,4 +790,79 @@ async fn heal_resizing_a_family_keeps_reads_monotonic_and_found() {
         }
     }
     service.stop().await;
+}
+
+/// Reader `reader` of `resize:1` through the instance at `base`, carrying its floor: never a
+/// lower version, never a 404; counts its reads in `reads` until `stop`.
+async fn read_with_floors(
+    reader: usize,
+    base: Arc<RwLock<String>>,
+    stop: Arc<AtomicBool>,
+    reads: Arc<AtomicUsize>,
+) {
+    let http = reqwest::Client::new();
+    let mut floor = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let base = base.read().unwrap().clone();
+        let mut request = http.get(format!("{base}/v1/keys/resize:1?client=reader-{reader}"));
+        if floor > 0 {
+            request = request.header("hotsplit-min-version", floor.to_string());
+        }
+        if let Ok(answer) = request.send().await {
+            assert_ne!(
+                answer.status(),
+                StatusCode::NOT_FOUND,
+                "reader-{reader}: 404 for a key that exists"
+            );
+            harness::record_monotonic_read(
+                &format!("reader-{reader}"),
+                &answer,
+                &mut floor,
+                &reads,
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await; // Pacing, not a wait.
+    }
+}
+
+/// Publishes ever newer versions of `resize:1` through the instance at `base`, recording the
+/// last one accepted in `published`, until `stop`.
+async fn publish_newer_versions(
+    base: Arc<RwLock<String>>,
+    stop: Arc<AtomicBool>,
+    published: Arc<AtomicUsize>,
+) {
+    let http = reqwest::Client::new();
+    let mut version = 1;
+    while !stop.load(Ordering::Relaxed) {
+        version += 1;
+        let base = base.read().unwrap().clone();
+        let sent = http
+            .put(format!("{base}/v1/keys/resize:1?version={version}"))
+            .body(format!("v{version}"))
+            .send()
+            .await;
+        if sent.is_ok_and(|answer| answer.status().is_success()) {
+            published.store(version, Ordering::Relaxed);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await; // Pacing, not a wait.
+    }
+}
+
+/// Waits until 1000 more reads and 5 more publishes than now have gone through.
+async fn wait_for_reads_and_publishes(reads: &AtomicUsize, published: &AtomicUsize) {
+    let (seen_reads, seen_published) = (
+        reads.load(Ordering::Relaxed),
+        published.load(Ordering::Relaxed),
+    );
+    poll(
+        "reads and publishes go on after the resize",
+        Duration::from_secs(20),
+        || {
+            let ok = reads.load(Ordering::Relaxed) >= seen_reads + 1000
+                && published.load(Ordering::Relaxed) >= seen_published + 5;
+            std::future::ready(ok)
+        },
+    )
+    .await;
 }

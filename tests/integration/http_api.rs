@@ -283,7 +283,35 @@ type Case = (
 async fn every_client_error_code_is_produced() {
     let app = app();
     call(&app, Method::PUT, "/v1/keys/p:4?version=2", &[], b"x").await;
-    let cases: Vec<Case> = vec![
+    let cases: Vec<Case> = [
+        bad_key_and_version_cases(),
+        bad_read_parameter_cases(),
+        refused_by_state_cases(),
+    ]
+    .concat();
+    for (method, uri, headers, body, status, code) in cases {
+        let answer = call(&app, method.clone(), uri, &headers, &body).await;
+        println!(
+            "{method} {uri} -> {} {}",
+            answer.status,
+            String::from_utf8_lossy(&answer.body)
+        );
+        answer.assert_problem(status, code);
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(answer.header("retry-after"), Some("1"), "{uri}");
+        }
+    }
+    // The value that was refused as too large did not change the stored one.
+    let get = call(&app, Method::GET, "/v1/keys/p:4?client=c", &[], b"").await;
+    assert_eq!(
+        (get.status, get.body.as_slice()),
+        (StatusCode::OK, b"x".as_slice())
+    );
+}
+
+/// The refusals of a bad key or a bad version.
+fn bad_key_and_version_cases() -> Vec<Case> {
+    vec![
         (
             Method::PUT,
             "/v1/keys/bad%7Bkey?version=1",
@@ -356,6 +384,12 @@ async fn every_client_error_code_is_produced() {
             StatusCode::BAD_REQUEST,
             "invalid_version",
         ),
+    ]
+}
+
+/// The refusals of a read's bad parameters: floors, clients, copies, repeats.
+fn bad_read_parameter_cases() -> Vec<Case> {
+    vec![
         (
             Method::GET,
             "/v1/keys/p:4?client=c&min_version=x",
@@ -420,6 +454,12 @@ async fn every_client_error_code_is_produced() {
             StatusCode::BAD_REQUEST,
             "invalid_parameter",
         ),
+    ]
+}
+
+/// The refusals of a repeated write parameter, and of what the stored state or the route table forbids.
+fn refused_by_state_cases() -> Vec<Case> {
+    vec![
         (
             Method::PUT,
             "/v1/keys/p:4?version=3&version=4",
@@ -476,25 +516,7 @@ async fn every_client_error_code_is_produced() {
             StatusCode::SERVICE_UNAVAILABLE,
             "below_version_floor",
         ),
-    ];
-    for (method, uri, headers, body, status, code) in cases {
-        let answer = call(&app, method.clone(), uri, &headers, &body).await;
-        println!(
-            "{method} {uri} -> {} {}",
-            answer.status,
-            String::from_utf8_lossy(&answer.body)
-        );
-        answer.assert_problem(status, code);
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            assert_eq!(answer.header("retry-after"), Some("1"), "{uri}");
-        }
-    }
-    // The value that was refused as too large did not change the stored one.
-    let get = call(&app, Method::GET, "/v1/keys/p:4?client=c", &[], b"").await;
-    assert_eq!(
-        (get.status, get.body.as_slice()),
-        (StatusCode::OK, b"x".as_slice())
-    );
+    ]
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::harness::{
     self, affinity, config_with_family, copy_on_owner, get, hgetall, owner_port, problem,
-    publish_expecting, publish_succeeds, Service,
+    publish_expecting, publish_succeeds, Edit, Service,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,9 +21,7 @@ async fn publish_on_a_cluster_writes_every_copy_with_an_absolute_expiry() {
     let answer = publish_expecting(
         &http,
         &service.base,
-        "e2e:spread",
-        42,
-        "hello",
+        Edit::new("e2e:spread", 42, "hello"),
         StatusCode::OK,
     )
     .await;
@@ -74,9 +72,7 @@ async fn publish_on_a_cluster_writes_every_copy_with_an_absolute_expiry() {
     let again: Value = publish_expecting(
         &http,
         &service.base,
-        "e2e:spread",
-        42,
-        "hello",
+        Edit::new("e2e:spread", 42, "hello"),
         StatusCode::OK,
     )
     .await
@@ -194,8 +190,13 @@ async fn a_dead_store_answers_unavailable() {
     let ready = get(&http, &format!("{}/readyz", service.base), &[]).await;
     assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
     // A publish to a dead store is durably queued for retry: 202, every copy `queued`.
-    let write =
-        publish_expecting(&http, &service.base, "dead:1", 2, "y", StatusCode::ACCEPTED).await;
+    let write = publish_expecting(
+        &http,
+        &service.base,
+        Edit::new("dead:1", 2, "y"),
+        StatusCode::ACCEPTED,
+    )
+    .await;
     let report: Value = write.json().await.unwrap();
     assert_eq!(report["queued"].as_u64(), Some(4), "{report}");
     // An allocated family cannot even get a version: 503.

@@ -17,7 +17,7 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 use crate::harness::{
-    self, config_from_toml, get_json, hgetall, metrics_text, poll, publish_expecting, Binary,
+    self, config_from_toml, get_json, hgetall, metrics_text, poll, publish_expecting, Binary, Edit,
     Service,
 };
 use crate::route::{hmget_calls, put, read, Read};
@@ -60,7 +60,7 @@ async fn a_publish_is_seen_at_once_and_reads_are_answered_from_memory_with_their
     let service = Service::start(config(&server.url(), 4, "patient", PATIENT)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "nc:seen", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("nc:seen", 1, "one"), StatusCode::OK).await;
     let url = format!("{base}/v1/keys/nc:seen?client=alice");
     let first = harness::get(&http, &url, &[]).await;
     let header = |name: &str| {
@@ -83,7 +83,7 @@ async fn a_publish_is_seen_at_once_and_reads_are_answered_from_memory_with_their
     let answer = read(&http, &url, &[]).await;
     assert_eq!(answer.body, "one");
     assert!(is_near(&answer), "{}", answer.route);
-    publish_expecting(&http, base, "nc:seen", 2, "two", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("nc:seen", 2, "two"), StatusCode::OK).await;
     let answer = read(&http, &url, &[]).await;
     assert_eq!(
         answer.body, "two",
@@ -117,9 +117,15 @@ async fn a_floor_above_the_entry_pins_and_decisions_go_to_redis() {
     let other = Service::start(config(&server.url(), 4, "patient", PATIENT)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "nc:floor", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("nc:floor", 1, "one"), StatusCode::OK).await;
     // Another instance publishes 2: this one's entry still holds 1, within its age.
-    publish_expecting(&http, &other.base, "nc:floor", 2, "two", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &other.base,
+        Edit::new("nc:floor", 2, "two"),
+        StatusCode::OK,
+    )
+    .await;
     let url = format!("{base}/v1/keys/nc:floor?client=alice");
     let before = hmget_calls(port);
     let cached = read(&http, &url, &[]).await;
@@ -157,7 +163,7 @@ async fn a_floor_above_the_entry_pins_and_decisions_go_to_redis() {
     assert!(!is_near(&pinned));
     assert!(hmget_calls(port) > before);
     // decides-on-presence never reads the near cache: every read is a Redis read.
-    publish_expecting(&http, base, "claim:1", 1, "mine", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("claim:1", 1, "mine"), StatusCode::OK).await;
     let before = hmget_calls(port);
     for _ in 0..5 {
         let decision = read(&http, &format!("{base}/v1/keys/claim:1?client=alice"), &[]).await;
@@ -176,7 +182,7 @@ async fn a_copy_set_back_by_hand_after_its_entry_aged_out_is_not_served() {
     let service = Service::start(config(&server.url(), 4, "lenient", "")).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "nc:back", 5, "five", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("nc:back", 5, "five"), StatusCode::OK).await;
     let copy = harness::affinity(&http, base, "nc:back", "alice").await["copy"]
         .as_u64()
         .unwrap();
@@ -236,7 +242,7 @@ async fn a_lagging_replica_never_sends_a_cached_reader_back() {
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "nc:lag", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("nc:lag", 1, "one"), StatusCode::OK).await;
     let url = format!("{base}/v1/keys/nc:lag?client=alice");
     // The replica serves once it holds 1 and its lag is measured.
     poll(
@@ -251,7 +257,7 @@ async fn a_lagging_replica_never_sends_a_cached_reader_back() {
     // The replica stops applying the replication stream; within the 30 s budget it stays the
     // class's source, holding 1.
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "3000", "WRITE"]).expect("CLIENT PAUSE");
-    publish_expecting(&http, base, "nc:lag", 2, "two", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("nc:lag", 2, "two"), StatusCode::OK).await;
     // For a second, every read says 2: from the entry the publish left, then, after it ages
     // out, from fills that found 1 on the replica and re-read the primary.
     let until = std::time::Instant::now() + Duration::from_secs(1);
@@ -342,7 +348,7 @@ async fn race_an_invalidation(
     replica: &devcluster::RedisNode,
     key: &str,
 ) -> bool {
-    publish_expecting(http, other_base, key, 1, "one", StatusCode::OK).await;
+    publish_expecting(http, other_base, Edit::new(key, 1, "one"), StatusCode::OK).await;
     let copies = [format!("{key}#0"), format!("{key}#1")];
     poll(
         "the replica holds version 1",
@@ -434,7 +440,7 @@ async fn a_master_restart_that_lost_writes_shows_up_as_one_counted_rollback() {
     let other = Service::start(config(&server.url(), 4, "lenient", "")).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "nc:lost", 5, "five", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("nc:lost", 5, "five"), StatusCode::OK).await;
     let url = format!("{base}/v1/keys/nc:lost?client=alice");
     poll(
         "alice's read answered from memory",
@@ -452,24 +458,7 @@ async fn a_master_restart_that_lost_writes_shows_up_as_one_counted_rollback() {
         server.node.restart().expect("restart");
     });
     // While the entry is young alice is still answered five; once it ages out, the loss shows.
-    poll(
-        "the lost write shows up as a 404",
-        Duration::from_secs(30),
-        || async {
-            let answer = read(&http, &url, &[]).await;
-            match answer.status {
-                StatusCode::OK => {
-                    assert_eq!(answer.body, "five", "{}", answer.route);
-                    false
-                }
-                StatusCode::NOT_FOUND => true,
-                // The service reconnecting to the restarted server.
-                status if status.is_server_error() => false,
-                status => panic!("{status}: {} {}", answer.body, answer.route),
-            }
-        },
-    )
-    .await;
+    wait_for_the_lost_write_to_show(&http, &url).await;
     let rollbacks = || async {
         sample(
             &metrics_text(&http, base).await,
@@ -486,7 +475,13 @@ async fn a_master_restart_that_lost_writes_shows_up_as_one_counted_rollback() {
         || async { read(&http, &other_url, &[]).await.status == StatusCode::NOT_FOUND },
     )
     .await;
-    publish_expecting(&http, &other.base, "nc:lost", 2, "two", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &other.base,
+        Edit::new("nc:lost", 2, "two"),
+        StatusCode::OK,
+    )
+    .await;
     // This instance answered five: alice, naming a client, is refused the set-back two (a
     // reader with a floor never goes back; `ops::rollback`), with the cause named.
     let refused = read(&http, &url, &[]).await;
@@ -503,7 +498,13 @@ async fn a_master_restart_that_lost_writes_shows_up_as_one_counted_rollback() {
         refused.body
     );
     // A publish above what was lost serves alice again, from memory.
-    publish_expecting(&http, &other.base, "nc:lost", 6, "six", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &other.base,
+        Edit::new("nc:lost", 6, "six"),
+        StatusCode::OK,
+    )
+    .await;
     poll(
         "six answered from memory",
         Duration::from_secs(10),
@@ -532,6 +533,29 @@ async fn a_master_restart_that_lost_writes_shows_up_as_one_counted_rollback() {
     other.stop().await;
 }
 
+/// Waits until `url` answers the lost write's 404; until then it answers five (or a server
+/// error while the service reconnects), nothing else.
+async fn wait_for_the_lost_write_to_show(http: &reqwest::Client, url: &str) {
+    poll(
+        "the lost write shows up as a 404",
+        Duration::from_secs(30),
+        || async {
+            let answer = read(http, url, &[]).await;
+            match answer.status {
+                StatusCode::OK => {
+                    assert_eq!(answer.body, "five", "{}", answer.route);
+                    false
+                }
+                StatusCode::NOT_FOUND => true,
+                // The service reconnecting to the restarted server.
+                status if status.is_server_error() => false,
+                status => panic!("{status}: {} {}", answer.body, answer.route),
+            }
+        },
+    )
+    .await;
+}
+
 /// The embedded store is memory already: its reads never use the near cache, though
 /// `[near_cache] enabled` is on by default and the class has a near-cache max age.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,7 +566,7 @@ async fn the_near_cache_is_off_on_the_embedded_store() {
     .await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "nc:mem", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("nc:mem", 1, "one"), StatusCode::OK).await;
     for _ in 0..3 {
         let answer = read(&http, &format!("{base}/v1/keys/nc:mem?client=alice"), &[]).await;
         assert_eq!(answer.body, "one");
@@ -571,7 +595,7 @@ async fn an_entry_past_its_exp_is_not_served() {
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "ncx:gone", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("ncx:gone", 1, "one"), StatusCode::OK).await;
     let url = format!("{base}/v1/keys/ncx:gone?client=alice");
     let answer = read(&http, &url, &[]).await;
     assert_eq!((answer.body.as_str(), is_near(&answer)), ("one", true));
@@ -676,7 +700,7 @@ async fn a_reader_never_goes_back_after_churn_evicts_the_entry_and_its_record() 
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "nc:hot", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("nc:hot", 1, "one"), StatusCode::OK).await;
     let url = format!("{base}/v1/keys/nc:hot?client=alice");
     poll(
         "a replica fill of version 1",
@@ -690,7 +714,7 @@ async fn a_reader_never_goes_back_after_churn_evicts_the_entry_and_its_record() 
     // The replica stops applying the replication stream and keeps 1; within the 30 s budget it
     // stays the class's source.
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "60000", "WRITE"]).expect("CLIENT PAUSE");
-    publish_expecting(&http, base, "nc:hot", 2, "two", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("nc:hot", 2, "two"), StatusCode::OK).await;
     let answer = read(&http, &url, &[]).await;
     assert_eq!(answer.body, "two", "{} {}", answer.served_by, answer.route);
     // A churn of distinct keys through a cache of about 140 entries and 100 records, each key
@@ -705,7 +729,7 @@ async fn a_reader_never_goes_back_after_churn_evicts_the_entry_and_its_record() 
         for n in 0..250 {
             let key = format!("nc:churn-{round}-{n}");
             for version in 1..=3 {
-                publish_expecting(&http, base, &key, version, "c", StatusCode::OK).await;
+                publish_expecting(&http, base, Edit::new(&key, version, "c"), StatusCode::OK).await;
             }
             for _ in 0..2 {
                 read(&http, &format!("{base}/v1/keys/{key}?client=alice"), &[]).await;
@@ -848,7 +872,7 @@ async fn a_reload_that_lowers_the_budget_keeps_every_cached_answer_within_the_ne
     };
     let http = reqwest::Client::new();
     assert_eq!(advisory_near_max_age_ms(&http, &base).await, Some(2_000));
-    publish_expecting(&http, &base, "nr:k", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("nr:k", 1, "one"), StatusCode::OK).await;
     let url = format!("{base}/v1/keys/nr:k?client=alice");
 
     // The entry ages past what the lower budget will allow, still served under the 2 s max age.

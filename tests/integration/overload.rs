@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::harness::{
     self, config_from_toml, copy_on_owner, get, metrics_text, owner_port, poll, problem,
-    publish_expecting, Service,
+    publish_expecting, Edit, Service,
 };
 use crate::heal::wait_drained;
 
@@ -63,8 +63,8 @@ async fn overload_a_paused_master_costs_a_read_its_deadline_and_a_publish_queues
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "one:1", 1, "one", StatusCode::OK).await;
-    publish_expecting(&http, base, "dl:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("one:1", 1, "one"), StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("dl:1", 1, "one"), StatusCode::OK).await;
 
     // Owners are looked up before the pause: the lookup asks the cluster.
     let victim = owner_port(&cluster, "one:1#0");
@@ -168,7 +168,7 @@ async fn overload_requests_past_the_in_flight_bound_are_shed_at_once_and_the_hel
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    publish_expecting(&http, &base, "shed:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("shed:1", 1, "one"), StatusCode::OK).await;
 
     // The paused server holds every read sent to it: BOUND of them fill the bound.
     server.node.pause().expect("SIGSTOP");
@@ -248,7 +248,13 @@ async fn overload_requests_past_the_in_flight_bound_are_shed_at_once_and_the_hel
         "{metrics}"
     );
     // Under the bound again, a request is served.
-    publish_expecting(&http, &base, "shed:1", 3, "three", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &base,
+        Edit::new("shed:1", 3, "three"),
+        StatusCode::OK,
+    )
+    .await;
     service.stop().await;
 }
 
@@ -271,7 +277,7 @@ async fn overload_a_near_cache_fill_from_a_paused_node_costs_its_readers_their_d
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    publish_expecting(&http, &base, "ncd:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("ncd:1", 1, "one"), StatusCode::OK).await;
 
     let url = format!("{base}/v1/keys/ncd:1?client=r0");
     let first = get(&http, &url, &[]).await;

@@ -21,7 +21,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use hotsplit_devcluster::{Host, NetClusterOptions, Partition, Process, Topology};
+use hotsplit_devcluster::{
+    Host, NetCluster, NetClusterOptions, NetNode, Partition, Process, Topology,
+};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -339,16 +341,7 @@ fn split_brain(synced: bool) -> SplitBrain {
 
             // Cut the master and A from every other node and instance; the driver reaches all.
             let network = &topology.network;
-            let inside = [master.host(), &topology.instances[0]];
-            let mut cut = Partition::default();
-            for host in network.hosts() {
-                if inside.contains(&host) || host == &topology.driver {
-                    continue;
-                }
-                for member in inside {
-                    cut = cut.and(Partition::cut(member, host));
-                }
-            }
+            let cut = isolating(&topology, master);
             network.apply(&cut).expect("apply the cut");
             let cut_at = Instant::now();
             let mut published = Vec::new();
@@ -361,12 +354,15 @@ fn split_brain(synced: bool) -> SplitBrain {
                 session_read(&http, &a.base, &mut session_reader).await;
             }
             cut_lag_ms = cut_lag_ms.max(lag_now_ms(&http, &a.base, &replica_addr).await);
-            let promoted = cluster
-                .wait_until(Duration::from_secs(30), "the replica to be promoted", |view| {
+            let promoted = cluster.wait_until(
+                Duration::from_secs(30),
+                "the replica to be promoted",
+                |view| {
                     view.iter().any(|info| {
                         info.host == replica_ip && info.is_master() && !info.slots.is_empty()
                     })
-                });
+                },
+            );
             let failover = cut_at.elapsed();
             cut_lag_ms = cut_lag_ms.max(lag_now_ms(&http, &a.base, &replica_addr).await);
             network.heal().expect("heal");
@@ -377,30 +373,14 @@ fn split_brain(synced: bool) -> SplitBrain {
                 .expect("the cluster heals");
             // Converged: the promoted master and its replica (the old master) hold one version,
             // A's retry queue is empty, and B reads that version.
-            let converged = loop {
-                let copy_key = format!("{KEY}#0");
-                let on_new = cluster.cli(replica, &["HGET", &copy_key, "ver"]);
-                let old_link = cluster.cli(master, &["INFO", "replication"]);
-                let old_synced = old_link.as_ref().is_ok_and(|info| {
-                    info.contains("role:slave") && info.contains("master_link_status:up")
-                });
-                let queue: Value = match http.get(format!("{}/v1/retry-queue", a.base)).send().await {
-                    Ok(answer) => answer.json().await.unwrap_or(Value::Null),
-                    Err(_) => Value::Null,
-                };
-                let queued = queue["depth"].as_u64().unwrap_or(1);
-                let via_b = read_version(&http, &b.base).await;
-                let via_a = read_version(&http, &a.base).await;
-                let held = on_new.as_ref().ok().and_then(|text| text.parse::<u64>().ok());
-                if old_synced && queued == 0 && held.is_some() && held == via_b.as_ref().ok().copied() && held == via_a.as_ref().ok().copied() {
-                    break held.unwrap_or(0);
-                }
-                assert!(
-                    healed_at.elapsed() < Duration::from_secs(60),
-                    "no convergence: new master holds {on_new:?}, old master synced {old_synced}, B reads {via_b:?}, A reads {via_a:?}, A's queue {queue}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
+            let converged = wait_converged(
+                &http,
+                &topology,
+                (master, replica),
+                [&a.base, &b.base],
+                healed_at,
+            )
+            .await;
             let converge = healed_at.elapsed();
             // After the heal: the readers of A read again, a few times each.
             for _ in 0..5 {
@@ -422,6 +402,20 @@ fn split_brain(synced: bool) -> SplitBrain {
     let outcome = outcome.expect("join the driver's namespace");
     let log_a = a.process.log_text();
     drop((a, b));
+    print_split_brain(synced, &outcome);
+    // A's log names the rollback whenever a reader was refused for it.
+    if outcome.converged < outcome.client_reader.floor {
+        assert!(
+            log_a.contains("a copy went back below a version this instance served"),
+            "A refused no reader for the rollback, or did not log it: {}",
+            a_log_tail(&log_a)
+        );
+    }
+    outcome
+}
+
+/// Prints the figures of one split-brain run (`synced`: the family waits for a replica).
+fn print_split_brain(synced: bool, outcome: &SplitBrain) {
     eprintln!(
         "split brain (synced: {synced}): {} publishes during the cut, converged at v{}, failover after {:?}, converged {:?} after the heal, lag seen {:.0} ms; lost (acknowledged, answered): {:?}; client reader {:?}; session reader {:?}",
         outcome.published.len(),
@@ -433,15 +427,71 @@ fn split_brain(synced: bool) -> SplitBrain {
         outcome.client_reader,
         outcome.session_reader,
     );
-    // A's log names the rollback whenever a reader was refused for it.
-    if outcome.converged < outcome.client_reader.floor {
-        assert!(
-            log_a.contains("a copy went back below a version this instance served"),
-            "A refused no reader for the rollback, or did not log it: {}",
-            a_log_tail(&log_a)
-        );
+}
+
+/// The cut that isolates `master` and instance A from every other node and instance; the
+/// driver reaches all.
+fn isolating(topology: &Topology, master: &NetNode) -> Partition {
+    let inside = [master.host(), &topology.instances[0]];
+    let mut cut = Partition::default();
+    for host in topology.network.hosts() {
+        if inside.contains(&host) || host == &topology.driver {
+            continue;
+        }
+        for member in inside {
+            cut = cut.and(Partition::cut(member, host));
+        }
     }
-    outcome
+    cut
+}
+
+/// Waits until the promoted master (`replica`) and its replica (the old `master`) hold one
+/// version, A's retry queue is empty, and both instances (`bases`: A, B) read that version;
+/// returns it.
+async fn wait_converged(
+    http: &reqwest::Client,
+    topology: &Topology,
+    (master, replica): (&NetNode, &NetNode),
+    bases: [&str; 2],
+    healed_at: Instant,
+) -> u64 {
+    let cluster = &topology.cluster;
+    loop {
+        let copy_key = format!("{KEY}#0");
+        let on_new = cluster.cli(replica, &["HGET", &copy_key, "ver"]);
+        let old_link = cluster.cli(master, &["INFO", "replication"]);
+        let old_synced = old_link.as_ref().is_ok_and(|info| {
+            info.contains("role:slave") && info.contains("master_link_status:up")
+        });
+        let queue: Value = match http
+            .get(format!("{}/v1/retry-queue", bases[0]))
+            .send()
+            .await
+        {
+            Ok(answer) => answer.json().await.unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        };
+        let queued = queue["depth"].as_u64().unwrap_or(1);
+        let via_b = read_version(http, bases[1]).await;
+        let via_a = read_version(http, bases[0]).await;
+        let held = on_new
+            .as_ref()
+            .ok()
+            .and_then(|text| text.parse::<u64>().ok());
+        if old_synced
+            && queued == 0
+            && held.is_some()
+            && held == via_b.as_ref().ok().copied()
+            && held == via_a.as_ref().ok().copied()
+        {
+            return held.unwrap_or(0);
+        }
+        assert!(
+            healed_at.elapsed() < Duration::from_secs(60),
+            "no convergence: new master holds {on_new:?}, old master synced {old_synced}, B reads {via_b:?}, A reads {via_a:?}, A's queue {queue}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The current-thread runtime a test drives its clients with, inside the driver's namespace.
@@ -821,6 +871,9 @@ fn partition_flapping_cuts_lose_nothing_answered_and_no_reader_goes_back() {
         .expect("join the driver's namespace");
 }
 
+/// The split family's key in the split-brain test.
+const SPLIT_KEY: &str = "sp:post";
+
 /// The split brain on a split family (4 copies on several masters): the master of copy 0 is
 /// isolated with A while A publishes; the other copies' writes are queued, the majority
 /// promotes copy 0's replica, and after the heal every version A answered is readable from the
@@ -830,7 +883,6 @@ fn partition_split_brain_on_a_split_family_keeps_every_answered_version_in_the_s
     if !namespaces_or_skip("partition_split_brain_on_a_split_family") {
         return;
     }
-    const SPLIT_KEY: &str = "sp:post";
     let topology = topology(2);
     let dir = tempfile::tempdir().expect("a temp dir");
     let url = topology.cluster.url();
@@ -871,16 +923,7 @@ fn partition_split_brain_on_a_split_family_keeps_every_answered_version_in_the_s
                 if let Ok(answer) = read_a("r1").await {
                     reader.record(answer).await;
                 }
-                let inside = [master.host(), &topology.instances[0]];
-                let mut cut = Partition::default();
-                for host in topology.network.hosts() {
-                    if inside.contains(&host) || host == &topology.driver {
-                        continue;
-                    }
-                    for member in inside {
-                        cut = cut.and(Partition::cut(member, host));
-                    }
-                }
+                let cut = isolating(&topology, master);
                 topology.network.apply(&cut).expect("apply the cut");
                 let cut_at = Instant::now();
                 let mut answered = Vec::new();
@@ -915,25 +958,7 @@ fn partition_split_brain_on_a_split_family_keeps_every_answered_version_in_the_s
                 let highest = answered.iter().map(|(v, _)| *v).max().unwrap_or(1);
                 // Every answered version is readable: through B, with the highest as the floor,
                 // a sibling serves it once A's queued copies have landed.
-                let served = loop {
-                    let url = format!(
-                        "{}/v1/keys/{SPLIT_KEY}?client=r2&min_version={highest}",
-                        b.base
-                    );
-                    let answer = http.get(&url).send().await.ok();
-                    let version = answer.as_ref().and_then(|answer| {
-                        answer.headers().get("hotsplit-version")?.to_str().ok()?.parse::<u64>().ok()
-                    });
-                    if let Some(version) = version {
-                        break version;
-                    }
-                    assert!(
-                        healed_at.elapsed() < Duration::from_secs(60),
-                        "v{highest} never became readable through B: {:?}",
-                        answer.map(|answer| answer.status())
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                };
+                let served = wait_served_through(&http, &b.base, highest, healed_at).await;
                 for _ in 0..3 {
                     if let Ok(answer) = read_a("r1").await {
                         reader.record(answer).await;
@@ -941,29 +966,8 @@ fn partition_split_brain_on_a_split_family_keeps_every_answered_version_in_the_s
                 }
                 // Every copy converges: A's queued copy writes land, and the copy the failover
                 // set back is written again (its queued write, or read repair).
-                let copy_versions = || -> Vec<String> {
-                    (0..4)
-                        .map(|copy| {
-                            let copy_key = format!("{SPLIT_KEY}#{copy}");
-                            cluster
-                                .master_for_key(copy_key.as_bytes())
-                                .and_then(|node| cluster.cli(node, &["HGET", &copy_key, "ver"]))
-                                .unwrap_or_else(|err| err.to_string())
-                        })
-                        .collect()
-                };
-                let at_heal = copy_versions();
-                let copies = loop {
-                    let copies = copy_versions();
-                    if copies.iter().all(|held| *held == highest.to_string()) {
-                        break copies;
-                    }
-                    assert!(
-                        healed_at.elapsed() < Duration::from_secs(60),
-                        "the copies never converged to v{highest}: {copies:?}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                };
+                let at_heal = copy_versions(cluster);
+                let copies = wait_copies_at(cluster, highest, healed_at).await;
                 let converge = healed_at.elapsed();
                 eprintln!(
                     "split brain on a split family: {} publishes answered 2xx during the cut ({} queued), highest v{highest}, served v{served} through B; copies held {at_heal:?} when B served it, all {copies:?} {converge:?} after the heal; reader of A {reader:?}",
@@ -975,6 +979,69 @@ fn partition_split_brain_on_a_split_family_keeps_every_answered_version_in_the_s
             })
         })
         .expect("join the driver's namespace");
+}
+
+/// Waits until the instance at `b_base` serves the split key with `highest` as the floor (a
+/// sibling serves it once A's queued copies have landed); returns the version it served.
+async fn wait_served_through(
+    http: &reqwest::Client,
+    b_base: &str,
+    highest: u64,
+    healed_at: Instant,
+) -> u64 {
+    loop {
+        let url = format!(
+            "{}/v1/keys/{SPLIT_KEY}?client=r2&min_version={highest}",
+            b_base
+        );
+        let answer = http.get(&url).send().await.ok();
+        let version = answer.as_ref().and_then(|answer| {
+            answer
+                .headers()
+                .get("hotsplit-version")?
+                .to_str()
+                .ok()?
+                .parse::<u64>()
+                .ok()
+        });
+        if let Some(version) = version {
+            return version;
+        }
+        assert!(
+            healed_at.elapsed() < Duration::from_secs(60),
+            "v{highest} never became readable through B: {:?}",
+            answer.map(|answer| answer.status())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The version each of the split key's 4 copies holds on its master (or the error reading it).
+fn copy_versions(cluster: &NetCluster) -> Vec<String> {
+    (0..4)
+        .map(|copy| {
+            let copy_key = format!("{SPLIT_KEY}#{copy}");
+            cluster
+                .master_for_key(copy_key.as_bytes())
+                .and_then(|node| cluster.cli(node, &["HGET", &copy_key, "ver"]))
+                .unwrap_or_else(|err| err.to_string())
+        })
+        .collect()
+}
+
+/// Waits until every copy of the split key holds `highest`; returns what they hold.
+async fn wait_copies_at(cluster: &NetCluster, highest: u64, healed_at: Instant) -> Vec<String> {
+    loop {
+        let copies = copy_versions(cluster);
+        if copies.iter().all(|held| *held == highest.to_string()) {
+            return copies;
+        }
+        assert!(
+            healed_at.elapsed() < Duration::from_secs(60),
+            "the copies never converged to v{highest}: {copies:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The ids `base`'s `/v1/instances` lists, and its own id.

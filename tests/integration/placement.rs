@@ -69,40 +69,51 @@ fn master_reads(cluster: &Cluster) -> Vec<u64> {
         .collect()
 }
 
-/// Publishes `version` of `key` through `base`, has every client of `clients` read it once with the
-/// `primary` class, and returns the busiest master's share of the `HMGET`s the masters served
-/// meanwhile.
-async fn busiest_share(
-    http: &reqwest::Client,
-    cluster: &Cluster,
-    base: &str,
-    key: &str,
-    version: u64,
-    clients: &[String],
-) -> f64 {
-    harness::publish_succeeds(http, base, key, version, "v").await;
-    let before = master_reads(cluster);
-    let reads = stream::iter(clients)
-        .map(|client| {
-            let url = format!("{base}/v1/keys/{key}?client={client}");
-            async move { harness::get(http, &url, &[]).await.status() }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await;
-    assert!(
-        reads.iter().all(|status| status.is_success()),
-        "every read of {key} answers 200"
-    );
-    let after = master_reads(cluster);
-    let served: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
-    let total: u64 = served.iter().sum();
-    assert!(
-        total >= clients.len() as u64,
-        "{key}: the masters served {total} reads of {} sent",
-        clients.len()
-    );
-    *served.iter().max().unwrap() as f64 / total as f64
+/// The many readers of one key in the spread proof: who reads, and the cluster whose masters
+/// count the reads.
+struct Readers<'a> {
+    /// The HTTP client every reader's request goes through.
+    http: &'a reqwest::Client,
+    /// The cluster whose masters' `HMGET` counts are compared.
+    cluster: &'a Cluster,
+    /// The client ids that each read the key once.
+    clients: &'a [String],
+}
+
+impl Readers<'_> {
+    /// Publishes `version` of `key` through `base`, has every client read it once with the
+    /// `primary` class, and returns the busiest master's share of the `HMGET`s the masters
+    /// served meanwhile.
+    async fn busiest_share(&self, base: &str, key: &str, version: u64) -> f64 {
+        let Self {
+            http,
+            cluster,
+            clients,
+        } = *self;
+        harness::publish_succeeds(http, base, key, version, "v").await;
+        let before = master_reads(cluster);
+        let reads = stream::iter(clients)
+            .map(|client| {
+                let url = format!("{base}/v1/keys/{key}?client={client}");
+                async move { harness::get(http, &url, &[]).await.status() }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+        assert!(
+            reads.iter().all(|status| status.is_success()),
+            "every read of {key} answers 200"
+        );
+        let after = master_reads(cluster);
+        let served: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+        let total: u64 = served.iter().sum();
+        assert!(
+            total >= clients.len() as u64,
+            "{key}: the masters served {total} reads of {} sent",
+            clients.len()
+        );
+        *served.iter().max().unwrap() as f64 / total as f64
+    }
 }
 
 /// Waits until `base` reads copy 1 of `key` (of `copies`) under its tagged name (a `spread`
@@ -130,6 +141,11 @@ async fn spread_copies_share_a_keys_reads_evenly_over_the_masters() {
     let cluster = own_cluster().await;
     let http = reqwest::Client::new();
     let clients = clients();
+    let readers = Readers {
+        http: &http,
+        cluster: &cluster,
+        clients: &clients,
+    };
     let mut figures = Vec::new();
     for (version, placement) in [(1, "suffix"), (2, "spread")] {
         let service = Service::start(config(&cluster.url(), placement)).await;
@@ -163,8 +179,7 @@ async fn spread_copies_share_a_keys_reads_evenly_over_the_masters() {
             assert!(reported > 0.375, "{reported}");
         }
         for name in NAMES {
-            let share =
-                busiest_share(&http, &cluster, &service.base, name, version, &clients).await;
+            let share = readers.busiest_share(&service.base, name, version).await;
             figures.push((placement, name, share));
         }
         service.stop().await;

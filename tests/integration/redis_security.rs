@@ -24,7 +24,7 @@ use hotsplit_devcluster::{
 };
 use reqwest::StatusCode;
 
-use crate::harness::{self, config_from_toml, poll, publish_expecting, Service};
+use crate::harness::{self, config_from_toml, poll, publish_expecting, Edit, Service};
 use crate::tls_pki::pki;
 
 // ---------------------------------------------------------------------------------------------
@@ -152,7 +152,13 @@ async fn tls_standalone_with_a_ca_file_publishes_and_reads() {
     );
     let service = Service::start(config_from_toml(&text)).await;
     let http = reqwest::Client::new();
-    publish_expecting(&http, &service.base, "sec:tls1", 1, "v1", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &service.base,
+        Edit::new("sec:tls1", 1, "v1"),
+        StatusCode::OK,
+    )
+    .await;
     let served_by = read_value(&http, &service.base, "sec:tls1", "a").await;
     assert!(served_by.ends_with("role=primary"), "{served_by}");
     // The copy really is on the TLS server (whose only port speaks TLS).
@@ -184,7 +190,13 @@ async fn tls_cluster_with_client_certificates_publishes_reads_replicas_waits_and
     let http = reqwest::Client::new();
     let base = service.base.clone();
     // Nodes discovered with CLUSTER SLOTS and the data client; the per-replica clients and the lag monitor: an advisory read served by a replica.
-    publish_expecting(&http, &base, "secr:tlsc", 1, "v1", StatusCode::OK).await;
+    publish_expecting(
+        &http,
+        &base,
+        Edit::new("secr:tlsc", 1, "v1"),
+        StatusCode::OK,
+    )
+    .await;
     wait_for_replica_read(&http, &base, "secr:tlsc").await;
     // The WAIT connection, once every replica is known and measured.
     poll(
@@ -311,17 +323,45 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
     create_users(&[&group.primary, replica]);
     let http = reqwest::Client::new();
     let primary = group.url();
-    let replica_url = replica.url();
 
+    the_full_user_from_the_url(&http, &primary, prefix).await;
+
+    the_least_privilege_user_runs_the_service(&http, &group, prefix).await;
+
+    the_scrubs_commands_as_the_least_privilege_user(&primary, prefix).await;
+
+    the_audit_user_reads_every_copy_and_cannot_write(&primary, prefix).await;
+
+    missing_permissions_are_named(&primary, prefix).await;
+}
+
+/// The full user, from the URL: publish and read.
+async fn the_full_user_from_the_url(http: &reqwest::Client, primary: &str, prefix: &str) {
     // The full user, from the URL.
     let url = primary.replacen("redis://", &format!("redis://full:{PASSWORD}@"), 1);
     let text = format!("[store]\nredis = {url:?}\n{FAMILIES}");
     let service = Service::start(config_from_toml(&text)).await;
     let key = format!("sec:{prefix}full");
-    publish_expecting(&http, &service.base, &key, 1, "v1", StatusCode::OK).await;
-    read_value(&http, &service.base, &key, "a").await;
+    publish_expecting(
+        http,
+        &service.base,
+        Edit::new(&key, 1, "v1"),
+        StatusCode::OK,
+    )
+    .await;
+    read_value(http, &service.base, &key, "a").await;
     service.stop().await;
+}
 
+/// The least-privilege user, from store.username and a password file: publish, read, replica
+/// read, synced write (WAIT), read repair, the registry and retiring a library.
+async fn the_least_privilege_user_runs_the_service(
+    http: &reqwest::Client,
+    group: &PrimaryReplica,
+    prefix: &str,
+) {
+    let primary = group.url();
+    let replica_url = group.replicas[0].url();
     // The least-privilege user, from store.username and a password file: publish, read,
     // replica read, synced write (WAIT), read repair.
     let dir = tempfile::tempdir().expect("dir");
@@ -342,6 +382,20 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
     let service = Service::start(config).await;
     let base = service.base.clone();
     let key = format!("sec:{prefix}least");
+    writes_and_reads_need_no_more(http, &base, &key, prefix).await;
+    repair_registry_and_retiring_need_no_more(http, group, &base, &key).await;
+    assert_no_refused_commands(http, &base).await;
+    service.stop().await;
+}
+
+/// Through `base`: a synced publish, a read, a conflict, an allocated version and a replica
+/// read of `key` and its siblings.
+async fn writes_and_reads_need_no_more(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    prefix: &str,
+) {
     let synced = http
         .put(format!(
             "{base}/v1/keys/{key}?version=1&sync_replicas=1&sync_timeout_ms=2000"
@@ -351,7 +405,7 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         .await
         .expect("PUT");
     assert_eq!(synced.status(), StatusCode::OK, "synced publish");
-    read_value(&http, &base, &key, "a").await;
+    read_value(http, base, key, "a").await;
     // The same version with another value: the conflict check inside the function (HGET).
     let conflict = http
         .put(format!("{base}/v1/keys/{key}?version=1"))
@@ -375,13 +429,23 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         .expect("PUT");
     assert_eq!(allocated.status(), StatusCode::OK, "allocated publish");
     let replica_key = format!("secr:{prefix}least");
-    publish_expecting(&http, &base, &replica_key, 1, "v1", StatusCode::OK).await;
-    wait_for_replica_read(&http, &base, &replica_key).await;
+    publish_expecting(http, base, Edit::new(&replica_key, 1, "v1"), StatusCode::OK).await;
+    wait_for_replica_read(http, base, &replica_key).await;
+}
+
+/// Through `base`: a read repair of `key`, the instance registry, and retiring the previous
+/// library.
+async fn repair_registry_and_retiring_need_no_more(
+    http: &reqwest::Client,
+    group: &PrimaryReplica,
+    base: &str,
+    key: &str,
+) {
     // Read repair: the affine copy is deleted behind hotsplit's back; a read writes it again.
-    let affinity = harness::affinity(&http, &base, &key, "a").await;
+    let affinity = harness::affinity(http, base, key, "a").await;
     let copy = affinity["copy_key"].as_str().expect("copy_key").to_owned();
     group.primary.cli(&["DEL", &copy]).expect("DEL");
-    read_value(&http, &base, &key, "a").await;
+    read_value(http, base, key, "a").await;
     poll("the read repaired the copy", Duration::from_secs(5), || {
         let copy = copy.clone();
         let primary = &group.primary;
@@ -397,7 +461,7 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         "the service lists itself",
         Duration::from_secs(5),
         || async {
-            let view = harness::get_json(&http, &format!("{base}/v1/instances")).await;
+            let view = harness::get_json(http, &format!("{base}/v1/instances")).await;
             view["instances"]
                 .as_array()
                 .is_some_and(|listed| listed.iter().any(|entry| entry["id"] == view["this"]))
@@ -417,12 +481,14 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         },
     )
     .await;
-    assert_no_refused_commands(&http, &base).await;
-    service.stop().await;
+}
 
+/// The scrub's commands as the least-privilege user.
+async fn the_scrubs_commands_as_the_least_privilege_user(primary: &str, prefix: &str) {
+    let key = format!("sec:{prefix}least");
     // The scrub's commands as the least-privilege user: the lease (FCALL hotsplit_lease_v2: GET,
     // SET, DEL), a SCAN page and a copy read as stored.
-    let store = connect_as(&primary, "hotsplit")
+    let store = connect_as(primary, "hotsplit")
         .await
         .expect("least-privilege store");
     for ttl_ms in [1000, 0] {
@@ -440,7 +506,10 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
         .copy_key(0, hotsplit::key::Placement::Suffix);
     let stored = store.read_copy_stored(&copy_key).await;
     assert!(stored.expect("read as stored").is_some(), "{copy_key}");
+}
 
+/// The read-only audit user reads every copy on the primary and the replica, and cannot write.
+async fn the_audit_user_reads_every_copy_and_cannot_write(primary: &str, prefix: &str) {
     // The read-only audit user reads every copy on the primary and the replica.
     let url = primary.replacen("redis://", &format!("redis://audit:{PASSWORD}@"), 1);
     let parsed = RedisUrl::parse(&url).expect("url");
@@ -456,19 +525,22 @@ async fn acl_suite(options: ServerOptions, prefix: &str) {
     assert!(report.figures.replica.copy_reads >= 4, "{report:?}");
     assert_eq!(report.figures.primary.failed_reads, 0, "{report:?}");
     // ...and cannot write.
-    let denied = connect_as(&primary, "audit")
+    let denied = connect_as(primary, "audit")
         .await
         .expect_err("audit cannot load");
     assert!(denied.message().contains("NOPERM"), "{denied}");
+}
 
+/// Users without a permission hotsplit needs: the message names it.
+async fn missing_permissions_are_named(primary: &str, prefix: &str) {
     // A user without FUNCTION LOAD cannot start; the message names the permission.
-    let err = connect_as(&primary, "noload")
+    let err = connect_as(primary, "noload")
         .await
         .expect_err("noload cannot start");
     assert!(err.message().contains("'function|load'"), "{err}");
     // A user without FCALL starts, and its writes fail naming the permission.
     let store: Arc<dyn CopyStore> =
-        Arc::new(connect_as(&primary, "nofcall").await.expect("nofcall"));
+        Arc::new(connect_as(primary, "nofcall").await.expect("nofcall"));
     let key = Key::parse(&format!("sec:{prefix}nofcall")).expect("key");
     let write = CopyWrite {
         copy_key: key.copy_key(0, hotsplit::key::Placement::Suffix),
@@ -601,7 +673,7 @@ async fn a_password_never_shows_in_logs_endpoints_metrics_or_help() {
     let child = harness::spawn_serve(command, port).await;
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    publish_expecting(&http, &base, "sec:leak", 1, "v1", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("sec:leak", 1, "v1"), StatusCode::OK).await;
     let mut shown = String::new();
     for path in [
         "/v1/keys/sec:leak?client=a",

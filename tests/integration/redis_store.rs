@@ -212,57 +212,91 @@ async fn compare_and_set_rules(deployment: Deployment<'_>, name: &str) {
     let store = deployment.store().await;
     let later = now_unix_ms() + 600_000;
 
+    an_older_version_never_overwrites(&deployment, &store, name, later).await;
+    a_repeated_write_keeps_its_expiry(&deployment, &store, name, later).await;
+    a_tombstone_blocks_an_older_write(&deployment, &store, name, later).await;
+    equal_versions_end_as_the_tombstone(&deployment, &store, name, later).await;
+    versions_above_2_53_compare_exactly(&deployment, &store, name, later).await;
+    // A missing copy reads as None.
+    let missing = key(&format!("{name}:missing")).copy_key(0, hotsplit::key::Placement::Suffix);
+    assert_eq!(
+        store
+            .read_copy(&missing)
+            .await
+            .record
+            .expect("read succeeds"),
+        None
+    );
+}
+
+/// An older version never overwrites a newer one, on any copy.
+async fn an_older_version_never_overwrites(
+    deployment: &Deployment<'_>,
+    store: &RedisStore,
+    name: &str,
+    later: u64,
+) {
     // An older version never overwrites a newer one.
     let key_a = key(&format!("{name}:older"));
     assert_eq!(
-        write_all(&*store, &writes(&key_a, 4, 5, &value("five"), later)).await,
+        write_all(store, &writes(&key_a, 4, 5, &value("five"), later)).await,
         vec![CasOutcome::Applied; 4]
     );
     assert_eq!(
-        write_all(&*store, &writes(&key_a, 4, 3, &value("three"), later)).await,
+        write_all(store, &writes(&key_a, 4, 3, &value("three"), later)).await,
         vec![CasOutcome::Stale { stored: version(5) }; 4]
     );
     for copy in 0..4 {
         let copy_key = key_a.copy_key(copy, hotsplit::key::Placement::Suffix);
-        let hash = raw_copy(&deployment, copy_key.as_str());
+        let hash = raw_copy(deployment, copy_key.as_str());
         assert_eq!(
             (hash["ver"].as_str(), hash["val"].as_str()),
             ("5", "five"),
             "{copy_key}"
         );
     }
+}
 
+/// A repeated write is current and does not move the absolute expiry.
+async fn a_repeated_write_keeps_its_expiry(
+    deployment: &Deployment<'_>,
+    store: &RedisStore,
+    name: &str,
+    later: u64,
+) {
     // A repeated write is current and does not move the absolute expiry.
     let key_b = key(&format!("{name}:repeat"));
     let batch = writes(&key_b, 2, 7, &value("seven"), later);
-    assert_eq!(
-        write_all(&*store, &batch).await,
-        vec![CasOutcome::Applied; 2]
-    );
+    assert_eq!(write_all(store, &batch).await, vec![CasOutcome::Applied; 2]);
     let retry = writes(&key_b, 2, 7, &value("seven"), later + 3_600_000);
-    assert_eq!(
-        write_all(&*store, &retry).await,
-        vec![CasOutcome::Current; 2]
-    );
+    assert_eq!(write_all(store, &retry).await, vec![CasOutcome::Current; 2]);
     for write in &batch {
         assert_eq!(
-            pexpiretime(&deployment, write.copy_key.as_str()),
+            pexpiretime(deployment, write.copy_key.as_str()),
             (later + hotsplit::store::DEFAULT_VERSION_RETENTION_MS) as i64
         );
     }
+}
 
+/// A tombstone blocks an older write, and reads as a tombstone.
+async fn a_tombstone_blocks_an_older_write(
+    deployment: &Deployment<'_>,
+    store: &RedisStore,
+    name: &str,
+    later: u64,
+) {
     // A tombstone blocks an older write.
     let key_c = key(&format!("{name}:tombstone"));
     assert_eq!(
-        write_all(&*store, &writes(&key_c, 2, 9, &value("nine"), later)).await,
+        write_all(store, &writes(&key_c, 2, 9, &value("nine"), later)).await,
         vec![CasOutcome::Applied; 2]
     );
     assert_eq!(
-        write_all(&*store, &writes(&key_c, 2, 10, &Payload::Tombstone, later)).await,
+        write_all(store, &writes(&key_c, 2, 10, &Payload::Tombstone, later)).await,
         vec![CasOutcome::Applied; 2]
     );
     assert_eq!(
-        write_all(&*store, &writes(&key_c, 2, 8, &value("eight"), later)).await,
+        write_all(store, &writes(&key_c, 2, 8, &value("eight"), later)).await,
         vec![
             CasOutcome::Stale {
                 stored: version(10)
@@ -272,7 +306,7 @@ async fn compare_and_set_rules(deployment: Deployment<'_>, name: &str) {
     );
     for copy in 0..2 {
         let copy_key = key_c.copy_key(copy, hotsplit::key::Placement::Suffix);
-        let hash = raw_copy(&deployment, copy_key.as_str());
+        let hash = raw_copy(deployment, copy_key.as_str());
         assert_eq!(
             (
                 hash["ver"].as_str(),
@@ -292,43 +326,59 @@ async fn compare_and_set_rules(deployment: Deployment<'_>, name: &str) {
             (version(10), Payload::Tombstone)
         );
     }
+}
 
+/// At an equal version a tombstone replaces a value and a value never replaces a tombstone.
+async fn equal_versions_end_as_the_tombstone(
+    deployment: &Deployment<'_>,
+    store: &RedisStore,
+    name: &str,
+    later: u64,
+) {
     // At an equal version a tombstone replaces a value and a value never replaces a tombstone.
     let key_e = key(&format!("{name}:equal"));
     let single = |payload: &Payload| writes(&key_e, 1, 11, payload, later);
     assert_eq!(
-        write_all(&*store, &single(&value("eleven"))).await,
+        write_all(store, &single(&value("eleven"))).await,
         vec![CasOutcome::Applied]
     );
     assert_eq!(
-        write_all(&*store, &single(&Payload::Tombstone)).await,
+        write_all(store, &single(&Payload::Tombstone)).await,
         vec![CasOutcome::Applied]
     );
     assert_eq!(
-        write_all(&*store, &single(&value("eleven"))).await,
+        write_all(store, &single(&value("eleven"))).await,
         vec![CasOutcome::Stale {
             stored: version(11)
         }]
     );
     assert_eq!(
-        write_all(&*store, &single(&Payload::Tombstone)).await,
+        write_all(store, &single(&Payload::Tombstone)).await,
         vec![CasOutcome::Current]
     );
     let hash = raw_copy(
-        &deployment,
+        deployment,
         key_e.copy_key(0, hotsplit::key::Placement::Suffix).as_str(),
     );
     assert_eq!((hash["ver"].as_str(), hash["tomb"].as_str()), ("11", "1"));
+}
 
+/// Versions above 2^53 compare exactly (a double cannot tell 2^53 + 1 from 2^53).
+async fn versions_above_2_53_compare_exactly(
+    deployment: &Deployment<'_>,
+    store: &RedisStore,
+    name: &str,
+    later: u64,
+) {
     // Versions above 2^53 compare exactly (a double cannot tell 2^53 + 1 from 2^53).
     let key_d = key(&format!("{name}:big"));
     let above = (1u64 << 53) + 1;
     assert_eq!(
-        write_all(&*store, &writes(&key_d, 2, above, &value("a"), later)).await,
+        write_all(store, &writes(&key_d, 2, above, &value("a"), later)).await,
         vec![CasOutcome::Applied; 2]
     );
     assert_eq!(
-        write_all(&*store, &writes(&key_d, 2, 1 << 53, &value("b"), later)).await,
+        write_all(store, &writes(&key_d, 2, 1 << 53, &value("b"), later)).await,
         vec![
             CasOutcome::Stale {
                 stored: version(above)
@@ -337,23 +387,15 @@ async fn compare_and_set_rules(deployment: Deployment<'_>, name: &str) {
         ]
     );
     assert_eq!(
-        write_all(
-            &*store,
-            &writes(&key_d, 2, u64::MAX - 1, &value("c"), later)
-        )
-        .await,
+        write_all(store, &writes(&key_d, 2, u64::MAX - 1, &value("c"), later)).await,
         vec![CasOutcome::Applied; 2]
     );
     assert_eq!(
-        write_all(&*store, &writes(&key_d, 2, u64::MAX, &value("d"), later)).await,
+        write_all(store, &writes(&key_d, 2, u64::MAX, &value("d"), later)).await,
         vec![CasOutcome::Applied; 2]
     );
     assert_eq!(
-        write_all(
-            &*store,
-            &writes(&key_d, 2, u64::MAX - 1, &value("c"), later)
-        )
-        .await,
+        write_all(store, &writes(&key_d, 2, u64::MAX - 1, &value("c"), later)).await,
         vec![
             CasOutcome::Stale {
                 stored: version(u64::MAX)
@@ -362,24 +404,13 @@ async fn compare_and_set_rules(deployment: Deployment<'_>, name: &str) {
         ]
     );
     assert_eq!(
-        write_all(&*store, &writes(&key_d, 2, u64::MAX, &value("d"), later)).await,
+        write_all(store, &writes(&key_d, 2, u64::MAX, &value("d"), later)).await,
         vec![CasOutcome::Current; 2]
     );
     let copy_key = key_d.copy_key(1, hotsplit::key::Placement::Suffix);
     assert_eq!(
-        raw_copy(&deployment, copy_key.as_str())["ver"],
+        raw_copy(deployment, copy_key.as_str())["ver"],
         "18446744073709551615"
-    );
-
-    // A missing copy reads as None.
-    let missing = key(&format!("{name}:missing")).copy_key(0, hotsplit::key::Placement::Suffix);
-    assert_eq!(
-        store
-            .read_copy(&missing)
-            .await
-            .record
-            .expect("read succeeds"),
-        None
     );
 }
 
@@ -466,6 +497,23 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
     let later = (now_unix_ms() + 600_000).to_string();
     let retain = (now_unix_ms() + 4_200_000).to_string();
     let now = now_unix_ms().to_string();
+    non_canonical_versions_are_refused(&deployment, copy_key, [&later, &retain, &now]);
+    malformed_calls_are_refused(&deployment, copy_key, [&later, &retain, &now]);
+    // Nothing was written by any refused call.
+    assert_eq!(
+        deployment
+            .cli(copy_key, &["EXISTS", copy_key])
+            .expect("EXISTS"),
+        "0"
+    );
+}
+
+/// `FCALL`s of the compare-and-set with a version that is not canonical are refused.
+fn non_canonical_versions_are_refused(
+    deployment: &Deployment<'_>,
+    copy_key: &str,
+    [later, retain, now]: [&str; 3],
+) {
     let bad_versions = [
         "01",
         "0",
@@ -490,14 +538,22 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
                 bad,
                 "v",
                 "0",
-                &later,
-                &retain,
-                &now,
+                later,
+                retain,
+                now,
             ],
         );
         let err = reply.expect_err(&format!("version {bad:?} must be refused"));
         assert!(err.to_string().contains("not canonical"), "{bad:?}: {err}");
     }
+}
+
+/// `FCALL`s with a bad or missing argument after the version are refused.
+fn malformed_calls_are_refused(
+    deployment: &Deployment<'_>,
+    copy_key: &str,
+    [later, retain, now]: [&str; 3],
+) {
     let bad_calls: [&[&str]; 11] = [
         &[
             "FCALL",
@@ -507,9 +563,9 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
             "1",
             "v",
             "2",
-            &later,
-            &retain,
-            &now,
+            later,
+            retain,
+            now,
         ],
         &[
             "FCALL",
@@ -520,8 +576,8 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
             "v",
             "0",
             "-5",
-            &retain,
-            &now,
+            retain,
+            now,
         ],
         &[
             "FCALL",
@@ -531,9 +587,9 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
             "1",
             "v",
             "0",
-            &later,
+            later,
             "x",
-            &now,
+            now,
         ],
         &[
             "FCALL",
@@ -543,8 +599,8 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
             "1",
             "v",
             "0",
-            &later,
-            &retain,
+            later,
+            retain,
             "01",
         ],
         &[
@@ -555,8 +611,8 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
             "1",
             "v",
             "0",
-            &later,
-            &retain,
+            later,
+            retain,
         ],
         &["FCALL", CAS_FUNCTION, "1", copy_key, "1", "v", "0"],
         &["FCALL", ALLOC_FUNCTION, "1", copy_key, "ten", "0"],
@@ -578,13 +634,6 @@ async fn the_lua_routine_rejects_non_canonical_arguments() {
             "{args:?} must be refused"
         );
     }
-    // Nothing was written by any refused call.
-    assert_eq!(
-        deployment
-            .cli(copy_key, &["EXISTS", copy_key])
-            .expect("EXISTS"),
-        "0"
-    );
 }
 
 // ---------------------------------------------------------------------------------------------

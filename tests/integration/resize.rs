@@ -208,29 +208,14 @@ async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
     )
     .await
     .unwrap();
-    let publish = |families: &hotsplit::family::Families,
-                   layouts: Arc<hotsplit::layout::Layouts>,
-                   version| {
-        let publisher = hotsplit::publish::Publisher::new(
-            store.clone(),
-            Arc::new(families.clone()),
-            metrics.clone(),
-        )
-        .with_layouts(layouts);
-        async move {
-            publisher
-                .publish(
-                    &hotsplit::key::Key::parse("g:1").unwrap(),
-                    hotsplit::publish::VersionChoice::Given(
-                        hotsplit::key::Version::new(version).unwrap(),
-                    ),
-                    bytes::Bytes::from(format!("v{version}")),
-                )
-                .await
-                .unwrap()
-        }
-    };
-    publish(&twelve, hotsplit::layout::Layouts::unrecorded(), 1).await;
+    publish_g1(
+        &store,
+        &metrics,
+        &twelve,
+        hotsplit::layout::Layouts::unrecorded(),
+        1,
+    )
+    .await;
     // The twelve-copy writer is gone; a four-copy instance shrinks, and a stale copy 7
     // survives (as after a failed delete).
     store.leave_layout("g:", 12, "old").await.unwrap();
@@ -242,18 +227,9 @@ async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
     )
     .await
     .unwrap();
-    let report = publish(&four, small.clone(), 2).await;
+    let report = publish_g1(&store, &metrics, &four, small.clone(), 2).await;
     assert_eq!(report.copies, 4);
-    store
-        .write_copies(&[hotsplit::store::CopyWrite {
-            copy_key: hotsplit::key::Key::parse("g:1")
-                .unwrap()
-                .copy_key(7, hotsplit::key::Placement::Suffix),
-            version: hotsplit::key::Version::new(1).unwrap(),
-            payload: hotsplit::store::Payload::Value(bytes::Bytes::from("v1")),
-            expire_at_ms: hotsplit::store::now_unix_ms() + 60_000,
-        }])
-        .await;
+    write_a_stale_copy_7(&store).await;
     // A twelve-copy instance starts while the small one is live: copies 4..12 are deleted.
     let quick = liveness("new", Duration::from_millis(10));
     let grown = hotsplit::layout::Layouts::reconcile(
@@ -264,18 +240,7 @@ async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
     )
     .await
     .unwrap();
-    let copy = |index| {
-        let store = store.clone();
-        async move {
-            store
-                .read_copy(
-                    &hotsplit::key::Key::parse("g:1")
-                        .unwrap()
-                        .copy_key(index, hotsplit::key::Placement::Suffix),
-                )
-                .await
-        }
-    };
+    let copy = |index| read_g1_copy(&store, index);
     for index in 4..12 {
         assert!(
             copy(index).await.record.unwrap().is_none(),
@@ -322,10 +287,62 @@ async fn a_growing_instance_deletes_the_grown_copies_after_settling() {
         },
     )
     .await;
-    assert_eq!(publish(&four, small, 3).await.copies, 12);
+    assert_eq!(
+        publish_g1(&store, &metrics, &four, small, 3).await.copies,
+        12
+    );
     assert_eq!(grown.write_copies("g:", 12), 12);
     shutdown.cancel();
     for watcher in watchers {
         watcher.await.unwrap();
     }
+}
+
+/// Publishes `version` of `g:1` into `store` with `families` and `layouts`; returns the report.
+async fn publish_g1(
+    store: &Arc<MemoryStore>,
+    metrics: &Arc<Metrics>,
+    families: &hotsplit::family::Families,
+    layouts: Arc<hotsplit::layout::Layouts>,
+    version: u64,
+) -> hotsplit::publish::PublishReport {
+    let publisher = hotsplit::publish::Publisher::new(
+        store.clone(),
+        Arc::new(families.clone()),
+        metrics.clone(),
+    )
+    .with_layouts(layouts);
+    publisher
+        .publish(
+            &hotsplit::key::Key::parse("g:1").unwrap(),
+            hotsplit::publish::VersionChoice::Given(hotsplit::key::Version::new(version).unwrap()),
+            bytes::Bytes::from(format!("v{version}")),
+        )
+        .await
+        .unwrap()
+}
+
+/// A stale copy 7 of `g:1` at version 1 in `store` (as after a failed delete).
+async fn write_a_stale_copy_7(store: &MemoryStore) {
+    store
+        .write_copies(&[hotsplit::store::CopyWrite {
+            copy_key: hotsplit::key::Key::parse("g:1")
+                .unwrap()
+                .copy_key(7, hotsplit::key::Placement::Suffix),
+            version: hotsplit::key::Version::new(1).unwrap(),
+            payload: hotsplit::store::Payload::Value(bytes::Bytes::from("v1")),
+            expire_at_ms: hotsplit::store::now_unix_ms() + 60_000,
+        }])
+        .await;
+}
+
+/// Copy `index` of `g:1` as `store` reads it.
+async fn read_g1_copy(store: &MemoryStore, index: u32) -> hotsplit::store::CopyRead {
+    store
+        .read_copy(
+            &hotsplit::key::Key::parse("g:1")
+                .unwrap()
+                .copy_key(index, hotsplit::key::Placement::Suffix),
+        )
+        .await
 }

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::harness::{
     self, affinity, config_from_toml, get_json, metrics_text, owner_and_replica, poll, problem,
-    publish_expecting, Service,
+    publish_expecting, Edit, Service,
 };
 
 /// How many `HMGET`s `port` has served.
@@ -178,7 +178,7 @@ async fn unknown_and_disallowed_classes_are_refused_and_classes_are_listed() {
     let service = Service::start(config).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "s:1", 1, "x", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("s:1", 1, "x"), StatusCode::OK).await;
     let url = format!("{base}/v1/keys/s:1?client=a&class=nope");
     let response = harness::get(&http, &url, &[]).await;
     problem(response, StatusCode::BAD_REQUEST, "unknown_class", &url).await;
@@ -244,7 +244,7 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
     let http = reqwest::Client::new();
     let base = service.base.clone();
     let adv_1 = format!("{base}/v1/keys/adv:1?client=a");
-    publish_expecting(&http, &base, "adv:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("adv:1", 1, "one"), StatusCode::OK).await;
     // Once the replica has the value and its lag is known, advisory reads are the replica's.
     wait_for_read(
         &http,
@@ -319,7 +319,20 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
         },
     )
     .await;
-    let metrics = metrics_text(&http, &base).await;
+    assert_breaches_and_the_lag_histogram(&http, &base, &group).await;
+    service.stop().await;
+}
+
+/// The metrics of `base` count the lag breaches, export the replica's lag of `group` as a
+/// histogram in seconds with samples on both sides of the advisory budget, and show the
+/// replica up.
+async fn assert_breaches_and_the_lag_histogram(
+    http: &reqwest::Client,
+    base: &str,
+    group: &PrimaryReplica,
+) {
+    let replica_label = group.replicas[0].addr();
+    let metrics = metrics_text(http, base).await;
     let breaches: u64 = metrics
         .lines()
         .find_map(|line| {
@@ -361,7 +374,6 @@ async fn a_paused_standalone_replica_breaches_the_budget_and_recovers() {
         )),
         "{metrics}"
     );
-    service.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,7 +385,7 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     let http = reqwest::Client::new();
     let base = service.base.clone();
     for key in ["own:1", "own:other"] {
-        publish_expecting(&http, &base, key, 1, "one", StatusCode::OK).await;
+        publish_expecting(&http, &base, Edit::new(key, 1, "one"), StatusCode::OK).await;
     }
     for instance in [&service.base, &other.base] {
         wait_for_read(
@@ -386,30 +398,7 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
         .await;
     }
 
-    // sync_replicas: WAIT on the written node, through a dedicated connection.
-    let (acked, report) = publish_synced(
-        &http,
-        format!("{base}/v1/keys/own:sync?version=1&sync_replicas=1&sync_timeout_ms=2000"),
-    )
-    .await;
-    assert_eq!(acked, vec![1, 1, 1, 1], "{report}");
-    for query in [
-        "sync_replicas=2&sync_timeout_ms=100",
-        "sync_replicas=0&sync_timeout_ms=100",
-        "sync_replicas=1&sync_timeout_ms=0",
-        "sync_replicas=1&sync_timeout_ms=5001",
-        "sync_replicas=1",
-        "sync_replicas=x&sync_timeout_ms=100",
-    ] {
-        let refused = put(
-            &http,
-            format!("{base}/v1/keys/own:sync?version=9&{query}"),
-            "s",
-            &[],
-        )
-        .await;
-        problem(refused, StatusCode::BAD_REQUEST, "invalid_parameter", query).await;
-    }
+    sync_replicas_waits_and_bad_parameters_are_refused(&http, &base).await;
 
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"]).expect("CLIENT PAUSE");
     // A paused replica does not acknowledge: WAIT times out with 0.
@@ -470,21 +459,7 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     .await
     .served_by;
     assert!(served_by.ends_with("role=replica"), "{served_by}");
-    // A client that sends its floor back gets the new version through another instance.
-    let Read {
-        status,
-        body,
-        served_by,
-        route,
-    } = read(
-        &http,
-        &format!("{}/v1/keys/own:1?client=alice&min_version=2", other.base),
-        &[],
-    )
-    .await;
-    assert_eq!((status, body.as_str()), (StatusCode::OK, "two"));
-    assert!(served_by.ends_with("role=primary"), "{served_by}");
-    assert_eq!(route, "class=lenient;reason=version-floor");
+    a_floor_sent_back_reads_the_new_version_through(&http, &other.base).await;
     // After the pin window (700 ms) the writer reads the replica again.
     wait_for_read(
         &http,
@@ -497,6 +472,54 @@ async fn own_writes_and_request_pins_read_through_a_paused_replica() {
     devcluster::cli(replica.port(), &["CLIENT", "UNPAUSE"]).expect("CLIENT UNPAUSE");
     service.stop().await;
     other.stop().await;
+}
+
+/// A client that sends its floor back gets the new version through another instance (`other`).
+async fn a_floor_sent_back_reads_the_new_version_through(http: &reqwest::Client, other: &str) {
+    // A client that sends its floor back gets the new version through another instance.
+    let Read {
+        status,
+        body,
+        served_by,
+        route,
+    } = read(
+        http,
+        &format!("{other}/v1/keys/own:1?client=alice&min_version=2"),
+        &[],
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "two"));
+    assert!(served_by.ends_with("role=primary"), "{served_by}");
+    assert_eq!(route, "class=lenient;reason=version-floor");
+}
+
+/// `sync_replicas`: WAIT on the written node, through a dedicated connection; bad parameters
+/// are refused.
+async fn sync_replicas_waits_and_bad_parameters_are_refused(http: &reqwest::Client, base: &str) {
+    // sync_replicas: WAIT on the written node, through a dedicated connection.
+    let (acked, report) = publish_synced(
+        http,
+        format!("{base}/v1/keys/own:sync?version=1&sync_replicas=1&sync_timeout_ms=2000"),
+    )
+    .await;
+    assert_eq!(acked, vec![1, 1, 1, 1], "{report}");
+    for query in [
+        "sync_replicas=2&sync_timeout_ms=100",
+        "sync_replicas=0&sync_timeout_ms=100",
+        "sync_replicas=1&sync_timeout_ms=0",
+        "sync_replicas=1&sync_timeout_ms=5001",
+        "sync_replicas=1",
+        "sync_replicas=x&sync_timeout_ms=100",
+    ] {
+        let refused = put(
+            http,
+            format!("{base}/v1/keys/own:sync?version=9&{query}"),
+            "s",
+            &[],
+        )
+        .await;
+        problem(refused, StatusCode::BAD_REQUEST, "invalid_parameter", query).await;
+    }
 }
 
 fn cluster_config(cluster: &Cluster) -> Config {
@@ -528,28 +551,14 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
     };
 
     // Decision reads never touch a replica, even with every replica healthy.
-    publish_expecting(&http, &base, "claim:1", 1, "held", StatusCode::OK).await;
-    poll(
-        "every replica's lag is known",
-        Duration::from_secs(10),
-        || {
-            let http = http.clone();
-            let base = base.clone();
-            async move {
-                let lines: Value = match http.get(format!("{base}/v1/lag")).send().await {
-                    Ok(response) => response.json().await.unwrap_or_default(),
-                    Err(_) => return false,
-                };
-                lines.as_array().is_some_and(|lines| {
-                    lines.len() == 3
-                        && lines
-                            .iter()
-                            .all(|line| line["within_budget"]["advisory"] == true)
-                })
-            }
-        },
+    publish_expecting(
+        &http,
+        &base,
+        Edit::new("claim:1", 1, "held"),
+        StatusCode::OK,
     )
     .await;
+    wait_until_every_lag_is_known(&http, &base).await;
     let before = total_hmget();
     for _ in 0..20 {
         let Read {
@@ -565,7 +574,7 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
     assert_eq!(total_hmget(), before, "no decision read reached a replica");
 
     // Advisory reads of a split key are served by the replica of the copy's owner.
-    publish_expecting(&http, &base, "adv:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("adv:1", 1, "one"), StatusCode::OK).await;
     let affinity = affinity(&http, &base, "adv:1", "a").await;
     let copy_key = affinity["copy_key"].as_str().unwrap().to_owned();
     let (_, replica_port) = owner_and_replica(&cluster, &copy_key);
@@ -628,6 +637,31 @@ async fn cluster_replicas_serve_advisory_reads_never_decisions_and_a_stopped_rep
     service.stop().await;
 }
 
+/// Waits until `base` knows the lag of all 3 replicas, each within the advisory budget.
+async fn wait_until_every_lag_is_known(http: &reqwest::Client, base: &str) {
+    poll(
+        "every replica's lag is known",
+        Duration::from_secs(10),
+        || {
+            let http = http.clone();
+            let base = base.to_owned();
+            async move {
+                let lines: Value = match http.get(format!("{base}/v1/lag")).send().await {
+                    Ok(response) => response.json().await.unwrap_or_default(),
+                    Err(_) => return false,
+                };
+                lines.as_array().is_some_and(|lines| {
+                    lines.len() == 3
+                        && lines
+                            .iter()
+                            .all(|line| line["within_budget"]["advisory"] == true)
+                })
+            }
+        },
+    )
+    .await;
+}
+
 /// A measurement, not a timed test (run with `--ignored --nocapture`): replication of a replica
 /// is held back for a known time with `CLIENT PAUSE <ms> WRITE`, and the lag maximum reported
 /// by `/v1/lag` is compared with it. Target: within one heartbeat interval plus 20 ms.
@@ -688,7 +722,7 @@ async fn a_killed_cluster_replica_is_confined_to_its_own_reads() {
     let service = Service::start(cluster_config(&cluster)).await;
     let http = reqwest::Client::new();
     let base = service.base.clone();
-    publish_expecting(&http, &base, "adv:k", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("adv:k", 1, "one"), StatusCode::OK).await;
     let affinity = affinity(&http, &base, "adv:k", "a").await;
     let (_, replica_port) = owner_and_replica(&cluster, affinity["copy_key"].as_str().unwrap());
     let adv_k = format!("{base}/v1/keys/adv:k?client=a");
@@ -721,7 +755,13 @@ async fn a_killed_cluster_replica_is_confined_to_its_own_reads() {
     )
     .await;
     for version in 2..=6 {
-        publish_expecting(&http, &base, "adv:k", version, "again", StatusCode::OK).await;
+        publish_expecting(
+            &http,
+            &base,
+            Edit::new("adv:k", version, "again"),
+            StatusCode::OK,
+        )
+        .await;
         let Read {
             status, served_by, ..
         } = read(&http, &adv_k, &[]).await;
@@ -745,7 +785,7 @@ async fn a_configured_replica_that_is_down_does_not_stop_startup() {
     let service = Service::start(config_from_toml(&text)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "down:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("down:1", 1, "one"), StatusCode::OK).await;
     let Read {
         status,
         body,
@@ -786,7 +826,7 @@ async fn a_reader_moved_to_the_primary_by_a_lag_breach_does_not_go_back_on_the_r
         .expect("a client of the same copy");
     let copy_key = format!("adv:9#{copy}");
     let adv_9_a = format!("{base}/v1/keys/adv:9?client=a");
-    publish_expecting(&http, &base, "adv:9", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("adv:9", 1, "one"), StatusCode::OK).await;
     wait_for_read(
         &http,
         &adv_9_a,
@@ -798,7 +838,7 @@ async fn a_reader_moved_to_the_primary_by_a_lag_breach_does_not_go_back_on_the_r
 
     // Replication held back, version 2 written: the lag breach sends `a` to the primary.
     devcluster::cli(replica.port(), &["CLIENT", "PAUSE", "20000", "WRITE"]).expect("CLIENT PAUSE");
-    publish_expecting(&http, &base, "adv:9", 2, "two", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("adv:9", 2, "two"), StatusCode::OK).await;
     wait_for_lag(
         &http,
         &base,

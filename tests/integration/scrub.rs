@@ -104,23 +104,8 @@ async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries
 
     // By hand: copy 1 behind (version 1), copy 2 deleted, one tombstone copy deleted, and keys
     // the scrub must never touch: not copies, and a copy beyond N.
-    on_owner(
-        &cluster,
-        "sc:a#1",
-        &["HSET", "sc:a#1", "ver", "1", "val", "one"],
-    );
-    on_owner(&cluster, "sc:a#2", &["DEL", "sc:a#2"]);
-    on_owner(&cluster, "sc:gone#3", &["DEL", "sc:gone#3"]);
     let strangers = ["sc:a#9", "sc:x#bar", "sc:a#07"];
-    for stranger in strangers {
-        on_owner(
-            &cluster,
-            stranger,
-            &[
-                "HSET", stranger, "ver", "1", "val", "old", "tomb", "0", "exp", "1",
-            ],
-        );
-    }
+    break_copies_by_hand(&cluster, &strangers);
     let passes = scrub_view(&http, base).await["passes"]
         .as_u64()
         .unwrap_or(0);
@@ -197,6 +182,27 @@ async fn scrub_repairs_a_behind_and_a_deleted_copy_keeps_tombstones_and_expiries
     service.stop().await;
 }
 
+/// Sets `sc:a#1` behind (version 1), deletes `sc:a#2` and the tombstone copy `sc:gone#3`, and
+/// writes the `strangers`, keys the scrub must never touch.
+fn break_copies_by_hand(cluster: &Cluster, strangers: &[&str]) {
+    on_owner(
+        cluster,
+        "sc:a#1",
+        &["HSET", "sc:a#1", "ver", "1", "val", "one"],
+    );
+    on_owner(cluster, "sc:a#2", &["DEL", "sc:a#2"]);
+    on_owner(cluster, "sc:gone#3", &["DEL", "sc:gone#3"]);
+    for &stranger in strangers {
+        on_owner(
+            cluster,
+            stranger,
+            &[
+                "HSET", stranger, "ver", "1", "val", "old", "tomb", "0", "exp", "1",
+            ],
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scrub_lease_has_one_holder_at_a_time_and_passes_on_when_it_stops() {
     let cluster = harness::own_cluster().await;
@@ -267,51 +273,15 @@ async fn two_scrubbers_at_once_converge_and_never_roll_a_copy_back() {
 
     // Two scrubbers, each with a store of its own, run passes back to back with no lease,
     // while the even keys keep being published and a sampler watches every copy.
-    let scrubber = |instance: &str| {
-        let config = config.clone();
-        let url = cluster.url();
-        let instance = instance.to_owned();
-        async move {
-            let store = harness::redis_store(&url, Duration::from_secs(2)).await;
-            Scrubber {
-                copies: store.clone(),
-                scan: store,
-                health: NodeHealth::new(),
-                families: Arc::new(config.families()),
-                layouts: Layouts::unrecorded(),
-                status: Arc::new(ScrubStatus::new(&Metrics::new(), true, &instance)),
-                config: config.scrub.clone(),
-                instance,
-                split_index_max_age: Duration::from_secs(1),
-            }
-        }
-    };
-    let scrubbers = [scrubber("one").await, scrubber("two").await];
+    let scrubbers = [
+        scrubber(&config, &cluster.url(), "one").await,
+        scrubber(&config, &cluster.url(), "two").await,
+    ];
     let stop = CancellationToken::new();
     let writing = Arc::new(AtomicBool::new(true));
     let sampler = {
         let (cluster, keys, writing) = (cluster.clone(), keys.clone(), writing.clone());
-        tokio::task::spawn_blocking(move || {
-            let mut seen: BTreeMap<String, u64> = BTreeMap::new();
-            let mut rounds = 0;
-            while writing.load(Ordering::Acquire) || rounds < 2 {
-                if !writing.load(Ordering::Acquire) {
-                    rounds += 1;
-                }
-                for key in &keys {
-                    for copy in 0..4 {
-                        let copy_key = format!("{key}#{copy}");
-                        let Some(now) = version_of(&cluster, &copy_key) else {
-                            assert!(!seen.contains_key(&copy_key), "{copy_key} vanished");
-                            continue;
-                        };
-                        let last = seen.entry(copy_key.clone()).or_insert(now);
-                        assert!(now >= *last, "{copy_key} went back from {last} to {now}");
-                        *last = now;
-                    }
-                }
-            }
-        })
+        tokio::task::spawn_blocking(move || watch_copies_never_go_back(&cluster, &keys, &writing))
     };
     let writer = async {
         for version in 3..=12u64 {
@@ -362,6 +332,47 @@ async fn two_scrubbers_at_once_converge_and_never_roll_a_copy_back() {
         .sum();
     assert_eq!(repaired, 0, "the last passes found nothing left to repair");
     service.stop().await;
+}
+
+/// A scrubber named `instance` with a store of its own on `url`, scrubbing under `config`.
+async fn scrubber(config: &Config, url: &str, instance: &str) -> Scrubber {
+    let instance = instance.to_owned();
+    let store = harness::redis_store(url, Duration::from_secs(2)).await;
+    Scrubber {
+        copies: store.clone(),
+        scan: store,
+        health: NodeHealth::new(),
+        families: Arc::new(config.families()),
+        layouts: Layouts::unrecorded(),
+        status: Arc::new(ScrubStatus::new(&Metrics::new(), true, &instance)),
+        config: config.scrub.clone(),
+        instance,
+        split_index_max_age: Duration::from_secs(1),
+    }
+}
+
+/// Reads every copy of `keys` round after round while `writing`, and two rounds more: no copy
+/// goes back to a lower version, nor vanishes once seen.
+fn watch_copies_never_go_back(cluster: &Cluster, keys: &[String], writing: &AtomicBool) {
+    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    let mut rounds = 0;
+    while writing.load(Ordering::Acquire) || rounds < 2 {
+        if !writing.load(Ordering::Acquire) {
+            rounds += 1;
+        }
+        for key in keys {
+            for copy in 0..4 {
+                let copy_key = format!("{key}#{copy}");
+                let Some(now) = version_of(cluster, &copy_key) else {
+                    assert!(!seen.contains_key(&copy_key), "{copy_key} vanished");
+                    continue;
+                };
+                let last = seen.entry(copy_key.clone()).or_insert(now);
+                assert!(now >= *last, "{copy_key} went back from {last} to {now}");
+                *last = now;
+            }
+        }
+    }
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use hotsplit_devcluster::{self as devcluster, PrimaryReplica};
 use reqwest::StatusCode;
 
 use crate::harness::{
-    self, config_from_toml, metrics_text, poll, publish_expecting, shared_standalone, Service,
+    self, config_from_toml, metrics_text, poll, publish_expecting, shared_standalone, Edit, Service,
 };
 use crate::route::{put, standalone_config, wait_for_read};
 
@@ -100,7 +100,7 @@ async fn session_floors_travel_between_two_instances_and_break_without_the_token
     let a = Service::start(standalone_config(&group, FAMILY)).await;
     let b = Service::start(standalone_config(&group, FAMILY)).await;
     let http = reqwest::Client::new();
-    publish_expecting(&http, &a.base, "ses:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &a.base, Edit::new("ses:1", 1, "one"), StatusCode::OK).await;
     for service in [&a, &b] {
         wait_for_read(
             &http,
@@ -196,7 +196,7 @@ async fn session_tokens_of_unknown_version_garbled_oversized_or_forged_are_ignor
     let service = Service::start(config_from_toml(&text)).await;
     let http = reqwest::Client::new();
     let base = &service.base;
-    publish_expecting(&http, base, "ses:ign", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, base, Edit::new("ses:ign", 1, "one"), StatusCode::OK).await;
     let good = read(&http, base, "ses:ign", "erin", None)
         .await
         .token

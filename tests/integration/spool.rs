@@ -125,27 +125,8 @@ async fn spool_a_full_disk_loses_no_queued_copy_and_a_drained_queue_resets_it() 
     // Every copy write fails: the store refuses FCALL.
     devcluster::cli(port, &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
     let mut queued: HashMap<String, u64> = HashMap::new();
-    let mut dropped = 0;
     let mut version = 0u64;
-    while dropped == 0 {
-        version += 1;
-        assert!(version < 200, "the spool never filled the disk");
-        let (status, body) = put(
-            &http,
-            &first.base,
-            &format!("full:{}", version % 5),
-            version,
-            vec![b'v'; 2000],
-        )
-        .await;
-        queued_copies(&body, version, &mut queued);
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            dropped = body["dropped"].as_u64().unwrap_or(0);
-            assert_eq!(body["code"], "publish_incomplete", "{body}");
-        } else {
-            assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        }
-    }
+    publish_until_the_spool_drops(&http, &first.base, &mut version, &mut queued).await;
     // True states: the spool's size gauge is the file's size (no partial frame kept), and the
     // queue holds exactly what was answered queued.
     let on_disk = std::fs::metadata(spool.join("spool.log")).unwrap().len();
@@ -220,6 +201,36 @@ async fn spool_a_full_disk_loses_no_queued_copy_and_a_drained_queue_resets_it() 
     version += 1;
     let (status, body) = put(&http, &second.base, "full:0", version, vec![b'x'; 100]).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+}
+
+/// Publishes through `base`, from `version` + 1 on, until the spool drops a copy (the disk is
+/// full), recording every copy answered queued in `queued`.
+async fn publish_until_the_spool_drops(
+    http: &reqwest::Client,
+    base: &str,
+    version: &mut u64,
+    queued: &mut HashMap<String, u64>,
+) {
+    let mut dropped = 0;
+    while dropped == 0 {
+        *version += 1;
+        assert!(*version < 200, "the spool never filled the disk");
+        let (status, body) = put(
+            http,
+            base,
+            &format!("full:{}", *version % 5),
+            *version,
+            vec![b'v'; 2000],
+        )
+        .await;
+        queued_copies(&body, *version, queued);
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            dropped = body["dropped"].as_u64().unwrap_or(0);
+            assert_eq!(body["code"], "publish_incomplete", "{body}");
+        } else {
+            assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        }
+    }
 }
 
 /// Starts a standalone server whose copy writes all fail (FCALL refused), and a config for a

@@ -172,6 +172,14 @@ fn assert_rendered_as_given(page: &Snapshot, id: &str) {
     let status = page
         .status(id)
         .unwrap_or_else(|| panic!("{id} has figures"));
+    assert_queue_and_lag_rendered(page, id, status);
+    assert_routing_rendered(page, id, status);
+    assert_near_cache_and_scrub_rendered(page, id, status);
+    assert_families_rendered(page, id, status);
+}
+
+/// The retry queue's and the replicas' lag figures for `id` are rendered as given.
+fn assert_queue_and_lag_rendered(page: &Snapshot, id: &str, status: &Value) {
     let queue = &status["retry_queue"];
     assert_eq!(
         page.text(id, "queue-depth", None),
@@ -197,6 +205,10 @@ fn assert_rendered_as_given(page: &Snapshot, id: &str) {
             assert_shown(page.text(id, field, at), &line["lag_ms"][figure], 1, field);
         }
     }
+}
+
+/// The routing figures of every class for `id` are rendered as given.
+fn assert_routing_rendered(page: &Snapshot, id: &str, status: &Value) {
     for line in status["routing"].as_array().expect("routing") {
         let class = line["class"].as_str().expect("class");
         let at = Some(("class_name", class));
@@ -226,6 +238,10 @@ fn assert_rendered_as_given(page: &Snapshot, id: &str) {
             }
         }
     }
+}
+
+/// The near cache's and the scrub's figures for `id` are rendered as given.
+fn assert_near_cache_and_scrub_rendered(page: &Snapshot, id: &str, status: &Value) {
     let near = &status["near_cache"];
     for (field, figure) in [
         ("near-hits", "hits"),
@@ -258,6 +274,10 @@ fn assert_rendered_as_given(page: &Snapshot, id: &str) {
             );
         }
     }
+}
+
+/// The families and their copy counts for `id` are rendered as given.
+fn assert_families_rendered(page: &Snapshot, id: &str, status: &Value) {
     let families: Vec<&str> = status["families"]
         .as_array()
         .expect("families")
@@ -362,69 +382,16 @@ async fn status_page_shows_both_instances_as_text_and_a_paused_master_as_a_growi
     let a_id = id_of(get_json(&http, &format!("{}/v1/instances", a.base)).await);
     let b_id = id_of(get_json(&http, &format!("{}/v1/instances", b.base)).await);
 
-    for service in [&a, &b] {
-        poll("every replica's lag is measured", PAGE_LIMIT, || async {
-            let lines = get_json(&http, &format!("{}/v1/lag", service.base)).await;
-            lines.as_array().is_some_and(|lines| {
-                lines.len() == 3 && lines.iter().all(|line| line["lag_ms"]["p99"].is_number())
-            })
-        })
-        .await;
-    }
+    wait_until_every_lag_is_measured(&http, [&a, &b]).await;
 
-    // Traffic on both, so the bill and the near cache have figures: a hostile key published,
-    // then read by a few clients.
-    let key = format!("{HOSTILE}0");
-    let answer = http
-        .put(format!(
-            "{}/v1/keys/{}?version=1",
-            a.base,
-            path_segment(&key)
-        ))
-        .body("v1")
-        .send()
-        .await
-        .expect("publish");
-    assert_eq!(answer.status(), StatusCode::OK);
-    for (base, client) in [
-        (&a.base, "c1"),
-        (&a.base, "c1"),
-        (&b.base, "c2"),
-        (&b.base, "c3"),
-    ] {
-        let answer = http
-            .get(format!(
-                "{base}/v1/keys/{}?client={client}",
-                path_segment(&key)
-            ))
-            .send()
-            .await
-            .expect("read");
-        assert_eq!(answer.status(), StatusCode::OK);
-    }
+    // Traffic on both, so the bill and the near cache have figures.
+    publish_and_read_a_hostile_key(&http, &a.base, &b.base).await;
     let quiet_since = now_unix_ms();
 
     // The page, from A: wait until it rendered both instances with figures taken after the
     // traffic (B's come from the store, published every 500 ms).
     browser.navigate(&format!("{}/status", a.base)).await;
-    let deadline = Instant::now() + PAGE_LIMIT;
-    let page = loop {
-        let page = snapshot(&mut browser).await;
-        let fresh = |id: &str| {
-            page.status(id)
-                .and_then(|status| status["at_ms"].as_u64())
-                .is_some_and(|at| at > quiet_since)
-        };
-        if fresh(&a_id) && fresh(&b_id) {
-            break page;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the page shows both instances: {:?}",
-            page.body
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let page = page_with_fresh_figures(&mut browser, [&a_id, &b_id], quiet_since).await;
     assert!(browser.errors().is_empty(), "{:#?}", browser.errors());
     page.assert_no_script_ran();
     for (id, base) in [(&a_id, &a.base), (&b_id, &b.base)] {
@@ -457,44 +424,8 @@ async fn status_page_shows_both_instances_as_text_and_a_paused_master_as_a_growi
         .expect("SIGSTOP");
     let paused_at = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (base, stop) = (b.base.clone(), stop.clone());
-        tokio::spawn(async move {
-            let http = reqwest::Client::new();
-            let mut n = 1u64;
-            while !stop.load(Ordering::Relaxed) {
-                let key = path_segment(&format!("{HOSTILE}{n}"));
-                let _ = http
-                    .put(format!("{base}/v1/keys/{key}?version=1"))
-                    .body("v1")
-                    .send()
-                    .await;
-                n += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await; // Pacing, not a wait.
-            }
-        })
-    };
-    let mut first: Option<(u64, Duration)> = None;
-    let grown = loop {
-        let page = snapshot(&mut browser).await;
-        page.assert_no_script_ran();
-        let depth: u64 = page
-            .text(&b_id, "queue-depth", None)
-            .parse()
-            .expect("a depth");
-        match first {
-            None if depth > 0 => first = Some((depth, paused_at.elapsed())),
-            Some((seen, _)) if depth > seen => break (page, depth),
-            _ => {}
-        }
-        assert!(
-            paused_at.elapsed() < PAGE_LIMIT,
-            "B's queue grows on A's page: {depth} after {:?}",
-            paused_at.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let (page, depth) = grown;
+    let writer = tokio::spawn(publish_new_keys(b.base.clone(), stop.clone()));
+    let (page, depth, first) = wait_for_the_queue_to_grow(&mut browser, &b_id, paused_at).await;
     let (first_depth, first_after) = first.expect("a first depth");
     println!(
         "status page: B's queue shown at {first_depth} {first_after:?} after the pause, {depth} {:?} after it",
@@ -519,8 +450,129 @@ async fn status_page_shows_both_instances_as_text_and_a_paused_master_as_a_growi
         .expect("SIGCONT");
     assert!(browser.errors().is_empty(), "{:#?}", browser.errors());
 
-    // The detector can fail: markup with an inline handler, put in the page by hand, is refused
-    // by the policy and seen as a violation, and its script does not run.
+    an_injected_inline_handler_is_refused(&mut browser).await;
+    drop(browser);
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Waits until each of `services` has measured every replica's lag.
+async fn wait_until_every_lag_is_measured(http: &reqwest::Client, services: [&Service; 2]) {
+    for service in services {
+        poll("every replica's lag is measured", PAGE_LIMIT, || async {
+            let lines = get_json(http, &format!("{}/v1/lag", service.base)).await;
+            lines.as_array().is_some_and(|lines| {
+                lines.len() == 3 && lines.iter().all(|line| line["lag_ms"]["p99"].is_number())
+            })
+        })
+        .await;
+    }
+}
+
+/// Publishes a hostile key through `a_base` and reads it there and through `b_base` with a few
+/// clients.
+async fn publish_and_read_a_hostile_key(http: &reqwest::Client, a_base: &str, b_base: &str) {
+    let key = format!("{HOSTILE}0");
+    let answer = http
+        .put(format!(
+            "{}/v1/keys/{}?version=1",
+            a_base,
+            path_segment(&key)
+        ))
+        .body("v1")
+        .send()
+        .await
+        .expect("publish");
+    assert_eq!(answer.status(), StatusCode::OK);
+    for (base, client) in [
+        (a_base, "c1"),
+        (a_base, "c1"),
+        (b_base, "c2"),
+        (b_base, "c3"),
+    ] {
+        let answer = http
+            .get(format!(
+                "{base}/v1/keys/{}?client={client}",
+                path_segment(&key)
+            ))
+            .send()
+            .await
+            .expect("read");
+        assert_eq!(answer.status(), StatusCode::OK);
+    }
+}
+
+/// Snapshots of the page until it renders both `ids` with figures taken after `quiet_since`.
+async fn page_with_fresh_figures(
+    browser: &mut Browser,
+    ids: [&str; 2],
+    quiet_since: u64,
+) -> Snapshot {
+    let deadline = Instant::now() + PAGE_LIMIT;
+    loop {
+        let page = snapshot(browser).await;
+        let fresh = |id: &str| {
+            page.status(id)
+                .and_then(|status| status["at_ms"].as_u64())
+                .is_some_and(|at| at > quiet_since)
+        };
+        if fresh(ids[0]) && fresh(ids[1]) {
+            return page;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page shows both instances: {:?}",
+            page.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Publishes new hostile keys through `base`, one every 50 ms, until `stop`.
+async fn publish_new_keys(base: String, stop: Arc<AtomicBool>) {
+    let http = reqwest::Client::new();
+    let mut n = 1u64;
+    while !stop.load(Ordering::Relaxed) {
+        let key = path_segment(&format!("{HOSTILE}{n}"));
+        let _ = http
+            .put(format!("{base}/v1/keys/{key}?version=1"))
+            .body("v1")
+            .send()
+            .await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await; // Pacing, not a wait.
+    }
+}
+
+/// Snapshots of the page until `id`'s queue depth, once shown above zero, grows; returns that
+/// page, its depth, and the first depth above zero with how long after `paused_at` it showed.
+async fn wait_for_the_queue_to_grow(
+    browser: &mut Browser,
+    id: &str,
+    paused_at: Instant,
+) -> (Snapshot, u64, Option<(u64, Duration)>) {
+    let mut first: Option<(u64, Duration)> = None;
+    loop {
+        let page = snapshot(browser).await;
+        page.assert_no_script_ran();
+        let depth: u64 = page.text(id, "queue-depth", None).parse().expect("a depth");
+        match first {
+            None if depth > 0 => first = Some((depth, paused_at.elapsed())),
+            Some((seen, _)) if depth > seen => return (page, depth, first),
+            _ => {}
+        }
+        assert!(
+            paused_at.elapsed() < PAGE_LIMIT,
+            "B's queue grows on A's page: {depth} after {:?}",
+            paused_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The detector can fail: markup with an inline handler, put in the page by hand, is refused by
+/// the policy and seen as a violation, and its script does not run.
+async fn an_injected_inline_handler_is_refused(browser: &mut Browser) {
     browser
         .eval(r#"(() => { const d = document.createElement("div"); d.innerHTML = '<img src="status/status.css" onerror="alert(2)">'; document.body.append(d); return true; })()"#)
         .await;
@@ -530,7 +582,4 @@ async fn status_page_shows_both_instances_as_text_and_a_paused_master_as_a_growi
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(browser.eval("window.__dialogs.length").await, 0);
-    drop(browser);
-    a.stop().await;
-    b.stop().await;
 }

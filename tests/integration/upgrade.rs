@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::harness::{
     command_timeout_toml, config_from_toml, copy_on_owner, get, get_json, metrics_text,
-    own_cluster, poll, publish_expecting, publish_succeeds, served_version, Service,
+    own_cluster, poll, publish_expecting, publish_succeeds, served_version, Edit, Service,
     COMMAND_TIMEOUT,
 };
 
@@ -237,29 +237,57 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
     }
     assert!(on_every_master(&cluster, LIBRARY_NAME));
 
-    // Alternate publishes: neither rolls back a copy the other moved forward.
     let key = "up:side-by-side";
+    alternate_publishes_never_roll_back(&cluster, &http, &current, &previous, key).await;
+
+    racing_publishes_end_at_the_highest(&cluster, &http, &current, &previous).await;
+
+    the_previous_library_stays_while_registered(&cluster, &http, &current, &previous).await;
+
+    let previous_publisher =
+        the_previous_library_goes_after_its_instance(&cluster, &http, &current, previous, key)
+            .await;
+
+    an_unregistered_previous_publisher_keeps_its_library(
+        &cluster,
+        &http,
+        &current,
+        &previous_publisher,
+        key,
+    )
+    .await;
+    current.stop().await;
+}
+
+/// Alternate publishes of `key` from both releases: neither rolls back a copy the other moved
+/// forward.
+async fn alternate_publishes_never_roll_back(
+    cluster: &Cluster,
+    http: &reqwest::Client,
+    current: &Service,
+    previous: &PreviousInstance,
+    key: &str,
+) {
+    // Alternate publishes: neither rolls back a copy the other moved forward.
     let report = previous.publish(key, 1, "previous-1").await;
     assert_eq!(report.status(), PublishStatus::Done, "{report:?}");
-    publish_succeeds(&http, &current.base, key, 2, "current-2").await;
-    every_copy_holds(&cluster, key, 2, "current-2");
+    publish_succeeds(http, &current.base, key, 2, "current-2").await;
+    every_copy_holds(cluster, key, 2, "current-2");
     let report = previous.publish(key, 1, "previous-1").await;
     assert_eq!(report.status(), PublishStatus::Stale, "{report:?}");
-    every_copy_holds(&cluster, key, 2, "current-2");
+    every_copy_holds(cluster, key, 2, "current-2");
     let report = previous.publish(key, 3, "previous-3").await;
     assert_eq!(report.status(), PublishStatus::Done, "{report:?}");
     publish_expecting(
-        &http,
+        http,
         &current.base,
-        key,
-        2,
-        "current-2",
+        Edit::new(key, 2, "current-2"),
         StatusCode::CONFLICT,
     )
     .await;
-    every_copy_holds(&cluster, key, 3, "previous-3");
+    every_copy_holds(cluster, key, 3, "previous-3");
     let answer = get(
-        &http,
+        http,
         &format!("{}/v1/keys/{key}?client=reader", current.base),
         &[],
     )
@@ -267,7 +295,15 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
     assert_eq!(answer.status(), StatusCode::OK);
     assert_eq!(served_version(&answer), 3);
     assert_eq!(answer.text().await.expect("body"), "previous-3");
+}
 
+/// Racing publishes from both releases: every copy ends at the highest version.
+async fn racing_publishes_end_at_the_highest(
+    cluster: &Cluster,
+    http: &reqwest::Client,
+    current: &Service,
+    previous: &PreviousInstance,
+) {
     // Racing publishes: the previous release publishes odd versions, this one even ones, at
     // once; every copy ends at the highest.
     let raced = "up:raced";
@@ -277,26 +313,34 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
         let odd_value = format!("v{odd}");
         let (report, _) = tokio::join!(
             previous.publish(raced, odd, &odd_value),
-            publish_succeeds_or_stale(&http, &current.base, raced, even),
+            publish_succeeds_or_stale(http, &current.base, raced, even),
         );
         assert!(
             matches!(report.status(), PublishStatus::Done | PublishStatus::Stale),
             "{report:?}"
         );
     }
-    every_copy_holds(&cluster, raced, 40, "v40");
+    every_copy_holds(cluster, raced, 40, "v40");
+}
 
+/// The previous library is on the replicas too, and stays while its instance is registered.
+async fn the_previous_library_stays_while_registered(
+    cluster: &Cluster,
+    http: &reqwest::Client,
+    current: &Service,
+    previous: &PreviousInstance,
+) {
     // The replicas hold the previous library too (FUNCTION LOAD replicates).
     let replicas = cluster.replicas().expect("replicas").len();
     poll(
         "the replicas hold the previous library",
         Duration::from_secs(30),
-        || async { replicas_holding(&cluster, LEGACY_LIBRARY_NAME) == replicas },
+        || async { replicas_holding(cluster, LEGACY_LIBRARY_NAME) == replicas },
     )
     .await;
 
     // While the previous instance is registered its library stays, check after check.
-    let instances = get_json(&http, &format!("{}/v1/instances", current.base)).await;
+    let instances = get_json(http, &format!("{}/v1/instances", current.base)).await;
     let listed = instances["instances"].as_array().expect("instances");
     assert!(
         listed
@@ -306,7 +350,7 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
         "{instances}"
     );
     let checks = counter(
-        &http,
+        http,
         &current.base,
         "hotsplit_function_library_checks_total",
     )
@@ -316,7 +360,7 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
         Duration::from_secs(30),
         || async {
             counter(
-                &http,
+                http,
                 &current.base,
                 "hotsplit_function_library_checks_total",
             )
@@ -325,45 +369,66 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
         },
     )
     .await;
-    assert!(on_every_master(&cluster, LEGACY_LIBRARY_NAME));
+    assert!(on_every_master(cluster, LEGACY_LIBRARY_NAME));
     assert_eq!(
         counter(
-            &http,
+            http,
             &current.base,
             "hotsplit_function_libraries_deleted_total"
         )
         .await,
         0
     );
+}
 
+/// The previous instance leaves: its library is deleted everywhere, this one's stays, and
+/// publishing `key` goes on; returns the previous instance's publisher, now unregistered.
+async fn the_previous_library_goes_after_its_instance(
+    cluster: &Cluster,
+    http: &reqwest::Client,
+    current: &Service,
+    previous: PreviousInstance,
+    key: &str,
+) -> Publisher {
     // The previous instance leaves: its library is deleted from every primary, this one's
     // stays, and publishing goes on.
     let previous_publisher = previous.leave().await;
     poll(
         "the previous library is deleted everywhere",
         Duration::from_secs(30),
-        || async { on_no_master(&cluster, LEGACY_LIBRARY_NAME) },
+        || async { on_no_master(cluster, LEGACY_LIBRARY_NAME) },
     )
     .await;
-    assert!(on_every_master(&cluster, LIBRARY_NAME));
+    assert!(on_every_master(cluster, LIBRARY_NAME));
     poll(
         "the deletion reaches the replicas",
         Duration::from_secs(30),
-        || async { replicas_holding(&cluster, LEGACY_LIBRARY_NAME) == 0 },
+        || async { replicas_holding(cluster, LEGACY_LIBRARY_NAME) == 0 },
     )
     .await;
     assert_eq!(
         counter(
-            &http,
+            http,
             &current.base,
             "hotsplit_function_libraries_deleted_total"
         )
         .await,
         1
     );
-    publish_succeeds(&http, &current.base, key, 4, "current-4").await;
-    every_copy_holds(&cluster, key, 4, "current-4");
+    publish_succeeds(http, &current.base, key, 4, "current-4").await;
+    every_copy_holds(cluster, key, 4, "current-4");
+    previous_publisher
+}
 
+/// An unregistered previous-release publisher reloads its library to publish `key`; the
+/// retirer keeps the library that came back.
+async fn an_unregistered_previous_publisher_keeps_its_library(
+    cluster: &Cluster,
+    http: &reqwest::Client,
+    current: &Service,
+    previous_publisher: &Publisher,
+    key: &str,
+) {
     // An instance of the previous release that never registered still publishes: its write
     // meets `Function not found`, it reloads its library and retries. The retirer sees the
     // library back with no registered instance running it, and keeps it.
@@ -376,13 +441,13 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
         .await
         .expect("publish");
     assert_eq!(report.status(), PublishStatus::Done, "{report:?}");
-    every_copy_holds(&cluster, key, 5, "unregistered-5");
+    every_copy_holds(cluster, key, 5, "unregistered-5");
     poll(
         "the retirer sees the library come back",
         Duration::from_secs(30),
         || async {
             counter(
-                &http,
+                http,
                 &current.base,
                 "hotsplit_function_libraries_reappeared_total",
             )
@@ -392,7 +457,7 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
     )
     .await;
     // The primaries its writes reached hold it again, and keep it check after check.
-    let holders: Vec<u16> = master_ports(&cluster)
+    let holders: Vec<u16> = master_ports(cluster)
         .into_iter()
         .filter(|&port| {
             libraries_on(port)
@@ -402,14 +467,14 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
         .collect();
     assert!(!holders.is_empty());
     let checks = counter(
-        &http,
+        http,
         &current.base,
         "hotsplit_function_library_checks_total",
     )
     .await;
     poll("five more checks", Duration::from_secs(30), || async {
         counter(
-            &http,
+            http,
             &current.base,
             "hotsplit_function_library_checks_total",
         )
@@ -427,14 +492,13 @@ async fn upgrade_two_library_versions_publish_side_by_side_and_the_old_one_goes_
     }
     assert_eq!(
         counter(
-            &http,
+            http,
             &current.base,
             "hotsplit_function_libraries_deleted_total"
         )
         .await,
         1
     );
-    current.stop().await;
 }
 
 /// Publishes `v<version>` through `base`: applied (2xx), or refused as older than a copy the

@@ -16,7 +16,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::harness::{
-    self, config_from_toml, get_json, metrics_text, poll, problem, publish_expecting, Service,
+    self, config_from_toml, get_json, metrics_text, poll, problem, publish_expecting, Edit, Service,
 };
 use crate::route::{read, wait_for_read, Read, NEAR_CACHE_OFF};
 
@@ -103,7 +103,7 @@ async fn readyz_warms_up_until_the_replicas_first_lag_sample_and_reads_meanwhile
     );
 
     // A replica-routed read meanwhile: the primary serves, and the bill says why.
-    publish_expecting(&http, &base, "w:1", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("w:1", 1, "one"), StatusCode::OK).await;
     let w_1 = format!("{base}/v1/keys/w:1?client=a");
     let Read {
         status,
@@ -173,7 +173,7 @@ async fn a_replica_that_never_answers_leaves_the_instance_ready_at_the_bound_and
         "{ready}"
     );
     // Its reads still go to the primary, as not measured.
-    publish_expecting(&http, &base, "w:2", 1, "one", StatusCode::OK).await;
+    publish_expecting(&http, &base, Edit::new("w:2", 1, "one"), StatusCode::OK).await;
     let Read {
         served_by, route, ..
     } = read(&http, &format!("{base}/v1/keys/w:2?client=a"), &[]).await;

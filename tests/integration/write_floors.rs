@@ -11,7 +11,7 @@ use hotsplit_devcluster::{self as devcluster, Standalone};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::harness::{self, config_from_toml, poll, Service};
+use crate::harness::{self, config_from_toml, poll, Edit, Service};
 
 /// `wf:` keys: two copies, a pin window longer than any test, so a pin left by a write that
 /// landed nowhere would still hold when the test reads; a retry queue of one entry, so it is
@@ -93,7 +93,7 @@ async fn a_write_that_landed_nowhere_leaves_no_floor_and_one_that_queued_leaves_
     let base = &service.base;
 
     // writer-1 holds a token before Redis fails (it read a key), and sends it with every write.
-    harness::publish_expecting(&http, base, "wf:seen", 1, "one", StatusCode::OK).await;
+    harness::publish_expecting(&http, base, Edit::new("wf:seen", 1, "one"), StatusCode::OK).await;
     let seen = send(
         http.get(format!("{base}/v1/keys/wf:seen")),
         "writer-1",
