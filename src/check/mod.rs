@@ -8,8 +8,9 @@
 //! checker catches what it claims.
 //!
 //! [`cli`] is the command line (flags, the options they make, the printed verdict). The
-//! experiment itself, in the shape of `audit/`: [`run`] (options and orchestration: start
-//! the cluster and the service, run each phase, write the histories and the report), `services`
+//! experiment itself, in the shape of `audit/`: [`run`] (orchestration: start
+//! the cluster and the service, run each phase, write the histories and the report), `options`
+//! (`CheckOptions`, which `run` and `services` read), `services`
 //! (the two services under test, near cache off and on: configured, started, stopped), `workload`
 //! (one mode's writers, readers and sampler), `resp` (the `resp` mode's clients on the
 //! Redis-protocol door), `presence` (the presence experiment), `faults`
@@ -35,6 +36,7 @@ mod faults;
 pub mod fleet;
 mod fleet_phase;
 pub mod history;
+mod options;
 pub mod partition;
 mod partition_figures;
 mod partition_scenarios;

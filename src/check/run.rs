@@ -1,5 +1,5 @@
 //! `hotsplit check`: a self-contained, seeded experiment that reproduces hotsplit's claims.
-//! This file holds the options and the orchestration ([`run`]: progress, the cluster, the
+//! This file holds the orchestration ([`run`]: progress, the cluster, the
 //! modes, presence, the report); the services under test, the phases, faults, recorder and
 //! figures are in the sibling files (see `mod.rs`).
 //!
@@ -20,7 +20,6 @@
 //! through the instance that it would see at once. The presence experiment runs with the cache off: it measures
 //! replica lag, which a cache answering writes through the instance would hide.
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -29,6 +28,8 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio_util::sync::CancellationToken;
 
+pub use super::options::CheckOptions;
+
 use super::history::Event;
 use super::recorder::Recorder;
 use super::report::{judge, CheckReport, Mode, ModeResult};
@@ -36,45 +37,6 @@ use super::resp::RespDoors;
 use super::services::Services;
 use hotsplit::error::{Error, ErrorKind, Result};
 use hotsplit_devcluster::{self as devcluster, Cluster, ClusterOptions, TlsFiles};
-
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct CheckOptions {
-    /// Total duration of the workload phases (modes and presence). Default: 60 s.
-    pub duration: Duration,
-    /// Seed of the fault schedule and the readers' choices. Default: 1.
-    pub seed: u64,
-    /// Hot keys per mode. Default: 2.
-    pub keys: u32,
-    /// Reader sessions per mode. Default: 8.
-    pub readers: u32,
-    /// Copies per hot key. Default: 8.
-    pub copies: u32,
-    /// Where to write the report, the JSON summary and the histories. Default: none.
-    pub out: Option<PathBuf>,
-    /// The bearer token the run's service asks for (`[auth] tokens_file` with this token, every
-    /// scope) and every request of the run sends. Default: none, a random one.
-    pub token: Option<String>,
-    /// TLS end to end: the cluster's nodes serve clients, replication and the bus with these
-    /// files only, and the service and every connection of the run's own (samples, faults)
-    /// speak TLS with them. Default: none, plain TCP.
-    pub tls: Option<TlsFiles>,
-}
-
-impl Default for CheckOptions {
-    fn default() -> Self {
-        CheckOptions {
-            duration: Duration::from_secs(60),
-            seed: 1,
-            keys: 2,
-            readers: 8,
-            copies: 8,
-            out: None,
-            token: None,
-            tls: None,
-        }
-    }
-}
 
 /// What every phase of a run works with: the service under test and its cluster, the shared
 /// recorder, the workload's shape and the phase length. The phases are its methods

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::run::CheckOptions;
+use super::options::CheckOptions;
 use hotsplit::config::Config;
 use hotsplit::error::{Error, ErrorKind, Result};
 use hotsplit_devcluster::Cluster;
