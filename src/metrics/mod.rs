@@ -261,28 +261,8 @@ pub struct Metrics {
     store_errors: Family<StoreErrorLabels, Counter>,
     /// Request latency by route.
     request_duration: Family<RequestLabels, Histogram>,
-    /// Retry queue entries.
-    retry_queue_depth: Gauge,
-    /// Retry queue bytes.
-    retry_queue_bytes: Gauge,
-    /// Age of the oldest retry queue entry, seconds.
-    retry_queue_oldest_age: Gauge<f64, AtomicU64>,
-    /// Retried copy writes by result.
-    retry_attempts: Family<ResultLabels, Counter>,
-    /// Failed copy writes dropped unhealed, by reason.
-    retry_drops: Family<ReasonLabels, Counter>,
-    /// Pending entries replaced by a newer version of the same copy.
-    retry_superseded: Counter,
-    /// Read repairs by result.
-    read_repairs: Family<ResultLabels, Counter>,
-    /// The spool file's size.
-    spool_bytes: Gauge,
-    /// Damaged stretches of the spool skipped at startup.
-    spool_damaged_regions: Counter,
-    /// Bytes skipped in them.
-    spool_skipped_bytes: Counter,
-    /// The spool writer's group commits (one `fdatasync` each), handed to the spool.
-    spool_syncs: Counter,
+    /// The retry queue's, read repair's and the spool's metrics.
+    heal: HealMetrics,
     /// 1 when a family's recorded layout differs from this instance's config.
     layout_mismatch: Family<FamilyLabels, Gauge>,
     /// Per family: 1 while this instance reads the family's tagged (`spread`) copy names.
@@ -323,19 +303,7 @@ impl Metrics {
             }),
         );
 
-        let HealMetrics {
-            retry_queue_depth,
-            retry_queue_bytes,
-            retry_queue_oldest_age,
-            retry_attempts,
-            retry_drops,
-            retry_superseded,
-            read_repairs,
-            spool_bytes,
-            spool_damaged_regions,
-            spool_skipped_bytes,
-            spool_syncs,
-        } = register_heal(&mut registry);
+        let heal = register_heal(&mut registry);
 
         let layout_mismatch: Family<FamilyLabels, Gauge> = register(
             &mut registry,
@@ -355,20 +323,10 @@ impl Metrics {
         );
 
         Arc::new(Metrics {
+            heal,
             layout_mismatch,
             placement_reads_spread,
             placement_busiest_share,
-            retry_queue_depth,
-            retry_queue_bytes,
-            retry_queue_oldest_age,
-            retry_attempts,
-            retry_drops,
-            retry_superseded,
-            read_repairs,
-            spool_bytes,
-            spool_damaged_regions,
-            spool_skipped_bytes,
-            spool_syncs,
             registry: std::sync::Mutex::new(registry),
             publish_outcomes,
             invalidate_outcomes,
@@ -414,17 +372,20 @@ impl Metrics {
 
     /// Sets the retry queue's depth, bytes and spool size gauges.
     pub fn retry_queue(&self, depth: usize, bytes: usize, spool_bytes: u64) {
-        self.retry_queue_depth
+        self.heal
+            .retry_queue_depth
             .set(i64::try_from(depth).unwrap_or(i64::MAX));
-        self.retry_queue_bytes
+        self.heal
+            .retry_queue_bytes
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-        self.spool_bytes
+        self.heal
+            .spool_bytes
             .set(i64::try_from(spool_bytes).unwrap_or(i64::MAX));
     }
 
     /// Sets the age of the oldest retry queue entry.
     pub fn retry_oldest_age(&self, seconds: f64) {
-        self.retry_queue_oldest_age.set(seconds);
+        self.heal.retry_queue_oldest_age.set(seconds);
     }
 
     /// Counts one retried copy write.
@@ -435,14 +396,16 @@ impl Metrics {
             RetryResult::Stale => "stale",
             RetryResult::Failed => "failed",
         };
-        self.retry_attempts
+        self.heal
+            .retry_attempts
             .get_or_create(&ResultLabels { result })
             .inc();
     }
 
     /// Counts one failed copy write dropped unhealed.
     pub fn retry_drop(&self, reason: RetryDrop) {
-        self.retry_drops
+        self.heal
+            .retry_drops
             .get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
             })
@@ -452,7 +415,8 @@ impl Metrics {
     /// How many failed copy writes were dropped for `reason` so far (what `spool drain`
     /// reports).
     pub fn retry_drops(&self, reason: RetryDrop) -> u64 {
-        self.retry_drops
+        self.heal
+            .retry_drops
             .get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
             })
@@ -461,18 +425,18 @@ impl Metrics {
 
     /// Counts the damaged stretches (and their bytes) skipped while replaying the spool.
     pub fn spool_damage(&self, regions: u64, skipped_bytes: u64) {
-        self.spool_damaged_regions.inc_by(regions);
-        self.spool_skipped_bytes.inc_by(skipped_bytes);
+        self.heal.spool_damaged_regions.inc_by(regions);
+        self.heal.spool_skipped_bytes.inc_by(skipped_bytes);
     }
 
     /// The counter of the spool's group commits, for the spool's writer to increment.
     pub(crate) fn spool_syncs(&self) -> Counter {
-        self.spool_syncs.clone()
+        self.heal.spool_syncs.clone()
     }
 
     /// Counts one pending entry replaced by a newer version.
     pub fn retry_superseded(&self) {
-        self.retry_superseded.inc();
+        self.heal.retry_superseded.inc();
     }
 
     /// Sets whether `family`'s recorded layout differs from this instance's config.
@@ -510,7 +474,8 @@ impl Metrics {
             RepairResult::Failed => "failed",
             RepairResult::Skipped => "skipped",
         };
-        self.read_repairs
+        self.heal
+            .read_repairs
             .get_or_create(&ResultLabels { result })
             .inc();
     }

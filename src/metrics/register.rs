@@ -3,30 +3,30 @@
 
 use super::*;
 
-/// The healing metrics, registered together ([`register_heal`]) and kept as [`Metrics`]'
-/// fields of the same names.
+/// The healing metrics, registered together ([`register_heal`]): [`Metrics`]' `heal`.
+#[derive(Debug)]
 pub(super) struct HealMetrics {
-    /// As [`Metrics`]' field of this name.
+    /// Retry queue entries.
     pub(super) retry_queue_depth: Gauge,
-    /// As [`Metrics`]' field of this name.
+    /// Retry queue bytes.
     pub(super) retry_queue_bytes: Gauge,
-    /// As [`Metrics`]' field of this name.
+    /// Age of the oldest retry queue entry, seconds.
     pub(super) retry_queue_oldest_age: Gauge<f64, AtomicU64>,
-    /// As [`Metrics`]' field of this name.
+    /// Retried copy writes by result.
     pub(super) retry_attempts: Family<ResultLabels, Counter>,
-    /// As [`Metrics`]' field of this name.
+    /// Failed copy writes dropped unhealed, by reason.
     pub(super) retry_drops: Family<ReasonLabels, Counter>,
-    /// As [`Metrics`]' field of this name.
+    /// Pending entries replaced by a newer version of the same copy.
     pub(super) retry_superseded: Counter,
-    /// As [`Metrics`]' field of this name.
+    /// Read repairs by result.
     pub(super) read_repairs: Family<ResultLabels, Counter>,
-    /// As [`Metrics`]' field of this name.
+    /// The spool file's size.
     pub(super) spool_bytes: Gauge,
-    /// As [`Metrics`]' field of this name.
+    /// Damaged stretches of the spool skipped at startup.
     pub(super) spool_damaged_regions: Counter,
-    /// As [`Metrics`]' field of this name.
+    /// Bytes skipped in them.
     pub(super) spool_skipped_bytes: Counter,
-    /// As [`Metrics`]' field of this name.
+    /// The spool writer's group commits (one `fdatasync` each), handed to the spool.
     pub(super) spool_syncs: Counter,
 }
 
