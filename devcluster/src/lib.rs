@@ -74,7 +74,7 @@ pub use cluster::{Cluster, ClusterOptions};
 pub use error::{DevClusterError, Result};
 pub use hotsplit_redis_info::ClusterNode as NodeInfo;
 pub use netcluster::{NetCluster, NetClusterOptions, NetNode, Topology, NET_PORT};
-pub use netns::{add_namespace, netns_support, Host, Network, Partition};
+pub use netns::{add_namespace, namespaces_or_skip, netns_support, Host, Network, Partition};
 pub use node::{NodeRole, RedisNode};
 pub use process::{redis_cli_path, redis_server_path};
 pub use resp::{cli, cli_at, cli_with_timeout, ping};

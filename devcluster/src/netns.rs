@@ -409,6 +409,25 @@ pub fn add_namespace(name: &str) -> Result<()> {
     ip(&["netns", "add", name])
 }
 
+/// For a test that needs namespaces: `true` when [`netns_support`] says they work here;
+/// otherwise says why on stderr and returns `false` (the test skips), or panics when `CI` is set
+/// (CI runs as root, so a namespace test never skips there).
+///
+/// # Panics
+/// When namespaces are refused and `CI` is set.
+pub fn namespaces_or_skip(test: &str) -> bool {
+    match netns_support() {
+        Ok(()) => true,
+        Err(error) if std::env::var_os("CI").is_some() => {
+            panic!("{test}: network namespaces are required in CI (run as root): {error}")
+        }
+        Err(error) => {
+            eprintln!("SKIPPED {test}: this machine refuses network namespaces: {error}");
+            false
+        }
+    }
+}
+
 /// Names must be non-empty, distinct, short and plain (they end up in namespace names).
 fn validate_names(names: &[&str]) -> Result<()> {
     if names.len() > MAX_HOSTS {

@@ -9,23 +9,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hotsplit_devcluster::{
-    add_namespace, cli_at, netns_support, redis_server_path, Host, NetClusterOptions, Network,
+    add_namespace, cli_at, namespaces_or_skip, redis_server_path, Host, NetClusterOptions, Network,
     Partition, Topology, NET_PORT,
 };
-
-/// `true` when namespaces work here; otherwise says why and returns `false`, or fails in CI.
-fn namespaces_or_skip(test: &str) -> bool {
-    match netns_support() {
-        Ok(()) => true,
-        Err(error) if std::env::var_os("CI").is_some() => {
-            panic!("{test}: network namespaces are required in CI (run as root): {error}")
-        }
-        Err(error) => {
-            eprintln!("SKIPPED {test}: this machine refuses network namespaces: {error}");
-            false
-        }
-    }
-}
 
 /// Tells whether a datagram sent from `from` reaches `to` within 300 ms.
 fn reaches(from: &Host, to: &Host, port: u16) -> bool {

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use hotsplit_devcluster::TlsFiles;
+use hotsplit_devcluster::{namespaces_or_skip, TlsFiles};
 use serde_json::Value;
 
 use crate::tls_pki::pki;
@@ -224,6 +224,26 @@ fn assert_read_your_writes_and_presence(seed: &str, summary: &Value) {
     assert_eq!(primary["wrong"].as_u64(), Some(0), "{primary}");
 }
 
+/// Runs `hotsplit check ARGS --out OUT`, asserts it exits 0 (showing both streams when it does
+/// not) and returns its stdout.
+fn passing_check(args: &[&str], out: &Path) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
+        .arg("check")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run hotsplit check");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "hotsplit check {args:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
 /// `check --instances 2`, short: two `hotsplit serve` processes on one throwaway cluster, every
 /// session round-robin over both. With the session token no session goes back in time nor
 /// misses its own write in either mode, and no row loses an accepted edit; keys of one copy
@@ -232,26 +252,9 @@ fn assert_read_your_writes_and_presence(seed: &str, summary: &Value) {
 #[test]
 fn check_across_two_instances_holds_with_the_token_and_the_scrub_levels_a_lost_spool() {
     let out = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
-        .args([
-            "check",
-            "--instances",
-            "2",
-            "--duration",
-            "12s",
-            "--seed",
-            "5",
-            "--out",
-        ])
-        .arg(out.path())
-        .output()
-        .expect("run hotsplit check --instances 2");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    passing_check(
+        &["--instances", "2", "--duration", "12s", "--seed", "5"],
+        out.path(),
     );
     let report: Value =
         serde_json::from_slice(&std::fs::read(out.path().join("fleet.json")).unwrap()).unwrap();
@@ -297,21 +300,6 @@ fn check_across_two_instances_holds_with_the_token_and_the_scrub_levels_a_lost_s
     assert!(out.path().join("fleet.md").is_file());
 }
 
-/// `true` when network namespaces work here; otherwise says why and returns `false`, or fails
-/// when `CI` is set (the pattern of `partition.rs`).
-fn namespaces_or_skip(test: &str) -> bool {
-    match hotsplit_devcluster::netns_support() {
-        Ok(()) => true,
-        Err(error) if std::env::var_os("CI").is_some() => {
-            panic!("{test}: network namespaces are required in CI (run as root): {error}")
-        }
-        Err(error) => {
-            eprintln!("SKIPPED {test}: this machine refuses network namespaces: {error}");
-            false
-        }
-    }
-}
-
 /// `hotsplit check --nemesis partition`, short: every scenario's row is printed and written,
 /// the run passes, and the row without the rule shows the losses the rule prevents.
 #[test]
@@ -320,26 +308,9 @@ fn check_partition_nemesis_passes_with_a_row_per_scenario() {
         return;
     }
     let out = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_hotsplit"))
-        .args([
-            "check",
-            "--nemesis",
-            "partition",
-            "--duration",
-            "6s",
-            "--seed",
-            "3",
-            "--out",
-        ])
-        .arg(out.path())
-        .output()
-        .expect("run hotsplit check --nemesis partition");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    let stdout = passing_check(
+        &["--nemesis", "partition", "--duration", "6s", "--seed", "3"],
+        out.path(),
     );
     assert!(stdout.contains("PASS"), "{stdout}");
     let scenarios = [

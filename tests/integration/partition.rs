@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hotsplit_devcluster::{
-    Host, NetCluster, NetClusterOptions, NetNode, Partition, Process, Topology,
+    namespaces_or_skip, Host, NetCluster, NetClusterOptions, NetNode, Partition, Process, Topology,
 };
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -40,20 +40,6 @@ const CUT_PUBLISHING: Duration = Duration::from_millis(1500);
 
 /// `WAIT`'s bound in a synced family (`sync_timeout`).
 const SYNC_TIMEOUT_MS: u64 = 100;
-
-/// `true` when namespaces work here; otherwise says why and returns `false`, or fails in CI.
-fn namespaces_or_skip(test: &str) -> bool {
-    match hotsplit_devcluster::netns_support() {
-        Ok(()) => true,
-        Err(error) if std::env::var_os("CI").is_some() => {
-            panic!("{test}: network namespaces are required in CI (run as root): {error}")
-        }
-        Err(error) => {
-            eprintln!("SKIPPED {test}: this machine refuses network namespaces: {error}");
-            false
-        }
-    }
-}
 
 /// A `hotsplit serve` in `host`'s namespace on the cluster at `redis_url`.
 struct Instance {
