@@ -355,10 +355,14 @@ fn check_partition_nemesis_passes_with_a_row_per_scenario() {
             assert_eq!(row["acknowledged_lost"], serde_json::json!([]), "{row}");
         }
     }
-    // Without the rule the split brain loses publishes the isolated instance answered.
+    // The row without the rule is shown, not judged. Whether a 6 s run loses anything in it
+    // depends on whether the isolated instance had a publish answered 200 before its master
+    // stopped taking writes (one CI run had none: 0 lost of 190), so that losses happen without
+    // the rule is asserted by the integration test of the same split brain,
+    // `partition::partition_split_brain_without_the_rule_loses_answered_publishes_but_no_reader_goes_back`;
+    // here the row must be there, unjudged, with its count.
     let without = &rows[3];
-    assert!(
-        !without["answered_lost"].as_array().unwrap().is_empty(),
-        "the split brain lost nothing without the rule, so it proved nothing: {without}"
-    );
+    assert_eq!(without["rule"], false, "{without}");
+    assert_eq!(without["judged"], "shown", "{without}");
+    assert!(without["answered_lost"].is_array(), "{without}");
 }
