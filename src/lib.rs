@@ -82,6 +82,7 @@ pub mod split;
 pub mod status;
 pub mod store;
 pub mod tls;
+pub mod tracking;
 pub mod wire;
 
 pub use error::{Error, ErrorKind, Result};

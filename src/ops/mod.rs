@@ -44,6 +44,7 @@
 
 mod after;
 pub mod high_water;
+mod lease;
 mod publish;
 mod read;
 mod rollback;
@@ -86,6 +87,8 @@ pub struct OpsParts {
     pub max_value_bytes: usize,
     /// This instance's name: the first part of a pooled caller's id ([`Ops::pooled`]).
     pub instance: Arc<str>,
+    /// Client-side caching's tracking table (the Redis door's).
+    pub tracking: Arc<crate::tracking::Tracking>,
 }
 
 /// The parts of [`Ops`]: what it was made of.
@@ -105,6 +108,7 @@ impl Ops {
             high_water: HighWater::default(),
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             instance: Arc::from("local"),
+            tracking: Arc::default(),
         })
     }
 
@@ -151,5 +155,10 @@ impl Ops {
     /// Session tokens.
     pub fn sessions(&self) -> &Arc<Sessions> {
         &self.parts.sessions
+    }
+
+    /// Client-side caching's tracking table.
+    pub fn tracking(&self) -> &Arc<crate::tracking::Tracking> {
+        &self.parts.tracking
     }
 }

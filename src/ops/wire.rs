@@ -21,6 +21,7 @@ use crate::publish::Publisher;
 use crate::read::{ReadConfig, Reader};
 use crate::route::{Classes, LagTable, Route, RouteConfig, RouteMetrics, Router};
 use crate::store::{CopyStore, TopologyStore};
+use crate::tracking::Tracking;
 
 /// The settings an [`Ops`] is wired from: the families, the read classes and the sub-configs
 /// of the parts it holds.
@@ -65,6 +66,8 @@ pub struct OpsStores {
     pub session_key: SessionKey,
     /// This instance's name.
     pub instance: Arc<str>,
+    /// Client-side caching's tracking table.
+    pub tracking: Arc<Tracking>,
 }
 
 /// A wired [`Ops`], with what the service around it needs of the wiring.
@@ -151,6 +154,7 @@ pub fn wire(settings: OpsSettings<'_>, stores: OpsStores) -> Result<Wired> {
         high_water: HighWater::with_bytes(session.high_water_bytes),
         max_value_bytes,
         instance: stores.instance,
+        tracking: stores.tracking,
     });
     Ok(Wired {
         ops,

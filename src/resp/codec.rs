@@ -496,6 +496,16 @@ pub fn encode(reply: &Reply, proto: Proto, out: &mut BytesMut) {
                 encode(item, proto, out);
             }
         }
+        Reply::Push(items) => {
+            let kind = match proto {
+                Proto::Resp2 => b'*',
+                Proto::Resp3 => b'>',
+            };
+            header(out, kind, count(items.len()));
+            for item in items {
+                encode(item, proto, out);
+            }
+        }
         Reply::Map(pairs) => {
             match proto {
                 Proto::Resp2 => header(out, b'*', count(pairs.len()).saturating_mul(2)),
@@ -510,6 +520,37 @@ pub fn encode(reply: &Reply, proto: Proto, out: &mut BytesMut) {
             Proto::Resp2 => bulk(out, b'$', &[], text.as_bytes()),
             Proto::Resp3 => bulk(out, b'=', b"txt:", text.as_bytes()),
         },
+    }
+}
+
+/// The channel a `REDIRECT` target subscribes to: its invalidations come as its messages.
+pub const INVALIDATE_CHANNEL: &str = "__redis__:invalidate";
+
+/// How a connection is given its invalidations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushForm {
+    /// RESP3: `>2 invalidate [key]`, a null for every key.
+    Push,
+    /// A RESP2 connection subscribed to [`INVALIDATE_CHANNEL`]: `message __redis__:invalidate
+    /// [key]`, `$-1` for every key.
+    Message,
+}
+
+/// Encodes one invalidation, as Redis writes it: of `key`, or of every key (`None`).
+pub fn encode_invalidation(key: Option<&str>, form: PushForm, out: &mut BytesMut) {
+    match form {
+        PushForm::Push => out.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n"),
+        PushForm::Message => {
+            out.extend_from_slice(b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n")
+        }
+    }
+    match (key, form) {
+        (Some(key), _) => {
+            out.extend_from_slice(b"*1\r\n");
+            bulk(out, b'$', &[], key.as_bytes());
+        }
+        (None, PushForm::Push) => out.extend_from_slice(b"_\r\n"),
+        (None, PushForm::Message) => out.extend_from_slice(b"$-1\r\n"),
     }
 }
 

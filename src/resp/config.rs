@@ -98,6 +98,20 @@ pub struct RespConfig {
     /// connection (Redis's `timeout 0`: pools keep idle connections on purpose). Default: `0s`.
     #[serde(with = "crate::duration")]
     pub idle_timeout: Duration,
+    /// Client-side caching: the most bytes the keys tracked for every connection together
+    /// are counted for (a key and about 160 bytes per key and connection); past it the keys
+    /// whose leases end first are invalidated (pushed) to make room, as Redis's
+    /// `tracking-table-max-keys` does. Default: `67108864` (64 MiB).
+    pub tracking_max_bytes: usize,
+    /// The same bound for one connection's tracked keys; past it the connection's own keys
+    /// are invalidated to make room. Default: `4194304` (4 MiB).
+    pub tracking_max_bytes_per_connection: usize,
+    /// The most prefixes one `CLIENT TRACKING ON BCAST` connection may register. Default: `64`.
+    pub tracking_max_prefixes: usize,
+    /// The most bytes of invalidations one connection may have waiting to be written; past it
+    /// the connection is closed (its client then drops its cache) rather than skip one.
+    /// Default: `4194304` (4 MiB).
+    pub tracking_max_push_bytes: usize,
 }
 
 impl Default for RespConfig {
@@ -118,6 +132,10 @@ impl Default for RespConfig {
             max_output_bytes: 4 * 1024 * 1024,
             write_timeout: Duration::from_secs(30),
             idle_timeout: Duration::ZERO,
+            tracking_max_bytes: 64 * 1024 * 1024,
+            tracking_max_bytes_per_connection: 4 * 1024 * 1024,
+            tracking_max_prefixes: 64,
+            tracking_max_push_bytes: 4 * 1024 * 1024,
         }
     }
 }
@@ -183,7 +201,47 @@ impl RespConfig {
         if self.write_timeout.is_zero() {
             return invalid("resp.write_timeout: must be positive".to_owned());
         }
+        self.validate_tracking()
+    }
+
+    /// Checks the `resp.tracking_*` bounds.
+    fn validate_tracking(&self) -> Result<()> {
+        let least = 1024;
+        for (field, value) in [
+            ("tracking_max_bytes", self.tracking_max_bytes),
+            (
+                "tracking_max_bytes_per_connection",
+                self.tracking_max_bytes_per_connection,
+            ),
+            ("tracking_max_push_bytes", self.tracking_max_push_bytes),
+        ] {
+            if value < least {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!("resp.{field}: must be at least {least} (a tracked key), got {value}"),
+                ));
+            }
+        }
+        if self.tracking_max_bytes_per_connection > self.tracking_max_bytes {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "resp.tracking_max_bytes_per_connection: must be at most resp.tracking_max_bytes ({}), got {}",
+                    self.tracking_max_bytes, self.tracking_max_bytes_per_connection
+                ),
+            ));
+        }
         Ok(())
+    }
+
+    /// The tracking table's bounds.
+    pub fn tracking_limits(&self) -> crate::tracking::Limits {
+        crate::tracking::Limits {
+            max_bytes: self.tracking_max_bytes,
+            max_bytes_per_connection: self.tracking_max_bytes_per_connection,
+            max_prefixes: self.tracking_max_prefixes,
+            max_push_bytes: self.tracking_max_push_bytes,
+        }
     }
 
     /// The connections the listener may hold: `resp.max_connections` when it listens, else 0

@@ -48,12 +48,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::codec::{encode, Limits, Parser, ProtocolError};
+use super::codec::{encode, encode_invalidation, Limits, Parser, ProtocolError};
 use super::metrics::{command_index, Budget, RespMetrics};
 use super::slots::{Signal, Slot};
 use super::{After, ConnState, Door, Reply};
 use crate::deadline::Deadline;
 use crate::door::InFlightBound;
+use crate::tracking::{Close, Tracking};
 
 /// The reply to a command refused at `server.max_in_flight`.
 pub(super) const OVERLOADED: &str = "OVERLOADED too many requests in flight, retry later";
@@ -198,6 +199,8 @@ enum End {
     AuthTimeout,
     /// It was evicted, unauthenticated, to make room for a new connection.
     Evicted,
+    /// Its invalidations could not be delivered (`tracking::Close`).
+    Pushes,
 }
 
 /// What one connection's loop carries from turn to turn.
@@ -220,6 +223,23 @@ struct Serving {
     authenticated: bool,
     /// With tokens and no `AUTH` yet: when the connection must have authenticated by.
     auth_deadline: Option<Instant>,
+    /// Its place in the tracking table, left when the connection ends.
+    _registered: Registered,
+}
+
+/// A connection's place in the tracking table (a `REDIRECT` target is found there), left when
+/// the connection ends, however it ends.
+struct Registered {
+    /// The table.
+    tracking: Arc<Tracking>,
+    /// The connection.
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.tracking.close(self.id);
+    }
 }
 
 impl Serving {
@@ -323,6 +343,12 @@ impl Connection {
     /// The loop's state when the connection opens.
     fn start(&self) -> Serving {
         let state = ConnState::new(self.id);
+        let tracking = self.door.core().ops().tracking().clone();
+        tracking.open(self.id, &state.tracking.outbox);
+        let registered = Registered {
+            tracking,
+            id: self.id,
+        };
         let authenticated = !self.must_authenticate(&state);
         self.slot.set_authenticated(authenticated);
         Serving {
@@ -335,6 +361,7 @@ impl Connection {
             receiving_since: None,
             authenticated,
             auth_deadline: (!authenticated).then(|| Instant::now() + self.settings.auth_timeout),
+            _registered: registered,
         }
     }
 
@@ -452,6 +479,13 @@ impl Connection {
                 serving.room = if read >= spare { LARGE_READ } else { SMALL_READ };
             }
             () = self.signal.notified() => return self.signalled(stream, serving).await,
+            () = serving.state.tracking.outbox.ready() => {
+                // Invalidations for an idle connection: written at once, between replies.
+                if let Some(close) = self.pushes(&serving.state, &mut serving.output) {
+                    self.write(stream, &mut serving.output, None).await?;
+                    return Ok(Some(close));
+                }
+            }
             () = sleep_until(received_by) => {
                 self.metrics.exceeded(Budget::ReceiveTimeout);
                 let end = self.protocol_error(&ProtocolError::ReceiveTimeout, &mut serving.output);
@@ -569,8 +603,43 @@ impl Connection {
         if let Reply::Error(text) = &reply {
             self.metrics.error(text);
         }
+        // Invalidations go between replies: those the command caused (an answer that must not
+        // be cached is invalidated just before it) and any that came meanwhile.
+        let close = self.pushes(state, output);
         encode(&reply, state.proto, output);
-        after
+        match close {
+            Some(_) => After::Close,
+            None => after,
+        }
+    }
+
+    /// Encodes the invalidations waiting in the connection's outbox into `output`; answers
+    /// how the connection ends when the outbox says it must (it passed its bound, or the
+    /// connection its invalidations are redirected to closed).
+    fn pushes(&self, state: &ConnState, output: &mut BytesMut) -> Option<End> {
+        let outbox = &state.tracking.outbox;
+        if !outbox.is_ready() {
+            return None;
+        }
+        let drained = outbox.drain();
+        if let Some(form) = state.tracking.push_form(state.proto) {
+            if drained.flush {
+                encode_invalidation(None, form, output);
+            }
+            for key in &drained.keys {
+                encode_invalidation(Some(key), form, output);
+            }
+        }
+        let close = drained.close?;
+        match close {
+            Close::Overflow => tracing::info!(
+                "closing the connection: its invalidations passed resp.tracking_max_push_bytes (the client did not read them)"
+            ),
+            Close::RedirectGone => tracing::info!(
+                "closing the connection: the connection its invalidations were redirected to closed"
+            ),
+        }
+        Some(End::Pushes)
     }
 
     /// Whether `state` must still authenticate: tokens are configured and it has none.

@@ -21,6 +21,8 @@ use crate::ops::wire::{wire, OpsSettings, OpsStores};
 use crate::read::ReadConfig;
 use crate::route::{Classes, LagTable, RouteConfig};
 use crate::store::memory::MemoryStore;
+use crate::tracking::store::Noticing;
+use crate::tracking::Tracking;
 
 /// A door over a fresh embedded store, with the `[default_family]` and `[[family]]` sections of
 /// `families` (a config text) and `server`'s limits.
@@ -33,6 +35,7 @@ pub(crate) fn door(families: &str, server: &ServerConfig) -> Door {
     let route = RouteConfig::default();
     let heal = HealConfig::default();
     let instance: Arc<str> = "resp-test".into();
+    let tracking = Arc::new(Tracking::default());
     let wired = wire(
         OpsSettings {
             families: crate::family::fixture::families(families),
@@ -46,7 +49,7 @@ pub(crate) fn door(families: &str, server: &ServerConfig) -> Door {
             max_value_bytes: server.max_value_bytes,
         },
         OpsStores {
-            copies: store.clone(),
+            copies: Arc::new(Noticing::new(store.clone(), tracking.clone())),
             topology: store,
             metrics: metrics.clone(),
             retry_queue: Arc::new(RetryQueue::in_memory(heal.clone(), metrics.clone())),
@@ -55,6 +58,7 @@ pub(crate) fn door(families: &str, server: &ServerConfig) -> Door {
             lag: Arc::new(LagTable::new(route.heartbeat_interval, route.lag_window)),
             session_key: SessionKey::random(),
             instance: instance.clone(),
+            tracking,
         },
     )
     .expect("a door over the embedded store");

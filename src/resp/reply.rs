@@ -29,6 +29,8 @@ pub enum Reply {
     Nil,
     /// An array.
     Array(Vec<Reply>),
+    /// Out-of-band data (RESP3 `>`, RESP2 an array): a pub/sub confirmation or message.
+    Push(Vec<Reply>),
     /// A map: RESP3 `%`, RESP2 a flat array of name, value pairs (as `HGETALL` answers).
     Map(Vec<(Reply, Reply)>),
     /// A verbatim string (RESP3 `=` with format `txt`; RESP2 a bulk string), as `INFO`
@@ -62,7 +64,9 @@ impl Reply {
             }
             Reply::Int(_) | Reply::Nil => HEADER,
             Reply::Bulk(bytes) => HEADER + bytes.len(),
-            Reply::Array(items) => items.iter().fold(HEADER, |sum, item| sum + item.size()),
+            Reply::Array(items) | Reply::Push(items) => {
+                items.iter().fold(HEADER, |sum, item| sum + item.size())
+            }
             Reply::Map(pairs) => pairs.iter().fold(HEADER, |sum, (name, value)| {
                 sum + name.size() + value.size()
             }),

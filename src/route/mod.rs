@@ -423,6 +423,17 @@ impl Router {
         })
     }
 
+    /// The current lag of `replica`, whichever primary it replicates; `None` when it is not
+    /// known (no heartbeat seen, or not a replica in the topology).
+    pub fn lag_of_replica(&self, replica: &NodeLabel) -> Option<Duration> {
+        let snapshot = self.lag.snapshot();
+        snapshot
+            .values()
+            .flatten()
+            .find(|lag| lag.replica == *replica)
+            .and_then(|lag| self.lag.current(lag))
+    }
+
     /// The current lag of `replica`, a replica of `primary`; `None` when it is not known (no
     /// heartbeat seen, or not a replica of `primary`).
     pub fn replica_lag(&self, primary: &NodeLabel, replica: &NodeLabel) -> Option<Duration> {

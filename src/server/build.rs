@@ -25,6 +25,8 @@ use crate::metrics::Metrics;
 use crate::route::{LagMonitor, LagTable, RouteMetrics};
 use crate::status::{Sources, StatusPublisher};
 use crate::store::{CopyStore, FleetStore, LibraryStore, SplitStore, TopologyStore};
+use crate::tracking::store::Noticing;
+use crate::tracking::Tracking;
 
 /// Validates `config` and loads what it names before anything connects: the API tokens (and
 /// a warning when it serves without them in public) and the HTTP door's TLS acceptor.
@@ -76,6 +78,8 @@ pub(super) struct Recorded {
     pub(super) liveness: Liveness,
     /// Each family's recorded layout, and the split index.
     pub(super) layouts: Arc<Layouts>,
+    /// Client-side caching's tracking table, told of every copy `copies` changes.
+    pub(super) tracking: Arc<Tracking>,
 }
 
 impl Recorded {
@@ -102,6 +106,10 @@ impl Recorded {
             topology,
             library,
         } = connected.roles(&health);
+        // Every part writes copies through the tracking table's notice: a change made here
+        // invalidates the client-side caches that may hold the key, whichever path made it.
+        let tracking = Arc::new(Tracking::new(config.resp.tracking_limits(), Some(metrics)));
+        let copies: Arc<dyn CopyStore> = Arc::new(Noticing::new(copies, tracking.clone()));
         let layout_stores = LayoutStores {
             layouts: layout_records,
             copies: copies.clone(),
@@ -135,6 +143,7 @@ impl Recorded {
             families,
             liveness,
             layouts,
+            tracking,
         })
     }
 }

@@ -141,6 +141,7 @@ impl Service {
             lag: lag.clone(),
             scrub: healing.scrub_status.clone(),
             warm_up: Some(config.server.readiness_warm_up),
+            tracking: recorded.tracking.clone(),
         }
         .wire(&config);
         let (state, route_metrics) = match wired {

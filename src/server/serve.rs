@@ -196,6 +196,7 @@ impl Tasks {
             tracker.spawn(hot.clone().run(cancel.clone()));
         }
         tracker.spawn(background.splitter.run(cancel.clone()));
+        tracker.spawn(state.ops().tracking().clone().run_clock(cancel.clone()));
         if let Some(scrubber) = background.scrubber {
             tracker.spawn(scrubber.run(cancel.clone()));
         }

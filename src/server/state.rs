@@ -1,6 +1,8 @@
 //! The HTTP state's parts ([`StateParts`]) and how they are wired: [`app_state`] for tests and
 //! embedding, [`super::Service::build`] with the connected store.
 
+use crate::tracking::store::Noticing;
+use crate::tracking::Tracking;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +53,8 @@ pub struct StateParts {
     /// The readiness warm-up's bound (`server.readiness_warm_up`), or `None` for no warm-up
     /// (nothing feeds the lag table).
     pub warm_up: Option<Duration>,
+    /// Client-side caching's tracking table (`copies` tells it of every change).
+    pub tracking: Arc<Tracking>,
 }
 
 impl StateParts {
@@ -73,6 +77,7 @@ impl StateParts {
             session_key,
             scrub,
             warm_up,
+            tracking,
         } = self;
         let instance: Arc<str> = registry.id().into();
         let wired = wire(
@@ -97,6 +102,7 @@ impl StateParts {
                 lag: lag.clone(),
                 session_key,
                 instance: instance.clone(),
+                tracking,
             },
         )?;
         let warm_up = Arc::new(match warm_up {
@@ -140,6 +146,7 @@ pub fn app_state<S>(config: &Config, store: Arc<S>, metrics: Arc<Metrics>) -> Re
 where
     S: CopyStore + TopologyStore + LibraryStore + FleetStore,
 {
+    let tracking = Arc::new(Tracking::default());
     StateParts {
         registry: Arc::new(Registry::new(
             store.clone(),
@@ -149,7 +156,7 @@ where
         )),
         // One instance: a key of its own.
         session_key: SessionKey::random(),
-        copies: store.clone(),
+        copies: Arc::new(Noticing::new(store.clone(), tracking.clone())),
         probe: StoreProbe {
             topology: store.clone(),
             library: store.clone(),
@@ -166,6 +173,7 @@ where
             config.route.lag_window,
         )),
         warm_up: None,
+        tracking,
     }
     .wire(config)
     .map(|(state, _)| state)

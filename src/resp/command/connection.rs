@@ -8,13 +8,15 @@ use bytes::Bytes;
 use super::errors::{Prefix, RespError};
 use super::parse::{text, Args, Local, Parse};
 use super::table;
+use super::tracking::ClientTracking;
 use super::{Authenticated, ConnState, Door, Secret};
 use crate::auth::Verdict;
 use crate::resp::reply::{Proto, Reply};
 use crate::store::now_unix_ms;
 
-/// The Redis version the door says it is: new enough for every client's feature checks.
-pub(crate) const REDIS_VERSION: &str = "7.2.0";
+/// The Redis version the door says it is: new enough for every client's feature checks
+/// (redis-py and Jedis offer client-side caching only from 7.4.0).
+pub(crate) const REDIS_VERSION: &str = "7.4.0";
 
 /// The longest name, class or client id a connection may set.
 const MAX_LABEL: usize = 512;
@@ -44,7 +46,15 @@ impl Parse for Ping {
 }
 
 impl Local for Ping {
-    fn apply(self, _door: &Door, _conn: &mut ConnState) -> Result<Reply, RespError> {
+    fn apply(self, _door: &Door, conn: &mut ConnState) -> Result<Reply, RespError> {
+        if conn.tracking.in_subscribed_mode(conn.proto) {
+            // As Redis answers a subscribed RESP2 connection.
+            let message = self.message.unwrap_or_default();
+            return Ok(Reply::Array(vec![
+                Reply::bulk("pong"),
+                Reply::Bulk(message),
+            ]));
+        }
         Ok(self.message.map_or(Reply::Simple("PONG"), Reply::Bulk))
     }
 }
@@ -326,6 +336,8 @@ pub(crate) enum Client {
     LibVer(String),
     /// `NO-EVICT on|off`, `NO-TOUCH on|off`: nothing to do.
     Flag,
+    /// `TRACKING`, `CACHING`, `GETREDIR`, `TRACKINGINFO`.
+    Tracking(ClientTracking),
 }
 
 /// `ERR wrong number of arguments for 'client|SUB' command` unless exactly `wanted` arguments
@@ -369,9 +381,9 @@ impl Parse for Client {
                     _ => Err(RespError::syntax()),
                 }
             }
-            b"TRACKING" | b"CACHING" | b"GETREDIR" | b"TRACKINGINFO" => Err(RespError::err(
-                "CLIENT TRACKING is not supported by hotsplit: the near cache bounds the age of what this instance answers instead",
-            )),
+            b"TRACKING" | b"CACHING" | b"GETREDIR" | b"TRACKINGINFO" => {
+                ClientTracking::parse(&upper, args).map(Client::Tracking)
+            }
             _ => Err(table::unknown_subcommand("client", &sub)),
         }
     }
@@ -409,6 +421,7 @@ impl Local for Client {
                 Reply::OK
             }
             Client::Flag => Reply::OK,
+            Client::Tracking(command) => return door.client_tracking(conn, command),
         })
     }
 }
@@ -453,7 +466,10 @@ impl Door {
 
     /// `RESET`: the connection as it was when it opened, but for its id.
     pub(crate) fn reset(&self, conn: &mut ConnState) -> Reply {
+        self.tracking_reset(conn);
+        let tracking = std::mem::take(&mut conn.tracking);
         *conn = ConnState::new(conn.id);
+        conn.tracking = tracking;
         Reply::Simple("RESET")
     }
 

@@ -21,7 +21,7 @@
 //!
 //! **Connection** (`connection.rs`)
 //! - `HELLO [2|3] [AUTH user password] [SETNAME name]`: switches the protocol and answers the
-//!   map Redis answers (`server` redis, `version` 7.2.0, `proto`, `id`, `mode` standalone,
+//!   map Redis answers (`server` redis, `version` 7.4.0, `proto`, `id`, `mode` standalone,
 //!   `role` master, `modules` []). Another version: `NOPROTO unsupported protocol version`.
 //!   Without `AUTH` on an unauthenticated connection with tokens: `NOAUTH HELLO must be called
 //!   with the client already authenticated, …` (go-redis then falls back to RESP2).
@@ -39,7 +39,13 @@
 //!   no class, no session floors, no transaction.
 //! - `CLIENT SETNAME name` (a label only: never a client id), `GETNAME`, `ID`, `INFO` (a
 //!   verbatim string), `SETINFO LIB-NAME|LIB-VER value`, `NO-EVICT on|off`, `NO-TOUCH on|off`
-//!   (`+OK`, nothing to do); `CLIENT TRACKING` and other subcommands are refused.
+//!   (`+OK`, nothing to do); other subcommands are refused.
+//! - Client-side caching (`tracking.rs`): `CLIENT TRACKING ON|OFF [REDIRECT id] [PREFIX p]…
+//!   [BCAST] [OPTIN] [OPTOUT] [NOLOOP]`, `CLIENT CACHING YES|NO`, `CLIENT GETREDIR`,
+//!   `CLIENT TRACKINGINFO`, and `SUBSCRIBE`/`UNSUBSCRIBE __redis__:invalidate` (the only
+//!   channel) for a RESP2 `REDIRECT` target; a subscribed RESP2 connection runs only pub/sub
+//!   commands, `PING`, `QUIT` and `RESET`, as in Redis. Every read command tracks the logical
+//!   keys it reads (misses included); the invalidations are written between replies.
 //! - `HOTSPLIT.CLIENT [id]`: sets (or, without an argument, answers) the connection's client
 //!   id, which chooses its affine copy and carries its own-write floors. Without one a
 //!   connection reads as `INSTANCE/resp/CONNECTION-ID` and its reads take the instance's
@@ -55,7 +61,7 @@
 //!
 //! **Introspection** (`info.rs`): `COMMAND` (Redis's 10-field entries), `COMMAND COUNT`,
 //! `COMMAND INFO name…`, `COMMAND LIST`, `COMMAND DOCS` (an empty map); `INFO [section…]` (a
-//! verbatim string: `server` with `redis_version:7.2.0` and `hotsplit_version`, `clients`,
+//! verbatim string: `server` with `redis_version:7.4.0` and `hotsplit_version`, `clients`,
 //! `persistence` with `loading:0`, `replication` with `role:master`, `stats` with this
 //! connection's command count (the instance's counts are in `/metrics`), `hotsplit`);
 //! `CONFIG GET pattern…` (a map: `save` "", `appendonly` "no", `databases` "1"; other names
@@ -95,8 +101,8 @@
 //! `MULTI`: `ERR EXEC without MULTI`. `WATCH` is refused; `UNWATCH` answers `+OK`. The queued
 //! commands share `EXEC`'s deadline.
 //!
-//! **Refused**: `SUBSCRIBE` and the other pub/sub commands, `MONITOR`, `WATCH`,
-//! `CLIENT TRACKING`, with a sentence saying so. Anything else: `ERR unknown command 'X', with
+//! **Refused**: the pub/sub commands (but `SUBSCRIBE`/`UNSUBSCRIBE __redis__:invalidate`),
+//! `MONITOR`, `WATCH`, with a sentence saying so. Anything else: `ERR unknown command 'X', with
 //! args beginning with: 'a' 'b' `, exactly as Redis words it; the connection stays usable.
 //!
 //! # Errors
@@ -117,6 +123,7 @@ mod read;
 pub(crate) mod table;
 #[cfg(test)]
 mod tests;
+mod tracking;
 mod write;
 
 use bytes::Bytes;
@@ -131,6 +138,7 @@ use crate::door::Core;
 use crate::ops::{Caller, ClientSession};
 
 pub use errors::Prefix as ErrorPrefix;
+pub use tracking::TrackingState;
 
 /// What the door shares across connections: the operations, the token table, the metrics, the
 /// limits. Cheap to clone.
@@ -211,10 +219,13 @@ impl Door {
         let spec = table::find(name);
         if conn.multi.is_some() {
             if let Some(answer) = self.in_multi(conn, spec, &args, deadline).await {
+                conn.tracking.after_command(conn.multi.is_some());
                 return answer;
             }
         }
-        self.run(conn, spec, args, deadline).await
+        let answer = self.run(conn, spec, args, deadline).await;
+        conn.tracking.after_command(conn.multi.is_some());
+        answer
     }
 
     /// Whether `conn` may still run commands: false once a reload removed the token it
@@ -248,15 +259,28 @@ impl Door {
             Ok(spec) => spec,
             Err(error) => return (error.into(), After::Continue),
         };
+        if conn.tracking.in_subscribed_mode(conn.proto) && !table::runs_subscribed(spec) {
+            return (
+                tracking::subscribed_refusal(spec.name).into(),
+                After::Continue,
+            );
+        }
         // Parsed into the command's struct here, once: a queued command is parsed when `EXEC`
         // runs it, so its syntax errors are among `EXEC`'s replies, as Redis answers them.
         let args = parse::Args::new(spec.name, args);
         let reply = match spec.run {
             Run::Local(run) => run(self, conn, args),
-            Run::Store(start) => match start(self, conn, args, deadline) {
-                Ok(pending) => pending.await,
-                Err(error) => Err(error),
-            },
+            Run::Store(start) => {
+                let id = conn.id;
+                let write = spec.need == Need::Write;
+                match start(self, conn, args, deadline) {
+                    // A write names its connection as the origin of the copies it changes, so a
+                    // `NOLOOP` connection is not told of its own change.
+                    Ok(pending) if write => crate::tracking::as_origin(id, pending).await,
+                    Ok(pending) => pending.await,
+                    Err(error) => Err(error),
+                }
+            }
             Run::Quit => return (Reply::OK, After::Close),
             Run::Reset => Ok(self.reset(conn)),
             Run::Multi => {
@@ -395,6 +419,8 @@ pub struct ConnState {
     /// `AUTH` (or `HELLO … AUTH`) attempts refused `WRONGPASS`: the connection loop counts and
     /// slows each one.
     pub auth_failures: u32,
+    /// Client-side caching: its mode, and the outbox its invalidations wait in.
+    pub tracking: TrackingState,
 }
 
 impl ConnState {

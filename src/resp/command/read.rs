@@ -147,12 +147,16 @@ impl Door {
     ) -> Result<Option<ReadAnswer>, RespError> {
         let key = key(raw)?;
         let caller = self.caller(conn, options.client);
+        let class = options.class.or_else(|| conn.class.clone());
+        // Tracked from before the read (client-side caching): a change while it runs is
+        // pushed before its reply.
+        let tracked = self.track_begin(conn, &key, class.as_ref());
         let request = ReadRequest {
             key,
             caller,
             min_version: options.min_version,
             if_none_match: None,
-            class: options.class.or_else(|| conn.class.clone()),
+            class,
             request_id: None,
             deadline: options.deadline,
         };
@@ -160,7 +164,11 @@ impl Door {
             Some(session) => session,
             None => &mut conn.session,
         };
-        match self.core.ops().read(request, session).await {
+        let answer = self.core.ops().read(request, session).await;
+        if let Some(tracked) = tracked {
+            self.track_settle(conn, tracked, &answer);
+        }
+        match answer {
             Ok(answer) => Ok(Some(answer)),
             Err(error) if error.kind() == ErrorKind::NotFound => Ok(None),
             Err(error) => Err(RespError::from_error(&error)),

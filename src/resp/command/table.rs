@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use super::errors::RespError;
 use super::parse::Run;
-use super::{connection, info, multi, read, write};
+use super::{connection, info, multi, read, tracking, write};
 
 /// What a command needs of the connection's token (with tokens configured; without, nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,9 @@ const fn refused(name: &'static str, arity: i64, refusal: &'static str) -> Spec 
 }
 
 const PUBSUB: &str =
-    "pub/sub is not supported by hotsplit: it serves split-copy reads and versioned publishes";
+    "pub/sub is not supported by hotsplit: it serves split-copy reads and versioned publishes (SUBSCRIBE takes only __redis__:invalidate, client-side caching's REDIRECT target)";
+/// `COMMAND`'s flags of `SUBSCRIBE` and `UNSUBSCRIBE`.
+const PUBSUB_FLAGS: &[&str] = &["pubsub", "noscript", "loading", "stale"];
 const NO_WATCH: &str =
     "WATCH is not supported by hotsplit: EXEC runs queued commands in order without isolation";
 
@@ -194,10 +196,22 @@ pub(crate) static TABLE: &[Spec] = &[
     )
     .flags(&["fast"]),
     refused("watch", -2, NO_WATCH),
-    refused("subscribe", -2, PUBSUB),
+    Spec::new(
+        "subscribe",
+        -2,
+        Need::Token,
+        Run::local::<tracking::SubscribeOn>(),
+    )
+    .flags(PUBSUB_FLAGS),
     refused("psubscribe", -2, PUBSUB),
     refused("ssubscribe", -2, PUBSUB),
-    refused("unsubscribe", -1, PUBSUB),
+    Spec::new(
+        "unsubscribe",
+        -1,
+        Need::Token,
+        Run::local::<tracking::SubscribeOff>(),
+    )
+    .flags(PUBSUB_FLAGS),
     refused("punsubscribe", -1, PUBSUB),
     refused("sunsubscribe", -1, PUBSUB),
     refused("publish", 3, PUBSUB),
@@ -209,6 +223,22 @@ pub(crate) static TABLE: &[Spec] = &[
         "MONITOR is not supported by hotsplit: see its metrics and logs",
     ),
 ];
+
+/// Whether a subscribed RESP2 connection may run `spec` (Redis's list).
+pub(crate) fn runs_subscribed(spec: &Spec) -> bool {
+    matches!(
+        spec.name,
+        "subscribe"
+            | "unsubscribe"
+            | "psubscribe"
+            | "punsubscribe"
+            | "ssubscribe"
+            | "sunsubscribe"
+            | "ping"
+            | "quit"
+            | "reset"
+    )
+}
 
 /// The command named `name` (any case), if the door knows it.
 pub(crate) fn find(name: &[u8]) -> Option<&'static Spec> {

@@ -1,0 +1,389 @@
+//! Client-side caching's tracking table: which Redis-protocol connection may hold which
+//! logical key in its client's cache, until when, and the invalidations it is owed.
+//!
+//! - `table`: the table (keys → connections, leases in time order, `BCAST` prefixes,
+//!   `REDIRECT` targets), under one lock.
+//! - [`outbox`]: one connection's pushes not yet written; its loop writes them between
+//!   replies (`resp::conn`).
+//! - [`store`]: the copy store every part writes through, which tells the table when a copy
+//!   of a key changed here (publish, invalidation, delete, retry-queue heal, read repair, the
+//!   scrub, a split's fill and merge, a resize's sweep).
+//!
+//! # Invariants
+//! - **A lease bounds every cached answer.** A read settles its key with the lease the door
+//!   computed (the class's `near_cache_max_age` less the answer's own age, at most until its
+//!   copy expires) or with none; the lease clock ([`Tracking::run_clock`]) pushes the key's
+//!   invalidation when the lease ends. Test: `client_side_caching::…lease…`.
+//! - **Tracked before read.** A key is tracked from before its read starts ([`Tracking::begin`]),
+//!   so a change while the read runs is pushed before the read's reply, and the client drops
+//!   the answer it was about to cache (redis-py's and node-redis's in-flight rule).
+//! - **Never a lost push.** An outbox over `resp.tracking_max_push_bytes` closes its
+//!   connection; a table over a bound invalidates keys (pushes them) to make room, never
+//!   forgets one. Tests: `tracking::tests::…`.
+//! - **One-shot.** An invalidated key is tracked again only when read again.
+
+pub mod outbox;
+pub mod store;
+mod table;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{register, Metrics};
+
+pub use outbox::{Close, Drained, Outbox};
+use table::Table;
+pub use table::{Refused, Sent};
+
+tokio::task_local! {
+    /// The connection whose command is running (a write's origin, for `NOLOOP`).
+    static ORIGIN: u64;
+}
+
+/// Runs `future` as connection `id`'s command: a copy change it makes names `id` as its
+/// origin, so a `NOLOOP` connection is not pushed its own change.
+pub async fn as_origin<F: std::future::Future>(id: u64, future: F) -> F::Output {
+    ORIGIN.scope(id, future).await
+}
+
+/// The connection whose command is running in this task, if any.
+fn origin() -> Option<u64> {
+    ORIGIN.try_with(|id| *id).ok()
+}
+
+/// A connection's tracking mode, as `CLIENT TRACKING ON …` set it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mode {
+    /// `BCAST`: every change under its prefixes is pushed, read or not.
+    pub bcast: bool,
+    /// `PREFIX p…` (with `BCAST`); none: every key.
+    pub prefixes: Vec<Vec<u8>>,
+    /// `NOLOOP`: its own changes are not pushed to it.
+    pub noloop: bool,
+    /// `REDIRECT id`; 0: none.
+    pub redirect: u64,
+}
+
+impl Mode {
+    /// Whether a `BCAST` connection in this mode is told of a change of `key`.
+    fn matches(&self, key: &str) -> bool {
+        self.prefixes.is_empty()
+            || self
+                .prefixes
+                .iter()
+                .any(|prefix| key.as_bytes().starts_with(prefix))
+    }
+}
+
+/// The bounds of the table (`resp.tracking_*`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// `resp.tracking_max_bytes`: the instance's tracked keys.
+    pub max_bytes: usize,
+    /// `resp.tracking_max_bytes_per_connection`.
+    pub max_bytes_per_connection: usize,
+    /// `resp.tracking_max_prefixes`: prefixes of one `BCAST` connection.
+    pub max_prefixes: usize,
+    /// `resp.tracking_max_push_bytes`: one connection's pushes not written yet.
+    pub max_push_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_bytes: 64 * 1024 * 1024,
+            max_bytes_per_connection: 4 * 1024 * 1024,
+            max_prefixes: 64,
+            max_push_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// Why a key's invalidation was pushed (the `cause` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// A copy it may be answered from changed.
+    Change,
+    /// Its lease ended.
+    Lease,
+    /// A bound needed its room.
+    Evicted,
+    /// Its answer may not be cached (pushed just before the reply).
+    Uncacheable,
+    /// A null invalidation (every key).
+    Flush,
+}
+
+impl Cause {
+    /// Every cause, in label order (an index into [`Sent::by_cause`]).
+    pub const ALL: [Cause; 5] = [
+        Cause::Change,
+        Cause::Lease,
+        Cause::Evicted,
+        Cause::Uncacheable,
+        Cause::Flush,
+    ];
+
+    /// The `cause` label.
+    fn label(self) -> &'static str {
+        match self {
+            Cause::Change => "change",
+            Cause::Lease => "lease",
+            Cause::Evicted => "evicted",
+            Cause::Uncacheable => "uncacheable",
+            Cause::Flush => "flush",
+        }
+    }
+}
+
+/// Labels of the invalidation counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CauseLabels {
+    /// One of [`Cause::label`].
+    cause: &'static str,
+}
+
+/// The table's metrics.
+#[derive(Debug, Clone)]
+struct TrackingMetrics {
+    /// Invalidations pushed, indexed like [`Cause::ALL`].
+    invalidations: Box<[Counter]>,
+    /// Connections closed because their pushes passed their bound.
+    overflows: Counter,
+    /// Keys tracked (per connection).
+    keys: Gauge,
+    /// Bytes they are counted for.
+    bytes: Gauge,
+    /// Connections tracking.
+    connections: Gauge,
+}
+
+impl TrackingMetrics {
+    /// Registers the families in `registry`.
+    fn register(registry: &mut Registry) -> TrackingMetrics {
+        let family: Family<CauseLabels, Counter> = register(
+            registry,
+            "resp_tracking_invalidations",
+            "Invalidations pushed to client-side caches, by cause (change, lease, evicted, uncacheable, flush)",
+        );
+        let invalidations = Cause::ALL
+            .iter()
+            .map(|cause| {
+                let counter = family
+                    .get_or_create(&CauseLabels {
+                        cause: cause.label(),
+                    })
+                    .clone();
+                counter
+            })
+            .collect();
+        TrackingMetrics {
+            invalidations,
+            overflows: register(
+                registry,
+                "resp_tracking_overflows",
+                "Connections closed because their pending invalidations passed resp.tracking_max_push_bytes",
+            ),
+            keys: register(
+                registry,
+                "resp_tracking_keys",
+                "Keys tracked for client-side caches (a key two connections track counts twice)",
+            ),
+            bytes: register(
+                registry,
+                "resp_tracking_bytes",
+                "Bytes the tracked keys are counted for (bounded by resp.tracking_max_bytes)",
+            ),
+            connections: register(
+                registry,
+                "resp_tracking_connections",
+                "Connections with CLIENT TRACKING on",
+            ),
+        }
+    }
+}
+
+/// The instance's tracking table. Cheap to share (`Arc`).
+#[derive(Debug)]
+pub struct Tracking {
+    /// The table.
+    table: Mutex<Table>,
+    /// Its bounds.
+    limits: Limits,
+    /// Wakes the lease clock when an earlier lease was set.
+    clock: Notify,
+    /// Counters, when registered.
+    metrics: Option<TrackingMetrics>,
+}
+
+impl Default for Tracking {
+    fn default() -> Tracking {
+        Tracking::new(Limits::default(), None)
+    }
+}
+
+impl Tracking {
+    /// An empty table with `limits`, counting into `metrics` when given.
+    pub fn new(limits: Limits, metrics: Option<&Metrics>) -> Tracking {
+        Tracking {
+            table: Mutex::new(Table::new(limits)),
+            limits,
+            clock: Notify::new(),
+            metrics: metrics.map(|metrics| metrics.register_with(TrackingMetrics::register)),
+        }
+    }
+
+    /// The bounds.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The table, locked; a panic elsewhere never stops invalidations.
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counts what `table` pushed and updates the gauges from it.
+    fn count(&self, table: &mut Table) {
+        let sent = table.take_sent();
+        let Some(metrics) = &self.metrics else {
+            return;
+        };
+        for (counter, count) in metrics.invalidations.iter().zip(sent.by_cause) {
+            if count > 0 {
+                counter.inc_by(count);
+            }
+        }
+        if sent.overflowed > 0 {
+            metrics.overflows.inc_by(sent.overflowed);
+        }
+        metrics.keys.set(gauge(table.tracked()));
+        metrics.bytes.set(gauge(table.bytes()));
+        metrics.connections.set(gauge(table.connections()));
+    }
+
+    /// Connection `id` opened, with `outbox` for its pushes.
+    pub fn open(&self, id: u64, outbox: &Arc<Outbox>) {
+        self.lock().open(id, outbox);
+    }
+
+    /// Connection `id` closed.
+    pub fn close(&self, id: u64) {
+        let mut table = self.lock();
+        table.close(id);
+        self.count(&mut table);
+    }
+
+    /// Starts (or changes) tracking for connection `id` (its own outbox `own`) in `mode`.
+    ///
+    /// # Errors
+    /// [`Refused`] when the mode names no open connection or too many prefixes.
+    pub fn start(&self, id: u64, own: &Arc<Outbox>, mode: Mode) -> Result<(), Refused> {
+        let mut table = self.lock();
+        let started = table.start(id, own, mode);
+        self.count(&mut table);
+        started
+    }
+
+    /// Ends tracking for connection `id`.
+    pub fn stop(&self, id: u64) {
+        let mut table = self.lock();
+        table.stop(id);
+        self.count(&mut table);
+    }
+
+    /// Whether connection `id` tracks.
+    pub fn is_tracking(&self, id: u64) -> bool {
+        self.lock().is_tracking(id)
+    }
+
+    /// Tracks `key` for connection `id` from now until [`Tracking::settle`]; answers the
+    /// entry's number (`None` when `id` does not track).
+    pub fn begin(&self, id: u64, key: &str) -> Option<u64> {
+        let mut table = self.lock();
+        let seq = table.begin(id, key);
+        self.count(&mut table);
+        seq
+    }
+
+    /// Settles the read of `key` numbered `seq`: tracked for `lease`, or invalidated now when
+    /// `lease` is `None` or zero.
+    pub fn settle(&self, id: u64, key: &str, seq: u64, lease: Option<Duration>) {
+        let mut table = self.lock();
+        let before = table.next_deadline();
+        table.settle(id, key, seq, lease);
+        let after = table.next_deadline();
+        self.count(&mut table);
+        drop(table);
+        if after.is_some() && (before.is_none() || after < before) {
+            self.clock.notify_one();
+        }
+    }
+
+    /// `keys` changed on this instance: every connection tracking one, and every `BCAST`
+    /// connection with a matching prefix, is pushed its invalidation.
+    pub fn changed<'a>(&self, keys: impl IntoIterator<Item = &'a str>) {
+        let origin = origin();
+        let mut table = self.lock();
+        for key in keys {
+            table.changed(key, origin);
+        }
+        self.count(&mut table);
+    }
+
+    /// Every key under `prefix` changed (the copy names its family is read under did).
+    pub fn changed_prefix(&self, prefix: &str) {
+        let mut table = self.lock();
+        table.changed_prefix(prefix);
+        self.count(&mut table);
+    }
+
+    /// Pushes a null invalidation to every tracking connection; answers how many.
+    pub fn flush_all(&self) -> u64 {
+        let mut table = self.lock();
+        let told = table.flush_all();
+        self.count(&mut table);
+        told
+    }
+
+    /// The lease clock: pushes each lease's invalidation when it ends, until `shutdown`.
+    pub async fn run_clock(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let next = {
+                let mut table = self.lock();
+                table.expire(tokio::time::Instant::now());
+                self.count(&mut table);
+                table.next_deadline()
+            };
+            let sleep = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.clock.notified() => {}
+                () = sleep => {}
+            }
+        }
+    }
+}
+
+/// A count as a gauge's value.
+fn gauge(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests;

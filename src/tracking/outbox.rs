@@ -1,0 +1,190 @@
+//! One connection's pushes not yet written: the invalidations the tracking table sent it, kept
+//! until its loop writes them between two replies.
+//!
+//! An outbox never drops a key: when its pending pushes pass their bound
+//! (`resp.tracking_max_push_bytes`) it is marked overflowed, and the connection closes (its
+//! client then flushes its cache, as every client does on a disconnect) rather than skip one.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+/// What a push costs beyond its key's bytes (`>2`, `$10 invalidate`, `*1`, a bulk header).
+const PUSH_OVERHEAD: usize = 40;
+
+/// The invalidations one connection has to write.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// The pushes, and whether the connection must close.
+    pending: Mutex<Pending>,
+    /// Set while `pending` holds something to write or a reason to close: the loop's check
+    /// between replies is one load when there is nothing.
+    ready: AtomicBool,
+    /// Wakes the connection's loop while it waits for input.
+    notify: Notify,
+}
+
+/// The pushes of an outbox.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Keys to invalidate, in the order they were invalidated.
+    keys: Vec<Arc<str>>,
+    /// A null invalidation ("flush everything") comes first.
+    flush: bool,
+    /// The bytes `keys` takes as pushes.
+    bytes: usize,
+    /// Why the connection must close, when it must.
+    close: Option<Close>,
+}
+
+/// Why an outbox's connection must close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Close {
+    /// Its pending pushes passed `resp.tracking_max_push_bytes`: it did not read them.
+    Overflow,
+    /// The connection its invalidations are redirected to (`REDIRECT id`) closed.
+    RedirectGone,
+}
+
+/// What a connection's loop takes out of its outbox to write.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Drained {
+    /// Whether a null invalidation comes first.
+    pub flush: bool,
+    /// The keys, one push each.
+    pub keys: Vec<Arc<str>>,
+    /// Set when the connection must close after writing them.
+    pub close: Option<Close>,
+}
+
+impl Outbox {
+    /// An empty outbox.
+    pub fn new() -> Arc<Outbox> {
+        Arc::new(Outbox::default())
+    }
+
+    /// The pending pushes, locked; a panic elsewhere never stops pushes.
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether something waits to be written (one atomic load).
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Adds an invalidation of `key`; false when that passed `max_bytes` (the outbox is then
+    /// marked to close).
+    pub(super) fn push(&self, key: Arc<str>, max_bytes: usize) -> bool {
+        let mut pending = self.lock();
+        pending.bytes = pending.bytes.saturating_add(key.len() + PUSH_OVERHEAD);
+        pending.keys.push(key);
+        let fits = pending.bytes <= max_bytes;
+        if !fits {
+            pending.close.get_or_insert(Close::Overflow);
+        }
+        drop(pending);
+        self.wake();
+        fits
+    }
+
+    /// Adds a null invalidation: every key the client holds from this instance is dropped
+    /// (the keys pending before it are then covered by it).
+    pub fn push_flush(&self) {
+        let mut pending = self.lock();
+        pending.flush = true;
+        pending.keys.clear();
+        pending.bytes = 0;
+        drop(pending);
+        self.wake();
+    }
+
+    /// Marks the connection to close after what it has to write.
+    pub(super) fn close(&self, why: Close) {
+        self.lock().close.get_or_insert(why);
+        self.wake();
+    }
+
+    /// Wakes the connection's loop.
+    fn wake(&self) {
+        self.ready.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    /// Takes everything pending.
+    pub fn drain(&self) -> Drained {
+        let mut pending = self.lock();
+        self.ready.store(false, Ordering::Release);
+        let drained = Drained {
+            flush: std::mem::take(&mut pending.flush),
+            keys: std::mem::take(&mut pending.keys),
+            close: pending.close,
+        };
+        pending.bytes = 0;
+        drained
+    }
+
+    /// Resolves once something is pushed (or already waits).
+    pub async fn ready(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.is_ready() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outbox_keeps_every_key_in_order_and_closes_past_its_bound() {
+        let outbox = Outbox::new();
+        assert!(!outbox.is_ready());
+        assert!(outbox.push(Arc::from("a"), 1000));
+        assert!(outbox.push(Arc::from("b"), 1000));
+        assert!(outbox.is_ready());
+        let drained = outbox.drain();
+        assert_eq!(drained.keys, vec![Arc::from("a"), Arc::from("b")]);
+        assert_eq!(drained.close, None);
+        assert!(!outbox.is_ready());
+        // Past the bound: the key is still kept, and the connection told to close.
+        assert!(!outbox.push(Arc::from("c".repeat(100)), 50));
+        let drained = outbox.drain();
+        assert_eq!(drained.keys.len(), 1);
+        assert_eq!(drained.close, Some(Close::Overflow));
+    }
+
+    #[test]
+    fn a_flush_covers_the_keys_before_it() {
+        let outbox = Outbox::new();
+        outbox.push(Arc::from("a"), 1000);
+        outbox.push_flush();
+        outbox.push(Arc::from("b"), 1000);
+        let drained = outbox.drain();
+        assert!(drained.flush);
+        assert_eq!(drained.keys, vec![Arc::from("b")]);
+    }
+
+    #[tokio::test]
+    async fn ready_resolves_for_a_push_made_before_or_while_waiting() {
+        let outbox = Outbox::new();
+        outbox.push(Arc::from("a"), 1000);
+        outbox.ready().await;
+        outbox.drain();
+        let waiter = {
+            let outbox = outbox.clone();
+            tokio::spawn(async move { outbox.ready().await })
+        };
+        tokio::task::yield_now().await;
+        outbox.close(Close::RedirectGone);
+        waiter.await.unwrap();
+        assert_eq!(outbox.drain().close, Some(Close::RedirectGone));
+    }
+}

@@ -1,0 +1,210 @@
+//! The table's rules, without a connection: leases, one-shot tracking, the in-flight rule,
+//! `BCAST`, `NOLOOP`, `REDIRECT`, and the bounds that invalidate rather than forget.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+
+fn keys(outbox: &Outbox) -> Vec<String> {
+    outbox
+        .drain()
+        .keys
+        .iter()
+        .map(|key| key.to_string())
+        .collect()
+}
+
+fn tracking(limits: Limits) -> (Arc<Tracking>, Arc<Outbox>) {
+    let tracking = Arc::new(Tracking::new(limits, None));
+    let outbox = Outbox::new();
+    tracking.open(1, &outbox);
+    tracking.start(1, &outbox, Mode::default()).unwrap();
+    (tracking, outbox)
+}
+
+#[test]
+fn a_tracked_key_is_pushed_once_when_it_changes_and_not_again_until_read_again() {
+    let (tracking, outbox) = tracking(Limits::default());
+    let seq = tracking.begin(1, "post:9").unwrap();
+    tracking.settle(1, "post:9", seq, Some(Duration::from_secs(10)));
+    assert!(!outbox.is_ready());
+    tracking.changed(["post:9", "other"]);
+    assert_eq!(keys(&outbox), ["post:9"]);
+    tracking.changed(["post:9"]);
+    assert!(
+        !outbox.is_ready(),
+        "one-shot: not tracked after its invalidation"
+    );
+    assert_eq!(tracking.lock().tracked(), 0);
+    assert_eq!(tracking.lock().bytes(), 0);
+}
+
+#[test]
+fn a_change_while_the_read_runs_is_pushed_and_the_read_then_keeps_nothing() {
+    let (tracking, outbox) = tracking(Limits::default());
+    let seq = tracking.begin(1, "k").unwrap();
+    tracking.changed(["k"]);
+    assert_eq!(keys(&outbox), ["k"]);
+    // The read that began before the change settles: nothing tracked, nothing more pushed.
+    tracking.settle(1, "k", seq, Some(Duration::from_secs(10)));
+    assert_eq!(tracking.lock().tracked(), 0);
+    assert!(!outbox.is_ready());
+}
+
+#[test]
+fn an_answer_without_a_lease_is_invalidated_at_once() {
+    let (tracking, outbox) = tracking(Limits::default());
+    let seq = tracking.begin(1, "k").unwrap();
+    tracking.settle(1, "k", seq, None);
+    assert_eq!(keys(&outbox), ["k"]);
+    let seq = tracking.begin(1, "k").unwrap();
+    tracking.settle(1, "k", seq, Some(Duration::ZERO));
+    assert_eq!(keys(&outbox), ["k"]);
+    assert_eq!(tracking.lock().tracked(), 0);
+}
+
+#[tokio::test]
+async fn the_clock_pushes_each_key_when_its_lease_ends_and_not_before() {
+    let (tracking, outbox) = tracking(Limits::default());
+    let shutdown = CancellationToken::new();
+    let clock = tokio::spawn(tracking.clone().run_clock(shutdown.clone()));
+    let start = tokio::time::Instant::now();
+    for (key, ms) in [("late", 300), ("early", 100)] {
+        let seq = tracking.begin(1, key).unwrap();
+        tracking.settle(1, key, seq, Some(Duration::from_millis(ms)));
+    }
+    outbox.ready().await;
+    assert_eq!(keys(&outbox), ["early"]);
+    assert!(start.elapsed() >= Duration::from_millis(100));
+    outbox.ready().await;
+    assert_eq!(keys(&outbox), ["late"]);
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    shutdown.cancel();
+    clock.await.unwrap();
+}
+
+#[tokio::test]
+async fn bcast_is_told_every_change_under_its_prefixes_and_noloop_not_its_own() {
+    let tracking = Tracking::new(Limits::default(), None);
+    let (all, some, quiet) = (Outbox::new(), Outbox::new(), Outbox::new());
+    for (id, outbox) in [(1, &all), (2, &some), (3, &quiet)] {
+        tracking.open(id, outbox);
+    }
+    let bcast = |prefixes: &[&str], noloop| Mode {
+        bcast: true,
+        prefixes: prefixes.iter().map(|p| p.as_bytes().to_vec()).collect(),
+        noloop,
+        redirect: 0,
+    };
+    tracking.start(1, &all, bcast(&[], false)).unwrap();
+    tracking
+        .start(2, &some, bcast(&["user:", "post:"], false))
+        .unwrap();
+    tracking.start(3, &quiet, bcast(&[], true)).unwrap();
+    // A key a BCAST connection read is tracked too (its lease is kept), and told once.
+    let seq = tracking.begin(2, "post:1").unwrap();
+    tracking.settle(2, "post:1", seq, Some(Duration::from_secs(5)));
+    tracking.changed(["post:1", "feed:2"]);
+    assert_eq!(keys(&all), ["post:1", "feed:2"]);
+    assert_eq!(keys(&some), ["post:1"]);
+    assert_eq!(keys(&quiet), ["post:1", "feed:2"]);
+    // Connection 3's own change is not pushed to it.
+    as_origin(3, async { tracking.changed(["user:7"]) }).await;
+    assert_eq!(keys(&all), ["user:7"]);
+    assert_eq!(keys(&some), ["user:7"]);
+    assert!(!quiet.is_ready());
+}
+
+#[test]
+fn redirected_invalidations_reach_the_target_and_its_close_closes_the_source() {
+    let tracking = Tracking::new(Limits::default(), None);
+    let (source, target) = (Outbox::new(), Outbox::new());
+    tracking.open(1, &source);
+    tracking.open(2, &target);
+    let redirect = |to| Mode {
+        redirect: to,
+        ..Mode::default()
+    };
+    assert_eq!(
+        tracking.start(1, &source, redirect(9)),
+        Err(Refused::NoSuchClient)
+    );
+    tracking.start(1, &source, redirect(2)).unwrap();
+    let seq = tracking.begin(1, "k").unwrap();
+    tracking.settle(1, "k", seq, Some(Duration::from_secs(5)));
+    tracking.changed(["k"]);
+    assert_eq!(keys(&target), ["k"]);
+    assert!(!source.is_ready());
+    tracking.close(2);
+    assert_eq!(source.drain().close, Some(Close::RedirectGone));
+    assert!(!tracking.is_tracking(1));
+}
+
+#[test]
+fn full_tables_invalidate_keys_to_make_room_and_never_forget_one() {
+    let per_key = |key: &str| key.len() + table::ENTRY_OVERHEAD;
+    let limits = Limits {
+        max_bytes_per_connection: per_key("k:00") * 3,
+        max_bytes: per_key("k:00") * 5,
+        ..Limits::default()
+    };
+    let tracking = Tracking::new(limits, None);
+    let (a, b) = (Outbox::new(), Outbox::new());
+    for (id, outbox) in [(1, &a), (2, &b)] {
+        tracking.open(id, outbox);
+        tracking.start(id, outbox, Mode::default()).unwrap();
+    }
+    let mut pushed = 0;
+    for n in 0..10 {
+        for id in [1, 2] {
+            let key = format!("k:{n:02}");
+            let seq = tracking.begin(id, &key).unwrap();
+            tracking.settle(id, &key, seq, Some(Duration::from_secs(60 + n)));
+        }
+        let table = tracking.lock();
+        assert!(table.bytes() <= limits.max_bytes, "{}", table.bytes());
+        drop(table);
+        pushed += a.drain().keys.len() + b.drain().keys.len();
+    }
+    // 20 reads, at most 5 entries kept: every other one was pushed, none dropped silently.
+    let kept = tracking.lock().tracked();
+    assert_eq!(kept + pushed, 20, "kept {kept}, pushed {pushed}");
+    assert!(kept <= 5);
+}
+
+#[test]
+fn bcast_prefixes_are_bounded_and_stop_forgets_without_a_push() {
+    let limits = Limits {
+        max_prefixes: 2,
+        ..Limits::default()
+    };
+    let (tracking, outbox) = tracking(limits);
+    let many = Mode {
+        bcast: true,
+        prefixes: vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
+        ..Mode::default()
+    };
+    assert_eq!(
+        tracking.start(1, &outbox, many),
+        Err(Refused::TooManyPrefixes(2))
+    );
+    let seq = tracking.begin(1, "k").unwrap();
+    tracking.settle(1, "k", seq, Some(Duration::from_secs(5)));
+    tracking.stop(1);
+    tracking.changed(["k"]);
+    assert!(!outbox.is_ready());
+    assert_eq!(tracking.lock().tracked(), 0);
+    assert_eq!(tracking.begin(1, "k"), None);
+}
+
+#[test]
+fn a_flush_reaches_every_tracking_connection_and_empties_the_table() {
+    let (tracking, outbox) = tracking(Limits::default());
+    let seq = tracking.begin(1, "k").unwrap();
+    tracking.settle(1, "k", seq, Some(Duration::from_secs(5)));
+    assert_eq!(tracking.flush_all(), 1);
+    let drained = outbox.drain();
+    assert!(drained.flush && drained.keys.is_empty());
+    assert_eq!(tracking.lock().tracked(), 0);
+}
