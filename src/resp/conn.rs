@@ -31,6 +31,12 @@
 //!   at most 2 s).
 //! - **Arguments are slices of the read buffer.** A command that keeps an argument beyond its
 //!   reply (in a cache, a table) must copy it, or it pins the whole read buffer.
+//! - **Invalidations between replies.** A connection's outbox (client-side caching,
+//!   [`crate::tracking`]) is drained after each command, before its reply is encoded (so an
+//!   answer that must not be cached is preceded by its key's invalidation, in the same write,
+//!   and nothing is ever written inside a reply, an `EXEC`'s included), and while the
+//!   connection is idle. An outbox that says close (it passed `resp.tracking_max_push_bytes`,
+//!   or its `REDIRECT` target closed) closes the connection after what it holds is written.
 //! - **Closing.** A protocol error is answered `-ERR Protocol error: …` after the replies before
 //!   it, then the connection closes; [`After::Close`] writes its reply, then closes. When a
 //!   reload stores a new token table, the listener tells every connection, idle ones included,
