@@ -74,6 +74,8 @@ pub struct Config {
     pub session: SessionConfig,
     /// The hot-key detector (`[hot_keys]`).
     pub hot_keys: crate::hot::HotKeysConfig,
+    /// The invalidation feed between instances (`[feed]`).
+    pub feed: crate::feed::FeedConfig,
 }
 
 impl Config {
@@ -106,13 +108,8 @@ impl Config {
             .map_err(|err| Error::new(ErrorKind::Config, err.to_string().trim_end().to_owned()))
     }
 
-    /// Checks every field; the first problem found is returned, naming the field.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`] with a message such as `family[1].copies: must be in 1..=1024, got 0`.
-    pub fn validate(&self) -> Result<()> {
-        self.server.validate()?;
-        self.check_exposure()?;
+    /// The three listeners differ from one another.
+    fn check_listeners(&self) -> Result<()> {
         if self.admin.listen == Some(self.server.listen) {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -122,7 +119,6 @@ impl Config {
                 ),
             ));
         }
-        self.resp.validate(self.server.max_value_bytes)?;
         if let Some(resp) = self.resp.listen {
             if resp == self.server.listen || Some(resp) == self.admin.listen {
                 return Err(Error::new(
@@ -133,6 +129,18 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Checks every field; the first problem found is returned, naming the field.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] with a message such as `family[1].copies: must be in 1..=1024, got 0`.
+    pub fn validate(&self) -> Result<()> {
+        self.server.validate()?;
+        self.check_exposure()?;
+        self.check_listeners()?;
+        self.resp.validate(self.server.max_value_bytes)?;
         self.store.validate()?;
         if self.read.fallback_copies > MAX_COPIES {
             return Err(Error::new(
@@ -147,6 +155,7 @@ impl Config {
         self.near_cache.validate()?;
         self.hot_keys.validate()?;
         let classes = Classes::from_config(&self.classes)?;
+        self.feed.validate(&classes)?;
         self.heal.validate()?;
         self.fleet.validate()?;
         self.session.validate()?;

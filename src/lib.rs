@@ -59,6 +59,7 @@ pub mod door;
 mod duration;
 pub mod error;
 pub mod family;
+pub mod feed;
 pub mod fleet;
 pub mod heal;
 pub mod hot;

@@ -95,6 +95,13 @@ pub struct StatusBody {
     /// replica appeared since. Absent when nothing is pending.
     #[serde(skip_serializing_if = "Option::is_none")]
     warm_up_pending: Option<WarmUpPending>,
+    /// `/readyz` only: `true` while the invalidation feed of a primary is not current (no
+    /// proof through it within `feed.max_silence`, or its connection is down): changes made
+    /// through other instances may not reach this instance's client-side caches, so their
+    /// leases are capped at `feed.max_silence`. Absent while every feed is current or the feed
+    /// does not run.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    feed_down: bool,
 }
 
 /// The process is alive.
@@ -107,6 +114,7 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
         library_missing: Vec::new(),
         nodes_avoided: Vec::new(),
         warm_up_pending: None,
+        feed_down: false,
     })
     .into_response()
 }
@@ -177,5 +185,9 @@ pub async fn readyz(
         library_missing: nodes(inner.store.library_missing()),
         nodes_avoided: nodes(inner.store.avoided_nodes()),
         warm_up_pending,
+        feed_down: {
+            let feed = state.ops().tracking().feed().view();
+            feed.enabled && !feed.up
+        },
     }))
 }

@@ -540,6 +540,48 @@ impl NearCache {
         self.update_gauges();
     }
 
+    /// Drops the entry of `copy_key` (the invalidation feed said the copy changed), keeping its
+    /// version as a high-water record, as an eviction does: the next fill never goes below it.
+    pub fn drop_entry(&self, copy_key: &str) {
+        let stripe = self.stripe(copy_key);
+        let guard = stripe.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((key, entry)) = self.entries.remove(copy_key) {
+            self.keep_mark(key, &entry);
+        }
+        drop(guard);
+        self.update_gauges();
+    }
+
+    /// Drops every entry (the feed cannot vouch for any), keeping each one's version as a
+    /// high-water record; answers how many.
+    pub fn drop_all(&self) -> usize {
+        let keys: Vec<String> = self.entries.iter().map(|(key, _)| key).collect();
+        for key in &keys {
+            self.drop_entry(key);
+        }
+        keys.len()
+    }
+
+    /// Keeps a dropped entry's version in the records and the sketch.
+    fn keep_mark(&self, key: String, entry: &Entry) {
+        let now_ms = now_unix_ms();
+        if entry.record.expire_at_ms > now_ms {
+            self.sketch.record(
+                &key,
+                entry.record.version,
+                entry.record.expire_at_ms,
+                now_ms,
+            );
+            self.marks.insert(
+                key,
+                Mark {
+                    version: Some(entry.record.version),
+                    expire_at_ms: entry.record.expire_at_ms,
+                },
+            );
+        }
+    }
+
     /// The fill of `copy_key` from `source` in flight, or a new one from `start`; `true` when
     /// an existing fill was joined.
     pub fn fill(

@@ -22,8 +22,10 @@ use crate::route::Route;
 use crate::store::Role;
 
 impl Ops {
-    /// The lease of `answer` (read as `now_ms`, Unix ms): `None` when it must not be cached.
-    pub fn lease(&self, answer: &ReadAnswer, now_ms: u64) -> Option<Duration> {
+    /// The lease of `answer` of `key` (read as `now_ms`, Unix ms): `None` when it must not be
+    /// cached. An answer current before a change of the key this instance was already told of
+    /// (a replica behind it, a near-cache entry filled before it) is not cached.
+    pub fn lease(&self, key: &Key, answer: &ReadAnswer, now_ms: u64) -> Option<Duration> {
         let (route, served_by, expire_at_ms) = match answer {
             ReadAnswer::Value {
                 route,
@@ -45,8 +47,15 @@ impl Ops {
             (None, Role::Replica) => router.lag_of_replica(&served_by.node)?,
             (None, Role::Primary | Role::Embedded) => Duration::ZERO,
         };
+        let as_of = tokio::time::Instant::now()
+            .checked_sub(age)
+            .unwrap_or_else(tokio::time::Instant::now);
+        if self.tracking().changed_after(key.as_str(), as_of) {
+            return None;
+        }
         let left = Duration::from_millis(expire_at_ms.saturating_sub(now_ms));
-        Some(bound.checked_sub(age)?.min(left)).filter(|lease| !lease.is_zero())
+        let lease = self.tracking().capped(bound.checked_sub(age)?.min(left));
+        Some(lease).filter(|lease| !lease.is_zero())
     }
 
     /// The lease of a miss of `key` read with `class` (the connection's or the call's; `None`:
@@ -61,7 +70,10 @@ impl Ops {
             Route::Primary => Duration::ZERO,
             Route::Replica { budget, .. } => budget,
         };
-        bound.checked_sub(age).filter(|lease| !lease.is_zero())
+        bound
+            .checked_sub(age)
+            .map(|lease| self.tracking().capped(lease))
+            .filter(|lease| !lease.is_zero())
     }
 }
 
@@ -116,36 +128,59 @@ mod tests {
     #[test]
     fn a_lease_is_the_class_bound_less_the_answer_age_and_never_past_its_copy() {
         let ops = ops();
+        let k = Key::parse("a:1").unwrap();
         let far = u64::MAX;
         // advisory: 250 ms budget, near cache half of it.
         let bound = Duration::from_millis(125);
         assert_eq!(
-            ops.lease(&answer(&ops, "advisory", None, Role::Primary, far), 0),
+            ops.lease(&k, &answer(&ops, "advisory", None, Role::Primary, far), 0),
             Some(bound)
         );
         assert_eq!(
-            ops.lease(&answer(&ops, "advisory", Some(25), Role::Primary, far), 0),
+            ops.lease(
+                &k,
+                &answer(&ops, "advisory", Some(25), Role::Primary, far),
+                0
+            ),
             Some(Duration::from_millis(100))
         );
         assert_eq!(
-            ops.lease(&answer(&ops, "advisory", Some(125), Role::Primary, far), 0),
+            ops.lease(
+                &k,
+                &answer(&ops, "advisory", Some(125), Role::Primary, far),
+                0
+            ),
             None
         );
         assert_eq!(
             ops.lease(
+                &k,
                 &answer(&ops, "advisory", None, Role::Embedded, 1_040),
                 1_000
             ),
             Some(Duration::from_millis(40))
         );
+        // A change told after the answer was current: not cacheable.
+        ops.tracking().changed(["a:1"]);
+        assert_eq!(
+            ops.lease(
+                &k,
+                &answer(&ops, "advisory", Some(25), Role::Primary, far),
+                0
+            ),
+            None
+        );
+        assert!(ops
+            .lease(&k, &answer(&ops, "advisory", None, Role::Primary, far), 0)
+            .is_some());
         // A replica whose lag is unknown: not cacheable.
         assert_eq!(
-            ops.lease(&answer(&ops, "advisory", None, Role::Replica, far), 0),
+            ops.lease(&k, &answer(&ops, "advisory", None, Role::Replica, far), 0),
             None
         );
         for class in ["primary", "decides-on-presence"] {
             assert_eq!(
-                ops.lease(&answer(&ops, class, None, Role::Primary, far), 0),
+                ops.lease(&k, &answer(&ops, class, None, Role::Primary, far), 0),
                 None,
                 "{class}"
             );

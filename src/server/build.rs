@@ -16,6 +16,7 @@ use crate::auth::Tokens;
 use crate::config::Config;
 use crate::error::Result;
 use crate::family::Families;
+use crate::feed::{Feed, FeedParts};
 use crate::fleet::{LibraryRetirer, Registrar, Registry, RetireMetrics};
 use crate::heal::{HealthProber, NodeHealth, RetryQueue, RetryWorker, ScrubStatus, Scrubber};
 use crate::http::listener::tls;
@@ -24,7 +25,7 @@ use crate::layout::{LayoutStores, LayoutWatcher, Layouts, Liveness, Splitter, Sp
 use crate::metrics::Metrics;
 use crate::route::{LagMonitor, LagTable, RouteMetrics};
 use crate::status::{Sources, StatusPublisher};
-use crate::store::{CopyStore, FleetStore, LibraryStore, SplitStore, TopologyStore};
+use crate::store::{CopyStore, FeedStore, FleetStore, LibraryStore, SplitStore, TopologyStore};
 use crate::tracking::store::Noticing;
 use crate::tracking::Tracking;
 
@@ -80,6 +81,8 @@ pub(super) struct Recorded {
     pub(super) layouts: Arc<Layouts>,
     /// Client-side caching's tracking table, told of every copy `copies` changes.
     pub(super) tracking: Arc<Tracking>,
+    /// The invalidation feed's connections; `None` on the embedded store.
+    pub(super) feed: Option<Arc<dyn FeedStore>>,
 }
 
 impl Recorded {
@@ -105,6 +108,7 @@ impl Recorded {
             fleet,
             topology,
             library,
+            feed,
         } = connected.roles(&health);
         // Every part writes copies through the tracking table's notice: a change made here
         // invalidates the client-side caches that may hold the key, whichever path made it.
@@ -144,6 +148,7 @@ impl Recorded {
             liveness,
             layouts,
             tracking,
+            feed,
         })
     }
 }
@@ -283,6 +288,8 @@ pub(super) struct Background {
     pub(super) scrubber: Option<Scrubber>,
     /// Refreshes the index of split keys and moves them through the split protocol.
     pub(super) splitter: Splitter,
+    /// The invalidation feed; `None` on the embedded store or with `feed.disabled`.
+    pub(super) feed: Option<Feed>,
 }
 
 /// What [`background`] takes from the wired state.
@@ -309,6 +316,7 @@ pub(super) async fn background(
     } = wired;
     let metrics = state.metrics();
     let splitter = split_driver(config, &recorded, state).await;
+    let feed = feed(config, &recorded, state, &registry.id());
     let status_publisher = StatusPublisher {
         sources: Arc::new(Sources::new(
             state.ops().reader(),
@@ -346,7 +354,24 @@ pub(super) async fn background(
         status_publisher,
         scrubber: healing.scrubber,
         splitter,
+        feed,
     }
+}
+
+/// The invalidation feed, with Redis and unless `feed.disabled`.
+fn feed(config: &Config, recorded: &Recorded, state: &AppState, instance: &str) -> Option<Feed> {
+    let store = recorded.feed.clone().filter(|_| !config.feed.disabled)?;
+    let classes = state.ops().router().classes();
+    Some(Feed::new(FeedParts {
+        store,
+        topology: recorded.topology.clone(),
+        tracking: recorded.tracking.clone(),
+        near: state.ops().reader().near_cache().cloned(),
+        instance: instance.to_owned(),
+        max_silence: config.feed.silence_bound(&classes),
+        metrics: state.metrics(),
+        state: recorded.tracking.feed().clone(),
+    }))
 }
 
 /// The split driver over the wired state's hot-key detector, its records read once before the

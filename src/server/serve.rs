@@ -197,6 +197,9 @@ impl Tasks {
         }
         tracker.spawn(background.splitter.run(cancel.clone()));
         tracker.spawn(state.ops().tracking().clone().run_clock(cancel.clone()));
+        if let Some(feed) = background.feed {
+            tracker.spawn(feed.run(cancel.clone()));
+        }
         if let Some(scrubber) = background.scrubber {
             tracker.spawn(scrubber.run(cancel.clone()));
         }

@@ -10,7 +10,9 @@ use crate::heal::{HealthStore, NodeHealth};
 use crate::metrics::Metrics;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
-use crate::store::{CopyStore, FleetStore, LayoutStore, LibraryStore, StoreConfig, TopologyStore};
+use crate::store::{
+    CopyStore, FeedStore, FleetStore, LayoutStore, LibraryStore, StoreConfig, TopologyStore,
+};
 
 /// The store the config names, connected.
 pub(super) enum Connected {
@@ -60,6 +62,7 @@ impl Connected {
                 fleet: memory.clone(),
                 topology: memory.clone(),
                 library: memory.clone(),
+                feed: None,
             },
             Connected::Redis(redis) => Roles {
                 copies: Arc::new(HealthStore::new(redis.clone(), health.clone())),
@@ -68,6 +71,7 @@ impl Connected {
                 fleet: redis.clone(),
                 topology: redis.clone(),
                 library: redis.clone(),
+                feed: Some(redis.clone()),
             },
         }
     }
@@ -87,6 +91,8 @@ pub(super) struct Roles {
     pub(super) topology: Arc<dyn TopologyStore>,
     /// The function library.
     pub(super) library: Arc<dyn LibraryStore>,
+    /// The invalidation feed's connections; `None` on the embedded store (one instance).
+    pub(super) feed: Option<Arc<dyn FeedStore>>,
 }
 
 /// The deployment's session key: the one in the store, or a fresh one stored there. When the

@@ -38,7 +38,8 @@ pub mod roles;
 pub use config::StoreConfig;
 pub use registry::InstanceRecord;
 pub use roles::{
-    CopyStore, FleetStore, LayoutStore, LibraryStore, ScrubStore, SplitStore, TopologyStore,
+    CopyStore, FeedConnection, FeedEvent, FeedStore, FleetStore, LayoutStore, LibraryStore,
+    ScrubStore, SplitStore, TopologyStore,
 };
 
 use std::fmt;

@@ -418,3 +418,41 @@ pub trait LibraryStore: Send + Sync + 'static {
     /// A store error when a primary refuses or does not answer (the others are still asked).
     fn delete_function_library<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<usize>>;
 }
+
+/// The invalidation feed's connections (`crate::feed`): one per primary, on which the store
+/// tells of every key a write changed there, whoever wrote it.
+pub trait FeedStore: Send + Sync + 'static {
+    /// Opens the feed of `primary`: a connection on which it pushes the name of every key a
+    /// write changed (Redis's `CLIENT TRACKING ON BCAST`), until the connection closes.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Unavailable`] when the primary cannot be reached or refuses
+    /// tracking (an ACL user without `client|tracking`, say).
+    fn open_feed<'a>(&'a self, primary: &'a NodeLabel) -> BoxFuture<'a, Result<FeedConnection>>;
+}
+
+/// What a feed connection tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FeedEvent {
+    /// These keys (stored names) changed.
+    Keys(Vec<String>),
+    /// Every key may have changed (Redis's null invalidation after a flush, or pushes the
+    /// feed could not keep up with).
+    Flush,
+    /// The connection closed: nothing more comes.
+    Closed,
+}
+
+/// One open feed connection: its events, and what closes it when dropped.
+pub struct FeedConnection {
+    /// The events, in the order the primary sent them.
+    pub events: tokio::sync::mpsc::Receiver<FeedEvent>,
+    /// Closes the connection when dropped.
+    pub guard: Box<dyn Send + Sync>,
+}
+
+impl std::fmt::Debug for FeedConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FeedConnection").finish_non_exhaustive()
+    }
+}

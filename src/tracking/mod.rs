@@ -23,6 +23,7 @@
 //! - **One-shot.** An invalidated key is tracked again only when read again.
 
 pub mod outbox;
+mod recent;
 pub mod store;
 mod table;
 
@@ -222,6 +223,14 @@ pub struct Tracking {
     clock: Notify,
     /// Counters, when registered.
     metrics: Option<TrackingMetrics>,
+    /// The most a lease may be, in µs (0: no cap): the feed's silence bound while a feed
+    /// cannot vouch for its changes (`crate::feed`).
+    lease_cap_us: std::sync::atomic::AtomicU64,
+    /// The invalidation feed's state (`crate::feed`), which tells whether changes made through
+    /// other instances reach this table.
+    feed: Arc<crate::feed::FeedState>,
+    /// When each key changed lately (here or, by the feed, elsewhere).
+    recent: Mutex<recent::Recent>,
 }
 
 impl Default for Tracking {
@@ -238,12 +247,37 @@ impl Tracking {
             limits,
             clock: Notify::new(),
             metrics: metrics.map(|metrics| metrics.register_with(TrackingMetrics::register)),
+            lease_cap_us: std::sync::atomic::AtomicU64::new(0),
+            feed: Arc::default(),
+            recent: Mutex::new(recent::Recent::default()),
         }
     }
 
     /// The bounds.
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// The invalidation feed's state.
+    pub fn feed(&self) -> &Arc<crate::feed::FeedState> {
+        &self.feed
+    }
+
+    /// Caps every lease given from now on at `cap` (`None`: no cap).
+    pub fn cap_leases(&self, cap: Option<Duration>) {
+        let us = cap.map_or(0, |cap| {
+            u64::try_from(cap.as_micros()).unwrap_or(u64::MAX).max(1)
+        });
+        self.lease_cap_us
+            .store(us, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `lease`, within the cap in force.
+    pub fn capped(&self, lease: Duration) -> Duration {
+        match self.lease_cap_us.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => lease,
+            cap => lease.min(Duration::from_micros(cap)),
+        }
     }
 
     /// The table, locked; a panic elsewhere never stops invalidations.
@@ -334,11 +368,27 @@ impl Tracking {
     /// connection with a matching prefix, is pushed its invalidation.
     pub fn changed<'a>(&self, keys: impl IntoIterator<Item = &'a str>) {
         let origin = origin();
+        let now = tokio::time::Instant::now();
         let mut table = self.lock();
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for key in keys {
             table.changed(key, origin);
+            recent.changed(key, now);
         }
+        drop(recent);
         self.count(&mut table);
+    }
+
+    /// Whether `key` may have changed after `as_of` (the moment an answer was current): such
+    /// an answer is not cached, since the change it missed was already told.
+    pub fn changed_after(&self, key: &str, as_of: tokio::time::Instant) -> bool {
+        self.recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .changed_after(key, as_of)
     }
 
     /// Every key under `prefix` changed (the copy names its family is read under did).

@@ -299,7 +299,7 @@ impl Door {
     ) {
         let ops = self.core.ops();
         let lease = match answer {
-            Ok(answer) => ops.lease(answer, now_unix_ms()),
+            Ok(answer) => ops.lease(&tracked.key, answer, now_unix_ms()),
             Err(error) if error.kind() == ErrorKind::NotFound => {
                 ops.miss_lease(&tracked.key, tracked.class.as_deref())
             }

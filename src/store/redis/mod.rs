@@ -93,6 +93,7 @@ use crate::metrics::Metrics;
 
 mod copies;
 mod failure;
+mod feed;
 mod layouts;
 mod library;
 mod readonly;
