@@ -16,6 +16,7 @@ mod degraded;
 mod deploy;
 mod drain;
 mod fast_path;
+mod feed;
 mod fleet;
 mod floors;
 mod harden;

@@ -1,0 +1,242 @@
+//! The invalidation feed between instances (`src/feed/`), on a 3-master/3-replica cluster with
+//! two instances: a publish through B reaches A's client-side caches (redis-py, node-redis) and
+//! A's near cache long before the 10 s lease would end, never going back; a cut feed (its
+//! connection killed, its master paused) sends every tracking connection of A the null
+//! invalidation, is counted, shows in `/readyz`, and caps leases meanwhile.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::harness::{self, metrics_text, poll};
+use crate::resp_clients::{assert_ok, client, scripts, serve};
+
+/// A class whose answers live 10 s in a cache (near or client-side), and a family read with it.
+const FEED_FAMILY: &str = "[classes.feed10]\nroute = \"replica\"\nreason = \"feed test: ten seconds is long enough to see the feed beat the lease\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"10s\"\n[[family]]\nprefix = \"fd:\"\ncopies = 4\nversioning = \"allocated\"\ndefault_class = \"feed10\"\n";
+
+/// The `[store]` section for `url`.
+fn store(url: &str) -> String {
+    format!(
+        "[store]\nredis = \"{url}\"\ncommand_timeout = \"{}\"\n",
+        harness::command_timeout_toml()
+    )
+}
+
+/// The value of the counter `name{labels}` in `text`, 0 when absent.
+fn counter(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Polls until `/metrics` of `base` shows a feed open to each of the three primaries (whether
+/// each is current at a given moment depends on the machine's load: a silence is flushed).
+async fn wait_feed_up(base: &str) {
+    let http = reqwest::Client::new();
+    poll(
+        "a feed to every primary",
+        Duration::from_secs(20),
+        || async {
+            let text = metrics_text(&http, base).await;
+            counter(&text, "hotsplit_feed_connections ") == 3.0
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_through_b_reaches_a_s_client_caches_and_near_cache_by_the_feed() {
+    let (Some(python), Some(node_path)) = (
+        client("HOTSPLIT_REDIS_PY", "redis-py"),
+        client("HOTSPLIT_IOREDIS_NODE_PATH", "node-redis"),
+    ) else {
+        return;
+    };
+    let cluster = harness::shared_cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{}{FEED_FAMILY}", store(&cluster.url()));
+    let (a, a_port) = serve(dir.path(), &config).await;
+    let (b, b_port) = serve(dir.path(), &config).await;
+    wait_feed_up(&a.base).await;
+    wait_feed_up(&b.base).await;
+    let output = Command::new(&python)
+        .arg(scripts().join("pyfeed.py"))
+        .args([&a_port.to_string(), &b_port.to_string(), "fd:py", "200"])
+        .arg(format!("{}/metrics", a.base))
+        .output()
+        .expect("run python");
+    assert_ok(
+        &output,
+        "redis-py and the near cache of A, publishes through B",
+        &a,
+    );
+    let output = Command::new("node")
+        .env("NODE_PATH", &node_path)
+        .arg(scripts().join("nodefeed.js"))
+        .args([&a_port.to_string(), &b_port.to_string(), "fd:node", "200"])
+        .output()
+        .expect("run node");
+    assert_ok(&output, "node-redis on A, publishes through B", &a);
+    let text = metrics_text(&reqwest::Client::new(), &a.base).await;
+    assert!(
+        counter(&text, "hotsplit_feed_keys_total ") >= 400.0,
+        "{text}"
+    );
+    drop(b);
+}
+
+/// A RESP3 connection to `port` with `CLIENT TRACKING ON`, reading what it is sent.
+struct Tracked {
+    stream: TcpStream,
+    seen: Vec<u8>,
+}
+
+impl Tracked {
+    async fn connect(port: u16) -> Tracked {
+        let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut tracked = Tracked {
+            stream,
+            seen: Vec::new(),
+        };
+        tracked.send("HELLO 3\r\nCLIENT TRACKING ON\r\n").await;
+        tracked.until(b"+OK\r\n", Duration::from_secs(5)).await;
+        tracked
+    }
+
+    async fn send(&mut self, text: &str) {
+        self.stream.write_all(text.as_bytes()).await.unwrap();
+    }
+
+    /// Reads until `needle` was seen (consuming up to it); panics after `within`.
+    async fn until(&mut self, needle: &[u8], within: Duration) -> Duration {
+        self.until_any(&[needle], within).await
+    }
+
+    /// Reads until one of `needles` was seen (consuming up to the first); panics after
+    /// `within`.
+    async fn until_any(&mut self, needles: &[&[u8]], within: Duration) -> Duration {
+        let start = Instant::now();
+        loop {
+            let found = needles
+                .iter()
+                .filter_map(|needle| {
+                    let at = self
+                        .seen
+                        .windows(needle.len())
+                        .position(|window| window == *needle)?;
+                    Some(at + needle.len())
+                })
+                .min();
+            if let Some(end) = found {
+                self.seen.drain(..end);
+                return start.elapsed();
+            }
+            let needle = needles[0];
+            let left = within.checked_sub(start.elapsed()).unwrap_or_else(|| {
+                panic!(
+                    "{:?} not received within {within:?}; got {:?}",
+                    String::from_utf8_lossy(needle),
+                    String::from_utf8_lossy(&self.seen)
+                )
+            });
+            let mut buf = [0u8; 4096];
+            match tokio::time::timeout(left, self.stream.read(&mut buf)).await {
+                Ok(Ok(0)) => panic!(
+                    "the connection closed; got {:?}",
+                    String::from_utf8_lossy(&self.seen)
+                ),
+                Ok(Ok(read)) => self.seen.extend_from_slice(&buf[..read]),
+                Ok(Err(err)) => panic!("read: {err}"),
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// The null invalidation ("drop everything from this instance").
+const FLUSH: &[u8] = b">2\r\n$10\r\ninvalidate\r\n_\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_feed_flushes_every_tracking_connection_counts_it_and_caps_leases() {
+    let cluster = harness::own_cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{}[feed]\nmax_silence = \"100ms\"\n{FEED_FAMILY}",
+        store(&cluster.url())
+    );
+    let (a, a_port) = serve(dir.path(), &config).await;
+    wait_feed_up(&a.base).await;
+    let http = reqwest::Client::new();
+    let mut tracked = Tracked::connect(a_port).await;
+
+    // Its feed connection on one master killed: flushed, counted, reconnected.
+    let masters = cluster.masters().unwrap();
+    let master = masters[0];
+    let clients = master.cli(&["CLIENT", "LIST"]).unwrap();
+    for line in clients
+        .lines()
+        .filter(|line| line.contains("cmd=client|tracking"))
+    {
+        let id = line.split(' ').next().unwrap().trim_start_matches("id=");
+        master.cli(&["CLIENT", "KILL", "ID", id]).unwrap();
+    }
+    tracked.until(FLUSH, Duration::from_secs(10)).await;
+    poll(
+        "the closed feed is counted and reopened",
+        Duration::from_secs(10),
+        || async {
+            let text = metrics_text(&http, &a.base).await;
+            counter(&text, "hotsplit_feed_flushes_total{cause=\"closed\"} ") >= 1.0
+                && counter(&text, "hotsplit_feed_reconnects_total ") >= 1.0
+        },
+    )
+    .await;
+    wait_feed_up(&a.base).await;
+
+    // A key cached before the pause (its own push comes first: SET changed it).
+    let key = "fd:capped";
+    tracked
+        .send(&format!("GET {key}\r\nSET {key} hello\r\n"))
+        .await;
+    tracked.until(b"+OK\r\n", Duration::from_secs(10)).await;
+
+    // A master paused: its feed falls silent, every tracking connection is flushed, /readyz
+    // says so, and a lease given meanwhile is capped at max_silence (not the class's 10 s).
+    master.pause().unwrap();
+    tracked.until(FLUSH, Duration::from_secs(10)).await;
+    poll(
+        "/readyz shows the feed down",
+        Duration::from_secs(10),
+        || async {
+            let ready = http.get(format!("{}/readyz", a.base)).send().await;
+            match ready {
+                Ok(answer) => answer
+                    .text()
+                    .await
+                    .unwrap_or_default()
+                    .contains("\"feed_down\":true"),
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
+    tracked.send(&format!("GET {key}\r\n")).await;
+    tracked
+        .until(b"$5\r\nhello\r\n", Duration::from_secs(10))
+        .await;
+    // Its lease ends at max_silence (or a flush drops it sooner), not at the class's 10 s.
+    let push = format!("invalidate\r\n*1\r\n${}\r\n{key}\r\n", key.len());
+    let capped = tracked
+        .until_any(&[push.as_bytes(), FLUSH], Duration::from_secs(5))
+        .await;
+    eprintln!("a lease given while the feed was down ended after {capped:?}");
+    master.resume().unwrap();
+    wait_feed_up(&a.base).await;
+    let text = metrics_text(&http, &a.base).await;
+    assert!(
+        counter(&text, "hotsplit_feed_flushes_total{cause=\"silence\"} ") >= 1.0,
+        "{text}"
+    );
+}
