@@ -76,19 +76,20 @@ impl Outbox {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// Adds an invalidation of `key`; false when that passed `max_bytes` (the outbox is then
-    /// marked to close).
+    /// Adds an invalidation of `key`; false when that passed `max_bytes` and so marked the
+    /// outbox to close (once: the pushes after it, kept until the connection closes, are not
+    /// one more overflow).
     pub(super) fn push(&self, key: Arc<str>, max_bytes: usize) -> bool {
         let mut pending = self.lock();
         pending.bytes = pending.bytes.saturating_add(key.len() + PUSH_OVERHEAD);
         pending.keys.push(key);
-        let fits = pending.bytes <= max_bytes;
-        if !fits {
-            pending.close.get_or_insert(Close::Overflow);
+        let overflowed = pending.bytes > max_bytes && pending.close.is_none();
+        if overflowed {
+            pending.close = Some(Close::Overflow);
         }
         drop(pending);
         self.wake();
-        fits
+        !overflowed
     }
 
     /// Adds a null invalidation: every key the client holds from this instance is dropped
@@ -154,11 +155,14 @@ mod tests {
         assert_eq!(drained.keys, vec![Arc::from("a"), Arc::from("b")]);
         assert_eq!(drained.close, None);
         assert!(!outbox.is_ready());
-        // Past the bound: the key is still kept, and the connection told to close.
+        // Past the bound: the key is still kept, and the connection told to close, once: the
+        // keys after it are kept too, and are not one more overflow.
         assert!(!outbox.push(Arc::from("c".repeat(100)), 50));
+        assert!(outbox.push(Arc::from("d".repeat(100)), 50));
         let drained = outbox.drain();
-        assert_eq!(drained.keys.len(), 1);
+        assert_eq!(drained.keys.len(), 2);
         assert_eq!(drained.close, Some(Close::Overflow));
+        assert!(outbox.push(Arc::from("e".repeat(100)), 50));
     }
 
     #[test]

@@ -208,3 +208,31 @@ fn a_flush_reaches_every_tracking_connection_and_empties_the_table() {
     assert!(drained.flush && drained.keys.is_empty());
     assert_eq!(tracking.lock().tracked(), 0);
 }
+
+#[test]
+fn a_connection_past_its_push_bound_is_one_overflow_and_keeps_every_key() {
+    let limits = Limits {
+        max_push_bytes: 1024,
+        ..Limits::default()
+    };
+    let mut table = table::Table::new(limits);
+    let outbox = Outbox::new();
+    table.open(1, &outbox);
+    let bcast = Mode {
+        bcast: true,
+        ..Mode::default()
+    };
+    table.start(1, &outbox, bcast).unwrap();
+    let keys: Vec<String> = (0..100).map(|n| format!("k:{n:048}")).collect();
+    for key in &keys {
+        table.changed(key, None);
+    }
+    // About 90 bytes a push: the bound passed at the 12th, one connection to close.
+    let sent = table.take_sent();
+    assert_eq!(sent.overflowed, 1);
+    assert_eq!(sent.by_cause[Cause::Change as usize], 100);
+    let drained = outbox.drain();
+    assert_eq!(drained.close, Some(Close::Overflow));
+    let pushed: Vec<&str> = drained.keys.iter().map(|key| &**key).collect();
+    assert_eq!(pushed, keys);
+}
