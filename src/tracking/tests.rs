@@ -236,3 +236,23 @@ fn a_connection_past_its_push_bound_is_one_overflow_and_keeps_every_key() {
     let pushed: Vec<&str> = drained.keys.iter().map(|key| &**key).collect();
     assert_eq!(pushed, keys);
 }
+
+#[test]
+fn maps_give_back_the_room_of_keys_no_longer_tracked() {
+    let mut table = table::Table::new(Limits::default());
+    let outbox = Outbox::new();
+    table.open(1, &outbox);
+    table.start(1, &outbox, Mode::default()).unwrap();
+    let keys: Vec<String> = (0..10_000).map(|n| format!("k:{n}")).collect();
+    for key in &keys {
+        let seq = table.begin(1, key).unwrap();
+        table.settle(1, key, seq, Some(Duration::from_secs(60)));
+    }
+    assert!(table.room() >= 20_000, "{}", table.room());
+    for key in &keys[10..] {
+        table.changed(key, None);
+    }
+    // Ten keys left: the maps hold room for a few dozen, not for 10,000.
+    assert_eq!(table.tracked(), 10);
+    assert!(table.room() <= 256, "room for {} entries", table.room());
+}
