@@ -692,7 +692,8 @@ async fn assert_rss_within(door: &Door, before: u64, bound: u64) {
     );
 }
 
-/// 10 connections read 10,000 distinct keys each (100,000 tracked reads) under a 4 MiB table
+/// 10 connections each read the same 10,000 keys, each from its own offset (100,000 tracked
+/// reads, 10,000 distinct keys a connection) under a 4 MiB table
 /// bound (1 MiB a connection): the table's byte gauge never passes the bound, the keys that
 /// make room are pushed (counted `evicted`, every one received), and the server's RSS grows
 /// by at most [`RSS_PER_TABLE_BYTE`] times the bound plus 10 % (not the bound plus 10 %: see
@@ -768,18 +769,61 @@ async fn a_flood_of_tracked_reads_stays_within_the_table_bounds_and_pushes_its_e
     drop(conns);
 }
 
+/// The `i`th key of the slow-reader test: 415 bytes, so a few thousand pushes fill a socket.
+fn slow_key(i: usize) -> String {
+    format!("c:slow:{i:06}:{}", "x".repeat(400))
+}
+
+/// `SET key v` for every one of `keys` in one write, each answered `+OK`.
+async fn set_all(writer: &mut Conn, keys: impl Iterator<Item = String>) {
+    let mut batch = Vec::new();
+    let mut count = 0;
+    for key in keys {
+        batch.extend(command(&["SET", &key, "v"]));
+        count += 1;
+    }
+    writer.send(&batch).await;
+    writer.expect(&b"+OK\r\n".repeat(count)).await;
+}
+
+/// Asserts `read` is exactly the pushes of `slow_key(order(0))`, `slow_key(order(1))`, …
+/// with nothing cut; answers how many.
+fn assert_pushes_in_order(conn: &Conn, read: &[u8], order: impl Fn(usize) -> usize) -> usize {
+    let mut at = 0;
+    let mut received = 0;
+    while at < read.len() {
+        let expected = push(&slow_key(order(received)));
+        let what = format!(
+            "push {received} is not next; at byte {at}: {}",
+            show(&read[at..read.len().min(at + 120)])
+        );
+        conn.check(read[at..].starts_with(&expected), &what);
+        at += expected.len();
+        received += 1;
+    }
+    received
+}
+
 /// A client that stops reading while the keys it tracks change (`BCAST` on a prefix) is closed
 /// once its waiting invalidations pass `resp.tracking_max_push_bytes`, never skipped one:
-/// what it reads before the end of the stream is every push, in order, from the first.
+/// what it reads before the end of the stream is every push, in order, from the first, up to
+/// the close (counted once). While its write still waits on it, the changes after the close
+/// are not kept: 40,000 more (18 MB of pushes) leave the server's RSS where it was (it grew
+/// 3 MiB for 20,000 when they were kept).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_is_closed_after_every_push_up_to_the_close() {
-    const MAX_PUSH: usize = 64 * 1024;
-    const BATCH: usize = 20;
-    let door = start(&format!("tracking_max_push_bytes = {MAX_PUSH}")).await;
+    // Far above one batch's pushes (9 KB): the bound is passed by pushes piling up behind a
+    // write that waits, not by a burst the connection's loop had no turn to write.
+    const MAX_PUSH: usize = 256 * 1024;
+    const AFTER: usize = 40_000;
+    // The write that waits on the client must not time out first (`resp.write_timeout`, 30 s
+    // by default, would close the connection mid-push on a slow machine).
+    let door = start(&format!(
+        "tracking_max_push_bytes = {MAX_PUSH}\nwrite_timeout = \"5m\""
+    ))
+    .await;
     let mut slow = door.tracking(&["BCAST", "PREFIX", "c:slow:"]).await;
     let mut writer = door.connect().await;
-    let pad = "x".repeat(400);
-    let key = |i: usize| format!("c:slow:{i:06}:{pad}");
     // Small batches, each answered before the next: the connection's loop writes their
     // pushes as they come, until the socket's buffers are full and its write waits; only then
     // do its pushes pile up past the bound.
@@ -790,31 +834,33 @@ async fn a_client_that_stops_reading_is_closed_after_every_push_up_to_the_close(
             &format!("{published} changes, no overflow"),
         );
         for _ in 0..10 {
-            let batch: Vec<u8> = (published..published + BATCH)
-                .flat_map(|i| command(&["SET", &key(i), "v"]))
-                .collect();
-            writer.send(&batch).await;
-            writer.expect(&b"+OK\r\n".repeat(BATCH)).await;
-            published += BATCH;
+            set_all(&mut writer, (published..published + 20).map(slow_key)).await;
+            published += 20;
         }
     }
-    let read = slow.until_eof().await;
-    let mut at = 0;
-    let mut received = 0;
-    while at < read.len() {
-        let expected = push(&key(received));
-        let what = format!(
-            "push {received} (of {published} changes) is not next; at byte {at}: {}",
-            show(&read[at..read.len().min(at + 120)])
-        );
-        slow.check(read[at..].starts_with(&expected), &what);
-        at += expected.len();
-        received += 1;
+    // Past the close, the same 100 keys change again and again (the store does not grow).
+    let pid = door.binary.pid();
+    let before = rss_kib(pid);
+    for round in (0..AFTER).step_by(500) {
+        set_all(&mut writer, (round..round + 500).map(|i| slow_key(i % 100))).await;
     }
-    eprintln!("slow reader: {received} pushes of {published} changes, then closed");
+    let grew = rss_kib(pid).saturating_sub(before);
+    let read = slow.until_eof().await;
+    let order = |i: usize| match i < published {
+        true => i,
+        false => (i - published) % 100,
+    };
+    let received = assert_pushes_in_order(&slow, &read, order);
+    eprintln!(
+        "slow reader: {received} pushes of {published} + {AFTER} changes, then closed; RSS +{grew} KiB meanwhile"
+    );
     assert!(
-        received * (key(0).len() + 40) > MAX_PUSH,
+        received * (slow_key(0).len() + 40) > MAX_PUSH,
         "closed after only {received} pushes"
+    );
+    assert!(
+        grew < 2 * 1024,
+        "RSS grew {grew} KiB while a closing connection's write waited: its pushes were kept"
     );
     assert_eq!(
         door.sample("hotsplit_resp_tracking_overflows_total").await,
