@@ -99,7 +99,7 @@ pub struct RespConfig {
     #[serde(with = "crate::duration")]
     pub idle_timeout: Duration,
     /// Client-side caching: the most bytes the keys tracked for every connection together
-    /// are counted for (a key and about 160 bytes per key and connection); past it the keys
+    /// are counted for (a key and about 400 bytes per key and connection); past it the keys
     /// whose leases end first are invalidated (pushed) to make room, as Redis's
     /// `tracking-table-max-keys` does. Default: `67108864` (64 MiB).
     pub tracking_max_bytes: usize,

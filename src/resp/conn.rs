@@ -610,12 +610,15 @@ impl Connection {
             self.metrics.error(text);
         }
         // Invalidations go between replies: those the command caused (an answer that must not
-        // be cached is invalidated just before it) and any that came meanwhile.
-        let close = self.pushes(state, output);
-        encode(&reply, state.proto, output);
-        match close {
+        // be cached is invalidated just before it) and any that came meanwhile. When the
+        // outbox says the connection must close, its last words are the pushes it kept: no
+        // reply comes after an invalidation it did not keep.
+        match self.pushes(state, output) {
             Some(_) => After::Close,
-            None => after,
+            None => {
+                encode(&reply, state.proto, output);
+                after
+            }
         }
     }
 

@@ -1,9 +1,10 @@
 //! One connection's pushes not yet written: the invalidations the tracking table sent it, kept
 //! until its loop writes them between two replies.
 //!
-//! An outbox never drops a key: when its pending pushes pass their bound
-//! (`resp.tracking_max_push_bytes`) it is marked overflowed, and the connection closes (its
-//! client then flushes its cache, as every client does on a disconnect) rather than skip one.
+//! An outbox never drops a key while its connection goes on: when its pending pushes pass
+//! their bound (`resp.tracking_max_push_bytes`) it is marked overflowed, and the connection
+//! closes (its client then flushes its cache, as every client does on a disconnect) rather
+//! than skip one; the keys after that are not kept, and no reply is written after them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -76,19 +77,25 @@ impl Outbox {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// Adds an invalidation of `key`; false when that passed `max_bytes` (the outbox is then
-    /// marked to close).
+    /// Adds an invalidation of `key`; false when that passed `max_bytes` and so marked the
+    /// outbox to close (once: a push after that is not kept, nor one more overflow).
     pub(super) fn push(&self, key: Arc<str>, max_bytes: usize) -> bool {
         let mut pending = self.lock();
+        if pending.close.is_some() {
+            // The connection closes after what it holds, with no reply after it: its client
+            // then drops its whole cache, so the keys after the close need not be kept (and
+            // a connection whose write waits on a client that reads nothing holds no more).
+            return true;
+        }
         pending.bytes = pending.bytes.saturating_add(key.len() + PUSH_OVERHEAD);
         pending.keys.push(key);
-        let fits = pending.bytes <= max_bytes;
-        if !fits {
-            pending.close.get_or_insert(Close::Overflow);
+        let overflowed = pending.bytes > max_bytes && pending.close.is_none();
+        if overflowed {
+            pending.close = Some(Close::Overflow);
         }
         drop(pending);
         self.wake();
-        fits
+        !overflowed
     }
 
     /// Adds a null invalidation: every key the client holds from this instance is dropped
@@ -154,11 +161,15 @@ mod tests {
         assert_eq!(drained.keys, vec![Arc::from("a"), Arc::from("b")]);
         assert_eq!(drained.close, None);
         assert!(!outbox.is_ready());
-        // Past the bound: the key is still kept, and the connection told to close.
+        // Past the bound: the key is still kept, and the connection told to close, once; the
+        // keys after it are not kept (the connection closes with no reply after them).
         assert!(!outbox.push(Arc::from("c".repeat(100)), 50));
+        assert!(outbox.push(Arc::from("d".repeat(100)), 50));
         let drained = outbox.drain();
         assert_eq!(drained.keys.len(), 1);
         assert_eq!(drained.close, Some(Close::Overflow));
+        assert!(outbox.push(Arc::from("e".repeat(100)), 50));
+        assert!(outbox.drain().keys.is_empty());
     }
 
     #[test]

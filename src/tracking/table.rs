@@ -12,9 +12,28 @@ use tokio::time::Instant;
 use super::outbox::{Close, Outbox};
 use super::{Cause, Limits, Mode};
 
-/// What one tracked key of one connection is counted for beyond the key's bytes: its entries
-/// in the key index, the connection's map and the lease order.
-pub(super) const ENTRY_OVERHEAD: usize = 160;
+/// What one tracked key of one connection is counted for beyond the key's bytes: what its
+/// entries take when no other connection tracks the key. A slot of the connection's map and
+/// one of the key index (41 bytes each; ~90 at the half load a map may have after it grew or
+/// shrank), the index's list of connections (32), the key's shared header (16) and its lease
+/// entry (48 bytes in a B-tree node at least half full: ~100). The 160 counted before was
+/// about half of that, so the table could take twice `resp.tracking_max_bytes`.
+pub(super) const ENTRY_OVERHEAD: usize = 384;
+
+/// A map is shrunk once it is less than a quarter full, to twice what it holds: a connection
+/// that once tracked many keys does not keep their room after they were invalidated (the
+/// bounds count entries, not the room maps keep).
+const SHRINK_BELOW: usize = 4;
+
+/// Maps of at most this many entries are never shrunk.
+const SMALL_MAP: usize = 64;
+
+/// Shrinks `map` when it is less than a quarter full (see [`SHRINK_BELOW`]).
+fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > SMALL_MAP && map.len() * SHRINK_BELOW < map.capacity() {
+        map.shrink_to(map.len() * 2);
+    }
+}
 
 /// How long a key read but not answered yet stays tracked at most: the read settles it
 /// ([`Table::settle`]) long before.
@@ -109,6 +128,17 @@ impl Table {
     /// The bytes they are counted for.
     pub(super) fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// The entries the table's maps have room for (the key index and every connection's).
+    #[cfg(test)]
+    pub(super) fn room(&self) -> usize {
+        self.keys.capacity()
+            + self
+                .conns
+                .values()
+                .map(|tracker| tracker.tracked.capacity())
+                .sum::<usize>()
     }
 
     /// How many connections track.
@@ -215,6 +245,7 @@ impl Table {
             ids.retain(|other| *other != id);
             if ids.is_empty() {
                 self.keys.remove(key);
+                shrink(&mut self.keys);
             }
         }
     }
@@ -320,6 +351,7 @@ impl Table {
         let Some(entry) = tracker.tracked.remove(key) else {
             return;
         };
+        shrink(&mut tracker.tracked);
         let cost = key.len() + ENTRY_OVERHEAD;
         tracker.bytes = tracker.bytes.saturating_sub(cost);
         self.bytes = self.bytes.saturating_sub(cost);
@@ -337,6 +369,7 @@ impl Table {
         let mut told: Vec<u64> = Vec::new();
         let mut pushes: Vec<(Arc<Outbox>, Arc<str>)> = Vec::new();
         if let Some((shared, ids)) = self.keys.remove_entry(key) {
+            shrink(&mut self.keys);
             for id in ids {
                 let Some(tracker) = self.conns.get_mut(&id) else {
                     continue;
@@ -344,6 +377,7 @@ impl Table {
                 let Some(entry) = tracker.tracked.remove(key) else {
                     continue;
                 };
+                shrink(&mut tracker.tracked);
                 let cost = shared.len() + ENTRY_OVERHEAD;
                 tracker.bytes = tracker.bytes.saturating_sub(cost);
                 self.bytes = self.bytes.saturating_sub(cost);

@@ -208,3 +208,52 @@ fn a_flush_reaches_every_tracking_connection_and_empties_the_table() {
     assert!(drained.flush && drained.keys.is_empty());
     assert_eq!(tracking.lock().tracked(), 0);
 }
+
+#[test]
+fn a_connection_past_its_push_bound_is_one_overflow_and_keeps_every_key_up_to_it() {
+    let limits = Limits {
+        max_push_bytes: 1024,
+        ..Limits::default()
+    };
+    let mut table = table::Table::new(limits);
+    let outbox = Outbox::new();
+    table.open(1, &outbox);
+    let bcast = Mode {
+        bcast: true,
+        ..Mode::default()
+    };
+    table.start(1, &outbox, bcast).unwrap();
+    let keys: Vec<String> = (0..100).map(|n| format!("k:{n:048}")).collect();
+    for key in &keys {
+        table.changed(key, None);
+    }
+    // About 90 bytes a push: the bound passed at the 12th, one connection to close; every key
+    // up to it kept, in order, none after it (the connection closes with no reply after).
+    let sent = table.take_sent();
+    assert_eq!(sent.overflowed, 1);
+    assert_eq!(sent.by_cause[Cause::Change as usize], 100);
+    let drained = outbox.drain();
+    assert_eq!(drained.close, Some(Close::Overflow));
+    let pushed: Vec<&str> = drained.keys.iter().map(|key| &**key).collect();
+    assert_eq!(pushed, keys[..12]);
+}
+
+#[test]
+fn maps_give_back_the_room_of_keys_no_longer_tracked() {
+    let mut table = table::Table::new(Limits::default());
+    let outbox = Outbox::new();
+    table.open(1, &outbox);
+    table.start(1, &outbox, Mode::default()).unwrap();
+    let keys: Vec<String> = (0..10_000).map(|n| format!("k:{n}")).collect();
+    for key in &keys {
+        let seq = table.begin(1, key).unwrap();
+        table.settle(1, key, seq, Some(Duration::from_secs(60)));
+    }
+    assert!(table.room() >= 20_000, "{}", table.room());
+    for key in &keys[10..] {
+        table.changed(key, None);
+    }
+    // Ten keys left: the maps hold room for a few dozen, not for 10,000.
+    assert_eq!(table.tracked(), 10);
+    assert!(table.room() <= 256, "room for {} entries", table.room());
+}
