@@ -76,6 +76,7 @@
 //! `placement::an_older_release_starting_against_a_spread_family_reads_its_layout_and_reaches_every_reader`,
 //! `placement_window::a_closed_window_writes_n_copies_and_deletes_k_i`,
 //! `placement_window::a_suffix_instance_joining_a_closed_window_is_served_no_missed_edit`,
+//! `placement_window::a_rolling_change_from_suffix_to_spread_under_load_serves_no_missed_edit`,
 //! `layout::window::tests::*`.
 
 use std::collections::HashMap;

@@ -383,3 +383,149 @@ async fn a_family_with_suffix_copies_keeps_suffix_and_a_configured_placement_is_
     assert!(!name.as_str().unwrap().ends_with('}'), "{name}");
     configured.stop().await;
 }
+
+/// The instances the load of the rolling-change test uses, and what it saw.
+#[derive(Default)]
+struct Load {
+    /// The base URLs requests go to (an instance is removed before it stops).
+    bases: std::sync::Mutex<Vec<String>>,
+    /// Per key, the highest version a publish was answered 2xx for.
+    acked: [std::sync::atomic::AtomicU64; 4],
+    /// Reads answered.
+    reads: std::sync::atomic::AtomicU64,
+    /// Reads served a version below what had been acknowledged before they started.
+    missed: std::sync::Mutex<Vec<String>>,
+}
+
+impl Load {
+    /// One of the live bases, chosen by `n`.
+    fn base(&self, n: u64) -> String {
+        let bases = self.bases.lock().unwrap();
+        bases[n as usize % bases.len()].clone()
+    }
+
+    fn set_bases(&self, bases: &[&str]) {
+        *self.bases.lock().unwrap() = bases.iter().map(|base| (*base).to_owned()).collect();
+    }
+
+    /// Publishes ever newer versions of `roll34:0..4` until `stop`.
+    async fn write(&self, http: &reqwest::Client, stop: &tokio_util::sync::CancellationToken) {
+        use std::sync::atomic::Ordering;
+        let mut version = 0u64;
+        while !stop.is_cancelled() {
+            version += 1;
+            let key = (version % 4) as usize;
+            let url = format!(
+                "{}/v1/keys/roll34:{key}?version={version}",
+                self.base(version)
+            );
+            let answered = http.put(url).body(format!("v{version}")).send().await;
+            if answered.is_ok_and(|answer| answer.status().is_success()) {
+                self.acked[key].fetch_max(version, Ordering::SeqCst);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Reads `roll34:0..4` as `reader` until `stop`; a read served below the version
+    /// acknowledged before it started is recorded.
+    async fn read(
+        &self,
+        http: &reqwest::Client,
+        reader: u64,
+        stop: &tokio_util::sync::CancellationToken,
+    ) {
+        use std::sync::atomic::Ordering;
+        let mut n = reader;
+        while !stop.is_cancelled() {
+            n += 7;
+            let key = (n % 4) as usize;
+            let floor = self.acked[key].load(Ordering::SeqCst);
+            let base = self.base(n / 4);
+            let url = format!("{base}/v1/keys/roll34:{key}?client=r{reader}-{}", n % 16);
+            let Ok(answer) = http.get(url).send().await else {
+                continue;
+            };
+            if floor == 0 || !answer.status().is_success() {
+                continue;
+            }
+            let served = harness::served_version(&answer);
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            if served < floor {
+                self.missed.lock().unwrap().push(format!(
+                    "roll34:{key} from {base}: served {served}, acknowledged {floor}"
+                ));
+            }
+        }
+    }
+}
+
+/// A rolling change from `suffix` to `spread` under load (a writer and four readers through
+/// whichever instances run): two `suffix` instances are replaced one at a time by `spread` ones,
+/// the family's window closes once both read the tagged names, and no read is served a version
+/// below one acknowledged before it started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_change_from_suffix_to_spread_under_load_serves_no_missed_edit() {
+    let server = harness::shared_standalone();
+    let http = reqwest::Client::new();
+    let url = server.url();
+    let family = "roll34:";
+    let suffix_a = Service::start(config(&url, family, 4, Some("suffix"))).await;
+    let suffix_b = Service::start(config(&url, family, 4, Some("suffix"))).await;
+    let load = std::sync::Arc::new(Load::default());
+    load.set_bases(&[&suffix_a.base, &suffix_b.base]);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    {
+        let (load, http, stop) = (load.clone(), http.clone(), stop.clone());
+        tasks.spawn(async move { load.write(&http, &stop).await });
+    }
+    for reader in 0..4 {
+        let (load, http, stop) = (load.clone(), http.clone(), stop.clone());
+        tasks.spawn(async move { load.read(&http, reader, &stop).await });
+    }
+    let settle = Duration::from_millis(300);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // One instance at a time: out of the load, stopped, replaced by a `spread` one.
+    load.set_bases(&[&suffix_a.base]);
+    tokio::time::sleep(settle).await;
+    suffix_b.stop().await;
+    let spread_b = Service::start(config(&url, family, 4, Some("spread"))).await;
+    load.set_bases(&[&suffix_a.base, &spread_b.base]);
+    poll(
+        "the spread instance reads the tagged names",
+        Duration::from_secs(30),
+        || async {
+            affinity(&http, &spread_b.base, "roll34:1", "c1").await["copy_key"]
+                .as_str()
+                .is_some_and(|name| name.ends_with('}'))
+        },
+    )
+    .await;
+    load.set_bases(&[&spread_b.base]);
+    tokio::time::sleep(settle).await;
+    suffix_a.stop().await;
+    let spread_a = Service::start(config(&url, family, 4, Some("spread"))).await;
+    load.set_bases(&[&spread_a.base, &spread_b.base]);
+    wait_window(&http, &spread_a.base, family, true).await;
+    wait_window(&http, &spread_b.base, family, true).await;
+    poll(
+        "the K#i copies are deleted",
+        Duration::from_secs(30),
+        || async { (0..4).all(|key| !any_untagged(server, &format!("roll34:{key}"), 4)) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.cancel();
+    while tasks.join_next().await.is_some() {}
+    let reads = load.reads.load(std::sync::atomic::Ordering::Relaxed);
+    let missed = load.missed.lock().unwrap().clone();
+    println!(
+        "rolling change under load: {reads} reads judged, {} served a missed edit",
+        missed.len()
+    );
+    assert!(reads > 100, "only {reads} reads were judged");
+    assert!(missed.is_empty(), "{missed:#?}");
+    spread_a.stop().await;
+    spread_b.stop().await;
+}
