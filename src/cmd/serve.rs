@@ -197,11 +197,11 @@ fn print_placements(config: &Config) {
         let name = family.name();
         match family.placement_reason {
             PlacementReason::Configured => println!(
-                "# family {name}: placement {} (configured)",
+                "# family {name:?}: placement {} (configured)",
                 family.placement.as_str()
             ),
             _ => println!(
-                "# family {name}: placement not set: spread (default for a new family), or suffix kept if the family already has suffix copies in Redis (decided at startup, logged)"
+                "# family {name:?}: placement not set: spread (default for a new family), or suffix kept if the family already has suffix copies in Redis (decided at startup, logged)"
             ),
         }
     }

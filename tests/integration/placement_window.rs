@@ -59,7 +59,7 @@ async fn gauge(http: &reqwest::Client, base: &str, line_prefix: &str) -> Option<
 }
 
 /// Waits until `base` says `family`'s window is `closed` (1) or open (0).
-async fn wait_window(http: &reqwest::Client, base: &str, family: &str, closed: bool) {
+pub(crate) async fn wait_window(http: &reqwest::Client, base: &str, family: &str, closed: bool) {
     let line = format!("hotsplit_placement_window_closed{{family=\"{family}\"}} ");
     let want = if closed { 1.0 } else { 0.0 };
     poll(
