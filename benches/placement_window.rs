@@ -10,8 +10,9 @@
 //!
 //! Every side waits for the primaries' answers only (no `WAIT`: `sync_replicas` is 0), so all
 //! three are at the same acknowledgement level. The target (issue #34): `window_closed/16`'s
-//! p50 at most 1.05x `fcall_join_all/16`'s. Criterion reports the mean and median of each
-//! sample's per-iteration time; compare the medians. Run with
+//! p50 at most 1.05x `fcall_join_all/16`'s. Criterion prints a confidence interval of the mean;
+//! the median (the p50 to compare) of each is `median.point_estimate` (nanoseconds) in
+//! `target/criterion/placement_window/<name>/16/new/estimates.json`. Run with
 //! `cargo bench --bench placement_window` (on a quiet machine: a figure from a loaded one is not
 //! a figure); criterion's `--warm-up-time`, `--measurement-time` and `--sample-size` override
 //! the defaults below. The cluster is killed by pid when the run ends.
