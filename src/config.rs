@@ -459,15 +459,25 @@ mod tests {
     #[test]
     fn placements_are_read_from_families_and_the_default_and_refused_when_unknown() {
         let config = Config::from_toml(
-            "[default_family]\ncopies = 4\nplacement = \"spread\"\n[[family]]\nprefix = \"p:\"\ncopies = 8\n[[family]]\nprefix = \"s:\"\ncopies = 8\nplacement = \"spread\"\n",
+            "[default_family]\ncopies = 4\nplacement = \"spread\"\n[[family]]\nprefix = \"p:\"\ncopies = 8\nplacement = \"suffix\"\n[[family]]\nprefix = \"s:\"\ncopies = 8\n",
         )
         .unwrap();
         config.validate().unwrap();
         let families = config.families();
-        use crate::key::Placement;
-        assert_eq!(families.resolve(&key("x")).placement, Placement::Spread);
-        assert_eq!(families.resolve(&key("p:1")).placement, Placement::Suffix);
-        assert_eq!(families.resolve(&key("s:1")).placement, Placement::Spread);
+        use crate::placement::{Placement, PlacementReason};
+        let of = |name: &str| {
+            let family = families.resolve(&key(name));
+            (family.placement, family.placement_reason)
+        };
+        assert_eq!(of("x"), (Placement::Spread, PlacementReason::Configured));
+        assert_eq!(of("p:1"), (Placement::Suffix, PlacementReason::Configured));
+        // Not configured: chosen at startup (`spread` for a family with no copies yet); until
+        // then the naming every release reads.
+        assert_eq!(of("s:1"), (Placement::Suffix, PlacementReason::Unset));
+        // The printed config leaves an unset placement unset, so it parses back the same.
+        let printed = Config::from_toml(&config.redacted_toml().unwrap()).unwrap();
+        assert_eq!(printed.families[1].placement, None);
+        assert_eq!(printed.families[0].placement, Some(Placement::Suffix));
         let err = Config::from_toml("[[family]]\nprefix = \"a\"\ncopies = 2\nplacement = \"even\"")
             .unwrap_err();
         assert_eq!(err.kind(), crate::error::ErrorKind::Config);

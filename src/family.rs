@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Refusal, Result};
 use crate::key::Key;
-use crate::placement::Placement;
+use crate::placement::{Placement, PlacementReason};
 
 pub use crate::key::MAX_COPIES;
 
@@ -58,8 +58,11 @@ pub struct DefaultFamilyConfig {
     #[serde(with = "crate::duration")]
     pub pin_window: Duration,
     /// How copies beyond copy 0 are named: `suffix` (`K#i`) or `spread` (`K#i{t}`, spread
-    /// evenly over the cluster's slots; see `placement`). Default: `suffix`.
-    pub placement: Placement,
+    /// evenly over the cluster's slots; see `placement`). Default: absent, which is `spread`
+    /// for a family with no copies yet and `suffix` for one that already has `K#i` copies
+    /// (decided at startup and logged, [`PlacementReason`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
     /// As [`FamilyConfig::sync_replicas`]. Default: 0 (off).
     pub sync_replicas: u32,
     /// As [`FamilyConfig::sync_timeout`]. Default: `100ms`.
@@ -75,7 +78,7 @@ impl Default for DefaultFamilyConfig {
             versioning: Versioning::Caller,
             default_class: DEFAULT_CLASS.to_owned(),
             pin_window: DEFAULT_PIN_WINDOW,
-            placement: Placement::Suffix,
+            placement: None,
             sync_replicas: 0,
             sync_timeout: DEFAULT_SYNC_TIMEOUT,
         }
@@ -126,9 +129,10 @@ pub struct FamilyConfig {
     /// How long a client's write floor holds its reads of that key. Default: `2s`.
     #[serde(with = "crate::duration", default = "default_pin_window")]
     pub pin_window: Duration,
-    /// How copies beyond copy 0 are named: `suffix` or `spread`. Default: `suffix`.
-    #[serde(default)]
-    pub placement: Placement,
+    /// How copies beyond copy 0 are named: `suffix` or `spread`. Default: absent, as
+    /// [`DefaultFamilyConfig::placement`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
     /// How far the family's hot keys split on their own (`crate::split`). Default: absent (no
     /// automatic split).
     #[serde(default)]
@@ -233,9 +237,11 @@ pub struct Family {
     pub default_class: String,
     /// How long a client's write floor holds its reads of a key.
     pub pin_window: Duration,
-    /// How the family's copies are named, as configured (which names reads use while a
-    /// placement change rolls out is `layout`'s to say).
+    /// How the family's copies are named, as configured or chosen at startup (which names
+    /// reads use while a placement change rolls out is `layout`'s to say).
     pub placement: Placement,
+    /// Why it is that placement: configured, or the default chosen at startup.
+    pub placement_reason: PlacementReason,
     /// The mode of the family's `split` table (`None`: no automatic split). A family with one
     /// may get copies of its own for a key, so it refuses presence reads like a split family.
     pub split: Option<crate::split::SplitMode>,
@@ -295,7 +301,8 @@ impl Families {
                 versioning: family.versioning,
                 default_class: family.default_class.clone(),
                 pin_window: family.pin_window,
-                placement: family.placement,
+                placement: family.placement.unwrap_or(Placement::Suffix),
+                placement_reason: reason_of(family.placement),
                 split: family.split.as_ref().map(|split| split.mode),
                 sync_replicas: family.sync_replicas,
                 sync_timeout: family.sync_timeout,
@@ -316,7 +323,8 @@ impl Families {
                 versioning: default.versioning,
                 default_class: default.default_class.clone(),
                 pin_window: default.pin_window,
-                placement: default.placement,
+                placement: default.placement.unwrap_or(Placement::Suffix),
+                placement_reason: reason_of(default.placement),
                 split: None,
                 sync_replicas: default.sync_replicas,
                 sync_timeout: default.sync_timeout,
@@ -335,6 +343,30 @@ impl Families {
     /// Every family, the default one last.
     pub fn iter(&self) -> impl Iterator<Item = &Family> {
         self.by_prefix.iter().chain(std::iter::once(&self.default))
+    }
+
+    /// Sets the placement of the family named `name` (a default chosen at startup, `reason`
+    /// saying why); nothing for a family the table does not have.
+    pub fn choose_placement(&mut self, name: &str, placement: Placement, reason: PlacementReason) {
+        let family = self
+            .by_prefix
+            .iter_mut()
+            .chain(std::iter::once(&mut self.default))
+            .find(|family| family.name() == name);
+        if let Some(family) = family {
+            family.placement = placement;
+            family.placement_reason = reason;
+        }
+    }
+}
+
+/// Why a family built from a config entry with `placement` (or none) runs it, before startup
+/// looks at the store: configured, or not set (`suffix`, the naming every release reads, until
+/// `layout::choose_placements` chooses: `spread` for a family with no copies yet).
+fn reason_of(configured: Option<Placement>) -> PlacementReason {
+    match configured {
+        Some(_) => PlacementReason::Configured,
+        None => PlacementReason::Unset,
     }
 }
 

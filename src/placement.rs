@@ -1,10 +1,11 @@
 //! Copy placement: how copy `i` of a key is named, and so which cluster slot it lands on.
 //!
 //! A Redis Cluster key's slot is CRC16 of the key (or of its hash tag, the text between the
-//! first `{` and the next `}`) modulo 16384. Under [`Placement::Suffix`] (the default, and the
-//! only naming of releases before placement) copy `i` of `K` is `K#i`, whose slot is CRC16 of
+//! first `{` and the next `}`) modulo 16384. Under [`Placement::Suffix`] (the only naming of
+//! releases before placement) copy `i` of `K` is `K#i`, whose slot is CRC16 of
 //! the whole name: names that differ only in their last characters crowd together, so a 16-way
-//! split may put 10 of its copies on one of three masters. Under [`Placement::Spread`] copy
+//! split may put 10 of its copies on one of three masters. Under [`Placement::Spread`] (the
+//! default of a family with no copies yet, [`PlacementReason`]) copy
 //! `i ≥ 1` is `K#i{t}`, where the tag `t` is chosen from [`tag_of_slot`] (one short `[a-z0-9]`
 //! tag per slot) so that copy `i`'s slot is `slot_0 + offset(i)` modulo 16384, `slot_0` being
 //! the slot of `K#0`. Copy 0 stays `K#0`, untagged, in both placements, so every read path's
@@ -30,13 +31,10 @@ use std::sync::OnceLock;
 pub const SLOTS: u16 = 16384;
 
 /// How a family names its copies beyond copy 0.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Deserialize, Serialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
-    /// Copy `i` is `K#i`: the naming of every release, and the default.
-    #[default]
+    /// Copy `i` is `K#i`: the naming of every release.
     Suffix,
     /// Copy `i ≥ 1` is `K#i{t}`, its tag chosen so the copies' slots spread evenly.
     Spread,
@@ -57,6 +55,44 @@ impl Placement {
             "suffix" => Some(Placement::Suffix),
             "spread" => Some(Placement::Spread),
             _ => None,
+        }
+    }
+}
+
+/// Why a family runs the placement it runs: its config names one, or it does not and the
+/// instance chose at startup (`layout::choose`). The log and `hotsplit config check` say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacementReason {
+    /// The config names the placement (`placement = "…"`): an operator's choice, honoured.
+    Configured,
+    /// Not configured, and not chosen yet: the family table of a config names such a family
+    /// `suffix` (the naming every release reads) until startup chooses
+    /// (`layout::choose_placements`); code that builds a family table without starting a
+    /// server (tests, `audit`) keeps that.
+    Unset,
+    /// Not configured, and the family has no copies yet (nor live instances on `K#i`): the
+    /// default, `spread`.
+    NewFamily,
+    /// Not configured, and other live instances of the family already run `spread`, or its
+    /// stored copies include tagged names: `spread`, as before.
+    SpreadInUse,
+    /// Not configured, and the family already has `K#i` copies (`i ≥ 1`) and no tagged ones,
+    /// or a live instance reads `K#i` (configured `suffix`, or a release before placement):
+    /// kept on `suffix` until an operator moves it (the rolling change of `layout::placing`).
+    SuffixCopiesExist,
+}
+
+impl PlacementReason {
+    /// How the log and `config check` say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlacementReason::Configured => "configured",
+            PlacementReason::Unset => "not set (chosen at startup)",
+            PlacementReason::NewFamily => "default for a new family",
+            PlacementReason::SpreadInUse => "default: the family already runs spread",
+            PlacementReason::SuffixCopiesExist => {
+                "kept because suffix copies exist (set placement to move it)"
+            }
         }
     }
 }
@@ -265,6 +301,5 @@ mod tests {
             assert_eq!(Placement::parse(placement.as_str()), Some(placement));
         }
         assert_eq!(Placement::parse("even"), None);
-        assert_eq!(Placement::default(), Placement::Suffix);
     }
 }

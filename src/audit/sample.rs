@@ -177,7 +177,12 @@ impl Candidates {
                     .filter(|record| record.phase.writes())
                     .map_or(family.copies, |record| record.copies.max(family.copies));
                 let layout = split.map_or(written, |record| record.copies.max(written));
-                (Some(written), Some(family.placement), Some(layout))
+                // A family whose config names no placement was given one at its instances'
+                // startup: inferred from the names seen, as without a config.
+                let placement = (family.placement_reason
+                    == crate::placement::PlacementReason::Configured)
+                    .then_some(family.placement);
+                (Some(written), placement, Some(layout))
             }
             CopyCount::Fixed(copies) => (Some(*copies), None, None),
             CopyCount::Inferred => (None, None, None),

@@ -194,12 +194,14 @@ fn spawn_instance(
             tls.key_file.display().to_string()
         )
     });
+    // The `fleet:` family names `placement = "suffix"`: the row reads its copies on their
+    // masters by their `K#i` names (`all_level`).
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\nshutdown_grace = \"2s\"\n\
          [store]\nredis = \"{}\"\ncommand_timeout = \"2s\"\n{tls}\
          [heal]\nspool_dir = \"{}\"\nlayout_interval = \"1s\"\n\
          [scrub]\ninterval = \"1s\"\nlease_ttl = \"3s\"\n\
-         [[family]]\nprefix = \"fleet:\"\ncopies = {copies}\nttl = \"10m\"\ndefault_class = \"advisory\"\n\
+         [[family]]\nprefix = \"fleet:\"\ncopies = {copies}\nttl = \"10m\"\ndefault_class = \"advisory\"\nplacement = \"suffix\"\n\
          {split}",
         cluster.url(),
         spool.display(),

@@ -165,8 +165,10 @@ fn service_config(options: &CheckOptions, cluster: &Cluster) -> Result<Config> {
     // than half of a phase's reads were refused `unavailable`, no reader met a lagging replica,
     // and the random-suffix control showed no violation. A stopped master is still found at once
     // by the health probes; the faults still lose writes and stall them.
+    // `check:` names `placement = "suffix"`: the recorder reads its copies on their masters by
+    // their `K#i` names.
     let mut config = Config::from_toml(&format!(
-        "[store]\ncommand_timeout = \"2s\"\n[[family]]\nprefix = \"check:\"\ncopies = {}\nttl = \"10m\"\ndefault_class = \"advisory\"\n[[family]]\nprefix = \"claim:\"\ncopies = 1\nttl = \"10m\"\ndefault_class = \"advisory\"\n[near_cache]\nenabled = false\n",
+        "[store]\ncommand_timeout = \"2s\"\n[[family]]\nprefix = \"check:\"\ncopies = {}\nttl = \"10m\"\ndefault_class = \"advisory\"\nplacement = \"suffix\"\n[[family]]\nprefix = \"claim:\"\ncopies = 1\nttl = \"10m\"\ndefault_class = \"advisory\"\n[near_cache]\nenabled = false\n",
         options.copies
     ))?;
     config.store.redis = Some(cluster.url());

@@ -182,9 +182,29 @@ pub(crate) fn config_check(args: &ServeArgs) -> ExitCode {
     if let Some(filter) = &args.log.filter {
         println!("# --log / HOTSPLIT_LOG sets the log filter ({filter}) over server.log_level.");
     }
+    print_placements(&config);
     print!("{text}");
     eprintln!("hotsplit config check: the configuration is valid");
     ExitCode::SUCCESS
+}
+
+/// One comment line per family: the placement it runs and why. A family whose config names
+/// none runs `spread` when it has no copies yet, and keeps `suffix` when it already has `K#i`
+/// copies or live readers of them; which, `serve` decides at startup and logs.
+fn print_placements(config: &Config) {
+    use hotsplit::placement::PlacementReason;
+    for family in config.families().iter() {
+        let name = family.name();
+        match family.placement_reason {
+            PlacementReason::Configured => println!(
+                "# family {name:?}: placement {} (configured)",
+                family.placement.as_str()
+            ),
+            _ => println!(
+                "# family {name:?}: placement not set: spread (default for a new family), or suffix kept if the family already has suffix copies in Redis (decided at startup, logged)"
+            ),
+        }
+    }
 }
 
 pub(crate) fn load_config(args: &ServeArgs) -> hotsplit::Result<Config> {

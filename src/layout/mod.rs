@@ -79,8 +79,11 @@
 //! Copy placement (`suffix` or `spread`, see [`crate::placement`]) rolls out beside the copy
 //! count: each family has a placement set of its own next to its live set, and which copy names
 //! an instance reads and writes while instances on both placements (or on releases before
-//! placement) run is the `placing` module's protocol, written out there. The sweeps and the grow
-//! cleanup delete copies by index whatever their naming.
+//! placement) run is the `placing` module's protocol, written out there, with the compatibility
+//! window (`window`: `K#i` written beside the tagged names until no live instance can read it).
+//! A family whose config names no placement gets one at startup ([`choose_placements`]:
+//! `spread` when it has no copies yet). The sweeps and the grow cleanup delete copies by index
+//! whatever their naming.
 //!
 //! Readers that carry floors are never served below them; a read whose consulted copies are all
 //! missing asks copy 0 (present in every layout) before answering 404, and read repair fills the
@@ -89,15 +92,19 @@
 //! cannot serve a copy that missed edits. The sweep pauses while the recorded layout differs from
 //! this instance's config or a live instance has more copies (above).
 
+mod choose;
 mod placing;
 mod reconcile;
 mod record;
 pub mod splitter;
 mod sweep;
 mod watcher;
+mod window;
 
+pub use choose::choose_placements;
 pub use splitter::{join_split_sets, Splitter, SplitterParts};
 pub use watcher::LayoutWatcher;
+pub use window::WindowState;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};

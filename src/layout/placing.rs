@@ -12,57 +12,89 @@
 //! placement set* means an instance that knows only `K#i` runs.
 //!
 //! # The protocol, and why it holds
-//! 1. Every instance writes `K#i` (the names every release reads), always: a reader of `K#i` is
-//!    never served a copy that missed an edit, whatever the others are configured to. An
-//!    instance also writes the tagged names when it is configured `spread` or sees a live entry
-//!    of code 2 or 3 (someone reads or is about to read them). So a `spread` family's publish
-//!    writes copy 0 and both names of copies 1..N: the price of a fleet that can roll back at
-//!    any moment.
+//! 1. While a family's compatibility window is open (point 4), every instance writes `K#i` (the
+//!    names every release reads): a reader of `K#i` is never served a copy that missed an edit,
+//!    whatever the others are configured to. An instance also writes the tagged names when it
+//!    is configured `spread` or sees a live entry of code 2 or 3 (someone reads or is about to
+//!    read them). So an open window's publish writes copy 0 and both names of copies 1..N.
 //! 2. An instance configured `spread` starts reading `K#i` and switches to the tagged names
 //!    only when every instance of the family's live set is in its placement set (no older
 //!    release runs), and either another live instance already reads them (it has kept them
-//!    current since its own switch, and every writer writes them while it is live), or, after
-//!    [`super::Liveness::settle`] since it joined with every live instance aware of
-//!    placement (every writer has seen its code 2 by then, and every publish that had not
-//!    ended), it has deleted every tagged copy of the family (a tagged copy that outlived an
-//!    earlier period without `spread` writers may have missed edits; a read that finds its
-//!    copies missing falls back to copy 0, which is `K#0` under both placements, and read
-//!    repair refills the copy). Edits after the delete reach the tagged names from every
-//!    writer, so a tagged copy it reads is current.
+//!    current since its own switch, and every writer writes them while it is live; a starting
+//!    instance then re-joins with code 3 before it serves, so no writer takes its startup code
+//!    2 for a reader of `K#i`), or, after [`super::Liveness::settle`] since it joined with every
+//!    live instance aware of placement (every writer has seen its code 2 by then, and every
+//!    publish that had not ended), it has deleted every tagged copy of the family (a tagged
+//!    copy that outlived an earlier period without `spread` writers may have missed edits; a
+//!    read that finds its copies missing falls back to copy 0, which is `K#0` under both
+//!    placements, and read repair refills the copy). Edits after the delete reach the tagged
+//!    names from every writer, so a tagged copy it reads is current.
 //! 3. An instance that sees a live instance outside the placement set (an older release)
-//!    switches back to `K#i` at once (those are always current, point 1) and starts over at 2.
-//!    An instance configured `suffix` always reads `K#i`, so moving a family back from
-//!    `spread` to `suffix` is a plain rolling restart.
+//!    switches back to `K#i` at once and starts over at 2. An instance configured `suffix`
+//!    always reads `K#i`, so moving a family back from `spread` to `suffix` is a rolling
+//!    restart (point 5 says what a closed window adds).
+//! 4. The window closes (`window`) on an instance configured `spread` that reads the tagged
+//!    names when every other member of the placement set has code 3 and every instance of the
+//!    family's live set is in the placement set (names matched, as for point 2), and one scan
+//!    covers the family's copy names: from then on its publishes write copy 0 and the tagged
+//!    names only (N names; the same for split copies and the scrub's repairs). Nobody reads
+//!    `K#i` then: every live instance is code 3. After the settle time since it closed (every
+//!    other writer has seen the same sets and closed, and every publish that still wrote `K#i`
+//!    has ended), the instance deletes the family's `K#i` (`i ≥ 1`) in batches, so a later reader
+//!    of `K#i` finds it missing (and falls back to copy 0, which every writer writes) rather
+//!    than stale. Each instance sweeps after its own close, so the last writer to stop writing
+//!    `K#i` also deletes what it wrote. Any other sighting (a code 1 or 2 entry, an older
+//!    release) reopens the window at once: `K#i` is written again from the next publish.
+//! 5. A reader of `K#i` of this release (configured `suffix`, or `spread` and not switching)
+//!    that starts beside an instance of code 3 (whose window may be closed) joins with its code
+//!    before it serves, waits the settle time (every writer has seen it and reopened, and every
+//!    publish that skipped `K#i` has ended), then refills `K#1..K#N-1` of every key from its
+//!    newest copy over `K#0` and the tagged names, through the copies' compare-and-set (a copy
+//!    never goes back, and a publish that lands first wins), and only then serves. So no read
+//!    answers a `K#i` that missed an edit: each `K#i` it reads holds every edit made before the
+//!    refill and is written by every publish after the settle.
 //!
-//! The delete of point 2 scans the family's keys once, up to 100,000 of them (as the shrink
-//! sweep does); a family with more keys stays on `K#i` (logged at every refresh) until it has
-//! fewer. A one-copy family has only copy 0 and never switches.
+//! The deletes of points 2 and 4 scan the family's keys once, up to 100,000 copy names (as the
+//! shrink sweep does); a family with more keys stays on `K#i` (logged at every refresh) and
+//! keeps its window open (the scan is retried every sweep interval). A one-copy family has only
+//! copy 0 and never switches, and its window never closes (its split keys' publishes keep
+//! writing both names).
 //!
 //! Not covered (as for the resize protocol): an older-release instance that starts while a
 //! family is read under the tagged names publishes edits the tagged copies miss until the other
-//! instances see it, at most one layout interval plus one call; a retry-queue entry for a tagged
-//! copy can land after the delete of point 2 (compare-and-set keeps it from moving a copy
-//! backwards, but it may recreate a copy the delete removed at an older version). Tests:
+//! instances see it, at most one layout interval plus one call; if the window was closed, it
+//! does not wait or refill as point 5 does, so within that time its reads find `K#i` missing
+//! (and fall back to copy 0, which is current) or re-created by its own read repair while the
+//! others still skip `K#i` (which can then miss an edit), and an instance of this release that
+//! falls back to `K#i` when it sees the older release can read such a copy too. A retry-queue
+//! entry, or a scrub repair decided before a close, for a copy named under a naming no longer
+//! written can land after a delete of point 2 or 4: compare-and-set keeps it from moving a copy
+//! backwards, but it may recreate a copy the delete removed at an older version (point 5's
+//! refill brings a re-created `K#i` up to date before a reader of this release uses it). Tests:
 //! `placement::a_rolling_placement_change_serves_no_reader_an_old_value`,
 //! `placement::an_older_release_in_the_live_set_keeps_the_family_on_suffix_names`,
-//! `placement::an_older_release_starting_against_a_spread_family_reads_its_layout_and_reaches_every_reader`.
+//! `placement::an_older_release_starting_against_a_spread_family_reads_its_layout_and_reaches_every_reader`,
+//! `placement_window::a_closed_window_writes_n_copies_and_deletes_k_i`,
+//! `placement_window::a_suffix_instance_joining_a_closed_window_is_served_no_missed_edit`,
+//! `placement_window::a_rolling_change_from_suffix_to_spread_under_load_serves_no_missed_edit`,
+//! `layout::window::tests::*`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{glob_escape, LayoutStores, Layouts, Liveness};
-use crate::error::Result;
+use super::window::Window;
+use super::{LayoutStores, Layouts, Liveness};
 use crate::family::{Families, Family};
-use crate::key::{CopyKey, Key, Placement};
+use crate::key::{Key, Placement};
 use crate::store::LiveMember;
 
 /// The live-set code of an instance configured `suffix`.
-const CODE_SUFFIX: u32 = 1;
+pub(super) const CODE_SUFFIX: u32 = 1;
 /// The live-set code of an instance configured `spread` that still reads `K#i`.
-const CODE_SPREAD_PENDING: u32 = 2;
+pub(super) const CODE_SPREAD_PENDING: u32 = 2;
 /// The live-set code of an instance that reads the tagged names.
-const CODE_SPREAD_READING: u32 = 3;
+pub(super) const CODE_SPREAD_READING: u32 = 3;
 
 /// The name of `family`'s placement set, as a family name for the live-set calls.
 pub(super) fn placement_set(family: &str) -> String {
@@ -75,7 +107,7 @@ pub(super) struct Placing {
     /// The configured placement.
     pub(super) configured: Placement,
     /// Whether another live instance is configured `spread` (codes 2 and 3).
-    others_spread: bool,
+    pub(super) others_spread: bool,
     /// Whether another live instance reads the tagged names (code 3).
     others_reading: bool,
     /// Since when every instance of the family's live set has been in its placement set
@@ -85,6 +117,11 @@ pub(super) struct Placing {
     pub(super) share: Option<f64>,
     /// The code this instance's entry in the placement set has.
     joined: u32,
+    /// The compatibility window: whether publishes still write `K#i` (`window`).
+    pub(super) window: Window,
+    /// When a scan last found more copy names than one scan covers (the window stays open
+    /// meanwhile, and the scan is not repeated at every refresh).
+    pub(super) too_many_keys: Option<Instant>,
 }
 
 impl Placing {
@@ -101,6 +138,8 @@ impl Placing {
                 Placement::Suffix => CODE_SUFFIX,
                 Placement::Spread => CODE_SPREAD_PENDING,
             },
+            window: Window::Open,
+            too_many_keys: None,
         }
     }
 }
@@ -171,16 +210,6 @@ impl Layouts {
     /// layouts do not know (then its configured placement).
     pub fn read_placement(&self, family: &str) -> Option<Placement> {
         self.reading.get(family)
-    }
-
-    /// Whether publishes of `family` write the tagged names too: it is configured `spread`, or
-    /// another live instance is. `K#i` is always written.
-    pub fn writes_spread(&self, family: &Family) -> bool {
-        family.placement == Placement::Spread
-            || self
-                .lock()
-                .get(family.name())
-                .is_some_and(|known| known.placing.others_spread)
     }
 
     /// The code this instance keeps in `family`'s placement set.
@@ -293,32 +322,6 @@ impl Layouts {
     }
 }
 
-/// Deletes every tagged copy (`K#i{t}`, `i ≥ 1`) of `family`'s keys. Returns how many existed
-/// and whether the scan saw every key.
-pub(super) async fn delete_tagged_copies(
-    stores: &LayoutStores,
-    families: &Families,
-    family: &Family,
-) -> Result<(u64, bool)> {
-    const SCAN_LIMIT: usize = 100_000;
-    let pattern = format!("{}*#*}}", glob_escape(&family.prefix));
-    let keys = stores.layouts.scan_keys(&pattern, SCAN_LIMIT).await?;
-    let complete = keys.len() < SCAN_LIMIT;
-    let tagged: Vec<CopyKey> = keys
-        .iter()
-        .filter_map(|stored| {
-            let (key, copy_key) = CopyKey::parse(stored)?;
-            let ours = families.resolve(&key).name() == family.name();
-            (ours && copy_key.placement() == Placement::Spread).then_some(copy_key)
-        })
-        .collect();
-    let mut deleted = 0;
-    for batch in tagged.chunks(256) {
-        deleted += stores.copies.delete_copies(batch).await?;
-    }
-    Ok((deleted, complete))
-}
-
 /// How many sample keys the spread report names.
 const REPORT_SAMPLE: u32 = 64;
 
@@ -408,13 +411,15 @@ mod tests {
 
     use super::*;
     use crate::family::fixture;
+    use crate::key::CopyKey;
+    use crate::layout::window::delete_named_copies;
     use crate::layout::Liveness;
     use crate::metrics::Metrics;
     use crate::store::memory::MemoryStore;
     use crate::store::{CopyStore, CopyWrite, LayoutStore, Payload};
 
     const CONFIG: &str =
-        "[[family]]\nprefix = \"s:\"\ncopies = 4\nplacement = \"spread\"\n[[family]]\nprefix = \"x:\"\ncopies = 4\n";
+        "[[family]]\nprefix = \"s:\"\ncopies = 4\nplacement = \"spread\"\n[[family]]\nprefix = \"x:\"\ncopies = 4\nplacement = \"suffix\"\n";
 
     fn liveness(instance: &str) -> Liveness {
         Liveness {
@@ -601,8 +606,12 @@ mod tests {
         let layouts = layouts(&store, "a").await;
         let suffix = families.resolve(&Key::parse("x:1").unwrap()).clone();
         let spread = families.resolve(&Key::parse("s:1").unwrap()).clone();
-        assert!(layouts.writes_spread(&spread));
-        assert!(!layouts.writes_spread(&suffix));
+        assert!(layouts
+            .write_placements(&spread)
+            .contains(&Placement::Spread));
+        assert!(!layouts
+            .write_placements(&suffix)
+            .contains(&Placement::Spread));
         let settle = Duration::from_secs(10);
         layouts.observe_placement(
             "x:",
@@ -614,7 +623,9 @@ mod tests {
             settle,
             &metrics,
         );
-        assert!(layouts.writes_spread(&suffix));
+        assert!(layouts
+            .write_placements(&suffix)
+            .contains(&Placement::Spread));
         layouts.observe_placement(
             "x:",
             Sighting {
@@ -625,7 +636,9 @@ mod tests {
             settle,
             &metrics,
         );
-        assert!(!layouts.writes_spread(&suffix));
+        assert!(!layouts
+            .write_placements(&suffix)
+            .contains(&Placement::Spread));
         // The placement set is a live set of its own, beside the family's.
         let others = store
             .join_layout(&placement_set("s:"), CODE_SUFFIX, "b", 60_000)
@@ -654,10 +667,14 @@ mod tests {
         }
         store.write_copies(&writes).await;
         let family = families.resolve(&Key::parse("s:1").unwrap()).clone();
-        let (deleted, complete) =
-            delete_tagged_copies(&LayoutStores::of(&store), &families, &family)
-                .await
-                .unwrap();
+        let (deleted, complete) = delete_named_copies(
+            &LayoutStores::of(&store),
+            &families,
+            &family,
+            Placement::Spread,
+        )
+        .await
+        .unwrap();
         assert_eq!((deleted, complete), (3, true));
         for write in &writes {
             let present = store

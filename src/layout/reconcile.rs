@@ -8,9 +8,10 @@ use super::placing;
 use super::placing::Sighting;
 use super::record::record_configured;
 use super::sweep::delete_copies_from;
+use super::window::refill_suffix_copies;
 use super::{Known, LayoutStores, Layouts, Liveness};
 use crate::error::Result;
-use crate::family::Families;
+use crate::family::{Families, Family};
 use crate::metrics::Metrics;
 use crate::store::Layout;
 use crate::store::LiveMember;
@@ -69,6 +70,9 @@ impl Layouts {
             ..Layouts::default()
         };
         let mut grown = Vec::new();
+        // Families this instance reads under `K#i` although another live instance reads the
+        // tagged names: their window may be closed, so `K#i` is refilled before serving.
+        let mut refills = Vec::new();
         let ttl_ms = crate::duration::millis(liveness.ttl());
         for family in families.iter() {
             let name = family.name();
@@ -116,36 +120,35 @@ impl Layouts {
                 },
             );
             metrics.placement_reads_spread(name, false);
-            if let Some(placed) = placement_codes {
-                let codes: Vec<u32> = placed.iter().map(|member| member.copies).collect();
-                // Another live instance that already reads the tagged names keeps them current:
-                // this one reads them from its first request (`placing`, point 2).
-                let step = layouts.observe_placement(
-                    name,
-                    Sighting {
-                        missing: &LiveMember::missing_from(&members, &placed),
-                        codes: &codes,
-                        at: Instant::now(),
-                    },
-                    liveness.settle(),
-                    metrics,
-                );
-                if step == placing::Step::Switch {
-                    layouts.start_reading_spread(name, metrics);
-                }
+            metrics.placement_window_closed(name, false);
+            let placement = StartupPlacement {
+                stores,
+                liveness,
+                metrics,
+                ttl_ms,
+            };
+            if placement
+                .observe(&layouts, family, &members, placement_codes)
+                .await
+            {
+                refills.push(family);
             }
             if let Some(strays) = strays(family.copies, live, recorded) {
                 grown.push((family, strays));
             }
         }
-        if grown.iter().any(|(_, strays)| strays.settle) {
+        if grown.iter().any(|(_, strays)| strays.settle) || !refills.is_empty() {
             let settle = liveness.settle();
             tracing::info!(
                 families = ?grown.iter().map(|(family, _)| family.name()).collect::<Vec<_>>(),
+                refills = ?refills.iter().map(|family| family.name()).collect::<Vec<_>>(),
                 ?settle,
-                "growing past the live instances: waiting until they write the new copies"
+                "growing past the live instances, or reading K#i beside readers of the tagged names: waiting until every writer writes the copies this instance reads"
             );
             tokio::time::sleep(settle).await;
+        }
+        for family in refills {
+            refill_before_serving(stores, families, family).await?;
         }
         for (family, strays) in grown {
             let (deleted, complete) = delete_copies_from(
@@ -167,6 +170,86 @@ impl Layouts {
         }
         Ok(Arc::new(layouts))
     }
+}
+
+/// What the startup placement step needs of the store and this instance.
+struct StartupPlacement<'a> {
+    /// The live sets and the copies.
+    stores: &'a LayoutStores,
+    /// This instance in the live sets.
+    liveness: &'a Liveness,
+    /// The placement gauges.
+    metrics: &'a Metrics,
+    /// How long a live entry lasts.
+    ttl_ms: u64,
+}
+
+impl StartupPlacement<'_> {
+    /// Reads `family` under the tagged names from the first request when another live
+    /// instance already reads them (`placing`, point 2), re-joining the placement set with
+    /// code 3 at once, so no writer takes this instance's startup code 2 for a reader of
+    /// `K#i` and reopens the family's window. Returns whether this instance reads `K#i` while
+    /// another live instance reads the tagged names: then that family's window may be closed
+    /// (`window`), and its `K#i` is refilled before this instance serves.
+    async fn observe(
+        &self,
+        layouts: &Layouts,
+        family: &Family,
+        members: &[LiveMember],
+        placed: Option<Vec<LiveMember>>,
+    ) -> bool {
+        let name = family.name();
+        let Some(placed) = placed else {
+            return false;
+        };
+        let codes: Vec<u32> = placed.iter().map(|member| member.copies).collect();
+        let step = layouts.observe_placement(
+            name,
+            Sighting {
+                missing: &LiveMember::missing_from(members, &placed),
+                codes: &codes,
+                at: Instant::now(),
+            },
+            self.liveness.settle(),
+            self.metrics,
+        );
+        if step == placing::Step::Switch {
+            layouts.start_reading_spread(name, self.metrics);
+            placing::join_placement(self.stores, layouts, family, self.liveness, self.ttl_ms).await;
+            return false;
+        }
+        family.copies >= 2
+            && layouts.read_placement(name) != Some(crate::key::Placement::Spread)
+            && codes.contains(&placing::CODE_SPREAD_READING)
+    }
+}
+
+/// Refills `family`'s `K#i` from its newest copies before this instance serves it: the
+/// writers have seen this instance (the settle time has passed), so they write `K#i` again,
+/// and any `K#i` their closed window left behind is brought up to date (`window`).
+///
+/// # Errors
+/// Store errors of the refill: a reader of `K#i` must not serve copies that missed edits.
+async fn refill_before_serving(
+    stores: &LayoutStores,
+    families: &Families,
+    family: &Family,
+) -> Result<()> {
+    let (refilled, complete) = refill_suffix_copies(stores, families, family).await?;
+    if complete {
+        tracing::info!(
+            family = family.name(),
+            refilled,
+            "refilled K#i from the tagged copies before reading K#i"
+        );
+    } else {
+        tracing::warn!(
+            family = family.name(),
+            refilled,
+            "the family has more keys than one scan covers: K#i refilled for the first of them only; reads of the others may fall back to copy 0"
+        );
+    }
+    Ok(())
 }
 
 /// Joins `family`'s live set and returns its members. A join that fails (the store refuses

@@ -513,11 +513,7 @@ impl Splitter {
             // Nothing stored: nothing to fill (a read of a missing copy asks copy 0).
             return Ok(());
         };
-        let placements: &[Placement] = if self.layouts.writes_spread(family) {
-            &[Placement::Suffix, Placement::Spread]
-        } else {
-            &[Placement::Suffix]
-        };
+        let placements = self.layouts.write_placements(family);
         let mut writes: Vec<CopyWrite> = Vec::new();
         for index in family.copies.max(1)..copies {
             for &placement in placements {

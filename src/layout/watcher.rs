@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::placing::Sighting;
-use super::placing::{delete_tagged_copies, join_placement, spread_share, Step};
+use super::placing::{join_placement, spread_share, Step};
+use super::window::{delete_named_copies, scan_copy_names, WindowStep};
 use super::{LayoutStores, Layouts, Liveness};
 use crate::family::{Families, Family};
+use crate::key::Placement;
 use crate::metrics::Metrics;
 use crate::store::LayoutWriter;
 use crate::store::LiveMember;
@@ -96,8 +98,9 @@ impl LayoutWatcher {
     }
 
     /// Refreshes this instance's entry in `family`'s placement set, switches its reads as
-    /// `placing` says (deleting the tagged copies first when no other instance reads them), and
-    /// reports how evenly the names it reads fall on the live slot map.
+    /// `placing` says (deleting the tagged copies first when no other instance reads them),
+    /// opens or closes the family's compatibility window (`window`), and reports how evenly the
+    /// names it reads fall on the live slot map.
     async fn refresh_placement(&self, family: &Family, live: &[LiveMember], ttl_ms: u64) {
         let name = family.name();
         let Some(members) =
@@ -106,43 +109,115 @@ impl LayoutWatcher {
             return;
         };
         let codes: Vec<u32> = members.iter().map(|member| member.copies).collect();
-        let step = self.layouts.observe_placement(
-            name,
-            Sighting {
-                missing: &LiveMember::missing_from(live, &members),
-                codes: &codes,
-                at: Instant::now(),
-            },
-            self.liveness.settle(),
-            &self.metrics,
-        );
-        match step {
+        let missing = LiveMember::missing_from(live, &members);
+        let seen = Sighting {
+            missing: &missing,
+            codes: &codes,
+            at: Instant::now(),
+        };
+        let settle = self.liveness.settle();
+        match self
+            .layouts
+            .observe_placement(name, seen, settle, &self.metrics)
+        {
             Step::Stay => {}
             Step::Switch => self.layouts.start_reading_spread(name, &self.metrics),
-            Step::CleanThenSwitch => {
-                match delete_tagged_copies(&self.stores, &self.families, family).await {
-                    Ok((deleted, true)) => {
-                        tracing::info!(
-                            family = name,
-                            deleted,
-                            "deleted the tagged copies that may have missed edits"
-                        );
-                        self.layouts.start_reading_spread(name, &self.metrics);
-                    }
-                    Ok((deleted, false)) => tracing::warn!(
-                        family = name,
-                        deleted,
-                        "the family has more keys than one scan of tagged copies covers: reading K#i still; retried at the next refresh"
-                    ),
-                    Err(err) => tracing::warn!(
-                        family = name,
-                        error = %err,
-                        "cannot delete the family's tagged copies: reading K#i still; retried at the next refresh"
-                    ),
-                }
-            }
+            Step::CleanThenSwitch => self.clean_then_switch(family).await,
+        }
+        match self
+            .layouts
+            .observe_window(name, seen, settle, &self.metrics)
+        {
+            WindowStep::Stay => {}
+            WindowStep::Close => self.close_window(family).await,
+            WindowStep::Sweep => self.sweep_suffix_copies(family).await,
         }
         self.report_spread(family);
+    }
+
+    /// Deletes `family`'s tagged copies, then reads them (`placing`, point 2).
+    async fn clean_then_switch(&self, family: &Family) {
+        let name = family.name();
+        match delete_named_copies(&self.stores, &self.families, family, Placement::Spread).await {
+            Ok((deleted, true)) => {
+                tracing::info!(
+                    family = name,
+                    deleted,
+                    "deleted the tagged copies that may have missed edits"
+                );
+                self.layouts.start_reading_spread(name, &self.metrics);
+            }
+            Ok((deleted, false)) => tracing::warn!(
+                family = name,
+                deleted,
+                "the family has more keys than one scan of tagged copies covers: reading K#i still; retried at the next refresh"
+            ),
+            Err(err) => tracing::warn!(
+                family = name,
+                error = %err,
+                "cannot delete the family's tagged copies: reading K#i still; retried at the next refresh"
+            ),
+        }
+    }
+
+    /// Closes `family`'s compatibility window when one scan covers its copy names (so the
+    /// sweep of `K#i` can see every key); otherwise it stays open, and the scan is tried again
+    /// after a sweep interval.
+    async fn close_window(&self, family: &Family) {
+        let name = family.name();
+        let now = Instant::now();
+        if self
+            .layouts
+            .window_scan_refused(name, now, self.sweep_interval, None)
+        {
+            return;
+        }
+        match scan_copy_names(&self.stores, family).await {
+            Ok((_, true)) => {
+                self.layouts
+                    .window_scan_refused(name, now, self.sweep_interval, Some(false));
+                self.layouts
+                    .close_window(name, Instant::now(), &self.metrics);
+            }
+            Ok((_, false)) => {
+                self.layouts
+                    .window_scan_refused(name, now, self.sweep_interval, Some(true));
+                tracing::warn!(
+                    family = name,
+                    "the family has more copies than one scan covers: publishes keep writing K#i (the compatibility window stays open)"
+                );
+            }
+            Err(err) => tracing::warn!(
+                family = name,
+                error = %err,
+                "cannot scan the family's copies: the compatibility window stays open; retried at the next refresh"
+            ),
+        }
+    }
+
+    /// Deletes `family`'s `K#i` copies, which its publishes no longer write.
+    async fn sweep_suffix_copies(&self, family: &Family) {
+        let name = family.name();
+        match delete_named_copies(&self.stores, &self.families, family, Placement::Suffix).await {
+            Ok((deleted, true)) => {
+                self.layouts.mark_swept(name);
+                tracing::info!(
+                    family = name,
+                    deleted,
+                    "deleted the K#i copies no live instance reads or writes"
+                );
+            }
+            Ok((deleted, false)) => tracing::warn!(
+                family = name,
+                deleted,
+                "the family has more copies than one scan covers: K#i copies remain; retried at the next refresh"
+            ),
+            Err(err) => tracing::warn!(
+                family = name,
+                error = %err,
+                "cannot delete the family's K#i copies: retried at the next refresh"
+            ),
+        }
     }
 
     /// Sets the placement gauge of `family` and logs how far from even its copies are when

@@ -270,6 +270,9 @@ pub struct Metrics {
     /// Per family: the busiest master's share of a sample of the family's keys' copies, as
     /// the names this instance reads fall on the live slot map.
     placement_busiest_share: Family<FamilyLabels, Gauge<f64, AtomicU64>>,
+    /// Per family: 1 once its placement compatibility window closed on this instance (a
+    /// publish writes N copy names, `K#i` is deleted); 0 while it writes `K#i`.
+    placement_window_closed: Family<FamilyLabels, Gauge>,
 }
 
 impl Metrics {
@@ -322,11 +325,18 @@ impl Metrics {
             "The busiest master's share of the copies of a sample of the family's keys, under the names this instance reads, on the live slot map (even is ceil(N / masters) / N)",
         );
 
+        let placement_window_closed: Family<FamilyLabels, Gauge> = register(
+            &mut registry,
+            "placement_window_closed",
+            "1 once every live instance reads the family's tagged copy names and this instance's publishes write N copies (K#i deleted); 0 while they also write K#i",
+        );
+
         Arc::new(Metrics {
             heal,
             layout_mismatch,
             placement_reads_spread,
             placement_busiest_share,
+            placement_window_closed,
             registry: std::sync::Mutex::new(registry),
             publish_outcomes,
             invalidate_outcomes,
@@ -455,6 +465,15 @@ impl Metrics {
                 family: family.to_owned(),
             })
             .set(i64::from(spread));
+    }
+
+    /// Sets whether `family`'s placement compatibility window is closed on this instance.
+    pub fn placement_window_closed(&self, family: &str, closed: bool) {
+        self.placement_window_closed
+            .get_or_create(&FamilyLabels {
+                family: family.to_owned(),
+            })
+            .set(i64::from(closed));
     }
 
     /// Sets the busiest master's share of `family`'s copies on the live slot map.

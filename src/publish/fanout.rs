@@ -110,21 +110,19 @@ impl Publisher {
         let write_count = self.layouts.as_ref().map_or(edit.family.copies, |layouts| {
             layouts.key_write_copies(edit.family.name(), edit.key.as_str(), edit.family.copies)
         });
-        // The names written (`layout::placing`): with layouts, `K#i` always and the
-        // tagged names too while this family is, or another live instance is, configured
-        // `spread`; without (no live instances to agree with), the configured names only.
+        // The names written (`layout::placing`): with layouts, `K#i` while any live instance
+        // may read it (the compatibility window is open) and the tagged names while this
+        // family is, or another live instance is, configured `spread`; without (no live
+        // instances to agree with), the configured names only.
         let placements: &[Placement] = match &self.layouts {
-            Some(layouts) if layouts.writes_spread(edit.family) => {
-                &[Placement::Suffix, Placement::Spread]
-            }
-            Some(_) => &[Placement::Suffix],
+            Some(layouts) => layouts.write_placements(edit.family),
             None => std::slice::from_ref(&edit.family.placement),
         };
         let mut writes = Vec::with_capacity(write_count as usize * placements.len());
         for index in 0..write_count {
-            for &placement in placements {
+            for (nth, &placement) in placements.iter().enumerate() {
                 // Copy 0 is `K#0` under both: written once.
-                if index == 0 && placement == Placement::Spread {
+                if index == 0 && nth > 0 {
                     continue;
                 }
                 writes.push(CopyWrite {

@@ -119,13 +119,16 @@ impl Recorded {
             copies: copies.clone(),
             fleet: fleet.clone(),
         };
-        let families = Arc::new(config.families());
         let liveness = Liveness {
             instance: instance.to_owned(),
             release: crate::fleet::registry::RELEASE.to_owned(),
             interval: config.heal.layout_interval,
             command_timeout: config.store.command_timeout,
         };
+        // A family whose config names no placement gets one before anything joins or serves.
+        let families = Arc::new(
+            crate::layout::choose_placements(&layout_stores, config.families(), &liveness).await?,
+        );
         // Before the family live sets: an instance live in a family is in its split set too.
         crate::layout::join_split_sets(
             &*layout_stores.layouts,

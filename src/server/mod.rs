@@ -137,6 +137,7 @@ impl Service {
             metrics: metrics.clone(),
             retry_queue: healing.retry_queue.clone(),
             layouts: recorded.layouts.clone(),
+            families: (*recorded.families).clone(),
             tracker: tracker.clone(),
             lag: lag.clone(),
             scrub: healing.scrub_status.clone(),

@@ -13,6 +13,7 @@ use crate::auth::TokenTable;
 use crate::config::Config;
 use crate::door::{Core, CoreParts, InFlightBound, RequestLimits};
 use crate::error::Result;
+use crate::family::Families;
 use crate::fleet::session::SessionKey;
 use crate::fleet::Registry;
 use crate::heal::{HealHandles, NodeHealth, RetryQueue, ScrubStatus, StoreProbe};
@@ -40,6 +41,9 @@ pub struct StateParts {
     pub retry_queue: Arc<RetryQueue>,
     /// Each family's recorded copy layout.
     pub layouts: Arc<Layouts>,
+    /// The family table: the config's, with the placement of each family that names none
+    /// chosen at startup (`layout::choose_placements`).
+    pub families: Families,
     /// Where read repairs run (the service's tracker, so shutdown drains them).
     pub tracker: TaskTracker,
     /// The replica lag reads are routed by (fed by the lag monitor while serving).
@@ -71,6 +75,7 @@ impl StateParts {
             metrics,
             retry_queue,
             layouts,
+            families,
             tracker,
             lag,
             registry,
@@ -82,7 +87,7 @@ impl StateParts {
         let instance: Arc<str> = registry.id().into();
         let wired = wire(
             OpsSettings {
-                families: config.families(),
+                families,
                 classes: config.classes()?,
                 route: &config.route,
                 read: &config.read,
@@ -167,6 +172,7 @@ where
         scrub: Arc::new(ScrubStatus::new(&metrics, false, "")),
         metrics,
         layouts: Layouts::unrecorded(),
+        families: config.families(),
         tracker: TaskTracker::new(),
         lag: Arc::new(LagTable::new(
             config.route.heartbeat_interval,

@@ -79,6 +79,13 @@ pub struct FamilyStatus {
     pub write_copies: u32,
     /// The largest copy count ever recorded (copies beyond `copies` may remain from a shrink).
     pub max_copies: u32,
+    /// How copies beyond copy 0 are named: `suffix` or `spread`.
+    pub placement: &'static str,
+    /// Why: `configured`, or the default chosen at startup.
+    pub placement_reason: &'static str,
+    /// The placement compatibility window: `none` (`K#i` only), `open` (`K#i` and the tagged
+    /// names, 2N − 1 names a publish), `closed` (copy 0 and the tagged names, N).
+    pub placement_window: crate::layout::WindowState,
     /// Whether the recorded layout disagrees with this instance's config.
     pub mismatch: bool,
     /// How long a value lives after it is published, in milliseconds.
@@ -164,6 +171,9 @@ impl Sources {
                     copies: family.copies,
                     write_copies: self.heal.layouts.write_copies(name, family.copies),
                     max_copies: self.heal.layouts.max_copies(name, family.copies),
+                    placement: family.placement.as_str(),
+                    placement_reason: family.placement_reason.as_str(),
+                    placement_window: self.heal.layouts.window_state(family),
                     mismatch: mismatches.iter().any(|mismatch| mismatch == name),
                     ttl_ms: crate::duration::millis(family.ttl),
                     versioning: family.versioning.as_str(),

@@ -225,12 +225,36 @@ pub fn config_with_family(redis_url: Option<&str>, prefix: &str, copies: u32) ->
     let mut config = Config::from_toml(&text).expect("test config parses");
     config.store.redis = redis_url.map(str::to_owned);
     config.heal.spool_dir = spool_dir();
+    keep_suffix_naming(&mut config);
     config.validate().expect("test config is valid");
     config
 }
 
-/// The config `text` with a spool directory of its own; asserts that it parses and is valid.
+/// The config `text` with a spool directory of its own, every family that names no placement
+/// on `suffix` ([`keep_suffix_naming`]); asserts that it parses and is valid.
 pub fn config_from_toml(text: &str) -> Config {
+    let mut config = config_from_toml_as_written(text);
+    keep_suffix_naming(&mut config);
+    config
+}
+
+/// The tests written against the `K#i` copy names (which read, write or delete copies by name)
+/// predate the `spread` default of a new family: their families keep `suffix` unless the test
+/// names a placement. The tests of the default itself use [`config_from_toml_as_written`].
+pub fn keep_suffix_naming(config: &mut Config) {
+    use hotsplit::placement::Placement;
+    config
+        .default_family
+        .placement
+        .get_or_insert(Placement::Suffix);
+    for family in &mut config.families {
+        family.placement.get_or_insert(Placement::Suffix);
+    }
+}
+
+/// The config `text` as written (an unset placement is chosen at startup) with a spool
+/// directory of its own; asserts that it parses and is valid.
+pub fn config_from_toml_as_written(text: &str) -> Config {
     let mut config =
         Config::from_toml(text).unwrap_or_else(|err| panic!("test config parses: {err}\n{text}"));
     // Every service gets a spool of its own: the retry spool is locked by one process.

@@ -33,6 +33,7 @@ mod ops;
 mod overload;
 mod partition;
 mod placement;
+mod placement_window;
 mod pooled_floors;
 mod redis_security;
 mod redis_store;

@@ -557,8 +557,9 @@ async fn read_repair_refills_a_tagged_copy_under_its_name() {
 /// reads under the tagged names: the family's layout record is still the `copies:max_copies`
 /// text every release parses, and the previous library's compare-and-set accepts it (an older
 /// instance does not take it for corrupt and starts); once the older instance is in the
-/// family's live set the spread instance reads `K#i` again, so the older instance's edit
-/// reaches every reader; and after it leaves, the spread instance moves back to the tagged
+/// family's live set the spread instance reads `K#i` again (and its window, closed while it ran
+/// alone, reopens: `K#i` was deleted, so nothing stale is left to read), so the older instance's
+/// edit reaches every reader; and after it leaves, the spread instance moves back to the tagged
 /// names without serving any reader a copy that missed that edit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_release_starting_against_a_spread_family_reads_its_layout_and_reaches_every_reader(
@@ -574,6 +575,19 @@ async fn an_older_release_starting_against_a_spread_family_reads_its_layout_and_
     let new = Service::start(rolling_config(&url, family, "spread")).await;
     harness::publish_succeeds(&http, &new.base, key, 1, "one").await;
     let tagged_client = wait_reading_spread(&http, &new.base, key, 4).await;
+    // The window closes (the spread instance is alone): K#i is no longer written, and deleted.
+    crate::placement_window::wait_window(&http, &new.base, family, true).await;
+    poll(
+        "the K#i copies are deleted",
+        Duration::from_secs(30),
+        || async {
+            (1..4).all(|index| {
+                let name = format!("{key}#{index}");
+                server.node.cli(&["EXISTS", &name]).expect("EXISTS").trim() == "0"
+            })
+        },
+    )
+    .await;
     harness::publish_succeeds(&http, &new.base, key, 2, "two").await;
 
     // What an older release reads at startup: the record's text is `copies:max_copies`.
@@ -616,6 +630,7 @@ async fn an_older_release_starting_against_a_spread_family_reads_its_layout_and_
         || async { !reads_tagged(&http, &new.base, key, &tagged_client).await },
     )
     .await;
+    crate::placement_window::wait_window(&http, &new.base, family, false).await;
     let report = previous.publish(key, 3, "three").await;
     assert_eq!(report.status(), PublishStatus::Done, "{report:?}");
     for client in clients() {

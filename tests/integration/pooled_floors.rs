@@ -135,7 +135,7 @@ async fn start(dir: &std::path::Path, store: &str) -> (Binary, SocketAddr) {
     let port = harness::free_port();
     // Each binary's own spool directory: tests run at once.
     let config = format!(
-        "{store}\n[heal]\nspool_dir = \"{}\"\n[resp]\nlisten = \"127.0.0.1:{port}\"\n[[family]]\nprefix = \"p:\"\ncopies = 2\ndefault_class = \"primary\"\n",
+        "{store}\n[heal]\nspool_dir = \"{}\"\n[resp]\nlisten = \"127.0.0.1:{port}\"\n[[family]]\nprefix = \"p:\"\ncopies = 2\ndefault_class = \"primary\"\nplacement = \"suffix\"\n",
         dir.join("spool").display()
     );
     let binary = Binary::start(dir, "pooled", &config).await;

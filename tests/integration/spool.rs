@@ -108,10 +108,11 @@ async fn spool_a_full_disk_loses_no_queued_copy_and_a_drained_queue_resets_it() 
     let dir = tempfile::tempdir().unwrap();
     let disk = Tmpfs::mount(&dir.path().join("disk"), "64k");
     let spool = disk.path.join("spool");
+    // `suffix` named: the test counts the `K#i` copies each publish queues.
     let config = format!(
         "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n[heal]\nspool_dir = \"{}\"\n\
          backoff_initial = \"50ms\"\nbackoff_cap = \"200ms\"\n\
-         [[family]]\nprefix = \"full:\"\ncopies = 4\nttl = \"10m\"\n",
+         [[family]]\nprefix = \"full:\"\ncopies = 4\nttl = \"10m\"\nplacement = \"suffix\"\n",
         server.url(),
         harness::command_timeout_toml(),
         spool.display()
@@ -269,10 +270,11 @@ fn refusing_server_with(
             tls.key_file.display().to_string()
         )
     });
+    // `suffix` named: the tests count and name the `K#i` copies each publish queues.
     let config = format!(
         "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n{tls_lines}[heal]\nspool_dir = \"{}\"\n\
          backoff_initial = \"50ms\"\nbackoff_cap = \"200ms\"\n\
-         [[family]]\nprefix = \"{prefix}\"\ncopies = 4\nttl = \"3650days\"\n",
+         [[family]]\nprefix = \"{prefix}\"\ncopies = 4\nttl = \"3650days\"\nplacement = \"suffix\"\n",
         server.url(),
         harness::command_timeout_toml(),
         spool.display()

@@ -352,10 +352,11 @@ impl Scrubber {
             () = shutdown.cancelled() => return false,
             () = walk.pacer.admit() => {}
         }
-        // A `spread` family's publishes write both namings: both are kept.
-        self.check(key, family, Placement::Suffix).await;
-        if family.placement == Placement::Spread {
-            self.check(key, family, Placement::Spread).await;
+        // The namings publishes write are kept: both while a `spread` family's compatibility
+        // window is open, the tagged ones only once it closed (its `K#i` is deleted, and a
+        // repair must not bring back a copy no publish keeps current, `layout::placing`).
+        for &placement in self.layouts.write_placements(family) {
+            self.check(key, family, placement).await;
         }
         self.status.tick(walk.started.elapsed());
         true

@@ -202,8 +202,8 @@ mod tests {
 
     fn families() -> Families {
         fixture::families(
-            "[default_family]\ncopies = 1\n[[family]]\nprefix = \"hot:\"\ncopies = 4\n[[family]]\nprefix = \"paused:\"\ncopies = 4\n[[family]]\nprefix = \"spread:\"\ncopies = 4\nplacement = \"spread\"\n\
-             [[family]]\nprefix = \"one:\"\ncopies = 1\nsplit = { mode = \"split\", max_copies = 8 }\n\
+            "[default_family]\ncopies = 1\n[[family]]\nprefix = \"hot:\"\ncopies = 4\nplacement = \"suffix\"\n[[family]]\nprefix = \"paused:\"\ncopies = 4\n[[family]]\nprefix = \"spread:\"\ncopies = 4\nplacement = \"spread\"\n\
+             [[family]]\nprefix = \"one:\"\ncopies = 1\nplacement = \"suffix\"\nsplit = { mode = \"split\", max_copies = 8 }\n\
              [[family]]\nprefix = \"watched:\"\ncopies = 1\nsplit = { mode = \"observe\", max_copies = 8 }\n",
         )
     }

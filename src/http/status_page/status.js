@@ -358,6 +358,7 @@
           el("td", family.family, { instance: id, field: "family", class: "key" }),
           cell(num(family.copies), id, "family-copies", { family: family.family }),
           cell(num(family.write_copies), id, "family-writes", { family: family.family }),
+          el("td", family.placement + " (window " + family.placement_window + ")", { instance: id, field: "family-placement", family: family.family, title: family.placement_reason }),
           cell(num(family.max_copies), id, "family-max-copies", { family: family.family }),
           el("td", layout, { instance: id, field: "family-layout", family: family.family, class: family.mismatch ? "bad" : "good" }),
           cell(num(family.ttl_ms / 1000, 1), id, "family-ttl", { family: family.family }),
