@@ -32,7 +32,7 @@ use crate::tls_pki::pki;
 // ---------------------------------------------------------------------------------------------
 
 /// The least-privilege user of `hotsplit serve`, without its password (`>...` is appended).
-const SERVE_ACL: &str = "on resetkeys ~*#* ~hotsplit:hb:* resetchannels -@all +fcall +function|load +function|list +function|delete +hmget +hget +hset +hdel +hgetall +eval +pexpireat +pexpire +pttl +incr +get +set +zadd +zrem +zrange +zremrangebyscore +time +del +scan +wait +ping +info +client|id +cluster|info +cluster|slots +cluster|nodes +readonly";
+const SERVE_ACL: &str = "on resetkeys ~*#* ~hotsplit:hb:* resetchannels -@all +fcall +function|load +function|list +function|delete +hmget +hget +hset +hdel +hgetall +eval +pexpireat +pexpire +pttl +incr +get +set +zadd +zrem +zrange +zremrangebyscore +time +del +scan +wait +ping +info +client|id +client|tracking +hello +cluster|info +cluster|slots +cluster|nodes +readonly";
 
 /// The read-only user of `hotsplit audit`, without its password.
 const AUDIT_ACL: &str =
