@@ -26,19 +26,21 @@ impl Ops {
     /// cached. An answer current before a change of the key this instance was already told of
     /// (a replica behind it, a near-cache entry filled before it) is not cached.
     pub fn lease(&self, key: &Key, answer: &ReadAnswer, now_ms: u64) -> Option<Duration> {
-        let (route, served_by, expire_at_ms) = match answer {
+        let (route, served_by, expire_at_ms, copy) = match answer {
             ReadAnswer::Value {
                 route,
                 served_by,
                 expire_at_ms,
+                copy,
                 ..
             }
             | ReadAnswer::NotModified {
                 route,
                 served_by,
                 expire_at_ms,
+                copy,
                 ..
-            } => (route, served_by, *expire_at_ms),
+            } => (route, served_by, *expire_at_ms, *copy),
         };
         let router = self.router();
         let bound = router.classes().get(route.class).near_cache?;
@@ -51,6 +53,12 @@ impl Ops {
             .checked_sub(age)
             .unwrap_or_else(tokio::time::Instant::now);
         if self.tracking().changed_after(key.as_str(), as_of) {
+            // A near-cache entry filled before the change would keep every answer from it
+            // uncacheable for its whole age: it is dropped (its floor record kept), so the
+            // next read refills it from a source current after the change.
+            if let (Some(near), Some(_)) = (self.reader().near_cache(), route.near_cache_age) {
+                near.drop_entry(self.reader().copy_key(key, copy).as_str());
+            }
             return None;
         }
         let left = Duration::from_millis(expire_at_ms.saturating_sub(now_ms));

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The most keys remembered.
-const MAX_KEYS: usize = 65_536;
+/// The most changes remembered (at most this many names of up to 512 bytes: about 10 MiB).
+const MAX_KEYS: usize = 16_384;
 
 /// How long a change is remembered: longer than any answer's age (a replica's lag is bounded
 /// by its class's budget; a near-cache entry's by its max age).
@@ -31,7 +31,12 @@ pub(super) struct Recent {
 impl Recent {
     /// `key` changed at `now`.
     pub(super) fn changed(&mut self, key: &str, now: Instant) {
-        let key: Arc<str> = Arc::from(key);
+        // A key changed again keeps its one allocation: a hot key changing fast costs an
+        // entry in the order, not a copy of its name each time.
+        let key: Arc<str> = match self.at.get_key_value(key) {
+            Some((shared, _)) => shared.clone(),
+            None => Arc::from(key),
+        };
         self.at.insert(key.clone(), now);
         self.order.push_back((now, key));
         while self.order.len() > MAX_KEYS

@@ -20,7 +20,9 @@ use crate::resp_conn::{command, rss_kib};
 /// How long a test waits for bytes it expects.
 const WITHIN: Duration = Duration::from_secs(10);
 
-/// The classes and families of these tests.
+/// The classes and families of these tests. `suffix` placement: a spread family's placement
+/// window closing mid-test deletes every key's `K#i`, which pushes every key (a placement change
+/// is a change), and these tests count pushes exactly.
 const FAMILIES: &str = r#"
 [classes.cached]
 route = "replica"
@@ -38,12 +40,14 @@ copies = 2
 ttl = "10m"
 versioning = "allocated"
 default_class = "cached"
+placement = "suffix"
 [[family]]
 prefix = "l:"
 copies = 2
 ttl = "10m"
 versioning = "allocated"
 default_class = "brief"
+placement = "suffix"
 [[family]]
 prefix = "p:"
 copies = 1
