@@ -5,7 +5,7 @@
 //!
 //! What the door sees is counted from `/metrics` (`hotsplit_resp_commands_total{command="get"}`):
 //! cached reads do not reach it, a cached answer is read again once per lease, a publish
-//! through the reading connection is seen by its very next read, a `primary` read is never
+//! (through the reading connection or another) is seen by its very next read, a `primary` read is never
 //! cached; and readers never go back while their key is healed by the retry queue,
 //! read-repaired, split and merged.
 
@@ -213,9 +213,11 @@ async fn cached_reads_stay_off_the_door_and_end_with_their_lease(lib: Lib, on_cl
     );
 }
 
-/// (c) and (d): each of 50 publishes through the reading connection is answered by its very
-/// next reads (the invalidation comes before the publish's reply), and every read of a key of
-/// the `primary` class reaches the door.
+/// (c) and (d): each of 50 publishes, every other one through the reading connection (its
+/// invalidation comes before the publish's reply) and the others through another connection
+/// (the publish is answered once the reading connection wrote the invalidation), is answered
+/// by the reader's very next reads from its cache; and every read of a key of the `primary`
+/// class reaches the door.
 async fn publishes_are_seen_at_once_and_primary_reads_never_cached(lib: Lib, on_cluster: bool) {
     let Some(command) = lib.command() else {
         return;

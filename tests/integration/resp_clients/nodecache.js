@@ -48,17 +48,21 @@ async function loop(client) {
 }
 
 async function publish(client) {
-  // As pycache.py: each publish through this connection, whose invalidation comes before the
-  // publish's reply; the next reads from the cache must answer the version just published.
+  // As pycache.py: every other publish through this connection, the others through another
+  // one without a cache; the next reads from the cache must answer the version just published.
+  const other = await connect(false);
   const count = Number(arg);
   for (let n = 1; n <= count; n += 1) {
-    await client.sendCommand(['HOTSPLIT.PUBLISH', key, String(n), `v${n}`]);
+    const publisher = n % 2 ? client : other;
+    await publisher.sendCommand(['HOTSPLIT.PUBLISH', key, String(n), `v${n}`]);
     for (let read = 0; read < 3; read += 1) {
       await tick();
       const got = await client.get(key);
-      if (got !== `v${n}`) throw new Error(`published v${n}, then read ${got}`);
+      const via = n % 2 ? 'the same' : 'another';
+      if (got !== `v${n}`) throw new Error(`published v${n} through ${via} connection, then read ${got}`);
     }
   }
+  await other.quit();
   return { published: count };
 }
 

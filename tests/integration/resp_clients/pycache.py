@@ -2,7 +2,7 @@
 # tests/integration/client_cache.rs and scripts/bench-client-cache.sh. Run as:
 #   python pycache.py PORT loop KEY SECONDS [nocache]  read KEY for SECONDS, print {"reads", "value"}
 #   python pycache.py PORT publish KEY COUNT           publish v1..vCOUNT, each read back at once
-#                                                      (through the same connection)
+#                                                      (through this or another connection)
 #   python pycache.py PORT monotonic KEY STOP_FILE     read KEY ("v<version>") until STOP_FILE
 #                                                      exists; versions must never go back
 #                                                      (error answers are counted)
@@ -38,13 +38,18 @@ if mode == "loop":
         reads += 1
     print(json.dumps({"reads": reads, "value": None if value is None else value.decode()}))
 elif mode == "publish":
-    # Each publish goes through this very connection: its invalidation is pushed before the
-    # publish's reply, so the next read from the cache must answer the version just published.
+    # Every other publish goes through this very connection (its invalidation comes before the
+    # publish's reply), the others through a second connection without a cache (the instance
+    # answers a publish once the reading connection wrote the invalidation): either way the
+    # next reads from the cache must answer the version just published.
+    other = redis.Redis(host="127.0.0.1", port=port, protocol=3)
     for n in range(1, int(sys.argv[4]) + 1):
-        r.execute_command("HOTSPLIT.PUBLISH", key, n, f"v{n}")
+        publisher = r if n % 2 else other
+        publisher.execute_command("HOTSPLIT.PUBLISH", key, n, f"v{n}")
         for _ in range(3):
             got = r.get(key)
-            assert got == f"v{n}".encode(), f"published v{n}, then read {got!r}"
+            via = "the same" if n % 2 else "another"
+            assert got == f"v{n}".encode(), f"published v{n} through {via} connection, then read {got!r}"
     print(json.dumps({"published": int(sys.argv[4])}))
 elif mode == "monotonic":
     # An error answer (a store node that did not answer) is counted, never cached, and the
