@@ -54,12 +54,14 @@ fi
 echo "test.sh: $("$HOTSPLIT_VALKEY_SERVER" --version)"
 
 # Redis clients nobody here wrote, for the RESP door's tests (tests/integration/resp_clients.rs):
-# redis-py from PyPI into a venv under target/, ioredis from npm under target/ (run by Debian's
-# node). The tests find them through HOTSPLIT_REDIS_PY (that venv's python) and
-# HOTSPLIT_IOREDIS_NODE_PATH (the node_modules folder), and with HOTSPLIT_REQUIRE_RESP_CLIENTS
-# set fail rather than skip when one is missing.
+# redis-py from PyPI into a venv under target/, ioredis and node-redis (npm `redis`, for
+# client-side caching: tests/integration/client_cache.rs) from npm under target/ (run by
+# Debian's node). The tests find them through HOTSPLIT_REDIS_PY (that venv's python) and
+# HOTSPLIT_IOREDIS_NODE_PATH (the node_modules folder holding both), and with
+# HOTSPLIT_REQUIRE_RESP_CLIENTS set fail rather than skip when one is missing.
 REDIS_PY_VERSION=8.1.0
 IOREDIS_VERSION=6.0.0
+NODE_REDIS_VERSION=5.12.4
 resp_py_venv=target/resp-py-venv
 resp_node=target/resp-node
 if [ -z "${HOTSPLIT_REDIS_PY:-}" ]; then
@@ -84,11 +86,16 @@ if [ -z "${HOTSPLIT_IOREDIS_NODE_PATH:-}" ]; then
         mkdir -p "$resp_node"
         npm install --silent --no-audit --no-fund --prefix "$resp_node" "ioredis@$IOREDIS_VERSION"
     fi
+    if [ "$(node -p "require('./$resp_node/node_modules/redis/package.json').version" 2>/dev/null)" != "$NODE_REDIS_VERSION" ]; then
+        echo "test.sh: installing redis@$NODE_REDIS_VERSION (npm, node-redis) into $resp_node ..."
+        mkdir -p "$resp_node"
+        npm install --silent --no-audit --no-fund --prefix "$resp_node" "redis@$NODE_REDIS_VERSION"
+    fi
     HOTSPLIT_IOREDIS_NODE_PATH="$(pwd)/$resp_node/node_modules"
     export HOTSPLIT_IOREDIS_NODE_PATH
 fi
 export HOTSPLIT_REQUIRE_RESP_CLIENTS=1
-echo "test.sh: redis-py $REDIS_PY_VERSION, ioredis $IOREDIS_VERSION, $(node --version)"
+echo "test.sh: redis-py $REDIS_PY_VERSION, ioredis $IOREDIS_VERSION, node-redis $NODE_REDIS_VERSION, $(node --version)"
 
 # The SDKs (tests/integration/sdk.rs), built and installed as their ecosystems do, from copies
 # under target/ so the source tree stays clean: sdk/python (pyproject.toml, setuptools) is

@@ -60,7 +60,7 @@ use super::slots::{Signal, Slot};
 use super::{After, ConnState, Door, Reply};
 use crate::deadline::Deadline;
 use crate::door::InFlightBound;
-use crate::tracking::{Close, Tracking};
+use crate::tracking::{Close, Outbox, Tracking};
 
 /// The reply to a command refused at `server.max_in_flight`.
 pub(super) const OVERLOADED: &str = "OVERLOADED too many requests in flight, retry later";
@@ -240,11 +240,14 @@ struct Registered {
     tracking: Arc<Tracking>,
     /// The connection.
     id: u64,
+    /// Its outbox: nobody waits for it to write once it closed.
+    outbox: Arc<Outbox>,
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
         self.tracking.close(self.id);
+        self.outbox.gone();
     }
 }
 
@@ -332,6 +335,7 @@ impl Connection {
             if !serving.output.is_empty() {
                 self.write(stream, &mut serving.output, serving.auth_deadline)
                     .await?;
+                serving.state.tracking.outbox.wrote();
             }
             if let Some(end) = end {
                 return Ok(end);
@@ -354,6 +358,7 @@ impl Connection {
         let registered = Registered {
             tracking,
             id: self.id,
+            outbox: state.tracking.outbox.clone(),
         };
         let authenticated = !self.must_authenticate(&state);
         self.slot.set_authenticated(authenticated);
@@ -409,6 +414,7 @@ impl Connection {
             if serving.output.len() >= max_output {
                 self.write(stream, &mut serving.output, serving.auth_deadline)
                     .await?;
+                serving.state.tracking.outbox.wrote();
             }
             if serving.auth_deadline.is_some_and(|at| at <= Instant::now()) {
                 return Ok((Some(self.auth_timeout(&mut serving.output)), parsed));

@@ -41,8 +41,14 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::{register, Metrics};
 
 pub use outbox::{Close, Drained, Outbox};
+
 use table::Table;
 pub use table::{Refused, Sent};
+
+/// How long a change waits for the connections it pushed to to write the invalidation
+/// ([`Told::written`]): an idle connection writes it at once; a busy one between its
+/// replies. A connection that writes nothing within it does not hold the change longer.
+pub const PUSH_WRITTEN_WITHIN: Duration = Duration::from_millis(100);
 
 tokio::task_local! {
     /// The connection whose command is running (a write's origin, for `NOLOOP`).
@@ -212,6 +218,33 @@ impl TrackingMetrics {
     }
 }
 
+/// The connections a change was pushed to, each with how many pushes its outbox had then.
+#[derive(Debug, Default)]
+pub struct Told(Vec<(Arc<Outbox>, u64)>);
+
+impl Told {
+    /// Whether no connection has to write anything.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Resolves once every connection told wrote the push to its socket (or closed), or
+    /// after [`PUSH_WRITTEN_WITHIN`]: a change's caller (a publish's reply) goes on once the
+    /// invalidation is on its way to every client, so a client that reads its cache on
+    /// another connection after the reply finds the invalidation there to read.
+    pub async fn written(self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let written = self
+            .0
+            .iter()
+            .map(|(outbox, pushed)| outbox.written(*pushed));
+        let all = futures_util::future::join_all(written);
+        let _ = tokio::time::timeout(PUSH_WRITTEN_WITHIN, all).await;
+    }
+}
+
 /// The instance's tracking table. Cheap to share (`Arc`).
 #[derive(Debug)]
 pub struct Tracking {
@@ -365,21 +398,38 @@ impl Tracking {
     }
 
     /// `keys` changed on this instance: every connection tracking one, and every `BCAST`
-    /// connection with a matching prefix, is pushed its invalidation.
-    pub fn changed<'a>(&self, keys: impl IntoIterator<Item = &'a str>) {
+    /// connection with a matching prefix, is pushed its invalidation. The answer waits until
+    /// those connections wrote it ([`Told::written`]).
+    pub fn changed<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> Told {
         let origin = origin();
         let now = tokio::time::Instant::now();
+        let mut told: Vec<Arc<Outbox>> = Vec::new();
         let mut table = self.lock();
         let mut recent = self
             .recent
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for key in keys {
-            table.changed(key, origin);
+            told.extend(table.changed(key, origin));
             recent.changed(key, now);
         }
         drop(recent);
         self.count(&mut table);
+        // The connection whose command made the change writes its pushes before that
+        // command's reply: nothing to wait for (it could not write them while it waits).
+        let own = origin.and_then(|id| table.own_outbox(id));
+        drop(table);
+        told.retain(|outbox| !own.as_ref().is_some_and(|own| Arc::ptr_eq(own, outbox)));
+        told.sort_by_key(Arc::as_ptr);
+        told.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        Told(
+            told.into_iter()
+                .map(|outbox| {
+                    let pushed = outbox.pushed();
+                    (outbox, pushed)
+                })
+                .collect(),
+        )
     }
 
     /// Whether `key` may have changed after `as_of` (the moment an answer was current): such

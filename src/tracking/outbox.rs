@@ -6,7 +6,7 @@
 //! closes (its client then flushes its cache, as every client does on a disconnect) rather
 //! than skip one; the keys after that are not kept, and no reply is written after them.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -24,6 +24,10 @@ pub struct Outbox {
     ready: AtomicBool,
     /// Wakes the connection's loop while it waits for input.
     notify: Notify,
+    /// How many pushes its connection wrote to its socket (`u64::MAX` once it closed).
+    written: AtomicU64,
+    /// Wakes those waiting for `written` ([`Outbox::written`]).
+    wrote: Notify,
 }
 
 /// The pushes of an outbox.
@@ -37,6 +41,10 @@ struct Pending {
     bytes: usize,
     /// Why the connection must close, when it must.
     close: Option<Close>,
+    /// How many pushes were ever added (a flush counts as one).
+    pushed: u64,
+    /// `pushed` when the connection last drained them.
+    drained: u64,
 }
 
 /// Why an outbox's connection must close.
@@ -89,6 +97,7 @@ impl Outbox {
         }
         pending.bytes = pending.bytes.saturating_add(key.len() + PUSH_OVERHEAD);
         pending.keys.push(key);
+        pending.pushed += 1;
         let overflowed = pending.bytes > max_bytes && pending.close.is_none();
         if overflowed {
             pending.close = Some(Close::Overflow);
@@ -105,6 +114,7 @@ impl Outbox {
         pending.flush = true;
         pending.keys.clear();
         pending.bytes = 0;
+        pending.pushed += 1;
         drop(pending);
         self.wake();
     }
@@ -131,7 +141,38 @@ impl Outbox {
             close: pending.close,
         };
         pending.bytes = 0;
+        pending.drained = pending.pushed;
         drained
+    }
+
+    /// How many pushes were ever added: once [`Outbox::written`] reaches it, every push made
+    /// so far is on the connection's socket.
+    pub fn pushed(&self) -> u64 {
+        self.lock().pushed
+    }
+
+    /// The connection wrote everything it drained to its socket.
+    pub fn wrote(&self) {
+        let drained = self.lock().drained;
+        self.written.fetch_max(drained, Ordering::AcqRel);
+        self.wrote.notify_waiters();
+    }
+
+    /// The connection closed: nothing more will be written, nobody waits for it.
+    pub fn gone(&self) {
+        self.written.store(u64::MAX, Ordering::Release);
+        self.wrote.notify_waiters();
+    }
+
+    /// Resolves once the connection wrote its first `pushed` pushes (or closed).
+    pub async fn written(&self, pushed: u64) {
+        loop {
+            let wrote = self.wrote.notified();
+            if self.written.load(Ordering::Acquire) >= pushed {
+                return;
+            }
+            wrote.await;
+        }
     }
 
     /// Resolves once something is pushed (or already waits).
@@ -197,5 +238,36 @@ mod tests {
         outbox.close(Close::RedirectGone);
         waiter.await.unwrap();
         assert_eq!(outbox.drain().close, Some(Close::RedirectGone));
+    }
+
+    #[tokio::test]
+    async fn written_resolves_once_the_pushes_before_it_are_written_or_the_connection_closed() {
+        let outbox = Outbox::new();
+        outbox.written(0).await;
+        outbox.push(Arc::from("a"), 1000);
+        let pushed = outbox.pushed();
+        assert_eq!(pushed, 1);
+        let waiter = {
+            let outbox = outbox.clone();
+            tokio::spawn(async move { outbox.written(pushed).await })
+        };
+        tokio::task::yield_now().await;
+        // Written before it was drained: not these pushes.
+        outbox.wrote();
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        outbox.drain();
+        outbox.push(Arc::from("b"), 1000);
+        outbox.wrote();
+        waiter.await.unwrap();
+        // "b" was pushed after the drain: waiting for it waits for the next write, or a close.
+        let waiter = {
+            let outbox = outbox.clone();
+            tokio::spawn(async move { outbox.written(2).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        outbox.gone();
+        waiter.await.unwrap();
     }
 }

@@ -5,8 +5,10 @@
 //! the client-side caches that may hold the key, without each path having to remember to.
 //!
 //! A change is told once the store answered, before the write's caller goes on: a publish's
-//! reply is written after every tracking connection of this instance was given the
-//! invalidation (each writes it between its own replies).
+//! reply is written after every tracking connection of this instance wrote the invalidation
+//! to its socket (each writes it between its own replies; waited for at most
+//! [`super::PUSH_WRITTEN_WITHIN`]), so a client that reads its cache on another connection
+//! after the reply finds the invalidation there.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -36,7 +38,11 @@ impl Noticing {
 
     /// Tells the table of the keys whose copies `writes` changed (`results`, in their order:
     /// the applied ones).
-    fn notice<'a>(&self, writes: &[CopyWrite], results: impl Iterator<Item = &'a WriteResult>) {
+    async fn notice<'a>(
+        &self,
+        writes: &[CopyWrite],
+        results: impl Iterator<Item = &'a WriteResult>,
+    ) {
         let keys: BTreeSet<&str> = writes
             .iter()
             .zip(results)
@@ -44,7 +50,7 @@ impl Noticing {
             .map(|(write, _)| write.copy_key.base())
             .collect();
         if !keys.is_empty() {
-            self.tracking.changed(keys);
+            self.tracking.changed(keys).written().await;
         }
     }
 }
@@ -61,7 +67,7 @@ impl CopyStore for Noticing {
     fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>> {
         Box::pin(async move {
             let results = self.inner.write_copies(writes).await;
-            self.notice(writes, results.iter());
+            self.notice(writes, results.iter()).await;
             results
         })
     }
@@ -77,7 +83,8 @@ impl CopyStore for Noticing {
                 .inner
                 .write_copies_synced(writes, replicas, timeout_ms)
                 .await;
-            self.notice(writes, results.iter().map(|(result, _)| result));
+            self.notice(writes, results.iter().map(|(result, _)| result))
+                .await;
             results
         })
     }
@@ -107,7 +114,7 @@ impl CopyStore for Noticing {
             // Told whatever the answer: a delete that failed on one node may have run on others.
             let keys: BTreeSet<&str> = copy_keys.iter().map(CopyKey::base).collect();
             if !keys.is_empty() {
-                self.tracking.changed(keys);
+                self.tracking.changed(keys).written().await;
             }
             deleted
         })

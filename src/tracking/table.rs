@@ -156,6 +156,11 @@ impl Table {
         self.open.insert(id, Arc::downgrade(outbox));
     }
 
+    /// The outbox of open connection `id`.
+    pub(super) fn own_outbox(&self, id: u64) -> Option<Arc<Outbox>> {
+        self.open.get(&id)?.upgrade()
+    }
+
     /// A connection closed: it tracks nothing more, and the connections redirecting to it are
     /// told to close.
     pub(super) fn close(&mut self, id: u64) {
@@ -365,7 +370,8 @@ impl Table {
     /// every connection tracking it is pushed its invalidation and tracks it no more, and
     /// every `BCAST` connection with a matching prefix is pushed it; a `NOLOOP` connection is
     /// pushed nothing for its own change.
-    pub(super) fn changed(&mut self, key: &str, origin: Option<u64>) {
+    /// Answers the outboxes it pushed to.
+    pub(super) fn changed(&mut self, key: &str, origin: Option<u64>) -> Vec<Arc<Outbox>> {
         let mut told: Vec<u64> = Vec::new();
         let mut pushes: Vec<(Arc<Outbox>, Arc<str>)> = Vec::new();
         if let Some((shared, ids)) = self.keys.remove_entry(key) {
@@ -403,9 +409,10 @@ impl Table {
                 pushes.push((tracker.dest.clone(), Arc::from(key)));
             }
         }
-        for (dest, key) in pushes {
-            self.push(&dest, &key, Cause::Change);
+        for (dest, key) in &pushes {
+            self.push(dest, key, Cause::Change);
         }
+        pushes.into_iter().map(|(dest, _)| dest).collect()
     }
 
     /// Every tracked key of a connection whose key starts with `prefix` is invalidated (a
@@ -418,7 +425,7 @@ impl Table {
             .cloned()
             .collect();
         for key in keys {
-            self.changed(&key, None);
+            let _told = self.changed(&key, None);
         }
     }
 

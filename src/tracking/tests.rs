@@ -40,6 +40,31 @@ fn a_tracked_key_is_pushed_once_when_it_changes_and_not_again_until_read_again()
     assert_eq!(tracking.lock().bytes(), 0);
 }
 
+#[tokio::test]
+async fn a_change_is_answered_once_the_connections_told_wrote_its_push() {
+    let (tracking, outbox) = tracking(Limits::default());
+    let seq = tracking.begin(1, "k").unwrap();
+    tracking.settle(1, "k", seq, Some(Duration::from_secs(10)));
+    let written = tokio::spawn(tracking.changed(["k"]).written());
+    tokio::task::yield_now().await;
+    assert!(
+        !written.is_finished(),
+        "answered before the push was written"
+    );
+    assert_eq!(keys(&outbox), ["k"]);
+    outbox.wrote();
+    written.await.unwrap();
+    // Nobody tracks it now: nothing to wait for.
+    assert!(tracking.changed(["k"]).is_empty());
+    // A change made by the tracking connection's own command: it writes the push before that
+    // command's reply, so nothing waits for it (it could not write while waited for).
+    let seq = tracking.begin(1, "k").unwrap();
+    tracking.settle(1, "k", seq, Some(Duration::from_secs(10)));
+    let told = as_origin(1, async { tracking.changed(["k"]) }).await;
+    assert!(told.is_empty());
+    assert_eq!(keys(&outbox), ["k"]);
+}
+
 #[test]
 fn a_change_while_the_read_runs_is_pushed_and_the_read_then_keeps_nothing() {
     let (tracking, outbox) = tracking(Limits::default());

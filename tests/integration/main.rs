@@ -10,6 +10,7 @@ mod auth;
 mod binary;
 mod browser;
 mod check;
+mod client_cache;
 mod client_cache_raw;
 mod client_lib;
 mod conformance;

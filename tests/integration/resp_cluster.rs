@@ -21,7 +21,7 @@ use crate::route::hmget_calls;
 const CLUSTER_FAMILIES: &str = "[[family]]\nprefix = \"rcc:\"\ncopies = 4\nttl = \"10m\"\n[[family]]\nprefix = \"rco:\"\ncopies = 1\nttl = \"10m\"\ndefault_class = \"decides-on-presence\"\n[[family]]\nprefix = \"rca:\"\ncopies = 4\nversioning = \"allocated\"\n[[family]]\nprefix = \"rcv:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"advisory\"\n";
 
 /// The `[store]` section of a service on `cluster`.
-fn store(cluster: &Cluster) -> String {
+pub(crate) fn store(cluster: &Cluster) -> String {
     format!(
         "[store]\nredis = \"{}\"\ncommand_timeout = \"{}\"\n",
         cluster.url(),
@@ -30,7 +30,7 @@ fn store(cluster: &Cluster) -> String {
 }
 
 /// Polls `/v1/lag` until every one of `cluster`'s three replicas has a measured current lag.
-async fn wait_for_measured_replicas(http: &reqwest::Client, base: &str) {
+pub(crate) async fn wait_for_measured_replicas(http: &reqwest::Client, base: &str) {
     poll(
         "the lag monitor measured the three replicas",
         Duration::from_secs(15),
