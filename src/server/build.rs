@@ -113,10 +113,13 @@ impl Recorded {
         // Every part writes copies through the tracking table's notice: a change made here
         // invalidates the client-side caches that may hold the key, whichever path made it.
         let tracking = Arc::new(Tracking::new(config.resp.tracking_limits(), Some(metrics)));
+        let unnoticed = copies.clone();
         let copies: Arc<dyn CopyStore> = Arc::new(Noticing::new(copies, tracking.clone()));
+        // The layout sweeps delete copies no reader is answered from (beyond a shrunk count,
+        // the names a closed placement window no longer writes): not a change of any key.
         let layout_stores = LayoutStores {
             layouts: layout_records,
-            copies: copies.clone(),
+            copies: unnoticed,
             fleet: fleet.clone(),
         };
         let liveness = Liveness {

@@ -7,7 +7,9 @@
 //!   replies (`resp::conn`).
 //! - [`store`]: the copy store every part writes through, which tells the table when a copy
 //!   of a key changed here (publish, invalidation, delete, retry-queue heal, read repair, the
-//!   scrub, a split's fill and merge, a resize's sweep).
+//!   scrub, a split's fill and merge). The layout sweeps (copies beyond a shrunk count, the
+//!   names a closed placement window no longer writes) delete copies no reader is answered
+//!   from, and go around it.
 //!
 //! # Invariants
 //! - **A lease bounds every cached answer.** A read settles its key with the lease the door
@@ -232,16 +234,31 @@ impl Told {
     /// after [`PUSH_WRITTEN_WITHIN`]: a change's caller (a publish's reply) goes on once the
     /// invalidation is on its way to every client, so a client that reads its cache on
     /// another connection after the reply finds the invalidation there to read.
+    ///
+    /// A connection that did not write within that bound is marked stalled, and no change
+    /// waits for it again until it has written everything it was given: a client that stops
+    /// reading costs one change one bound, not every change.
     pub async fn written(self) {
-        if self.0.is_empty() {
+        let waiting: Vec<(Arc<Outbox>, u64)> = self
+            .0
+            .into_iter()
+            .filter(|(outbox, _)| !outbox.is_stalled())
+            .collect();
+        if waiting.is_empty() {
             return;
         }
-        let written = self
-            .0
+        let written = waiting
             .iter()
             .map(|(outbox, pushed)| outbox.written(*pushed));
         let all = futures_util::future::join_all(written);
-        let _ = tokio::time::timeout(PUSH_WRITTEN_WITHIN, all).await;
+        if tokio::time::timeout(PUSH_WRITTEN_WITHIN, all)
+            .await
+            .is_err()
+        {
+            for (outbox, pushed) in &waiting {
+                outbox.stall_unless_written(*pushed);
+            }
+        }
     }
 }
 

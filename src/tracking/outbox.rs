@@ -28,6 +28,9 @@ pub struct Outbox {
     written: AtomicU64,
     /// Wakes those waiting for `written` ([`Outbox::written`]).
     wrote: Notify,
+    /// A wait for its writes timed out and it has not caught up since: changes do not wait
+    /// for it (one client that stops reading must not slow every publish).
+    stalled: AtomicBool,
 }
 
 /// The pushes of an outbox.
@@ -153,9 +156,28 @@ impl Outbox {
 
     /// The connection wrote everything it drained to its socket.
     pub fn wrote(&self) {
-        let drained = self.lock().drained;
+        let (drained, pushed) = {
+            let pending = self.lock();
+            (pending.drained, pending.pushed)
+        };
         self.written.fetch_max(drained, Ordering::AcqRel);
+        if drained >= pushed {
+            self.stalled.store(false, Ordering::Release);
+        }
         self.wrote.notify_waiters();
+    }
+
+    /// Whether changes skip waiting for it ([`Outbox::stall_unless_written`]).
+    pub fn is_stalled(&self) -> bool {
+        self.stalled.load(Ordering::Acquire)
+    }
+
+    /// After a wait for its first `pushed` pushes timed out: marks it stalled unless they
+    /// were written meanwhile.
+    pub fn stall_unless_written(&self, pushed: u64) {
+        if self.written.load(Ordering::Acquire) < pushed {
+            self.stalled.store(true, Ordering::Release);
+        }
     }
 
     /// The connection closed: nothing more will be written, nobody waits for it.

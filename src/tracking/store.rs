@@ -1,7 +1,7 @@
 //! The copy store every part of the instance writes through ([`Noticing`]): after a write or
 //! a delete it tells the tracking table which logical keys changed, so every path that changes
 //! a copy here (a publish, an invalidation, a delete, a retry-queue heal, read repair, the
-//! scrub, a split's fill and merge, a resize's sweep, a placement switch's delete) invalidates
+//! scrub, a split's fill and merge) invalidates
 //! the client-side caches that may hold the key, without each path having to remember to.
 //!
 //! A change is told once the store answered, before the write's caller goes on: a publish's

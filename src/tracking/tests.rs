@@ -282,3 +282,21 @@ fn maps_give_back_the_room_of_keys_no_longer_tracked() {
     assert_eq!(table.tracked(), 10);
     assert!(table.room() <= 256, "room for {} entries", table.room());
 }
+
+#[tokio::test]
+async fn a_connection_that_does_not_write_is_waited_for_once_then_skipped_until_it_catches_up() {
+    use futures_util::FutureExt;
+    let (tracking, outbox) = tracking(Limits::default());
+    let seq = tracking.begin(1, "k").unwrap();
+    tracking.settle(1, "k", seq, Some(Duration::from_secs(10)));
+    // The connection never writes: the first change waits out the bound and marks it.
+    tracking.changed(["k"]).written().await;
+    assert!(outbox.is_stalled());
+    let seq = tracking.begin(1, "k").unwrap();
+    tracking.settle(1, "k", seq, Some(Duration::from_secs(10)));
+    assert_eq!(tracking.changed(["k"]).written().now_or_never(), Some(()));
+    // Once it wrote everything it was given, changes wait for it again.
+    outbox.drain();
+    outbox.wrote();
+    assert!(!outbox.is_stalled());
+}

@@ -25,9 +25,11 @@ use crate::resp_cluster::{store, wait_for_measured_replicas};
 /// The classes: `cached` (replica reads, a 1 s lease), `cached10` (a 10 s lease).
 const CLASSES: &str = "[classes.cached]\nroute = \"replica\"\nreason = \"client-side caching tests\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"1s\"\n[classes.cached10]\nroute = \"replica\"\nreason = \"client-side caching tests, long leases\"\nstaleness_budget = \"30s\"\nnear_cache_max_age = \"10s\"\n";
 
-/// The families: `csc:` read as `cached`, `csl:` as `cached10`, `csp:` as `primary` (the
+/// The families (`csl:` named `suffix`: a new family's spread placement switches its reads to
+/// the tagged names once, a read repair refills them, and that write invalidates the key once,
+/// which the ten-second lease test counts): `csc:` read as `cached`, `csl:` as `cached10`, `csp:` as `primary` (the
 /// default class).
-const CACHE_FAMILIES: &str = "[[family]]\nprefix = \"csc:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"cached\"\n[[family]]\nprefix = \"csl:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"cached10\"\n[[family]]\nprefix = \"csp:\"\ncopies = 4\nttl = \"10m\"\n";
+const CACHE_FAMILIES: &str = "[[family]]\nprefix = \"csc:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"cached\"\n[[family]]\nprefix = \"csl:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"cached10\"\nplacement = \"suffix\"\n[[family]]\nprefix = \"csp:\"\ncopies = 4\nttl = \"10m\"\n";
 
 /// A client library with client-side caching.
 #[derive(Debug, Clone, Copy)]
