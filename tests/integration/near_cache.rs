@@ -113,8 +113,15 @@ async fn a_floor_above_the_entry_pins_and_decisions_go_to_redis() {
     let port = server.node.port();
     // Entries that stay young: with `advisory`'s 125 ms, a loaded machine let this instance's
     // entry age out and refill at 2 before the floor read, which the entry then answered.
-    let service = Service::start(config(&server.url(), 4, "patient", PATIENT)).await;
-    let other = Service::start(config(&server.url(), 4, "patient", PATIENT)).await;
+    // Without the invalidation feed: the other instance's publish must leave this instance's
+    // entry stale (the feed would drop it at once, `feed::`), so the floor rule is what serves 2.
+    let unfed = || {
+        let mut config = config(&server.url(), 4, "patient", PATIENT);
+        config.feed.disabled = true;
+        config
+    };
+    let service = Service::start(unfed()).await;
+    let other = Service::start(unfed()).await;
     let http = reqwest::Client::new();
     let base = &service.base;
     publish_expecting(&http, base, Edit::new("nc:floor", 1, "one"), StatusCode::OK).await;
