@@ -188,22 +188,28 @@ impl Lifecycle<String, Arc<Entry>> for OnEntryEvict {
         // Runs under the entry cache's shard lock; the record cache has locks of its own and
         // never calls back, so the two never wait on each other in opposite orders.
         self.metrics.evicted(EvictionCause::Capacity);
-        let now_ms = now_unix_ms();
-        if entry.record.expire_at_ms > now_ms {
-            self.sketch.record(
-                &key,
-                entry.record.version,
-                entry.record.expire_at_ms,
-                now_ms,
-            );
-            self.marks.insert(
-                key,
-                Mark {
-                    version: Some(entry.record.version),
-                    expire_at_ms: entry.record.expire_at_ms,
-                },
-            );
-        }
+        keep_mark(&self.marks, &self.sketch, key, &entry);
+    }
+}
+
+/// Keeps the version of `entry`, leaving the cache under `key`, as a high-water record and in
+/// the sketch (until its copy expires): a later fill never goes below it.
+fn keep_mark(marks: &Marks, sketch: &MaxSketch, key: String, entry: &Entry) {
+    let now_ms = now_unix_ms();
+    if entry.record.expire_at_ms > now_ms {
+        sketch.record(
+            &key,
+            entry.record.version,
+            entry.record.expire_at_ms,
+            now_ms,
+        );
+        marks.insert(
+            key,
+            Mark {
+                version: Some(entry.record.version),
+                expire_at_ms: entry.record.expire_at_ms,
+            },
+        );
     }
 }
 
@@ -546,7 +552,7 @@ impl NearCache {
         let stripe = self.stripe(copy_key);
         let guard = stripe.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((key, entry)) = self.entries.remove(copy_key) {
-            self.keep_mark(key, &entry);
+            keep_mark(&self.marks, &self.sketch, key, &entry);
         }
         drop(guard);
         self.update_gauges();
@@ -560,26 +566,6 @@ impl NearCache {
             self.drop_entry(key);
         }
         keys.len()
-    }
-
-    /// Keeps a dropped entry's version in the records and the sketch.
-    fn keep_mark(&self, key: String, entry: &Entry) {
-        let now_ms = now_unix_ms();
-        if entry.record.expire_at_ms > now_ms {
-            self.sketch.record(
-                &key,
-                entry.record.version,
-                entry.record.expire_at_ms,
-                now_ms,
-            );
-            self.marks.insert(
-                key,
-                Mark {
-                    version: Some(entry.record.version),
-                    expire_at_ms: entry.record.expire_at_ms,
-                },
-            );
-        }
     }
 
     /// The fill of `copy_key` from `source` in flight, or a new one from `start`; `true` when
