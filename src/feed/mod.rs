@@ -102,7 +102,7 @@ struct CauseLabels {
 struct FeedMetrics {
     /// Flushes, indexed like [`FlushCause::ALL`].
     flushes: Box<[Counter]>,
-    /// Feed connections made again after one closed or failed.
+    /// Feed connections made again to a primary whose feed had closed.
     reconnects: Counter,
     /// Feed connections open.
     connections: Gauge,
