@@ -39,7 +39,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 pub use config::FeedConfig;
@@ -48,6 +47,7 @@ use crate::key::CopyKey;
 use crate::metrics::{register, register_with_unit, Metrics};
 use crate::near::NearCache;
 use crate::store::{FeedEvent, FeedStore, NodeLabel, TopologyStore};
+pub use crate::tracking::feed_state::{FeedState, FeedView};
 use crate::tracking::Tracking;
 
 /// The prefix of every heartbeat key (`store::redis::topology`): a push of one is a proof.
@@ -173,51 +173,6 @@ struct Link {
     closed: AtomicBool,
     /// A heartbeat write is in flight.
     writing: AtomicBool,
-}
-
-/// What the status views show of the feed.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct FeedView {
-    /// Whether the feed runs (Redis, and `feed.disabled` unset).
-    pub enabled: bool,
-    /// Whether every primary's feed is current; leases are capped at `max_silence_ms` when not.
-    pub up: bool,
-    /// `feed.max_silence` in force, in ms.
-    pub max_silence_ms: u64,
-    /// Each primary's feed: its node and how old its last proof is, in ms (`None`: none yet or
-    /// closed).
-    pub primaries: Vec<(String, Option<u64>)>,
-}
-
-/// The feed's shared state: what the views and the lease cap read.
-#[derive(Debug, Default)]
-pub struct FeedState {
-    /// The view, refreshed every tick.
-    view: std::sync::Mutex<Option<FeedView>>,
-}
-
-impl FeedState {
-    /// What `/v1/feed` and the status page show.
-    pub fn view(&self) -> FeedView {
-        self.view
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-            .unwrap_or(FeedView {
-                enabled: false,
-                up: false,
-                max_silence_ms: 0,
-                primaries: Vec::new(),
-            })
-    }
-
-    /// Stores `view`.
-    fn set(&self, view: FeedView) {
-        *self
-            .view
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(view);
-    }
 }
 
 /// What the feed tells when a change arrives.

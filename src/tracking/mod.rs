@@ -24,6 +24,7 @@
 //!   forgets one. Tests: `tracking::tests::…`.
 //! - **One-shot.** An invalidated key is tracked again only when read again.
 
+pub mod feed_state;
 pub mod outbox;
 mod recent;
 pub mod store;
@@ -278,7 +279,7 @@ pub struct Tracking {
     lease_cap_us: std::sync::atomic::AtomicU64,
     /// The invalidation feed's state (`crate::feed`), which tells whether changes made through
     /// other instances reach this table.
-    feed: Arc<crate::feed::FeedState>,
+    feed: Arc<feed_state::FeedState>,
     /// When each key changed lately (here or, by the feed, elsewhere).
     recent: Mutex<recent::Recent>,
 }
@@ -309,7 +310,7 @@ impl Tracking {
     }
 
     /// The invalidation feed's state.
-    pub fn feed(&self) -> &Arc<crate::feed::FeedState> {
+    pub fn feed(&self) -> &Arc<feed_state::FeedState> {
         &self.feed
     }
 
