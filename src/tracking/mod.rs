@@ -23,6 +23,10 @@
 //!   connection; a table over a bound invalidates keys (pushes them) to make room, never
 //!   forgets one. Tests: `tracking::tests::…`.
 //! - **One-shot.** An invalidated key is tracked again only when read again.
+//! - **A read across a flush stays tracked after its reply** (node-redis keeps such an answer
+//!   where no push before or with its reply reaches it): `table::Table::flush_all`. Tests:
+//!   `tracking::tests::a_read_in_flight_across_a_flush_…`,
+//!   `client_cache::a_flush_while_node_redis_reads_…`.
 
 pub mod feed_state;
 pub mod outbox;

@@ -35,9 +35,40 @@ fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
     }
 }
 
+/// The lease of a read in flight across a null invalidation whose answer may not be cached, or
+/// whose key changed while it ran: its key is pushed then, once more (see
+/// [`Table::flush_all`]). Longer than a loaded client's pause between two reads of its socket
+/// (a push read with the reply does not reach such an answer); short, since the answer is
+/// one a client should not keep.
+pub(super) const ACROSS_FLUSH_LEASE: Duration = Duration::from_millis(250);
+
 /// How long a key read but not answered yet stays tracked at most: the read settles it
 /// ([`Table::settle`]) long before.
 const PENDING_HOLD: Duration = Duration::from_secs(3600);
+
+/// Where one tracked key of one connection stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Read, not answered yet ([`Table::begin`]).
+    Reading,
+    /// Read, not answered yet, and every key was flushed meanwhile ([`Table::flush_all`]):
+    /// it stays tracked after its reply, whatever that answered (see there).
+    ReadingAcrossFlush,
+    /// As `ReadingAcrossFlush`, and its key changed meanwhile.
+    ChangedAcrossFlush,
+    /// Answered with a lease.
+    Leased,
+}
+
+/// One tracked key of one connection: its entry in [`Table::leases`] (until when, its
+/// sequence number) and where it stands.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// Its key in [`Table::leases`].
+    at: (Instant, u64),
+    /// Where it stands.
+    state: State,
+}
 
 /// One tracking connection.
 #[derive(Debug)]
@@ -47,7 +78,7 @@ struct Tracker {
     /// Its mode.
     mode: Mode,
     /// The keys it tracks: until when, and the sequence number of that entry.
-    tracked: HashMap<Arc<str>, (Instant, u64)>,
+    tracked: HashMap<Arc<str>, Entry>,
     /// The bytes `tracked` is counted for.
     bytes: usize,
 }
@@ -237,8 +268,8 @@ impl Table {
         let Some(tracker) = self.conns.remove(&id) else {
             return;
         };
-        for (key, (until, seq)) in tracker.tracked {
-            self.leases.remove(&(until, seq));
+        for (key, entry) in tracker.tracked {
+            self.leases.remove(&entry.at);
             self.unindex(&key, id);
         }
         self.bytes = self.bytes.saturating_sub(tracker.bytes);
@@ -276,19 +307,23 @@ impl Table {
         self.seq += 1;
         let seq = self.seq;
         let until = Instant::now() + PENDING_HOLD;
-        self.set(id, &key, until, seq);
+        self.set(id, &key, until, seq, State::Reading);
         self.make_room(id, &key);
         Some(seq)
     }
 
-    /// Sets `id`'s entry for `key` to end at `until` (its number `seq`), counting it.
-    fn set(&mut self, id: u64, key: &Arc<str>, until: Instant, seq: u64) {
+    /// Sets `id`'s entry for `key` to end at `until` (its number `seq`) in `state`, counting it.
+    fn set(&mut self, id: u64, key: &Arc<str>, until: Instant, seq: u64, state: State) {
         let Some(tracker) = self.conns.get_mut(&id) else {
             return;
         };
-        match tracker.tracked.insert(key.clone(), (until, seq)) {
+        let entry = Entry {
+            at: (until, seq),
+            state,
+        };
+        match tracker.tracked.insert(key.clone(), entry) {
             Some(before) => {
-                self.leases.remove(&before);
+                self.leases.remove(&before.at);
             }
             None => {
                 let cost = key.len() + ENTRY_OVERHEAD;
@@ -330,40 +365,46 @@ impl Table {
 
     /// Settles the read of `key` that [`Table::begin`] numbered `seq`: with a lease, the key
     /// stays tracked until it ends; without one (an answer that must not be cached), it is
-    /// invalidated now, before the reply. Nothing when the entry was invalidated meanwhile.
+    /// invalidated now, before the reply. A read in flight across a null invalidation stays
+    /// tracked either way (see [`Table::flush_all`]): with its lease, or, without one or when
+    /// its key changed meanwhile, pushed now and again after [`ACROSS_FLUSH_LEASE`]. Nothing
+    /// when the entry was invalidated meanwhile.
     pub(super) fn settle(&mut self, id: u64, key: &str, seq: u64, lease: Option<Duration>) {
         let Some(tracker) = self.conns.get(&id) else {
             return;
         };
-        let Some((shared, (_, current))) = tracker.tracked.get_key_value(key) else {
+        let Some((shared, entry)) = tracker.tracked.get_key_value(key) else {
             return;
         };
-        if *current != seq {
+        if entry.at.1 != seq {
             return;
         }
+        let state = entry.state;
+        let dest = tracker.dest.clone();
         let shared = shared.clone();
-        match lease.filter(|lease| !lease.is_zero()) {
-            Some(lease) => self.set(id, &shared, Instant::now() + lease, seq),
-            None => self.invalidate_one(id, &shared, Cause::Uncacheable),
-        }
+        let lease = lease.filter(|lease| !lease.is_zero());
+        let lease = match (state, lease) {
+            (State::Reading | State::Leased, Some(lease)) => lease,
+            (State::Reading | State::Leased, None) => {
+                return self.invalidate_one(id, &shared, Cause::Uncacheable);
+            }
+            (State::ReadingAcrossFlush, Some(lease)) => lease,
+            (State::ReadingAcrossFlush, None) => {
+                self.push(&dest, &shared, Cause::Uncacheable);
+                ACROSS_FLUSH_LEASE
+            }
+            (State::ChangedAcrossFlush, lease) => {
+                lease.map_or(ACROSS_FLUSH_LEASE, |lease| lease.min(ACROSS_FLUSH_LEASE))
+            }
+        };
+        self.set(id, &shared, Instant::now() + lease, seq, State::Leased);
     }
 
     /// Untracks `key` for `id` and pushes its invalidation.
     fn invalidate_one(&mut self, id: u64, key: &Arc<str>, cause: Cause) {
-        let Some(tracker) = self.conns.get_mut(&id) else {
-            return;
-        };
-        let Some(entry) = tracker.tracked.remove(key) else {
-            return;
-        };
-        shrink(&mut tracker.tracked);
-        let cost = key.len() + ENTRY_OVERHEAD;
-        tracker.bytes = tracker.bytes.saturating_sub(cost);
-        self.bytes = self.bytes.saturating_sub(cost);
-        self.leases.remove(&entry);
-        let dest = tracker.dest.clone();
-        self.unindex(key, id);
-        self.push(&dest, key, cause);
+        if let Some(dest) = self.forget(id, key) {
+            self.push(&dest, key, cause);
+        }
     }
 
     /// `key` changed (through `origin`, the connection whose command changed it, if any):
@@ -376,10 +417,27 @@ impl Table {
         let mut pushes: Vec<(Arc<Outbox>, Arc<str>)> = Vec::new();
         if let Some((shared, ids)) = self.keys.remove_entry(key) {
             shrink(&mut self.keys);
+            let mut kept = Vec::new();
             for id in ids {
                 let Some(tracker) = self.conns.get_mut(&id) else {
                     continue;
                 };
+                if let Some(entry) = tracker.tracked.get_mut(key).filter(|entry| {
+                    matches!(
+                        entry.state,
+                        State::ReadingAcrossFlush | State::ChangedAcrossFlush
+                    )
+                }) {
+                    // Pushed now, and tracked on: its answer gets a push after its reply
+                    // (`settle`).
+                    entry.state = State::ChangedAcrossFlush;
+                    kept.push(id);
+                    told.push(id);
+                    if !(tracker.mode.noloop && origin == Some(id)) {
+                        pushes.push((tracker.dest.clone(), shared.clone()));
+                    }
+                    continue;
+                }
                 let Some(entry) = tracker.tracked.remove(key) else {
                     continue;
                 };
@@ -387,12 +445,15 @@ impl Table {
                 let cost = shared.len() + ENTRY_OVERHEAD;
                 tracker.bytes = tracker.bytes.saturating_sub(cost);
                 self.bytes = self.bytes.saturating_sub(cost);
-                self.leases.remove(&entry);
+                self.leases.remove(&entry.at);
                 told.push(id);
                 if tracker.mode.noloop && origin == Some(id) {
                     continue;
                 }
                 pushes.push((tracker.dest.clone(), shared.clone()));
+            }
+            if !kept.is_empty() {
+                self.keys.insert(shared, kept);
             }
         }
         for id in &self.bcast {
@@ -448,19 +509,46 @@ impl Table {
         }
     }
 
-    /// Pushes a null invalidation to every tracking connection and forgets every key.
+    /// Pushes a null invalidation to every tracking connection and forgets every key answered
+    /// already. A key read but not answered yet stays tracked, marked, and is tracked on after
+    /// its reply whatever that answered ([`Table::settle`]), as Redis tracks a key read after a
+    /// flush: node-redis 5 empties its cache on a null invalidation but keeps the read it has
+    /// in flight, no longer indexed by its key, so a push of that key before or with the reply
+    /// does not reach it, and it caches the answer with no expiry. Only a push read after it
+    /// was cached does: its lease's, or [`ACROSS_FLUSH_LEASE`]'s when it had none or its key
+    /// changed meanwhile.
     pub(super) fn flush_all(&mut self) -> u64 {
         let mut told = 0;
-        for tracker in self.conns.values_mut() {
+        let mut forgotten: Vec<(u64, Arc<str>)> = Vec::new();
+        for (id, tracker) in &mut self.conns {
             tracker.dest.push_flush();
-            tracker.tracked.clear();
-            tracker.bytes = 0;
+            for (key, entry) in &mut tracker.tracked {
+                match entry.state {
+                    State::Leased => forgotten.push((*id, key.clone())),
+                    State::Reading => entry.state = State::ReadingAcrossFlush,
+                    State::ReadingAcrossFlush | State::ChangedAcrossFlush => {}
+                }
+            }
             told += 1;
         }
-        self.keys.clear();
-        self.leases.clear();
-        self.bytes = 0;
+        for (id, key) in forgotten {
+            let _dest = self.forget(id, &key);
+        }
         self.sent.by_cause[Cause::Flush as usize] += told;
         told
+    }
+
+    /// Untracks `key` for `id` without a push; answers where its pushes went, if it was tracked.
+    fn forget(&mut self, id: u64, key: &Arc<str>) -> Option<Arc<Outbox>> {
+        let tracker = self.conns.get_mut(&id)?;
+        let entry = tracker.tracked.remove(key)?;
+        shrink(&mut tracker.tracked);
+        let cost = key.len() + ENTRY_OVERHEAD;
+        tracker.bytes = tracker.bytes.saturating_sub(cost);
+        self.bytes = self.bytes.saturating_sub(cost);
+        self.leases.remove(&entry.at);
+        let dest = tracker.dest.clone();
+        self.unindex(key, id);
+        Some(dest)
     }
 }

@@ -234,6 +234,63 @@ fn a_flush_reaches_every_tracking_connection_and_empties_the_table() {
     assert_eq!(tracking.lock().tracked(), 0);
 }
 
+/// node-redis 5 empties its cache on a null invalidation but keeps the read it has in flight,
+/// no longer indexed by its key, and caches that answer with no expiry; only a push read after
+/// that reaches it. A key read across a flush stays tracked after its reply: with its lease;
+/// without one (pushed now too) or when it changed meanwhile (pushed then too), for
+/// `ACROSS_FLUSH_LEASE`. A key read after the flush is as before.
+#[tokio::test]
+async fn a_read_in_flight_across_a_flush_stays_tracked_after_its_reply() {
+    let (tracking, outbox) = tracking(Limits::default());
+    let clock = tokio::spawn(tracking.clone().run_clock(CancellationToken::new()));
+    let settled = tracking.begin(1, "settled").unwrap();
+    tracking.settle(1, "settled", settled, Some(Duration::from_secs(5)));
+    let leased = tracking.begin(1, "leased").unwrap();
+    let uncacheable = tracking.begin(1, "uncacheable").unwrap();
+    let changing = tracking.begin(1, "changing").unwrap();
+    assert_eq!(tracking.flush_all(), 1);
+    let drained = outbox.drain();
+    assert!(drained.flush && drained.keys.is_empty());
+    assert_eq!(
+        tracking.lock().tracked(),
+        3,
+        "the reads in flight stay tracked"
+    );
+
+    let _told = tracking.changed(["changing"]);
+    assert_eq!(keys(&outbox), ["changing"], "a change is pushed at once");
+    tracking.settle(1, "changing", changing, Some(Duration::from_secs(5)));
+    tracking.settle(1, "leased", leased, Some(Duration::from_millis(600)));
+    tracking.settle(1, "uncacheable", uncacheable, None);
+    assert_eq!(keys(&outbox), ["uncacheable"], "pushed before its reply");
+    assert_eq!(tracking.lock().tracked(), 3, "and each tracked on");
+
+    let settled_at = tokio::time::Instant::now();
+    let mut pushed = Vec::new();
+    while pushed.len() < 2 {
+        outbox.ready().await;
+        pushed.extend(keys(&outbox));
+    }
+    assert!(settled_at.elapsed() >= table::ACROSS_FLUSH_LEASE);
+    pushed.sort();
+    assert_eq!(pushed, ["changing", "uncacheable"]);
+    outbox.ready().await;
+    assert_eq!(keys(&outbox), ["leased"]);
+    assert!(settled_at.elapsed() >= Duration::from_millis(600));
+    assert_eq!(tracking.lock().tracked(), 0);
+    assert_eq!(tracking.lock().bytes(), 0);
+
+    let again = tracking.begin(1, "uncacheable").unwrap();
+    tracking.settle(1, "uncacheable", again, None);
+    assert_eq!(keys(&outbox), ["uncacheable"]);
+    assert_eq!(
+        tracking.lock().tracked(),
+        0,
+        "a read after the flush is as before"
+    );
+    clock.abort();
+}
+
 #[test]
 fn a_connection_past_its_push_bound_is_one_overflow_and_keeps_every_key_up_to_it() {
     let limits = Limits {

@@ -17,7 +17,7 @@ use crate::resp_clients::{assert_ok, client, scripts, serve};
 const FEED_FAMILY: &str = "[classes.feed10]\nroute = \"replica\"\nreason = \"feed test: ten seconds is long enough to see the feed beat the lease\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"10s\"\n[[family]]\nprefix = \"fd:\"\ncopies = 4\nversioning = \"allocated\"\ndefault_class = \"feed10\"\n";
 
 /// The built-in replica classes with leases of seconds (their defaults: 125 ms and 1 s).
-const PATIENT_CLASSES: &str = "[classes.advisory]\nroute = \"replica\"\nreason = \"feed test\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"5s\"\n[classes.re-derivable]\nroute = \"replica\"\nreason = \"feed test\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"5s\"\n";
+pub(crate) const PATIENT_CLASSES: &str = "[classes.advisory]\nroute = \"replica\"\nreason = \"feed test\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"5s\"\n[classes.re-derivable]\nroute = \"replica\"\nreason = \"feed test\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"5s\"\n";
 
 /// The `[store]` section for `url`.
 fn store(url: &str) -> String {
@@ -36,7 +36,7 @@ fn counter(text: &str, series: &str) -> f64 {
 
 /// Polls until `/metrics` of `base` shows a feed open to each of the three primaries (whether
 /// each is current at a given moment depends on the machine's load: a silence is flushed).
-async fn wait_feed_up(base: &str) {
+pub(crate) async fn wait_feed_up(base: &str) {
     let http = reqwest::Client::new();
     poll(
         "a feed to every primary",

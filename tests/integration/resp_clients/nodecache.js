@@ -1,8 +1,8 @@
 // node-redis 5's client-side caching (BasicClientSideCache, RESP3) against hotsplit's RESP
 // port, for tests/integration/client_cache.rs and scripts/bench-client-cache.sh. Run as
 // `node nodecache.js PORT MODE KEY ARG [nocache]` with NODE_PATH naming a node_modules with
-// `redis`; the modes are pycache.py's (loop, publish, monotonic). It prints one JSON line, then
-// "ok".
+// `redis`; the modes are pycache.py's (loop, publish, monotonic) and `inflight` (below). It
+// prints one JSON line, then "ok".
 //
 // Every read yields to the event loop first (setImmediate): node-redis answers a cache hit
 // without I/O, so a loop of `await client.get(k)` alone never lets the event loop read the
@@ -91,9 +91,33 @@ async function monotonic(client) {
   return { reads, errors, last, versions: seen.size };
 }
 
+async function inflight(client) {
+  // Connected, waits for the file ARG; then writes ARG.reading and reads until it reads v2, for
+  // at most 20 s. The
+  // test holds the first read in flight while every key is flushed (a null invalidation):
+  // node-redis then empties its cache but keeps that read, and caches its answer.
+  while (!fs.existsSync(arg)) await new Promise((resolve) => setTimeout(resolve, 5));
+  // node-redis waits for a reconnect forever: a door gone (a failed test) must not hold this.
+  setTimeout(() => process.exit(3), 30000).unref();
+  const end = Date.now() + 20000;
+  let reads = 0;
+  let last = 0;
+  const seen = new Set();
+  while (last < 2 && Date.now() < end) {
+    await tick();
+    if (reads === 0) fs.writeFileSync(`${arg}.reading`, '');
+    reads += 1;
+    const got = version(await client.get(key));
+    if (got < last) throw new Error(`read v${got} after v${last} (read ${reads})`);
+    last = got;
+    seen.add(got);
+  }
+  return { reads, last, versions: seen.size };
+}
+
 async function main() {
   const client = await connect(cached);
-  const modes = { loop, publish, monotonic };
+  const modes = { loop, publish, monotonic, inflight };
   if (!modes[mode]) throw new Error(`unknown mode ${mode}`);
   const result = await modes[mode](client);
   console.log(JSON.stringify(result));
