@@ -416,7 +416,7 @@ const NEAR_CACHE_MODES: [Mode; 3] = [Mode::Affine, Mode::Floor, Mode::Resp];
 
 /// The phases `options` asks for, in order, each as its mode and whether it runs against the
 /// near-cache experiment: without `--mode`, every mode of [`Mode::ALL`] then the near-cache
-/// modes; with it, the named ones only, in that order. `client-cache` runs only against the
+/// modes; with it, only the named ones, in that same order. `client-cache` runs only against the
 /// near-cache experiment, whose readers and writers reach different services (the feed
 /// carries the writes between them), and only when named: it adds feed cuts to the faults
 /// and wants a phase of its own length.
