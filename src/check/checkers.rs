@@ -10,6 +10,9 @@ use serde::Serialize;
 
 use super::history::{Event, Op, Outcome};
 
+mod client_cache;
+pub use client_cache::{client_cache, CACHED_ROUTE, DOOR_ROUTE};
+
 /// A session's read returned an older version than one it had already read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MonotonicViolation {
@@ -176,18 +179,35 @@ pub struct ReadYourWritesViolation {
 pub fn read_your_writes(events: &[Event]) -> Vec<ReadYourWritesViolation> {
     let mut sorted: Vec<&Event> = events.iter().collect();
     sorted.sort_by_key(|event| event.start_us);
+    // Each session's acknowledged writes per key, and everyone's acknowledged deletes per key,
+    // by acknowledgement time with the highest version so far: one search per read, not a scan
+    // of the history (a client-cache phase records tens of thousands of reads).
+    let mut writes: HashMap<(&str, &str), Vec<(u64, u64)>> = HashMap::new();
+    let mut deletes: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
+    for event in events {
+        let Some(version) = event.acknowledged_version() else {
+            continue;
+        };
+        match event.op {
+            Op::Write => writes
+                .entry((event.session.as_str(), event.key.as_str()))
+                .or_default()
+                .push((event.end_us, version)),
+            Op::Delete => deletes
+                .entry(event.key.as_str())
+                .or_default()
+                .push((event.end_us, version)),
+            _ => {}
+        }
+    }
+    for list in writes.values_mut().chain(deletes.values_mut()) {
+        running_max_by_time(list);
+    }
     let mut violations = Vec::new();
     for read in sorted.iter().filter(|event| event.op == Op::Read) {
-        let written = events
-            .iter()
-            .filter(|event| {
-                event.op == Op::Write
-                    && event.session == read.session
-                    && event.key == read.key
-                    && event.end_us <= read.start_us
-            })
-            .filter_map(Event::acknowledged_version)
-            .max();
+        let written = writes
+            .get(&(read.session.as_str(), read.key.as_str()))
+            .and_then(|list| highest_by(list, read.start_us));
         let Some(written) = written else { continue };
         let result = match &read.outcome {
             Outcome::Ok | Outcome::NotModified => read.version,
@@ -196,14 +216,10 @@ pub fn read_your_writes(events: &[Event]) -> Vec<ReadYourWritesViolation> {
         };
         let ok = match result {
             Some(version) => version >= written,
-            None => events.iter().any(|event| {
-                event.op == Op::Delete
-                    && event.key == read.key
-                    && event.end_us <= read.start_us
-                    && event
-                        .acknowledged_version()
-                        .is_some_and(|deleted| deleted >= written)
-            }),
+            None => deletes
+                .get(read.key.as_str())
+                .and_then(|list| highest_by(list, read.start_us))
+                .is_some_and(|deleted| deleted >= written),
         };
         if !ok {
             violations.push(ReadYourWritesViolation {
@@ -216,6 +232,22 @@ pub fn read_your_writes(events: &[Event]) -> Vec<ReadYourWritesViolation> {
         }
     }
     violations
+}
+
+/// Sorts `(time, version)` pairs by time and makes each version the highest up to its time.
+fn running_max_by_time(list: &mut [(u64, u64)]) {
+    list.sort_unstable();
+    let mut highest = 0;
+    for (_, version) in list.iter_mut() {
+        highest = highest.max(*version);
+        *version = highest;
+    }
+}
+
+/// The highest version of a [`running_max_by_time`] list at or before `at_us`.
+fn highest_by(list: &[(u64, u64)], at_us: u64) -> Option<u64> {
+    let until = list.partition_point(|(time, _)| *time <= at_us);
+    until.checked_sub(1).map(|last| list[last].1)
 }
 
 /// Percentiles of a list of durations, in milliseconds.

@@ -22,6 +22,10 @@ pub enum Op {
     SourceLoad,
     /// An injected fault starting or ending; `outcome` names it.
     Fault,
+    /// A client-side cache's invalidation, when the reader processed it (`client-cache`
+    /// mode): a push naming `key`, or with an empty key the null invalidation (flush
+    /// everything); with an error outcome, the client's own flush when a connection dropped.
+    Invalidation,
 }
 
 /// How an operation ended.

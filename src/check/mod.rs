@@ -13,7 +13,11 @@
 //! (`CheckOptions`, which `run` and `services` read), `services`
 //! (the two services under test, near cache off and on: configured, started, stopped), `workload`
 //! (one mode's writers, readers and sampler), `resp` (the `resp` mode's clients on the
-//! Redis-protocol door), `presence` (the presence experiment), `faults`
+//! Redis-protocol door), `client_cache` (the `client-cache` mode, named by `--mode`: readers
+//! with a client-side cache by redis-py's rules on one service's door, writers through the
+//! other service and through it, the feed cuts, and the bound a cached answer is judged
+//! against, by [`checkers::client_cache`]), `resp3` (its readers' RESP3 connection and frame
+//! parser), `presence` (the presence experiment), `faults`
 //! (the seeded fault schedule and replica lag), `recorder` (the shared history, requests and
 //! direct copy samples) and [`report`] (the pure figures: judging a history, the report).
 //! [`fleet`] is `--instances 2`: two `hotsplit serve` processes, sessions spread over both
@@ -32,6 +36,7 @@
 pub mod autosplit;
 pub mod checkers;
 pub mod cli;
+mod client_cache;
 mod faults;
 pub mod fleet;
 mod fleet_phase;
@@ -45,6 +50,7 @@ mod presence;
 mod recorder;
 pub mod report;
 mod resp;
+mod resp3;
 pub mod run;
 mod services;
 mod workload;

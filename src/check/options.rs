@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use hotsplit_devcluster::TlsFiles;
 
+use super::report::Mode;
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct CheckOptions {
@@ -17,6 +19,10 @@ pub struct CheckOptions {
     pub keys: u32,
     /// Reader sessions per mode. Default: 8.
     pub readers: u32,
+    /// The modes to run (`--mode`), each against the services it runs against; the presence
+    /// experiment runs only with none named. Default: empty, every mode but `client-cache`
+    /// and the presence experiment.
+    pub modes: Vec<Mode>,
     /// Copies per hot key. Default: 8.
     pub copies: u32,
     /// Where to write the report, the JSON summary and the histories. Default: none.
@@ -37,6 +43,7 @@ impl Default for CheckOptions {
             seed: 1,
             keys: 2,
             readers: 8,
+            modes: Vec::new(),
             copies: 8,
             out: None,
             token: None,

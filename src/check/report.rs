@@ -8,10 +8,11 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::checkers::{self, Percentiles, Scope};
+use super::client_cache::CacheBound;
 use super::history::{Event, Op, Outcome};
 
-/// How readers pick the copy they read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+/// How readers pick the copy they read (and `--mode`'s values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// Each read picks a copy at random (`?copy=i`): the flip-flop hotsplit exists to prevent.
@@ -25,6 +26,10 @@ pub enum Mode {
     /// Writers and readers on the Redis-protocol door (`[resp] listen`): explicit client ids
     /// and pooled connections without one (see `check::resp`).
     Resp,
+    /// Readers with a client-side cache by redis-py's rules (RESP3, `CLIENT TRACKING ON`,
+    /// plain `GET`) on instance A's door, writers through instance B and A, the process faults
+    /// and feed cuts (see `check::client_cache`). Runs only when named by `--mode`.
+    ClientCache,
 }
 
 impl Mode {
@@ -45,6 +50,7 @@ impl Mode {
             Mode::Floor => "floor",
             Mode::Delete => "delete",
             Mode::Resp => "resp",
+            Mode::ClientCache => "client-cache",
         }
     }
 }
@@ -99,6 +105,105 @@ pub struct ModeResult {
     pub convergence: Percentiles,
     /// Copies found at an older version than they had held.
     pub copy_rollbacks: usize,
+    /// The `client-cache` row's own figures; `None` in the other modes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cache: Option<ClientCacheFigures>,
+}
+
+/// What the `client-cache` row found ([`checkers::client_cache`] over its history).
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientCacheFigures {
+    /// Reads that returned a version, from the readers' caches or the door.
+    pub reads: usize,
+    /// Of them, answered by the reader's own cache.
+    pub cache_hits: usize,
+    /// Of them, answered by the door (a `GET` sent).
+    pub door_reads: usize,
+    /// Key invalidations the readers processed (one per key pushed).
+    pub invalidations: usize,
+    /// Null invalidations (flush everything) the readers processed.
+    pub flushes: usize,
+    /// Caches the readers flushed themselves because a connection dropped.
+    pub disconnect_flushes: usize,
+    /// Feed cuts applied (`CLIENT KILL` of the feed connections on a master).
+    pub feed_cuts: usize,
+    /// The staleness of every cached answer, from the run's acknowledged publishes.
+    pub cached_staleness: Percentiles,
+    /// What a cached answer's staleness is judged against, and its parts.
+    pub bound: CacheBound,
+    /// `bound`'s total, milliseconds.
+    pub bound_ms: f64,
+    /// Cached answers staler than the bound.
+    pub over_bound: usize,
+    /// Readers' reads going back outside loss windows (cache and door together).
+    pub monotonic_violations: usize,
+    /// The same inside loss windows (reported apart, as in the other modes).
+    pub monotonic_violations_in_loss_windows: usize,
+}
+
+impl ClientCacheFigures {
+    /// Judges a `client-cache` history against `bound`.
+    pub(super) fn judge(
+        events: &[Event],
+        loss_windows: &[(u64, u64)],
+        bound: CacheBound,
+    ) -> ClientCacheFigures {
+        let bound_ms = bound.total_ms();
+        let verdict = checkers::client_cache(events, loss_windows, (bound_ms * 1000.0) as u64);
+        ClientCacheFigures {
+            reads: verdict.reads,
+            cache_hits: verdict.cache_hits,
+            door_reads: verdict.door_reads,
+            invalidations: verdict.invalidations,
+            flushes: verdict.flushes,
+            disconnect_flushes: verdict.disconnect_flushes,
+            feed_cuts: events
+                .iter()
+                .filter(|event| {
+                    event.op == Op::Fault
+                        && matches!(&event.outcome, Outcome::Error(name)
+                            if name.starts_with("feed-cut (") && !name.contains("not applied"))
+                })
+                .count(),
+            cached_staleness: verdict.cached_staleness,
+            bound,
+            bound_ms,
+            over_bound: verdict.over_bound.len(),
+            monotonic_violations: verdict.monotonic.len(),
+            monotonic_violations_in_loss_windows: verdict.monotonic_in_loss_windows.len(),
+        }
+    }
+
+    /// Why the row fails: a cached answer over the bound, a reader going back outside loss
+    /// windows, or a row that proved nothing (no cache hit, or no flush: the feed cut did not
+    /// reach the readers).
+    pub fn failures(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        if self.over_bound > 0 {
+            failures.push(format!(
+                "client-cache: {} cached answers were staler than the bound of {:.1} ms (max {:.1} ms)",
+                self.over_bound, self.bound_ms, self.cached_staleness.max_ms
+            ));
+        }
+        if self.monotonic_violations > 0 {
+            failures.push(format!(
+                "client-cache: readers went back {} times outside loss windows",
+                self.monotonic_violations
+            ));
+        }
+        if self.cache_hits == 0 {
+            failures.push(
+                "client-cache: no read was answered from a cache: it tested nothing".to_owned(),
+            );
+        }
+        if self.flushes == 0 {
+            failures.push(
+                "client-cache: no reader got a null invalidation: the feed cuts did not reach them"
+                    .to_owned(),
+            );
+        }
+        failures
+    }
 }
 
 impl ModeResult {
@@ -136,7 +241,14 @@ impl ModeResult {
 
     /// What this mode's line contributes to the run's verdict.
     pub fn verdict(&self) -> &'static str {
-        if self.judged_monotonic_violations() > 0 || self.read_your_writes_violations > 0 {
+        let client_cache_failed = self
+            .client_cache
+            .as_ref()
+            .is_some_and(|figures| !figures.failures().is_empty());
+        if self.judged_monotonic_violations() > 0
+            || self.read_your_writes_violations > 0
+            || client_cache_failed
+        {
             "FAIL"
         } else if self.judges_monotonic_reads() {
             "pass"
@@ -200,6 +312,9 @@ impl CheckReport {
                     mode.monotonic_violations_across_roles
                 ));
             }
+            if let Some(figures) = &mode.client_cache {
+                failures.extend(figures.failures());
+            }
             if mode.read_your_writes_violations > 0 {
                 failures.push(format!(
                     "{} mode broke read-your-writes {} times",
@@ -259,6 +374,10 @@ impl CheckReport {
                 mode.copy_rollbacks
             );
         }
+        self.client_cache_markdown(&mut out);
+        if self.presence.is_empty() {
+            return out;
+        }
         let _ = writeln!(out, "\n## Presence\n");
         let _ = writeln!(out, "| class | decisions | wrong decisions |");
         let _ = writeln!(out, "|---|---|---|");
@@ -270,6 +389,50 @@ impl CheckReport {
             );
         }
         out
+    }
+}
+
+impl CheckReport {
+    /// The `client-cache` rows' table, when there is one.
+    fn client_cache_markdown(&self, out: &mut String) {
+        let rows: Vec<(&ModeResult, &ClientCacheFigures)> = self
+            .modes
+            .iter()
+            .filter_map(|mode| Some((mode, mode.client_cache.as_ref()?)))
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "\n## Client-side caching\n");
+        let _ = writeln!(out, "| mode | verdict | reads | cache hits | door reads | invalidations seen | flushes seen | disconnect flushes | feed cuts | cached staleness p50 / p99 / max (ms) | bound (ms) = lease + max_silence + heartbeat + slack | over the bound | monotonic-read violations (in loss windows) |");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for (mode, f) in rows {
+            let b = &f.bound;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} = {:.0} + {:.0} + {:.2} + {:.0} | {} | {} ({}) |",
+                mode.label(),
+                if f.failures().is_empty() { "pass" } else { "FAIL" },
+                f.reads,
+                f.cache_hits,
+                f.door_reads,
+                f.invalidations,
+                f.flushes,
+                f.disconnect_flushes,
+                f.feed_cuts,
+                f.cached_staleness.p50_ms,
+                f.cached_staleness.p99_ms,
+                f.cached_staleness.max_ms,
+                f.bound_ms,
+                b.lease_ms,
+                b.max_silence_ms,
+                b.heartbeat_ms,
+                b.slack_ms,
+                f.over_bound,
+                f.monotonic_violations,
+                f.monotonic_violations_in_loss_windows
+            );
+        }
     }
 }
 
@@ -325,6 +488,7 @@ pub(super) fn judge(mode: Mode, events: &[Event], loss_windows: &[(u64, u64)]) -
             .iter()
             .filter(|found| found.is_rollback())
             .count(),
+        client_cache: None,
     }
 }
 

@@ -19,6 +19,10 @@
 //! only from Redis, within its near-cache max age: the rows measure that bound, not the writes
 //! through the instance that it would see at once. The presence experiment runs with the cache off: it measures
 //! replica lag, which a cache answering writes through the instance would hide.
+//!
+//! `--mode` names the modes to run (then without the presence experiment); `client-cache`
+//! runs only when named, against the near-cache service's door with writers through both
+//! services (see `client_cache.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,9 +34,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use super::options::CheckOptions;
 
+use super::client_cache::CacheBound;
 use super::history::Event;
 use super::recorder::Recorder;
-use super::report::{judge, CheckReport, Mode, ModeResult};
+use super::report::{judge, CheckReport, ClientCacheFigures, Mode, ModeResult};
 use super::resp::RespDoors;
 use super::services::Services;
 use hotsplit::error::{Error, ErrorKind, Result};
@@ -65,8 +70,11 @@ pub(super) struct Experiment {
     pub(super) key_tag: &'static str,
     /// Cancelled on ctrl-c or SIGTERM: a phase then stops early.
     pub(super) shutdown: CancellationToken,
-    /// The Redis-protocol doors of the `resp` mode.
+    /// The Redis-protocol doors of the `resp` and `client-cache` modes.
     pub(super) resp: Option<Arc<RespDoors>>,
+    /// What the `client-cache` mode judges cached answers against: set on the experiment
+    /// whose readers read one service and whose writers publish through the other.
+    pub(super) cache_bound: Option<CacheBound>,
 }
 
 /// What every task of one phase holds: the service's client and base URL, the cluster, the
@@ -153,9 +161,14 @@ pub async fn run(
         experiments(&services, &options, cluster, &recorder, &shutdown);
     let modes = run_modes(&experiment, &near_experiment, &options, &reporter).await?;
     drop(near_experiment);
-    reporter.say("presence");
-    let presence = experiment.presence().await;
-    write_history(&options, "presence", &recorder.take())?;
+    let presence = if options.modes.is_empty() {
+        reporter.say("presence");
+        let presence = experiment.presence().await;
+        write_history(&options, "presence", &recorder.take())?;
+        presence
+    } else {
+        Vec::new()
+    };
 
     reporter.say("report");
     reporter.stop().await;
@@ -253,7 +266,8 @@ fn experiments(
     recorder: &Recorder,
     shutdown: &CancellationToken,
 ) -> (Experiment, Experiment) {
-    let phases = (Mode::ALL.len() + NEAR_CACHE_MODES.len()) as u32 + 1;
+    let presence = u32::from(options.modes.is_empty());
+    let phases = (plan(options).len() as u32 + presence).max(1);
     let phase_length = (options.duration / phases).max(Duration::from_secs(2));
     let experiment = Experiment {
         http: services.http.clone(),
@@ -272,6 +286,7 @@ fn experiments(
             write: services.resp_address.to_string(),
             token: services.token.clone(),
         })),
+        cache_bound: None,
     };
     let near_experiment = Experiment {
         http: experiment.http.clone(),
@@ -290,6 +305,7 @@ fn experiments(
             write: services.resp_address.to_string(),
             token: services.token.clone(),
         })),
+        cache_bound: Some(services.cache_bound),
     };
     (experiment, near_experiment)
 }
@@ -306,11 +322,13 @@ async fn run_modes(
     options: &CheckOptions,
     reporter: &Reporter,
 ) -> Result<Vec<ModeResult>> {
-    let runs = Mode::ALL.into_iter().map(|mode| (mode, experiment)).chain(
-        NEAR_CACHE_MODES
-            .into_iter()
-            .map(|mode| (mode, near_experiment)),
-    );
+    let runs = plan(options).into_iter().map(|(mode, near)| {
+        if near {
+            (mode, near_experiment)
+        } else {
+            (mode, experiment)
+        }
+    });
     let mut modes = Vec::new();
     for (index, (mode, experiment)) in runs.enumerate() {
         if experiment.shutdown.is_cancelled() {
@@ -327,6 +345,9 @@ async fn run_modes(
         let events = experiment.recorder.take();
         write_history(options, &name, &events)?;
         let mut result = judge(mode, &events, &loss_windows);
+        if let (Mode::ClientCache, Some(bound)) = (mode, experiment.cache_bound) {
+            result.client_cache = Some(ClientCacheFigures::judge(&events, &loss_windows, bound));
+        }
         result.near_cache = !experiment.key_tag.is_empty();
         result.redis_reads_per_s = reads_per_s;
         modes.push(result);
@@ -392,6 +413,31 @@ pub(super) async fn start_cluster(tls: Option<TlsFiles>) -> Result<Cluster> {
 
 /// The modes that run a second time against the service with its near cache on.
 const NEAR_CACHE_MODES: [Mode; 3] = [Mode::Affine, Mode::Floor, Mode::Resp];
+
+/// The phases `options` asks for, in order, each as its mode and whether it runs against the
+/// near-cache experiment: without `--mode`, every mode of [`Mode::ALL`] then the near-cache
+/// modes; with it, only the named ones, in that same order. `client-cache` runs only against the
+/// near-cache experiment, whose readers and writers reach different services (the feed
+/// carries the writes between them), and only when named: it adds feed cuts to the faults
+/// and wants a phase of its own length.
+fn plan(options: &CheckOptions) -> Vec<(Mode, bool)> {
+    let named = |mode: &Mode| options.modes.is_empty() || options.modes.contains(mode);
+    let plain = Mode::ALL
+        .into_iter()
+        .filter(named)
+        .map(|mode| (mode, false));
+    let near = NEAR_CACHE_MODES
+        .into_iter()
+        .filter(named)
+        .chain(
+            options
+                .modes
+                .contains(&Mode::ClientCache)
+                .then_some(Mode::ClientCache),
+        )
+        .map(|mode| (mode, true));
+    plain.chain(near).collect()
+}
 
 /// Copy reads (`HMGET` calls) each node of `cluster` has served so far, in node order; a node
 /// that does not answer counts 0.

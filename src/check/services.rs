@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use super::client_cache::CacheBound;
 use super::options::CheckOptions;
 use hotsplit::config::Config;
 use hotsplit::error::{Error, ErrorKind, Result};
@@ -38,6 +39,9 @@ pub(super) struct Services {
     pub(super) stop: CancellationToken,
     /// The spools and the tokens file, removed when the run ends.
     pub(super) files: RunFiles,
+    /// What a client-side cache's answer of the near-cache service is judged against (the
+    /// `client-cache` mode reads its door).
+    pub(super) cache_bound: CacheBound,
 }
 
 /// The files a run makes for its services, removed when it ends: never a spool another process
@@ -96,6 +100,7 @@ impl Services {
         near_config.near_cache.enabled = true;
         let near_spool = spool.with_extension("near");
         near_config.heal.spool_dir = near_spool.clone();
+        let cache_bound = CacheBound::of(&near_config)?;
         // Each service's Redis-protocol door, for the `resp` mode, on a port free a moment ago.
         let resp_address = free_address().await?;
         let near_resp_address = free_address().await?;
@@ -127,6 +132,7 @@ impl Services {
             service,
             near_service,
             stop,
+            cache_bound,
             files: RunFiles {
                 spool,
                 tokens_file,

@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinSet;
 
 use super::checkers;
+use super::client_cache;
 use super::faults::{inject, lag_replicas, schedule};
 use super::history::Op;
 use super::recorder::{event, outcome_of, sample_copies, send};
@@ -87,6 +88,15 @@ impl Experiment {
             phase.stop.clone(),
             StdRng::seed_from_u64(rng.random()),
         ));
+        if mode == Mode::ClientCache {
+            tasks.spawn(client_cache::feed_cuts(
+                phase.cluster.clone(),
+                phase.recorder.clone(),
+                phase.stop.clone(),
+                self.phase_length,
+                StdRng::seed_from_u64(rng.random()),
+            ));
+        }
         let loss_windows = self.inject_faults_until_the_end(&phase, mode, rng).await;
         phase.stop.cancel();
         while tasks.join_next().await.is_some() {}
@@ -113,6 +123,15 @@ impl Experiment {
     /// ([`http_writer`]).
     fn spawn_writers(&self, phase: &Phase, workload: &Workload, tasks: &mut JoinSet<()>) {
         for (index, key) in workload.keys.iter().enumerate() {
+            if let (Mode::ClientCache, Some(doors)) = (workload.mode, &self.resp) {
+                tasks.spawn(client_cache::writer(
+                    resp_client(doors, phase),
+                    index,
+                    key.clone(),
+                    workload.source.clone(),
+                ));
+                continue;
+            }
             if let (Mode::Resp, Some(doors)) = (workload.mode, &self.resp) {
                 let client = resp_client(doors, phase);
                 tasks.spawn(resp::writer(
@@ -138,6 +157,17 @@ impl Experiment {
     ) {
         for reader in 0..self.readers {
             let rng = StdRng::seed_from_u64(rng.random());
+            if let (Mode::ClientCache, Some(doors)) = (workload.mode, &self.resp) {
+                // A blocking reader, as redis-py's sockets are: its own thread.
+                let (client, keys) = (resp_client(doors, phase), workload.keys.clone());
+                tasks.spawn(async move {
+                    let _ = tokio::task::spawn_blocking(move || {
+                        client_cache::reader(client, reader, keys, rng);
+                    })
+                    .await;
+                });
+                continue;
+            }
             if let (Mode::Resp, Some(doors)) = (workload.mode, &self.resp) {
                 let client = resp_client(doors, phase);
                 tasks.spawn(resp::reader(client, reader, workload.keys.clone(), rng));
@@ -351,7 +381,7 @@ async fn http_reader(phase: Phase, workload: Workload, reader: u32, mut rng: Std
 fn read_url(key_url: &str, mode: Mode, session: &str, copy: u32, floor: Option<u64>) -> String {
     match mode {
         Mode::RandomSuffix => format!("{key_url}?{COPY}={copy}&{CLASS}=advisory"),
-        Mode::Affine | Mode::Delete | Mode::Resp => {
+        Mode::Affine | Mode::Delete | Mode::Resp | Mode::ClientCache => {
             format!("{key_url}?{CLIENT}={session}&{CLASS}=advisory")
         }
         Mode::Floor => match floor {

@@ -244,6 +244,37 @@ fn passing_check(args: &[&str], out: &Path) -> String {
     stdout
 }
 
+/// `check --mode client-cache`, short: readers with a client-side cache by redis-py's rules on
+/// one instance's door while writers publish through the other and through it, under the process
+/// faults and feed cuts. It passes (no reader goes back, no cached answer is older than the
+/// bound), its readers answered from their caches, and got null invalidations: the feed cuts
+/// reached them.
+#[test]
+fn check_client_cache_mode_passes_with_cache_hits_and_feed_flushes() {
+    let out = tempfile::tempdir().unwrap();
+    let stdout = passing_check(
+        &["--mode", "client-cache", "--duration", "15s", "--seed", "3"],
+        out.path(),
+    );
+    assert!(stdout.contains("## Client-side caching"), "{stdout}");
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
+    let modes = summary["modes"].as_array().unwrap();
+    assert_eq!(modes.len(), 1, "only the mode named runs: {summary}");
+    let row = &modes[0]["client_cache"];
+    for figure in ["cache_hits", "door_reads", "flushes", "feed_cuts"] {
+        assert!(row[figure].as_u64().unwrap() > 0, "{figure}: {row}");
+    }
+    for figure in ["over_bound", "monotonic_violations"] {
+        assert_eq!(row[figure].as_u64(), Some(0), "{figure}: {row}");
+    }
+    assert!(
+        row["cached_staleness"]["max_ms"].as_f64().unwrap() <= row["bound_ms"].as_f64().unwrap(),
+        "{row}"
+    );
+    assert!(out.path().join("history-client-cache-near.jsonl").is_file());
+}
+
 /// `check --instances 2`, short: two `hotsplit serve` processes on one throwaway cluster, every
 /// session round-robin over both. With the session token no session goes back in time nor
 /// misses its own write in either mode, and no row loses an accepted edit; keys of one copy
