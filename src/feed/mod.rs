@@ -21,18 +21,24 @@
 //! instance sends the null invalidation to every tracking connection, drops its near-cache
 //! entries (their floor records stay), says so in `hotsplit_feed_flushes_total{cause}` and a
 //! log line, and caps every lease at `max_silence` until every feed is current again
-//! (`/v1/feed`, the status page and `hotsplit_feed_up` show it).
+//! (`/readyz` shows `feed_down`, `hotsplit_feed_up` is 0). A primary with no feed open (one
+//! being opened, or that cannot be) is not current either: its changes reach nobody here.
 //!
 //! The delivery bound: a change made elsewhere reaches this instance's clients within
-//! `max_silence` plus one heartbeat interval of its write, or every client is flushed.
+//! `max_silence` plus one heartbeat interval of its write, or every client is flushed. Feeds are
+//! opened beside the heartbeat tick, never in it, so a primary that does not answer a connect
+//! (a partition drops it silently) delays neither the proofs nor the judging of the others.
+//! Tests: `feed::tests`, and on real partitions `feed_partition` (integration).
 
 mod config;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -43,10 +49,11 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::FeedConfig;
 
+use crate::error::Result;
 use crate::key::CopyKey;
 use crate::metrics::{register, register_with_unit, Metrics};
 use crate::near::NearCache;
-use crate::store::{FeedEvent, FeedStore, NodeLabel, TopologyStore};
+use crate::store::{FeedConnection, FeedEvent, FeedStore, NodeLabel, TopologyStore};
 pub use crate::tracking::feed_state::{FeedState, FeedView};
 use crate::tracking::Tracking;
 
@@ -184,11 +191,17 @@ struct Sinks {
     near: Option<Arc<NearCache>>,
     /// The counters.
     metrics: FeedMetrics,
+    /// `feed.max_silence`: the lease cap a flush sets at once.
+    max_silence: Duration,
 }
 
 impl Sinks {
     /// Every client cache of this instance and its near cache can no longer be vouched for.
+    /// Leases are capped first, in the same step: a read answered after the flush (before the
+    /// next tick judges the feeds) must not be given a lease the feed cannot vouch for. The
+    /// next tick lifts the cap if every feed is current by then.
     fn flush(&self, cause: FlushCause, primary: &NodeLabel) {
+        self.tracking.cap_leases(Some(self.max_silence));
         let told = self.tracking.flush_all();
         let dropped = self.near.as_ref().map_or(0, |near| near.drop_all());
         self.metrics.flushes[cause as usize].inc();
@@ -239,6 +252,10 @@ pub struct FeedParts {
     pub state: Arc<FeedState>,
 }
 
+/// A feed connection being opened: its primary, and how the attempt ended (`None`: it timed
+/// out).
+type Opening = BoxFuture<'static, (NodeLabel, Option<Result<FeedConnection>>)>;
+
 /// The feed's supervisor: keeps a connection per primary, writes the proofs, judges them.
 pub struct Feed {
     /// Its parts.
@@ -250,9 +267,15 @@ pub struct Feed {
     /// The open feeds, by primary, with what closes each.
     links: HashMap<NodeLabel, (Arc<Link>, Box<dyn Send + Sync>)>,
     /// Primaries whose silence was already flushed (one flush per silence).
-    silent: std::collections::HashSet<NodeLabel>,
+    silent: HashSet<NodeLabel>,
     /// Primaries whose feed was open once (a new one is a reconnect).
-    ever: std::collections::HashSet<NodeLabel>,
+    ever: HashSet<NodeLabel>,
+    /// Feed connections being opened, polled beside the tick rather than awaited in it: a
+    /// connect to a partitioned primary waits out its timeout (seconds) while the other
+    /// feeds' proofs must still be written and judged every tick.
+    opening: FuturesUnordered<Opening>,
+    /// The primaries in `opening` (one attempt each at a time).
+    pending: HashSet<NodeLabel>,
 }
 
 impl Feed {
@@ -263,14 +286,17 @@ impl Feed {
             tracking: parts.tracking.clone(),
             near: parts.near.clone(),
             metrics,
+            max_silence: parts.max_silence,
         };
         Feed {
             parts,
             sinks,
             started: Instant::now(),
             links: HashMap::new(),
-            silent: std::collections::HashSet::new(),
-            ever: std::collections::HashSet::new(),
+            silent: HashSet::new(),
+            ever: HashSet::new(),
+            opening: FuturesUnordered::new(),
+            pending: HashSet::new(),
         }
     }
 
@@ -279,8 +305,9 @@ impl Feed {
         u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// Runs until `shutdown`: every `max_silence / 4`, opens the feeds it lacks, writes the
-    /// proofs, and judges each feed's last one.
+    /// Runs until `shutdown`: every `max_silence / 4`, starts opening the feeds it lacks,
+    /// writes the proofs, and judges every primary's feed; a feed whose opening ends between
+    /// ticks is added then.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let tick = (self.parts.max_silence / 4).max(Duration::from_millis(5));
         let mut interval = tokio::time::interval(tick);
@@ -288,54 +315,63 @@ impl Feed {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
+                Some((primary, opened)) = self.opening.next(), if !self.opening.is_empty() => {
+                    self.opened(primary, opened);
+                    continue;
+                }
                 _ = interval.tick() => {}
             }
-            self.connect().await;
+            let primaries = self.parts.topology.primaries();
+            self.open_missing(&primaries);
             self.write_proofs();
-            self.judge();
+            self.judge(&primaries);
         }
     }
 
-    /// Opens a feed to every primary that has none, at once (dropping those of nodes no longer
-    /// primaries, and closed ones), flushing after each connection made: what changed before
-    /// it was not told.
-    async fn connect(&mut self) {
-        let primaries = self.parts.topology.primaries();
+    /// Drops the feeds of nodes no longer primaries, and closed ones, and starts opening a
+    /// feed to every primary of `primaries` that has none and none being opened.
+    fn open_missing(&mut self, primaries: &[NodeLabel]) {
         self.links.retain(|node, (link, _)| {
             primaries.contains(node) && !link.closed.load(Ordering::Acquire)
         });
-        let missing: Vec<NodeLabel> = primaries
-            .into_iter()
-            .filter(|primary| !self.links.contains_key(primary))
-            .collect();
-        let within = self.parts.max_silence.max(Duration::from_secs(2));
-        let store = &self.parts.store;
-        let opened = futures_util::future::join_all(
-            missing
-                .iter()
-                .map(|primary| tokio::time::timeout(within, store.open_feed(primary))),
-        )
-        .await;
-        for (primary, opened) in missing.into_iter().zip(opened) {
-            let connection = match opened {
-                Ok(Ok(connection)) => connection,
-                Ok(Err(err)) => {
-                    tracing::warn!(%primary, error = %err, "could not open the invalidation feed; retrying");
-                    continue;
-                }
-                Err(_) => {
-                    tracing::warn!(%primary, "opening the invalidation feed timed out; retrying");
-                    continue;
-                }
-            };
-            self.add(primary, connection);
-        }
         self.sinks.metrics.connections.set(gauge(self.links.len()));
+        let within = self.parts.max_silence.max(Duration::from_secs(2));
+        for primary in primaries {
+            if self.links.contains_key(primary) || !self.pending.insert(primary.clone()) {
+                continue;
+            }
+            let store = self.parts.store.clone();
+            let primary = primary.clone();
+            self.opening.push(Box::pin(async move {
+                let opened = tokio::time::timeout(within, store.open_feed(&primary))
+                    .await
+                    .ok();
+                (primary, opened)
+            }));
+        }
+    }
+
+    /// The opening of `primary`'s feed ended: the feed is added (and flushed: what changed
+    /// before it was not told), or the next tick tries again.
+    fn opened(&mut self, primary: NodeLabel, opened: Option<Result<FeedConnection>>) {
+        self.pending.remove(&primary);
+        match opened {
+            Some(Ok(connection)) => {
+                self.add(primary, connection);
+                self.sinks.metrics.connections.set(gauge(self.links.len()));
+            }
+            Some(Err(err)) => {
+                tracing::warn!(%primary, error = %err, "could not open the invalidation feed; retrying");
+            }
+            None => {
+                tracing::warn!(%primary, "opening the invalidation feed timed out; retrying");
+            }
+        }
     }
 
     /// Starts reading the feed `connection` of `primary`, and flushes: what changed before it
     /// was not told.
-    fn add(&mut self, primary: NodeLabel, connection: crate::store::FeedConnection) {
+    fn add(&mut self, primary: NodeLabel, connection: FeedConnection) {
         let link = Arc::new(Link {
             proof_us: AtomicU64::new(self.now_us()),
             wrote_us: AtomicU64::new(0),
@@ -381,14 +417,23 @@ impl Feed {
         }
     }
 
-    /// Flushes once for each feed whose last proof is older than `max_silence` (or that
-    /// closed), caps leases while any is, and publishes the view.
-    fn judge(&mut self) {
+    /// Flushes once for each feed whose last proof is older than `max_silence`, caps leases
+    /// while any of `primaries` has no current feed (a silent one, a closed one, or none open:
+    /// one being opened, or that cannot be), and publishes the view.
+    fn judge(&mut self, primaries: &[NodeLabel]) {
         let now = self.now_us();
         let bound_us = u64::try_from(self.parts.max_silence.as_micros()).unwrap_or(u64::MAX);
-        let mut primaries = Vec::new();
-        let mut all_current = !self.links.is_empty();
-        for (primary, (link, _)) in &self.links {
+        let mut views = Vec::new();
+        let mut all_current = !primaries.is_empty();
+        for primary in primaries {
+            let Some((link, _)) = self.links.get(primary) else {
+                // No feed: a change made there reaches no client of this instance. Its close
+                // (or its start: no client held anything yet) was flushed; its opening flushes
+                // again.
+                all_current = false;
+                views.push((primary.to_string(), None));
+                continue;
+            };
             let age_us = now.saturating_sub(link.proof_us.load(Ordering::Acquire));
             let closed = link.closed.load(Ordering::Acquire);
             let current = !closed && age_us <= bound_us;
@@ -399,9 +444,9 @@ impl Feed {
             if current {
                 self.silent.remove(primary);
             }
-            primaries.push((primary.to_string(), (!closed).then_some(age_us / 1000)));
+            views.push((primary.to_string(), (!closed).then_some(age_us / 1000)));
         }
-        primaries.sort();
+        views.sort();
         let cap = (!all_current).then_some(self.parts.max_silence);
         self.parts.tracking.cap_leases(cap);
         self.sinks.metrics.up.set(i64::from(all_current));
@@ -409,7 +454,7 @@ impl Feed {
             enabled: true,
             up: all_current,
             max_silence_ms: crate::duration::millis(self.parts.max_silence),
-            primaries,
+            primaries: views,
         });
     }
 }
@@ -467,3 +512,6 @@ impl Reader {
 fn gauge(count: usize) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,7 +2,8 @@
 //! two instances: a publish through B reaches A's client-side caches (redis-py, node-redis) and
 //! A's near cache long before the 10 s lease would end, never going back; a cut feed (its
 //! connection killed, its master paused) sends every tracking connection of A the null
-//! invalidation, is counted, shows in `/readyz`, and caps leases meanwhile.
+//! invalidation, is counted, shows in `/readyz`, and caps leases meanwhile. The same on a real
+//! partition (an instance cut from one master with nftables) is `feed_partition.rs`.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ use crate::harness::{self, metrics_text, poll};
 use crate::resp_clients::{assert_ok, client, scripts, serve};
 
 /// A class whose answers live 10 s in a cache (near or client-side), and a family read with it.
-const FEED_FAMILY: &str = "[classes.feed10]\nroute = \"replica\"\nreason = \"feed test: ten seconds is long enough to see the feed beat the lease\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"10s\"\n[[family]]\nprefix = \"fd:\"\ncopies = 4\nversioning = \"allocated\"\ndefault_class = \"feed10\"\n";
+pub(crate) const FEED_FAMILY: &str = "[classes.feed10]\nroute = \"replica\"\nreason = \"feed test: ten seconds is long enough to see the feed beat the lease\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"10s\"\n[[family]]\nprefix = \"fd:\"\ncopies = 4\nversioning = \"allocated\"\ndefault_class = \"feed10\"\n";
 
 /// The built-in replica classes with leases of seconds (their defaults: 125 ms and 1 s).
 pub(crate) const PATIENT_CLASSES: &str = "[classes.advisory]\nroute = \"replica\"\nreason = \"feed test\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"5s\"\n[classes.re-derivable]\nroute = \"replica\"\nreason = \"feed test\"\nstaleness_budget = \"10s\"\nnear_cache_max_age = \"5s\"\n";
@@ -28,7 +29,7 @@ fn store(url: &str) -> String {
 }
 
 /// The value of the counter `name{labels}` in `text`, 0 when absent.
-fn counter(text: &str, series: &str) -> f64 {
+pub(crate) fn counter(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
@@ -97,14 +98,19 @@ async fn a_publish_through_b_reaches_a_s_client_caches_and_near_cache_by_the_fee
 }
 
 /// A RESP3 connection to `port` with `CLIENT TRACKING ON`, reading what it is sent.
-struct Tracked {
+pub(crate) struct Tracked {
     stream: TcpStream,
     seen: Vec<u8>,
 }
 
 impl Tracked {
     async fn connect(port: u16) -> Tracked {
-        let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        Tracked::connect_to(("127.0.0.1", port)).await
+    }
+
+    /// A tracking connection to `addr` (from the calling thread's network namespace).
+    pub(crate) async fn connect_to(addr: impl tokio::net::ToSocketAddrs) -> Tracked {
+        let stream = TcpStream::connect(addr).await.unwrap();
         let mut tracked = Tracked {
             stream,
             seen: Vec::new(),
@@ -114,42 +120,59 @@ impl Tracked {
         tracked
     }
 
-    async fn send(&mut self, text: &str) {
+    pub(crate) async fn send(&mut self, text: &str) {
         self.stream.write_all(text.as_bytes()).await.unwrap();
     }
 
     /// Reads until `needle` was seen (consuming up to it); panics after `within`.
-    async fn until(&mut self, needle: &[u8], within: Duration) -> Duration {
+    pub(crate) async fn until(&mut self, needle: &[u8], within: Duration) -> Duration {
         self.until_any(&[needle], within).await
     }
 
     /// Reads until one of `needles` was seen (consuming up to the first); panics after
     /// `within`.
-    async fn until_any(&mut self, needles: &[&[u8]], within: Duration) -> Duration {
+    pub(crate) async fn until_any(&mut self, needles: &[&[u8]], within: Duration) -> Duration {
+        match self.first_of(needles, within).await {
+            Some((_, took)) => took,
+            None => panic!(
+                "{:?} not received within {within:?}; got {:?}",
+                String::from_utf8_lossy(needles[0]),
+                String::from_utf8_lossy(&self.seen)
+            ),
+        }
+    }
+
+    /// Forgets what was read and not consumed yet.
+    pub(crate) fn forget(&mut self) {
+        self.seen.clear();
+    }
+
+    /// Reads until one of `needles` was seen, consuming up to the first to end: which one
+    /// (its index) and how long it took; `None` when none came within `within` (what was read
+    /// is kept).
+    pub(crate) async fn first_of(
+        &mut self,
+        needles: &[&[u8]],
+        within: Duration,
+    ) -> Option<(usize, Duration)> {
         let start = Instant::now();
         loop {
             let found = needles
                 .iter()
-                .filter_map(|needle| {
+                .enumerate()
+                .filter_map(|(index, needle)| {
                     let at = self
                         .seen
                         .windows(needle.len())
                         .position(|window| window == *needle)?;
-                    Some(at + needle.len())
+                    Some((at + needle.len(), index))
                 })
                 .min();
-            if let Some(end) = found {
+            if let Some((end, index)) = found {
                 self.seen.drain(..end);
-                return start.elapsed();
+                return Some((index, start.elapsed()));
             }
-            let needle = needles[0];
-            let left = within.checked_sub(start.elapsed()).unwrap_or_else(|| {
-                panic!(
-                    "{:?} not received within {within:?}; got {:?}",
-                    String::from_utf8_lossy(needle),
-                    String::from_utf8_lossy(&self.seen)
-                )
-            });
+            let left = within.checked_sub(start.elapsed())?;
             let mut buf = [0u8; 4096];
             match tokio::time::timeout(left, self.stream.read(&mut buf)).await {
                 Ok(Ok(0)) => panic!(
@@ -165,7 +188,7 @@ impl Tracked {
 }
 
 /// The null invalidation ("drop everything from this instance").
-const FLUSH: &[u8] = b">2\r\n$10\r\ninvalidate\r\n_\r\n";
+pub(crate) const FLUSH: &[u8] = b">2\r\n$10\r\ninvalidate\r\n_\r\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_feed_flushes_every_tracking_connection_counts_it_and_caps_leases() {

@@ -19,6 +19,7 @@ mod deploy;
 mod drain;
 mod fast_path;
 mod feed;
+mod feed_partition;
 mod fleet;
 mod floors;
 mod harden;

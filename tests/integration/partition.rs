@@ -33,7 +33,7 @@ use crate::harness::{command_timeout_toml, spool_dir};
 const KEY: &str = "sb:post";
 
 /// The HTTP port of every instance, in its own namespace.
-const HTTP_PORT: u16 = 8080;
+pub(crate) const HTTP_PORT: u16 = 8080;
 
 /// How long A publishes while it and the key's master are cut off.
 const CUT_PUBLISHING: Duration = Duration::from_millis(1500);
@@ -42,18 +42,17 @@ const CUT_PUBLISHING: Duration = Duration::from_millis(1500);
 const SYNC_TIMEOUT_MS: u64 = 100;
 
 /// A `hotsplit serve` in `host`'s namespace on the cluster at `redis_url`.
-struct Instance {
+pub(crate) struct Instance {
     /// The process (SIGKILLed when dropped).
     process: Process,
     /// `http://<ip>:8080`.
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Instance {
     /// Starts it, with its config and log under `dir` (with `synced`, the family's publishes
     /// wait for a replica: `sync_replicas = 1`); does not wait.
     fn spawn(host: &Host, redis_url: &str, dir: &Path, synced: bool) -> Instance {
-        let name = host.name();
         let config = format!(
             "[server]\nlisten = \"{ip}:{HTTP_PORT}\"\nshutdown_grace = \"1s\"\nallow_unauthenticated = true\n\
              [store]\nredis = \"{redis_url}\"\ncommand_timeout = \"{timeout}\"\n\
@@ -70,6 +69,13 @@ impl Instance {
             timeout = command_timeout_toml(),
             spool = spool_dir().display(),
         );
+        Instance::with_config(host, dir, &config)
+    }
+
+    /// Starts it with `config` (whose `[server] listen` must be `<ip>:8080`), its config file
+    /// and log under `dir`; does not wait.
+    pub(crate) fn with_config(host: &Host, dir: &Path, config: &str) -> Instance {
+        let name = host.name();
         let path = dir.join(format!("{name}.toml"));
         std::fs::write(&path, config)
             .unwrap_or_else(|err| panic!("write {}: {err}", path.display()));
@@ -91,8 +97,13 @@ impl Instance {
         }
     }
 
+    /// Its log so far, for a failure message.
+    pub(crate) fn log_text(&self) -> String {
+        self.process.log_text()
+    }
+
     /// Polls `/readyz` (from the driver's namespace) until it answers 2xx.
-    async fn wait_ready(&mut self, http: &reqwest::Client) {
+    pub(crate) async fn wait_ready(&mut self, http: &reqwest::Client) {
         let url = format!("{}/readyz", self.base);
         let mut readiness = self
             .process
@@ -481,7 +492,7 @@ async fn wait_converged(
 }
 
 /// The current-thread runtime a test drives its clients with, inside the driver's namespace.
-fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -489,7 +500,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// The HTTP client of a test's driver: every request bounded, so a cut shows as an error.
-fn http_client() -> reqwest::Client {
+pub(crate) fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
@@ -497,7 +508,7 @@ fn http_client() -> reqwest::Client {
 }
 
 /// Three masters with a replica each, and `instances` hotsplit hosts, in namespaces.
-fn topology(instances: usize) -> Topology {
+pub(crate) fn topology(instances: usize) -> Topology {
     Topology::start(3, instances, &NetClusterOptions::default())
         .expect("start the namespaced cluster")
 }
