@@ -307,19 +307,22 @@ impl Table {
         self.seq += 1;
         let seq = self.seq;
         let until = Instant::now() + PENDING_HOLD;
-        self.set(id, &key, until, seq, State::Reading);
+        self.set(
+            id,
+            &key,
+            Entry {
+                at: (until, seq),
+                state: State::Reading,
+            },
+        );
         self.make_room(id, &key);
         Some(seq)
     }
 
-    /// Sets `id`'s entry for `key` to end at `until` (its number `seq`) in `state`, counting it.
-    fn set(&mut self, id: u64, key: &Arc<str>, until: Instant, seq: u64, state: State) {
+    /// Sets `id`'s entry for `key` to `entry`, counting it.
+    fn set(&mut self, id: u64, key: &Arc<str>, entry: Entry) {
         let Some(tracker) = self.conns.get_mut(&id) else {
             return;
-        };
-        let entry = Entry {
-            at: (until, seq),
-            state,
         };
         match tracker.tracked.insert(key.clone(), entry) {
             Some(before) => {
@@ -332,7 +335,7 @@ impl Table {
                 self.keys.entry(key.clone()).or_default().push(id);
             }
         }
-        self.leases.insert((until, seq), (id, key.clone()));
+        self.leases.insert(entry.at, (id, key.clone()));
     }
 
     /// Invalidates keys until `id` and the instance are within their bounds (never `keep`,
@@ -397,7 +400,15 @@ impl Table {
                 lease.map_or(ACROSS_FLUSH_LEASE, |lease| lease.min(ACROSS_FLUSH_LEASE))
             }
         };
-        self.set(id, &shared, Instant::now() + lease, seq, State::Leased);
+        let at = (Instant::now() + lease, seq);
+        self.set(
+            id,
+            &shared,
+            Entry {
+                at,
+                state: State::Leased,
+            },
+        );
     }
 
     /// Untracks `key` for `id` and pushes its invalidation.
