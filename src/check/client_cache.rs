@@ -99,6 +99,26 @@ impl CacheBound {
     }
 }
 
+/// What `base`'s `/metrics` says its flushes did so far: the invalidations pushed because of
+/// them (`hotsplit_resp_tracking_invalidations_total{cause="flush"}`) and the feed's flushes
+/// (`hotsplit_feed_flushes_total`, every cause); zeros when it cannot be read.
+pub(super) async fn flush_counts(http: &reqwest::Client, base: &str) -> (u64, u64) {
+    let Ok(answer) = http.get(format!("{base}/metrics")).send().await else {
+        return (0, 0);
+    };
+    let text = answer.text().await.unwrap_or_default();
+    let sum = |prefix: &str| {
+        text.lines()
+            .filter(|line| line.starts_with(prefix))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    (
+        sum("hotsplit_resp_tracking_invalidations_total{cause=\"flush\"}"),
+        sum("hotsplit_feed_flushes_total"),
+    )
+}
+
 /// A cache entry: in flight (its `GET` sent on `conn`, no reply yet) or valid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Entry {

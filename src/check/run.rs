@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use super::options::CheckOptions;
 
-use super::client_cache::CacheBound;
+use super::client_cache::{self, CacheBound};
 use super::history::Event;
 use super::recorder::Recorder;
 use super::report::{judge, CheckReport, ClientCacheFigures, Mode, ModeResult};
@@ -338,15 +338,20 @@ async fn run_modes(
         reporter.say(&name);
         let mut rng = StdRng::seed_from_u64(options.seed.wrapping_add(index as u64));
         let reads_before = copy_reads(&experiment.cluster);
+        let flushes_before = client_cache::flush_counts(&experiment.http, &experiment.base).await;
         let phase_started = Instant::now();
         let loss_windows = experiment.run_mode(mode, &mut rng).await;
+        let flushes_after = client_cache::flush_counts(&experiment.http, &experiment.base).await;
         let reads = copy_reads_since(&experiment.cluster, &reads_before);
         let reads_per_s = reads as f64 / phase_started.elapsed().as_secs_f64().max(0.001);
         let events = experiment.recorder.take();
         write_history(options, &name, &events)?;
         let mut result = judge(mode, &events, &loss_windows);
         if let (Mode::ClientCache, Some(bound)) = (mode, experiment.cache_bound) {
-            result.client_cache = Some(ClientCacheFigures::judge(&events, &loss_windows, bound));
+            let mut figures = ClientCacheFigures::judge(&events, &loss_windows, bound);
+            figures.flush_pushes = flushes_after.0.saturating_sub(flushes_before.0);
+            figures.feed_flushes = flushes_after.1.saturating_sub(flushes_before.1);
+            result.client_cache = Some(figures);
         }
         result.near_cache = !experiment.key_tag.is_empty();
         result.redis_reads_per_s = reads_per_s;

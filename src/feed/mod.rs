@@ -18,7 +18,8 @@
 //! made, so once a heartbeat written at `t` arrived, every change before `t` did. When a feed's
 //! last proof is older than `max_silence` (a paused or partitioned primary, a slow link), when
 //! its connection drops or is (re)made, or when it could not keep up with its pushes, the
-//! instance sends the null invalidation to every tracking connection, drops its near-cache
+//! instance invalidates every key every tracking connection holds (one push each, not the null
+//! invalidation: `crate::tracking::Tracking::flush_all`), drops its near-cache
 //! entries (their floor records stay), says so in `hotsplit_feed_flushes_total{cause}` and a
 //! log line, and caps every lease at `max_silence` until every feed is current again
 //! (`/readyz` shows `feed_down`, `hotsplit_feed_up` is 0). A primary with no feed open (one

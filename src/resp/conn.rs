@@ -638,9 +638,6 @@ impl Connection {
         }
         let drained = outbox.drain();
         if let Some(form) = state.tracking.push_form(state.proto) {
-            if drained.flush {
-                encode_invalidation(None, form, output);
-            }
             for key in &drained.keys {
                 encode_invalidation(Some(key), form, output);
             }

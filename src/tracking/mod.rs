@@ -23,10 +23,9 @@
 //!   connection; a table over a bound invalidates keys (pushes them) to make room, never
 //!   forgets one. Tests: `tracking::tests::…`.
 //! - **One-shot.** An invalidated key is tracked again only when read again.
-//! - **A read across a flush stays tracked after its reply** (node-redis keeps such an answer
-//!   where no push before or with its reply reaches it): `table::Table::flush_all`. Tests:
-//!   `tracking::tests::a_read_in_flight_across_a_flush_…`,
-//!   `client_cache::a_flush_while_node_redis_reads_…`.
+//! - **A flush pushes every tracked key**, never the null invalidation, which node-redis
+//!   applies without invalidating its reads in flight (`table::Table::flush_all`). Tests:
+//!   `tracking::tests::a_flush_…`, `client_cache::a_flush_while_node_redis_reads_…`.
 
 pub mod feed_state;
 pub mod outbox;
@@ -132,7 +131,7 @@ pub enum Cause {
     Evicted,
     /// Its answer may not be cached (pushed just before the reply).
     Uncacheable,
-    /// A null invalidation (every key).
+    /// A flush: every tracked key pushed (`Tracking::flush_all`).
     Flush,
 }
 
@@ -470,7 +469,9 @@ impl Tracking {
         self.count(&mut table);
     }
 
-    /// Pushes a null invalidation to every tracking connection; answers how many.
+    /// Invalidates every tracked key of every connection (one push each: see
+    /// `table::Table::flush_all` for why not the null invalidation); answers how many
+    /// connections were pushed to.
     pub fn flush_all(&self) -> u64 {
         let mut table = self.lock();
         let told = table.flush_all();

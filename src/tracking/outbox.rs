@@ -38,13 +38,11 @@ pub struct Outbox {
 struct Pending {
     /// Keys to invalidate, in the order they were invalidated.
     keys: Vec<Arc<str>>,
-    /// A null invalidation ("flush everything") comes first.
-    flush: bool,
     /// The bytes `keys` takes as pushes.
     bytes: usize,
     /// Why the connection must close, when it must.
     close: Option<Close>,
-    /// How many pushes were ever added (a flush counts as one).
+    /// How many pushes were ever added.
     pushed: u64,
     /// `pushed` when the connection last drained them.
     drained: u64,
@@ -62,8 +60,6 @@ pub enum Close {
 /// What a connection's loop takes out of its outbox to write.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Drained {
-    /// Whether a null invalidation comes first.
-    pub flush: bool,
     /// The keys, one push each.
     pub keys: Vec<Arc<str>>,
     /// Set when the connection must close after writing them.
@@ -110,18 +106,6 @@ impl Outbox {
         !overflowed
     }
 
-    /// Adds a null invalidation: every key the client holds from this instance is dropped
-    /// (the keys pending before it are then covered by it).
-    pub fn push_flush(&self) {
-        let mut pending = self.lock();
-        pending.flush = true;
-        pending.keys.clear();
-        pending.bytes = 0;
-        pending.pushed += 1;
-        drop(pending);
-        self.wake();
-    }
-
     /// Marks the connection to close after what it has to write.
     pub(super) fn close(&self, why: Close) {
         self.lock().close.get_or_insert(why);
@@ -139,7 +123,6 @@ impl Outbox {
         let mut pending = self.lock();
         self.ready.store(false, Ordering::Release);
         let drained = Drained {
-            flush: std::mem::take(&mut pending.flush),
             keys: std::mem::take(&mut pending.keys),
             close: pending.close,
         };
@@ -233,17 +216,6 @@ mod tests {
         assert_eq!(drained.close, Some(Close::Overflow));
         assert!(outbox.push(Arc::from("e".repeat(100)), 50));
         assert!(outbox.drain().keys.is_empty());
-    }
-
-    #[test]
-    fn a_flush_covers_the_keys_before_it() {
-        let outbox = Outbox::new();
-        outbox.push(Arc::from("a"), 1000);
-        outbox.push_flush();
-        outbox.push(Arc::from("b"), 1000);
-        let drained = outbox.drain();
-        assert!(drained.flush);
-        assert_eq!(drained.keys, vec![Arc::from("b")]);
     }
 
     #[tokio::test]

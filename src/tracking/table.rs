@@ -35,40 +35,9 @@ fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
     }
 }
 
-/// The lease of a read in flight across a null invalidation whose answer may not be cached, or
-/// whose key changed while it ran: its key is pushed then, once more (see
-/// [`Table::flush_all`]). Longer than a loaded client's pause between two reads of its socket
-/// (a push read with the reply does not reach such an answer); short, since the answer is
-/// one a client should not keep.
-pub(super) const ACROSS_FLUSH_LEASE: Duration = Duration::from_millis(250);
-
 /// How long a key read but not answered yet stays tracked at most: the read settles it
 /// ([`Table::settle`]) long before.
 const PENDING_HOLD: Duration = Duration::from_secs(3600);
-
-/// Where one tracked key of one connection stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Read, not answered yet ([`Table::begin`]).
-    Reading,
-    /// Read, not answered yet, and every key was flushed meanwhile ([`Table::flush_all`]):
-    /// it stays tracked after its reply, whatever that answered (see there).
-    ReadingAcrossFlush,
-    /// As `ReadingAcrossFlush`, and its key changed meanwhile.
-    ChangedAcrossFlush,
-    /// Answered with a lease.
-    Leased,
-}
-
-/// One tracked key of one connection: its entry in [`Table::leases`] (until when, its
-/// sequence number) and where it stands.
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    /// Its key in [`Table::leases`].
-    at: (Instant, u64),
-    /// Where it stands.
-    state: State,
-}
 
 /// One tracking connection.
 #[derive(Debug)]
@@ -78,7 +47,7 @@ struct Tracker {
     /// Its mode.
     mode: Mode,
     /// The keys it tracks: until when, and the sequence number of that entry.
-    tracked: HashMap<Arc<str>, Entry>,
+    tracked: HashMap<Arc<str>, (Instant, u64)>,
     /// The bytes `tracked` is counted for.
     bytes: usize,
 }
@@ -268,8 +237,8 @@ impl Table {
         let Some(tracker) = self.conns.remove(&id) else {
             return;
         };
-        for (key, entry) in tracker.tracked {
-            self.leases.remove(&entry.at);
+        for (key, (until, seq)) in tracker.tracked {
+            self.leases.remove(&(until, seq));
             self.unindex(&key, id);
         }
         self.bytes = self.bytes.saturating_sub(tracker.bytes);
@@ -307,26 +276,19 @@ impl Table {
         self.seq += 1;
         let seq = self.seq;
         let until = Instant::now() + PENDING_HOLD;
-        self.set(
-            id,
-            &key,
-            Entry {
-                at: (until, seq),
-                state: State::Reading,
-            },
-        );
+        self.set(id, &key, until, seq);
         self.make_room(id, &key);
         Some(seq)
     }
 
-    /// Sets `id`'s entry for `key` to `entry`, counting it.
-    fn set(&mut self, id: u64, key: &Arc<str>, entry: Entry) {
+    /// Sets `id`'s entry for `key` to end at `until` (its number `seq`), counting it.
+    fn set(&mut self, id: u64, key: &Arc<str>, until: Instant, seq: u64) {
         let Some(tracker) = self.conns.get_mut(&id) else {
             return;
         };
-        match tracker.tracked.insert(key.clone(), entry) {
+        match tracker.tracked.insert(key.clone(), (until, seq)) {
             Some(before) => {
-                self.leases.remove(&before.at);
+                self.leases.remove(&before);
             }
             None => {
                 let cost = key.len() + ENTRY_OVERHEAD;
@@ -335,7 +297,7 @@ impl Table {
                 self.keys.entry(key.clone()).or_default().push(id);
             }
         }
-        self.leases.insert(entry.at, (id, key.clone()));
+        self.leases.insert((until, seq), (id, key.clone()));
     }
 
     /// Invalidates keys until `id` and the instance are within their bounds (never `keep`,
@@ -368,54 +330,40 @@ impl Table {
 
     /// Settles the read of `key` that [`Table::begin`] numbered `seq`: with a lease, the key
     /// stays tracked until it ends; without one (an answer that must not be cached), it is
-    /// invalidated now, before the reply. A read in flight across a null invalidation stays
-    /// tracked either way (see [`Table::flush_all`]): with its lease, or, without one or when
-    /// its key changed meanwhile, pushed now and again after [`ACROSS_FLUSH_LEASE`]. Nothing
-    /// when the entry was invalidated meanwhile.
+    /// invalidated now, before the reply. Nothing when the entry was invalidated meanwhile.
     pub(super) fn settle(&mut self, id: u64, key: &str, seq: u64, lease: Option<Duration>) {
         let Some(tracker) = self.conns.get(&id) else {
             return;
         };
-        let Some((shared, entry)) = tracker.tracked.get_key_value(key) else {
+        let Some((shared, (_, current))) = tracker.tracked.get_key_value(key) else {
             return;
         };
-        if entry.at.1 != seq {
+        if *current != seq {
             return;
         }
-        let state = entry.state;
-        let dest = tracker.dest.clone();
         let shared = shared.clone();
-        let lease = lease.filter(|lease| !lease.is_zero());
-        let lease = match (state, lease) {
-            (State::Reading | State::Leased, Some(lease)) => lease,
-            (State::Reading | State::Leased, None) => {
-                return self.invalidate_one(id, &shared, Cause::Uncacheable);
-            }
-            (State::ReadingAcrossFlush, Some(lease)) => lease,
-            (State::ReadingAcrossFlush, None) => {
-                self.push(&dest, &shared, Cause::Uncacheable);
-                ACROSS_FLUSH_LEASE
-            }
-            (State::ChangedAcrossFlush, lease) => {
-                lease.map_or(ACROSS_FLUSH_LEASE, |lease| lease.min(ACROSS_FLUSH_LEASE))
-            }
-        };
-        let at = (Instant::now() + lease, seq);
-        self.set(
-            id,
-            &shared,
-            Entry {
-                at,
-                state: State::Leased,
-            },
-        );
+        match lease.filter(|lease| !lease.is_zero()) {
+            Some(lease) => self.set(id, &shared, Instant::now() + lease, seq),
+            None => self.invalidate_one(id, &shared, Cause::Uncacheable),
+        }
     }
 
     /// Untracks `key` for `id` and pushes its invalidation.
     fn invalidate_one(&mut self, id: u64, key: &Arc<str>, cause: Cause) {
-        if let Some(dest) = self.forget(id, key) {
-            self.push(&dest, key, cause);
-        }
+        let Some(tracker) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let Some(entry) = tracker.tracked.remove(key) else {
+            return;
+        };
+        shrink(&mut tracker.tracked);
+        let cost = key.len() + ENTRY_OVERHEAD;
+        tracker.bytes = tracker.bytes.saturating_sub(cost);
+        self.bytes = self.bytes.saturating_sub(cost);
+        self.leases.remove(&entry);
+        let dest = tracker.dest.clone();
+        self.unindex(key, id);
+        self.push(&dest, key, cause);
     }
 
     /// `key` changed (through `origin`, the connection whose command changed it, if any):
@@ -428,27 +376,10 @@ impl Table {
         let mut pushes: Vec<(Arc<Outbox>, Arc<str>)> = Vec::new();
         if let Some((shared, ids)) = self.keys.remove_entry(key) {
             shrink(&mut self.keys);
-            let mut kept = Vec::new();
             for id in ids {
                 let Some(tracker) = self.conns.get_mut(&id) else {
                     continue;
                 };
-                if let Some(entry) = tracker.tracked.get_mut(key).filter(|entry| {
-                    matches!(
-                        entry.state,
-                        State::ReadingAcrossFlush | State::ChangedAcrossFlush
-                    )
-                }) {
-                    // Pushed now, and tracked on: its answer gets a push after its reply
-                    // (`settle`).
-                    entry.state = State::ChangedAcrossFlush;
-                    kept.push(id);
-                    told.push(id);
-                    if !(tracker.mode.noloop && origin == Some(id)) {
-                        pushes.push((tracker.dest.clone(), shared.clone()));
-                    }
-                    continue;
-                }
                 let Some(entry) = tracker.tracked.remove(key) else {
                     continue;
                 };
@@ -456,15 +387,12 @@ impl Table {
                 let cost = shared.len() + ENTRY_OVERHEAD;
                 tracker.bytes = tracker.bytes.saturating_sub(cost);
                 self.bytes = self.bytes.saturating_sub(cost);
-                self.leases.remove(&entry.at);
+                self.leases.remove(&entry);
                 told.push(id);
                 if tracker.mode.noloop && origin == Some(id) {
                     continue;
                 }
                 pushes.push((tracker.dest.clone(), shared.clone()));
-            }
-            if !kept.is_empty() {
-                self.keys.insert(shared, kept);
             }
         }
         for id in &self.bcast {
@@ -520,46 +448,26 @@ impl Table {
         }
     }
 
-    /// Pushes a null invalidation to every tracking connection and forgets every key answered
-    /// already. A key read but not answered yet stays tracked, marked, and is tracked on after
-    /// its reply whatever that answered ([`Table::settle`]), as Redis tracks a key read after a
-    /// flush: node-redis 5 empties its cache on a null invalidation but keeps the read it has
-    /// in flight, no longer indexed by its key, so a push of that key before or with the reply
-    /// does not reach it, and it caches the answer with no expiry. Only a push read after it
-    /// was cached does: its lease's, or [`ACROSS_FLUSH_LEASE`]'s when it had none or its key
-    /// changed meanwhile.
+    /// Invalidates every key every connection tracks, one push each, and answers how many
+    /// connections were pushed to. Not the null invalidation (`>2 invalidate _`): node-redis 5
+    /// answers it by emptying its cache's indexes (`BasicClientSideCache.clear`) without
+    /// invalidating the reads it has in flight, so a read sent before it arrived is cached with
+    /// no expiry when its reply comes, and the push of that key before the reply (a change, an
+    /// answer that may not be cached) no longer finds it. A key's own push reaches such a read
+    /// in every client; and every entry a client holds from this instance is a key tracked here
+    /// (from before its read until its push).
     pub(super) fn flush_all(&mut self) -> u64 {
-        let mut told = 0;
-        let mut forgotten: Vec<(u64, Arc<str>)> = Vec::new();
-        for (id, tracker) in &mut self.conns {
-            tracker.dest.push_flush();
-            for (key, entry) in &mut tracker.tracked {
-                match entry.state {
-                    State::Leased => forgotten.push((*id, key.clone())),
-                    State::Reading => entry.state = State::ReadingAcrossFlush,
-                    State::ReadingAcrossFlush | State::ChangedAcrossFlush => {}
-                }
-            }
-            told += 1;
+        let entries: Vec<(u64, Arc<str>)> = self
+            .leases
+            .values()
+            .map(|(id, key)| (*id, key.clone()))
+            .collect();
+        let mut told: Vec<u64> = entries.iter().map(|(id, _)| *id).collect();
+        told.sort_unstable();
+        told.dedup();
+        for (id, key) in entries {
+            self.invalidate_one(id, &key, Cause::Flush);
         }
-        for (id, key) in forgotten {
-            let _dest = self.forget(id, &key);
-        }
-        self.sent.by_cause[Cause::Flush as usize] += told;
-        told
-    }
-
-    /// Untracks `key` for `id` without a push; answers where its pushes went, if it was tracked.
-    fn forget(&mut self, id: u64, key: &Arc<str>) -> Option<Arc<Outbox>> {
-        let tracker = self.conns.get_mut(&id)?;
-        let entry = tracker.tracked.remove(key)?;
-        shrink(&mut tracker.tracked);
-        let cost = key.len() + ENTRY_OVERHEAD;
-        tracker.bytes = tracker.bytes.saturating_sub(cost);
-        self.bytes = self.bytes.saturating_sub(cost);
-        self.leases.remove(&entry.at);
-        let dest = tracker.dest.clone();
-        self.unindex(key, id);
-        Some(dest)
+        told.len() as u64
     }
 }

@@ -338,12 +338,12 @@ async fn a_ten_second_lease_is_read_again_only_when_it_ends() {
 /// at 50 reads/s and merged 1 s after it cools; layouts refreshed every 200 ms (`[heal]`).
 const MOVING: &str = "layout_interval = \"200ms\"\n[hot_keys]\nsample_every = 1\nthreshold = 50.0\nwindow = \"200ms\"\ncool_down = \"400ms\"\n[[family]]\nprefix = \"cse:\"\ncopies = 4\nttl = \"10m\"\ndefault_class = \"cached\"\nsplit = { mode = \"split\", max_copies = 8, threshold = 50.0, cool_down = \"1s\", max_split_keys = 4, max_splits_per_minute = 10 }\n";
 
-/// A null invalidation (here: the feed's connections killed, as a cut feed is flushed) while
-/// node-redis's read is in flight: node-redis empties its cache but keeps that read, and caches
-/// its answer with no expiry. The door invalidates the key just before that reply, so the
-/// answer is not kept where no later push could reach it, and a publish after it is seen.
-/// (Without that rule node-redis read `v1` from its cache for good, as it did in one CI run of
-/// the heal, repair, split and merge test below, whose feed flushed on silence under load.)
+/// A flush (here: the feed's connections killed) while node-redis's read is in flight. Had the
+/// flush been the null invalidation, node-redis would empty its cache but keep that read,
+/// unindexed, and cache its answer with no expiry where no later push reaches it (one CI run of
+/// the heal, repair, split and merge test below, whose feed flushed on silence under load, read
+/// `v1` for good that way). The flush pushes the key being read instead: the answer is not
+/// kept, the next read reaches the door, and a publish after it is seen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_while_node_redis_reads_leaves_no_answer_cached_beyond_the_door_s_reach() {
     let Some(node) = Lib::Node.command() else {

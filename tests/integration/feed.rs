@@ -1,8 +1,8 @@
 //! The invalidation feed between instances (`src/feed/`), on a 3-master/3-replica cluster with
 //! two instances: a publish through B reaches A's client-side caches (redis-py, node-redis) and
 //! A's near cache long before the 10 s lease would end, never going back; a cut feed (its
-//! connection killed, its master paused) sends every tracking connection of A the null
-//! invalidation, is counted, shows in `/readyz`, and caps leases meanwhile. The same on a real
+//! connection killed, its master paused) pushes every key A's tracking connections hold (the
+//! flush), is counted, shows in `/readyz`, and caps leases meanwhile. The same on a real
 //! partition (an instance cut from one master with nftables) is `feed_partition.rs`.
 
 use std::process::Command;
@@ -120,6 +120,39 @@ impl Tracked {
         tracked
     }
 
+    /// Writes `key` (`SET key held`), then reads it until it is held with a lease (no push of
+    /// the key before the reply: an answer read just after a change may not be cached), which
+    /// a flush ends with the key's push.
+    pub(crate) async fn hold(&mut self, key: &str) {
+        self.send(&format!("SET {key} held\r\n")).await;
+        self.until(b"+OK\r\n", Duration::from_secs(10)).await;
+        self.read_leased(key, "held").await;
+    }
+
+    /// Reads `key` (holding `value`) until the answer carries a lease (no push of the key
+    /// before the reply).
+    pub(crate) async fn read_leased(&mut self, key: &str, value: &str) {
+        let push = push_of(key);
+        let reply = format!("${}\r\n{value}\r\n", value.len()).into_bytes();
+        let reply = reply.as_slice();
+        let started = Instant::now();
+        loop {
+            self.send(&format!("GET {key}\r\n")).await;
+            match self
+                .first_of(&[&push, reply], Duration::from_secs(10))
+                .await
+            {
+                Some((1, _)) => return,
+                Some(_) => self.until(reply, Duration::from_secs(10)).await,
+                None => panic!("no answer to GET {key} within 10 s"),
+            };
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "GET {key} never answered with a lease"
+            );
+        }
+    }
+
     pub(crate) async fn send(&mut self, text: &str) {
         self.stream.write_all(text.as_bytes()).await.unwrap();
     }
@@ -187,8 +220,23 @@ impl Tracked {
     }
 }
 
-/// The null invalidation ("drop everything from this instance").
-pub(crate) const FLUSH: &[u8] = b">2\r\n$10\r\ninvalidate\r\n_\r\n";
+/// The push of `key`'s invalidation.
+pub(crate) fn push_of(key: &str) -> Vec<u8> {
+    format!(
+        ">2\r\n$10\r\ninvalidate\r\n*1\r\n${}\r\n{key}\r\n",
+        key.len()
+    )
+    .into_bytes()
+}
+
+/// The invalidations pushed by flushes so far (`/metrics` of `base`).
+pub(crate) async fn flush_pushes(base: &str) -> f64 {
+    let text = metrics_text(&reqwest::Client::new(), base).await;
+    counter(
+        &text,
+        "hotsplit_resp_tracking_invalidations_total{cause=\"flush\"} ",
+    )
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_feed_flushes_every_tracking_connection_counts_it_and_caps_leases() {
@@ -202,8 +250,11 @@ async fn a_cut_feed_flushes_every_tracking_connection_counts_it_and_caps_leases(
     wait_feed_up(&a.base).await;
     let http = reqwest::Client::new();
     let mut tracked = Tracked::connect(a_port).await;
+    tracked.hold("fd:held-1").await;
+    let flushed = flush_pushes(&a.base).await;
 
-    // Its feed connection on one master killed: flushed, counted, reconnected.
+    // Its feed connection on one master killed: flushed (the held key pushed), counted,
+    // reconnected.
     let masters = cluster.masters().unwrap();
     let master = masters[0];
     let clients = master.cli(&["CLIENT", "LIST"]).unwrap();
@@ -214,7 +265,9 @@ async fn a_cut_feed_flushes_every_tracking_connection_counts_it_and_caps_leases(
         let id = line.split(' ').next().unwrap().trim_start_matches("id=");
         master.cli(&["CLIENT", "KILL", "ID", id]).unwrap();
     }
-    tracked.until(FLUSH, Duration::from_secs(10)).await;
+    tracked
+        .until(&push_of("fd:held-1"), Duration::from_secs(10))
+        .await;
     poll(
         "the closed feed is counted and reopened",
         Duration::from_secs(10),
@@ -225,9 +278,12 @@ async fn a_cut_feed_flushes_every_tracking_connection_counts_it_and_caps_leases(
         },
     )
     .await;
+    assert!(flush_pushes(&a.base).await > flushed, "no push by a flush");
     wait_feed_up(&a.base).await;
 
-    // A key cached before the pause (its own push comes first: SET changed it).
+    // A key held before the pause, and one written (its own push comes first: SET changed it).
+    tracked.hold("fd:held-2").await;
+    let flushed = flush_pushes(&a.base).await;
     let key = "fd:capped";
     tracked
         .send(&format!("GET {key}\r\nSET {key} hello\r\n"))
@@ -237,7 +293,15 @@ async fn a_cut_feed_flushes_every_tracking_connection_counts_it_and_caps_leases(
     // A master paused: its feed falls silent, every tracking connection is flushed, /readyz
     // says so, and a lease given meanwhile is capped at max_silence (not the class's 10 s).
     master.pause().unwrap();
-    tracked.until(FLUSH, Duration::from_secs(10)).await;
+    tracked
+        .until(&push_of("fd:held-2"), Duration::from_secs(10))
+        .await;
+    poll(
+        "the pushes are a flush's",
+        Duration::from_secs(10),
+        || async { flush_pushes(&a.base).await > flushed },
+    )
+    .await;
     poll(
         "/readyz shows the feed down",
         Duration::from_secs(10),
@@ -254,15 +318,9 @@ async fn a_cut_feed_flushes_every_tracking_connection_counts_it_and_caps_leases(
         },
     )
     .await;
-    tracked.send(&format!("GET {key}\r\n")).await;
-    tracked
-        .until(b"$5\r\nhello\r\n", Duration::from_secs(10))
-        .await;
+    tracked.read_leased(key, "hello").await;
     // Its lease ends at max_silence (or a flush drops it sooner), not at the class's 10 s.
-    let push = format!("invalidate\r\n*1\r\n${}\r\n{key}\r\n", key.len());
-    let capped = tracked
-        .until_any(&[push.as_bytes(), FLUSH], Duration::from_secs(5))
-        .await;
+    let capped = tracked.until(&push_of(key), Duration::from_secs(5)).await;
     eprintln!("a lease given while the feed was down ended after {capped:?}");
     master.resume().unwrap();
     wait_feed_up(&a.base).await;

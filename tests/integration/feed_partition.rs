@@ -5,7 +5,7 @@
 //! nftables (its feed connection stays open and silent, as in a real partition).
 //!
 //! `feed_partition_an_instance_cut_from_one_master_flushes_within_the_bound_and_caps_leases`
-//! measures and bounds the time from the cut to the null invalidation on the tracking
+//! measures and bounds the time from the cut to the flush's pushes on the tracking
 //! connection (`max_silence` plus one heartbeat interval, with a stated slack), checks that the
 //! silence is counted (`hotsplit_feed_flushes_total{cause="silence"}`) and shown by `/readyz`
 //! (`feed_down`), that a lease given while cut ends within the cap, and that after the heal the
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use hotsplit_devcluster::{namespaces_or_skip, NetCluster, NetNode, Partition, Topology};
 
-use crate::feed::{counter, wait_feed_up, Tracked, FEED_FAMILY, FLUSH, PATIENT_CLASSES};
+use crate::feed::{counter, flush_pushes, wait_feed_up, Tracked, FEED_FAMILY, PATIENT_CLASSES};
 use crate::harness::{command_timeout_toml, metrics_text, poll, spool_dir};
 use crate::partition::{http_client, runtime, topology, Instance, HTTP_PORT};
 
@@ -92,6 +92,14 @@ async fn read_leased(tracked: &mut Tracked, key: &str, value: &str) -> Instant {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The keys the instance at `base` tracks (`hotsplit_resp_tracking_keys`).
+async fn tracked_keys(http: &reqwest::Client, base: &str) -> f64 {
+    counter(
+        &metrics_text(http, base).await,
+        "hotsplit_resp_tracking_keys ",
+    )
 }
 
 /// `/readyz` of `base`: `Ok(feed_down)` when it answers 2xx, else what it answered.
@@ -174,7 +182,7 @@ fn start_a(topology: &Topology, dir: &Path) -> Instance {
 struct CutFromOneMaster {
     /// The master A was cut from.
     master: String,
-    /// From the cut to the null invalidation on the tracking connection.
+    /// From the cut to the flush's pushes on the tracking connection.
     flushed: Duration,
     /// From the cut to `/readyz` showing the feed down.
     ready_down: Duration,
@@ -196,15 +204,23 @@ async fn lease_of(
     tracked: &mut Tracked,
     key: &str,
     within: Duration,
+    base: &str,
 ) -> (Duration, Option<&'static str>) {
     let push = push_of(key);
+    let flushes = flush_pushes(base).await;
     let answered = read_leased(tracked, key, &format!("v-{key}")).await;
-    let ended = tracked.first_of(&[push.as_bytes(), FLUSH], within).await;
-    let ended_by = ended.map(|(which, _)| match which {
-        0 => "its lease-clock push",
-        _ => "a flush",
+    let ended = tracked.first_of(&[push.as_bytes()], within).await;
+    let lasted = answered.elapsed();
+    // A flush pushes the key too: told apart by the flush counter.
+    let flushed = flush_pushes(base).await > flushes;
+    let ended_by = ended.map(|_| {
+        if flushed {
+            "a flush"
+        } else {
+            "its lease-clock push"
+        }
     });
-    (answered.elapsed(), ended_by)
+    (lasted, ended_by)
 }
 
 /// Whether a lease of `key` outlasts the cap by a margin: `Some(true)` when nothing ended it
@@ -215,7 +231,7 @@ async fn lease_outlasts_cap(tracked: &mut Tracked, key: &str, base: &str) -> Opt
     let window = MAX_SILENCE + HEARTBEAT + SLACK + SLACK;
     for _ in 0..3 {
         tracked.forget();
-        match lease_of(tracked, key, window).await {
+        match lease_of(tracked, key, window, base).await {
             (_, None) => return Some(true),
             (lasted, Some("a flush")) => {
                 eprintln!("after the heal a flush came {lasted:?} into the window");
@@ -252,16 +268,34 @@ async fn cut_from_one_master(topology: &Topology, a: &mut Instance) -> CutFromOn
         .master_for_key(format!("{}#0", KEYS[0]).as_bytes())
         .expect("the master of a copy of the first key");
     let silence_before = silence_flushes(&http, &a.base).await;
+    let flush_pushes_before = flush_pushes(&a.base).await;
+    let held = tracked_keys(&http, &a.base).await;
+    assert!(held >= 1.0, "no key held before the cut");
 
-    // 1. Cut from one master: the null invalidation reaches the tracking connection.
+    // 1. Cut from one master: the keys the tracking connection holds are pushed (the flush;
+    // their leases had 10 s to run). The first push is when the flush reached it.
     tracked.forget();
     topology
         .network
         .apply(&Partition::cut(host, master.host()))
         .expect("cut");
     let cut_at = Instant::now();
-    tracked.until(FLUSH, Duration::from_secs(10)).await;
+    let pushes: Vec<String> = KEYS.iter().map(|key| push_of(key)).collect();
+    let needles: Vec<&[u8]> = pushes.iter().map(|push| push.as_bytes()).collect();
+    assert!(
+        tracked
+            .first_of(&needles, Duration::from_secs(10))
+            .await
+            .is_some(),
+        "no held key was pushed within 10 s of the cut"
+    );
     let flushed = cut_at.elapsed();
+    poll(
+        "the pushes are a flush's",
+        Duration::from_secs(10),
+        || async { flush_pushes(&a.base).await > flush_pushes_before },
+    )
+    .await;
 
     // 2. Counted as a silence, and /readyz says the feed is down.
     poll(
@@ -274,7 +308,7 @@ async fn cut_from_one_master(topology: &Topology, a: &mut Instance) -> CutFromOn
     let ready_down = cut_at.elapsed();
 
     // 3. A lease given while cut ends at the cap (max_silence), not at 10 s.
-    let (lasted, ended_by) = lease_of(&mut tracked, KEYS[0], Duration::from_secs(5)).await;
+    let (lasted, ended_by) = lease_of(&mut tracked, KEYS[0], Duration::from_secs(5), &a.base).await;
 
     // Heal: the feed is current again and leases are the class's again.
     topology.network.heal().expect("heal");
@@ -325,7 +359,7 @@ fn feed_partition_an_instance_cut_from_one_master_flushes_within_the_bound_and_c
     let bound = MAX_SILENCE + HEARTBEAT + SLACK;
     assert!(
         flushed <= bound,
-        "the null invalidation came {flushed:?} after the cut, past {bound:?}"
+        "the flush's pushes came {flushed:?} after the cut, past {bound:?}"
     );
     // The flush was this master's silence, not another feed's.
     assert!(
@@ -350,7 +384,7 @@ fn feed_partition_an_instance_cut_from_one_master_flushes_within_the_bound_and_c
 struct ClosedFeed {
     /// The master whose feed was closed.
     master: String,
-    /// From the kill to the null invalidation on the tracking connection.
+    /// From the kill to the flush's pushes on the tracking connection.
     flushed: Duration,
     /// From the kill to `/readyz` showing the feed down.
     ready_down: Duration,
@@ -414,12 +448,14 @@ async fn closed_while_unreachable(topology: &Topology, a: &mut Instance) -> Clos
         .expect("drop A -> master");
     let killed_at = Instant::now();
     assert_eq!(kill_feed_connections(cluster, master), 1, "A's feed");
-    tracked.until(FLUSH, Duration::from_secs(10)).await;
+    tracked
+        .until(push_of(key).as_bytes(), Duration::from_secs(10))
+        .await;
     let flushed = killed_at.elapsed();
 
     // A lease given right after the flush is capped (the feed of that master is gone), while
     // /readyz comes to show the feed down.
-    let lease = lease_of(&mut tracked, key, Duration::from_secs(12));
+    let lease = lease_of(&mut tracked, key, Duration::from_secs(12), &a.base);
     let ready = async {
         let before = wait_readyz(&http, &a.base, true, Duration::from_secs(15)).await;
         (killed_at.elapsed(), before)
@@ -458,7 +494,7 @@ async fn closed_while_unreachable(topology: &Topology, a: &mut Instance) -> Clos
 
 /// A feed that closes while its master cannot be reached (A's packets to it are dropped, so
 /// it cannot be reopened; the master's own packets still reach A, so A sees the close): the
-/// null invalidation comes at once, a lease given right after it is capped, `/readyz` never
+/// flush (its key pushed) comes at once, a lease given right after it is capped, `/readyz` never
 /// says ready with the feed up as long as the feed cannot be reopened, and after the heal the
 /// feed is reopened and current again.
 #[test]
@@ -489,7 +525,7 @@ fn feed_partition_a_feed_closed_while_its_master_is_unreachable_stays_down_until
     let bound = MAX_SILENCE + HEARTBEAT + SLACK;
     assert!(
         measured.flushed <= bound,
-        "the null invalidation came {:?} after the close, past {bound:?}",
+        "the flush came {:?} after the close, past {bound:?}",
         measured.flushed
     );
     // /readyz pings every primary first, and waits out the command timeout (2 s) on the one it
