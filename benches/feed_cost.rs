@@ -5,8 +5,10 @@
 //! table), in one run.
 //!
 //! - `publish/no_feed`: [`Publisher::publish`] of a 512-byte value, primaries' acknowledgement;
+//! - `publish/one_feed`: the same while one feed runs in the process (an instance's own);
 //! - `publish/two_feeds`: the same while two feeds run (Redis then sends each write's key to 2
-//!   connections per primary).
+//!   connections per primary);
+//! - `publish/no_feed_after`: the feeds stopped again (how far the figures drift in one run).
 //!
 //! The target: `two_feeds`' p50 at most 1.05x `no_feed`'s. The medians are
 //! `median.point_estimate` in `target/criterion/feed_cost/<name>/new/estimates.json`. Run with
@@ -114,16 +116,22 @@ fn feed_cost(c: &mut Criterion) {
             .iter(|| publish(&publisher, &key, &version));
     });
     let shutdown = CancellationToken::new();
-    runtime.block_on(async {
-        start_feed(&cluster, "bench-a", &shutdown).await;
-        start_feed(&cluster, "bench-b", &shutdown).await;
+    runtime.block_on(start_feed(&cluster, "bench-a", &shutdown));
+    group.bench_function("publish/one_feed", |b| {
+        b.to_async(&runtime)
+            .iter(|| publish(&publisher, &key, &version));
     });
+    runtime.block_on(start_feed(&cluster, "bench-b", &shutdown));
     group.bench_function("publish/two_feeds", |b| {
         b.to_async(&runtime)
             .iter(|| publish(&publisher, &key, &version));
     });
-    group.finish();
     shutdown.cancel();
+    group.bench_function("publish/no_feed_after", |b| {
+        b.to_async(&runtime)
+            .iter(|| publish(&publisher, &key, &version));
+    });
+    group.finish();
     drop(publisher);
     runtime.shutdown_timeout(Duration::from_secs(1));
     drop(cluster);

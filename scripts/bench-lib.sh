@@ -212,7 +212,7 @@ start_hotsplit() {
     local store=(--redis "$redis_url")
     [ -n "$redis_url" ] || store=()
     log "starting hotsplit ($name) on 127.0.0.1:$port over ${redis_url:-the embedded store}"
-    HOTSPLIT_LOG=$filter "$ROOT/target/release/hotsplit" serve "${store[@]}" --listen "127.0.0.1:$port" \
+    HOTSPLIT_LOG=$filter "${CARGO_TARGET_DIR:-$ROOT/target}/release/hotsplit" serve "${store[@]}" --listen "127.0.0.1:$port" \
         --config "$WORK/$name.toml" >"$WORK/$name.log" 2>&1 &
     STARTED_PID=$!
     STARTED_PORT=$port

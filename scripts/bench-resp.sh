@@ -9,11 +9,19 @@
 #   - each server's CPU time per GET from /proc (utime + stime over the run's GETs); target at
 #     -P 16: hotsplit ≤ redis-server;
 #   - the same GET of a `primary`-class key (`prim:1`: no near cache, a Redis read per GET)
-#     against twemproxy at -P 1; target ≥ 0.9×;
+#     against twemproxy at -P 1 and -P 16; target ≥ 0.9× at both;
 #   - the publish latency: `SET alloc:1` through the RESP port (redis-benchmark -c 1) against the
 #     HTTP publish of the same allocated family (wrk -c 1 PUT); target: RESP p50 ≤ 1.05× HTTP's.
 # Rounds rotate the order of the sides (RESP_ROUNDS), and each side's median is reported. The
 # value is RESP_VALUE_BYTES (64) bytes everywhere. Figures land in RESP_SECTION and RESP_SUMMARY.
+#
+# RESP_PROFILE=1 (needs `perf`): after the rounds, one more run of each hotsplit case (the
+# near-cache hit at -P 1 and -P 16, the primary-class read at -P 1 and -P 16) under
+# `perf record -F RESP_PROFILE_HZ` of hotsplit's process; `perf report --no-children --sort
+# symbol` of each (self time per function, the shares of hotsplit's samples) goes to
+# $WORK/profile-<case>.txt, and the top RESP_PROFILE_TOP lines into RESP_SECTION. Stacks are not
+# asked for: the release build has no frame pointers, and a function's own share is what
+# tells where a GET's CPU goes.
 
 knob RESP_ROUNDS 3 1
 knob RESP_REQUESTS 400000 50000
@@ -21,6 +29,32 @@ knob RESP_PIPELINED_REQUESTS 2000000 200000
 knob RESP_CONNECTIONS 64 64
 knob RESP_VALUE_BYTES 64 64
 knob RESP_PUBLISHES 20000 2000
+knob RESP_PROFILE 0 0
+knob RESP_PROFILE_HZ 4999 999
+knob RESP_PROFILE_TOP 25 10
+
+# resp_profile NAME PORT PID PIPELINE KEY: redis-benchmark GET of KEY on PORT under perf record
+# of PID; the report of its samples by function in $WORK/profile-NAME.txt, whose top lines are
+# appended to $WORK/profiles.md.
+resp_profile() {
+    local name=$1 port=$2 pid=$3 pipeline=$4 key=$5 requests=$RESP_REQUESTS perf_pid
+    [ "$pipeline" = 1 ] || requests=$RESP_PIPELINED_REQUESTS
+    perf record -q -F "$RESP_PROFILE_HZ" -p "$pid" -o "$WORK/perf-$name.data" >"$WORK/perf-$name.log" 2>&1 &
+    perf_pid=$!
+    wait_for 10 test -s "$WORK/perf-$name.data" || die "perf record did not start; see $WORK/perf-$name.log"
+    log "profiling: redis-benchmark -P $pipeline GET $key on hotsplit under perf record"
+    rb_csv "$port" "$pipeline" "$requests" "$RESP_CONNECTIONS" GET "$key" >"$WORK/profile-$name.rps" ||
+        die "redis-benchmark under perf failed"
+    kill -INT "$perf_pid"
+    wait "$perf_pid" || true
+    perf report -i "$WORK/perf-$name.data" --no-children --sort symbol --stdio --percent-limit 0.3 \
+        >"$WORK/profile-$name.txt" 2>/dev/null || die "perf report failed for $name"
+    {
+        printf '\n#### %s (-P %s, %s GETs/s under perf)\n\n```\n' "$name" "$pipeline" "$(cut -d' ' -f1 "$WORK/profile-$name.rps")"
+        grep -E '^ +[0-9.]+%' "$WORK/profile-$name.txt" | head -n "$RESP_PROFILE_TOP"
+        printf '```\n'
+    } >>"$WORK/profiles.md"
+}
 
 # rb_csv PORT PIPELINE REQUESTS CONNECTIONS COMMAND...: one redis-benchmark run, prints
 # "rps p50_ms" from its --csv line.
@@ -126,12 +160,19 @@ listen = \"127.0.0.1:$resp_port\""
             for ((i = 0; i < n; i++)); do
                 side=${sides[$(((i + round) % n))]}
                 read -r s_name s_port s_pid s_key <<<"$side"
-                # The primary-class read's target is at -P 1 only.
-                [ "$s_name" != hotsplit-primary ] || [ "$pipeline" = 1 ] || continue
                 resp_side "$s_name" "$s_port" "$s_pid" "$pipeline" "$s_key"
             done
         done
     done
+
+    : >"$WORK/profiles.md"
+    if [ "$RESP_PROFILE" = 1 ]; then
+        command -v perf >/dev/null || die "RESP_PROFILE=1 needs perf (apt-get install linux-perf)"
+        resp_profile hit-p1 "$resp_port" "$hs_pid" 1 hot:1
+        resp_profile hit-p16 "$resp_port" "$hs_pid" 16 hot:1
+        resp_profile primary-p1 "$resp_port" "$hs_pid" 1 prim:1
+        resp_profile primary-p16 "$resp_port" "$hs_pid" 16 prim:1
+    fi
 
     # Publish latency: RESP SET against HTTP PUT, one connection each, rotating.
     cat >"$WORK/put.lua" <<EOF
@@ -150,18 +191,17 @@ EOF
     RESP_PUB_P50=$(printf '%s\n' "${resp_p50s[@]}" | awk '{printf "%.0f\n", $1 * 1000}' | median)
     HTTP_PUB_P50=$(printf '%s\n' "${http_p50s[@]}" | awk '/us$/ {sub(/us/, ""); printf "%.0f\n", $1} /ms$/ {sub(/ms/, ""); printf "%.0f\n", $1 * 1000} /[0-9]s$/ {sub(/s/, ""); printf "%.0f\n", $1 * 1e6}' | median)
 
-    local hs1 hs16 r1 r16 t1 t16 c1 c16 p1
+    local hs1 hs16 r1 r16 t1 t16 c1 c16 p1 p16
     hs1=$(resp_figure hotsplit 1 rps) hs16=$(resp_figure hotsplit 16 rps)
     r1=$(resp_figure redis 1 rps) r16=$(resp_figure redis 16 rps)
     t1=$(resp_figure twemproxy 1 rps) t16=$(resp_figure twemproxy 16 rps)
     c1=$(resp_figure ceiling 1 rps) c16=$(resp_figure ceiling 16 rps)
-    p1=$(resp_figure hotsplit-primary 1 rps)
+    p1=$(resp_figure hotsplit-primary 1 rps) p16=$(resp_figure hotsplit-primary 16 rps)
     local hs_cpu16 redis_cpu16
     hs_cpu16=$(resp_figure hotsplit 16 us) redis_cpu16=$(resp_figure redis 16 us)
     local rows="" name pipeline
     for pipeline in 1 16; do
         for name in hotsplit redis twemproxy ceiling hotsplit-primary; do
-            [ "$name" != hotsplit-primary ] || [ "$pipeline" = 1 ] || continue
             rows+="| $name | -P $pipeline | $(resp_figure "$name" "$pipeline" rps) | $(resp_figure "$name" "$pipeline" us) |
 "
         done
@@ -173,6 +213,7 @@ EOF
 ${rows}
 - hotsplit: \`GET hot:1\` ($COPIES copies, advisory, near cache on) and \`GET prim:1\` (\`primary\` class: a Redis read each) through \`[resp] listen\`; twemproxy (nutcracker, one server connection) and the ceiling (benches/resp_ceiling.rs) in front of / beside the same redis-server. twemproxy's CPU is its own (its Redis's apart).
 - Publish p50, one connection: RESP \`SET alloc:1\` $RESP_PUB_P50 µs (redis-benchmark -c 1 -n $RESP_PUBLISHES), HTTP \`PUT /v1/keys/alloc:1\` $HTTP_PUB_P50 µs (wrk -c 1 -d $DURATION).
+$(cat "$WORK/profiles.md")
 "
     RESP_SUMMARY="| RESP GET (near cache) vs the RESP ceiling, -P 1 | $hs1 | $c1 | $(ratio "$hs1" "$c1")× | ≥ 0.9× — $(verdict "$(ratio "$hs1" "$c1")" 0.9 ">=") |
 | RESP GET (near cache) vs the RESP ceiling, -P 16 | $hs16 | $c16 | $(ratio "$hs16" "$c16")× | ≥ 0.9× — $(verdict "$(ratio "$hs16" "$c16")" 0.9 ">=") |
@@ -181,6 +222,7 @@ ${rows}
 | RESP GET (near cache) vs Redis directly, -P 1 / -P 16 | $hs1 / $hs16 | $r1 / $r16 | $(ratio "$hs1" "$r1")× / $(ratio "$hs16" "$r16")× | – |
 | CPU µs per GET at -P 16, hotsplit vs redis-server | $hs_cpu16 | $redis_cpu16 | $(ratio "$hs_cpu16" "$redis_cpu16")× | ≤ 1× — $(verdict "$(ratio "$hs_cpu16" "$redis_cpu16")" 1 "<=") |
 | RESP GET, primary class (no near cache) vs twemproxy, -P 1 | $p1 | $t1 | $(ratio "$p1" "$t1")× | ≥ 0.9× — $(verdict "$(ratio "$p1" "$t1")" 0.9 ">=") |
+| RESP GET, primary class (no near cache) vs twemproxy, -P 16 | $p16 | $t16 | $(ratio "$p16" "$t16")× | ≥ 0.9× — $(verdict "$(ratio "$p16" "$t16")" 0.9 ">=") |
 | Publish p50, RESP SET vs HTTP PUT (µs) | $RESP_PUB_P50 | $HTTP_PUB_P50 | $(ratio "$RESP_PUB_P50" "$HTTP_PUB_P50")× | ≤ 1.05× — $(verdict "$(ratio "$RESP_PUB_P50" "$HTTP_PUB_P50")" 1.05 "<=") |
 "
     stop_pids "$hs_pid" "$twem_pid" "$ceiling_pid" "$redis_pid"
