@@ -19,8 +19,10 @@
 # near-cache hit at -P 1 and -P 16, the primary-class read at -P 1 and -P 16) under
 # `perf record -F RESP_PROFILE_HZ` of hotsplit's process; `perf report --no-children --sort
 # symbol` of each (self time per function, the shares of hotsplit's samples) goes to
-# $WORK/profile-<case>.txt, and the top RESP_PROFILE_TOP lines into RESP_SECTION. Stacks are not
-# asked for: the release build has no frame pointers, and a function's own share is what
+# RESP_PROFILE_DIR/profile-<case>.txt (kept after the run), and into RESP_SECTION: the shares
+# summed by part (the kernel, the allocator, memcpy/memcmp, clock reads, the door, the read
+# path, metrics, fred, tokio and tracing) and the top RESP_PROFILE_TOP functions. Stacks are
+# not asked for: the release build has no frame pointers, and a function's own share is what
 # tells where a GET's CPU goes.
 
 knob RESP_ROUNDS 3 1
@@ -32,6 +34,34 @@ knob RESP_PUBLISHES 20000 2000
 knob RESP_PROFILE 0 0
 knob RESP_PROFILE_HZ 4999 999
 knob RESP_PROFILE_TOP 25 10
+RESP_PROFILE_DIR=${RESP_PROFILE_DIR:-$ROOT/target/resp-profiles}
+
+# profile_parts FILE: a perf report's self shares summed by part, as one markdown table row per
+# part (largest first).
+profile_parts() {
+    grep -E '^ +[0-9.]+%' "$1" | awk '
+        {
+            share = $1; sub(/%/, "", share); line = $0
+            if ($2 == "[k]") part = "kernel (syscalls, TCP, scheduling)"
+            else if (line ~ /(mi_|_mi_|malloc|free|realloc)/) part = "allocator (mimalloc)"
+            else if (line ~ /__mem(move|cpy|cmp|set)/) part = "memcpy / memcmp"
+            else if (line ~ /(clock_gettime|read_tsc|Instant::now|SystemTime)/) part = "clock reads"
+            else if (line ~ /prometheus/) part = "metrics"
+            else if (line ~ /hotsplit::resp::/) part = "the Redis door (parse, run, encode)"
+            else if (line ~ /hotsplit::(read|near|route|ops|key|affinity|session|tracking)/) part = "the read path (plan, near cache, floors, decide)"
+            else if (line ~ /quick_cache/) part = "the read path (plan, near cache, floors, decide)"
+            else if (line ~ /hotsplit::(store|heal|fleet)/) part = "the store path (copy read, health guard, session record)"
+            else if (line ~ /(hash|Hasher|sip)/) part = "hashing"
+            else if (line ~ /fred::|redis_protocol/) part = "fred (store client)"
+            else if (line ~ /tokio::|mio::/) part = "tokio"
+            else if (line ~ /tracing/) part = "tracing"
+            else if (line ~ /(bytes::|futures_util|core::|alloc::|nom::|tokio_util|arc_swap)/) part = "futures, bytes, std"
+            else part = "other"
+            sum[part] += share
+        }
+        END { for (part in sum) printf "%.1f\t%s\n", sum[part], part }' |
+        sort -rn | awk -F'\t' '{ printf "| %s | %s %% |\n", $2, $1 }'
+}
 
 # resp_profile NAME PORT PID PIPELINE KEY: redis-benchmark GET of KEY on PORT under perf record
 # of PID; the report of its samples by function in $WORK/profile-NAME.txt, whose top lines are
@@ -47,11 +77,16 @@ resp_profile() {
         die "redis-benchmark under perf failed"
     kill -INT "$perf_pid"
     wait "$perf_pid" || true
-    perf report -i "$WORK/perf-$name.data" --no-children --sort symbol --stdio --percent-limit 0.3 \
-        >"$WORK/profile-$name.txt" 2>/dev/null || die "perf report failed for $name"
+    mkdir -p "$RESP_PROFILE_DIR"
+    perf report -i "$WORK/perf-$name.data" --no-children --sort symbol --stdio --percent-limit 0.05 2>/dev/null |
+        sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//' \
+            >"$RESP_PROFILE_DIR/profile-$name.txt" || die "perf report failed for $name"
     {
-        printf '\n#### %s (-P %s, %s GETs/s under perf)\n\n```\n' "$name" "$pipeline" "$(cut -d' ' -f1 "$WORK/profile-$name.rps")"
-        grep -E '^ +[0-9.]+%' "$WORK/profile-$name.txt" | head -n "$RESP_PROFILE_TOP"
+        printf '\n#### %s (-P %s, %s GETs/s under perf; %s)\n\n| part | share of samples |\n|---|---|\n' \
+            "$name" "$pipeline" "$(cut -d' ' -f1 "$WORK/profile-$name.rps")" "$RESP_PROFILE_DIR/profile-$name.txt"
+        profile_parts "$RESP_PROFILE_DIR/profile-$name.txt"
+        printf '\n```\n'
+        awk -v n="$RESP_PROFILE_TOP" '/^ +[0-9.]+%/ && shown++ < n' "$RESP_PROFILE_DIR/profile-$name.txt"
         printf '```\n'
     } >>"$WORK/profiles.md"
 }
