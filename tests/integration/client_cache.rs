@@ -373,7 +373,7 @@ async fn a_flush_while_node_redis_reads_leaves_no_answer_cached_beyond_the_door_
     .await;
 
     // Every replica holds its clients 1.8 s (under the 2 s command timeout): the read waits.
-    // (`/metrics` waits too: nothing below asks it until the pause ends.)
+    // (The door counts a GET when it is answered: the script says when it sent it.)
     let (gets, flushed_before) = (door.gets().await, flushes(&door).await);
     let replicas = cluster.replicas().unwrap();
     for replica in &replicas {
