@@ -391,14 +391,7 @@ async fn a_flush_while_node_redis_reads_leaves_no_answer_cached_beyond_the_door_
         paused.elapsed()
     );
     for master in cluster.masters().unwrap() {
-        let clients = master.cli(&["CLIENT", "LIST"]).unwrap();
-        for line in clients
-            .lines()
-            .filter(|line| line.contains("cmd=client|tracking"))
-        {
-            let id = line.split(' ').next().unwrap().trim_start_matches("id=");
-            master.cli(&["CLIENT", "KILL", "ID", id]).unwrap();
-        }
+        crate::feed::kill_feed_connections(master);
     }
     let killed = paused.elapsed();
     assert!(

@@ -228,6 +228,22 @@ impl Tracked {
     }
 }
 
+/// Kills every connection on `node` whose last command was `CLIENT TRACKING` (the
+/// instances' invalidation feeds: a cut feed); answers how many.
+pub(crate) fn kill_feed_connections(node: &hotsplit_devcluster::RedisNode) -> usize {
+    let clients = node.cli(&["CLIENT", "LIST"]).unwrap();
+    let mut killed = 0;
+    for line in clients
+        .lines()
+        .filter(|line| line.contains("cmd=client|tracking"))
+    {
+        let id = line.split(' ').next().unwrap().trim_start_matches("id=");
+        node.cli(&["CLIENT", "KILL", "ID", id]).unwrap();
+        killed += 1;
+    }
+    killed
+}
+
 /// The push of `key`'s invalidation.
 pub(crate) fn push_of(key: &str) -> Vec<u8> {
     format!(
@@ -264,14 +280,7 @@ async fn a_cut_feed_flushes_every_tracking_connection_counts_it_and_caps_leases(
     // reconnected.
     let masters = cluster.masters().unwrap();
     let master = masters[0];
-    let clients = master.cli(&["CLIENT", "LIST"]).unwrap();
-    for line in clients
-        .lines()
-        .filter(|line| line.contains("cmd=client|tracking"))
-    {
-        let id = line.split(' ').next().unwrap().trim_start_matches("id=");
-        master.cli(&["CLIENT", "KILL", "ID", id]).unwrap();
-    }
+    kill_feed_connections(master);
     tracked
         .until(&push_of("fd:held-1"), Duration::from_secs(10))
         .await;

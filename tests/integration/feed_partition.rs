@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 
 use hotsplit_devcluster::{namespaces_or_skip, NetCluster, NetNode, Partition, Topology};
 
-use crate::feed::{counter, flush_pushes, wait_feed_up, Tracked, FEED_FAMILY, PATIENT_CLASSES};
+use crate::feed::{
+    counter, flush_pushes, push_of, wait_feed_up, Tracked, FEED_FAMILY, PATIENT_CLASSES,
+};
 use crate::harness::{command_timeout_toml, metrics_text, poll, spool_dir};
 use crate::partition::{http_client, runtime, topology, Instance, HTTP_PORT};
 
@@ -54,14 +56,6 @@ fn bulk(value: &str) -> String {
     format!("${}\r\n{value}\r\n", value.len())
 }
 
-/// The invalidation push of `key` alone (a lease ended, a change, or uncacheable).
-fn push_of(key: &str) -> String {
-    format!(
-        ">2\r\n$10\r\ninvalidate\r\n*1\r\n${}\r\n{key}\r\n",
-        key.len()
-    )
-}
-
 /// Reads `key` (holding `value`) on `tracked` until the answer carries a lease (no push of the
 /// key before the reply: an answer is uncacheable when its source may predate a change this
 /// instance was told of); returns when the leased reply arrived.
@@ -72,7 +66,7 @@ async fn read_leased(tracked: &mut Tracked, key: &str, value: &str) -> Instant {
         tracked.send(&format!("GET {key}\r\n")).await;
         let first = tracked
             .first_of(
-                &[push.as_bytes(), reply.as_bytes()],
+                &[push.as_slice(), reply.as_bytes()],
                 Duration::from_secs(10),
             )
             .await;
@@ -209,7 +203,7 @@ async fn lease_of(
     let push = push_of(key);
     let flushes = flush_pushes(base).await;
     let answered = read_leased(tracked, key, &format!("v-{key}")).await;
-    let ended = tracked.first_of(&[push.as_bytes()], within).await;
+    let ended = tracked.first_of(&[push.as_slice()], within).await;
     let lasted = answered.elapsed();
     // A flush pushes the key too: told apart by the flush counter.
     let flushed = flush_pushes(base).await > flushes;
@@ -279,8 +273,8 @@ async fn cut_from_one_master(topology: &Topology, a: &mut Instance) -> CutFromOn
         .apply(&Partition::cut(host, master.host()))
         .expect("cut");
     let cut_at = Instant::now();
-    let pushes: Vec<String> = KEYS.iter().map(|key| push_of(key)).collect();
-    let needles: Vec<&[u8]> = pushes.iter().map(|push| push.as_bytes()).collect();
+    let pushes: Vec<Vec<u8>> = KEYS.iter().map(|key| push_of(key)).collect();
+    let needles: Vec<&[u8]> = pushes.iter().map(Vec::as_slice).collect();
     assert!(
         tracked
             .first_of(&needles, Duration::from_secs(10))
@@ -441,9 +435,7 @@ async fn closed_while_unreachable(topology: &Topology, a: &mut Instance) -> Clos
         .expect("drop A -> master");
     let killed_at = Instant::now();
     assert_eq!(kill_feed_connections(cluster, master), 1, "A's feed");
-    tracked
-        .until(push_of(key).as_bytes(), Duration::from_secs(10))
-        .await;
+    tracked.until(&push_of(key), Duration::from_secs(10)).await;
     let flushed = killed_at.elapsed();
 
     // A lease given right after the flush is capped (the feed of that master is gone), while
