@@ -207,6 +207,18 @@ impl NodeHealth {
         }
     }
 
+    /// The retry worker's final drain probes `node` with its queued writes: a failing node is
+    /// let through as a recovering one (a write that times out marks it failing again).
+    pub(crate) fn probe_at_shutdown(&self, node: &NodeLabel) {
+        let mut nodes = self.write();
+        if let Some(sick) = nodes.get_mut(node) {
+            if *sick == Sick::Failing {
+                tracing::info!(node = %node, "shutting down: sending the failing node's queued copies once more");
+                *sick = Sick::Recovering;
+            }
+        }
+    }
+
     /// `node` holds every queued copy again: it is healthy.
     fn mark_healthy(&self, node: &NodeLabel) {
         let mut nodes = self.write();

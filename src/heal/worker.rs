@@ -5,6 +5,11 @@
 //! entry: a retry never moves a copy backwards, and the expiry sent is the entry's absolute one),
 //! the node's entries are flushed in batches; when it fails, the node backs off exponentially
 //! with full jitter (`heal.backoff_initial` to `heal.backoff_cap`).
+//!
+//! At shutdown every node with entries gets one more probe, ignoring its backoff and what the
+//! health table last saw of it (a node marked failing may answer again by then, and the prober
+//! has stopped): its writes are sent, and a node that does not answer keeps its entries in the
+//! spool.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::queue::RetryQueue;
+use super::NodeHealth;
 use crate::metrics::{Metrics, RetryResult};
 use crate::store::{CasOutcome, CopyStore, NodeLabel};
 
@@ -29,6 +35,9 @@ pub struct RetryWorker {
     flush_batch: usize,
     /// How long the final drain may run at shutdown.
     drain_for: Duration,
+    /// The health table the store consults (with Redis): the final drain lets a failing node's
+    /// writes through.
+    health: Option<Arc<NodeHealth>>,
 }
 
 impl RetryWorker {
@@ -46,7 +55,16 @@ impl RetryWorker {
             metrics,
             flush_batch: flush_batch.max(1),
             drain_for,
+            health: None,
         }
+    }
+
+    /// The worker, with `health` the table its store consults: at shutdown, a node marked
+    /// failing is probed once more like every other (its writes are sent).
+    #[must_use]
+    pub fn with_health(mut self, health: Arc<NodeHealth>) -> RetryWorker {
+        self.health = Some(health);
+        self
     }
 
     /// Runs until `shutdown`, then tries to drain the queue for the grace period and logs what
@@ -82,6 +100,9 @@ impl RetryWorker {
                 .queue
                 .due_nodes(Instant::now() + Duration::from_secs(86_400));
             for node in due {
+                if let Some(health) = &this.health {
+                    health.probe_at_shutdown(&node);
+                }
                 let worker = this.clone();
                 running.spawn(async move { worker.serve_node(node).await });
             }

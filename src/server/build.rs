@@ -217,7 +217,8 @@ impl Healing {
             metrics.clone(),
             config.heal.flush_batch,
             drain_for,
-        );
+        )
+        .with_health(recorded.health.clone());
         Ok(Healing {
             retry_queue,
             purger,

@@ -139,7 +139,7 @@ async fn degraded_a_paused_seed_among_several_does_not_stop_startup() {
 }
 
 /// The nodes `/readyz` lists as failing or recovering (empty when the field is absent).
-async fn nodes_avoided(http: &reqwest::Client, base: &str) -> Vec<String> {
+pub(crate) async fn nodes_avoided(http: &reqwest::Client, base: &str) -> Vec<String> {
     let body = get_json(http, &format!("{base}/readyz")).await;
     body["nodes_avoided"]
         .as_array()

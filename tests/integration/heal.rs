@@ -525,27 +525,46 @@ async fn heal_the_binary_drops_a_torn_spool_tail_and_refuses_a_shared_one() {
     owner.wait_ready().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heal_shutdown_drains_what_it_can_and_spools_the_rest() {
+/// A standalone server whose `default` user may not `FCALL`, and a config of the family `sd:`
+/// (4 copies) on it with a long retry backoff (only a shutdown drain, which ignores it, retries
+/// within a test) and a 3 s grace: a publish there is queued, and no retry succeeds until the
+/// test gives `FCALL` back. The layout records (changed only through `FCALL hotsplit_layout`)
+/// are written first, as an earlier start would have left them, so startup needs no `FCALL`.
+async fn refusing_fcall() -> (Standalone, hotsplit::config::Config) {
     let server = tokio::task::spawn_blocking(|| Standalone::start().unwrap())
         .await
         .unwrap();
     let port = server.node.port();
     let mut config = config_with_family(Some(&server.url()), "sd:", 4);
-    // A long backoff: only the shutdown drain (which ignores it) retries within this test.
     config.heal.backoff_initial = Duration::from_secs(30);
     config.heal.backoff_cap = Duration::from_secs(30);
     config.server.shutdown_grace = Duration::from_secs(3);
-    let http = reqwest::Client::new();
-
-    // The store refuses FCALL: the publish is queued, and shutdown cannot drain it. The layout
-    // records (changed only through FCALL hotsplit_layout) are written first, as an earlier
-    // start would have left them, so startup needs no FCALL.
     for (family, layout) in [("sd:", "4:4"), ("alloc:", "4:4"), ("default", "1:1")] {
         let record = hotsplit::store::layout_key(family);
         devcluster::cli(port, &["SET", &record, layout]).unwrap();
     }
     devcluster::cli(port, &["ACL", "SETUSER", "default", "-fcall"]).unwrap();
+    (server, config)
+}
+
+/// Asserts that every copy of `sd:1` on `port` holds version 1.
+fn assert_every_copy_holds_v1(port: u16) {
+    for copy in 0..4 {
+        assert_eq!(
+            stored_version(port, &format!("sd:1#{copy}")),
+            1,
+            "copy {copy}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_shutdown_drains_what_it_can_and_spools_the_rest() {
+    let (server, config) = refusing_fcall().await;
+    let port = server.node.port();
+    let http = reqwest::Client::new();
+
+    // The store refuses FCALL: the publish is queued, and shutdown cannot drain it.
     let service = Service::start(config.clone()).await;
     publish_expecting(
         &http,
@@ -564,13 +583,47 @@ async fn heal_shutdown_drains_what_it_can_and_spools_the_rest() {
     );
     devcluster::cli(port, &["ACL", "SETUSER", "default", "+fcall"]).unwrap();
     service.stop().await;
-    for copy in 0..4 {
-        assert_eq!(
-            stored_version(port, &format!("sd:1#{copy}")),
-            1,
-            "copy {copy}"
-        );
-    }
+    assert_every_copy_holds_v1(port);
+}
+
+/// A node the health table marked failing (a read timed out on it) that answers again by the
+/// time of shutdown is drained there: the final drain sends its queued copies whatever the
+/// table last saw, as it ignores the backoff. (Under load, missed health probes mark a node
+/// failing just as well, and the prober stops at shutdown.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_shutdown_drains_a_node_marked_failing_that_answers_again() {
+    let (server, mut config) = refusing_fcall().await;
+    let port = server.node.port();
+    // No health probe after the first round: once marked failing, the node stays so until
+    // shutdown. A short command timeout marks it failing quickly.
+    config.heal.probe_interval = Duration::from_secs(120);
+    config.store.command_timeout = Duration::from_millis(300);
+    let http = reqwest::Client::new();
+    let service = Service::start(config).await;
+    publish_expecting(
+        &http,
+        &service.base,
+        Edit::new("sd:1", 1, "one"),
+        StatusCode::ACCEPTED,
+    )
+    .await;
+
+    server.node.pause().expect("SIGSTOP");
+    let read = get(
+        &http,
+        &format!("{}/v1/keys/sd:1?client=reader", service.base),
+        &[],
+    )
+    .await;
+    assert!(read.status().is_server_error(), "{}", read.status());
+    assert_eq!(
+        crate::degraded::nodes_avoided(&http, &service.base).await,
+        vec![format!("127.0.0.1:{port}")]
+    );
+    server.node.resume().expect("SIGCONT");
+    devcluster::cli(port, &["ACL", "SETUSER", "default", "+fcall"]).unwrap();
+    service.stop().await;
+    assert_every_copy_holds_v1(port);
 }
 
 /// `SHUTDOWN NOSAVE` of a master during a publish, then a restart from its `nodes.conf`: back
