@@ -10,6 +10,10 @@
 #     -P 16: hotsplit ≤ redis-server;
 #   - the same GET of a `primary`-class key (`prim:1`: no near cache, a Redis read per GET)
 #     against twemproxy at -P 1 and -P 16; target ≥ 0.9× at both;
+#   - both again over 1,000 hot keys (`GET hot:__rand_int__` with `-r 1000`, each key published
+#     first; twemproxy reads the same keys from Redis), and the hit over 1,000 keys of a class
+#     whose near cache keeps entries 10 s (`warm:`): advisory's 125 ms bound makes 1,000 keys ×
+#     8 copies a steady stream of refresh reads, which the 10 s class takes out of the figure;
 #   - the publish latency: `SET alloc:1` through the RESP port (redis-benchmark -c 1) against the
 #     HTTP publish of the same allocated family (wrk -c 1 PUT); target: RESP p50 ≤ 1.05× HTTP's.
 # Rounds rotate the order of the sides (RESP_ROUNDS), and each side's median is reported. The
@@ -30,6 +34,7 @@ knob RESP_REQUESTS 400000 50000
 knob RESP_PIPELINED_REQUESTS 2000000 200000
 knob RESP_CONNECTIONS 64 64
 knob RESP_VALUE_BYTES 64 64
+knob RESP_KEYS 1000 1000
 knob RESP_PUBLISHES 20000 2000
 knob RESP_PROFILE 0 0
 knob RESP_PROFILE_HZ 4999 999
@@ -108,11 +113,13 @@ per_get_us() { awk -v t="$1" -v n="$2" -v hz="$CLK_TCK" 'BEGIN { if (n == 0) pri
 # resp_side NAME PORT PID PIPELINE KEY: one redis-benchmark GET run of KEY on PORT, appending
 # "NAME PIPELINE rps us_per_get" to $WORK/resp-runs (PID's CPU over the run).
 resp_side() {
-    local name=$1 port=$2 pid=$3 pipeline=$4 key=$5 requests=$RESP_REQUESTS before after out
+    local name=$1 port=$2 pid=$3 pipeline=$4 key=$5 requests=$RESP_REQUESTS before after out keyspace=()
     [ "$pipeline" = 1 ] || requests=$RESP_PIPELINED_REQUESTS
+    # A key with __rand_int__ is one of RESP_KEYS keys, each GET picking one at random.
+    case $key in *__rand_int__*) keyspace=(-r "$RESP_KEYS") ;; esac
     before=$(pid_ticks "$pid")
-    log "redis-benchmark -c $RESP_CONNECTIONS -P $pipeline -n $requests GET $key on $name (127.0.0.1:$port)"
-    out=$(rb_csv "$port" "$pipeline" "$requests" "$RESP_CONNECTIONS" GET "$key") || die "redis-benchmark on $name failed"
+    log "redis-benchmark -c $RESP_CONNECTIONS -P $pipeline -n $requests ${keyspace[*]} GET $key on $name (127.0.0.1:$port)"
+    out=$(rb_csv "$port" "$pipeline" "$requests" "$RESP_CONNECTIONS" "${keyspace[@]}" GET "$key") || die "redis-benchmark on $name failed"
     after=$(pid_ticks "$pid")
     [ -n "$out" ] || die "redis-benchmark on $name printed no figure"
     printf '%s %s %s %s\n' "$name" "$pipeline" "${out%% *}" "$(per_get_us $((after - before)) "$requests")" >>"$WORK/resp-runs"
@@ -172,6 +179,13 @@ $(family prim: 1)
 default_class = \"primary\"
 $(family alloc: 1)
 versioning = \"allocated\"
+$(family warm: "$COPIES")
+default_class = \"patient\"
+[classes.patient]
+route = \"replica\"
+reason = \"the many-key hit: entries that live 10 s, so refreshes are rare\"
+staleness_budget = \"20s\"
+near_cache_max_age = \"10s\"
 [resp]
 listen = \"127.0.0.1:$resp_port\""
     start_hotsplit hotsplit-resp "redis://127.0.0.1:$port" "$families" "" warn
@@ -182,13 +196,27 @@ listen = \"127.0.0.1:$resp_port\""
     curl -fsS --max-time 10 -X PUT --data-binary "@$WORK/resp-value.bin" "$base/v1/keys/prim:1?version=1" >/dev/null ||
         die "publishing prim:1 failed"
     wait_for 20 redis_ping "$resp_port" || die "hotsplit's RESP port did not answer; see $WORK/hotsplit-resp.log"
+    # The many-key case's keys, as redis-benchmark -r names them (12 digits): in Redis for
+    # twemproxy, published through the RESP port for hotsplit.
+    local k
+    for ((k = 0; k < RESP_KEYS; k++)); do
+        printf 'SET hot:%012d %s\nSET prim:%012d %s\n' "$k" "$value" "$k" "$value"
+    done | redis-cli -p "$port" >/dev/null || die "setting the $RESP_KEYS keys in Redis failed"
+    for ((k = 0; k < RESP_KEYS; k++)); do
+        printf 'HOTSPLIT.PUBLISH hot:%012d 1 %s\nHOTSPLIT.PUBLISH prim:%012d 1 %s\nHOTSPLIT.PUBLISH warm:%012d 1 %s\n' \
+            "$k" "$value" "$k" "$value" "$k" "$value"
+    done | redis-cli -p "$resp_port" >"$WORK/resp-publish-keys.txt" || die "publishing the $RESP_KEYS keys failed"
+    grep -q ERR "$WORK/resp-publish-keys.txt" && die "publishing the $RESP_KEYS keys failed: $(grep -m1 ERR "$WORK/resp-publish-keys.txt")"
     local answer
     answer=$(redis-cli -p "$resp_port" GET hot:1)
     [ "$answer" = "$value" ] || die "GET hot:1 through the RESP port answered \"$answer\""
 
     : >"$WORK/resp-runs"
     local sides=("hotsplit $resp_port $hs_pid hot:1" "redis $port $redis_pid hot:1" "twemproxy $twem_port $twem_pid hot:1"
-        "ceiling $ceiling_port $ceiling_pid hot:1" "hotsplit-primary $resp_port $hs_pid prim:1")
+        "ceiling $ceiling_port $ceiling_pid hot:1" "hotsplit-primary $resp_port $hs_pid prim:1"
+        "hotsplit-1k $resp_port $hs_pid hot:__rand_int__" "hotsplit-1k-10s $resp_port $hs_pid warm:__rand_int__"
+        "twemproxy-1k $twem_port $twem_pid hot:__rand_int__"
+        "hotsplit-primary-1k $resp_port $hs_pid prim:__rand_int__")
     local round i n=${#sides[@]} pipeline side
     for ((round = 0; round < RESP_ROUNDS; round++)); do
         for pipeline in 1 16; do
@@ -232,11 +260,16 @@ EOF
     t1=$(resp_figure twemproxy 1 rps) t16=$(resp_figure twemproxy 16 rps)
     c1=$(resp_figure ceiling 1 rps) c16=$(resp_figure ceiling 16 rps)
     p1=$(resp_figure hotsplit-primary 1 rps) p16=$(resp_figure hotsplit-primary 16 rps)
+    local k1 k16 kw1 kw16 kt1 kt16 kp1 kp16
+    k1=$(resp_figure hotsplit-1k 1 rps) k16=$(resp_figure hotsplit-1k 16 rps)
+    kw1=$(resp_figure hotsplit-1k-10s 1 rps) kw16=$(resp_figure hotsplit-1k-10s 16 rps)
+    kt1=$(resp_figure twemproxy-1k 1 rps) kt16=$(resp_figure twemproxy-1k 16 rps)
+    kp1=$(resp_figure hotsplit-primary-1k 1 rps) kp16=$(resp_figure hotsplit-primary-1k 16 rps)
     local hs_cpu16 redis_cpu16
     hs_cpu16=$(resp_figure hotsplit 16 us) redis_cpu16=$(resp_figure redis 16 us)
     local rows="" name pipeline
     for pipeline in 1 16; do
-        for name in hotsplit redis twemproxy ceiling hotsplit-primary; do
+        for name in hotsplit redis twemproxy ceiling hotsplit-primary hotsplit-1k hotsplit-1k-10s twemproxy-1k hotsplit-primary-1k; do
             rows+="| $name | -P $pipeline | $(resp_figure "$name" "$pipeline" rps) | $(resp_figure "$name" "$pipeline" us) |
 "
         done
@@ -246,7 +279,7 @@ EOF
 | Server | depth | GETs/s | server CPU µs per GET |
 |---|---|---|---|
 ${rows}
-- hotsplit: \`GET hot:1\` ($COPIES copies, advisory, near cache on) and \`GET prim:1\` (\`primary\` class: a Redis read each) through \`[resp] listen\`; twemproxy (nutcracker, one server connection) and the ceiling (benches/resp_ceiling.rs) in front of / beside the same redis-server. twemproxy's CPU is its own (its Redis's apart).
+- hotsplit: \`GET hot:1\` ($COPIES copies, advisory, near cache on) and \`GET prim:1\` (\`primary\` class: a Redis read each) through \`[resp] listen\`; the \`-1k\` rows read $RESP_KEYS keys of each (\`-r $RESP_KEYS\`), \`-1k-10s\` of \`warm:\` (class \`patient\`: a 10 s max age, where advisory's is 125 ms, so each of its $((RESP_KEYS * COPIES)) entries is refreshed from Redis every 10 s, not every 125 ms); twemproxy (nutcracker, one server connection) and the ceiling (benches/resp_ceiling.rs) in front of / beside the same redis-server. twemproxy's CPU is its own (its Redis's apart).
 - Publish p50, one connection: RESP \`SET alloc:1\` $RESP_PUB_P50 µs (redis-benchmark -c 1 -n $RESP_PUBLISHES), HTTP \`PUT /v1/keys/alloc:1\` $HTTP_PUB_P50 µs (wrk -c 1 -d $DURATION).
 $(cat "$WORK/profiles.md")
 "
@@ -256,6 +289,12 @@ $(cat "$WORK/profiles.md")
 | RESP GET (near cache) vs twemproxy, -P 16 | $hs16 | $t16 | $(ratio "$hs16" "$t16")× | > 1× — $(verdict "$(ratio "$hs16" "$t16")" 1 ">=") |
 | RESP GET (near cache) vs Redis directly, -P 1 / -P 16 | $hs1 / $hs16 | $r1 / $r16 | $(ratio "$hs1" "$r1")× / $(ratio "$hs16" "$r16")× | – |
 | CPU µs per GET at -P 16, hotsplit vs redis-server | $hs_cpu16 | $redis_cpu16 | $(ratio "$hs_cpu16" "$redis_cpu16")× | ≤ 1× — $(verdict "$(ratio "$hs_cpu16" "$redis_cpu16")" 1 "<=") |
+| RESP GET (near cache), $RESP_KEYS keys, vs the RESP ceiling, -P 1 | $k1 | $c1 | $(ratio "$k1" "$c1")× | ≥ 0.9× — $(verdict "$(ratio "$k1" "$c1")" 0.9 ">=") |
+| RESP GET (near cache), $RESP_KEYS keys, vs the RESP ceiling, -P 16 | $k16 | $c16 | $(ratio "$k16" "$c16")× | ≥ 0.9× — $(verdict "$(ratio "$k16" "$c16")" 0.9 ">=") |
+| RESP GET (near cache, 10 s max age), $RESP_KEYS keys, vs the RESP ceiling, -P 1 | $kw1 | $c1 | $(ratio "$kw1" "$c1")× | ≥ 0.9× — $(verdict "$(ratio "$kw1" "$c1")" 0.9 ">=") |
+| RESP GET (near cache, 10 s max age), $RESP_KEYS keys, vs the RESP ceiling, -P 16 | $kw16 | $c16 | $(ratio "$kw16" "$c16")× | ≥ 0.9× — $(verdict "$(ratio "$kw16" "$c16")" 0.9 ">=") |
+| RESP GET, primary class, $RESP_KEYS keys, vs twemproxy ($RESP_KEYS keys), -P 1 | $kp1 | $kt1 | $(ratio "$kp1" "$kt1")× | ≥ 0.9× — $(verdict "$(ratio "$kp1" "$kt1")" 0.9 ">=") |
+| RESP GET, primary class, $RESP_KEYS keys, vs twemproxy ($RESP_KEYS keys), -P 16 | $kp16 | $kt16 | $(ratio "$kp16" "$kt16")× | ≥ 0.9× — $(verdict "$(ratio "$kp16" "$kt16")" 0.9 ">=") |
 | RESP GET, primary class (no near cache) vs twemproxy, -P 1 | $p1 | $t1 | $(ratio "$p1" "$t1")× | ≥ 0.9× — $(verdict "$(ratio "$p1" "$t1")" 0.9 ">=") |
 | RESP GET, primary class (no near cache) vs twemproxy, -P 16 | $p16 | $t16 | $(ratio "$p16" "$t16")× | ≥ 0.9× — $(verdict "$(ratio "$p16" "$t16")" 0.9 ">=") |
 | Publish p50, RESP SET vs HTTP PUT (µs) | $RESP_PUB_P50 | $HTTP_PUB_P50 | $(ratio "$RESP_PUB_P50" "$HTTP_PUB_P50")× | ≤ 1.05× — $(verdict "$(ratio "$RESP_PUB_P50" "$HTTP_PUB_P50")" 1.05 "<=") |

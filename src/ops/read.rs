@@ -30,6 +30,50 @@ impl Ops {
         request: ReadRequest,
         session: &mut ClientSession,
     ) -> Result<ReadAnswer> {
+        let begun = self.begin_read(&request, session);
+        let read = self
+            .reader()
+            .read(&request, begun.carried)
+            .await
+            .map_err(|err| rollback::name_session_cause(err, begun.session_floor))?;
+        let read = self
+            .guard_rollback(&request, read, begun.carried, begun.now_ms)
+            .await?;
+        self.end_read(&request, &begun, read, session)
+    }
+
+    /// [`Ops::read`] when memory answers it (the near cache, or a refusal made before any
+    /// store call): the same answer and the same floors left, with no future. `None`, having
+    /// changed nothing, when the read needs the store, or when its answer could need the
+    /// rollback guard's second read (a reader naming a client, for a key with an exact
+    /// high-water mark): the caller then runs [`Ops::read`].
+    ///
+    /// # Errors
+    /// As [`Ops::read`].
+    pub fn read_now(
+        &self,
+        request: &ReadRequest,
+        session: &mut ClientSession,
+    ) -> Option<Result<ReadAnswer>> {
+        let begun = self.begin_read(request, session);
+        if matches!(request.caller, Caller::Client(_))
+            && matches!(
+                self.high_water().floor(&request.key, begun.now_ms),
+                Some(Mark::Exact(_))
+            )
+        {
+            return None;
+        }
+        let read = match self.reader().read_now(request, begun.carried)? {
+            Ok(read) => read,
+            Err(err) => return Some(Err(rollback::name_session_cause(err, begun.session_floor))),
+        };
+        Some(self.end_read(request, &begun, read, session))
+    }
+
+    /// The floors a read of `request` carries (the session's, a pooled caller's share of the
+    /// high-water), read once at its start.
+    fn begin_read(&self, request: &ReadRequest, session: &ClientSession) -> Begun {
         let now_ms = now_unix_ms();
         let key_hash = self.sessions().key_hash(&request.key);
         let mut carried = Carried {
@@ -51,12 +95,23 @@ impl Ops {
             .filter(|floor| {
                 Some(*floor) >= request.min_version && Some(*floor) >= request.if_none_match
             });
-        let read = self
-            .reader()
-            .read(&request, carried)
-            .await
-            .map_err(|err| rollback::name_session_cause(err, session_floor))?;
-        let Read { found, trail } = self.guard_rollback(&request, read, carried, now_ms).await?;
+        Begun {
+            now_ms,
+            key_hash,
+            carried,
+            session_floor,
+        }
+    }
+
+    /// The after-answer step of a read that found `read`, then its answer.
+    fn end_read(
+        &self,
+        request: &ReadRequest,
+        begun: &Begun,
+        read: Read,
+        session: &mut ClientSession,
+    ) -> Result<ReadAnswer> {
+        let Read { found, trail } = read;
         let pins = match (trail.seen, request.caller.client_id()) {
             (Some(version), Some(client)) => Pins::Seen { client, version },
             _ => Pins::None,
@@ -64,8 +119,8 @@ impl Ops {
         self.leave(
             Left {
                 key: &request.key,
-                key_hash,
-                now_ms,
+                key_hash: begun.key_hash,
+                now_ms: begun.now_ms,
                 floor: trail.shown,
                 written: false,
                 pins,
@@ -79,4 +134,16 @@ impl Ops {
         }
         .into_answer()
     }
+}
+
+/// What a read carries from its start to its after-answer step.
+struct Begun {
+    /// The clock when it started (floors' expiry).
+    now_ms: u64,
+    /// The key's hash in the session's floors.
+    key_hash: u64,
+    /// The floors it carries.
+    carried: Carried,
+    /// The session's floor, when it is the one that binds.
+    session_floor: Option<crate::key::Version>,
 }

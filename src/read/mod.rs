@@ -471,6 +471,26 @@ impl Reader {
                 }
             },
         };
+        self.finish(request, result)
+    }
+
+    /// [`Reader::read`] when memory answers it (the near cache, or a refusal `prepare` makes):
+    /// the same answer, decided without a future. `None`, having done nothing, when the read
+    /// needs the store.
+    ///
+    /// # Errors
+    /// As [`Reader::read`].
+    pub fn read_now(&self, request: &ReadRequest, carried: Carried) -> Option<Result<Read>> {
+        let result = match self.prepare(request, carried) {
+            Err(err) => Err(err),
+            Ok(prepared) => self.near_hit(request, &prepared)?,
+        };
+        Some(self.finish(request, result))
+    }
+
+    /// Counts what a read concluded (the bill, the hot-key detector, the outcome) and hands
+    /// it to the caller.
+    fn finish(&self, request: &ReadRequest, result: Result<Concluded>) -> Result<Read> {
         match &result {
             Ok(Concluded {
                 found:

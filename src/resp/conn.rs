@@ -11,7 +11,9 @@
 //!   `server.max_in_flight` (the counter HTTP requests take, so both doors together hold at
 //!   most the bound) and its own `server.request_deadline`, from when it starts (a command late
 //!   in a long batch is not charged for those before it). A command refused at the bound is
-//!   answered `OVERLOADED …` and does nothing; the next command is still tried.
+//!   answered `OVERLOADED …` and does nothing; the next command is still tried. A `GET` the
+//!   near cache answers ([`Door::get_now`]: no store call, nothing to wait on) takes neither:
+//!   it is answered inline, and counted once per batch.
 //! - **Bounded memory.** Input: every length is bounded by the parser (by Redis's tighter
 //!   pre-authentication bounds until a connection on an instance with tokens authenticates),
 //!   the command being received (its declared bulk lengths included) by
@@ -229,6 +231,8 @@ struct Serving {
     authenticated: bool,
     /// With tokens and no `AUTH` yet: when the connection must have authenticated by.
     auth_deadline: Option<Instant>,
+    /// `GET`s answered from memory since they were last counted (once per batch).
+    answered_now: u64,
     /// Its place in the tracking table, left when the connection ends.
     _registered: Registered,
 }
@@ -330,7 +334,12 @@ impl Connection {
     {
         let mut serving = self.start();
         loop {
-            let (end, parsed) = self.batch(stream, &mut serving).await?;
+            let batched = self.batch(stream, &mut serving).await;
+            if serving.answered_now > 0 {
+                self.metrics
+                    .gets_answered_now(std::mem::take(&mut serving.answered_now));
+            }
+            let (end, parsed) = batched?;
             let end = self.bound_receiving(&mut serving, end, parsed);
             if !serving.output.is_empty() {
                 self.write(stream, &mut serving.output, serving.auth_deadline)
@@ -372,6 +381,7 @@ impl Connection {
             receiving_since: None,
             authenticated,
             auth_deadline: (!authenticated).then(|| Instant::now() + self.settings.auth_timeout),
+            answered_now: 0,
             _registered: registered,
         }
     }
@@ -423,9 +433,17 @@ impl Connection {
                 return Ok((Some(self.revoked()), parsed));
             }
             let failures = serving.state.auth_failures;
-            let after = self
-                .command(&mut serving.state, args, &mut serving.output)
-                .await;
+            let after = match self.door.get_now(&mut serving.state, &args) {
+                // A hit answered from memory waits on nothing: no slot, deadline or timer.
+                Some(reply) => {
+                    serving.answered_now += 1;
+                    self.answer(&serving.state, reply, After::Continue, &mut serving.output)
+                }
+                None => {
+                    self.command(&mut serving.state, args, &mut serving.output)
+                        .await
+                }
+            };
             if after == After::Close {
                 return Ok((Some(End::Closed), parsed));
             }
@@ -612,6 +630,18 @@ impl Connection {
             Err(_bound) => (Reply::error(OVERLOADED), After::Continue),
         };
         self.metrics.command(index, started.elapsed());
+        self.answer(state, reply, after, output)
+    }
+
+    /// Encodes a command's `reply` into `output`, after the invalidations waiting for the
+    /// connection, and counts it when it is an error.
+    fn answer(
+        &self,
+        state: &ConnState,
+        reply: Reply,
+        after: After,
+        output: &mut BytesMut,
+    ) -> After {
         if let Reply::Error(text) = &reply {
             self.metrics.error(text);
         }

@@ -316,6 +316,16 @@ impl RespMetrics {
         histogram.observe(took.as_secs_f64());
     }
 
+    /// Counts `count` `GET`s answered from memory without a future (`Door::get_now`), once
+    /// per batch: their count only (each took well under the latency histogram's first
+    /// bucket; `hotsplit_near_cache_*` has their ages).
+    pub fn gets_answered_now(&self, count: u64) {
+        static GET: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| command_index(b"get"));
+        if let Some(counter) = self.inner.commands.get(*GET) {
+            counter.inc_by(count);
+        }
+    }
+
     /// Counts an error reply with `text`.
     pub fn error(&self, text: &str) {
         if let Some(counter) = self.inner.errors.get(prefix_index(text)) {

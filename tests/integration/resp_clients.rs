@@ -366,4 +366,13 @@ async fn pooled_gets_of_a_hot_key_are_near_cache_hits_despite_the_high_water_flo
         delta("hotsplit_near_cache_hits_total")
     );
     assert_eq!(delta("hotsplit_near_cache_floor_reads_total"), 0.0);
+    // Every hit was answered inline (no slot, deadline or timer): counted, and not timed.
+    let gets = r#"hotsplit_resp_commands_total{command="get"}"#;
+    let timed = r#"hotsplit_resp_command_duration_seconds_count{command="get"}"#;
+    assert_eq!(delta(gets), 20.0, "{after}");
+    assert_eq!(
+        delta(timed),
+        20.0 - delta("hotsplit_near_cache_hits_total"),
+        "{after}"
+    );
 }

@@ -176,6 +176,48 @@ impl Door {
     }
 }
 
+impl Door {
+    /// `GET key` answered from memory, without a future, slot or deadline: the same reply
+    /// [`Get`] gives, through the same read ([`Ops::read_now`]) and after-answer step. `None`,
+    /// having changed nothing, when the command is not a plain `GET` the near cache (or a
+    /// refusal made before any store call) answers: inside `MULTI`, refused by the token or the
+    /// arity, on a subscribed or tracking connection, a key that breaks a rule, a read that
+    /// needs the store. The caller then runs it through [`Door::execute`].
+    pub fn get_now(&self, conn: &mut ConnState, args: &[Bytes]) -> Option<Reply> {
+        let [name, raw] = args else {
+            return None;
+        };
+        if !name.eq_ignore_ascii_case(b"get")
+            || conn.multi.is_some()
+            || conn.tracking.wants()
+            || conn.tracking.in_subscribed_mode(conn.proto)
+        {
+            return None;
+        }
+        let spec = super::table::find(name)?;
+        self.authorize(conn, spec).ok()?;
+        let key = key(raw).ok()?;
+        let caller = self.caller(conn, None);
+        let request = ReadRequest {
+            key,
+            caller,
+            min_version: None,
+            if_none_match: None,
+            class: conn.class.clone(),
+            request_id: None,
+            deadline: None,
+        };
+        let answer = self.core.ops().read_now(&request, &mut conn.session)?;
+        conn.commands += 1;
+        conn.tracking.after_command(false);
+        Some(match answer {
+            Ok(answer) => value_reply(Some(answer)),
+            Err(error) if error.kind() == ErrorKind::NotFound => value_reply(None),
+            Err(error) => RespError::from_error(&error).into(),
+        })
+    }
+}
+
 /// `GET key`.
 pub(crate) struct Get {
     /// The key as sent.

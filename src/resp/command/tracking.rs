@@ -50,7 +50,7 @@ pub struct TrackingState {
 
 impl TrackingState {
     /// Whether this connection's next read is tracked.
-    fn wants(&self) -> bool {
+    pub(super) fn wants(&self) -> bool {
         self.on
             && (self.mode.bcast
                 || match (self.optin, self.optout) {
