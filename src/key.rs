@@ -98,19 +98,16 @@ impl Key {
     }
 
     /// Calls `f` with the text of copy `index`'s key (as [`Key::copy_key`] names it) built on
-    /// the stack: a near-cache hit looks its entry up by it, and needs no owned [`CopyKey`].
+    /// the stack: a near-cache hit looks its entry up by it, and needs no owned [`CopyKey`]
+    /// (nor, for a spread copy, the copy 0 name its tag is hashed from).
     pub fn with_copy_key_text<R>(
         &self,
         index: u32,
         placement: Placement,
         f: impl FnOnce(&str) -> R,
     ) -> R {
-        if placement == Placement::Spread && index > 0 {
-            // A tagged name hashes copy 0's name first; the owned key is no dearer.
-            return f(self.copy_key(index, placement).as_str());
-        }
-        // The key, the separator and up to 10 digits.
-        let mut buffer = [0u8; MAX_KEY_LEN + 11];
+        // The key, the separator, up to 10 digits and a tag of up to 4 characters with braces.
+        let mut buffer = [0u8; MAX_KEY_LEN + 17];
         let key = self.0.as_bytes();
         let Some(slot) = buffer.get_mut(..key.len()) else {
             // Not a validated key's length: the owned copy key says the same.
@@ -120,6 +117,12 @@ impl Key {
         let mut at = key.len();
         buffer[at] = COPY_SEPARATOR as u8;
         at += 1;
+        let tag = (placement == Placement::Spread && index > 0).then(|| {
+            // Copy 0's name, `K#0`, is what the tag is hashed from.
+            buffer[at] = b'0';
+            let slot_0 = std::str::from_utf8(&buffer[..=at]).map_or(0, slot_of);
+            tag_of_slot(spread_slot(slot_0, index))
+        });
         let mut digits = [0u8; 10];
         let mut count = 0;
         let mut rest = index;
@@ -134,6 +137,16 @@ impl Key {
         for digit in digits[..count].iter().rev() {
             buffer[at] = *digit;
             at += 1;
+        }
+        if let Some(tag) = tag {
+            let tagged = 2 + tag.len();
+            let Some(slot) = buffer.get_mut(at..at + tagged) else {
+                return f(self.copy_key(index, placement).as_str());
+            };
+            slot[0] = b'{';
+            slot[1..=tag.len()].copy_from_slice(tag.as_bytes());
+            slot[tagged - 1] = b'}';
+            at += tagged;
         }
         match std::str::from_utf8(&buffer[..at]) {
             Ok(text) => f(text),
@@ -178,8 +191,8 @@ impl CopyKey {
         full.push(COPY_SEPARATOR);
         let _ = write!(full, "{index}");
         if placement == Placement::Spread && index > 0 {
-            // Copy 0's name is the prefix just written, before its index.
-            let slot_0 = slot_of(&format!("{}{COPY_SEPARATOR}0", key.0));
+            // Copy 0's name, `K#0`, is what the tag is hashed from.
+            let slot_0 = key.with_copy_key_text(0, Placement::Suffix, slot_of);
             full.push('{');
             full.push_str(tag_of_slot(spread_slot(slot_0, index)));
             full.push('}');

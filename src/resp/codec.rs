@@ -151,6 +151,8 @@ pub struct Parser {
     scanned: usize,
     /// Whether the connection must still authenticate: Redis's tighter bounds apply.
     unauthenticated: bool,
+    /// An answered command's argument vector, emptied, for the next command ([`Parser::recycle`]).
+    spare: Vec<Bytes>,
 }
 
 impl Parser {
@@ -161,6 +163,17 @@ impl Parser {
             multibulk: None,
             scanned: 0,
             unauthenticated: false,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Gives back a command's arguments once it is answered: the next command is parsed into
+    /// the same vector (a pipelined batch of hits allocates none), unless it grew past
+    /// [`RESERVED_ARGS`].
+    pub fn recycle(&mut self, mut args: Vec<Bytes>) {
+        if args.capacity() <= RESERVED_ARGS {
+            args.clear();
+            self.spare = args;
         }
     }
 
@@ -207,7 +220,11 @@ impl Parser {
                     return Err(ProtocolError::UnauthenticatedMultibulkLength);
                 }
                 self.multibulk = Some(Multibulk {
-                    args: Vec::with_capacity(expected.min(RESERVED_ARGS)),
+                    args: {
+                        let mut args = std::mem::take(&mut self.spare);
+                        args.reserve(expected.min(RESERVED_ARGS));
+                        args
+                    },
                     expected,
                     bulk_len: None,
                     held: 0,

@@ -437,6 +437,7 @@ impl Connection {
                 // A hit answered from memory waits on nothing: no slot, deadline or timer.
                 Some(reply) => {
                     serving.answered_now += 1;
+                    serving.parser.recycle(args);
                     self.answer(&serving.state, reply, After::Continue, &mut serving.output)
                 }
                 None => {
