@@ -224,13 +224,15 @@ start_hotsplit() {
 family() { printf '[[family]]\nprefix = "%s"\ncopies = %s\n' "$1" "$2"; }
 
 # publish_value BASE KEY COPIES [TOKEN]: publishes the value at version 1, checks that every copy
-# applied and that a read returns it; with TOKEN (read and write scopes), both send it.
+# (each index, under any of its names) applied and that a read returns it; with TOKEN (read and write scopes), both send it.
 publish_value() {
     local base=$1 key=$2 copies=$3 token=${4:-} reply applied answer auth=()
     [ -z "$token" ] || auth=(-H "Authorization: Bearer $token")
     reply=$(curl -fsS --max-time 10 "${auth[@]}" -X PUT --data-binary "@$WORK/value.bin" "$base/v1/keys/$key?version=1") ||
         die "publishing $key failed"
-    applied=$(jq -r .applied <<<"$reply")
+    # Copies applied, by index: while a new family's placement window is open, a copy is
+    # written under its suffix name and its spread name, two outcomes for one copy.
+    applied=$(jq -r '[.outcomes[] | select(.outcome == "applied") | .copy] | unique | length' <<<"$reply")
     [ "$applied" = "$copies" ] || die "publish of $key applied to $applied of $copies copies: $reply"
     answer=$(curl -sS --max-time 5 "${auth[@]}" -o /dev/null -w '%{http_code} %{size_download}' "$base/v1/keys/$key?client=check")
     [ "$answer" = "200 $VALUE_BYTES" ] || die "a read of $key answered \"$answer\", not \"200 $VALUE_BYTES\""
