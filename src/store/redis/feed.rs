@@ -27,10 +27,12 @@ use crate::store::{FeedConnection, FeedEvent, FeedStore, NodeLabel};
 /// How many pushes fred keeps for a receiver that has not read them yet; past it the feed is
 /// told [`FeedEvent::Flush`] (safe: every client-side cache is flushed). fred makes each of a
 /// client's ten broadcast channels this long at once, about 96 bytes a slot written when it is
-/// made: 8,192 costs each feed connection (one per primary) about 7.5 MiB of resident memory,
-/// where 65,536 cost 60 MiB, and still holds about a thousand 8-copy publishes on that
-/// primary while the feed's reader waits for the CPU.
-const PUSHES_HELD: usize = 8_192;
+/// made, so this costs each feed connection (one per primary) about 60 MiB of resident memory.
+/// 8,192 (7.5 MiB) was tried: under the integration suite's load (every test's instance
+/// tracking one shared Redis that every test writes to) the feeds then fell behind and flushed
+/// often enough to empty near caches between two reads of a test. A channel for pushes sized
+/// apart from the other nine would end the trade; fred 10 does not offer one.
+const PUSHES_HELD: usize = 65_536;
 
 /// How many events a feed connection holds for the feed before its reader waits.
 const EVENTS_HELD: usize = 4_096;
