@@ -138,23 +138,35 @@ pub struct Service {
 impl Service {
     /// Starts `hotsplit::server::run` on a port-0 listener with `config` and waits until it
     /// answers `/readyz` with 200.
+    ///
+    /// # Panics
+    /// When it does not answer within [`READY_WITHIN`], showing the last `/readyz` answer, or
+    /// when the server stops first, showing how it ended (a start that failed says why).
     pub async fn start(config: Config) -> Service {
-        let service = Service::spawn(config).await;
+        let mut service = Service::spawn(config).await;
         let client = reqwest::Client::new();
-        poll("the service answers /readyz", READY_WITHIN, || {
-            let url = format!("{}/readyz", service.base);
-            let client = client.clone();
-            async move {
-                client
-                    .get(url)
-                    .send()
-                    .await
-                    .map(|r| r.status().is_success())
-                    .unwrap_or(false)
+        let url = format!("{}/readyz", service.base);
+        let deadline = tokio::time::Instant::now() + READY_WITHIN;
+        let mut last;
+        loop {
+            match client.get(&url).send().await {
+                Ok(answer) if answer.status().is_success() => return service,
+                Ok(answer) => {
+                    let status = answer.status();
+                    last = format!("{status} {}", answer.text().await.unwrap_or_default());
+                }
+                Err(err) => last = err.to_string(),
             }
-        })
-        .await;
-        service
+            if service.task.as_ref().is_some_and(JoinHandle::is_finished) {
+                let ended = service.task.take().expect("the server task").await;
+                panic!("the service stopped before it answered /readyz: {ended:?}");
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the service did not answer /readyz with 200 within {READY_WITHIN:?}; the last answer: {last}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Starts `hotsplit::server::run` on a port-0 listener with `config`, without waiting for
