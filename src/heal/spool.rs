@@ -197,22 +197,38 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File> {
         .write(true)
         .open(dir.join(LOCK_FILE))
         .map_err(|err| io_error("cannot open the lock file", err))?;
-    // An exclusive, non-blocking lock (flock on Linux), held as long as `lock` lives.
-    match lock.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!(
-                    "spool {} is locked by another process (heal.spool_dir must not be shared)",
-                    dir.display()
-                ),
-            ))
+    // An exclusive, non-blocking lock (flock on Linux), held as long as `lock` lives. A lock
+    // found held is tried again for a moment: a previous owner may be closing it (a restart),
+    // and a child process forked anywhere in the process while the lock was open holds a copy
+    // of its descriptor until it execs (Rust opens files close-on-exec).
+    let waited_until = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => return Ok(lock),
+            Err(TryLockError::WouldBlock) if std::time::Instant::now() < waited_until => {
+                std::thread::sleep(LOCK_RETRY);
+            }
+            Err(TryLockError::WouldBlock) => {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "spool {} is locked by another process (heal.spool_dir must not be shared)",
+                        dir.display()
+                    ),
+                ))
+            }
+            Err(TryLockError::Error(err)) => {
+                return Err(io_error("cannot lock the lock file", err))
+            }
         }
-        Err(TryLockError::Error(err)) => return Err(io_error("cannot lock the lock file", err)),
     }
-    Ok(lock)
 }
+
+/// How long opening a spool tries a held lock again before it says another process holds it.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long it waits between tries.
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl Spool {
     /// Opens (creating it if needed) the spool in `dir`, takes its lock, reads every intact
@@ -223,7 +239,7 @@ impl Spool {
     ///
     /// # Errors
     /// [`ErrorKind::Io`] when the directory cannot be created or read, when another process
-    /// holds the lock (the message says so), when the file has an unknown format version, or
+    /// holds the lock (still held after 2 s of tries; the message says so), when the file has an unknown format version, or
     /// when a damaged file cannot be rewritten.
     pub(crate) fn open(dir: &Path, max_frame: usize, syncs: Counter) -> Result<(Spool, Replay)> {
         Self::open_with(dir, max_frame, syncs, None)
@@ -941,6 +957,20 @@ mod tests {
         spool.close().await;
         drop(spool);
         releaser.join().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_lock_released_within_the_wait_is_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        // A copy of the lock's descriptor, as a child forked while it was open holds one.
+        let held = lock_dir(dir.path()).unwrap();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(held);
+        });
+        let opened = Spool::open(dir.path(), 1 << 20, Counter::default());
+        releaser.join().unwrap();
+        assert!(opened.is_ok(), "{:?}", opened.err());
     }
 
     #[tokio::test]
