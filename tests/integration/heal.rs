@@ -547,6 +547,18 @@ async fn refusing_fcall() -> (Standalone, hotsplit::config::Config) {
     (server, config)
 }
 
+/// Publishes `sd:1` v1 through the service at `base` on a store that refuses `FCALL`
+/// ([`refusing_fcall`]): every copy is queued (202).
+async fn publish_queued(http: &reqwest::Client, base: &str) {
+    publish_expecting(
+        http,
+        base,
+        Edit::new("sd:1", 1, "one"),
+        StatusCode::ACCEPTED,
+    )
+    .await;
+}
+
 /// Asserts that every copy of `sd:1` on `port` holds version 1.
 fn assert_every_copy_holds_v1(port: u16) {
     for copy in 0..4 {
@@ -566,13 +578,7 @@ async fn heal_shutdown_drains_what_it_can_and_spools_the_rest() {
 
     // The store refuses FCALL: the publish is queued, and shutdown cannot drain it.
     let service = Service::start(config.clone()).await;
-    publish_expecting(
-        &http,
-        &service.base,
-        Edit::new("sd:1", 1, "one"),
-        StatusCode::ACCEPTED,
-    )
-    .await;
+    publish_queued(&http, &service.base).await;
     service.stop().await;
 
     // A new process on the same spool finds the entries; this time shutdown drains them.
@@ -600,13 +606,7 @@ async fn heal_shutdown_drains_a_node_marked_failing_that_answers_again() {
     config.store.command_timeout = Duration::from_millis(300);
     let http = reqwest::Client::new();
     let service = Service::start(config).await;
-    publish_expecting(
-        &http,
-        &service.base,
-        Edit::new("sd:1", 1, "one"),
-        StatusCode::ACCEPTED,
-    )
-    .await;
+    publish_queued(&http, &service.base).await;
 
     server.node.pause().expect("SIGSTOP");
     let read = get(
