@@ -56,21 +56,57 @@ impl Drop for Serve {
     }
 }
 
-/// Whether something accepts TCP connections on `address`.
-fn bound(address: SocketAddr) -> bool {
-    TcpStream::connect_timeout(&address, Duration::from_secs(1)).is_ok()
+impl Serve {
+    /// Whether the process holds a listening TCP socket on `address`'s port. It looks at the
+    /// process's own descriptors, not at the port: a port the test freed can be taken by
+    /// another test of the suite at any time (and a connect to a free port in the ephemeral
+    /// range can even connect to itself), so "something accepts on it" does not say the
+    /// service bound it.
+    fn listens_on(&self, address: SocketAddr) -> bool {
+        let fds = format!("/proc/{}/fd", self.child.id());
+        let Ok(entries) = std::fs::read_dir(&fds) else {
+            return false; // exited (or not yet started): nothing bound
+        };
+        let sockets: Vec<String> = entries
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter_map(|target| {
+                let target = target.to_string_lossy();
+                Some(
+                    target
+                        .strip_prefix("socket:[")?
+                        .strip_suffix(']')?
+                        .to_string(),
+                )
+            })
+            .collect();
+        let port = format!(":{:04X}", address.port());
+        ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+            std::fs::read_to_string(table)
+                .unwrap_or_default()
+                .lines()
+                .skip(1)
+                .any(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    // local_address, st (0A is LISTEN) and inode
+                    fields.len() > 9
+                        && fields[1].ends_with(&port)
+                        && fields[3] == "0A"
+                        && sockets.iter().any(|inode| inode == fields[9])
+                })
+        })
+    }
 }
 
-/// Polls until `serve` exits, asserting at every poll that nothing listens on `port`; returns
-/// the exit status.
+/// Polls until `serve` exits, asserting at every poll that it holds no listening socket on
+/// `port`; returns the exit status.
 async fn exits_without_binding(serve: &mut Serve, port: SocketAddr) -> ExitStatus {
     let mut status = None;
     harness::poll("hotsplit exits", Duration::from_secs(30), || {
-        status = serve.exited();
         assert!(
-            status.is_some() || !bound(port),
+            !serve.listens_on(port),
             "hotsplit bound {port} before its startup failed"
         );
+        status = serve.exited();
         std::future::ready(status.is_some())
     })
     .await;
@@ -100,7 +136,7 @@ async fn startup_an_unreachable_redis_exits_1_before_the_port_is_bound() {
         .unwrap();
     // While it connects, its port is free; and it stays free until the service exits.
     assert!(
-        !bound(port),
+        !serve.listens_on(port),
         "hotsplit bound {port} before connecting to redis"
     );
     let status = exits_without_binding(&mut serve, port).await;
@@ -175,7 +211,7 @@ async fn startup_a_spool_locked_by_another_instance_exits_1_before_the_port_is_b
         owner.exited().is_none(),
         "the first instance is still serving"
     );
-    assert!(bound(owner_port));
+    assert!(owner.listens_on(owner_port));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
