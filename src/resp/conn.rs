@@ -141,6 +141,30 @@ impl Drop for Receiving {
     }
 }
 
+/// One write's output buffer, counted in the `hotsplit_resp_writing_bytes` gauge until the
+/// write ends (written, failed or timed out).
+struct Writing<'a> {
+    /// The gauge's owner.
+    metrics: &'a RespMetrics,
+    /// The bytes counted.
+    held: i64,
+}
+
+impl Writing<'_> {
+    /// Counts `bytes` until the guard is dropped.
+    fn hold(metrics: &RespMetrics, bytes: usize) -> Writing<'_> {
+        let held = i64::try_from(bytes).unwrap_or(i64::MAX);
+        metrics.writing().inc_by(held);
+        Writing { metrics, held }
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.metrics.writing().dec_by(self.held);
+    }
+}
+
 /// How long a connection closed by the server keeps reading what the client still sends.
 const LINGER: Duration = Duration::from_secs(1);
 
@@ -730,6 +754,8 @@ impl Connection {
                 "the client read nothing for resp.write_timeout (or resp.auth_timeout passed)",
             )
         };
+        // The buffer's memory is counted while the client reads it (on every way out).
+        let _writing = Writing::hold(&self.metrics, output.capacity());
         while !output.is_empty() {
             let written = tokio::time::timeout_at(limit(), stream.write(output))
                 .await

@@ -137,6 +137,8 @@ struct Handles {
     /// The bytes every command being received holds (the `resp.max_receiving_bytes` count
     /// itself: `inc_by` answers the total before).
     receiving: Gauge,
+    /// The bytes of replies every connection holds while it waits for its client to read them.
+    writing: Gauge,
     /// `AUTH` attempts refused `WRONGPASS`.
     auth_failures: Counter,
     /// Unauthenticated connections closed to make room for a new one.
@@ -273,6 +275,11 @@ impl Handles {
                 "resp_receiving_bytes",
                 "Bytes held by the Redis-protocol commands being received, on every connection (resp.max_receiving_bytes)",
             ),
+            writing: register(
+                registry,
+                "resp_writing_bytes",
+                "Bytes of replies held by Redis-protocol connections while their clients read them (bounded per connection by resp.max_output_bytes, 16 KiB before AUTH)",
+            ),
             auth_failures: register(
                 registry,
                 "resp_auth_failures",
@@ -364,6 +371,11 @@ impl RespMetrics {
     /// The bytes every command being received holds.
     pub(crate) fn receiving(&self) -> &Gauge {
         &self.inner.receiving
+    }
+
+    /// The `hotsplit_resp_writing_bytes` gauge.
+    pub(crate) fn writing(&self) -> &Gauge {
+        &self.inner.writing
     }
 
     /// Counts an `AUTH` refused `WRONGPASS`.

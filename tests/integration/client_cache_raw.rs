@@ -126,21 +126,8 @@ impl Door {
 
     /// The value of the sample `line` (a name with its labels) in `/metrics`; 0 when absent.
     async fn sample(&self, line: &str) -> u64 {
-        sample(&self.metrics().await, line)
+        harness::sample(&self.metrics().await, line)
     }
-}
-
-/// The value of the sample `line` (a name with its labels) in `metrics`; 0 when absent.
-fn sample(metrics: &str, line: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|text| {
-            text.strip_prefix(line)?
-                .strip_prefix(' ')?
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0, |value| value as u64)
 }
 
 /// Whether `hay` contains `needle`.
@@ -651,7 +638,7 @@ async fn peak_table_bytes<T>(door: &Door, work: impl std::future::Future<Output 
                 return (done, peak.max(last));
             }
             metrics = door.metrics() => {
-                peak = peak.max(sample(&metrics, "hotsplit_resp_tracking_bytes"));
+                peak = peak.max(harness::sample(&metrics, "hotsplit_resp_tracking_bytes"));
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }

@@ -420,6 +420,19 @@ pub async fn metrics_text(http: &reqwest::Client, base: &str) -> String {
     ok_body(http, &format!("{base}/metrics")).await
 }
 
+/// The value of the sample `line` (a name with its labels) in `metrics`; 0 when absent.
+pub fn sample(metrics: &str, line: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|text| {
+            text.strip_prefix(line)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0, |value| value as u64)
+}
+
 /// The problem+json body of `answer`; asserts its `status` and `code`, naming `what`.
 pub async fn problem(answer: Response, status: StatusCode, code: &str, what: &str) -> Value {
     let answered = answer.status();

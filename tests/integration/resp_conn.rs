@@ -63,6 +63,20 @@ impl Client {
         }
     }
 
+    /// [`Client::connect`] with a receive buffer of `bytes` (set before the connect, so the
+    /// window it offers stays that small): a client that reads nothing makes the server's
+    /// writes wait after a few KiB instead of the megabytes a loopback socket takes.
+    pub(crate) async fn connect_receiving(address: SocketAddr, bytes: u32) -> Client {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
+        let stream = socket.connect(address).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Client {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
     pub(crate) async fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).await.expect("send");
     }
