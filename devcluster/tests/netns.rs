@@ -186,6 +186,13 @@ fn netns_cluster_announces_namespace_addresses_and_fails_over_an_isolated_master
     assert_eq!(replicas.len(), 1, "{view:#?}");
     let replica = replicas[0];
     let replica_ip = replica.host().ip().to_string();
+    // Replication is asynchronous: without this, the cut can come before the replica has the
+    // write, and the promoted replica rightly answers nil (seen once in CI).
+    assert_eq!(
+        cluster.cli(master, &["WAIT", "1", "10000"]).unwrap(),
+        "1",
+        "the replica acknowledged the write"
+    );
 
     // The master alone in a minority (with an instance host): the majority promotes its replica.
     let cut = topology

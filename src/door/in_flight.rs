@@ -86,6 +86,21 @@ impl InFlightBound {
         Ok(Some(slot))
     }
 
+    /// Takes a slot for a command started ahead of its turn (a pipelined batch's reads sent
+    /// together): only while at most half the bound is taken, so one deep pipeline leaves
+    /// the other half to the commands that come one at a time. `Err` as [`Self::enter`].
+    pub fn enter_ahead(self: &Arc<Self>) -> Result<Option<InFlight>, usize> {
+        let Some(bound) = self.limits.max_in_flight else {
+            return Ok(None);
+        };
+        let before = self.in_flight.inc();
+        let slot = InFlight(self.clone());
+        if usize::try_from(before).is_ok_and(|before| before >= bound / 2) {
+            return Err(bound);
+        }
+        Ok(Some(slot))
+    }
+
     /// `server.request_deadline`; `None` when it is `0s`.
     pub fn request_deadline(&self) -> Option<Duration> {
         self.limits.request_deadline

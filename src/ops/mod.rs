@@ -55,6 +55,7 @@ use std::sync::Arc;
 
 pub use high_water::{HighWater, Mark};
 pub use publish::{Edit, FloorLeft, PublishCall, PublishOutcome, Writer};
+pub use read::{Ahead, Concluded};
 pub use session::ClientSession;
 
 /// Who a read or a write is for, and the one read type every door builds (the read path's).

@@ -71,6 +71,71 @@ impl Ops {
         Some(self.end_read(request, &begun, read, session))
     }
 
+    /// Starts a read of `request` ahead of its turn: a pipelined batch's reads are sent
+    /// together and concluded in order ([`Ops::conclude_ahead`]). The floors it carries are
+    /// read now, from `session` as the reads before it in the batch have not yet left it.
+    pub fn begin_ahead(&self, request: ReadRequest, session: &ClientSession) -> Ahead {
+        let begun = self.begin_read(&request, session);
+        let mark = self.high_water().floor(&request.key, begun.now_ms);
+        Ahead {
+            request,
+            begun,
+            mark,
+        }
+    }
+
+    /// The part of a read started ahead that waits: the store reads (the near cache may answer
+    /// at once) and the rollback guard's second read. Touches no session: every step that
+    /// leaves a floor is [`Ops::conclude_ahead`]'s.
+    ///
+    /// # Errors
+    /// As [`Ops::read`].
+    pub async fn fetch_ahead(&self, ahead: &Ahead) -> Result<Read> {
+        let read = self
+            .reader()
+            .read(&ahead.request, ahead.begun.carried)
+            .await
+            .map_err(|err| rollback::name_session_cause(err, ahead.begun.session_floor))?;
+        self.guard_rollback(
+            &ahead.request,
+            read,
+            ahead.begun.carried,
+            ahead.begun.now_ms,
+        )
+        .await
+    }
+
+    /// Concludes a read started ahead, in its turn. The first of a run (`after_others`
+    /// false) is [`Ops::read`] itself: nothing before it could move its floors. A later one:
+    /// when the floors it would carry now (after the reads before it left theirs) are the ones
+    /// it was sent with, what it `fetched` is what [`Ops::read`] run now with the same floors
+    /// could have answered (a moment earlier, after the command arrived), and the
+    /// after-answer step leaves its floors. When any floor moved (a read before it raised the
+    /// key's high-water or the session's floor, a floor expired, another connection's read
+    /// moved the estimate), the fetched answer is dropped, having left nothing, and the
+    /// request is given back: the caller runs [`Ops::read`] with it, in turn.
+    ///
+    /// The answer's errors are [`Ops::read`]'s.
+    pub fn conclude_ahead(
+        &self,
+        ahead: Ahead,
+        fetched: Result<Read>,
+        after_others: bool,
+        session: &mut ClientSession,
+    ) -> Concluded {
+        if after_others {
+            let now = self.begin_read(&ahead.request, session);
+            if now.carried != ahead.begun.carried
+                || self.high_water().floor(&ahead.request.key, now.now_ms) != ahead.mark
+            {
+                return Concluded::Again(Box::new(ahead.request));
+            }
+        }
+        Concluded::Answered(
+            fetched.and_then(|read| self.end_read(&ahead.request, &ahead.begun, read, session)),
+        )
+    }
+
     /// The floors a read of `request` carries (the session's, a pooled caller's share of the
     /// high-water), read once at its start.
     fn begin_read(&self, request: &ReadRequest, session: &ClientSession) -> Begun {
@@ -134,6 +199,26 @@ impl Ops {
         }
         .into_answer()
     }
+}
+
+/// A read started ahead of its turn ([`Ops::begin_ahead`]): its request, the floors it was
+/// sent with, and the key's high-water mark then.
+pub struct Ahead {
+    /// The read.
+    request: ReadRequest,
+    /// Its start: the clock, the key's hash, the floors it carries.
+    begun: Begun,
+    /// The key's high-water mark at its start (the rollback guard reads it for a reader naming
+    /// a client, a pooled reader carries it).
+    mark: Option<Mark>,
+}
+
+/// How a read started ahead ended in its turn ([`Ops::conclude_ahead`]).
+pub enum Concluded {
+    /// Its answer, its floors left.
+    Answered(Result<ReadAnswer>),
+    /// Its floors moved: run [`Ops::read`] with the request, in turn.
+    Again(Box<ReadRequest>),
 }
 
 /// What a read carries from its start to its after-answer step.

@@ -131,7 +131,7 @@ pub struct ReadRequest {
 /// The floors a read brings besides its own, which the operations layer fills from what the
 /// caller carries (`crate::ops`): its session token's floors for the key, and for a pooled
 /// caller the instance's high-water.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Carried {
     /// The session token's floors for this key: honoured exactly as this instance's own memory
     /// of the client (a written floor as an own-write floor, a served one as a seen floor).

@@ -13,7 +13,9 @@
 //!   in a long batch is not charged for those before it). A command refused at the bound is
 //!   answered `OVERLOADED …` and does nothing; the next command is still tried. A `GET` the
 //!   near cache answers ([`Door::get_now`]: no store call, nothing to wait on) takes neither:
-//!   it is answered inline, and counted once per batch.
+//!   it is answered inline, and counted once per batch. `GET`s that need the store and come
+//!   one after another are sent together and answered in order, each as if run in its turn
+//!   (`ahead`: each still takes its own slot and deadline).
 //! - **Bounded memory.** Input: every length is bounded by the parser (by Redis's tighter
 //!   pre-authentication bounds until a connection on an instance with tokens authenticates),
 //!   the command being received (its declared bulk lengths included) by
@@ -63,6 +65,7 @@ use super::{After, ConnState, Door, Reply};
 use crate::deadline::Deadline;
 use crate::door::InFlightBound;
 use crate::tracking::{Close, Outbox, Tracking};
+use ahead::Next;
 
 /// The reply to a command refused at `server.max_in_flight`.
 pub(super) const OVERLOADED: &str = "OVERLOADED too many requests in flight, retry later";
@@ -421,10 +424,16 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let mut parsed = false;
+        // A command a run of GETs parsed and did not take: it runs next.
+        let mut held = None;
         loop {
             let authenticated = serving.authenticated;
             serving.parser.set_unauthenticated(!authenticated);
-            let args = match serving.parser.next(&mut serving.input) {
+            let next = match held.take() {
+                Some(args) => Ok(Some(args)),
+                None => serving.parser.next(&mut serving.input),
+            };
+            let args = match next {
                 Ok(Some(args)) => args,
                 Ok(None) => return Ok((None, parsed)),
                 Err(err) => {
@@ -464,10 +473,28 @@ impl Connection {
                     serving.parser.recycle(args);
                     self.answer(&serving.state, reply, After::Continue, &mut serving.output)
                 }
-                None => {
-                    self.command(&mut serving.state, args, &mut serving.output)
-                        .await
-                }
+                // A GET that needs the store: with the GETs pipelined after it, sent together.
+                None => match self.start_ahead(serving, &args, true) {
+                    Some(first) => {
+                        serving.parser.recycle(args);
+                        match self.run_ahead(stream, serving, first).await? {
+                            Next::Nothing => After::Continue,
+                            Next::Command(args) => {
+                                held = Some(args);
+                                After::Continue
+                            }
+                            Next::Broken(err) => {
+                                let end = self.protocol_error(&err, &mut serving.output);
+                                return Ok((Some(end), parsed));
+                            }
+                            Next::Closed(end) => return Ok((Some(end), parsed)),
+                        }
+                    }
+                    None => {
+                        self.command(&mut serving.state, args, &mut serving.output)
+                            .await
+                    }
+                },
             };
             if after == After::Close {
                 return Ok((Some(End::Closed), parsed));
@@ -775,5 +802,6 @@ impl Connection {
     }
 }
 
+mod ahead;
 #[cfg(test)]
 mod tests;

@@ -139,6 +139,10 @@ struct Handles {
     receiving: Gauge,
     /// The bytes of replies every connection holds while it waits for its client to read them.
     writing: Gauge,
+    /// `GET`s started ahead of their turn in a pipelined batch's run (`resp::conn::ahead`).
+    gets_ahead: Counter,
+    /// Of those, the ones whose floors moved before their turn, read again then.
+    gets_read_again: Counter,
     /// `AUTH` attempts refused `WRONGPASS`.
     auth_failures: Counter,
     /// Unauthenticated connections closed to make room for a new one.
@@ -280,6 +284,16 @@ impl Handles {
                 "resp_writing_bytes",
                 "Bytes of replies held by Redis-protocol connections while their clients read them (bounded per connection by resp.max_output_bytes, 16 KiB before AUTH)",
             ),
+            gets_ahead: register(
+                registry,
+                "resp_gets_ahead",
+                "Redis-protocol GETs that needed the store, sent together with the GETs pipelined after them and answered in order",
+            ),
+            gets_read_again: register(
+                registry,
+                "resp_gets_read_again",
+                "Of the GETs sent ahead, those whose floors moved before their turn (a GET before them raised the key's high-water): what they fetched was dropped and they were read again in turn",
+            ),
             auth_failures: register(
                 registry,
                 "resp_auth_failures",
@@ -331,6 +345,16 @@ impl RespMetrics {
         if let Some(counter) = self.inner.commands.get(*GET) {
             counter.inc_by(count);
         }
+    }
+
+    /// Counts `count` `GET`s started ahead in one run.
+    pub fn gets_ahead(&self, count: u64) {
+        self.inner.gets_ahead.inc_by(count);
+    }
+
+    /// Counts a `GET` started ahead that was read again in its turn.
+    pub fn get_read_again(&self) {
+        self.inner.gets_read_again.inc();
     }
 
     /// Counts an error reply with `text`.

@@ -300,3 +300,115 @@ async fn a_tombstone_answer_leaves_a_floor_for_pooled_reads() {
         "a pooled read went back from the tombstone to v8: {answers:?}"
     );
 }
+
+/// The sample `name` of the binary's `/metrics`.
+async fn counted(binary: &Binary, name: &str) -> u64 {
+    let text = harness::metrics_text(&reqwest::Client::new(), &binary.base).await;
+    harness::sample(&text, name)
+}
+
+/// A pipelined batch's GETs that need the store are sent together (`resp::conn::ahead`) and
+/// answered in order, as if run in order: with the key's high-water at 1 and both copies moved
+/// to 2 behind the instance's back (another instance's publish), the first GET of a batch of
+/// three answers 2 and raises the high-water; the two sent with it carried the floor 1, so
+/// what they fetched is dropped and they are read again in turn. A batch with no floor moving
+/// is sent together and read once.
+#[tokio::test]
+async fn a_pipelined_batchs_gets_are_sent_together_and_read_again_when_a_get_before_raised_the_floor(
+) {
+    let redis = harness::shared_standalone();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = format!("[store]\nredis = \"{}\"\n", redis.url());
+    let (binary, address) = start(dir.path(), &store).await;
+    let key = format!("p:ahead:{}", std::process::id());
+    let mut conn = Conn::open(address).await;
+    let replies = conn
+        .batch(&[
+            command(&["HOTSPLIT.PUBLISH", &key, "1", "one"]),
+            command(&["GET", &key]),
+        ])
+        .await;
+    assert_eq!(replies[1], Reply::Bulk(Some(b"one".to_vec())));
+    for copy in 0..2 {
+        devcluster::cli(
+            redis.node.port(),
+            &["HSET", &format!("{key}#{copy}"), "ver", "2", "val", "two"],
+        )
+        .expect("move a copy to 2");
+    }
+    let ahead = "hotsplit_resp_gets_ahead_total";
+    let again = "hotsplit_resp_gets_read_again_total";
+    let (ahead_before, again_before) =
+        (counted(&binary, ahead).await, counted(&binary, again).await);
+    let get = command(&["GET", &key]);
+    let replies = conn.batch(&[get.clone(), get.clone(), get.clone()]).await;
+    assert_eq!(replies, vec![Reply::Bulk(Some(b"two".to_vec())); 3]);
+    assert_eq!(counted(&binary, ahead).await - ahead_before, 3);
+    assert_eq!(
+        counted(&binary, again).await - again_before,
+        2,
+        "the two GETs sent with the first carried the floor it raised"
+    );
+    // Nothing moves now: 16 GETs sent together, each read once.
+    let replies = conn.batch(&vec![get.clone(); 16]).await;
+    assert_eq!(replies, vec![Reply::Bulk(Some(b"two".to_vec())); 16]);
+    assert_eq!(counted(&binary, ahead).await - ahead_before, 3 + 16);
+    assert_eq!(counted(&binary, again).await - again_before, 2);
+}
+
+/// Pipelined batches of GETs, sent together, while another connection publishes: within a
+/// batch and from batch to batch, no reader ever sees a version older than one it saw.
+#[tokio::test]
+async fn pipelined_gets_sent_together_never_go_back_while_the_key_is_published() {
+    let redis = harness::shared_standalone();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = format!("[store]\nredis = \"{}\"\n", redis.url());
+    let (binary, address) = start(dir.path(), &store).await;
+    let key = format!("p:ahead-live:{}", std::process::id());
+    let mut publisher = Conn::open(address).await;
+    publisher
+        .batch(&[command(&["HOTSPLIT.PUBLISH", &key, "1", "1"])])
+        .await;
+    let publishing = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            for version in 2..=200u32 {
+                let version = version.to_string();
+                let reply = publisher
+                    .batch(&[command(&["HOTSPLIT.PUBLISH", &key, &version, &version])])
+                    .await
+                    .remove(0);
+                assert!(!matches!(reply, Reply::Error(_)), "publish: {reply:?}");
+            }
+        })
+    };
+    let ahead_before = counted(&binary, "hotsplit_resp_gets_ahead_total").await;
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        readers.push(Conn::open(address).await);
+    }
+    let get = command(&["GET", &key]);
+    let mut last = vec![0u32; readers.len()];
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !publishing.is_finished() || last.iter().any(|seen| *seen < 200) {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the readers did not all reach version 200 within 60 s: {last:?}"
+        );
+        for (reader, last) in readers.iter_mut().zip(last.iter_mut()) {
+            for reply in reader.batch(&vec![get.clone(); 16]).await {
+                let Reply::Bulk(Some(body)) = reply else {
+                    panic!("GET answered {reply:?}");
+                };
+                let seen: u32 = String::from_utf8(body).unwrap().parse().unwrap();
+                assert!(seen >= *last, "a reader saw {seen} after {last}");
+                *last = seen;
+            }
+        }
+    }
+    publishing.await.expect("the publisher");
+    assert!(
+        counted(&binary, "hotsplit_resp_gets_ahead_total").await > ahead_before,
+        "no GET was sent ahead"
+    );
+}

@@ -22,8 +22,8 @@ use super::{ConnState, Door};
 use crate::deadline::Deadline;
 use crate::error::{Error, ErrorKind};
 use crate::key::{Key, Version};
-use crate::ops::{ClientSession, Ops, ReadRequest};
-use crate::read::ReadAnswer;
+use crate::ops::{Ahead, ClientSession, Concluded, Ops, ReadRequest};
+use crate::read::{Read, ReadAnswer};
 use crate::resp::reply::Reply;
 use crate::route::classes::DECIDES_ON_PRESENCE;
 use crate::store::now_unix_ms;
@@ -184,6 +184,60 @@ impl Door {
     /// arity, on a subscribed or tracking connection, a key that breaks a rule, a read that
     /// needs the store. The caller then runs it through [`Door::execute`].
     pub fn get_now(&self, conn: &mut ConnState, args: &[Bytes]) -> Option<Reply> {
+        let request = self.plain_get(conn, args, None)?;
+        let answer = self.core.ops().read_now(&request, &mut conn.session)?;
+        Some(self.got(conn, answer))
+    }
+
+    /// `GET key` started ahead of its turn, with the deadline `deadline`: a pipelined batch's
+    /// `GET`s that need the store are sent together ([`Door::fetch_ahead`]) and answered in
+    /// order ([`Door::conclude_get`]). `None`, having changed nothing, when the command is not
+    /// a plain `GET` (as [`Door::get_now`]).
+    pub fn get_ahead(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+    ) -> Option<Ahead> {
+        let request = self.plain_get(conn, args, deadline)?;
+        Some(self.core.ops().begin_ahead(request, &conn.session))
+    }
+
+    /// The store reads of a `GET` started ahead ([`Ops::fetch_ahead`]).
+    ///
+    /// # Errors
+    /// As [`Ops::read`].
+    pub async fn fetch_ahead(&self, ahead: &Ahead) -> crate::error::Result<Read> {
+        self.core.ops().fetch_ahead(ahead).await
+    }
+
+    /// A `GET` started ahead, answered in its turn: what it fetched when the floors it was
+    /// sent with still hold (or it is the first of its run: `after_others` false), else the
+    /// read run again now ([`Ops::conclude_ahead`]); its second answer is `true`.
+    pub async fn conclude_get(
+        &self,
+        conn: &mut ConnState,
+        ahead: Ahead,
+        fetched: crate::error::Result<Read>,
+        after_others: bool,
+    ) -> (Reply, bool) {
+        let ops = self.core.ops();
+        let concluded = ops.conclude_ahead(ahead, fetched, after_others, &mut conn.session);
+        let (answer, again) = match concluded {
+            Concluded::Answered(answer) => (answer, false),
+            Concluded::Again(request) => (ops.read(*request, &mut conn.session).await, true),
+        };
+        (self.got(conn, answer), again)
+    }
+
+    /// The request of a plain `GET` (not inside `MULTI`, not on a tracking or subscribed
+    /// connection, allowed by the token, a key that keeps the rules); `None` otherwise.
+    fn plain_get(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        deadline: Option<Deadline>,
+    ) -> Option<ReadRequest> {
         let [name, raw] = args else {
             return None;
         };
@@ -198,23 +252,26 @@ impl Door {
         self.authorize(conn, spec).ok()?;
         let key = key(raw).ok()?;
         let caller = self.caller(conn, None);
-        let request = ReadRequest {
+        Some(ReadRequest {
             key,
             caller,
             min_version: None,
             if_none_match: None,
             class: conn.class.clone(),
             request_id: None,
-            deadline: None,
-        };
-        let answer = self.core.ops().read_now(&request, &mut conn.session)?;
+            deadline,
+        })
+    }
+
+    /// A plain `GET`'s reply to `answer`, counted as the connection's command.
+    fn got(&self, conn: &mut ConnState, answer: crate::error::Result<ReadAnswer>) -> Reply {
         conn.commands += 1;
         conn.tracking.after_command(false);
-        Some(match answer {
+        match answer {
             Ok(answer) => value_reply(Some(answer)),
             Err(error) if error.kind() == ErrorKind::NotFound => value_reply(None),
             Err(error) => RespError::from_error(&error).into(),
-        })
+        }
     }
 }
 
