@@ -66,6 +66,7 @@ use crate::deadline::Deadline;
 use crate::door::InFlightBound;
 use crate::tracking::{Close, Outbox, Tracking};
 use ahead::Next;
+use held::{Receiving, Writing};
 
 /// The reply to a command refused at `server.max_in_flight`.
 pub(super) const OVERLOADED: &str = "OVERLOADED too many requests in flight, retry later";
@@ -103,68 +104,6 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// One connection's share of the bytes every connection's commands being received hold
-/// (the `hotsplit_resp_receiving_bytes` gauge, which is the `resp.max_receiving_bytes` count);
-/// given back when the connection ends.
-struct Receiving {
-    /// The gauge.
-    metrics: RespMetrics,
-    /// This connection's share.
-    held: usize,
-}
-
-impl Receiving {
-    /// No share yet.
-    fn new(metrics: RespMetrics) -> Receiving {
-        Receiving { metrics, held: 0 }
-    }
-
-    /// Sets the share to `bytes`; false when the total then passes `bound`.
-    fn hold(&mut self, bytes: usize, bound: Option<usize>) -> bool {
-        let delta =
-            i64::try_from(bytes).unwrap_or(i64::MAX) - i64::try_from(self.held).unwrap_or(i64::MAX);
-        self.held = bytes;
-        if delta == 0 {
-            return true;
-        }
-        let before = self.metrics.receiving().inc_by(delta);
-        let total = usize::try_from(before.saturating_add(delta)).unwrap_or(0);
-        bound.is_none_or(|bound| delta < 0 || total <= bound)
-    }
-}
-
-impl Drop for Receiving {
-    fn drop(&mut self) {
-        self.metrics
-            .receiving()
-            .dec_by(i64::try_from(self.held).unwrap_or(i64::MAX));
-    }
-}
-
-/// One write's output buffer, counted in the `hotsplit_resp_writing_bytes` gauge until the
-/// write ends (written, failed or timed out).
-struct Writing<'a> {
-    /// The gauge's owner.
-    metrics: &'a RespMetrics,
-    /// The bytes counted.
-    held: i64,
-}
-
-impl Writing<'_> {
-    /// Counts `bytes` until the guard is dropped.
-    fn hold(metrics: &RespMetrics, bytes: usize) -> Writing<'_> {
-        let held = i64::try_from(bytes).unwrap_or(i64::MAX);
-        metrics.writing().inc_by(held);
-        Writing { metrics, held }
-    }
-}
-
-impl Drop for Writing<'_> {
-    fn drop(&mut self) {
-        self.metrics.writing().dec_by(self.held);
     }
 }
 
@@ -803,5 +742,6 @@ impl Connection {
 }
 
 mod ahead;
+mod held;
 #[cfg(test)]
 mod tests;
