@@ -799,14 +799,16 @@ fn assert_pushes_in_order(conn: &Conn, read: &[u8], order: impl Fn(usize) -> usi
 /// once its waiting invalidations pass `resp.tracking_max_push_bytes`, never skipped one:
 /// what it reads before the end of the stream is every push, in order, from the first, up to
 /// the close (counted once). While its write still waits on it, the changes after the close
-/// are not kept: 40,000 more (18 MB of pushes) leave the server's RSS where it was (it grew
-/// 3 MiB for 20,000 when they were kept).
+/// are not kept: 120,000 more (54 MB of pushes) leave the server's RSS within 9 MiB of where
+/// it was. Kept (the outbox's early return taken out), they grew it 43 MiB; not kept, RSS
+/// still moved by up to 5.9 MiB over 40,000 (a clean CI run; 4.8 MiB once on a quiet
+/// machine): the allocator's pages, which is why the changes are this many.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_is_closed_after_every_push_up_to_the_close() {
     // Far above one batch's pushes (9 KB): the bound is passed by pushes piling up behind a
     // write that waits, not by a burst the connection's loop had no turn to write.
     const MAX_PUSH: usize = 256 * 1024;
-    const AFTER: usize = 40_000;
+    const AFTER: usize = 120_000;
     // The write that waits on the client must not time out first (`resp.write_timeout`, 30 s
     // by default, would close the connection mid-push on a slow machine).
     let door = start(&format!(
@@ -850,7 +852,7 @@ async fn a_client_that_stops_reading_is_closed_after_every_push_up_to_the_close(
         "closed after only {received} pushes"
     );
     assert!(
-        grew < 2 * 1024,
+        grew < 9 * 1024,
         "RSS grew {grew} KiB while a closing connection's write waited: its pushes were kept"
     );
     assert_eq!(

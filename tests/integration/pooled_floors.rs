@@ -142,6 +142,15 @@ async fn start(dir: &std::path::Path, store: &str) -> (Binary, SocketAddr) {
     (binary, SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
+/// [`start`] on the suite's shared standalone Redis.
+async fn start_on_redis(dir: &std::path::Path) -> (Binary, SocketAddr) {
+    let store = format!(
+        "[store]\nredis = \"{}\"\n",
+        harness::shared_standalone().url()
+    );
+    start(dir, &store).await
+}
+
 /// Finding 1 of the hardening review: the instance high-water over-states floors for keys that
 /// share its cells with others, and a pooled read used to take that as a hard floor: 1,000 keys
 /// at version 1 read after 40,000 others were published at a million failed with `-FLOOR`
@@ -211,8 +220,7 @@ async fn a_pooled_read_is_never_refused_for_other_keys_versions() {
 async fn a_version_the_instance_answered_is_never_undercut_for_pooled_reads() {
     let redis = harness::shared_standalone();
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let store = format!("[store]\nredis = \"{}\"\n", redis.url());
-    let (_binary, address) = start(dir.path(), &store).await;
+    let (_binary, address) = start_on_redis(dir.path()).await;
     let key = format!("p:real:{}", std::process::id());
     let mut conn = Conn::open(address).await;
     let replies = conn
@@ -273,8 +281,7 @@ async fn a_version_the_instance_answered_is_never_undercut_for_pooled_reads() {
 async fn a_tombstone_answer_leaves_a_floor_for_pooled_reads() {
     let redis = harness::shared_standalone();
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let store = format!("[store]\nredis = \"{}\"\n", redis.url());
-    let (_binary, address) = start(dir.path(), &store).await;
+    let (_binary, address) = start_on_redis(dir.path()).await;
     let key = format!("p:tomb:{}", std::process::id());
     let mut conn = Conn::open(address).await;
     conn.batch(&[command(&["HOTSPLIT.PUBLISH", &key, "8", "old-v8"])])
@@ -318,8 +325,7 @@ async fn a_pipelined_batchs_gets_are_sent_together_and_read_again_when_a_get_bef
 ) {
     let redis = harness::shared_standalone();
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let store = format!("[store]\nredis = \"{}\"\n", redis.url());
-    let (binary, address) = start(dir.path(), &store).await;
+    let (binary, address) = start_on_redis(dir.path()).await;
     let key = format!("p:ahead:{}", std::process::id());
     let mut conn = Conn::open(address).await;
     let replies = conn
@@ -360,10 +366,8 @@ async fn a_pipelined_batchs_gets_are_sent_together_and_read_again_when_a_get_bef
 /// batch and from batch to batch, no reader ever sees a version older than one it saw.
 #[tokio::test]
 async fn pipelined_gets_sent_together_never_go_back_while_the_key_is_published() {
-    let redis = harness::shared_standalone();
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let store = format!("[store]\nredis = \"{}\"\n", redis.url());
-    let (binary, address) = start(dir.path(), &store).await;
+    let (binary, address) = start_on_redis(dir.path()).await;
     let key = format!("p:ahead-live:{}", std::process::id());
     let mut publisher = Conn::open(address).await;
     publisher

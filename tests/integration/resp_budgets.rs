@@ -24,6 +24,9 @@ use crate::resp_conn::{command, rss_kib, Client, Value};
 /// A MiB.
 const MIB: u64 = 1024 * 1024;
 
+/// The read-write token of the tests that configure tokens.
+const TOKEN: &str = "resp-budgets-token-0123456789abcdef";
+
 /// How long RSS may take to settle within a bound (a CI machine running four suites at once
 /// took more than 3 s to give a flood's freed pages back).
 const SETTLE: Duration = Duration::from_secs(10);
@@ -307,7 +310,6 @@ fn tokens(dir: &Path, token: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_auth_a_client_that_reads_nothing_holds_at_most_16_kib_of_replies() {
-    const TOKEN: &str = "resp-budgets-token-0123456789abcdef";
     let dir = tempfile::tempdir().expect("temp dir");
     let (binary, address) = start(
         dir.path(),
@@ -360,7 +362,6 @@ async fn before_auth_a_client_that_reads_nothing_holds_at_most_16_kib_of_replies
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_auth_a_client_gets_noauth_a_deadline_and_no_slot_a_token_needs() {
-    const TOKEN: &str = "resp-budgets-token-0123456789abcdef";
     let dir = tempfile::tempdir().expect("temp dir");
     let (binary, address) = start(
         dir.path(),
@@ -479,7 +480,7 @@ fn config_check(dir: &Path, config: &str) -> (Option<i32>, String) {
 #[test]
 fn the_redis_port_needs_its_own_flag_for_tls_that_ends_upstream() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let auth = tokens(dir.path(), "resp-budgets-token-0123456789abcdef");
+    let auth = tokens(dir.path(), TOKEN);
     // The HTTP proxy's flag does not cover a public Redis port with tokens and no TLS.
     let relying = format!(
         "[server]\nlisten = \"127.0.0.1:7070\"\ntls_terminated_upstream = true\n{auth}[resp]\nlisten = \"0.0.0.0:6380\"\n"
