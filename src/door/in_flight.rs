@@ -75,27 +75,27 @@ impl InFlightBound {
     /// Takes a slot: `Ok(None)` when there is no bound; `Err(bound)` when it is reached
     /// (nothing was counted; the caller counts and words its own refusal).
     pub fn enter(self: &Arc<Self>) -> Result<Option<InFlight>, usize> {
-        let Some(bound) = self.limits.max_in_flight else {
-            return Ok(None);
-        };
-        let before = self.in_flight.inc();
-        let slot = InFlight(self.clone());
-        if usize::try_from(before).is_ok_and(|before| before >= bound) {
-            return Err(bound);
-        }
-        Ok(Some(slot))
+        self.enter_below(|bound| bound)
     }
 
     /// Takes a slot for a command started ahead of its turn (a pipelined batch's reads sent
     /// together): only while at most half the bound is taken, so one deep pipeline leaves
     /// the other half to the commands that come one at a time. `Err` as [`Self::enter`].
     pub fn enter_ahead(self: &Arc<Self>) -> Result<Option<InFlight>, usize> {
+        self.enter_below(|bound| bound / 2)
+    }
+
+    /// Takes a slot while fewer than `limit(bound)` are taken; `Err(bound)` otherwise.
+    fn enter_below(
+        self: &Arc<Self>,
+        limit: impl Fn(usize) -> usize,
+    ) -> Result<Option<InFlight>, usize> {
         let Some(bound) = self.limits.max_in_flight else {
             return Ok(None);
         };
         let before = self.in_flight.inc();
         let slot = InFlight(self.clone());
-        if usize::try_from(before).is_ok_and(|before| before >= bound / 2) {
+        if usize::try_from(before).is_ok_and(|before| before >= limit(bound)) {
             return Err(bound);
         }
         Ok(Some(slot))

@@ -4,9 +4,9 @@
 //! connection has at most one read in flight: 16 pipelined decision reads cost 16 round trips,
 //! where a proxy sends them together. When a plain `GET` the near cache cannot answer starts a
 //! batch's run, the `GET`s after it (up to [`RUN_MAX`], while the in-flight bound has room:
-//! [`crate::door::InFlightBound::enter_ahead`]) are started with it: each read's floors are taken at once
-//! (`Ops::begin_ahead`), their store reads are awaited together, then each is concluded in
-//! its turn, in the order the commands came (`Ops::conclude_ahead`).
+//! [`crate::door::InFlightBound::enter_ahead`]) are started with it: each read's floors are
+//! taken at once (`Ops::begin_ahead`), their store reads are awaited together, then each is
+//! concluded in its turn, in the order the commands came (`Ops::conclude_ahead`).
 //!
 //! # Invariants
 //! - **Answered in order, as if run in order.** A read's after-answer step (the floors it
@@ -42,7 +42,7 @@ pub(super) struct Started {
     /// The read, started.
     ahead: Ahead,
     /// Its place under `server.max_in_flight`, given back when it is answered.
-    _slot: Option<InFlight>,
+    slot: Option<InFlight>,
     /// When it started (the command's duration).
     at: Instant,
 }
@@ -61,8 +61,9 @@ pub(super) enum Next {
 
 impl Connection {
     /// Starts `args` as a run's `GET` when it is a plain `GET` and a slot is free (`first`:
-    /// any slot under the bound; later ones: [`crate::door::InFlightBound::enter_ahead`]); `None`, having
-    /// changed nothing, otherwise.
+    /// any slot under the bound; later ones:
+    /// [`crate::door::InFlightBound::enter_ahead`]); `None`, having changed nothing,
+    /// otherwise.
     pub(super) fn start_ahead(
         &self,
         serving: &mut Serving,
@@ -79,7 +80,7 @@ impl Connection {
         let ahead = self.door.get_ahead(&mut serving.state, args, deadline)?;
         Some(Started {
             ahead,
-            _slot: slot,
+            slot,
             at: Instant::now(),
         })
     }
@@ -133,11 +134,11 @@ impl Connection {
                     .await?;
                 serving.state.tracking.outbox.wrote();
             }
-            let Started { ahead, _slot, at } = started;
+            let Started { ahead, slot, at } = started;
             let (reply, again) = door
                 .conclude_get(&mut serving.state, ahead, fetched, turn > 0)
                 .await;
-            drop(_slot);
+            drop(slot);
             if again {
                 self.metrics.get_read_again();
             }
