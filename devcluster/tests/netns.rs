@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hotsplit_devcluster::{
-    add_namespace, cli_at, namespaces_or_skip, redis_server_path, Host, NetClusterOptions, Network,
-    Partition, Topology, NET_PORT,
+    add_namespace, cli_at, namespaces_or_skip, redis_server_path, Host, NetCluster,
+    NetClusterOptions, NetNode, Network, Partition, Topology, NET_PORT,
 };
 
 /// Tells whether a datagram sent from `from` reaches `to` within 300 ms.
@@ -187,10 +187,21 @@ fn netns_cluster_announces_namespace_addresses_and_fails_over_an_isolated_master
     let replica = replicas[0];
     let replica_ip = replica.host().ip().to_string();
     // Replication is asynchronous: the cut must not come before the replica has the write.
-    assert_eq!(
-        cluster.cli(master, &["WAIT", "1", "10000"]).unwrap(),
-        "1",
-        "the replica acknowledged the write"
+    // (`WAIT` cannot say so here: `cli` opens a connection per command, and `WAIT` counts only
+    // the writes of its own connection, so it answered 1 at once. The promoted replica then
+    // showed `master_repl_offset:0`.) The replica's offset must reach the master's, which
+    // counts the write.
+    let written = repl_offset(cluster, master);
+    let replicated = (0..100).any(|_| {
+        let caught_up = repl_offset(cluster, replica) >= written;
+        if !caught_up {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        caught_up
+    });
+    assert!(
+        replicated,
+        "the replica did not reach the master's offset {written} within 10 s"
     );
     let replication = cluster.cli(master, &["INFO", "replication"]).unwrap();
     assert!(
@@ -219,9 +230,33 @@ fn netns_cluster_announces_namespace_addresses_and_fails_over_an_isolated_master
     assert!(promoted
         .iter()
         .any(|info| info.host == replica_ip && info.is_master()));
-    // The promoted replica serves the write it acknowledged. Polled: this failed twice in
-    // clean-clone CI runs (nil, right after the promotion) and never in 15 runs alone; what
-    // the node says of itself is printed when it does not come.
+    assert_serves_greeting(cluster, replica);
+
+    topology.network.heal().unwrap();
+    cluster.wait_healthy(Duration::from_secs(30)).unwrap();
+    let now_master = cluster.master_for_key(b"greeting").unwrap();
+    assert_eq!(now_master.host().ip().to_string(), replica_ip);
+    let namespaces = topology.network.namespaces();
+    drop(topology);
+    for namespace in namespaces {
+        assert!(!namespace_exists(&namespace), "{namespace}");
+    }
+}
+
+/// `node`'s `master_repl_offset`.
+fn repl_offset(cluster: &NetCluster, node: &NetNode) -> u64 {
+    let info = cluster.cli(node, &["INFO", "replication"]).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("master_repl_offset:"))
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no master_repl_offset in {info}"))
+}
+
+/// Asserts the promoted `replica` serves `greeting` (polled 5 s); prints what the node says of
+/// itself when it does not.
+fn assert_serves_greeting(cluster: &NetCluster, replica: &NetNode) {
+    // The promoted replica serves the write it had. Polled, and what the node says of itself
+    // is printed when it does not come.
     let mut last = String::new();
     let served = (0..50).any(|_| {
         last = cluster
@@ -248,16 +283,6 @@ fn netns_cluster_announces_namespace_addresses_and_fails_over_an_isolated_master
     }
     assert!(
         served,
-        "the promoted replica answered {last:?} for the acknowledged write"
+        "the promoted replica answered {last:?} for the replicated write"
     );
-
-    topology.network.heal().unwrap();
-    cluster.wait_healthy(Duration::from_secs(30)).unwrap();
-    let now_master = cluster.master_for_key(b"greeting").unwrap();
-    assert_eq!(now_master.host().ip().to_string(), replica_ip);
-    let namespaces = topology.network.namespaces();
-    drop(topology);
-    for namespace in namespaces {
-        assert!(!namespace_exists(&namespace), "{namespace}");
-    }
 }
