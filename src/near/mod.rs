@@ -53,7 +53,7 @@ use tokio_util::task::TaskTracker;
 use crate::sketch::MaxSketch;
 pub use config::NearCacheConfig;
 use flight::Flights;
-pub use flight::{Filled, Filling};
+pub use flight::{Filled, Filling, Flight};
 pub use metrics::{EvictionCause, NearMetrics};
 
 use crate::key::{CopyKey, Version};
@@ -307,10 +307,8 @@ pub struct NearCache {
     stripes: Box<[Mutex<()>]>,
     /// Hashes copy keys to stripes.
     stripe_hasher: DefaultHashBuilder,
-    /// Fills in flight.
+    /// Fills in flight, on the service's task tracker.
     flights: Flights,
-    /// Where fills run, so they outlive the request that started them and shutdown drains them.
-    tracker: TaskTracker,
     /// Refresh-ahead's largest lead, as a share of a class's max age (0: no refresh-ahead).
     refresh_lead_max: f64,
     /// The entries' byte bound.
@@ -387,8 +385,7 @@ impl NearCache {
             sketch_floors: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             stripe_hasher: DefaultHashBuilder::default(),
-            flights: Flights::default(),
-            tracker,
+            flights: Flights::new(tracker),
             refresh_lead_max: config.refresh_lead_max,
             max_bytes: config.max_bytes,
             metrics,
@@ -568,16 +565,23 @@ impl NearCache {
         keys.len()
     }
 
-    /// The fill of `copy_key` from `source` in flight, or a new one from `start`; `true` when
-    /// an existing fill was joined.
+    /// The fill of `copy_key` from `source` in flight; else, for a miss of a read accepting
+    /// `max_age`, the entry a fill that just ended left (looked up again under the fills'
+    /// lock, so a miss racing a fill's end makes no second Redis read); else a new fill from
+    /// `start`. A refresh, which fills a fresh entry on purpose, passes `None`.
     pub fn fill(
         &self,
         copy_key: &CopyKey,
         source: &crate::store::NodeLabel,
+        max_age: Option<Duration>,
         start: impl FnOnce() -> BoxFuture<'static, Filled>,
-    ) -> (Filling, bool) {
+    ) -> Flight<(Arc<Entry>, Duration)> {
+        let landed = || match self.lookup(copy_key, max_age?) {
+            Lookup::Fresh(entry, age) => Some((entry, age)),
+            Lookup::Stale => None,
+        };
         self.flights
-            .join_or_start(copy_key.as_str(), source, &self.tracker, start)
+            .join_or_start(copy_key.as_str(), source, landed, start)
     }
 
     /// Whether a fill of `copy_key` from `source` is in flight.
@@ -1008,5 +1012,76 @@ mod tests {
             .map(|hot| (hot.copy_key.as_str(), hot.hits))
             .collect();
         assert_eq!(hottest, vec![("k#1", 7), ("k#0", 3)]);
+    }
+
+    /// Fails if a miss whose lookup ran before a fill ended and whose join came after it
+    /// starts a second fill: it must find the fill's entry under the fills' lock.
+    #[tokio::test]
+    async fn a_miss_racing_a_fills_end_is_answered_by_the_fills_entry() {
+        use futures_util::FutureExt;
+
+        let tracker = TaskTracker::new();
+        let classes = Classes::from_config(&Default::default()).unwrap();
+        let cache = Arc::new(NearCache::new(
+            &NearCacheConfig::default(),
+            NearMetrics::detached(&classes),
+            tracker.clone(),
+        ));
+        let key = Key::parse("k")
+            .unwrap()
+            .copy_key(0, crate::key::Placement::Suffix);
+        let source = NodeLabel::new("p:1");
+        let max_age = Some(Duration::from_secs(60));
+        // The miss's lookup: nothing yet.
+        assert_eq!(held(&cache, &key), None);
+        // Meanwhile a fill runs to its end: it offers its read, then leaves the table.
+        let filler = cache.clone();
+        let filled_key = key.clone();
+        let Flight::Started(filling) = cache.fill(&key, &source, max_age, move || {
+            async move {
+                offer(
+                    &filler,
+                    &filled_key,
+                    record(3, Some("three")),
+                    Instant::now(),
+                );
+                Filled {
+                    read: crate::store::CopyRead {
+                        served_by: ServedBy::primary(NodeLabel::new("p:1")),
+                        record: Ok(Some(record(3, Some("three")))),
+                    },
+                    reason: RouteReason::Class,
+                }
+            }
+            .boxed()
+        }) else {
+            panic!("the first miss starts a fill");
+        };
+        assert!(filling.await.is_some());
+        tracker.close();
+        tracker.wait().await;
+        assert!(
+            !cache.filling(&key, &source),
+            "the ended fill left the table"
+        );
+        // The miss joins now: it is answered by the entry, and starts no read.
+        match cache.fill(&key, &source, max_age, || panic!("a second fill started")) {
+            Flight::Landed((entry, _)) => assert_eq!(entry.record.version, v(3)),
+            Flight::Joined(_) | Flight::Started(_) => panic!("no entry found"),
+        }
+        // A refresh (no max age) does start one.
+        let refresh = cache.fill(&key, &source, None, || {
+            async {
+                Filled {
+                    read: crate::store::CopyRead {
+                        served_by: ServedBy::primary(NodeLabel::new("p:1")),
+                        record: Ok(None),
+                    },
+                    reason: RouteReason::Class,
+                }
+            }
+            .boxed()
+        });
+        assert!(matches!(refresh, Flight::Started(_)));
     }
 }
