@@ -76,17 +76,24 @@ impl Deadline {
 }
 
 /// Runs `future` (a fallible store call) until `deadline`, or with no bound of its own when
-/// there is none.
+/// there is none. Not an `async fn`: the future is put into the timer's future where it is
+/// made, not moved there on the first poll (a read's store future is kilobytes).
 ///
 /// # Errors
 /// The future's own error, or [`ErrorKind::DeadlineExceeded`] when the deadline passes first.
-pub async fn within<T, F>(deadline: Option<Deadline>, future: F) -> Result<T>
+pub fn within<T, F>(deadline: Option<Deadline>, future: F) -> impl Future<Output = Result<T>>
 where
     F: Future<Output = Result<T>>,
 {
+    use futures_util::future::{Either, FutureExt};
     match deadline {
-        Some(deadline) => deadline.bound(future).await?,
-        None => future.await,
+        Some(deadline) => Either::Left(tokio::time::timeout_at(deadline.at, future).map(
+            |answer| match answer {
+                Ok(answer) => answer,
+                Err(_) => Err(exceeded()),
+            },
+        )),
+        None => Either::Right(future),
     }
 }
 
@@ -129,5 +136,19 @@ mod tests {
         assert_eq!(cut.unwrap_err().kind(), ErrorKind::DeadlineExceeded);
         let deadline = Deadline::after(Duration::from_millis(100));
         assert_eq!(deadline.bound(async { 7 }).await, Ok(7));
+    }
+
+    #[tokio::test]
+    async fn within_answers_the_futures_own_result_or_exceeded() {
+        let failing = || async { Err::<u8, _>(Error::new(ErrorKind::Timeout, "node timed out")) };
+        let soon = Some(Deadline::after(Duration::from_millis(50)));
+        assert_eq!(within(soon, async { Ok(7) }).await, Ok(7));
+        let failed = within(soon, failing()).await.unwrap_err();
+        assert_eq!(failed.kind(), ErrorKind::Timeout, "the future's own error");
+        let cut = within(soon, std::future::pending::<Result<u8>>()).await;
+        assert_eq!(cut.unwrap_err().kind(), ErrorKind::DeadlineExceeded);
+        assert_eq!(within(None, async { Ok(8) }).await, Ok(8));
+        let failed = within(None, failing()).await.unwrap_err();
+        assert_eq!(failed.kind(), ErrorKind::Timeout);
     }
 }

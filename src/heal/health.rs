@@ -328,7 +328,7 @@ impl CopyStore for HealthStore {
     }
 
     fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let nodes: Vec<NodeLabel> = writes
                 .iter()
                 .map(|write| self.inner.node_of(&write.copy_key))
@@ -381,7 +381,7 @@ impl CopyStore for HealthStore {
         replicas: u32,
         timeout_ms: u64,
     ) -> BoxFuture<'a, Vec<(WriteResult, Option<u32>)>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let results = self
                 .inner
                 .write_copies_synced(writes, replicas, timeout_ms)
@@ -394,7 +394,7 @@ impl CopyStore for HealthStore {
     }
 
     fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let node = self.inner.node_of(copy_key);
             let served_by = ServedBy::primary(node.clone());
             self.guarded_read(copy_key, node, served_by, self.inner.read_copy(copy_key))
@@ -407,7 +407,7 @@ impl CopyStore for HealthStore {
         copy_key: &'a CopyKey,
         replica: &'a NodeLabel,
     ) -> BoxFuture<'a, CopyRead> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let served_by = ServedBy {
                 node: replica.clone(),
                 role: crate::store::Role::Replica,
@@ -426,7 +426,7 @@ impl CopyStore for HealthStore {
         &'a self,
         copy_key: &'a CopyKey,
     ) -> BoxFuture<'a, Result<Option<CopyRecord>>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let node = self.inner.node_of(copy_key);
             // No queued-version floor is checked here: a recovering node is left alone until
             // its queue is flushed.
@@ -449,7 +449,7 @@ impl CopyStore for HealthStore {
         ttl_ms: u64,
         floor: u64,
     ) -> BoxFuture<'a, Result<Version>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let node = self.inner.counter_node(key);
             if let Some(node) = &node {
                 if self.health.is_failing(node) {

@@ -463,7 +463,7 @@ impl Reader {
                 // never builds it, does not move a future the size of every store read's
                 // state through each caller's own future.
                 None => {
-                    Box::pin(deadline::within(
+                    box_in_place!(deadline::within(
                         request.deadline,
                         self.read_rest(request, prepared),
                     ))

@@ -160,7 +160,7 @@ pub trait LayoutStore: Send + Sync + 'static {
         instance: &'a str,
         ttl_ms: u64,
     ) -> BoxFuture<'a, Result<Vec<u32>>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let others = self.join_live(family, copies, instance, ttl_ms).await?;
             Ok(others.into_iter().map(|member| member.copies).collect())
         })

@@ -67,7 +67,7 @@ impl Door {
             // Boxed: `EXEC` is rare, and its future (holding a queued command's) would otherwise
             // be a part of every command's.
             Some(Run::Exec) if args.len() == 1 => {
-                return Some(Box::pin(self.exec(conn, deadline)).await)
+                return Some(box_in_place!(self.exec(conn, deadline)).await)
             }
             Some(Run::Discard) if args.len() == 1 => {
                 conn.multi = None;

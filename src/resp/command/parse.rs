@@ -205,7 +205,7 @@ fn run_store<'a, C: Store>(
 ) -> Result<Pending<'a>, RespError> {
     let command = C::parse(&mut args)?;
     args.finish()?;
-    Ok(Box::pin(command.apply(door, conn, deadline)))
+    Ok(box_in_place!(command.apply(door, conn, deadline)))
 }
 
 #[cfg(test)]

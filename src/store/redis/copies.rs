@@ -47,7 +47,7 @@ impl CopyStore for RedisStore {
     }
 
     fn write_copies<'a>(&'a self, writes: &'a [CopyWrite]) -> BoxFuture<'a, Vec<WriteResult>> {
-        Box::pin(self.cas_copies(writes))
+        box_in_place!(self.cas_copies(writes))
     }
 
     fn write_copies_synced<'a>(
@@ -56,11 +56,11 @@ impl CopyStore for RedisStore {
         replicas: u32,
         timeout_ms: u64,
     ) -> BoxFuture<'a, Vec<(WriteResult, Option<u32>)>> {
-        Box::pin(self.cas_copies_synced(writes, replicas, timeout_ms))
+        box_in_place!(self.cas_copies_synced(writes, replicas, timeout_ms))
     }
 
     fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let node = self.placement().node_of(copy_key.as_str());
             let record = match self
                 .client
@@ -84,18 +84,18 @@ impl CopyStore for RedisStore {
         copy_key: &'a CopyKey,
         replica: &'a NodeLabel,
     ) -> BoxFuture<'a, CopyRead> {
-        Box::pin(self.read_copy_on_replica(copy_key, replica))
+        box_in_place!(self.read_copy_on_replica(copy_key, replica))
     }
 
     fn read_copy_stored<'a>(
         &'a self,
         copy_key: &'a CopyKey,
     ) -> BoxFuture<'a, Result<Option<CopyRecord>>> {
-        Box::pin(self.read_stored(copy_key))
+        box_in_place!(self.read_stored(copy_key))
     }
 
     fn delete_copies<'a>(&'a self, copy_keys: &'a [CopyKey]) -> BoxFuture<'a, Result<u64>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             // One DEL per key: in a cluster the copies live in different slots.
             let deletes = copy_keys.iter().map(|copy_key| async move {
                 self.client
@@ -126,7 +126,7 @@ impl CopyStore for RedisStore {
         ttl_ms: u64,
         floor: u64,
     ) -> BoxFuture<'a, Result<Version>> {
-        Box::pin(self.next_version(key, ttl_ms, floor))
+        box_in_place!(self.next_version(key, ttl_ms, floor))
     }
 }
 

@@ -39,7 +39,7 @@ const EVENTS_HELD: usize = 4_096;
 
 impl FeedStore for RedisStore {
     fn open_feed<'a>(&'a self, primary: &'a NodeLabel) -> BoxFuture<'a, Result<FeedConnection>> {
-        Box::pin(self.feed_open(primary))
+        box_in_place!(self.feed_open(primary))
     }
 }
 

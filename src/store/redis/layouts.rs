@@ -17,7 +17,7 @@ use crate::store::{
 
 impl LayoutStore for RedisStore {
     fn read_layout<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Option<Layout>>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let key = layout_key(family);
             let text: Option<String> = self
                 .client
@@ -39,7 +39,7 @@ impl LayoutStore for RedisStore {
         expected: Option<Layout>,
         layout: Layout,
     ) -> BoxFuture<'a, Result<LayoutSwap>> {
-        Box::pin(self.swap_layout(layout_key(family), expected, layout))
+        box_in_place!(self.swap_layout(layout_key(family), expected, layout))
     }
 
     fn write_layout_writer<'a>(
@@ -47,14 +47,14 @@ impl LayoutStore for RedisStore {
         family: &'a str,
         writer: &'a LayoutWriter,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.record_layout_writer(family, writer))
+        box_in_place!(self.record_layout_writer(family, writer))
     }
 
     fn read_layout_writer<'a>(
         &'a self,
         family: &'a str,
     ) -> BoxFuture<'a, Result<Option<LayoutWriter>>> {
-        Box::pin(self.layout_writer(family))
+        box_in_place!(self.layout_writer(family))
     }
 
     fn join_live<'a>(
@@ -65,7 +65,7 @@ impl LayoutStore for RedisStore {
         ttl_ms: u64,
     ) -> BoxFuture<'a, Result<Vec<LiveMember>>> {
         // A ttl of 0 would remove the member: a join always lasts at least a millisecond.
-        Box::pin(self.refresh_live(
+        box_in_place!(self.refresh_live(
             live_key(family),
             live_member(copies, instance),
             ttl_ms.max(1),
@@ -78,7 +78,7 @@ impl LayoutStore for RedisStore {
         copies: u32,
         instance: &'a str,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             self.refresh_live(live_key(family), live_member(copies, instance), 0)
                 .await
                 .map(drop)
@@ -90,7 +90,7 @@ impl LayoutStore for RedisStore {
         pattern: &'a str,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<String>>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let mut keys = Vec::new();
             for node in self.scan_node_labels() {
                 let mut cursor = 0;

@@ -102,11 +102,11 @@ impl LibraryStore for RedisStore {
     }
 
     fn function_libraries(&self) -> BoxFuture<'_, Result<Vec<(String, usize)>>> {
-        Box::pin(self.list_libraries())
+        box_in_place!(self.list_libraries())
     }
 
     fn delete_function_library<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<usize>> {
-        Box::pin(self.delete_library(name))
+        box_in_place!(self.delete_library(name))
     }
 }
 

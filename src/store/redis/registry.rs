@@ -24,19 +24,19 @@ impl FleetStore for RedisStore {
         record: &'a InstanceRecord,
         ttl_ms: u64,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.register(record, ttl_ms))
+        box_in_place!(self.register(record, ttl_ms))
     }
 
     fn deregister_instance<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.deregister(id))
+        box_in_place!(self.deregister(id))
     }
 
     fn instances(&self) -> BoxFuture<'_, Result<Vec<InstanceRecord>>> {
-        Box::pin(self.registered())
+        box_in_place!(self.registered())
     }
 
     fn session_key<'a>(&'a self, candidate: &'a str) -> BoxFuture<'a, Result<String>> {
-        Box::pin(self.shared_session_key(candidate))
+        box_in_place!(self.shared_session_key(candidate))
     }
 
     fn publish_status<'a>(
@@ -45,14 +45,14 @@ impl FleetStore for RedisStore {
         summary: &'a str,
         ttl_ms: u64,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.store_status(id, summary, ttl_ms))
+        box_in_place!(self.store_status(id, summary, ttl_ms))
     }
 
     fn instance_statuses<'a>(
         &'a self,
         ids: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<Option<String>>>> {
-        Box::pin(self.stored_statuses(ids))
+        box_in_place!(self.stored_statuses(ids))
     }
 }
 

@@ -24,7 +24,7 @@ impl ScrubStore for RedisStore {
         pattern: &'a str,
         count: u32,
     ) -> BoxFuture<'a, Result<KeyPage>> {
-        Box::pin(self.scan_page_on(node, cursor, pattern, count))
+        box_in_place!(self.scan_page_on(node, cursor, pattern, count))
     }
 
     fn hold_lease<'a>(
@@ -33,7 +33,7 @@ impl ScrubStore for RedisStore {
         holder: &'a str,
         ttl_ms: u64,
     ) -> BoxFuture<'a, Result<Lease>> {
-        Box::pin(self.lease(name, holder, ttl_ms))
+        box_in_place!(self.lease(name, holder, ttl_ms))
     }
 }
 

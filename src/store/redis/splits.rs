@@ -15,7 +15,7 @@ const SWAP_SPLIT: &str = include_str!("split.lua");
 
 impl SplitStore for RedisStore {
     fn read_splits<'a>(&'a self, family: &'a str) -> BoxFuture<'a, Result<Vec<(String, String)>>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let key = splits_key(family);
             let records: std::collections::HashMap<String, String> = self
                 .client
@@ -33,7 +33,7 @@ impl SplitStore for RedisStore {
         expected: Option<&'a str>,
         record: Option<&'a str>,
     ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let hash = splits_key(family);
             let args = vec![
                 key.to_owned(),

@@ -45,7 +45,7 @@ impl TopologyStore for RedisStore {
     }
 
     fn refresh_topology(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             // The background retry of primaries that lack the library rides on the refresh,
             // which runs every second while one does (see `LagMonitor`).
             self.reload_missing_library().await;
@@ -59,7 +59,7 @@ impl TopologyStore for RedisStore {
         instance: &'a str,
         stamp_us: u64,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.heartbeat_write(primary, instance, stamp_us))
+        box_in_place!(self.heartbeat_write(primary, instance, stamp_us))
     }
 
     fn read_heartbeat<'a>(
@@ -67,15 +67,15 @@ impl TopologyStore for RedisStore {
         replica: &'a NodeLabel,
         instance: &'a str,
     ) -> BoxFuture<'a, Result<Option<u64>>> {
-        Box::pin(self.heartbeat_read(replica, instance))
+        box_in_place!(self.heartbeat_read(replica, instance))
     }
 
     fn replication_offset<'a>(&'a self, node: &'a NodeLabel) -> BoxFuture<'a, Result<u64>> {
-        Box::pin(self.replication_offset_of(node))
+        box_in_place!(self.replication_offset_of(node))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             if let Some(node) = &self.standalone_node {
                 return self
                     .client
@@ -104,7 +104,7 @@ impl TopologyStore for RedisStore {
         node: &'a NodeLabel,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
+        box_in_place!(async move {
             let ping = async {
                 // A replica through its own client; a primary through the lag monitor's client,
                 // so a probe of a paused node never stalls the data client.
