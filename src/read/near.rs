@@ -13,9 +13,9 @@
 //! 3. otherwise the read waits for the one fill of the copy from its source (a replica within
 //!    the class's budget, else the primary), started by the first miss and shared by every
 //!    concurrent one (a miss that finds no fill because one just ended is answered by the
-//!    entry it left, looked up again under the fills' lock); a fill below the copy's high-water version is re-read from the primary.
-//!    A read whose floor (or the high-water version) the fill does not meet reads Redis as
-//!    without a cache.
+//!    entry it left, looked up again under the fills' lock); a fill below the copy's
+//!    high-water version is re-read from the primary. A read whose floor (or the high-water
+//!    version) the fill does not meet reads Redis as without a cache.
 //!
 //! The high-water version joins the read's floor for the sibling fallback, so the affine copy
 //! set back (by hand, or by a restart that lost writes) is not served while a sibling holds
