@@ -12,6 +12,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::future::{Either, FutureExt};
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -64,20 +65,19 @@ impl Deadline {
         self.copy_writes_until
     }
 
-    /// Runs `future` until the deadline.
+    /// Runs `future` until the deadline. Not an `async fn`: the future is put into the timer's
+    /// future where it is made, not moved there on the first poll (a read's store future is
+    /// kilobytes).
     ///
     /// # Errors
     /// [`ErrorKind::DeadlineExceeded`] when the deadline passes first (the future is dropped).
-    pub async fn bound<F: Future>(self, future: F) -> Result<F::Output> {
-        tokio::time::timeout_at(self.at, future)
-            .await
-            .map_err(|_| exceeded())
+    pub fn bound<F: Future>(self, future: F) -> impl Future<Output = Result<F::Output>> {
+        tokio::time::timeout_at(self.at, future).map(|answer| answer.map_err(|_| exceeded()))
     }
 }
 
-/// Runs `future` (a fallible store call) until `deadline`, or with no bound of its own when
-/// there is none. Not an `async fn`: the future is put into the timer's future where it is
-/// made, not moved there on the first poll (a read's store future is kilobytes).
+/// Runs `future` (a fallible store call) until `deadline` ([`Deadline::bound`]), or with no
+/// bound of its own when there is none; like `bound`, not an `async fn`.
 ///
 /// # Errors
 /// The future's own error, or [`ErrorKind::DeadlineExceeded`] when the deadline passes first.
@@ -85,14 +85,8 @@ pub fn within<T, F>(deadline: Option<Deadline>, future: F) -> impl Future<Output
 where
     F: Future<Output = Result<T>>,
 {
-    use futures_util::future::{Either, FutureExt};
     match deadline {
-        Some(deadline) => Either::Left(tokio::time::timeout_at(deadline.at, future).map(
-            |answer| match answer {
-                Ok(answer) => answer,
-                Err(_) => Err(exceeded()),
-            },
-        )),
+        Some(deadline) => Either::Left(deadline.bound(future).map(|answer| answer?)),
         None => Either::Right(future),
     }
 }
