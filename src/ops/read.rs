@@ -4,7 +4,7 @@
 
 use super::after::{Left, Pins};
 use super::high_water::Mark;
-use super::{rollback, ClientSession, Ops};
+use super::{ClientSession, Ops};
 use crate::error::Result;
 use crate::read::{Caller, Carried, Read, ReadAnswer, ReadRequest};
 use crate::store::now_unix_ms;
@@ -31,14 +31,8 @@ impl Ops {
         session: &mut ClientSession,
     ) -> Result<ReadAnswer> {
         let begun = self.begin_read(&request, session);
-        let read = self
-            .reader()
-            .read(&request, begun.carried)
-            .await
-            .map_err(|err| rollback::name_session_cause(err, begun.session_floor))?;
-        let read = self
-            .guard_rollback(&request, read, begun.carried, begun.now_ms)
-            .await?;
+        let read = self.reader().read(&request, begun.carried).await;
+        let read = self.guard_rollback(&request, read, &begun).await?;
         self.end_read(&request, &begun, read, session)
     }
 
@@ -66,7 +60,7 @@ impl Ops {
         }
         let read = match self.reader().read_now(request, begun.carried)? {
             Ok(read) => read,
-            Err(err) => return Some(Err(rollback::name_session_cause(err, begun.session_floor))),
+            Err(err) => return Some(Err(self.name_refusal_cause(request, err, &begun))),
         };
         Some(self.end_read(request, &begun, read, session))
     }
@@ -94,15 +88,9 @@ impl Ops {
         let read = self
             .reader()
             .read(&ahead.request, ahead.begun.carried)
+            .await;
+        self.guard_rollback(&ahead.request, read, &ahead.begun)
             .await
-            .map_err(|err| rollback::name_session_cause(err, ahead.begun.session_floor))?;
-        self.guard_rollback(
-            &ahead.request,
-            read,
-            ahead.begun.carried,
-            ahead.begun.now_ms,
-        )
-        .await
     }
 
     /// Concludes a read started ahead, in its turn. The first of a run (`after_others`
@@ -222,13 +210,13 @@ pub enum Concluded {
 }
 
 /// What a read carries from its start to its after-answer step.
-struct Begun {
+pub(super) struct Begun {
     /// The clock when it started (floors' expiry).
-    now_ms: u64,
+    pub(super) now_ms: u64,
     /// The key's hash in the session's floors.
     key_hash: u64,
     /// The floors it carries.
-    carried: Carried,
+    pub(super) carried: Carried,
     /// The session's floor, when it is the one that binds.
-    session_floor: Option<crate::key::Version>,
+    pub(super) session_floor: Option<crate::key::Version>,
 }

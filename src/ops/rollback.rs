@@ -13,7 +13,11 @@
 //!   again with the mark as its floor (a sibling or the primary may hold it);
 //!   if no consulted copy reaches it, the answer is `below_version_floor` naming the cause,
 //!   never the older value. An answer from a replica below the high-water is ordinary lag (the
-//!   class's budget allows it) and is not touched.
+//!   class's budget allows it) and is not touched. Within the family's `pin_window` after a
+//!   read served away from where the reader's next read goes, the seen floor that read left
+//!   ([`crate::route::Pins`]) refuses first, before the guard runs: when the key's exact mark
+//!   is at least every floor the caller sent itself, no consulted copy holds what this
+//!   instance served, and that refusal is named and logged as the guard's own are.
 //! - **A session-token reader** already gets `below_version_floor` from its token's floor; its
 //!   refusal here says why and what to do.
 //!
@@ -21,10 +25,11 @@
 //! high-water with the copy's expiry, a token's floor with the copy it was served from).
 
 use super::high_water::Mark;
+use super::read::Begun;
 use super::Ops;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::Version;
-use crate::read::{Caller, Carried, Found, Read, ReadAnswer, ReadRequest};
+use crate::read::{Caller, Found, Read, ReadAnswer, ReadRequest};
 use crate::store::Role;
 
 /// What a refused reader is told after the floor's figures.
@@ -34,24 +39,29 @@ hold: publish the key again above that version, or read without the floor (a new
 `copy=`) to accept the older value";
 
 impl Ops {
-    /// The rollback guard of a read naming a client (see the module doc): `read` itself when
-    /// its answer is not below this instance's exact high-water mark for the key or came from a
-    /// replica; else the read again (with the same carried floors) with the mark as its floor.
+    /// The rollback guard of a read naming a client (see the module doc), given what the
+    /// reader found (`read`) for the read that `begun` started: `read` itself when its answer
+    /// is not below this instance's exact high-water mark for the key or came from a replica;
+    /// else the read again (with the same carried floors) with the mark as its floor. A
+    /// refusal is given its cause: the session's floor when that bound it
+    /// ([`name_session_cause`]), else the set-back when the read names a client and the
+    /// key's exact mark is at least every floor the caller sent itself.
     ///
     /// # Errors
     /// [`ErrorKind::BelowVersionFloor`] naming the rollback when no consulted copy reaches the
-    /// mark; any error of the second read.
+    /// mark; any error of either read.
     pub(super) async fn guard_rollback(
         &self,
         request: &ReadRequest,
-        read: Read,
-        carried: Carried,
-        now_ms: u64,
+        read: Result<Read>,
+        begun: &Begun,
     ) -> Result<Read> {
+        let read = read.map_err(|err| self.name_refusal_cause(request, err, begun))?;
         let Caller::Client(_) = &request.caller else {
             return Ok(read);
         };
-        let Some(Mark::Exact(high_water)) = self.high_water().floor(&request.key, now_ms) else {
+        let Some(Mark::Exact(high_water)) = self.high_water().floor(&request.key, begun.now_ms)
+        else {
             return Ok(read);
         };
         let Found::Answer(
@@ -71,27 +81,67 @@ impl Ops {
         let served = *version;
         let mut again = request.clone();
         again.min_version = again.min_version.max(Some(high_water));
-        match self.reader().read(&again, carried).await {
+        match self.reader().read(&again, begun.carried).await {
             Ok(read) => Ok(read),
             Err(err) if err.kind() == ErrorKind::BelowVersionFloor => {
-                tracing::warn!(
-                    key = %request.key,
-                    served = served.get(),
-                    high_water = high_water.get(),
-                    "a copy went back below a version this instance served (a failover or a restart lost versions): a reader naming a client is refused, not served the older one"
-                );
-                Err(Error::new(
-                    ErrorKind::BelowVersionFloor,
-                    format!(
-                        "{}: the copies were set back below version {high_water}, which this \
-                         instance served or accepted for the key; {WHAT_TO_DO}",
-                        err.message()
-                    ),
-                ))
+                Err(set_back(request, &err, Some(served), high_water))
             }
             Err(err) => Err(err),
         }
     }
+
+    /// `err`, a refusal of the read `begun` started, with its cause named: the session's floor
+    /// when that bound it; the set-back (logged) when the read names a client, the key has an
+    /// exact high-water mark and no floor the caller sent itself is above it, so the floor
+    /// that refused it is one this instance left (a seen floor: what it served) and no
+    /// consulted copy holds what it served. Any other error as it was.
+    pub(super) fn name_refusal_cause(
+        &self,
+        request: &ReadRequest,
+        err: Error,
+        begun: &Begun,
+    ) -> Error {
+        if begun.session_floor.is_some() || err.kind() != ErrorKind::BelowVersionFloor {
+            return name_session_cause(err, begun.session_floor);
+        }
+        let Caller::Client(_) = &request.caller else {
+            return err;
+        };
+        let Some(Mark::Exact(high_water)) = self.high_water().floor(&request.key, begun.now_ms)
+        else {
+            return err;
+        };
+        let sent = request.min_version.max(request.if_none_match);
+        if sent.is_some_and(|floor| floor > high_water) {
+            return err;
+        }
+        set_back(request, &err, None, high_water)
+    }
+}
+
+/// The refusal of a reader naming a client whose copies were set back below `high_water` (the
+/// key's exact mark), `err` the reader's refusal and `served` the older version a primary
+/// answered, when one did; logged at WARN.
+fn set_back(
+    request: &ReadRequest,
+    err: &Error,
+    served: Option<Version>,
+    high_water: Version,
+) -> Error {
+    tracing::warn!(
+        key = %request.key,
+        served = served.map(Version::get),
+        high_water = high_water.get(),
+        "a copy went back below a version this instance served (a failover or a restart lost versions): a reader naming a client is refused, not served the older one"
+    );
+    Error::new(
+        ErrorKind::BelowVersionFloor,
+        format!(
+            "{}: the copies were set back below version {high_water}, which this instance \
+             served or accepted for the key; {WHAT_TO_DO}",
+            err.message()
+        ),
+    )
 }
 
 /// A below-floor refusal of a read whose session token holds `session_floor`, the floor that

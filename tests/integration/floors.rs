@@ -433,3 +433,94 @@ async fn a_flood_of_client_ids_does_not_evict_another_clients_floor() {
     devcluster::cli(replica.port(), &["CLIENT", "UNPAUSE"]).expect("CLIENT UNPAUSE");
     service.stop().await;
 }
+
+/// The warning `ops::rollback` logs for each refusal of a reader naming a client whose copies
+/// were set back.
+const SET_BACK_WARNING: &str = "a copy went back below a version this instance served";
+
+/// A primary's copy set back by hand below what this instance served a reader naming a client,
+/// inside the family's pin window: the seen floor that read left refuses the next one before
+/// the rollback guard runs, and that refusal too names the set-back and is logged, as the
+/// guard's own are (a split brain healed within the window did this). A floor the caller sent
+/// above everything this instance served is the caller's own: refused without that cause. A
+/// publish above what was lost serves the reader again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_set_back_inside_a_readers_pin_window_is_refused_with_its_cause_and_logged() {
+    let group = PrimaryReplica::start(1).expect("primary and replica");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    // A long pin window, so the floor alice's read leaves outlives every step below.
+    let config = format!(
+        "[store]\nredis = \"{}\"\nreplicas = [\"{}\"]\ncommand_timeout = \"{}\"\n[heal]\nspool_dir = {:?}\n[[family]]\nprefix = \"rb:\"\ncopies = 1\nttl = \"10m\"\npin_window = \"60s\"\n{}",
+        group.url(),
+        group.replicas[0].url(),
+        harness::command_timeout_toml(),
+        dir.path().join("spool").display().to_string(),
+        crate::route::NEAR_CACHE_OFF,
+    );
+    let binary = harness::Binary::start(dir.path(), "rb", &config).await;
+    let base = binary.base.clone();
+    let http = reqwest::Client::new();
+    publish_expecting(&http, &base, Edit::new("rb:k", 5, "five"), StatusCode::OK).await;
+    let alice = format!("{base}/v1/keys/rb:k?client=alice");
+    // Served by the primary while the instance knows a replica: the read leaves alice a seen
+    // floor of 5 (`read::path`'s `remember`).
+    let served = read(&http, &alice, &[]).await;
+    assert_eq!(
+        (served.status, served.body.as_str()),
+        (StatusCode::OK, "five")
+    );
+    assert!(
+        served.served_by.ends_with("role=primary"),
+        "{}",
+        served.served_by
+    );
+    // The failover's loss, by hand: the one copy on the primary goes back to 4.
+    devcluster::cli(
+        group.primary.port(),
+        &["HSET", "rb:k#0", "ver", "4", "val", "four", "tomb", "0"],
+    )
+    .expect("HSET on the primary");
+    let refused = read(&http, &alice, &[]).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body.contains("below_version_floor")
+            && refused.body.contains("set back below version 5")
+            && refused
+                .body
+                .contains("publish the key again above that version"),
+        "{}",
+        refused.body
+    );
+    poll("the refusal is logged", Duration::from_secs(10), || async {
+        binary.log_text().matches(SET_BACK_WARNING).count() == 1
+    })
+    .await;
+    // A floor of alice's own above what this instance served: refused for that floor only.
+    let own = read(&http, &format!("{alice}&min_version=9"), &[]).await;
+    assert_eq!(own.status, StatusCode::SERVICE_UNAVAILABLE, "{}", own.body);
+    assert!(
+        own.body.contains("below_version_floor") && !own.body.contains("set back"),
+        "{}",
+        own.body
+    );
+    // A reader naming no floor reads what the copy holds.
+    let plain = read(&http, &format!("{base}/v1/keys/rb:k?copy=0"), &[]).await;
+    assert_eq!(
+        (plain.status, plain.body.as_str()),
+        (StatusCode::OK, "four")
+    );
+    publish_expecting(&http, &base, Edit::new("rb:k", 6, "six"), StatusCode::OK).await;
+    let again = read(&http, &alice, &[]).await;
+    assert_eq!((again.status, again.body.as_str()), (StatusCode::OK, "six"));
+    assert_eq!(
+        binary.log_text().matches(SET_BACK_WARNING).count(),
+        1,
+        "one warning for the one refusal: {}",
+        binary.log_text()
+    );
+}

@@ -400,15 +400,38 @@ fn split_brain(synced: bool) -> SplitBrain {
     let log_a = a.process.log_text();
     drop((a, b));
     print_split_brain(synced, &outcome);
-    // A's log names the rollback whenever a reader was refused for it.
+    assert_refusals_name_the_rollback(&outcome, &log_a);
+    outcome
+}
+
+/// Whenever the readers of a split brain were served more than the copies hold after the heal,
+/// their refusals name the cause (whether the client reader's seen floor, still inside the
+/// family's pin window, or the rollback guard refused it), and A's log (`log_a`) names the
+/// rollback.
+fn assert_refusals_name_the_rollback(outcome: &SplitBrain, log_a: &str) {
     if outcome.converged < outcome.client_reader.floor {
         assert!(
             log_a.contains("a copy went back below a version this instance served"),
             "A refused no reader for the rollback, or did not log it: {}",
-            a_log_tail(&log_a)
+            a_log_tail(log_a)
+        );
+        let refusal = &outcome.client_reader.last_refusal;
+        assert!(
+            refusal
+                .as_ref()
+                .is_some_and(|(_, body)| body.contains("the copies were set back below version")),
+            "the client reader's last refusal does not name the set-back: {refusal:?}"
         );
     }
-    outcome
+    if outcome.converged < outcome.session_reader.floor {
+        let refusal = &outcome.session_reader.last_refusal;
+        assert!(
+            refusal
+                .as_ref()
+                .is_some_and(|(_, body)| body.contains("this session's token holds version")),
+            "the session reader's last refusal does not name its token's floor: {refusal:?}"
+        );
+    }
 }
 
 /// Prints the figures of one split-brain run (`synced`: the family waits for a replica).
