@@ -420,7 +420,8 @@ fn assert_refusals_name_the_rollback(outcome: &SplitBrain, log_a: &str) {
             refusal
                 .as_ref()
                 .is_some_and(|(_, body)| body.contains("the copies were set back below version")),
-            "the client reader's last refusal does not name the set-back: {refusal:?}"
+            "the client reader's last refusal does not name the set-back: {:?}",
+            outcome.client_reader
         );
     }
     if outcome.converged < outcome.session_reader.floor {
@@ -429,7 +430,8 @@ fn assert_refusals_name_the_rollback(outcome: &SplitBrain, log_a: &str) {
             refusal
                 .as_ref()
                 .is_some_and(|(_, body)| body.contains("this session's token holds version")),
-            "the session reader's last refusal does not name its token's floor: {refusal:?}"
+            "the session reader's last refusal does not name its token's floor: {:?}",
+            outcome.session_reader
         );
     }
 }
