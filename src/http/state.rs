@@ -96,7 +96,7 @@ impl AppState {
         let metrics = core.metrics().clone();
         let auth = AuthLayer::new(core.tokens().clone(), &metrics);
         let limits = overload::Shared::new(core.in_flight().clone(), &metrics);
-        let route_texts = RouteTexts::new(ops.router());
+        let route_texts = RouteTexts::new(&ops);
         AppState {
             inner: Arc::new(Inner {
                 core,
@@ -121,11 +121,6 @@ impl AppState {
     /// stored into it, at startup or by a reload.
     pub fn tokens(&self) -> &TokenTable {
         self.inner.auth.tokens()
-    }
-
-    /// The read router (the reloadable class table lives in it).
-    pub fn router(&self) -> &Arc<crate::route::Router> {
-        self.inner.ops.router()
     }
 
     /// The status layer's view of this instance: what the admin views show.

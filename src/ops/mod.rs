@@ -153,6 +153,11 @@ impl Ops {
         self.parts.reader.router()
     }
 
+    /// The read classes in force (what a door names in its answers and class lists).
+    pub fn classes(&self) -> crate::route::ClassesGuard {
+        self.router().classes()
+    }
+
     /// Session tokens.
     pub fn sessions(&self) -> &Arc<Sessions> {
         &self.parts.sessions

@@ -162,7 +162,7 @@ impl Service {
         let reloader = Reloader::new(
             config.clone(),
             state.tokens().clone(),
-            state.router().clone(),
+            state.ops().router().clone(),
             &state.metrics(),
         );
         Ok(Service {

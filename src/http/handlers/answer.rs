@@ -18,8 +18,9 @@ use axum::body::Bytes;
 use axum::http::HeaderValue;
 
 use crate::key::Version;
+use crate::ops::Ops;
 use crate::read::RouteNote;
-use crate::route::{ReadClass, RouteReason, Router};
+use crate::route::{ReadClass, RouteReason};
 use crate::store::ServedBy;
 
 /// Copy indexes (at most 1024 copies) and `Age` seconds below this are rendered from static
@@ -223,9 +224,9 @@ pub(crate) struct RouteTexts {
 }
 
 impl RouteTexts {
-    /// The texts of `router`'s classes.
-    pub(crate) fn new(router: &Router) -> RouteTexts {
-        let classes = router.classes();
+    /// The texts of the classes `ops` reads with.
+    pub(crate) fn new(ops: &Ops) -> RouteTexts {
+        let classes = ops.classes();
         let by_class = classes
             .iter()
             .map(|(_, def)| {
@@ -242,7 +243,7 @@ impl RouteTexts {
     /// near cache whose age bound is `near_cache_age`.
     pub(super) fn route(
         &self,
-        router: &Router,
+        ops: &Ops,
         class: ReadClass,
         reason: RouteReason,
         near_cache_age: Option<std::time::Duration>,
@@ -251,7 +252,7 @@ impl RouteTexts {
         let Some(prefix) = self.by_class.get(class.0).map(|texts| &texts[at]) else {
             // A class the table does not know (it cannot happen: classes are fixed at
             // startup): render it in full.
-            let classes = router.classes();
+            let classes = ops.classes();
             let note = RouteNote {
                 class,
                 reason,

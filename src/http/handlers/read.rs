@@ -273,12 +273,11 @@ fn read_response(answer: ReadAnswer, state: &AppState) -> Response {
         headers.insert(SERVED_BY, value);
     }
     let inner = state.inner();
-    if let Some(value) = inner.route_texts.route(
-        inner.ops.router(),
-        route.class,
-        route.reason,
-        route.near_cache_age,
-    ) {
+    if let Some(value) =
+        inner
+            .route_texts
+            .route(&inner.ops, route.class, route.reason, route.near_cache_age)
+    {
         headers.insert(ROUTE, value);
     }
     if let Some(age) = route.near_cache_age {

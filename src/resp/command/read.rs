@@ -565,7 +565,7 @@ impl Door {
             ]);
         };
         let route_text = {
-            let classes = self.core.ops().router().classes();
+            let classes = self.core.ops().classes();
             route.text(&classes.get(route.class).name)
         };
         let age_ms = route
