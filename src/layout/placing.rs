@@ -83,7 +83,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::window::Window;
 use super::{LayoutStores, Layouts, Liveness};
 use crate::family::{Families, Family};
 use crate::key::{Key, Placement};
@@ -191,6 +190,21 @@ impl Reading {
             spread.store(placement == Placement::Spread, Ordering::Release);
         }
     }
+}
+
+/// Where a family's compatibility window stands on this instance (`window.rs` moves it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Window {
+    /// Publishes write `K#i` (the state every instance starts in).
+    Open,
+    /// Publishes write copy 0 and the tagged names only, since `since`; `swept` once this
+    /// instance has deleted the family's `K#i` copies.
+    Closed {
+        /// When this instance stopped writing `K#i`.
+        since: Instant,
+        /// Whether its sweep of `K#i` has seen every key.
+        swept: bool,
+    },
 }
 
 /// What one look at a family's sets found: the instances of its live set missing from its
@@ -411,12 +425,10 @@ mod tests {
 
     use super::*;
     use crate::family::fixture;
-    use crate::key::CopyKey;
-    use crate::layout::window::delete_named_copies;
     use crate::layout::Liveness;
     use crate::metrics::Metrics;
     use crate::store::memory::MemoryStore;
-    use crate::store::{CopyStore, CopyWrite, LayoutStore, Payload};
+    use crate::store::LayoutStore;
 
     const CONFIG: &str =
         "[[family]]\nprefix = \"s:\"\ncopies = 4\nplacement = \"spread\"\n[[family]]\nprefix = \"x:\"\ncopies = 4\nplacement = \"suffix\"\n";
@@ -645,48 +657,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(others, vec![CODE_SPREAD_PENDING]);
-    }
-
-    #[tokio::test]
-    async fn the_delete_removes_tagged_copies_of_its_family_only() {
-        let store = Arc::new(MemoryStore::new());
-        let families = fixture::families(CONFIG);
-        let write = |name: CopyKey| CopyWrite {
-            copy_key: name,
-            version: crate::key::Version::new(1).unwrap(),
-            payload: Payload::Value(bytes::Bytes::new()),
-            expire_at_ms: crate::store::now_unix_ms() + 60_000,
-        };
-        let mut writes = Vec::new();
-        for key in ["s:1", "x:1"] {
-            let key = Key::parse(key).unwrap();
-            for index in 0..4 {
-                writes.push(write(key.copy_key(index, Placement::Suffix)));
-                writes.push(write(key.copy_key(index, Placement::Spread)));
-            }
-        }
-        store.write_copies(&writes).await;
-        let family = families.resolve(&Key::parse("s:1").unwrap()).clone();
-        let (deleted, complete) = delete_named_copies(
-            &LayoutStores::of(&store),
-            &families,
-            &family,
-            Placement::Spread,
-        )
-        .await
-        .unwrap();
-        assert_eq!((deleted, complete), (3, true));
-        for write in &writes {
-            let present = store
-                .read_copy(&write.copy_key)
-                .await
-                .record
-                .unwrap()
-                .is_some();
-            let gone =
-                write.copy_key.base() == "s:1" && write.copy_key.placement() == Placement::Spread;
-            assert_eq!(present, !gone, "{}", write.copy_key);
-        }
     }
 
     #[test]

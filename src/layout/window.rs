@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::placing::{Sighting, CODE_SPREAD_READING};
+use super::placing::{Sighting, Window, CODE_SPREAD_READING};
 use super::{glob_escape, LayoutStores, Layouts};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::{Families, Family};
@@ -22,21 +22,6 @@ pub(super) const SCAN_LIMIT: usize = 100_000;
 
 /// How many keys the refill works on at once.
 const REFILL_CONCURRENCY: usize = 32;
-
-/// Where a family's compatibility window stands on this instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Window {
-    /// Publishes write `K#i` (the state every instance starts in).
-    Open,
-    /// Publishes write copy 0 and the tagged names only, since `since`; `swept` once this
-    /// instance has deleted the family's `K#i` copies.
-    Closed {
-        /// When this instance stopped writing `K#i`.
-        since: Instant,
-        /// Whether its sweep of `K#i` has seen every key.
-        swept: bool,
-    },
-}
 
 /// The window as `/v1/fleet`, the status page and the metric show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -469,6 +454,48 @@ mod tests {
                 Some(want),
                 "K#{index}"
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_delete_removes_tagged_copies_of_its_family_only() {
+        let store = Arc::new(MemoryStore::new());
+        let families = fixture::families(CONFIG);
+        let write = |name: CopyKey| CopyWrite {
+            copy_key: name,
+            version: crate::key::Version::new(1).unwrap(),
+            payload: Payload::Value(bytes::Bytes::new()),
+            expire_at_ms: crate::store::now_unix_ms() + 60_000,
+        };
+        let mut writes = Vec::new();
+        for key in ["s:1", "x:1"] {
+            let key = Key::parse(key).unwrap();
+            for index in 0..4 {
+                writes.push(write(key.copy_key(index, Placement::Suffix)));
+                writes.push(write(key.copy_key(index, Placement::Spread)));
+            }
+        }
+        store.write_copies(&writes).await;
+        let family = families.resolve(&Key::parse("s:1").unwrap()).clone();
+        let (deleted, complete) = delete_named_copies(
+            &LayoutStores::of(&store),
+            &families,
+            &family,
+            Placement::Spread,
+        )
+        .await
+        .unwrap();
+        assert_eq!((deleted, complete), (3, true));
+        for write in &writes {
+            let present = store
+                .read_copy(&write.copy_key)
+                .await
+                .record
+                .unwrap()
+                .is_some();
+            let gone =
+                write.copy_key.base() == "s:1" && write.copy_key.placement() == Placement::Spread;
+            assert_eq!(present, !gone, "{}", write.copy_key);
         }
     }
 }
