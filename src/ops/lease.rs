@@ -87,8 +87,6 @@ impl Ops {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use bytes::Bytes;
 
     use super::*;
@@ -98,14 +96,10 @@ mod tests {
     use crate::store::{NodeLabel, ServedBy};
 
     fn ops() -> Ops {
-        let config = crate::config::Config::from_toml(
+        crate::ops::fixture::ops(
             "[[family]]\nprefix = \"a:\"\ncopies = 4\ndefault_class = \"advisory\"\n[[family]]\nprefix = \"p:\"\ncopies = 4\n",
         )
-        .unwrap();
-        let store = Arc::new(crate::store::memory::MemoryStore::new());
-        let state =
-            crate::server::app_state(&config, store, crate::metrics::Metrics::new()).unwrap();
-        state.ops().clone()
+        .0
     }
 
     fn answer(

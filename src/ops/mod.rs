@@ -168,3 +168,51 @@ impl Ops {
         &self.parts.tracking
     }
 }
+
+#[cfg(test)]
+pub(crate) mod fixture {
+    //! Operations over an embedded store for unit tests, wired as `server::app_state` wires
+    //! them (without the server).
+
+    use std::sync::Arc;
+
+    use super::Ops;
+    use crate::fleet::session::{SessionKey, SessionMetrics};
+    use crate::fleet::{SessionConfig, Sessions};
+    use crate::metrics::Metrics;
+    use crate::publish::Publisher;
+    use crate::read::{ReadConfig, Reader};
+    use crate::route::Router;
+    use crate::store::memory::MemoryStore;
+
+    /// Operations over an embedded store with the families, route and classes of the config
+    /// `text`, and no expiry jitter.
+    pub(crate) fn ops(text: &str) -> (Ops, Arc<MemoryStore>) {
+        let families = Arc::new(crate::family::fixture::families(text));
+        let sections = crate::route::fixture::sections(text);
+        let store = Arc::new(MemoryStore::new());
+        let metrics = Metrics::new();
+        let router = Arc::new(Router::for_tests(
+            &sections.route,
+            &sections.classes,
+            families.clone(),
+        ));
+        let publisher = Publisher::new(store.clone(), families.clone(), metrics.clone())
+            .with_expiry_jitter(0.0, 0.0);
+        let reader = Reader::new(
+            store.clone(),
+            families,
+            ReadConfig::default(),
+            metrics,
+            router,
+        );
+        let session_metrics =
+            SessionMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let sessions = Arc::new(Sessions::new(
+            SessionKey::random(),
+            &SessionConfig::default(),
+            session_metrics,
+        ));
+        (Ops::new(publisher, reader, sessions), store)
+    }
+}

@@ -217,46 +217,15 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::family::fixture;
-    use crate::fleet::session::{SessionKey, SessionMetrics};
-    use crate::fleet::{SessionConfig, Sessions};
-    use crate::metrics::Metrics;
-    use crate::publish::Publisher;
-    use crate::read::{ReadConfig, Reader};
-    use crate::route::Router;
     use crate::store::memory::MemoryStore;
     use crate::store::CopyStore;
 
-    /// Operations over an embedded store, wired as `server::app_state` wires them: `p:` has 4
-    /// copies, a 10 s TTL and a 2 s pin window, with no expiry jitter.
+    /// Operations over an embedded store: `p:` has 4 copies, a 10 s TTL and a 2 s pin window,
+    /// with no expiry jitter.
     fn ops() -> (Ops, Arc<MemoryStore>) {
-        let text = "[[family]]\nprefix = \"p:\"\ncopies = 4\nttl = \"10s\"\npin_window = \"2s\"";
-        let families = Arc::new(fixture::families(text));
-        let sections = crate::route::fixture::sections(text);
-        let store = Arc::new(MemoryStore::new());
-        let metrics = Metrics::new();
-        let router = Arc::new(Router::for_tests(
-            &sections.route,
-            &sections.classes,
-            families.clone(),
-        ));
-        let publisher = Publisher::new(store.clone(), families.clone(), metrics.clone())
-            .with_expiry_jitter(0.0, 0.0);
-        let reader = Reader::new(
-            store.clone(),
-            families,
-            ReadConfig::default(),
-            metrics,
-            router,
-        );
-        let session_metrics =
-            SessionMetrics::register(&mut prometheus_client::registry::Registry::default());
-        let sessions = Arc::new(Sessions::new(
-            SessionKey::random(),
-            &SessionConfig::default(),
-            session_metrics,
-        ));
-        (Ops::new(publisher, reader, sessions), store)
+        crate::ops::fixture::ops(
+            "[[family]]\nprefix = \"p:\"\ncopies = 4\nttl = \"10s\"\npin_window = \"2s\"",
+        )
     }
 
     fn call(version: u64, edit: Edit) -> PublishCall {
