@@ -480,22 +480,7 @@ async fn a_copy_set_back_inside_a_readers_pin_window_is_refused_with_its_cause_a
         &["HSET", "rb:k#0", "ver", "4", "val", "four", "tomb", "0"],
     )
     .expect("HSET on the primary");
-    let refused = read(&http, &alice, &[]).await;
-    assert_eq!(
-        refused.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        refused.body
-    );
-    assert!(
-        refused.body.contains("below_version_floor")
-            && refused.body.contains("set back below version 5")
-            && refused
-                .body
-                .contains("publish the key again above that version"),
-        "{}",
-        refused.body
-    );
+    crate::route::assert_refused_as_set_back(&read(&http, &alice, &[]).await, 5);
     poll("the refusal is logged", Duration::from_secs(10), || async {
         binary.log_text().matches(SET_BACK_WARNING).count() == 1
     })

@@ -491,19 +491,7 @@ async fn a_master_restart_that_lost_writes_shows_up_as_one_counted_rollback() {
     .await;
     // This instance answered five: alice, naming a client, is refused the set-back two (a
     // reader with a floor never goes back; `ops::rollback`), with the cause named.
-    let refused = read(&http, &url, &[]).await;
-    assert_eq!(
-        refused.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        refused.body
-    );
-    assert!(
-        refused.body.contains("below_version_floor")
-            && refused.body.contains("set back below version 5"),
-        "{}",
-        refused.body
-    );
+    crate::route::assert_refused_as_set_back(&read(&http, &url, &[]).await, 5);
     // A publish above what was lost serves alice again, from memory.
     publish_expecting(
         &http,

@@ -64,6 +64,29 @@ pub(crate) async fn read(http: &reqwest::Client, url: &str, headers: &[(&str, &s
     }
 }
 
+/// Asserts `read` is the refusal of a reader naming a client whose copies were set back below
+/// `version`, a version the instance served (`ops::rollback`): 503 `below_version_floor` naming
+/// the set-back and what to do.
+pub(crate) fn assert_refused_as_set_back(read: &Read, version: u64) {
+    assert_eq!(
+        read.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        read.body
+    );
+    assert!(
+        read.body.contains("below_version_floor")
+            && read
+                .body
+                .contains(&format!("set back below version {version}"))
+            && read
+                .body
+                .contains("publish the key again above that version"),
+        "{}",
+        read.body
+    );
+}
+
 /// Polls GETs of `url` until `wanted` holds for the answer; panics naming `what` after `limit`.
 pub(crate) async fn wait_for_read(
     http: &reqwest::Client,
