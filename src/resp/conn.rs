@@ -85,17 +85,6 @@ const KEEP_OUTPUT: usize = 64 * 1024;
 /// and waits for the client to read them (its replies are `NOAUTH`s and handshakes).
 const UNAUTHENTICATED_MAX_OUTPUT: usize = 16 * 1024;
 
-/// How much longer each refused `AUTH` on a connection waits before its reply than the one
-/// before it.
-const AUTH_FAILURE_DELAY: Duration = Duration::from_millis(100);
-
-/// The longest wait before a refused `AUTH`'s reply.
-const MAX_AUTH_FAILURE_DELAY: Duration = Duration::from_secs(2);
-
-/// The reply to a connection that did not authenticate within `resp.auth_timeout`.
-const AUTH_TIMEOUT: &str =
-    "NOAUTH Authentication required within resp.auth_timeout: closing the connection";
-
 /// The last words of an unauthenticated connection evicted to make room for a new one.
 const EVICTED: &[u8] = b"-ERR max number of clients reached: the oldest connection not yet authenticated is closed to make room (resp.max_unauthenticated)\r\n";
 
@@ -547,48 +536,6 @@ impl Connection {
         Ok(None)
     }
 
-    /// Whether `state` has authenticated (or needs not), updating the connection's slot when
-    /// that changed since `before`, and `auth_deadline`: set (`resp.auth_timeout` from now)
-    /// when it must authenticate and had no deadline, cleared once it need not.
-    fn authentication(
-        &self,
-        state: &ConnState,
-        auth_deadline: &mut Option<Instant>,
-        before: bool,
-    ) -> bool {
-        let authenticated = !self.must_authenticate(state);
-        if authenticated {
-            *auth_deadline = None;
-        } else if auth_deadline.is_none() {
-            *auth_deadline = Some(Instant::now() + self.settings.auth_timeout);
-        }
-        if authenticated != before {
-            self.slot.set_authenticated(authenticated);
-        }
-        authenticated
-    }
-
-    /// Counts a refused `AUTH` and waits before its reply: [`AUTH_FAILURE_DELAY`] times the
-    /// connection's failures so far (at most [`MAX_AUTH_FAILURE_DELAY`]), or until
-    /// `auth_deadline`.
-    async fn auth_failed(&self, failures: u32, auth_deadline: Option<Instant>) {
-        self.metrics.auth_failure();
-        let delay = AUTH_FAILURE_DELAY
-            .saturating_mul(failures)
-            .min(MAX_AUTH_FAILURE_DELAY);
-        let until = Instant::now() + delay;
-        tokio::time::sleep_until(auth_deadline.map_or(until, |at| at.min(until))).await;
-    }
-
-    /// Answers a connection that did not authenticate within `resp.auth_timeout`, and ends it.
-    fn auth_timeout(&self, output: &mut BytesMut) -> End {
-        tracing::debug!("not authenticated within resp.auth_timeout: closing the connection");
-        self.metrics.exceeded(Budget::AuthTimeout);
-        self.metrics.error(AUTH_TIMEOUT);
-        encode(&Reply::error(AUTH_TIMEOUT), super::Proto::Resp2, output);
-        End::AuthTimeout
-    }
-
     /// Writes `line` (a whole RESP error line) as the connection's last words.
     async fn finish<S>(&self, stream: &mut S, line: &[u8], until: Option<Instant>) -> io::Result<()>
     where
@@ -675,11 +622,6 @@ impl Connection {
         Some(End::Pushes)
     }
 
-    /// Whether `state` must still authenticate: tokens are configured and it has none.
-    fn must_authenticate(&self, state: &ConnState) -> bool {
-        state.auth.is_none() && self.door.core().tokens().load().is_some()
-    }
-
     /// Answers a protocol error (after the replies before it) and ends the connection.
     fn protocol_error(&self, err: &ProtocolError, output: &mut BytesMut) -> End {
         tracing::debug!(error = %err, "protocol error: closing the connection");
@@ -688,13 +630,6 @@ impl Connection {
         self.metrics.error(&err.reply_text());
         encode(&reply, super::Proto::Resp2, output);
         End::Protocol
-    }
-
-    /// Ends a connection whose token a reload revoked.
-    fn revoked(&self) -> End {
-        tracing::info!("the token this connection authenticated with was revoked: closing it");
-        self.metrics.revoked();
-        End::Revoked
     }
 
     /// Writes all of `output`; a write (or flush) that makes no progress for
@@ -742,6 +677,7 @@ impl Connection {
 }
 
 mod ahead;
+mod auth;
 mod held;
 #[cfg(test)]
 mod tests;
