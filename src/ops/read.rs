@@ -50,12 +50,7 @@ impl Ops {
         session: &mut ClientSession,
     ) -> Option<Result<ReadAnswer>> {
         let begun = self.begin_read(request, session);
-        if matches!(request.caller, Caller::Client(_))
-            && matches!(
-                self.high_water().floor(&request.key, begun.now_ms),
-                Some(Mark::Exact(_))
-            )
-        {
+        if self.guarded_mark(request, begun.now_ms).is_some() {
             return None;
         }
         let read = match self.reader().read_now(request, begun.carried)? {

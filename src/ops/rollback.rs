@@ -57,11 +57,7 @@ impl Ops {
         begun: &Begun,
     ) -> Result<Read> {
         let read = read.map_err(|err| self.name_refusal_cause(request, err, begun))?;
-        let Caller::Client(_) = &request.caller else {
-            return Ok(read);
-        };
-        let Some(Mark::Exact(high_water)) = self.high_water().floor(&request.key, begun.now_ms)
-        else {
+        let Some(high_water) = self.guarded_mark(request, begun.now_ms) else {
             return Ok(read);
         };
         let Found::Answer(
@@ -90,6 +86,19 @@ impl Ops {
         }
     }
 
+    /// The key's exact high-water mark when `request` names a client: the version the guard
+    /// holds such a read to (see the module doc). `None` for any other caller, and when the
+    /// mark is an estimate (it may be another key's version) or there is none.
+    pub(super) fn guarded_mark(&self, request: &ReadRequest, now_ms: u64) -> Option<Version> {
+        let Caller::Client(_) = &request.caller else {
+            return None;
+        };
+        match self.high_water().floor(&request.key, now_ms) {
+            Some(Mark::Exact(mark)) => Some(mark),
+            _ => None,
+        }
+    }
+
     /// `err`, a refusal of the read `begun` started, with its cause named: the session's floor
     /// when that bound it; the set-back (logged) when the read names a client, the key has an
     /// exact high-water mark and no floor the caller sent itself is above it, so the floor
@@ -104,11 +113,7 @@ impl Ops {
         if begun.session_floor.is_some() || err.kind() != ErrorKind::BelowVersionFloor {
             return name_session_cause(err, begun.session_floor);
         }
-        let Caller::Client(_) = &request.caller else {
-            return err;
-        };
-        let Some(Mark::Exact(high_water)) = self.high_water().floor(&request.key, begun.now_ms)
-        else {
+        let Some(high_water) = self.guarded_mark(request, begun.now_ms) else {
             return err;
         };
         let sent = request.min_version.max(request.if_none_match);
@@ -146,7 +151,7 @@ fn set_back(
 
 /// A below-floor refusal of a read whose session token holds `session_floor`, the floor that
 /// bound it, with the cause and what to do added; any other error as it was.
-pub(super) fn name_session_cause(err: Error, session_floor: Option<Version>) -> Error {
+fn name_session_cause(err: Error, session_floor: Option<Version>) -> Error {
     match session_floor {
         Some(floor) if err.kind() == ErrorKind::BelowVersionFloor => Error::new(
             ErrorKind::BelowVersionFloor,
