@@ -415,24 +415,29 @@ fn assert_refusals_name_the_rollback(outcome: &SplitBrain, log_a: &str) {
             "A refused no reader for the rollback, or did not log it: {}",
             a_log_tail(log_a)
         );
-        let refusal = &outcome.client_reader.last_refusal;
-        assert!(
-            refusal
-                .as_ref()
-                .is_some_and(|(_, body)| body.contains("the copies were set back below version")),
-            "the client reader's last refusal does not name the set-back: {:?}",
-            outcome.client_reader
-        );
     }
-    if outcome.converged < outcome.session_reader.floor {
-        let refusal = &outcome.session_reader.last_refusal;
-        assert!(
-            refusal
-                .as_ref()
-                .is_some_and(|(_, body)| body.contains("this session's token holds version")),
-            "the session reader's last refusal does not name its token's floor: {:?}",
-            outcome.session_reader
-        );
+    let readers = [
+        (
+            "client",
+            &outcome.client_reader,
+            "the copies were set back below version",
+        ),
+        (
+            "session",
+            &outcome.session_reader,
+            "this session's token holds version",
+        ),
+    ];
+    for (name, reader, cause) in readers {
+        if outcome.converged < reader.floor {
+            assert!(
+                reader
+                    .last_refusal
+                    .as_ref()
+                    .is_some_and(|(_, body)| body.contains(cause)),
+                "the {name} reader's last refusal does not say {cause:?}: {reader:?}"
+            );
+        }
     }
 }
 
