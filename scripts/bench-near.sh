@@ -12,10 +12,13 @@
 #     (cmdstat_hmget) before and after, against the bound N / (max age − source lag) per second;
 #   - the instance's resident memory after a flood of distinct keys (FLOOD_KEYS keys with 64-byte
 #     values, each read once) against near_cache.max_bytes + 64 MiB.
+# The four throughput runs (the two ceilings and the two contenders) take NEAR_ROUNDS rounds,
+# their order turning by one side each round; each side's figures are its median round's.
 # Everything runs on a standalone redis-server of its own. The figures land in NEAR_SECTION and
 # NEAR_SUMMARY (markdown) for the report.
 
 knob NEAR_RATES "10000 50000" "10000 50000"
+knob NEAR_ROUNDS 3 1
 knob RATE_DURATION 10s 3s
 knob FLOOD_KEYS 300000 50000
 knob FLOOD_DURATION 30s 3s
@@ -82,6 +85,22 @@ measure_rate() {
         "$(wrk_field "$out" non2xx)" >>"$WORK/near-rates"
 }
 
+# median_round SIDE: copies SIDE's median round (by req/s; the lower middle one of an even
+# count) to $WORK/wrk-SIDE.txt, sums its rounds' non-2xx answers into that copy's last line, and
+# appends "SIDE: rate, rate, …" to NEAR_ROUND_RATES.
+median_round() {
+    local side=$1 round rates=() bad=0 count median
+    for ((round = 1; round <= NEAR_ROUNDS; round++)); do
+        rates+=("$(wrk_field "$WORK/wrk-$side-$round.txt" rps) $round")
+        count=$(wrk_field "$WORK/wrk-$side-$round.txt" non2xx)
+        bad=$((bad + ${count:-0}))
+    done
+    median=$(printf '%s\n' "${rates[@]}" | sort -n | awk -v n="${#rates[@]}" 'NR == int((n + 1) / 2) {print $2}')
+    grep -v 'Non-2xx or 3xx responses:' "$WORK/wrk-$side-$median.txt" >"$WORK/wrk-$side.txt"
+    [ "$bad" = 0 ] || printf '  Non-2xx or 3xx responses: %s\n' "$bad" >>"$WORK/wrk-$side.txt"
+    NEAR_ROUND_RATES+="${NEAR_ROUND_RATES:+; }$side: $(printf '%s\n' "${rates[@]}" | awk '{print $1}' | paste -sd, - | sed 's/,/, /g')"
+}
+
 near_cache_part() {
     local port near_on off_pid off_base on_pid on_base static_base
     start_redis near-standalone
@@ -119,11 +138,25 @@ enabled = false"
         answer=$(curl -sS --max-time 5 -D - -o /dev/null "$on_base/v1/keys/adv:1?client=check")
     [[ "$answer" == *"source=near-cache"* ]] || die "a second read of adv:1 did not come from the near cache: $answer"
 
-    # The four throughput runs back to back, each ceiling beside its contender.
-    run_wrk "$WORK/wrk-static.txt" "$static_base" "/v1/static/static:1?client=" "$CLIENT_IDS" "$DURATION"
-    run_wrk "$WORK/wrk-near-on.txt" "$on_base" "/v1/keys/adv:1?client=" "$CLIENT_IDS" "$DURATION"
-    run_wrk "$WORK/wrk-proxy-near.txt" "$static_base" "/v1/keys/static:1?client=" "$CLIENT_IDS" "$DURATION"
-    run_wrk "$WORK/wrk-near-off.txt" "$off_base" "/v1/keys/adv:1?client=" "$CLIENT_IDS" "$DURATION"
+    # The four throughput runs, each ceiling beside its contender, in NEAR_ROUNDS rounds whose
+    # order turns by one side each round (so drift is spread over every side); a side's figures
+    # are its median round's.
+    local sides=(static near-on proxy-near near-off) round at side
+    for ((round = 1; round <= NEAR_ROUNDS; round++)); do
+        for ((at = 0; at < ${#sides[@]}; at++)); do
+            side=${sides[$(((at + round - 1) % ${#sides[@]}))]}
+            case $side in
+                static) run_wrk "$WORK/wrk-$side-$round.txt" "$static_base" "/v1/static/static:1?client=" "$CLIENT_IDS" "$DURATION" ;;
+                near-on) run_wrk "$WORK/wrk-$side-$round.txt" "$on_base" "/v1/keys/adv:1?client=" "$CLIENT_IDS" "$DURATION" ;;
+                proxy-near) run_wrk "$WORK/wrk-$side-$round.txt" "$static_base" "/v1/keys/static:1?client=" "$CLIENT_IDS" "$DURATION" ;;
+                near-off) run_wrk "$WORK/wrk-$side-$round.txt" "$off_base" "/v1/keys/adv:1?client=" "$CLIENT_IDS" "$DURATION" ;;
+            esac
+        done
+    done
+    NEAR_ROUND_RATES=""
+    for side in "${sides[@]}"; do
+        median_round "$side"
+    done
     STATIC_RPS=$(wrk_field "$WORK/wrk-static.txt" rps)
     NEAR_ON_RPS=$(wrk_field "$WORK/wrk-near-on.txt" rps)
     PROXY2_RPS=$(wrk_field "$WORK/wrk-proxy-near.txt" rps)
@@ -193,7 +226,8 @@ near_report() {
 | hotsplit affine read of \`adv:1\`, near cache off | $NEAR_OFF_RPS req/s | $(wrk_field "$WORK/wrk-near-off.txt" p50) / $(wrk_field "$WORK/wrk-near-off.txt" p99) |
 | minimal axum→fred GET proxy | $PROXY2_RPS req/s | $(wrk_field "$WORK/wrk-proxy-near.txt" p50) / $(wrk_field "$WORK/wrk-proxy-near.txt" p99) |
 
-- Near-cache hits during the runs: $NEAR_ON_HITS. Non-2xx answers: on ${NEAR_ON_BAD:-0}, off ${NEAR_OFF_BAD:-0}.
+- Each side's figures are its median of $NEAR_ROUNDS rotating rounds (wrk -d$DURATION each); every round's req/s: $NEAR_ROUND_RATES.
+- Near-cache hits during the runs: $NEAR_ON_HITS. Non-2xx answers (every round): on ${NEAR_ON_BAD:-0}, off ${NEAR_OFF_BAD:-0}.
 
 Redis reads caused by \`adv:1\` with the cache on (wrk -t$THREADS -d$RATE_DURATION, rate / 125 connections, $RATE_PAUSE_MS ms pause after each answer; the bound is N / (max age − source lag) = $COPIES / ${NEAR_MAX_AGE_MS} ms, the source being the primary):
 

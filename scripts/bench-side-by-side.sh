@@ -31,7 +31,7 @@
 #                  script works; its figures are too short to quote. Same as QUICK=1.
 #   --no-publish   skip the criterion publish run (the longest part).
 #   --layers-only  run and report only part 5 (about 4.5 minutes after a warm build).
-#   --near-only    run and report only part 2b (about 1.5 minutes after a warm build).
+#   --near-only    run and report only part 2b (about 3.5 minutes after a warm build).
 #   --hot-only     run and report only part 7 (about 3 minutes after a warm build).
 #   --resp-only    run and report only part 6 (about 3 minutes after a warm build).
 #
@@ -44,6 +44,7 @@
 #   READ_DURATION=5s [1s], READ_WARM_UP=1s [300ms], READ_ROUNDS=3 [1]: the library read bench
 #   SHARE_COPIES=16      copies of the split key in the share run (beside 1 copy)
 #   SHARE_DURATION=5s [2s], SHARE_CLIENT_IDS=1024 [256]: wrk per key of the share run, ids per thread
+#   NEAR_ROUNDS=3 [1]    rotating rounds of part 2b's four throughput runs (medians are reported)
 #   NEAR_RATES="10000 50000"  fixed read rates of the near cache's Redis-reads run, RATE_DURATION=10s [3s]
 #   FLOOD_KEYS=300000 [50000], FLOOD_DURATION=30s [3s]: the near cache's flood of distinct keys
 #   LAYER_ROUNDS=3 [1]   rotating wrk rounds over part 5's four sides per store (medians are reported)

@@ -8,10 +8,13 @@
 //! cloned again. [`KeyRead`] is that chain written out for the one route: the latency, token
 //! and request-limit layers' own code (`LatencyLayer::wrap`, `AuthLayer::wrap`,
 //! `OverloadLayer::wrap`, the same functions their services call) applied to a request whose
-//! route is known to be [`paths::KEY`], around `handlers::read_key` called through axum's
-//! [`Handler`] trait, in one future whose type is named (only the handler's own future is
-//! boxed). The answer is then finished as the router finishes it (`Content-Length` from an exact
-//! body size, the body dropped for `HEAD`).
+//! route is known to be [`paths::KEY`], in one future whose type is named. Inside them,
+//! `handlers::read_key_fast` does the handler's work without axum's handler: its extractors'
+//! reads done in place, then the read answered at once when memory answers it (a near-cache
+//! hit: no future is built or boxed, `Ops::read_now`), else one boxed future for the read
+//! through the store; a request an extractor refuses goes to `handlers::read_key` through
+//! axum's [`Handler`] trait, which refuses it. The answer is then finished as the router
+//! finishes it (`Content-Length` from an exact body size, the body dropped for `HEAD`).
 //!
 //! **Invariant:** a request the fast path takes gets the router's answer, byte for byte (status,
 //! headers, body), for every outcome: hits, misses, every refusal and error
@@ -29,7 +32,7 @@ use std::task::{ready, Context, Poll};
 use axum::extract::Request;
 use axum::handler::Handler;
 use axum::http::{header, HeaderValue, Method};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use hyper::body::Body as _;
 
 use super::auth::{AuthFuture, AuthLayer};
@@ -54,14 +57,30 @@ pub(super) struct KeyRead {
 /// The read handler's future: axum boxes an async function's future.
 type Handled = Pin<Box<dyn Future<Output = Response> + Send>>;
 
-/// The read handler's future as the layers take it: a result that is never an error.
-pub(super) struct Infallibly(Handled);
+/// The read's answer as the layers take it: a result that is never an error.
+pub(super) enum Infallibly {
+    /// Decided already ([`handlers::FastRead::Now`]); taken by the first poll.
+    Now(Option<Response>),
+    /// To be awaited: the handler's future, or the read's ([`handlers::FastRead::Later`]).
+    Later(Handled),
+}
 
 impl Future for Infallibly {
     type Output = Result<Response, Infallible>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.as_mut().poll(cx).map(Ok)
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Infallibly::Now(answer) => match answer.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                // Polled again after it answered: a caller's bug, answered as such.
+                None => Poll::Ready(Ok(super::problem::ApiError::new(
+                    super::problem::Code::Internal,
+                    "the fast path's answer was taken twice",
+                )
+                .into_response())),
+            },
+            Infallibly::Later(future) => future.as_mut().poll(cx).map(Ok),
+        }
     }
 }
 
@@ -99,11 +118,16 @@ impl KeyRead {
         let inner = self.latency.wrap(request, route, |request| {
             self.auth.wrap(request, route, |request| {
                 self.overload.wrap(request, route, |request| {
-                    Infallibly(Handler::call(
-                        handlers::read_key,
-                        request,
-                        self.state.clone(),
-                    ))
+                    match handlers::read_key_fast(&self.state, &request) {
+                        Some(handlers::FastRead::Now(response)) => Infallibly::Now(Some(response)),
+                        Some(handlers::FastRead::Later(future)) => Infallibly::Later(future),
+                        // A request an extractor refuses: the handler refuses it.
+                        None => Infallibly::Later(Handler::call(
+                            handlers::read_key,
+                            request,
+                            self.state.clone(),
+                        )),
+                    }
                 })
             })
         });

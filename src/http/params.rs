@@ -143,10 +143,19 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        KeyPath::of(&parts.uri)
+    }
+}
+
+impl KeyPath {
+    /// The key of `uri`, a request the read or write route matched.
+    ///
+    /// # Errors
+    /// `invalid_key` for a malformed escape or a key that breaks a rule.
+    pub(crate) fn of(uri: &axum::http::Uri) -> Result<KeyPath, ApiError> {
         // The route matched, so the raw path is the prefix and one segment; the segment is read
         // here rather than from axum's lenient decoding.
-        let raw = parts
-            .uri
+        let raw = uri
             .path()
             .strip_prefix(paths::KEY_PREFIX)
             .unwrap_or_default();

@@ -36,15 +36,22 @@ impl axum::extract::FromRequestParts<AppState> for SessionToken {
         parts: &mut axum::http::request::Parts,
         state: &AppState,
     ) -> Result<Self, Infallible> {
+        Ok(SessionToken::of(&parts.headers, state))
+    }
+}
+
+impl SessionToken {
+    /// The session the request headers `headers` carry (counted by outcome, once per call).
+    pub(crate) fn of(headers: &HeaderMap, state: &AppState) -> SessionToken {
         let ops = state.ops();
-        let mut values = parts.headers.get_all(&SESSION).iter();
+        let mut values = headers.get_all(&SESSION).iter();
         // One line is the usual case; several lines (or comma-separated tokens) are merged.
         let (first, second) = (values.next(), values.next());
         if first.is_none() && !ops.sessions().cookie() {
-            return Ok(SessionToken {
+            return SessionToken {
                 session: ClientSession::none(),
                 as_sent: None,
-            });
+            };
         }
         let mut lines: Vec<&[u8]> = first
             .into_iter()
@@ -53,19 +60,17 @@ impl axum::extract::FromRequestParts<AppState> for SessionToken {
             .map(HeaderValue::as_bytes)
             .collect();
         if lines.is_empty() && ops.sessions().cookie() {
-            lines.extend(cookie_token(&parts.headers));
+            lines.extend(cookie_token(headers));
         }
         let session = ops.session(&lines, now_unix_ms());
-        Ok(SessionToken {
+        SessionToken {
             as_sent: first
                 .filter(|_| session.is_exact() && second.is_none())
                 .cloned(),
             session,
-        })
+        }
     }
-}
 
-impl SessionToken {
     /// `answer` with this session's token ([`attach`]): the key routes' answers, errors
     /// included, carry the token the operations left.
     pub fn answer<T>(self, answer: T, state: &AppState) -> WithSession<T> {

@@ -36,11 +36,11 @@ impl Ops {
         self.end_read(&request, &begun, read, session)
     }
 
-    /// [`Ops::read`] when memory answers it (the near cache, or a refusal made before any
-    /// store call): the same answer and the same floors left, with no future. `None`, having
-    /// changed nothing, when the read needs the store, or when its answer could need the
-    /// rollback guard's second read (a reader naming a client, for a key with an exact
-    /// high-water mark): the caller then runs [`Ops::read`].
+    /// [`Ops::read`] when memory answers it (the near cache, or with one a refusal made before
+    /// any store call): the same answer and the same floors left, with no future. `None`, having
+    /// changed nothing, when the read needs the store, or when its answer needs the rollback
+    /// guard's second read (a reader naming a client answered from a primary's fill below the
+    /// key's exact high-water mark): the caller then runs [`Ops::read`].
     ///
     /// # Errors
     /// As [`Ops::read`].
@@ -50,10 +50,8 @@ impl Ops {
         session: &mut ClientSession,
     ) -> Option<Result<ReadAnswer>> {
         let begun = self.begin_read(request, session);
-        if self.guarded_mark(request, begun.now_ms).is_some() {
-            return None;
-        }
-        let read = match self.reader().read_now(request, begun.carried)? {
+        let held_to = self.guarded_mark(request, begun.now_ms);
+        let read = match self.reader().read_now(request, begun.carried, held_to)? {
             Ok(read) => read,
             Err(err) => return Some(Err(self.name_refusal_cause(request, err, &begun))),
         };

@@ -51,7 +51,7 @@ use crate::layout::Layouts;
 use crate::metrics::{Metrics, ReadOutcome};
 use crate::near::NearCache;
 use crate::route::{Floors, ReadClass, RouteReason, Router};
-use crate::store::{CopyRead, CopyStore, ServedBy};
+use crate::store::{CopyRead, CopyStore, Role, ServedBy};
 use decide::{decide, repair_of, Decision};
 
 /// The read path.
@@ -474,17 +474,48 @@ impl Reader {
         self.finish(request, result)
     }
 
-    /// [`Reader::read`] when memory answers it (the near cache, or a refusal `prepare` makes):
-    /// the same answer, decided without a future. `None`, having done nothing, when the read
-    /// needs the store.
+    /// [`Reader::read`] when memory answers it (the near cache, or a refusal `prepare` makes,
+    /// when there is a near cache): the same answer, decided without a future. `None`, having
+    /// counted nothing, when the read needs the store, or when its answer is one `held_to` leaves to the caller's slower path:
+    /// an answer below that version from a primary (the rollback guard of a reader naming a
+    /// client reads again then, `crate::ops`'s `guard_rollback`; a replica's answer below it is
+    /// lag, not a set-back).
     ///
     /// # Errors
     /// As [`Reader::read`].
-    pub fn read_now(&self, request: &ReadRequest, carried: Carried) -> Option<Result<Read>> {
+    pub fn read_now(
+        &self,
+        request: &ReadRequest,
+        carried: Carried,
+        held_to: Option<Version>,
+    ) -> Option<Result<Read>> {
+        // Without a near cache only a refusal could be decided here, and the read through the
+        // store decides it the same: a read is not prepared twice for that.
+        self.near.as_ref()?;
         let result = match self.prepare(request, carried) {
             Err(err) => Err(err),
             Ok(prepared) => self.near_hit(request, &prepared)?,
         };
+        if let (
+            Some(mark),
+            Ok(Concluded {
+                found:
+                    Found::Answer(
+                        ReadAnswer::Value {
+                            version, served_by, ..
+                        }
+                        | ReadAnswer::NotModified {
+                            version, served_by, ..
+                        },
+                    ),
+                ..
+            }),
+        ) = (held_to, &result)
+        {
+            if *version < mark && served_by.role == Role::Primary {
+                return None;
+            }
+        }
         Some(self.finish(request, result))
     }
 

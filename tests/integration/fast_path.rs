@@ -445,3 +445,82 @@ async fn the_fast_path_misses_its_deadline_as_the_router_does() {
         String::from_utf8_lossy(&answer.body)
     );
 }
+
+/// The body and the `Hotsplit-Version` of a read of `uri` through the listener's service.
+async fn read_through(app: &App, uri: &str) -> Whole {
+    let sent = request(&Method::GET, uri, &[]);
+    assert!(app.takes_fast_path(&sent), "{uri}: the fast path");
+    whole(app.call(sent), true).await
+}
+
+/// The value of header `name` in `answer`.
+fn header_of<'a>(answer: &'a Whole, name: &str) -> &'a str {
+    answer
+        .headers
+        .iter()
+        .find(|(held, _)| held == name)
+        .map_or("", |(_, value)| value.as_str())
+}
+
+/// A reader naming a client is answered from memory only at or above what this instance
+/// already served of the key: an entry a primary filled below the key's exact high-water mark
+/// is not served from memory on the fast path (the rollback guard reads again, and a sibling
+/// holds the newer version), while a hit at the mark is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_below_the_instances_high_water_is_not_served_from_memory() {
+    let server = harness::shared_standalone();
+    let config = config(&server.url(), "");
+    let app = app(&server.url(), &config, None).await;
+    let written = app
+        .router()
+        .clone()
+        .oneshot(
+            Request::put("/v1/keys/fp:hw?version=2")
+                .body(Body::from("two"))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.status(), StatusCode::OK);
+    let reader_of = |copy: u32| {
+        (0..1000)
+            .map(|n| format!("reader-{n}"))
+            .find(|client| hotsplit::affinity::copy_index(client, 4) == copy)
+            .expect("a client of each copy")
+    };
+    let (zero, one) = (reader_of(0), reader_of(1));
+    // Copy 1's entry holds 2, filled by the primary; a second read is a hit.
+    let one_uri = format!("/v1/keys/fp:hw?client={one}");
+    read_through(&app, &one_uri).await;
+    let hit = read_through(&app, &one_uri).await;
+    assert!(route_of(&hit).contains("source=near-cache"), "{hit:?}");
+    assert_eq!(
+        (hit.body.as_slice(), header_of(&hit, "hotsplit-version")),
+        (&b"two"[..], "2")
+    );
+    // Copy 0 moves to 3 behind the instance; a primary-class read (no near cache) serves it,
+    // which raises the key's high-water to an exact 3.
+    server
+        .node
+        .cli(&["HSET", "fp:hw#0", "ver", "3", "val", "three"])
+        .expect("HSET");
+    let raised = read_through(&app, &format!("/v1/keys/fp:hw?client={zero}&class=primary")).await;
+    assert_eq!(raised.body, b"three", "{raised:?}");
+    // Copy 1's entry still holds 2 and is young, but below the mark: it is not served. The
+    // guard's second read, held to 3, finds it on a sibling or refuses naming the floor.
+    let held = read_through(&app, &one_uri).await;
+    let body = String::from_utf8_lossy(&held.body);
+    assert!(body != "two", "went back below the high-water: {held:?}");
+    match held.status {
+        StatusCode::OK => assert_eq!(
+            (body.as_ref(), header_of(&held, "hotsplit-version")),
+            ("three", "3"),
+            "{held:?}"
+        ),
+        StatusCode::SERVICE_UNAVAILABLE => assert!(
+            body.contains("below_version_floor") && body.contains("version 3"),
+            "{body}"
+        ),
+        other => panic!("answered {other}: {body}"),
+    }
+}

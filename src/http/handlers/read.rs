@@ -1,9 +1,12 @@
 //! The read route, `GET /v1/keys/{key}`: its query, its headers, and the answer's headers.
 
+use std::future::Future;
+use std::pin::Pin;
+
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::extract::{Request, State};
+use axum::http::{header, Extensions, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::{answer, COPY, ROUTE, SERVED_BY, VERSION};
@@ -112,7 +115,16 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
         parts: &mut axum::http::request::Parts,
         _state: &S,
     ) -> Result<Self, ApiError> {
-        let headers = &parts.headers;
+        ReadHeaders::of(&parts.headers, &parts.extensions)
+    }
+}
+
+impl ReadHeaders {
+    /// The read's headers among `headers`, and the deadline in `extensions`.
+    ///
+    /// # Errors
+    /// `invalid_parameter` or `invalid_version` for a header that breaks its rule.
+    fn of(headers: &HeaderMap, extensions: &Extensions) -> Result<ReadHeaders, ApiError> {
         Ok(ReadHeaders {
             client: params::one_identity(None, headers, &params::CLIENT)?,
             min_version: params::highest_floor(
@@ -124,9 +136,54 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadHeaders {
             if_none_match: params::if_none_match(headers)?,
             read_class: params::one_identity(None, headers, &params::READ_CLASS)?,
             request_id: params::request_id(headers)?,
-            deadline: parts.extensions.get::<Deadline>().copied(),
+            deadline: extensions.get::<Deadline>().copied(),
         })
     }
+}
+
+/// A read's answer on the read route's fast path ([`read_key_fast`]).
+pub(crate) enum FastRead {
+    /// Decided from memory, with no future.
+    Now(Response),
+    /// The read still to run: its parts were read, and memory did not answer it.
+    Later(Pin<Box<dyn Future<Output = Response> + Send>>),
+}
+
+/// [`read_key`] for `request` without axum's handler: the same extractors' work, in the same
+/// order, read synchronously, then the read answered at once when memory answers it
+/// ([`crate::ops::Ops::read_now`]: a near-cache hit, or a refusal made before any store call)
+/// and by [`crate::ops::Ops::read`] otherwise, with the same answer as [`read_key`] either
+/// way. `None`, having read nothing that counts, when an extractor before the session token's
+/// would refuse the request: the caller runs [`read_key`], which refuses it.
+pub(crate) fn read_key_fast(state: &AppState, request: &Request) -> Option<FastRead> {
+    let parts = (|| {
+        let KeyPath(key) = KeyPath::of(request.uri())?;
+        let params = ReadParams::from_query(request.uri().query().unwrap_or_default())?;
+        let headers = ReadHeaders::of(request.headers(), request.extensions())?;
+        Ok::<_, ApiError>((key, params, headers))
+    })();
+    let (key, params, headers) = parts.ok()?;
+    // The session token is read last, as the handler's last extractor: it counts the token.
+    let mut token = SessionToken::of(request.headers(), state);
+    let call = match read_call(key, params, headers) {
+        Ok(call) => call,
+        Err(err) => {
+            return Some(FastRead::Now(
+                token.answer(Err::<Response, _>(err), state).into_response(),
+            ))
+        }
+    };
+    if let Some(answer) = state.ops().read_now(&call, &mut token.session) {
+        let answer = answer
+            .map(|answer| read_response(answer, state))
+            .map_err(ApiError::from);
+        return Some(FastRead::Now(token.answer(answer, state).into_response()));
+    }
+    let state = state.clone();
+    Some(FastRead::Later(box_in_place!(async move {
+        let answer = read_call_answer(&state, call, &mut token.session).await;
+        token.answer(answer, &state).into_response()
+    })))
 }
 
 /// Reads a key through the client's affine copy.
@@ -173,6 +230,15 @@ async fn read(
     session: &mut ClientSession,
 ) -> Result<Response, ApiError> {
     let call = read_call(key, params, headers)?;
+    read_call_answer(state, call, session).await
+}
+
+/// The read `call`, read through the operations and rendered.
+async fn read_call_answer(
+    state: &AppState,
+    call: ReadRequest,
+    session: &mut ClientSession,
+) -> Result<Response, ApiError> {
     let answer = state.ops().read(call, session).await?;
     Ok(read_response(answer, state))
 }
