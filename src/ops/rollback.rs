@@ -16,11 +16,12 @@
 //!   class's budget allows it) and is not touched. The doors' inline path
 //!   ([`Ops::read_now`]) answers such a reader from the near cache only with an entry at or
 //!   above the mark, or one a replica filled; any other goes through the guard
-//!   (`fast_path::a_hit_below_the_instances_high_water_is_not_served_from_memory`). Within the family's `pin_window` after a
-//!   read served away from where the reader's next read goes, the seen floor that read left
-//!   ([`crate::route::Pins`]) refuses first, before the guard runs: when the key's exact mark
-//!   is at least every floor the caller sent itself, no consulted copy holds what this
-//!   instance served, and that refusal is named and logged as the guard's own are.
+//!   (`fast_path::a_hit_below_the_instances_high_water_is_not_served_from_memory`).
+//!   Within the family's `pin_window` after a read served away from where the reader's next
+//!   read goes, the seen floor that read left ([`crate::route::Pins`]) refuses first, before
+//!   the guard runs: when the key's exact mark is at least every floor the caller sent itself,
+//!   no consulted copy holds what this instance served, and that refusal is named and logged
+//!   as the guard's own are.
 //! - **A session-token reader** already gets `below_version_floor` from its token's floor; its
 //!   refusal here says why and what to do.
 //!

@@ -51,7 +51,7 @@ use crate::layout::Layouts;
 use crate::metrics::{Metrics, ReadOutcome};
 use crate::near::NearCache;
 use crate::route::{Floors, ReadClass, RouteReason, Router};
-use crate::store::{CopyRead, CopyStore, Role, ServedBy};
+use crate::store::{CopyRead, CopyStore, ServedBy};
 use decide::{decide, repair_of, Decision};
 
 /// The read path.
@@ -457,7 +457,7 @@ impl Reader {
     pub async fn read(&self, request: &ReadRequest, carried: Carried) -> Result<Read> {
         let result = match self.prepare(request, carried) {
             Err(err) => Err(err),
-            Ok(prepared) => match self.near_hit(request, &prepared) {
+            Ok(prepared) => match self.near_hit(request, &prepared, None) {
                 Some(hit) => hit,
                 // The rest waits on the store. It is boxed so that the hit path, which
                 // never builds it, does not move a future the size of every store read's
@@ -476,10 +476,10 @@ impl Reader {
 
     /// [`Reader::read`] when memory answers it (the near cache, or a refusal `prepare` makes,
     /// when there is a near cache): the same answer, decided without a future. `None`, having
-    /// counted nothing, when the read needs the store, or when its answer is one `held_to` leaves to the caller's slower path:
-    /// an answer below that version from a primary (the rollback guard of a reader naming a
-    /// client reads again then, `crate::ops`'s `guard_rollback`; a replica's answer below it is
-    /// lag, not a set-back).
+    /// counted nothing, when the read needs the store, and when the affine copy's entry is
+    /// below `held_to` and was filled by a primary: the rollback guard of a reader naming a
+    /// client reads such an answer again (`crate::ops`'s `guard_rollback`), so the caller's
+    /// slower path must run; a replica's fill below it is lag, not a set-back.
     ///
     /// # Errors
     /// As [`Reader::read`].
@@ -494,28 +494,8 @@ impl Reader {
         self.near.as_ref()?;
         let result = match self.prepare(request, carried) {
             Err(err) => Err(err),
-            Ok(prepared) => self.near_hit(request, &prepared)?,
+            Ok(prepared) => self.near_hit(request, &prepared, held_to)?,
         };
-        if let (
-            Some(mark),
-            Ok(Concluded {
-                found:
-                    Found::Answer(
-                        ReadAnswer::Value {
-                            version, served_by, ..
-                        }
-                        | ReadAnswer::NotModified {
-                            version, served_by, ..
-                        },
-                    ),
-                ..
-            }),
-        ) = (held_to, &result)
-        {
-            if *version < mark && served_by.role == Role::Primary {
-                return None;
-            }
-        }
         Some(self.finish(request, result))
     }
 

@@ -73,11 +73,13 @@ impl Reader {
     /// the entry is young enough for the class and meets every floor (step 1 of the module
     /// doc): counted as a hit, and a refresh started when one is due. No store call, and the
     /// copy's key is built on the stack (an owned one only for a refresh). `None` when the read
-    /// needs the store.
+    /// needs the store, and, uncounted, when the entry is below `held_to` and a primary filled
+    /// it (an answer the rollback guard would read again: `Reader::read_now`).
     pub(super) fn consult_near_hit(
         &self,
         key: &Key,
         prepared: &Prepared<'_>,
+        held_to: Option<Version>,
     ) -> Option<NearConsult> {
         let (near, max_age) = prepared.near?;
         let copy = prepared.affine;
@@ -87,7 +89,9 @@ impl Reader {
         }) else {
             return None;
         };
-        if below(Some(&entry.record), prepared.preferred) {
+        if below(Some(&entry.record), prepared.preferred)
+            || (below(Some(&entry.record), held_to) && entry.served_by.role == Role::Primary)
+        {
             return None;
         }
         Some(self.serve_entry(near, (&entry, age), prepared, || self.copy_key(key, copy)))

@@ -28,14 +28,16 @@ struct NearSeen {
 }
 
 impl Reader {
-    /// The answer when the affine copy's near-cache entry gives it (see `near::consult_near_hit`):
-    /// decided at once, with no store call and no await. `None` when the read needs the store.
+    /// The answer when the affine copy's near-cache entry gives it (see `near::consult_near_hit`,
+    /// which `held_to` is passed to): decided at once, with no store call and no await. `None`
+    /// when the read needs the store.
     pub(super) fn near_hit(
         &self,
         request: &ReadRequest,
         prepared: &Prepared<'_>,
+        held_to: Option<Version>,
     ) -> Option<Result<Concluded>> {
-        let found = self.consult_near_hit(&request.key, prepared)?;
+        let found = self.consult_near_hit(&request.key, prepared, held_to)?;
         // An entry that meets every floor is the whole answer: no sibling is consulted.
         let seen = NearSeen {
             age: found.age,
