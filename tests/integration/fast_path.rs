@@ -482,12 +482,7 @@ async fn a_hit_below_the_instances_high_water_is_not_served_from_memory() {
         .await
         .unwrap();
     assert_eq!(written.status(), StatusCode::OK);
-    let reader_of = |copy: u32| {
-        (0..1000)
-            .map(|n| format!("reader-{n}"))
-            .find(|client| hotsplit::affinity::copy_index(client, 4) == copy)
-            .expect("a client of each copy")
-    };
+    let reader_of = |copy| harness::client_of_copy("reader-", copy, 4);
     let (zero, one) = (reader_of(0), reader_of(1));
     // Copy 1's entry holds 2, filled by the primary; a second read is a hit.
     let one_uri = format!("/v1/keys/fp:hw?client={one}");

@@ -30,11 +30,7 @@ fn copy_key(key: &str, client: &str) -> String {
 
 /// A client other than `client` that reads the same copy of a 4-copy key.
 fn same_copy_as(client: &str, prefix: &str) -> String {
-    let copy = hotsplit::affinity::copy_index(client, 4);
-    (0..1000)
-        .map(|n| format!("{prefix}{n}"))
-        .find(|other| hotsplit::affinity::copy_index(other, 4) == copy)
-        .expect("a client of the same copy")
+    harness::client_of_copy(prefix, hotsplit::affinity::copy_index(client, 4), 4)
 }
 
 /// Sets the replica's copy `copy_key` back to `version` with `body` (a value), by hand.

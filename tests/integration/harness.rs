@@ -226,6 +226,15 @@ where
     }
 }
 
+/// A client id whose affine copy of a `copies`-copy key is `copy`: the first of `{prefix}0`,
+/// `{prefix}1`, … that reads it.
+pub fn client_of_copy(prefix: &str, copy: u32, copies: u32) -> String {
+    (0..)
+        .map(|n| format!("{prefix}{n}"))
+        .find(|client| hotsplit::affinity::copy_index(client, copies) == copy)
+        .expect("some id reads every copy")
+}
+
 /// A config for a service on `redis_url` with one split family `prefix` of `copies` copies.
 pub fn config_with_family(redis_url: Option<&str>, prefix: &str, copies: u32) -> Config {
     let mut text = format!("[[family]]\nprefix = \"{prefix}\"\ncopies = {copies}\nttl = \"10m\"\n");

@@ -231,10 +231,7 @@ async fn a_copy_set_back_by_hand_after_its_entry_aged_out_is_not_served() {
         .await;
     }
     // Another reader of the same copy, with no floor of its own, is not sent back either.
-    let bob = (0..1000)
-        .map(|n| format!("reader-{n}"))
-        .find(|client| hotsplit::affinity::copy_index(client, 4) == copy as u32)
-        .unwrap();
+    let bob = harness::client_of_copy("reader-", copy as u32, 4);
     let answer = read(&http, &format!("{base}/v1/keys/nc:back?client={bob}"), &[]).await;
     assert_eq!(answer.body, "five");
     service.stop().await;

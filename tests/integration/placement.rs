@@ -253,12 +253,7 @@ async fn a_rolling_placement_change_serves_no_reader_an_old_value() {
     let old = Service::start(rolling_config(&url, "roll:", "suffix")).await;
     let new = Service::start(rolling_config(&url, "roll:", "spread")).await;
     let clients: Vec<String> = (0..4)
-        .map(|copy| {
-            (0..)
-                .map(|n| format!("c{n}"))
-                .find(|client| hotsplit::affinity::copy_index(client, 4) == copy)
-                .unwrap()
-        })
+        .map(|copy| harness::client_of_copy("c", copy, 4))
         .collect();
     let mut version = 0u64;
     let mut switched_at = None;
@@ -521,10 +516,7 @@ async fn read_repair_refills_a_tagged_copy_under_its_name() {
     config.scrub.enabled = false;
     let service = Service::start(config).await;
     let key = "rr-spread:1";
-    let client = (0..)
-        .map(|n| format!("c{n}"))
-        .find(|client| hotsplit::affinity::copy_index(client, 4) == 2)
-        .unwrap();
+    let client = harness::client_of_copy("c", 2, 4);
     poll(
         "the spread instance reads the tagged names",
         Duration::from_secs(30),

@@ -41,12 +41,7 @@ fn config(
 /// One client id per copy of a `copies`-copy key (the client whose affine copy it is).
 fn client_per_copy(copies: u32) -> Vec<String> {
     (0..copies)
-        .map(|copy| {
-            (0..)
-                .map(|n| format!("c{n}"))
-                .find(|client| hotsplit::affinity::copy_index(client, copies) == copy)
-                .unwrap()
-        })
+        .map(|copy| harness::client_of_copy("c", copy, copies))
         .collect()
 }
 

@@ -843,10 +843,7 @@ async fn a_reader_moved_to_the_primary_by_a_lag_breach_does_not_go_back_on_the_r
     let base = service.base.clone();
     // Two readers of the same copy: `a` will be moved to the primary, `b` never is.
     let copy = hotsplit::affinity::copy_index("a", 4);
-    let b = (0..1000)
-        .map(|n| format!("b{n}"))
-        .find(|client| hotsplit::affinity::copy_index(client, 4) == copy)
-        .expect("a client of the same copy");
+    let b = harness::client_of_copy("b", copy, 4);
     let copy_key = format!("adv:9#{copy}");
     let adv_9_a = format!("{base}/v1/keys/adv:9?client=a");
     publish_expecting(&http, &base, Edit::new("adv:9", 1, "one"), StatusCode::OK).await;
