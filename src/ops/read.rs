@@ -49,6 +49,10 @@ impl Ops {
         request: &ReadRequest,
         session: &mut ClientSession,
     ) -> Option<Result<ReadAnswer>> {
+        // Without a near cache only a refusal could be decided from memory, and `Ops::read`
+        // decides it the same: the read's start (clock, key hash, floors, high-water) is not
+        // done twice for that.
+        self.reader().near_cache()?;
         let begun = self.begin_read(request, session);
         let held_to = self.guarded_mark(request, begun.now_ms);
         let read = match self.reader().read_now(request, begun.carried, held_to)? {

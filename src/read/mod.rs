@@ -474,9 +474,9 @@ impl Reader {
         self.finish(request, result)
     }
 
-    /// [`Reader::read`] when memory answers it (the near cache, or a refusal `prepare` makes,
-    /// when there is a near cache): the same answer, decided without a future. `None`, having
-    /// counted nothing, when the read needs the store, and when the affine copy's entry is
+    /// [`Reader::read`] when memory answers it (the near cache, or a refusal `prepare` makes):
+    /// the same answer, decided without a future. `None`, having counted nothing, when the read
+    /// needs the store, and when the affine copy's entry is
     /// below `held_to` and was filled by a primary: the rollback guard of a reader naming a
     /// client reads such an answer again (`crate::ops`'s `guard_rollback`), so the caller's
     /// slower path must run; a replica's fill below it is lag, not a set-back.
@@ -489,9 +489,6 @@ impl Reader {
         carried: Carried,
         held_to: Option<Version>,
     ) -> Option<Result<Read>> {
-        // Without a near cache only a refusal could be decided here, and the read through the
-        // store decides it the same: a read is not prepared twice for that.
-        self.near.as_ref()?;
         let result = match self.prepare(request, carried) {
             Err(err) => Err(err),
             Ok(prepared) => self.near_hit(request, &prepared, held_to)?,

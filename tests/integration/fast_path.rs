@@ -62,6 +62,17 @@ struct Whole {
     body: Vec<u8>,
 }
 
+/// Publishes `body` with `PUT uri` through `app`'s router; it must answer 200.
+async fn publish(app: &App, uri: &str, body: &'static str) {
+    let written = app
+        .router()
+        .clone()
+        .oneshot(Request::put(uri).body(Body::from(body)).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(written.status(), StatusCode::OK, "{uri}");
+}
+
 /// A request of the comparison.
 fn request(method: &Method, uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
     let mut request = Request::builder().method(method.clone()).uri(uri);
@@ -174,13 +185,7 @@ async fn the_fast_path_answers_what_the_router_answers() {
     let config = config(&server.url(), "max_query_bytes = 256");
     let app = app(&server.url(), &config, None).await;
     for uri in ["/v1/keys/fp:k?version=3", "/v1/keys/pp:k?version=3"] {
-        let written = app
-            .router()
-            .clone()
-            .oneshot(Request::put(uri).body(Body::from("three")).unwrap())
-            .await
-            .unwrap();
-        assert_eq!(written.status(), StatusCode::OK, "{uri}");
+        publish(&app, uri, "three").await;
     }
     // The first read of the copy fills its entry; the compared reads are hits.
     let warm = same_answer(&app, Method::GET, "/v1/keys/fp:k?client=alice", &[], true).await;
@@ -471,17 +476,7 @@ async fn a_hit_below_the_instances_high_water_is_not_served_from_memory() {
     let server = harness::shared_standalone();
     let config = config(&server.url(), "");
     let app = app(&server.url(), &config, None).await;
-    let written = app
-        .router()
-        .clone()
-        .oneshot(
-            Request::put("/v1/keys/fp:hw?version=2")
-                .body(Body::from("two"))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(written.status(), StatusCode::OK);
+    publish(&app, "/v1/keys/fp:hw?version=2", "two").await;
     let reader_of = |copy| harness::client_of_copy("reader-", copy, 4);
     let (zero, one) = (reader_of(0), reader_of(1));
     // Copy 1's entry holds 2, filled by the primary; a second read is a hit.

@@ -179,8 +179,8 @@ impl Door {
 impl Door {
     /// `GET key` answered from memory, without a future, slot or deadline: the same reply
     /// [`Get`] gives, through the same read ([`Ops::read_now`]) and after-answer step. `None`,
-    /// having changed nothing, when the command is not a plain `GET` the near cache (or a
-    /// refusal made before any store call) answers: inside `MULTI`, refused by the token or the
+    /// having changed nothing, when the command is not a plain `GET` the near cache (or, with
+    /// one, a refusal made before any store call) answers: inside `MULTI`, refused by the token or the
     /// arity, on a subscribed or tracking connection, a key that breaks a rule, a read that
     /// needs the store. The caller then runs it through [`Door::execute`].
     pub fn get_now(&self, conn: &mut ConnState, args: &[Bytes]) -> Option<Reply> {
