@@ -9,7 +9,9 @@
 #   - each server's CPU time per GET from /proc (utime + stime over the run's GETs); target at
 #     -P 16: hotsplit ≤ redis-server;
 #   - the same GET of a `primary`-class key (`prim:1`: no near cache, a Redis read per GET)
-#     against twemproxy at -P 1 and -P 16; target ≥ 0.9× at both;
+#     against twemproxy at -P 1 and -P 16; target ≥ 0.9× at both; and beside it the same GET
+#     through a second instance with `store.direct_reads = false` (each read through fred's
+#     per-command path), the direct connection's baseline;
 #   - both again over 1,000 hot keys (`GET hot:__rand_int__` with `-r 1000`, each key published
 #     first; twemproxy reads the same keys from Redis), and the hit over 1,000 keys of a class
 #     whose near cache keeps entries 10 s (`warm:`): advisory's 125 ms bound makes 1,000 keys ×
@@ -196,6 +198,19 @@ listen = \"127.0.0.1:$resp_port\""
     curl -fsS --max-time 10 -X PUT --data-binary "@$WORK/resp-value.bin" "$base/v1/keys/prim:1?version=1" >/dev/null ||
         die "publishing prim:1 failed"
     wait_for 20 redis_ping "$resp_port" || die "hotsplit's RESP port did not answer; see $WORK/hotsplit-resp.log"
+    # The same primary-class read with store.direct_reads off (every read through the Redis
+    # client's per-command path): the direct connection's baseline in the same run.
+    local client_port client_pid
+    free_port
+    client_port=$FREE_PORT
+    start_hotsplit hotsplit-resp-client "redis://127.0.0.1:$port" "[store]
+direct_reads = false
+$(family prim: 1)
+default_class = \"primary\"
+[resp]
+listen = \"127.0.0.1:$client_port\"" "" warn
+    client_pid=$STARTED_PID
+    wait_for 20 redis_ping "$client_port" || die "the client-path hotsplit's RESP port did not answer; see $WORK/hotsplit-resp-client.log"
     # The many-key case's keys, as redis-benchmark -r names them (12 digits): in Redis for
     # twemproxy, published through the RESP port for hotsplit.
     local k
@@ -216,7 +231,8 @@ listen = \"127.0.0.1:$resp_port\""
         "ceiling $ceiling_port $ceiling_pid hot:1" "hotsplit-primary $resp_port $hs_pid prim:1"
         "hotsplit-1k $resp_port $hs_pid hot:__rand_int__" "hotsplit-1k-10s $resp_port $hs_pid warm:__rand_int__"
         "twemproxy-1k $twem_port $twem_pid hot:__rand_int__"
-        "hotsplit-primary-1k $resp_port $hs_pid prim:__rand_int__")
+        "hotsplit-primary-1k $resp_port $hs_pid prim:__rand_int__"
+        "hotsplit-primary-client $client_port $client_pid prim:1")
     local round i n=${#sides[@]} pipeline side
     for ((round = 0; round < RESP_ROUNDS; round++)); do
         for pipeline in 1 16; do
@@ -260,6 +276,8 @@ EOF
     t1=$(resp_figure twemproxy 1 rps) t16=$(resp_figure twemproxy 16 rps)
     c1=$(resp_figure ceiling 1 rps) c16=$(resp_figure ceiling 16 rps)
     p1=$(resp_figure hotsplit-primary 1 rps) p16=$(resp_figure hotsplit-primary 16 rps)
+    local pc1 pc16
+    pc1=$(resp_figure hotsplit-primary-client 1 rps) pc16=$(resp_figure hotsplit-primary-client 16 rps)
     local k1 k16 kw1 kw16 kt1 kt16 kp1 kp16
     k1=$(resp_figure hotsplit-1k 1 rps) k16=$(resp_figure hotsplit-1k 16 rps)
     kw1=$(resp_figure hotsplit-1k-10s 1 rps) kw16=$(resp_figure hotsplit-1k-10s 16 rps)
@@ -269,7 +287,7 @@ EOF
     hs_cpu16=$(resp_figure hotsplit 16 us) redis_cpu16=$(resp_figure redis 16 us)
     local rows="" name pipeline
     for pipeline in 1 16; do
-        for name in hotsplit redis twemproxy ceiling hotsplit-primary hotsplit-1k hotsplit-1k-10s twemproxy-1k hotsplit-primary-1k; do
+        for name in hotsplit redis twemproxy ceiling hotsplit-primary hotsplit-primary-client hotsplit-1k hotsplit-1k-10s twemproxy-1k hotsplit-primary-1k; do
             rows+="| $name | -P $pipeline | $(resp_figure "$name" "$pipeline" rps) | $(resp_figure "$name" "$pipeline" us) |
 "
         done
@@ -279,7 +297,7 @@ EOF
 | Server | depth | GETs/s | server CPU µs per GET |
 |---|---|---|---|
 ${rows}
-- hotsplit: \`GET hot:1\` ($COPIES copies, advisory, near cache on) and \`GET prim:1\` (\`primary\` class: a Redis read each) through \`[resp] listen\`; the \`-1k\` rows read $RESP_KEYS keys of each (\`-r $RESP_KEYS\`), \`-1k-10s\` of \`warm:\` (class \`patient\`: a 10 s max age, where advisory's is 125 ms, so each of its $((RESP_KEYS * COPIES)) entries is refreshed from Redis every 10 s, not every 125 ms); twemproxy (nutcracker, one server connection) and the ceiling (benches/resp_ceiling.rs) in front of / beside the same redis-server. twemproxy's CPU is its own (its Redis's apart).
+- hotsplit: \`GET hot:1\` ($COPIES copies, advisory, near cache on) and \`GET prim:1\` (\`primary\` class: a Redis read each, on the direct connection) through \`[resp] listen\`; \`hotsplit-primary-client\` is the same \`GET prim:1\` on a second instance with \`store.direct_reads = false\`; the \`-1k\` rows read $RESP_KEYS keys of each (\`-r $RESP_KEYS\`), \`-1k-10s\` of \`warm:\` (class \`patient\`: a 10 s max age, where advisory's is 125 ms, so each of its $((RESP_KEYS * COPIES)) entries is refreshed from Redis every 10 s, not every 125 ms); twemproxy (nutcracker, one server connection) and the ceiling (benches/resp_ceiling.rs) in front of / beside the same redis-server. twemproxy's CPU is its own (its Redis's apart).
 - Publish p50, one connection: RESP \`SET alloc:1\` $RESP_PUB_P50 µs (redis-benchmark -c 1 -n $RESP_PUBLISHES), HTTP \`PUT /v1/keys/alloc:1\` $HTTP_PUB_P50 µs (wrk -c 1 -d $DURATION).
 $(cat "$WORK/profiles.md")
 "
@@ -297,6 +315,7 @@ $(cat "$WORK/profiles.md")
 | RESP GET, primary class, $RESP_KEYS keys, vs twemproxy ($RESP_KEYS keys), -P 16 | $kp16 | $kt16 | $(ratio "$kp16" "$kt16")× | ≥ 0.9× — $(verdict "$(ratio "$kp16" "$kt16")" 0.9 ">=") |
 | RESP GET, primary class (no near cache) vs twemproxy, -P 1 | $p1 | $t1 | $(ratio "$p1" "$t1")× | ≥ 0.9× — $(verdict "$(ratio "$p1" "$t1")" 0.9 ">=") |
 | RESP GET, primary class (no near cache) vs twemproxy, -P 16 | $p16 | $t16 | $(ratio "$p16" "$t16")× | ≥ 0.9× — $(verdict "$(ratio "$p16" "$t16")" 0.9 ">=") |
+| RESP GET, primary class, direct reads vs through the client (\`store.direct_reads = false\`), -P 1 / -P 16 | $p1 / $p16 | $pc1 / $pc16 | $(ratio "$p1" "$pc1")× / $(ratio "$p16" "$pc16")× | – |
 | Publish p50, RESP SET vs HTTP PUT (µs) | $RESP_PUB_P50 | $HTTP_PUB_P50 | $(ratio "$RESP_PUB_P50" "$HTTP_PUB_P50")× | ≤ 1.05× — $(verdict "$(ratio "$RESP_PUB_P50" "$HTTP_PUB_P50")" 1.05 "<=") |
 "
     stop_pids "$hs_pid" "$twem_pid" "$ceiling_pid" "$redis_pid"

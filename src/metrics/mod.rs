@@ -61,6 +61,15 @@ struct StoreErrorLabels {
     kind: &'static str,
 }
 
+/// Labels of the direct read counters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DirectReadLabels {
+    /// `sent` (on the store's direct connection), `passed` (through the client: the
+    /// connection was not up or was full) or `refused` (the node refused it, for example with
+    /// `MOVED`, and it went again through the client).
+    outcome: &'static str,
+}
+
 /// Labels of the healing counters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ResultLabels {
@@ -259,6 +268,8 @@ pub struct Metrics {
     reads: Vec<Counter>,
     /// Store errors by kind.
     store_errors: Family<StoreErrorLabels, Counter>,
+    /// Direct reads (`store::redis::direct`): sent, passed, refused.
+    direct_reads: [Counter; 3],
     /// Request latency by route.
     request_duration: Family<RequestLabels, Histogram>,
     /// The retry queue's, read repair's and the spool's metrics.
@@ -295,6 +306,14 @@ impl Metrics {
             "store_errors",
             "Errors returned by the store, by kind",
         );
+
+        let direct_reads_family: Family<DirectReadLabels, Counter> = register(
+            &mut registry,
+            "store_direct_reads",
+            "Primary copy reads by what the store's direct connection to the node did with them: sent, passed (through the client: not connected or full) or refused (by the node, e.g. MOVED; sent again through the client)",
+        );
+        let direct_reads = ["sent", "passed", "refused"]
+            .map(|outcome| direct_reads_family.get_or_create(&DirectReadLabels { outcome }).clone());
 
         let request_duration = register_with_unit(
             &mut registry,
@@ -342,6 +361,7 @@ impl Metrics {
             invalidate_outcomes,
             reads,
             store_errors,
+            direct_reads,
             request_duration,
         })
     }
@@ -378,6 +398,17 @@ impl Metrics {
         self.store_errors
             .get_or_create(&StoreErrorLabels { kind })
             .inc();
+    }
+
+    /// Counts a primary copy read sent on the store's direct connection (`sent`), or through
+    /// the client because that connection was not up or was full (`passed`).
+    pub fn direct_read(&self, sent: bool) {
+        self.direct_reads[usize::from(!sent)].inc();
+    }
+
+    /// Counts a direct read the node refused (sent again through the client).
+    pub fn direct_read_refused(&self) {
+        self.direct_reads[2].inc();
     }
 
     /// Sets the retry queue's depth, bytes and spool size gauges.

@@ -72,6 +72,12 @@ pub struct StoreConfig {
     /// of 64-byte values), so a runaway publisher cannot take the host's memory while the
     /// embedded store is used to try hotsplit or in tests.
     pub memory_max_bytes: Option<u64>,
+    /// Send the primary reads of copies (the decision reads) on one pipelined connection of
+    /// hotsplit's own per primary, with the same TLS, user and timeout, instead of through the
+    /// Redis client's per-command path; a read the node refuses (`MOVED`, …) and every read
+    /// while that connection is not up go through the client. `false` sends every read
+    /// through the client. Default: `true`.
+    pub direct_reads: bool,
     /// The password from the `HOTSPLIT_REDIS_PASSWORD` environment variable, set by the
     /// binary; never read from the file. It overrides `password_file`.
     #[serde(skip)]
@@ -92,6 +98,7 @@ impl Default for StoreConfig {
             username: None,
             password_file: None,
             memory_max_bytes: None,
+            direct_reads: true,
             password: None,
         }
     }
@@ -224,6 +231,7 @@ impl StoreConfig {
         let mut options = RedisOptions::new(url.target);
         options.command_timeout = self.command_timeout;
         options.connect_timeout = self.connect_timeout;
+        options.direct_reads = self.direct_reads;
         options.replicas = self
             .replicas
             .iter()

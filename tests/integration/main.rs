@@ -15,6 +15,7 @@ mod client_cache_raw;
 mod client_lib;
 mod conformance;
 mod degraded;
+mod direct_reads;
 mod deploy;
 mod drain;
 mod fast_path;

@@ -124,6 +124,25 @@ async fn wait_for_replica_read(http: &reqwest::Client, base: &str, key: &str) {
     .await;
 }
 
+/// Reads `key` (a primary-class key holding `v1`) until one read is sent on the store's direct
+/// connection (`store::redis::direct`), which is opened with the same TLS and user as the
+/// client's: a refused handshake or `AUTH` would keep every read on the client.
+async fn wait_for_direct_read(http: &reqwest::Client, base: &str, key: &str) {
+    poll(
+        &format!("a read of {key} sent on the direct connection"),
+        Duration::from_secs(15),
+        || async {
+            read_value(http, base, key, "d").await;
+            let metrics = harness::metrics_text(http, base).await;
+            harness::sample(
+                &metrics,
+                r#"hotsplit_store_direct_reads_total{outcome="sent"}"#,
+            ) > 0
+        },
+    )
+    .await;
+}
+
 /// Asserts that the service at `base` counted no store error of kind `other`, which is where
 /// a `NOPERM` refusal lands: a background task (lag monitor, topology refresh) refused by the
 /// ACL shows up here, not in an answer.
@@ -161,6 +180,7 @@ async fn tls_standalone_with_a_ca_file_publishes_and_reads() {
     .await;
     let served_by = read_value(&http, &service.base, "sec:tls1", "a").await;
     assert!(served_by.ends_with("role=primary"), "{served_by}");
+    wait_for_direct_read(&http, &service.base, "sec:tls1").await;
     // The copy really is on the TLS server (whose only port speaks TLS).
     let stored = server
         .node
@@ -231,6 +251,7 @@ async fn tls_cluster_with_client_certificates_publishes_reads_replicas_waits_and
         let served_by = read_value(&http, &base, "sec:tlsc", client).await;
         assert!(served_by.ends_with("role=primary"), "{served_by}");
     }
+    wait_for_direct_read(&http, &base, "sec:tlsc").await;
     assert_no_refused_commands(&http, &base).await;
     service.stop().await;
 

@@ -19,6 +19,7 @@ use futures_util::future::join_all;
 use fred::interfaces::{HashesInterface, KeysInterface};
 use futures_util::future::BoxFuture;
 
+use super::direct::DirectReply;
 use super::failure::Failure;
 use super::replies::{parse_cas_reply, parse_copy, parse_served_copy};
 use super::{copy_fields, RedisStore};
@@ -60,23 +61,15 @@ impl CopyStore for RedisStore {
     }
 
     fn read_copy<'a>(&'a self, copy_key: &'a CopyKey) -> BoxFuture<'a, CopyRead> {
-        box_in_place!(async move {
-            let node = self.placement().node_of(copy_key.as_str());
-            let record = match self
-                .client
-                .hmget::<Value, _, _>(copy_key.as_str(), copy_fields())
-                .await
-            {
-                Ok(reply) => parse_served_copy(reply, now_unix_ms()).map_err(|why| {
-                    self.corrupt(format!("copy {copy_key} on {node} is corrupt: {why}"))
-                }),
-                Err(err) => Err(self.fail(format_args!("read of copy {copy_key} on {node}"), &err)),
-            };
-            CopyRead {
-                served_by: ServedBy::primary(node),
-                record,
-            }
-        })
+        let node = self.placement().node_of(copy_key.as_str());
+        let sent = self
+            .direct
+            .as_ref()
+            .and_then(|direct| direct.send(&node, copy_key.as_str()));
+        match sent {
+            Some(reply) => box_in_place!(self.read_copy_direct(node, copy_key, reply)),
+            None => box_in_place!(self.read_copy_through_client(node, copy_key)),
+        }
     }
 
     fn read_replica_copy<'a>(
@@ -131,6 +124,68 @@ impl CopyStore for RedisStore {
 }
 
 impl RedisStore {
+    /// A primary read of `copy_key` sent on the direct connection to `node`
+    /// ([`super::direct`]): its reply, or its failure; a read the node refused goes again
+    /// through fred, which follows a redirection or classifies the error.
+    async fn read_copy_direct(
+        &self,
+        node: NodeLabel,
+        copy_key: &CopyKey,
+        reply: tokio::sync::oneshot::Receiver<DirectReply>,
+    ) -> CopyRead {
+        let record = match reply.await {
+            Ok(DirectReply::Fields(fields)) => self.served_copy(fields, copy_key, &node),
+            Ok(DirectReply::Refused(why)) => {
+                if let Some(direct) = &self.direct {
+                    direct.count_refused();
+                }
+                tracing::trace!(copy = %copy_key, node = %node, refusal = %why, "direct read refused; sent through the client");
+                return Box::pin(self.read_copy_through_client(node, copy_key)).await;
+            }
+            Ok(DirectReply::Failed(failure, why)) => Err(self.fail_direct(
+                format_args!("read of copy {copy_key} on {node}"),
+                failure,
+                &why,
+            )),
+            Err(_) => Err(self.fail_direct(
+                format_args!("read of copy {copy_key} on {node}"),
+                Failure::Canceled,
+                "the direct connection was dropped",
+            )),
+        };
+        CopyRead {
+            served_by: ServedBy::primary(node),
+            record,
+        }
+    }
+
+    /// A primary read of `copy_key` on `node` through fred.
+    async fn read_copy_through_client(&self, node: NodeLabel, copy_key: &CopyKey) -> CopyRead {
+        let record = match self
+            .client
+            .hmget::<Value, _, _>(copy_key.as_str(), copy_fields())
+            .await
+        {
+            Ok(reply) => self.served_copy(reply, copy_key, &node),
+            Err(err) => Err(self.fail(format_args!("read of copy {copy_key} on {node}"), &err)),
+        };
+        CopyRead {
+            served_by: ServedBy::primary(node),
+            record,
+        }
+    }
+
+    /// The record a primary's `HMGET` reply holds, if it is still served.
+    fn served_copy(
+        &self,
+        reply: Value,
+        copy_key: &CopyKey,
+        node: &NodeLabel,
+    ) -> Result<Option<CopyRecord>> {
+        parse_served_copy(reply, now_unix_ms())
+            .map_err(|why| self.corrupt(format!("copy {copy_key} on {node} is corrupt: {why}")))
+    }
+
     /// Writes every copy with `FCALL hotsplit_cas_v2`, one pipeline per owning node, all nodes
     /// at once; after `ERR Function not found`, reloads the library on those nodes and retries
     /// those writes once. The body of [`CopyStore::write_copies`].

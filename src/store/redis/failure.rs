@@ -122,6 +122,25 @@ impl RedisStore {
         }
     }
 
+    /// Maps a failure of the direct connection (`direct.rs`, which has no fred error) to the
+    /// crate's error and counts it, as [`RedisStore::fail`] does.
+    pub(super) fn fail_direct(&self, what: fmt::Arguments<'_>, failure: Failure, why: &str) -> Error {
+        self.metrics.store_error(failure.as_str());
+        match failure {
+            Failure::Timeout => Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "{what} timed out after {} ms",
+                    self.command_timeout.as_millis()
+                ),
+            ),
+            _ => Error::new(
+                ErrorKind::Unavailable,
+                format!("{what} failed ({}): {why}", failure.as_str()),
+            ),
+        }
+    }
+
     /// An answer from Redis the store cannot interpret; counted as `other`.
     pub(super) fn corrupt(&self, message: String) -> Error {
         self.metrics.store_error(Failure::Other.as_str());

@@ -20,6 +20,8 @@
 //!   pipeline, so one pipeline per node means a paused node fails only the copies it owns, each
 //!   within the command timeout.
 //! - **Reads** are one `HMGET key ver val tomb exp` on the primary that owns the key; no script.
+//!   A primary read goes on the store's own pipelined connection to that node (`direct.rs`)
+//!   when it is up, and through fred otherwise or when the node refuses it (`MOVED`, …).
 //!   Replica reads send the same `HMGET` through a client of the named replica's own (one per
 //!   replica, configured for a standalone primary, discovered in Cluster mode), so a replica
 //!   read can fail but never turns into a primary read.
@@ -56,6 +58,8 @@
 //! Beside them, what the roles share:
 //! - `mod.rs`: [`RedisStore`] (the client, [`RedisStore::connect`], its `Drop`).
 //! - `target.rs`: [`RedisTarget`] and [`RedisOptions`], the URL and `host:port` parsing; no fred.
+//! - `direct.rs`: `DirectReads`, one pipelined connection per primary for copy reads, with its
+//!   own RESP encoding and reply parser, one timer per connection, TLS and `AUTH`.
 //! - `failure.rs`: `Failure`, the classification of fred errors, and `RedisStore::fail`.
 //! - `replicas.rs`: replica clients, the `CLUSTER SLOTS` replica map, key placement, replica
 //!   reads and replication offsets.
@@ -92,6 +96,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::metrics::Metrics;
 
 mod copies;
+mod direct;
 mod failure;
 mod feed;
 mod layouts;
@@ -170,6 +175,9 @@ pub struct RedisStore {
     heartbeat_tags: std::sync::Mutex<std::collections::HashMap<NodeLabel, String>>,
     /// The primaries known to lack the function library, retried in the background.
     library: library::LibraryState,
+    /// The direct connections of primary copy reads (`direct.rs`); `None` when
+    /// [`RedisOptions::direct_reads`] is off.
+    direct: Option<direct::DirectReads>,
     /// The function library this store loads and calls: this release's
     /// ([`FunctionLibrary::CURRENT`]) unless connected with [`RedisStore::connect_with_library`].
     functions: FunctionLibrary,
@@ -351,7 +359,9 @@ impl RedisStore {
             }
         }
 
+        let direct = direct::DirectReads::new(&options, Arc::clone(&metrics))?;
         let store = RedisStore {
+            direct,
             client,
             connection_task,
             target: options.target.clone(),

@@ -408,6 +408,9 @@ pub struct RedisOptions {
     /// TLS and credentials, the same for every connection the store or an audit opens.
     /// Default: plain TCP as the `default` user without a password.
     pub security: RedisSecurity,
+    /// Send primary copy reads on a pipelined connection of the store's own per primary
+    /// (`store::redis::direct`) rather than through fred's per-command path. Default: on.
+    pub direct_reads: bool,
 }
 
 impl RedisOptions {
@@ -426,6 +429,7 @@ impl RedisOptions {
             replicas: Vec::new(),
             version_retention: Duration::from_millis(crate::store::DEFAULT_VERSION_RETENTION_MS),
             security: RedisSecurity::default(),
+            direct_reads: true,
         }
     }
 
