@@ -312,8 +312,11 @@ impl Metrics {
             "store_direct_reads",
             "Primary copy reads by what the store's direct connection to the node did with them: sent, passed (through the client: not connected or full) or refused (by the node, e.g. MOVED; sent again through the client)",
         );
-        let direct_reads = ["sent", "passed", "refused"]
-            .map(|outcome| direct_reads_family.get_or_create(&DirectReadLabels { outcome }).clone());
+        let direct_reads = ["sent", "passed", "refused"].map(|outcome| {
+            direct_reads_family
+                .get_or_create(&DirectReadLabels { outcome })
+                .clone()
+        });
 
         let request_duration = register_with_unit(
             &mut registry,

@@ -101,7 +101,13 @@ async fn a_direct_read_answers_what_the_client_answers() {
     let server = harness::shared_standalone();
     let metrics = Metrics::new();
     let store = store_on(&server.url(), harness::COMMAND_TIMEOUT, true, &metrics).await;
-    let plain = store_on(&server.url(), harness::COMMAND_TIMEOUT, false, &Metrics::new()).await;
+    let plain = store_on(
+        &server.url(),
+        harness::COMMAND_TIMEOUT,
+        false,
+        &Metrics::new(),
+    )
+    .await;
     let key = copy_key("dr:values", 0);
     write(&store, &key, 1, value("one")).await;
     until_direct(&store, &metrics, &key).await;
@@ -119,13 +125,21 @@ async fn a_direct_read_answers_what_the_client_answers() {
     let binary = Bytes::from_static(b"\r\n\0\xff$-1\r\n*4\r\n");
     write(&store, &key, 3, value(binary.clone())).await;
     assert_eq!(
-        read_direct(&store, &metrics, &key).await.expect("read").expect("present").payload,
+        read_direct(&store, &metrics, &key)
+            .await
+            .expect("read")
+            .expect("present")
+            .payload,
         value(binary)
     );
     let large = Bytes::from(vec![b'x'; 1 << 20]);
     write(&store, &key, 4, value(large.clone())).await;
     assert_eq!(
-        read_direct(&store, &metrics, &key).await.expect("read").expect("present").payload,
+        read_direct(&store, &metrics, &key)
+            .await
+            .expect("read")
+            .expect("present")
+            .payload,
         value(large)
     );
 
@@ -135,11 +149,25 @@ async fn a_direct_read_answers_what_the_client_answers() {
     assert_eq!(tomb, plain.read_copy(&key).await.record.expect("read"));
     assert_eq!(tomb.expect("a tombstone").payload, Payload::Tombstone);
     let absent = copy_key("dr:values-absent", 0);
-    assert_eq!(read_direct(&store, &metrics, &absent).await.expect("read"), None);
+    assert_eq!(
+        read_direct(&store, &metrics, &absent).await.expect("read"),
+        None
+    );
     let corrupt = copy_key("dr:values-corrupt", 0);
     server
         .node
-        .cli(&["HSET", corrupt.as_str(), "ver", "x1", "val", "v", "tomb", "0", "exp", "5"])
+        .cli(&[
+            "HSET",
+            corrupt.as_str(),
+            "ver",
+            "x1",
+            "val",
+            "v",
+            "tomb",
+            "0",
+            "exp",
+            "5",
+        ])
         .expect("HSET");
     let err = read_direct(&store, &metrics, &corrupt)
         .await
@@ -148,7 +176,9 @@ async fn a_direct_read_answers_what_the_client_answers() {
     assert!(err.message().contains("corrupt"), "{err}");
 
     // Many reads at once share the connection; each gets its own copy's reply.
-    let keys: Vec<CopyKey> = (0..400).map(|at| copy_key(&format!("dr:many{at}"), 0)).collect();
+    let keys: Vec<CopyKey> = (0..400)
+        .map(|at| copy_key(&format!("dr:many{at}"), 0))
+        .collect();
     for (at, key) in keys.iter().enumerate() {
         write(&store, key, 1, value(format!("value {at}"))).await;
     }
@@ -207,7 +237,8 @@ async fn a_paused_node_fails_direct_reads_with_timeout_and_a_killed_connection_c
         let err = read.record.expect_err("a paused node's read fails");
         assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
         assert!(
-            err.message().contains(key.as_str()) && err.message().contains(&server.node.port().to_string()),
+            err.message().contains(key.as_str())
+                && err.message().contains(&server.node.port().to_string()),
             "{err}"
         );
     }
@@ -248,7 +279,8 @@ async fn a_paused_node_fails_direct_reads_with_timeout_and_a_killed_connection_c
         || async {
             let info = server.node.cli(&["INFO", "clients"]).unwrap_or_default();
             // The one left is the INFO command's own.
-            info.lines().any(|line| line.trim() == "connected_clients:1")
+            info.lines()
+                .any(|line| line.trim() == "connected_clients:1")
         },
     )
     .await;

@@ -161,7 +161,10 @@ impl DirectReads {
                     }),
                     _ => None,
                 };
-                Some(Arc::new(client_config(tls.ca_file.as_deref(), client_cert)?))
+                Some(Arc::new(client_config(
+                    tls.ca_file.as_deref(),
+                    client_cert,
+                )?))
             }
             None => None,
         };
@@ -581,7 +584,9 @@ fn parse_reply(input: &mut BytesMut) -> std::result::Result<Option<DirectReply>,
 fn line(input: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let rest = input.get(at..)?;
     let newline = rest.iter().position(|&byte| byte == b'\n')?;
-    let text = rest[..newline].strip_suffix(b"\r").unwrap_or(&rest[..newline]);
+    let text = rest[..newline]
+        .strip_suffix(b"\r")
+        .unwrap_or(&rest[..newline]);
     Some((text, at + newline + 1))
 }
 
@@ -634,20 +639,33 @@ mod tests {
         let mut input = BytesMut::from(&reply[..]);
         assert_eq!(
             fields(parse_reply(&mut input).unwrap().unwrap()),
-            [Some("7".into()), Some("hello".into()), Some("0".into()), None]
+            [
+                Some("7".into()),
+                Some("hello".into()),
+                Some("0".into()),
+                None
+            ]
         );
         let Some(DirectReply::Refused(text)) = parse_reply(&mut input).unwrap() else {
             panic!("not a refusal");
         };
         assert_eq!(text, "MOVED 12 127.0.0.1:7001");
-        assert_eq!(fields(parse_reply(&mut input).unwrap().unwrap()), [None, None, None, None]);
+        assert_eq!(
+            fields(parse_reply(&mut input).unwrap().unwrap()),
+            [None, None, None, None]
+        );
         assert!(input.is_empty());
         assert!(parse_reply(&mut input).unwrap().is_none());
     }
 
     #[test]
     fn a_reply_that_is_not_an_hmget_reply_is_a_protocol_error() {
-        for bad in [&b":1\r\n"[..], b"*1\r\n:1\r\n", b"*1\r\n$1\r\nabc\r\n", b"*x\r\n"] {
+        for bad in [
+            &b":1\r\n"[..],
+            b"*1\r\n:1\r\n",
+            b"*1\r\n$1\r\nabc\r\n",
+            b"*x\r\n",
+        ] {
             let mut input = BytesMut::from(bad);
             assert!(parse_reply(&mut input).is_err(), "{bad:?}");
         }

@@ -124,7 +124,12 @@ impl RedisStore {
 
     /// Maps a failure of the direct connection (`direct.rs`, which has no fred error) to the
     /// crate's error and counts it, as [`RedisStore::fail`] does.
-    pub(super) fn fail_direct(&self, what: fmt::Arguments<'_>, failure: Failure, why: &str) -> Error {
+    pub(super) fn fail_direct(
+        &self,
+        what: fmt::Arguments<'_>,
+        failure: Failure,
+        why: &str,
+    ) -> Error {
         self.metrics.store_error(failure.as_str());
         match failure {
             Failure::Timeout => Error::new(
