@@ -142,12 +142,12 @@ impl RedisStore {
                 tracing::trace!(copy = %copy_key, node = %node, refusal = %why, "direct read refused; sent through the client");
                 return Box::pin(self.read_copy_through_client(node, copy_key)).await;
             }
-            Ok(DirectReply::Failed(failure, why)) => Err(self.fail_direct(
+            Ok(DirectReply::Failed(failure, why)) => Err(self.fail_as(
                 format_args!("read of copy {copy_key} on {node}"),
                 failure,
                 &why,
             )),
-            Err(_) => Err(self.fail_direct(
+            Err(_) => Err(self.fail_as(
                 format_args!("read of copy {copy_key} on {node}"),
                 Failure::Canceled,
                 "the direct connection was dropped",

@@ -105,31 +105,13 @@ impl RedisStore {
     /// Maps a fred error to the crate's error and counts it. This is the one place where store
     /// errors are classified; `what` names the operation, the copy and the node.
     pub(super) fn fail(&self, what: fmt::Arguments<'_>, err: &FredError) -> Error {
-        let failure = Failure::of(err);
-        self.metrics.store_error(failure.as_str());
-        match failure {
-            Failure::Timeout => Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "{what} timed out after {} ms",
-                    self.command_timeout.as_millis()
-                ),
-            ),
-            _ => Error::new(
-                ErrorKind::Unavailable,
-                format!("{what} failed ({}): {}", failure.as_str(), details(err)),
-            ),
-        }
+        self.fail_as(what, Failure::of(err), &details(err))
     }
 
-    /// Maps a failure of the direct connection (`direct.rs`, which has no fred error) to the
-    /// crate's error and counts it, as [`RedisStore::fail`] does.
-    pub(super) fn fail_direct(
-        &self,
-        what: fmt::Arguments<'_>,
-        failure: Failure,
-        why: &str,
-    ) -> Error {
+    /// Maps a classified failure to the crate's error and counts it: [`RedisStore::fail`]'s
+    /// second half, and what the direct connection (`direct.rs`, which has no fred error)
+    /// calls with its own `failure` and words.
+    pub(super) fn fail_as(&self, what: fmt::Arguments<'_>, failure: Failure, why: &str) -> Error {
         self.metrics.store_error(failure.as_str());
         match failure {
             Failure::Timeout => Error::new(
