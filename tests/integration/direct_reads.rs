@@ -65,7 +65,7 @@ fn value(bytes: impl Into<Bytes>) -> Payload {
 }
 
 /// Reads `copy_key` until a read is sent on the direct connection (the first read of a node
-/// opens it in the background and goes through the client), and returns that read's record.
+/// opens it in the background and goes through the client).
 async fn until_direct(store: &RedisStore, metrics: &Metrics, copy_key: &CopyKey) {
     harness::poll(
         &format!("a read of {copy_key} sent on the direct connection"),
@@ -123,25 +123,15 @@ async fn a_direct_read_answers_what_the_client_answers() {
 
     // Binary bytes (CRLF, NUL, invalid UTF-8) and a 1 MiB value that arrives in many reads.
     let binary = Bytes::from_static(b"\r\n\0\xff$-1\r\n*4\r\n");
-    write(&store, &key, 3, value(binary.clone())).await;
-    assert_eq!(
-        read_direct(&store, &metrics, &key)
-            .await
-            .expect("read")
-            .expect("present")
-            .payload,
-        value(binary)
-    );
     let large = Bytes::from(vec![b'x'; 1 << 20]);
-    write(&store, &key, 4, value(large.clone())).await;
-    assert_eq!(
-        read_direct(&store, &metrics, &key)
+    for (version, bytes) in [(3, binary), (4, large)] {
+        write(&store, &key, version, value(bytes.clone())).await;
+        let record = read_direct(&store, &metrics, &key)
             .await
             .expect("read")
-            .expect("present")
-            .payload,
-        value(large)
-    );
+            .expect("present");
+        assert_eq!(record.payload, value(bytes), "version {version}");
+    }
 
     // A tombstone, an absent copy and a corrupt copy read as through the client.
     write(&store, &key, 5, Payload::Tombstone).await;
@@ -156,18 +146,7 @@ async fn a_direct_read_answers_what_the_client_answers() {
     let corrupt = copy_key("dr:values-corrupt", 0);
     server
         .node
-        .cli(&[
-            "HSET",
-            corrupt.as_str(),
-            "ver",
-            "x1",
-            "val",
-            "v",
-            "tomb",
-            "0",
-            "exp",
-            "5",
-        ])
+        .cli(&harness::corrupt_copy_command(corrupt.as_str()))
         .expect("HSET");
     let err = read_direct(&store, &metrics, &corrupt)
         .await

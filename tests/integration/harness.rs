@@ -331,6 +331,13 @@ pub fn owner_and_replica(cluster: &Cluster, key: &str) -> (u16, u16) {
     (master.port, replicas[0].port)
 }
 
+/// The `HSET` that makes `copy_key` a corrupt copy: its version is not a number.
+pub fn corrupt_copy_command(copy_key: &str) -> [&str; 10] {
+    [
+        "HSET", copy_key, "ver", "x1", "val", "v", "tomb", "0", "exp", "5",
+    ]
+}
+
 /// `HGETALL key` on `port` as a field → value map; panics naming the key and port if it fails.
 pub fn hgetall(port: u16, key: &str) -> BTreeMap<String, String> {
     let text = devcluster::cli(port, &["HGETALL", key])

@@ -933,18 +933,7 @@ async fn a_corrupt_copy_reads_as_unavailable() {
     deployment
         .cli(
             copy_key.as_str(),
-            &[
-                "HSET",
-                copy_key.as_str(),
-                "ver",
-                "x1",
-                "val",
-                "v",
-                "tomb",
-                "0",
-                "exp",
-                "5",
-            ],
+            &harness::corrupt_copy_command(copy_key.as_str()),
         )
         .expect("HSET");
     let err = store

@@ -33,9 +33,9 @@
 //!   ([`crate::tls::client_config`]) and authenticates as the same user (`AUTH`) as fred's.
 //!
 //! `store.direct_reads = false` turns it off: every read then goes through fred.
-//! `hotsplit_store_direct_reads_total{outcome}` counts the reads answered here (`direct`)
-//! and those sent through fred because the connection was not up, was full, or the node
-//! refused (`fred`).
+//! `hotsplit_store_direct_reads_total{outcome}` counts the reads sent here (`sent`), those
+//! sent through fred because the connection was not up or was full (`passed`), and those the
+//! node refused, sent again through fred (`refused`).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
