@@ -14,8 +14,9 @@
 //!   `SCRIPT LOAD`. A node that lost its functions (a restart without persistence) answers
 //!   `ERR Function not found`: the store reloads the library on that node only and retries
 //!   those writes once.
-//! - **Fan-out**: [`CopyStore::write_copies`] groups the writes by owning node (fred's cached slot
-//!   map) and sends each group as one fred pipeline, all nodes at once: one round trip, not N.
+//! - **Fan-out**: [`CopyStore::write_copies`] groups the writes by owning node (the store's copy
+//!   of fred's slot map, renewed on each of fred's re-reads: `replicas::follow_slot_map`, so
+//!   finding a key's node clones nothing) and sends each group as one fred pipeline, all nodes at once: one round trip, not N.
 //!   fred routes each pipelined command by its own key and gives one timeout to the whole
 //!   pipeline, so one pipeline per node means a paused node fails only the copies it owns, each
 //!   within the command timeout.
@@ -61,8 +62,8 @@
 //! - `direct.rs`: `DirectReads`, one pipelined connection per primary for copy reads, with its
 //!   own RESP encoding and reply parser, one timer per connection, TLS and `AUTH`.
 //! - `failure.rs`: `Failure`, the classification of fred errors, and `RedisStore::fail`.
-//! - `replicas.rs`: replica clients, the `CLUSTER SLOTS` replica map, key placement, replica
-//!   reads and replication offsets.
+//! - `replicas.rs`: replica clients, the `CLUSTER SLOTS` replica map, key placement (and the
+//!   copy of fred's slot map it reads), replica reads and replication offsets.
 //! - `wait.rs`: synced writes (of the copy role), the compare-and-set followed by `WAIT`.
 //! - `readonly.rs`: `ReadOnlyNodes` and `NodeClient`, the read-only access used by `audit`.
 //! - `replies.rs`: pure parsers of Redis replies, with their unit tests.
@@ -175,6 +176,11 @@ pub struct RedisStore {
     heartbeat_tags: std::sync::Mutex<std::collections::HashMap<NodeLabel, String>>,
     /// The primaries known to lack the function library, retried in the background.
     library: library::LibraryState,
+    /// Cluster mode: fred's slot map as `replicas::Placement` reads it, kept a copy of fred's by
+    /// `slot_map_task` (`replicas::follow_slot_map`).
+    slot_owners: Arc<arc_swap::ArcSwapOption<replicas::SlotOwners>>,
+    /// Cluster mode: the task that keeps `slot_owners`; aborted when the store is dropped.
+    slot_map_task: Option<tokio::task::JoinHandle<()>>,
     /// The direct connections of primary copy reads (`direct.rs`); `None` when
     /// [`RedisOptions::direct_reads`] is off.
     direct: Option<direct::DirectReads>,
@@ -196,6 +202,9 @@ impl Drop for RedisStore {
     fn drop(&mut self) {
         // Nothing else holds the client, so stopping its connection task closes its sockets.
         self.connection_task.abort();
+        if let Some(task) = &self.slot_map_task {
+            task.abort();
+        }
         if let Some((_, task)) = self.sync_client.get() {
             task.abort();
         }
@@ -360,7 +369,13 @@ impl RedisStore {
         }
 
         let direct = direct::DirectReads::new(&options, Arc::clone(&metrics))?;
+        let slot_owners = Arc::new(arc_swap::ArcSwapOption::empty());
+        let slot_map_task = standalone_node
+            .is_none()
+            .then(|| replicas::follow_slot_map(&client, Arc::clone(&slot_owners)));
         let store = RedisStore {
+            slot_owners,
+            slot_map_task,
             direct,
             client,
             connection_task,

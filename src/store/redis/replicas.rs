@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use fred::clients::Client;
 use fred::error::{Error as FredError, ErrorKind as FredErrorKind};
-use fred::interfaces::{ClientLike, ClusterInterface, HashesInterface};
+use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, HashesInterface};
 use fred::types::cluster::ClusterRouting;
 use fred::types::config::{ReconnectError, Server, ServerConfig};
 use fred::types::Value;
@@ -24,8 +25,9 @@ use crate::store::{now_unix_ms, CopyRead, NodeLabel, ReplicaSet, ServedBy};
 pub(super) enum Placement {
     /// Every key lives on the one server.
     Standalone(NodeLabel),
-    /// Keys live where fred's cached slot map says; `None` before the first discovery.
-    Cluster(Option<ClusterRouting>),
+    /// Keys live where fred's slot map last said ([`SlotOwners`]); `None` before the first
+    /// discovery.
+    Cluster(Option<Arc<SlotOwners>>),
 }
 
 impl Placement {
@@ -33,13 +35,81 @@ impl Placement {
     pub(super) fn node_of(&self, key: &str) -> NodeLabel {
         match self {
             Placement::Standalone(node) => node.clone(),
-            Placement::Cluster(routing) => routing
+            Placement::Cluster(owners) => owners
                 .as_ref()
-                .and_then(|routing| routing.get_server(fred::util::redis_keyslot(key.as_bytes())))
-                .map(server_label)
+                .and_then(|owners| owners.owner(fred::util::redis_keyslot(key.as_bytes())))
+                .cloned()
                 .unwrap_or_else(|| NodeLabel::new("unknown")),
         }
     }
+}
+
+/// fred's slot map as the store reads it on every command: each slot range with its primary's
+/// label, sorted. fred's own map can only be had as a clone (`cached_cluster_state`: a vector
+/// and a vector of replicas per range, each read), so it is copied into this once each time
+/// fred re-reads it ([`follow_slot_map`]), and finding a key's owner allocates nothing.
+#[derive(Debug)]
+pub(super) struct SlotOwners {
+    /// First slot, last slot, primary; sorted by first slot.
+    ranges: Vec<(u16, u16, NodeLabel)>,
+}
+
+impl SlotOwners {
+    fn of(routing: &ClusterRouting) -> SlotOwners {
+        let mut ranges: Vec<(u16, u16, NodeLabel)> = routing
+            .slots()
+            .iter()
+            .map(|range| (range.start, range.end, server_label(&range.primary)))
+            .collect();
+        ranges.sort_by_key(|(start, _, _)| *start);
+        SlotOwners { ranges }
+    }
+
+    /// The primary that serves `slot`.
+    fn owner(&self, slot: u16) -> Option<&NodeLabel> {
+        let after = self.ranges.partition_point(|(start, _, _)| *start <= slot);
+        let (_, end, node) = self.ranges.get(after.checked_sub(1)?)?;
+        (slot <= *end).then_some(node)
+    }
+}
+
+/// How often [`follow_slot_map`] copies fred's map even without a change notice: a bound on
+/// how long a missed notice could leave the copy behind.
+const SLOT_MAP_RECOPY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Keeps `owners` a copy of `client`'s slot map: copied now, again whenever fred re-reads it
+/// (its cluster change notice follows every re-read: a `MOVED`, a reconnect, a sync), and
+/// once a second in any case. The task runs until aborted (the store's `Drop`).
+pub(super) fn follow_slot_map(
+    client: &Client,
+    owners: Arc<arc_swap::ArcSwapOption<SlotOwners>>,
+) -> tokio::task::JoinHandle<()> {
+    use tokio::sync::broadcast::error::RecvError;
+    // Subscribed before the first copy, so a re-read after it is never missed.
+    let mut changes = client.cluster_change_rx();
+    let copy = move |client: &Client, owners: &arc_swap::ArcSwapOption<SlotOwners>| {
+        owners.store(
+            client
+                .cached_cluster_state()
+                .map(|routing| Arc::new(SlotOwners::of(&routing))),
+        );
+    };
+    copy(client, &owners);
+    let client = client.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                change = changes.recv() => {
+                    if let Err(RecvError::Closed) = change {
+                        // fred replaces its notice channels when the client quits.
+                        changes = client.cluster_change_rx();
+                    }
+                }
+                () = tokio::time::sleep(SLOT_MAP_RECOPY) => {}
+            }
+            copy(&client, &owners);
+        }
+    })
 }
 
 /// A fred server as a node label, `host:port`.
@@ -302,7 +372,7 @@ impl RedisStore {
     pub(super) fn placement(&self) -> Placement {
         match &self.standalone_node {
             Some(node) => Placement::Standalone(node.clone()),
-            None => Placement::Cluster(self.client.cached_cluster_state()),
+            None => Placement::Cluster(self.slot_owners.load_full()),
         }
     }
 }
@@ -342,5 +412,30 @@ mod tests {
         assert_eq!(Placement::Cluster(None).node_of("k#0").as_str(), "unknown");
         let node = NodeLabel::new("h:1");
         assert_eq!(Placement::Standalone(node.clone()).node_of("k#0"), node);
+    }
+
+    #[test]
+    fn a_slot_is_owned_by_the_range_that_holds_it_and_a_gap_by_none() {
+        let [a, b, c] = ["a:1", "b:2", "c:3"].map(NodeLabel::new);
+        // Slot 10923 is in no range (being migrated, or not yet assigned).
+        let owners = SlotOwners {
+            ranges: vec![
+                (0, 5_460, a.clone()),
+                (5_461, 10_922, b.clone()),
+                (10_924, 16_383, c.clone()),
+            ],
+        };
+        for (slot, owner) in [
+            (0, Some(&a)),
+            (5_460, Some(&a)),
+            (5_461, Some(&b)),
+            (10_922, Some(&b)),
+            (10_923, None),
+            (10_924, Some(&c)),
+            (16_383, Some(&c)),
+        ] {
+            assert_eq!(owners.owner(slot), owner, "slot {slot}");
+        }
+        assert_eq!(SlotOwners { ranges: Vec::new() }.owner(0), None);
     }
 }
