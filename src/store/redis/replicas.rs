@@ -87,14 +87,7 @@ pub(super) fn follow_slot_map(
     use tokio::sync::broadcast::error::RecvError;
     // Subscribed before the first copy, so a re-read after it is never missed.
     let mut changes = client.cluster_change_rx();
-    let copy = move |client: &Client, owners: &arc_swap::ArcSwapOption<SlotOwners>| {
-        owners.store(
-            client
-                .cached_cluster_state()
-                .map(|routing| Arc::new(SlotOwners::of(&routing))),
-        );
-    };
-    copy(client, &owners);
+    copy_slot_map(client, &owners);
     let client = client.clone();
     tokio::spawn(async move {
         loop {
@@ -107,9 +100,18 @@ pub(super) fn follow_slot_map(
                 }
                 () = tokio::time::sleep(SLOT_MAP_RECOPY) => {}
             }
-            copy(&client, &owners);
+            copy_slot_map(&client, &owners);
         }
     })
+}
+
+/// Stores a copy of `client`'s slot map in `owners` (none before the first discovery).
+fn copy_slot_map(client: &Client, owners: &arc_swap::ArcSwapOption<SlotOwners>) {
+    owners.store(
+        client
+            .cached_cluster_state()
+            .map(|routing| Arc::new(SlotOwners::of(&routing))),
+    );
 }
 
 /// A fred server as a node label, `host:port`.
