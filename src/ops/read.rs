@@ -77,14 +77,16 @@ impl Ops {
 
     /// The part of a read started ahead that waits: the store reads (the near cache may answer
     /// at once) and the rollback guard's second read. Touches no session: every step that
-    /// leaves a floor is [`Ops::conclude_ahead`]'s.
+    /// leaves a floor is [`Ops::conclude_ahead`]'s. The caller bounds it by the request's
+    /// deadline (a run's reads share one, and are awaited under one timer): the first read
+    /// arms no timer of its own.
     ///
     /// # Errors
-    /// As [`Ops::read`].
+    /// As [`Ops::read`], but a passed deadline, which the caller's bound gives.
     pub async fn fetch_ahead(&self, ahead: &Ahead) -> Result<Read> {
         let read = self
             .reader()
-            .read(&ahead.request, ahead.begun.carried)
+            .read_under_callers_deadline(&ahead.request, ahead.begun.carried)
             .await;
         self.guard_rollback(&ahead.request, read, &ahead.begun)
             .await

@@ -455,6 +455,28 @@ impl Reader {
     ///   repairs run off the request path, and floors are recorded only once an answer is
     ///   chosen, by the caller).
     pub async fn read(&self, request: &ReadRequest, carried: Carried) -> Result<Read> {
+        self.read_bounded(request, carried, request.deadline).await
+    }
+
+    /// [`Reader::read`] with no timer of its own: the caller bounds the whole read by
+    /// `request.deadline` (a pipelined run's reads share one deadline, and the run awaits
+    /// them under one timer: `crate::resp`'s `ahead`). Its errors are [`Reader::read`]'s,
+    /// but [`ErrorKind::DeadlineExceeded`], which the caller's bound gives.
+    pub async fn read_under_callers_deadline(
+        &self,
+        request: &ReadRequest,
+        carried: Carried,
+    ) -> Result<Read> {
+        self.read_bounded(request, carried, None).await
+    }
+
+    /// [`Reader::read`], its store reads bounded by `deadline`.
+    async fn read_bounded(
+        &self,
+        request: &ReadRequest,
+        carried: Carried,
+        deadline: Option<Deadline>,
+    ) -> Result<Read> {
         let result = match self.prepare(request, carried) {
             Err(err) => Err(err),
             Ok(prepared) => match self.near_hit(request, &prepared, None) {
@@ -464,8 +486,8 @@ impl Reader {
                 // state through each caller's own future.
                 None => {
                     box_in_place!(deadline::within(
-                        request.deadline,
-                        self.read_rest(request, prepared),
+                        deadline,
+                        self.read_rest(request, prepared)
                     ))
                     .await
                 }

@@ -402,27 +402,30 @@ impl Connection {
                     self.answer(&serving.state, reply, After::Continue, &mut serving.output)
                 }
                 // A GET that needs the store: with the GETs pipelined after it, sent together.
-                None => match self.start_ahead(serving, &args, true) {
-                    Some(first) => {
-                        serving.parser.recycle(args);
-                        match self.run_ahead(stream, serving, first).await? {
-                            Next::Nothing => After::Continue,
-                            Next::Command(args) => {
-                                held = Some(args);
-                                After::Continue
+                None => {
+                    let start = self.run_start();
+                    match self.start_ahead(serving, &args, start, true) {
+                        Some(first) => {
+                            serving.parser.recycle(args);
+                            match self.run_ahead(stream, serving, start, first).await? {
+                                Next::Nothing => After::Continue,
+                                Next::Command(args) => {
+                                    held = Some(args);
+                                    After::Continue
+                                }
+                                Next::Broken(err) => {
+                                    let end = self.protocol_error(&err, &mut serving.output);
+                                    return Ok((Some(end), parsed));
+                                }
+                                Next::Closed(end) => return Ok((Some(end), parsed)),
                             }
-                            Next::Broken(err) => {
-                                let end = self.protocol_error(&err, &mut serving.output);
-                                return Ok((Some(end), parsed));
-                            }
-                            Next::Closed(end) => return Ok((Some(end), parsed)),
+                        }
+                        None => {
+                            self.command(&mut serving.state, args, &mut serving.output)
+                                .await
                         }
                     }
-                    None => {
-                        self.command(&mut serving.state, args, &mut serving.output)
-                            .await
-                    }
-                },
+                }
             };
             if after == After::Close {
                 return Ok((Some(End::Closed), parsed));

@@ -3,7 +3,7 @@
 //! paused copies `queued`, and they heal after SIGCONT), and the in-flight bound (requests past
 //! it are shed at once, the held ones succeed, a shed publish writes nothing, a session token
 //! does not get a request past it). A near-cache fill is bounded by the deadline of every read
-//! that waits for it.
+//! that waits for it, and a pipelined run of Redis-door `GET`s by the run's one deadline.
 
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use crate::harness::{
     publish_expecting, Edit, Service,
 };
 use crate::heal::wait_drained;
+use crate::resp_conn::{command, Client, Value as Reply};
 
 /// Far longer than any deadline here: an answer that comes in time came from the deadline.
 const COMMAND_TIMEOUT: &str = "30s";
@@ -445,4 +446,78 @@ async fn overload_slow_publish_bodies_do_not_take_the_slots_reads_need() {
     )
     .await;
     assert_eq!(stored.status(), StatusCode::OK);
+}
+
+/// A pipelined run of Redis-door `GET`s that all need a paused node (decision reads, on the
+/// store's direct connection): the run's reads are awaited under its one deadline, not a timer
+/// each, so every `GET` of the run is answered `DEADLINE` in its turn, long before the command
+/// timeout, and the command after the run is answered after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_a_pipelined_run_of_reads_on_a_paused_node_is_answered_at_its_deadline() {
+    let server = tokio::task::spawn_blocking(hotsplit_devcluster::Standalone::start)
+        .await
+        .unwrap()
+        .expect("start redis-server");
+    let resp_port = harness::free_port();
+    let mut config = config_from_toml(&format!(
+        "[server]\nrequest_deadline = \"700ms\"\n\
+         [store]\ncommand_timeout = \"{COMMAND_TIMEOUT}\"\n\
+         [heal]\nprobe_misses = 0\n\
+         [resp]\nlisten = \"127.0.0.1:{resp_port}\"\n\
+         [[family]]\nprefix = \"prim:\"\ncopies = 1\ndefault_class = \"primary\"\n"
+    ));
+    config.store.redis = Some(server.url());
+    let service = Service::start(config).await;
+    let http = reqwest::Client::new();
+    for key in 1..=4 {
+        let key = format!("prim:{key}");
+        publish_expecting(
+            &http,
+            &service.base,
+            Edit::new(&key, 1, "one"),
+            StatusCode::OK,
+        )
+        .await;
+    }
+    let batch: Vec<u8> = (1..=4)
+        .flat_map(|key| command(&["GET", &format!("prim:{key}")]))
+        .chain(command(&["PING"]))
+        .collect();
+    let mut client = Client::connect(std::net::SocketAddr::from(([127, 0, 0, 1], resp_port))).await;
+    client.send(&batch).await;
+    for key in 1..=4 {
+        assert_eq!(
+            client.reply().await,
+            Reply::Bulk(Some(b"one".to_vec())),
+            "prim:{key} before the pause"
+        );
+    }
+    assert_eq!(client.reply().await, Reply::Simple("PONG".to_owned()));
+
+    let ahead = "hotsplit_resp_gets_ahead_total";
+    let before = harness::sample(&metrics_text(&http, &service.base).await, ahead);
+    server.node.pause().expect("SIGSTOP");
+    client.send(&batch).await;
+    // `Client::reply` waits 10 s at most: a third of the 30 s command timeout.
+    for key in 1..=4 {
+        match client.reply().await {
+            Reply::Error(text) if text.starts_with("DEADLINE ") => {}
+            other => panic!("prim:{key} on the paused node: {other:?}"),
+        }
+    }
+    assert_eq!(client.reply().await, Reply::Simple("PONG".to_owned()));
+    let after = harness::sample(&metrics_text(&http, &service.base).await, ahead);
+    assert_eq!(after - before, 4, "the four GETs ran as one run");
+
+    server.node.resume().expect("SIGCONT");
+    client.send(&batch).await;
+    for key in 1..=4 {
+        assert_eq!(
+            client.reply().await,
+            Reply::Bulk(Some(b"one".to_vec())),
+            "prim:{key} after the pause"
+        );
+    }
+    assert_eq!(client.reply().await, Reply::Simple("PONG".to_owned()));
+    service.stop().await;
 }

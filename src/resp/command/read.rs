@@ -203,10 +203,11 @@ impl Door {
         Some(self.core.ops().begin_ahead(request, &conn.session))
     }
 
-    /// The store reads of a `GET` started ahead ([`Ops::fetch_ahead`]).
+    /// The store reads of a `GET` started ahead ([`Ops::fetch_ahead`]); the caller bounds
+    /// them by the deadline it gave [`Door::get_ahead`].
     ///
     /// # Errors
-    /// As [`Ops::read`].
+    /// As [`Ops::read`], but a passed deadline, which the caller's bound gives.
     pub async fn fetch_ahead(&self, ahead: &Ahead) -> crate::error::Result<Read> {
         self.core.ops().fetch_ahead(ahead).await
     }

@@ -15,8 +15,11 @@
 //!   a floor expired) drops what it fetched, having left nothing, and is read again then, so
 //!   every answer is one the same read run in its turn could have given, a moment earlier.
 //!   Counted: `hotsplit_resp_gets_ahead_total` and `hotsplit_resp_gets_read_again_total`.
-//! - **Each command its own slot and deadline**, taken when the run starts; a `GET` that finds
-//!   the bound's half taken ends the run and goes the usual way after it.
+//! - **Each command its own slot**, and the run's deadline, taken when the run starts
+//!   (`server.request_deadline` from then: the commands of a run arrived together). The run's
+//!   reads are awaited under that one timer, not a timer each; when it passes, every read of
+//!   the run still waiting is answered `DeadlineExceeded`, as each would have been. A `GET`
+//!   that finds the bound's half taken ends the run and goes the usual way after it.
 //! - Nothing but plain `GET`s joins a run (not inside `MULTI`, not on a tracking or subscribed
 //!   connection); the first other command ends it, and runs after the run's replies.
 
@@ -30,21 +33,28 @@ use super::super::codec::ProtocolError;
 use super::super::command::After;
 use super::super::metrics::command_index;
 use super::{Connection, End, Serving};
-use crate::deadline::Deadline;
+use crate::deadline::{self, Deadline};
 use crate::door::InFlight;
 use crate::ops::Ahead;
 
 /// The most `GET`s one run sends together.
 const RUN_MAX: usize = 32;
 
-/// One `GET` of a run: its read, its slot, its start.
+/// One `GET` of a run: its read and its slot.
 pub(super) struct Started {
     /// The read, started.
     ahead: Ahead,
     /// Its place under `server.max_in_flight`, given back when it is answered.
     slot: Option<InFlight>,
-    /// When it started (the command's duration).
+}
+
+/// A run's start, shared by its `GET`s: the clock read once for all of them.
+#[derive(Clone, Copy)]
+pub(super) struct RunStart {
+    /// When the run started (each command's duration is counted from it).
     at: Instant,
+    /// The run's deadline (`server.request_deadline` from `at`).
+    deadline: Option<Deadline>,
 }
 
 /// What ended a run, for the batch to go on with.
@@ -60,14 +70,27 @@ pub(super) enum Next {
 }
 
 impl Connection {
-    /// Starts `args` as a run's `GET` when it is a plain `GET` and a slot is free (`first`:
-    /// any slot under the bound; later ones:
+    /// A run's start, now.
+    pub(super) fn run_start(&self) -> RunStart {
+        let at = Instant::now();
+        RunStart {
+            at,
+            deadline: self
+                .overload
+                .request_deadline()
+                .map(|budget| Deadline::starting_at(at, budget)),
+        }
+    }
+
+    /// Starts `args` as a `GET` of the run started at `start` when it is a plain `GET` and a
+    /// slot is free (`first`: any slot under the bound; later ones:
     /// [`crate::door::InFlightBound::enter_ahead`]); `None`, having changed nothing,
     /// otherwise.
     pub(super) fn start_ahead(
         &self,
         serving: &mut Serving,
         args: &[Bytes],
+        start: RunStart,
         first: bool,
     ) -> Option<Started> {
         let slot = if first {
@@ -76,22 +99,21 @@ impl Connection {
             Arc::clone(&self.overload).enter_ahead()
         }
         .ok()?;
-        let deadline = self.overload.request_deadline().map(Deadline::after);
-        let ahead = self.door.get_ahead(&mut serving.state, args, deadline)?;
-        Some(Started {
-            ahead,
-            slot,
-            at: Instant::now(),
-        })
+        let ahead = self
+            .door
+            .get_ahead(&mut serving.state, args, start.deadline)?;
+        Some(Started { ahead, slot })
     }
 
-    /// Runs a batch's run of `GET`s from `first`: takes the `GET`s that follow it in the input
-    /// into it, awaits their reads together, and encodes each reply in order (writing when
-    /// the replies held pass the connection's bound). Answers what ended the run.
+    /// Runs a batch's run of `GET`s from `first`, started at `start`: takes the `GET`s that
+    /// follow it in the input into it, awaits their reads together under the run's deadline,
+    /// and encodes each reply in order (writing when the replies held pass the connection's
+    /// bound). Answers what ended the run.
     pub(super) async fn run_ahead<S>(
         &self,
         stream: &mut S,
         serving: &mut Serving,
+        start: RunStart,
         first: Started,
     ) -> std::io::Result<Next>
     where
@@ -101,7 +123,7 @@ impl Connection {
         let mut next = Next::Nothing;
         while run.len() < RUN_MAX {
             match serving.parser.next(&mut serving.input) {
-                Ok(Some(args)) => match self.start_ahead(serving, &args, false) {
+                Ok(Some(args)) => match self.start_ahead(serving, &args, start, false) {
                     Some(started) => {
                         serving.parser.recycle(args);
                         run.push(started);
@@ -119,14 +141,22 @@ impl Connection {
             }
         }
         let door = &self.door;
-        let fetched = if let [only] = run.as_slice() {
-            // Alone (no other GET was pipelined after it): it is `Ops::read`, run in place.
-            vec![door.fetch_ahead(&only.ahead).await]
-        } else {
+        if run.len() > 1 {
             self.metrics.gets_ahead(run.len() as u64);
-            let reads = run.iter().map(|started| door.fetch_ahead(&started.ahead));
-            futures_util::future::join_all(reads).await
-        };
+        }
+        // Every read of the run bounded by the run's deadline, under one timer.
+        let fetched = deadline::within(start.deadline, async {
+            Ok(if let [only] = run.as_slice() {
+                // Alone (no other GET was pipelined after it): it is `Ops::read`, run in
+                // place.
+                vec![door.fetch_ahead(&only.ahead).await]
+            } else {
+                let reads = run.iter().map(|started| door.fetch_ahead(&started.ahead));
+                futures_util::future::join_all(reads).await
+            })
+        })
+        .await
+        .unwrap_or_else(|exceeded| run.iter().map(|_| Err(exceeded.clone())).collect());
         let index = command_index(b"get");
         for (turn, (started, fetched)) in run.into_iter().zip(fetched).enumerate() {
             if serving.output.len() >= self.settings.max_output {
@@ -134,7 +164,7 @@ impl Connection {
                     .await?;
                 serving.state.tracking.outbox.wrote();
             }
-            let Started { ahead, slot, at } = started;
+            let Started { ahead, slot } = started;
             let (reply, again) = door
                 .conclude_get(&mut serving.state, ahead, fetched, turn > 0)
                 .await;
@@ -142,7 +172,7 @@ impl Connection {
             if again {
                 self.metrics.get_read_again();
             }
-            self.metrics.command(index, at.elapsed());
+            self.metrics.command(index, start.at.elapsed());
             if self.answer(&serving.state, reply, After::Continue, &mut serving.output)
                 == After::Close
             {
