@@ -103,7 +103,7 @@ fn drain(args: DrainArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match runtime() {
+    let runtime = match runtime(0) {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };

@@ -107,7 +107,7 @@ pub(crate) fn audit(args: AuditArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match runtime() {
+    let runtime = match runtime(0) {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };

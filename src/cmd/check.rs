@@ -13,7 +13,7 @@ pub(crate) fn check(args: CheckArgs) -> ExitCode {
     if args.nemesis == Nemesis::Partition {
         return check_partition(&args);
     }
-    let runtime = match runtime() {
+    let runtime = match runtime(0) {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };

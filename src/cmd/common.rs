@@ -105,15 +105,17 @@ pub(crate) fn init_tracing(
     Ok(filter)
 }
 
-/// The multi-threaded tokio runtime the subcommands run on.
-pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| {
-            eprintln!("hotsplit: cannot start the runtime: {err}");
-            ExitCode::FAILURE
-        })
+/// The multi-threaded tokio runtime the subcommands run on, with `worker_threads` workers (`0`:
+/// one per CPU, `server.worker_threads`).
+pub(crate) fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        builder.worker_threads(worker_threads);
+    }
+    builder.enable_all().build().map_err(|err| {
+        eprintln!("hotsplit: cannot start the runtime: {err}");
+        ExitCode::FAILURE
+    })
 }
 
 /// The Redis password from `HOTSPLIT_REDIS_PASSWORD`, if set and not empty. The binary reads

@@ -62,7 +62,7 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         eprintln!("hotsplit: invalid configuration: {err}");
         return ExitCode::from(2);
     }
-    let runtime = match runtime() {
+    let runtime = match runtime(config.server.worker_threads) {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };

@@ -112,6 +112,12 @@ pub struct ServerConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// A PEM file with the private key of `server.tls_cert_file`. Default: unset.
     pub tls_key_file: Option<PathBuf>,
+    /// The threads that run the service (the async runtime's workers). `0`: one per CPU the
+    /// process may use. Fewer cost less per request where the instance shares its cores with
+    /// Redis or with its clients (each request handed between threads wakes one); more serve
+    /// more at once on a host of its own. Read at start: a reload that changes it needs a
+    /// restart. At most [`MAX_WORKER_THREADS`]. Default: `0`.
+    pub worker_threads: usize,
 }
 
 /// How log lines are written.
@@ -161,6 +167,7 @@ impl Default for ServerConfig {
             max_query_bytes: 4096,
             max_receiving_bodies: 256,
             max_receiving_bytes: 256 * 1024 * 1024,
+            worker_threads: 0,
         }
     }
 }
@@ -243,6 +250,15 @@ impl ServerConfig {
                 ),
             ));
         }
+        if self.worker_threads > MAX_WORKER_THREADS {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "server.worker_threads: must be at most {MAX_WORKER_THREADS} (or 0 for one per CPU), got {}",
+                    self.worker_threads
+                ),
+            ));
+        }
         if self.max_query_bytes == 0 {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -296,6 +312,9 @@ impl ServerConfig {
     }
 }
 
+/// The most `server.worker_threads`.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
 /// The admin listener's own connection bound (`[admin] listen`), which the open-file check counts.
 pub const ADMIN_MAX_CONNECTIONS: usize = 128;
 
@@ -332,5 +351,22 @@ mod tests {
         let err = default.check_file_limit(1024, 0).unwrap_err();
         assert!(err.to_string().contains("server.max_connections"), "{err}");
         assert!(err.to_string().contains("1024"), "{err}");
+    }
+
+    #[test]
+    fn worker_threads_are_zero_for_one_per_cpu_or_at_most_the_bound() {
+        for threads in [0, 1, MAX_WORKER_THREADS] {
+            let config = ServerConfig {
+                worker_threads: threads,
+                ..ServerConfig::default()
+            };
+            assert!(config.validate().is_ok(), "{threads}");
+        }
+        let too_many = ServerConfig {
+            worker_threads: MAX_WORKER_THREADS + 1,
+            ..ServerConfig::default()
+        };
+        let err = too_many.validate().unwrap_err();
+        assert!(err.to_string().contains("server.worker_threads"), "{err}");
     }
 }

@@ -251,11 +251,13 @@ impl Tasks {
         }
         let scheme = if doors.tls.is_some() { "https" } else { "http" };
         let local = bound.local;
+        // The runtime's workers (`server.worker_threads`, or one per CPU).
+        let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
         match admin_address {
             Some(admin) => {
-                tracing::info!(listen = %local, admin = %admin, scheme, "hotsplit is serving")
+                tracing::info!(listen = %local, admin = %admin, scheme, worker_threads, "hotsplit is serving")
             }
-            None => tracing::info!(listen = %local, scheme, "hotsplit is serving"),
+            None => tracing::info!(listen = %local, scheme, worker_threads, "hotsplit is serving"),
         }
     }
 

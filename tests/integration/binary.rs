@@ -1,5 +1,6 @@
-//! The `hotsplit` binary itself: startup on the embedded store, config errors, SIGTERM, and
-//! `hotsplit probe` (the container's health check) against a live and a closed port.
+//! The `hotsplit` binary itself: startup on the embedded store, config errors, SIGTERM, the
+//! runtime's threads (`server.worker_threads`), and `hotsplit probe` (the container's health
+//! check) against a live and a closed port.
 
 use std::process::{Command, Stdio};
 
@@ -35,6 +36,36 @@ async fn serve_runs_on_the_embedded_store_and_stops_on_sigterm() {
         status.1
     );
     assert!(status.1.contains("SIGTERM received"), "{}", status.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_sets_how_many_threads_run_the_service() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // One per CPU by default; 1 and 3 whatever this machine has.
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    for (name, setting, expected) in [
+        ("default", "", cpus),
+        ("one", "worker_threads = 1\n", 1),
+        ("three", "worker_threads = 3\n", 3),
+    ] {
+        let config = format!(
+            "{setting}[heal]\nspool_dir = {:?}\n",
+            dir.path().join(name).display().to_string()
+        );
+        let binary = harness::Binary::start(dir.path(), name, &config).await;
+        let http = reqwest::Client::new();
+        harness::publish_succeeds(&http, &binary.base, "k1", 1, "v").await;
+        // The startup line names the runtime's workers, counted by the runtime itself.
+        let log = binary.log_text();
+        let serving = log
+            .lines()
+            .find(|line| line.contains("hotsplit is serving"))
+            .unwrap_or_else(|| panic!("{name}: no startup line in {log}"));
+        assert!(
+            serving.contains(&format!("worker_threads={expected}")),
+            "{name}: {serving}"
+        );
+    }
 }
 
 #[test]
