@@ -211,6 +211,18 @@ default_class = \"primary\"
 listen = \"127.0.0.1:$client_port\"" "" warn
     client_pid=$STARTED_PID
     wait_for 20 redis_ping "$client_port" || die "the client-path hotsplit's RESP port did not answer; see $WORK/hotsplit-resp-client.log"
+    # The same primary-class read on one worker thread (server.worker_threads = 1), as
+    # twemproxy runs on one: what the second thread costs where the cores are shared with the
+    # load generator and Redis.
+    local one_port one_pid
+    free_port
+    one_port=$FREE_PORT
+    start_hotsplit hotsplit-resp-1w "redis://127.0.0.1:$port" "$(family prim: 1)
+default_class = \"primary\"
+[resp]
+listen = \"127.0.0.1:$one_port\"" "worker_threads = 1" warn
+    one_pid=$STARTED_PID
+    wait_for 20 redis_ping "$one_port" || die "the one-thread hotsplit's RESP port did not answer; see $WORK/hotsplit-resp-1w.log"
     # The many-key case's keys, as redis-benchmark -r names them (12 digits): in Redis for
     # twemproxy, published through the RESP port for hotsplit.
     local k
@@ -232,7 +244,8 @@ listen = \"127.0.0.1:$client_port\"" "" warn
         "hotsplit-1k $resp_port $hs_pid hot:__rand_int__" "hotsplit-1k-10s $resp_port $hs_pid warm:__rand_int__"
         "twemproxy-1k $twem_port $twem_pid hot:__rand_int__"
         "hotsplit-primary-1k $resp_port $hs_pid prim:__rand_int__"
-        "hotsplit-primary-client $client_port $client_pid prim:1")
+        "hotsplit-primary-client $client_port $client_pid prim:1"
+        "hotsplit-primary-1w $one_port $one_pid prim:1")
     local round i n=${#sides[@]} pipeline side
     for ((round = 0; round < RESP_ROUNDS; round++)); do
         for pipeline in 1 16; do
@@ -278,6 +291,8 @@ EOF
     p1=$(resp_figure hotsplit-primary 1 rps) p16=$(resp_figure hotsplit-primary 16 rps)
     local pc1 pc16
     pc1=$(resp_figure hotsplit-primary-client 1 rps) pc16=$(resp_figure hotsplit-primary-client 16 rps)
+    local pw1 pw16
+    pw1=$(resp_figure hotsplit-primary-1w 1 rps) pw16=$(resp_figure hotsplit-primary-1w 16 rps)
     local k1 k16 kw1 kw16 kt1 kt16 kp1 kp16
     k1=$(resp_figure hotsplit-1k 1 rps) k16=$(resp_figure hotsplit-1k 16 rps)
     kw1=$(resp_figure hotsplit-1k-10s 1 rps) kw16=$(resp_figure hotsplit-1k-10s 16 rps)
@@ -287,7 +302,7 @@ EOF
     hs_cpu16=$(resp_figure hotsplit 16 us) redis_cpu16=$(resp_figure redis 16 us)
     local rows="" name pipeline
     for pipeline in 1 16; do
-        for name in hotsplit redis twemproxy ceiling hotsplit-primary hotsplit-primary-client hotsplit-1k hotsplit-1k-10s twemproxy-1k hotsplit-primary-1k; do
+        for name in hotsplit redis twemproxy ceiling hotsplit-primary hotsplit-primary-client hotsplit-primary-1w hotsplit-1k hotsplit-1k-10s twemproxy-1k hotsplit-primary-1k; do
             rows+="| $name | -P $pipeline | $(resp_figure "$name" "$pipeline" rps) | $(resp_figure "$name" "$pipeline" us) |
 "
         done
@@ -297,7 +312,7 @@ EOF
 | Server | depth | GETs/s | server CPU µs per GET |
 |---|---|---|---|
 ${rows}
-- hotsplit: \`GET hot:1\` ($COPIES copies, advisory, near cache on) and \`GET prim:1\` (\`primary\` class: a Redis read each, on the direct connection) through \`[resp] listen\`; \`hotsplit-primary-client\` is the same \`GET prim:1\` on a second instance with \`store.direct_reads = false\`; the \`-1k\` rows read $RESP_KEYS keys of each (\`-r $RESP_KEYS\`), \`-1k-10s\` of \`warm:\` (class \`patient\`: a 10 s max age, where advisory's is 125 ms, so each of its $((RESP_KEYS * COPIES)) entries is refreshed from Redis every 10 s, not every 125 ms); twemproxy (nutcracker, one server connection) and the ceiling (benches/resp_ceiling.rs) in front of / beside the same redis-server. twemproxy's CPU is its own (its Redis's apart).
+- hotsplit: \`GET hot:1\` ($COPIES copies, advisory, near cache on) and \`GET prim:1\` (\`primary\` class: a Redis read each, on the direct connection) through \`[resp] listen\`; \`hotsplit-primary-client\` is the same \`GET prim:1\` on a second instance with \`store.direct_reads = false\`, \`hotsplit-primary-1w\` on a third with \`server.worker_threads = 1\` (one thread, as twemproxy; the others run one per CPU, the default); the \`-1k\` rows read $RESP_KEYS keys of each (\`-r $RESP_KEYS\`), \`-1k-10s\` of \`warm:\` (class \`patient\`: a 10 s max age, where advisory's is 125 ms, so each of its $((RESP_KEYS * COPIES)) entries is refreshed from Redis every 10 s, not every 125 ms); twemproxy (nutcracker, one server connection) and the ceiling (benches/resp_ceiling.rs) in front of / beside the same redis-server. twemproxy's CPU is its own (its Redis's apart).
 - Publish p50, one connection: RESP \`SET alloc:1\` $RESP_PUB_P50 µs (redis-benchmark -c 1 -n $RESP_PUBLISHES), HTTP \`PUT /v1/keys/alloc:1\` $HTTP_PUB_P50 µs (wrk -c 1 -d $DURATION).
 $(cat "$WORK/profiles.md")
 "
@@ -316,6 +331,7 @@ $(cat "$WORK/profiles.md")
 | RESP GET, primary class (no near cache) vs twemproxy, -P 1 | $p1 | $t1 | $(ratio "$p1" "$t1")× | ≥ 0.9× — $(verdict "$(ratio "$p1" "$t1")" 0.9 ">=") |
 | RESP GET, primary class (no near cache) vs twemproxy, -P 16 | $p16 | $t16 | $(ratio "$p16" "$t16")× | ≥ 0.9× — $(verdict "$(ratio "$p16" "$t16")" 0.9 ">=") |
 | RESP GET, primary class, direct reads vs through the client (\`store.direct_reads = false\`), -P 1 / -P 16 | $p1 / $p16 | $pc1 / $pc16 | $(ratio "$p1" "$pc1")× / $(ratio "$p16" "$pc16")× | – |
+| RESP GET, primary class, one worker thread (\`server.worker_threads = 1\`) vs twemproxy, -P 1 / -P 16 | $pw1 / $pw16 | $t1 / $t16 | $(ratio "$pw1" "$t1")× / $(ratio "$pw16" "$t16")× | (the default's target above) |
 | Publish p50, RESP SET vs HTTP PUT (µs) | $RESP_PUB_P50 | $HTTP_PUB_P50 | $(ratio "$RESP_PUB_P50" "$HTTP_PUB_P50")× | ≤ 1.05× — $(verdict "$(ratio "$RESP_PUB_P50" "$HTTP_PUB_P50")" 1.05 "<=") |
 "
     stop_pids "$hs_pid" "$twem_pid" "$ceiling_pid" "$redis_pid"
