@@ -17,12 +17,14 @@
 //!
 //! # What it keeps of the store's rules
 //! - **A timeout**: one timer per connection, not per command, and no clock read per read: a
-//!   read is stamped with the connection's last write or tick (its coarse clock, read once per
-//!   write and per tick). When the oldest waiting read's stamp is older than the command
-//!   timeout and one tick (checked every tenth of the timeout, so a read fails between one
-//!   and 1.2 timeouts after it was sent), or a write to the node takes the timeout, the
-//!   connection is closed and every read waiting on it fails with `timeout`: a paused node
-//!   fails its reads within about the timeout, as through fred.
+//!   read is stamped with the connection's coarse clock (its last write or tick, read once per
+//!   write and per tick), never later than the read and at most a tick before it, unless a
+//!   write was under way. When the oldest waiting read's stamp is older than the command
+//!   timeout and one tick (checked every tenth of the timeout: a read fails from one to 1.2
+//!   timeouts after it was sent, sooner only when a slow write, a node not reading, held the
+//!   clock back), or a write to the node takes the timeout, the connection is closed and every
+//!   read waiting on it fails with `timeout`: a paused node fails its reads within about the
+//!   timeout, as through fred.
 //! - **Fail-fast health**: the node health guard stands in front of every read
 //!   ([`crate::read`]), so a node it marked failing gets no read here either. A connection
 //!   that breaks fails its waiting reads at once (`io`); it is opened again in the background
