@@ -24,6 +24,7 @@ use prometheus_client::registry::{Metric, Registry, Unit};
 use std::sync::atomic::AtomicU64;
 
 mod register;
+pub mod sharded;
 
 use register::{register_copy_outcomes, register_heal, register_reads, HealMetrics};
 

@@ -1,13 +1,17 @@
 //! The near cache's metrics, resolved once at startup: a hit is one counter add and one
-//! histogram observation of a pre-resolved per-class histogram.
+//! observation of a pre-resolved per-class histogram, kept per thread
+//! ([`crate::metrics::sharded`]).
+
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::metrics::sharded::ShardedHistogram;
 use crate::metrics::{register, register_with_unit};
 use crate::route::{Classes, ReadClass};
 
@@ -59,9 +63,9 @@ impl EvictionCause {
 #[derive(Debug, Clone)]
 struct AgeBuckets;
 
-impl MetricConstructor<Histogram> for AgeBuckets {
-    fn new_metric(&self) -> Histogram {
-        Histogram::new(exponential_buckets(0.000_5, 2.0, 14))
+impl MetricConstructor<ShardedHistogram> for AgeBuckets {
+    fn new_metric(&self) -> ShardedHistogram {
+        ShardedHistogram::new(exponential_buckets(0.000_5, 2.0, 14))
     }
 }
 
@@ -88,8 +92,9 @@ pub struct NearMetrics {
     pub(crate) bytes: Gauge,
     /// Entries held.
     pub(crate) entries: Gauge,
-    /// The age bound of every answer served from the cache, per class (indexed by class).
-    served_age: Vec<Histogram>,
+    /// The age bound of every answer served from the cache, per class (indexed by class):
+    /// observed on every hit, so kept per thread ([`ShardedHistogram`]).
+    served_age: Vec<ShardedHistogram>,
 }
 
 impl NearMetrics {
@@ -110,7 +115,7 @@ impl NearMetrics {
                     .clone()
             })
             .collect();
-        let age_family: Family<ClassLabels, Histogram, AgeBuckets> = register_with_unit(
+        let age_family: Family<ClassLabels, ShardedHistogram, AgeBuckets> = register_with_unit(
             registry,
             "near_cache_served_age",
             "The age bound (source lag at fill + age) of each answer served from the near cache, per class",
@@ -190,10 +195,10 @@ impl NearMetrics {
     }
 
     /// Records the age bound of an answer served to a read of `class`.
-    pub(crate) fn served(&self, class: ReadClass, age_bound_s: f64) {
+    pub(crate) fn served(&self, class: ReadClass, age_bound: Duration) {
         self.hits.inc();
         if let Some(histogram) = self.served_age.get(class.0) {
-            histogram.observe(age_bound_s);
+            histogram.observe(age_bound);
         }
     }
 }

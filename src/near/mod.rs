@@ -60,6 +60,27 @@ use crate::key::{CopyKey, Version};
 use crate::route::{ReadClass, RouteReason};
 use crate::store::{now_unix_ms, CopyRecord, Payload, ServedBy};
 
+/// One reading of both clocks a read decides by: the wall clock (expiries and floors, in Unix
+/// milliseconds) and the monotonic one (an entry's age). A read takes one at its start; the
+/// Redis door's hits answered inline one after another share one (`crate::resp`'s `conn`).
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    /// The wall clock, Unix milliseconds.
+    pub unix_ms: u64,
+    /// The monotonic clock.
+    pub instant: Instant,
+}
+
+impl Now {
+    /// Reads both clocks.
+    pub fn read() -> Now {
+        Now {
+            unix_ms: now_unix_ms(),
+            instant: Instant::now(),
+        }
+    }
+}
+
 /// How many mutexes serialise compare-and-replace offers (by copy key hash). Offers come from
 /// fills and writes, not hits, so a few dozen keep unrelated copies apart.
 pub const STRIPES: usize = 64;
@@ -405,13 +426,18 @@ impl NearCache {
     /// [`NearCache::lookup`] by the copy key's text (`K#i`), for a caller that has no
     /// [`CopyKey`] at hand.
     pub fn lookup_text(&self, copy_key: &str, max_age: Duration) -> Lookup {
+        self.lookup_text_at(copy_key, max_age, Now::read())
+    }
+
+    /// [`NearCache::lookup_text`] as of `now`: the entry's expiry and age by that clock.
+    pub fn lookup_text_at(&self, copy_key: &str, max_age: Duration, now: Now) -> Lookup {
         let Some(entry) = self.entries.get(copy_key) else {
             return Lookup::Stale;
         };
-        if entry.record.expire_at_ms <= now_unix_ms() {
+        if entry.record.expire_at_ms <= now.unix_ms {
             return Lookup::Stale;
         }
-        let age = entry.age_bound(Instant::now());
+        let age = entry.age_bound(now.instant);
         if age > max_age {
             return Lookup::Stale;
         }
@@ -421,7 +447,7 @@ impl NearCache {
     /// Counts a read of `class` answered from `entry` with age bound `age`.
     pub fn served(&self, entry: &Entry, class: ReadClass, age: Duration) {
         entry.hits.fetch_add(1, Ordering::Relaxed);
-        self.metrics.served(class, age.as_secs_f64());
+        self.metrics.served(class, age);
     }
 
     /// Whether a hit of `entry` at age bound `age`, for a class accepting `max_age`, should

@@ -6,6 +6,7 @@ use super::after::{Left, Pins};
 use super::high_water::Mark;
 use super::{ClientSession, Ops};
 use crate::error::Result;
+use crate::near::Now;
 use crate::read::{Caller, Carried, Read, ReadAnswer, ReadRequest};
 use crate::store::now_unix_ms;
 
@@ -37,7 +38,9 @@ impl Ops {
     }
 
     /// [`Ops::read`] when memory answers it (the near cache, or with one a refusal made before
-    /// any store call): the same answer and the same floors left, with no future. `None`, having
+    /// any store call): the same answer and the same floors left, with no future, decided by
+    /// the clock `now` (read after the request arrived: [`Now::read`], or one the caller shares
+    /// among requests that had all arrived when it was read). `None`, having
     /// changed nothing, when the read needs the store, or when its answer needs the rollback
     /// guard's second read (a reader naming a client answered from a primary's fill below the
     /// key's exact high-water mark): the caller then runs [`Ops::read`].
@@ -48,14 +51,18 @@ impl Ops {
         &self,
         request: &ReadRequest,
         session: &mut ClientSession,
+        now: Now,
     ) -> Option<Result<ReadAnswer>> {
         // Without a near cache only a refusal could be decided from memory, and `Ops::read`
         // decides it the same: the read's start (clock, key hash, floors, high-water) is not
         // done twice for that.
         self.reader().near_cache()?;
-        let begun = self.begin_read(request, session);
+        let begun = self.begin_read_at(request, session, now.unix_ms);
         let held_to = self.guarded_mark(request, begun.now_ms);
-        let read = match self.reader().read_now(request, begun.carried, held_to)? {
+        let read = match self
+            .reader()
+            .read_now(request, begun.carried, held_to, now)?
+        {
             Ok(read) => read,
             Err(err) => return Some(Err(self.name_refusal_cause(request, err, &begun))),
         };
@@ -126,7 +133,11 @@ impl Ops {
     /// The floors a read of `request` carries (the session's, a pooled caller's share of the
     /// high-water), read once at its start.
     fn begin_read(&self, request: &ReadRequest, session: &ClientSession) -> Begun {
-        let now_ms = now_unix_ms();
+        self.begin_read_at(request, session, now_unix_ms())
+    }
+
+    /// [`Ops::begin_read`] by the wall clock `now_ms`.
+    fn begin_read_at(&self, request: &ReadRequest, session: &ClientSession, now_ms: u64) -> Begun {
         let key_hash = self.sessions().key_hash(&request.key);
         let mut carried = Carried {
             session: session.floors().floors(key_hash, now_ms),

@@ -49,7 +49,7 @@ use crate::hot::HotKeys;
 use crate::key::{CopyKey, Key, Placement, Version};
 use crate::layout::Layouts;
 use crate::metrics::{Metrics, ReadOutcome};
-use crate::near::NearCache;
+use crate::near::{NearCache, Now};
 use crate::route::{Floors, ReadClass, RouteReason, Router};
 use crate::store::{CopyRead, CopyStore, ServedBy};
 use decide::{decide, repair_of, Decision};
@@ -479,7 +479,7 @@ impl Reader {
     ) -> Result<Read> {
         let result = match self.prepare(request, carried) {
             Err(err) => Err(err),
-            Ok(prepared) => match self.near_hit(request, &prepared, None) {
+            Ok(prepared) => match self.near_hit(request, &prepared, None, Now::read()) {
                 Some(hit) => hit,
                 // The rest waits on the store. It is boxed so that the hit path, which
                 // never builds it, does not move a future the size of every store read's
@@ -501,7 +501,9 @@ impl Reader {
     /// needs the store, and when the affine copy's entry is
     /// below `held_to` and was filled by a primary: the rollback guard of a reader naming a
     /// client reads such an answer again (`crate::ops`'s `guard_rollback`), so the caller's
-    /// slower path must run; a replica's fill below it is lag, not a set-back.
+    /// slower path must run; a replica's fill below it is lag, not a set-back. The near-cache
+    /// entry's expiry and age are taken by `now`, the caller's clock (read after the request
+    /// arrived).
     ///
     /// # Errors
     /// As [`Reader::read`].
@@ -510,10 +512,11 @@ impl Reader {
         request: &ReadRequest,
         carried: Carried,
         held_to: Option<Version>,
+        now: Now,
     ) -> Option<Result<Read>> {
         let result = match self.prepare(request, carried) {
             Err(err) => Err(err),
-            Ok(prepared) => self.near_hit(request, &prepared, held_to)?,
+            Ok(prepared) => self.near_hit(request, &prepared, held_to, now)?,
         };
         Some(self.finish(request, result))
     }

@@ -32,7 +32,7 @@ use super::prepare::Prepared;
 use super::{Consulted, Decision, ReadAnswer, Reader};
 use crate::error::Result;
 use crate::key::{CopyKey, Key, Version};
-use crate::near::{Entry, Filled, Flight, Lookup, NearCache, Offer};
+use crate::near::{Entry, Filled, Flight, Lookup, NearCache, Now, Offer};
 use crate::route::{Plan, RouteReason, Target};
 use crate::store::{CopyRead, CopyRecord, CopyStore, Role};
 
@@ -74,18 +74,20 @@ impl Reader {
     /// doc): counted as a hit, and a refresh started when one is due. No store call, and the
     /// copy's key is built on the stack (an owned one only for a refresh). `None` when the read
     /// needs the store, and, uncounted, when the entry is below `held_to` and a primary filled
-    /// it (an answer the rollback guard would read again: `Reader::read_now`).
+    /// it (an answer the rollback guard would read again: `Reader::read_now`). The entry's
+    /// expiry and age are taken by `now`, the read's clock.
     pub(super) fn consult_near_hit(
         &self,
         key: &Key,
         prepared: &Prepared<'_>,
         held_to: Option<Version>,
+        now: Now,
     ) -> Option<NearConsult> {
         let (near, max_age) = prepared.near?;
         let copy = prepared.affine;
         let placement = self.read_placement(key);
         let Lookup::Fresh(entry, age) = key.with_copy_key_text(copy, placement, |copy_key| {
-            near.lookup_text(copy_key, max_age)
+            near.lookup_text_at(copy_key, max_age, now)
         }) else {
             return None;
         };

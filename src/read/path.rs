@@ -14,6 +14,7 @@ use super::{
 };
 use crate::error::{ErrorKind, Result};
 use crate::key::{Key, Version};
+use crate::near::Now;
 use crate::route::{RouteReason, ServedRole};
 use crate::store::{Role, ServedBy};
 
@@ -29,15 +30,16 @@ struct NearSeen {
 
 impl Reader {
     /// The answer when the affine copy's near-cache entry gives it (see `near::consult_near_hit`,
-    /// which `held_to` is passed to): decided at once, with no store call and no await. `None`
-    /// when the read needs the store.
+    /// which `held_to` and the read's clock `now` are passed to): decided at once, with no
+    /// store call and no await. `None` when the read needs the store.
     pub(super) fn near_hit(
         &self,
         request: &ReadRequest,
         prepared: &Prepared<'_>,
         held_to: Option<Version>,
+        now: Now,
     ) -> Option<Result<Concluded>> {
-        let found = self.consult_near_hit(&request.key, prepared, held_to)?;
+        let found = self.consult_near_hit(&request.key, prepared, held_to, now)?;
         // An entry that meets every floor is the whole answer: no sibling is consulted.
         let seen = NearSeen {
             age: found.age,

@@ -15,7 +15,14 @@
 //!   near cache answers ([`Door::get_now`]: no store call, nothing to wait on) takes neither:
 //!   it is answered inline, and counted once per batch. `GET`s that need the store and come
 //!   one after another are sent together and answered in order, each as if run in its turn
-//!   (`ahead`: each still takes its own slot and deadline).
+//!   (`ahead`: each takes its own slot; they share the deadline of the run's start).
+//! - **One clock for the hits answered one after another.** The hits answered inline in a row
+//!   share one reading of the clocks ([`crate::near::Now`]: the floors' expiry, the near-cache
+//!   entry's expiry and age): it is read after every command of the batch arrived and before
+//!   any of their replies leaves, so each hit is decided as of a moment within its own time in
+//!   the door (an entry's age by it is at most the few microseconds of the hits before it
+//!   younger than at its own turn). Anything that waits (a store read, a write of replies, a
+//!   yield) reads it again.
 //! - **Bounded memory.** Input: every length is bounded by the parser (by Redis's tighter
 //!   pre-authentication bounds until a connection on an instance with tokens authenticates),
 //!   the command being received (its declared bulk lengths included) by
@@ -64,6 +71,7 @@ use super::slots::{Signal, Slot};
 use super::{After, ConnState, Door, Reply};
 use crate::deadline::Deadline;
 use crate::door::InFlightBound;
+use crate::near::Now;
 use crate::tracking::{Close, Outbox, Tracking};
 use ahead::Next;
 use held::{Receiving, Writing};
@@ -354,6 +362,10 @@ impl Connection {
         let mut parsed = false;
         // A command a run of GETs parsed and did not take: it runs next.
         let mut held = None;
+        // The clock of the hits answered inline one after another: read once for them (every
+        // command here had arrived before it was read, and no reply has left), read again
+        // after anything that waited.
+        let mut clock: Option<Now> = None;
         loop {
             let authenticated = serving.authenticated;
             serving.parser.set_unauthenticated(!authenticated);
@@ -376,6 +388,7 @@ impl Connection {
                 // from every other connection. Each spends the task's budget, so the task
                 // yields every few dozen.
                 tokio::task::consume_budget().await;
+                clock = None;
             }
             let max_output = if authenticated {
                 self.settings.max_output
@@ -386,6 +399,7 @@ impl Connection {
                 self.write(stream, &mut serving.output, serving.auth_deadline)
                     .await?;
                 serving.state.tracking.outbox.wrote();
+                clock = None;
             }
             if serving.auth_deadline.is_some_and(|at| at <= Instant::now()) {
                 return Ok((Some(self.auth_timeout(&mut serving.output)), parsed));
@@ -394,15 +408,19 @@ impl Connection {
                 return Ok((Some(self.revoked()), parsed));
             }
             let failures = serving.state.auth_failures;
-            let after = match self.door.get_now(&mut serving.state, &args) {
+            let now = *clock.get_or_insert_with(Now::read);
+            let mut inline = false;
+            let after = match self.door.get_now(&mut serving.state, &args, now) {
                 // A hit answered from memory waits on nothing: no slot, deadline or timer.
                 Some(reply) => {
+                    inline = true;
                     serving.answered_now += 1;
                     serving.parser.recycle(args);
                     self.answer(&serving.state, reply, After::Continue, &mut serving.output)
                 }
                 // A GET that needs the store: with the GETs pipelined after it, sent together.
                 None => {
+                    clock = None;
                     let start = self.run_start();
                     match self.start_ahead(serving, &args, start, true) {
                         Some(first) => {
@@ -434,8 +452,14 @@ impl Connection {
                 self.auth_failed(serving.state.auth_failures, serving.auth_deadline)
                     .await;
             }
-            serving.authenticated =
-                self.authentication(&serving.state, &mut serving.auth_deadline, authenticated);
+            // A hit answered inline changed nothing of the connection's authentication (a
+            // GET authenticates nothing, and a token table changed since is seen by the next
+            // command's own authorisation, which a hit passed): the next other command
+            // updates it.
+            if !inline {
+                serving.authenticated =
+                    self.authentication(&serving.state, &mut serving.auth_deadline, authenticated);
+            }
         }
     }
 

@@ -16,6 +16,7 @@ use crate::http::problem::{ApiError, Code};
 use crate::http::session::{SessionToken, WithSession};
 use crate::http::AppState;
 use crate::key::{Key, Version};
+use crate::near::Now;
 use crate::ops::{Caller, ClientSession, ReadRequest};
 use crate::read::ReadAnswer;
 use crate::wire;
@@ -173,7 +174,7 @@ pub(crate) fn read_key_fast(state: &AppState, request: &Request) -> Option<FastR
             ))
         }
     };
-    if let Some(answer) = state.ops().read_now(&call, &mut token.session) {
+    if let Some(answer) = state.ops().read_now(&call, &mut token.session, Now::read()) {
         let answer = answer
             .map(|answer| read_response(answer, state))
             .map_err(ApiError::from);

@@ -22,6 +22,7 @@ use super::{ConnState, Door};
 use crate::deadline::Deadline;
 use crate::error::{Error, ErrorKind};
 use crate::key::{Key, Version};
+use crate::near::Now;
 use crate::ops::{Ahead, ClientSession, Concluded, Ops, ReadRequest};
 use crate::read::{Read, ReadAnswer};
 use crate::resp::reply::Reply;
@@ -182,10 +183,11 @@ impl Door {
     /// having changed nothing, when the command is not a plain `GET` the near cache (or, with
     /// one, a refusal made before any store call) answers: inside `MULTI`, refused by the token or the
     /// arity, on a subscribed or tracking connection, a key that breaks a rule, a read that
-    /// needs the store. The caller then runs it through [`Door::execute`].
-    pub fn get_now(&self, conn: &mut ConnState, args: &[Bytes]) -> Option<Reply> {
+    /// needs the store. The caller then runs it through [`Door::execute`]. `now` is the clock it
+    /// is decided by ([`Ops::read_now`]).
+    pub fn get_now(&self, conn: &mut ConnState, args: &[Bytes], now: Now) -> Option<Reply> {
         let request = self.plain_get(conn, args, None)?;
-        let answer = self.core.ops().read_now(&request, &mut conn.session)?;
+        let answer = self.core.ops().read_now(&request, &mut conn.session, now)?;
         Some(self.got(conn, answer))
     }
 
