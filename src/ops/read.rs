@@ -39,8 +39,9 @@ impl Ops {
 
     /// [`Ops::read`] when memory answers it (the near cache, or with one a refusal made before
     /// any store call): the same answer and the same floors left, with no future, decided by
-    /// the clock `now` (read after the request arrived: [`Now::read`], or one the caller shares
-    /// among requests that had all arrived when it was read). `None`, having
+    /// the clock in `clock`: one the caller shares among requests that had all arrived when it
+    /// was read, or, when it holds none, one read here (after the request arrived) and left
+    /// there. `None`, having
     /// changed nothing, when the read needs the store, or when its answer needs the rollback
     /// guard's second read (a reader naming a client answered from a primary's fill below the
     /// key's exact high-water mark): the caller then runs [`Ops::read`].
@@ -51,12 +52,13 @@ impl Ops {
         &self,
         request: &ReadRequest,
         session: &mut ClientSession,
-        now: Now,
+        clock: &mut Option<Now>,
     ) -> Option<Result<ReadAnswer>> {
         // Without a near cache only a refusal could be decided from memory, and `Ops::read`
         // decides it the same: the read's start (clock, key hash, floors, high-water) is not
         // done twice for that.
         self.reader().near_cache()?;
+        let now = *clock.get_or_insert_with(Now::read);
         let begun = self.begin_read_at(request, session, now.unix_ms);
         let held_to = self.guarded_mark(request, begun.now_ms);
         let read = match self

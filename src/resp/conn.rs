@@ -408,9 +408,8 @@ impl Connection {
                 return Ok((Some(self.revoked()), parsed));
             }
             let failures = serving.state.auth_failures;
-            let now = *clock.get_or_insert_with(Now::read);
             let mut inline = false;
-            let after = match self.door.get_now(&mut serving.state, &args, now) {
+            let after = match self.door.get_now(&mut serving.state, &args, &mut clock) {
                 // A hit answered from memory waits on nothing: no slot, deadline or timer.
                 Some(reply) => {
                     inline = true;

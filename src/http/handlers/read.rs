@@ -16,7 +16,6 @@ use crate::http::problem::{ApiError, Code};
 use crate::http::session::{SessionToken, WithSession};
 use crate::http::AppState;
 use crate::key::{Key, Version};
-use crate::near::Now;
 use crate::ops::{Caller, ClientSession, ReadRequest};
 use crate::read::ReadAnswer;
 use crate::wire;
@@ -174,7 +173,7 @@ pub(crate) fn read_key_fast(state: &AppState, request: &Request) -> Option<FastR
             ))
         }
     };
-    if let Some(answer) = state.ops().read_now(&call, &mut token.session, Now::read()) {
+    if let Some(answer) = state.ops().read_now(&call, &mut token.session, &mut None) {
         let answer = answer
             .map(|answer| read_response(answer, state))
             .map_err(ApiError::from);

@@ -183,11 +183,19 @@ impl Door {
     /// having changed nothing, when the command is not a plain `GET` the near cache (or, with
     /// one, a refusal made before any store call) answers: inside `MULTI`, refused by the token or the
     /// arity, on a subscribed or tracking connection, a key that breaks a rule, a read that
-    /// needs the store. The caller then runs it through [`Door::execute`]. `now` is the clock it
-    /// is decided by ([`Ops::read_now`]).
-    pub fn get_now(&self, conn: &mut ConnState, args: &[Bytes], now: Now) -> Option<Reply> {
+    /// needs the store. The caller then runs it through [`Door::execute`]. `clock` is the clock
+    /// it is decided by, read into it when it holds none ([`Ops::read_now`]).
+    pub fn get_now(
+        &self,
+        conn: &mut ConnState,
+        args: &[Bytes],
+        clock: &mut Option<Now>,
+    ) -> Option<Reply> {
         let request = self.plain_get(conn, args, None)?;
-        let answer = self.core.ops().read_now(&request, &mut conn.session, now)?;
+        let answer = self
+            .core
+            .ops()
+            .read_now(&request, &mut conn.session, clock)?;
         Some(self.got(conn, answer))
     }
 
