@@ -479,7 +479,7 @@ impl Reader {
     ) -> Result<Read> {
         let result = match self.prepare(request, carried) {
             Err(err) => Err(err),
-            Ok(prepared) => match self.near_hit(request, &prepared, None, Now::read()) {
+            Ok(prepared) => match self.near_hit(request, &prepared, None, None) {
                 Some(hit) => hit,
                 // The rest waits on the store. It is boxed so that the hit path, which
                 // never builds it, does not move a future the size of every store read's
@@ -516,7 +516,7 @@ impl Reader {
     ) -> Option<Result<Read>> {
         let result = match self.prepare(request, carried) {
             Err(err) => Err(err),
-            Ok(prepared) => self.near_hit(request, &prepared, held_to, now)?,
+            Ok(prepared) => self.near_hit(request, &prepared, held_to, Some(now))?,
         };
         Some(self.finish(request, result))
     }

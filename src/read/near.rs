@@ -75,15 +75,17 @@ impl Reader {
     /// copy's key is built on the stack (an owned one only for a refresh). `None` when the read
     /// needs the store, and, uncounted, when the entry is below `held_to` and a primary filled
     /// it (an answer the rollback guard would read again: `Reader::read_now`). The entry's
-    /// expiry and age are taken by `now`, the read's clock.
+    /// expiry and age are taken by `now`, the read's clock (read here, and only for a class
+    /// with a near cache, when the caller has none).
     pub(super) fn consult_near_hit(
         &self,
         key: &Key,
         prepared: &Prepared<'_>,
         held_to: Option<Version>,
-        now: Now,
+        now: Option<Now>,
     ) -> Option<NearConsult> {
         let (near, max_age) = prepared.near?;
+        let now = now.unwrap_or_else(Now::read);
         let copy = prepared.affine;
         let placement = self.read_placement(key);
         let Lookup::Fresh(entry, age) = key.with_copy_key_text(copy, placement, |copy_key| {

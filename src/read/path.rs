@@ -37,7 +37,7 @@ impl Reader {
         request: &ReadRequest,
         prepared: &Prepared<'_>,
         held_to: Option<Version>,
-        now: Now,
+        now: Option<Now>,
     ) -> Option<Result<Concluded>> {
         let found = self.consult_near_hit(&request.key, prepared, held_to, now)?;
         // An entry that meets every floor is the whole answer: no sibling is consulted.
