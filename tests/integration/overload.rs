@@ -485,14 +485,7 @@ async fn overload_a_pipelined_run_of_reads_on_a_paused_node_is_answered_at_its_d
         .collect();
     let mut client = Client::connect(std::net::SocketAddr::from(([127, 0, 0, 1], resp_port))).await;
     client.send(&batch).await;
-    for key in 1..=4 {
-        assert_eq!(
-            client.reply().await,
-            Reply::Bulk(Some(b"one".to_vec())),
-            "prim:{key} before the pause"
-        );
-    }
-    assert_eq!(client.reply().await, Reply::Simple("PONG".to_owned()));
+    answers_the_values(&mut client, "before the pause").await;
 
     let ahead = "hotsplit_resp_gets_ahead_total";
     let before = harness::sample(&metrics_text(&http, &service.base).await, ahead);
@@ -511,13 +504,18 @@ async fn overload_a_pipelined_run_of_reads_on_a_paused_node_is_answered_at_its_d
 
     server.node.resume().expect("SIGCONT");
     client.send(&batch).await;
+    answers_the_values(&mut client, "after the pause").await;
+    service.stop().await;
+}
+
+/// Reads the replies to the batch of four `GET prim:N` and a `PING`: each value, then `PONG`.
+async fn answers_the_values(client: &mut Client, when: &str) {
     for key in 1..=4 {
         assert_eq!(
             client.reply().await,
             Reply::Bulk(Some(b"one".to_vec())),
-            "prim:{key} after the pause"
+            "prim:{key} {when}"
         );
     }
     assert_eq!(client.reply().await, Reply::Simple("PONG".to_owned()));
-    service.stop().await;
 }
