@@ -16,7 +16,8 @@
 //!   those writes once.
 //! - **Fan-out**: [`CopyStore::write_copies`] groups the writes by owning node (the store's copy
 //!   of fred's slot map, renewed on each of fred's re-reads: `replicas::follow_slot_map`, so
-//!   finding a key's node clones nothing) and sends each group as one fred pipeline, all nodes at once: one round trip, not N.
+//!   finding a key's node clones nothing) and sends each group as one fred pipeline, all nodes
+//!   at once: one round trip, not N.
 //!   fred routes each pipelined command by its own key and gives one timeout to the whole
 //!   pipeline, so one pipeline per node means a paused node fails only the copies it owns, each
 //!   within the command timeout.
